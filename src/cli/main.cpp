@@ -1,0 +1,26 @@
+// `trillion`: the command-line entry point. Subcommands live in src/cli/*.cpp (commands.h);
+// bad input surfaces here as one "error: ..." line and exit status 1.
+#include <cstdio>
+
+#include "cli/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"trillion: train and fine-tune sparse MoE language models with hybrid attention"};
+  app.require_subcommand(1);
+  trillion::register_tokenize(app);
+  trillion::register_train(app);
+  trillion::register_eval(app);
+  trillion::register_generate(app);
+  trillion::register_gradcheck(app);
+  trillion::register_bench(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const trillion::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,96 @@
+// Tier accounting, aligned allocation, per-step arenas and the OS view of resident memory.
+#include "core/memory.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace trillion {
+namespace {
+
+std::atomic<int64_t> g_current[kNumTiers];
+std::atomic<int64_t> g_peak[kNumTiers];
+
+constexpr int64_t kAlign = 64;
+
+int64_t round_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+int64_t read_status_kib(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  const std::string prefix = std::string(key) + ":";
+  while (std::getline(in, line)) {
+    if (line.rfind(prefix, 0) == 0) return std::stoll(line.substr(prefix.size())) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+const char* tier_name(Tier tier) { return tier == Tier::fast ? "fast" : "slow"; }
+
+void MemoryStats::add(Tier tier, int64_t bytes) {
+  const int t = static_cast<int>(tier);
+  const int64_t now = g_current[t].fetch_add(bytes) + bytes;
+  int64_t peak = g_peak[t].load();
+  while (now > peak && !g_peak[t].compare_exchange_weak(peak, now)) {
+  }
+}
+void MemoryStats::sub(Tier tier, int64_t bytes) { g_current[static_cast<int>(tier)].fetch_sub(bytes); }
+int64_t MemoryStats::current(Tier tier) { return g_current[static_cast<int>(tier)].load(); }
+int64_t MemoryStats::peak(Tier tier) { return g_peak[static_cast<int>(tier)].load(); }
+void MemoryStats::reset_peak(Tier tier) { g_peak[static_cast<int>(tier)].store(current(tier)); }
+
+int64_t peak_rss_bytes() { return read_status_kib("VmHWM"); }
+int64_t current_rss_bytes() { return read_status_kib("VmRSS"); }
+
+void* tier_alloc(int64_t bytes, Tier tier) {
+  void* p = std::aligned_alloc(kAlign, round_up(bytes));
+  TRILLION_CHECK(p != nullptr, "out of memory allocating ", bytes, " bytes in tier ", tier_name(tier));
+  std::memset(p, 0, bytes);
+  MemoryStats::add(tier, bytes);
+  return p;
+}
+
+void tier_free(void* p, int64_t bytes, Tier tier) {
+  std::free(p);
+  MemoryStats::sub(tier, bytes);
+}
+
+Arena::Arena(Tier tier, int64_t block_bytes) : tier_(tier), block_bytes_(block_bytes) {}
+
+Arena::~Arena() {
+  reset();
+  for (Block& b : blocks_) std::free(b.data);
+}
+
+void* Arena::alloc_bytes(int64_t bytes) {
+  bytes = round_up(bytes > 0 ? bytes : kAlign);
+  while (current_block_ < blocks_.size() && offset_ + bytes > blocks_[current_block_].bytes) {
+    ++current_block_;
+    offset_ = 0;
+  }
+  if (current_block_ == blocks_.size()) {
+    const int64_t size = bytes > block_bytes_ ? bytes : block_bytes_;
+    char* data = static_cast<char*>(std::aligned_alloc(kAlign, size));
+    TRILLION_CHECK(data != nullptr, "out of memory: arena block of ", size, " bytes");
+    blocks_.push_back({data, size});
+    offset_ = 0;
+  }
+  char* p = blocks_[current_block_].data + offset_;
+  offset_ += bytes;
+  used_ += bytes;
+  std::memset(p, 0, bytes);
+  MemoryStats::add(tier_, bytes);
+  return p;
+}
+
+void Arena::reset() {
+  MemoryStats::sub(tier_, used_);
+  used_ = 0;
+  current_block_ = 0;
+  offset_ = 0;
+}
+
+}  // namespace trillion

@@ -1,0 +1,123 @@
+// Tiered memory with byte accounting (DESIGN.md: memory is a first-class, measured quantity).
+//
+// Tier::fast is RAM on CPU (HBM on an accelerator); Tier::slow is the swap tier (host / disk).
+// Every large buffer is a Buffer<T> or comes from an Arena; both count their bytes in the global
+// MemoryStats, which keep current and peak bytes per tier. Library buffers (OpenBLAS) fall outside,
+// so the peak resident set size (VmHWM) is reported beside it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace trillion {
+
+enum class Tier : int { fast = 0, slow = 1 };
+constexpr int kNumTiers = 2;
+const char* tier_name(Tier tier);
+
+class MemoryStats {
+ public:
+  static void add(Tier tier, int64_t bytes);
+  static void sub(Tier tier, int64_t bytes);
+  static int64_t current(Tier tier);
+  static int64_t peak(Tier tier);
+  // Sets the peak to the current value (call at the start of a step to get per-step peaks).
+  static void reset_peak(Tier tier);
+};
+
+// Peak and current resident set size of this process, from /proc/self/status (VmHWM, VmRSS).
+int64_t peak_rss_bytes();
+int64_t current_rss_bytes();
+
+// Raw 64-byte-aligned, zero-filled allocation counted against a tier.
+void* tier_alloc(int64_t bytes, Tier tier);
+void tier_free(void* p, int64_t bytes, Tier tier);
+
+// Owning, zero-initialized, 64-byte-aligned array of T counted against a tier. Move-only.
+template <class T>
+class Buffer {
+ public:
+  Buffer() = default;
+  explicit Buffer(int64_t count, Tier tier = Tier::fast) : count_(count), tier_(tier) {
+    if (count_ > 0) data_ = static_cast<T*>(tier_alloc(count_ * static_cast<int64_t>(sizeof(T)), tier_));
+  }
+  ~Buffer() { release(); }
+  Buffer(Buffer&& o) noexcept { *this = std::move(o); }
+  Buffer& operator=(Buffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      data_ = std::exchange(o.data_, nullptr);
+      count_ = std::exchange(o.count_, 0);
+      tier_ = o.tier_;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  int64_t size() const { return count_; }
+  T& operator[](int64_t i) { return data_[i]; }
+  const T& operator[](int64_t i) const { return data_[i]; }
+  void zero() {
+    if (count_ > 0) std::memset(static_cast<void*>(data_), 0, count_ * sizeof(T));
+  }
+  Tensor<T> view(Shape shape) {
+    TRILLION_CHECK(shape.numel() <= count_, "view ", shape.str(), " exceeds buffer of ", count_);
+    return Tensor<T>(data_, shape);
+  }
+
+ private:
+  void release() {
+    if (data_ != nullptr) tier_free(data_, count_ * static_cast<int64_t>(sizeof(T)), tier_);
+    data_ = nullptr;
+    count_ = 0;
+  }
+  T* data_ = nullptr;
+  int64_t count_ = 0;
+  Tier tier_ = Tier::fast;
+};
+
+// Bump allocator for the activations of one step: alloc() hands out zero-filled, 64-byte-aligned
+// slices of large blocks; reset() frees them all at once (the blocks are kept for the next step).
+// Bytes in use are counted in MemoryStats while handed out.
+class Arena {
+ public:
+  explicit Arena(Tier tier = Tier::fast, int64_t block_bytes = int64_t{64} << 20);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  template <class T>
+  T* alloc(int64_t count) {
+    return static_cast<T*>(alloc_bytes(count * static_cast<int64_t>(sizeof(T))));
+  }
+  template <class T>
+  Tensor<T> tensor(Shape shape) {
+    return Tensor<T>(alloc<T>(shape.numel()), shape);
+  }
+  void* alloc_bytes(int64_t bytes);
+  void reset();
+  int64_t used_bytes() const { return used_; }
+
+ private:
+  struct Block {
+    char* data;
+    int64_t bytes;
+  };
+  Tier tier_;
+  int64_t block_bytes_;
+  std::vector<Block> blocks_;
+  size_t current_block_ = 0;
+  int64_t offset_ = 0;  // in blocks_[current_block_]
+  int64_t used_ = 0;
+};
+
+}  // namespace trillion

@@ -1,0 +1,47 @@
+// Thread parallelism (OpenMP). Kernels split work with parallel_for over independent items and
+// keep every reduction inside one item, so results do not depend on the thread count; reductions
+// across items go through fixed-order partial sums (deterministic_sum).
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace trillion {
+
+inline int num_threads() { return omp_get_max_threads(); }
+
+// Runs body(i) for i in [0, n) on the OpenMP team, static schedule. body must not throw.
+template <class Body>
+void parallel_for(int64_t n, const Body& body) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+// Like parallel_for, for uneven items (dynamic schedule; each item's result is still independent).
+template <class Body>
+void parallel_for_dynamic(int64_t n, const Body& body) {
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t i = 0; i < n; ++i) body(i);
+}
+
+// Sum of f(i) for i in [0, n), in double, with a reduction order that is fixed by n alone:
+// fixed-size blocks are summed in parallel, then the block sums in order.
+template <class F>
+double deterministic_sum(int64_t n, const F& f) {
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+  std::vector<double> partial(blocks, 0.0);
+  parallel_for(blocks, [&](int64_t b) {
+    double s = 0.0;
+    const int64_t end = (b + 1) * kBlock < n ? (b + 1) * kBlock : n;
+    for (int64_t i = b * kBlock; i < end; ++i) s += f(i);
+    partial[b] = s;
+  });
+  double total = 0.0;
+  for (double p : partial) total += p;
+  return total;
+}
+
+}  // namespace trillion

@@ -1,0 +1,21 @@
+// Elementwise activations with their backward side by side.
+//   SwiGLU:       out = silu(gate) · up            (dense MLP; gate_proj and up_proj are separate)
+//   sigmoid gate: out = x · sigmoid(gate)          (Qwen3-Next gated attention output)
+// Saves nothing: the backward recomputes from its inputs. Input gradients are written (=).
+#pragma once
+
+#include <cstdint>
+
+namespace trillion {
+
+template <class T>
+void swiglu_forward(T* out, const T* gate, const T* up, int64_t count);
+template <class T>
+void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count);
+
+template <class T>
+void sigmoid_gate_forward(T* out, const T* x, const T* gate, int64_t count);
+template <class T>
+void sigmoid_gate_backward(T* dx, T* dgate, const T* dout, const T* x, const T* gate, int64_t count);
+
+}  // namespace trillion

@@ -1,0 +1,35 @@
+// Causal softmax attention with grouped-query heads, computed in tiles with an online softmax
+// (FlashAttention-2 style): never a full [q_len, kv_len] score matrix.
+//
+// Layouts (row-major, one sequence per batch entry):
+//   q, out, dq: [batch, q_len, q_heads, head_dim]
+//   k, v, dk, dv: [batch, kv_len, kv_heads, head_dim]
+//   lse: [batch, q_heads, q_len] (saved by forward: log-sum-exp of the scaled scores of each row)
+// Query head h reads key/value head h / (q_heads / kv_heads). Causality is bottom-right aligned:
+// query i (0-based) sees keys j ≤ i + (kv_len − q_len), so q_len == kv_len is training and
+// q_len < kv_len is decoding against a KV cache. scale is usually head_dim^−½.
+// Gradient rule: dq, dk, dv are written (=).
+#pragma once
+
+#include <cstdint>
+
+namespace trillion {
+
+struct AttentionSizes {
+  int64_t batch = 1;
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t head_dim = 0;
+  double scale = 0.0;
+};
+
+template <class T>
+void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& sizes);
+
+template <class T>
+void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                        const T* lse, const AttentionSizes& sizes);
+
+}  // namespace trillion

@@ -1,0 +1,21 @@
+// RMSNorm over the last dimension, plain (y = x̂ · w, w initialized to 1) and zero-centred as
+// Qwen3-Next does it (y = x̂ · (1 + w), w initialized to 0); x̂ = x · rstd, rstd = 1/sqrt(mean(x²)+eps).
+// Used per token (hidden norms) and per head (q_norm / k_norm: rows = tokens · heads, d = head_dim).
+// Forward saves rstd[rows].
+// Gradient rule: dx written (=) or accumulated (+=) as the caller says; dw accumulates (+=).
+#pragma once
+
+#include <cstdint>
+
+namespace trillion {
+
+// y[rows, d], rstd[rows] (saved) from x[rows, d], w[d].
+template <class T>
+void rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int64_t rows, int64_t d, double eps, bool zero_centred);
+
+// dx[rows, d] (= or +=), dw[d] (+=; may be null) from dy[rows, d], x, w, rstd.
+template <class T>
+void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, int64_t rows, int64_t d,
+                      bool zero_centred, bool accumulate_dx);
+
+}  // namespace trillion
