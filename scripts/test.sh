@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Sets up (packages + build) and runs the whole test suite with CTest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+start=$(date +%s)
+ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900
+echo "tests: finished in $(($(date +%s) - start)) s" >&2
