@@ -1,0 +1,47 @@
+// Tokenizer: SentencePiece BPE (Debian's libsentencepiece) trained on the corpus or reused.
+// Its hash (FNV-1a 64 of the serialized model file) is recorded in token shards and checkpoints;
+// a mismatch anywhere is an error.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace trillion {
+
+class Tokenizer {
+ public:
+  // Loads a SentencePiece model file; throws trillion::Error naming the path if it is not one.
+  explicit Tokenizer(const std::string& model_path);
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+
+  int64_t vocab_size() const;
+  uint64_t hash() const { return hash_; }
+  int32_t eos_id() const;  // document separator appended after every document
+  std::vector<int32_t> encode(const std::string& text) const;  // adds no eos; the caller appends it
+  // Throws trillion::Error on an id outside [0, vocab_size); eos decodes to "".
+  std::string decode(const std::vector<int32_t>& ids) const;
+
+ private:
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  uint64_t hash_ = 0;
+};
+
+// Trains a BPE model of `vocab_size` pieces on `documents` (deterministically: one thread, the
+// documents in the given order, no random sampling) and writes it to `model_path` atomically.
+// The model: byte fallback on, identity normalization (text round-trips exactly), "\n" is a
+// piece of its own, ids unk = 0 and eos = 1, no bos/pad. Throws trillion::Error when SentencePiece
+// refuses (e.g. a vocab_size too large for the text or too small for the 256 byte pieces).
+void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, const std::string& model_path);
+
+// Hash of a tokenizer model file as Tokenizer::hash() computes it.
+uint64_t tokenizer_file_hash(const std::string& model_path);
+
+}  // namespace trillion
