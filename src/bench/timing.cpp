@@ -1,30 +1,24 @@
-// sgemm ceiling measurement for `trillion bench` (see timing.h).
+// The sgemm ceiling problem of `trillion bench` (see timing.h).
 #include "bench/timing.h"
 
 #include <cblas.h>
 
-#include "core/memory.h"
 #include "core/rng.h"
 
 namespace trillion {
 
-GemmRate measure_sgemm_rate(int64_t size, int runs) {
-  const int64_t n = size * size;
-  Buffer<float> a(n), b(n), c(n);  // [size, size] each
+SgemmProblem::SgemmProblem(int64_t size) : size_(size), a_(size * size), b_(size * size), c_(size * size) {
   const CounterRng rng(1, "bench_gemm");
-  for (int64_t i = 0; i < n; ++i) {
-    a[i] = float(rng.uniform(i) - 0.5);
-    b[i] = float(rng.uniform(n + i) - 0.5);
+  for (int64_t i = 0; i < size * size; ++i) {
+    a_[i] = float(rng.uniform(i) - 0.5);
+    b_[i] = float(rng.uniform(size * size + i) - 0.5);
   }
-  const int sz = static_cast<int>(size);
-  const TimingResult timing = time_median(
-      [&] {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, sz, sz, sz, 1.0f, a.data(), sz, b.data(), sz, 0.0f,
-                    c.data(), sz);
-      },
-      2, runs);
-  const double flops = 2.0 * double(size) * double(size) * double(size);
-  return {size, flops / timing.median_s * 1e-9, timing};
+}
+
+void SgemmProblem::run() {
+  const int n = static_cast<int>(size_);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a_.data(), n, b_.data(), n, 0.0f, c_.data(),
+              n);
 }
 
 }  // namespace trillion

@@ -236,5 +236,17 @@ TEST(AttentionBench, TinyRunReportsAccurateJson) {
   EXPECT_EQ(summary.at("head_dim").get<int64_t>(), 16);
 }
 
+TEST(AttentionBench, RejectsHeadsNotDivisibleByKvHeads) {
+  const std::string command =
+      std::string(TRILLION_BINARY) + " bench attention --seq-len 8 --heads 3 --kv-heads 2 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  EXPECT_NE(pclose(pipe), 0);
+  EXPECT_NE(output.find("--heads 3 must be a multiple of --kv-heads 2"), std::string::npos) << output;
+}
+
 }  // namespace
 }  // namespace trillion
