@@ -98,7 +98,8 @@ class CheckpointWriter {
 
  private:
   int64_t max_shard_bytes_;
-  std::vector<std::pair<std::string, SafetensorsWriter>> shards_;  // filled as tensors are added
+  std::vector<SafetensorsWriter> shards_;                  // filled as tensors are added
+  std::vector<std::pair<std::string, size_t>> placement_;  // tensor name → index in shards_, insertion order
 };
 
 }  // namespace trillion
