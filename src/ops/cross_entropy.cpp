@@ -1,0 +1,166 @@
+// Fused LM head + cross-entropy (Cut Cross-Entropy style) on CPU.
+//
+// Forward: row chunks are independent items (parallel); each chunk walks the vocabulary tiles in
+// order, computes the tile's logits with one gemm and folds them into an online log-sum-exp kept in
+// double per row.
+// Backward: row chunks run in order; inside a chunk the vocabulary tiles are the parallel items. A
+// tile recomputes its logits, forms dlogits = scale · (softmax − onehot) and
+//   dw[tile rows] += dlogitsᵀ · h[chunk]   (the tile owns those rows of dw; chunks add in order),
+//   dh_partial[tile] = dlogits · w[tile]   (one partial per tile, summed in tile order afterwards).
+// Every gemm runs single-threaded inside the OpenMP team and every sum has an order fixed by the
+// sizes and the tiling, so results do not depend on the thread count.
+#include "ops/cross_entropy.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/parallel.h"
+#include "ops/gemm.h"
+
+namespace trillion {
+namespace {
+
+struct Tiles {
+  int64_t row_chunk;    // rows per chunk
+  int64_t chunks;       // ceil(rows / row_chunk)
+  int64_t vocab_tile;   // vocabulary entries per tile
+  int64_t vocab_tiles;  // ceil(vocab / vocab_tile)
+};
+
+Tiles make_tiles(int64_t rows, int64_t vocab, const CrossEntropyTiling& tiling) {
+  TRILLION_CHECK(tiling.row_chunk > 0 && tiling.vocab_tile > 0 && tiling.max_vocab_tiles > 0,
+                 "cross-entropy tiling must be positive");
+  Tiles t;
+  t.row_chunk = std::max<int64_t>(1, std::min(tiling.row_chunk, rows));
+  t.chunks = (rows + t.row_chunk - 1) / t.row_chunk;
+  t.vocab_tile = std::min(vocab, std::max(tiling.vocab_tile, (vocab + tiling.max_vocab_tiles - 1) / tiling.max_vocab_tiles));
+  t.vocab_tiles = (vocab + t.vocab_tile - 1) / t.vocab_tile;
+  return t;
+}
+
+void check_targets(const int32_t* targets, int64_t rows, int64_t vocab) {
+  for (int64_t r = 0; r < rows; ++r)
+    TRILLION_CHECK(targets[r] == kIgnoreIndex || (targets[r] >= 0 && targets[r] < vocab), "target ", targets[r],
+                   " at row ", r, " outside [0, ", vocab, ") and not the ignore index");
+}
+
+}  // namespace
+
+template <class T>
+CrossEntropyResult lm_head_cross_entropy_forward(T* lse, const T* h, const T* w, const int32_t* targets,
+                                                 int64_t rows, int64_t d, int64_t vocab,
+                                                 const CrossEntropyTiling& tiling) {
+  TRILLION_CHECK(rows >= 0 && d > 0 && vocab > 0, "cross-entropy sizes rows=", rows, " d=", d, " vocab=", vocab);
+  check_targets(targets, rows, vocab);
+  if (rows == 0) return {};
+  const Tiles tiles = make_tiles(rows, vocab, tiling);
+  const int64_t tile_elems = tiles.row_chunk * tiles.vocab_tile;
+  Buffer<T> scratch(num_threads() * tile_elems);  // [threads, row_chunk, vocab_tile] logits
+  Buffer<double> row_loss(rows);                  // [rows] lse − logit[target], 0 where ignored
+  parallel_for_dynamic(tiles.chunks, [&](int64_t c) {
+    T* logits = scratch.data() + omp_get_thread_num() * tile_elems;  // [chunk_rows, tile_cols]
+    const int64_t r0 = c * tiles.row_chunk;
+    const int64_t chunk_rows = std::min(tiles.row_chunk, rows - r0);
+    std::vector<double> run_max(chunk_rows, -std::numeric_limits<double>::infinity());  // [chunk_rows]
+    std::vector<double> run_sum(chunk_rows, 0.0);                                       // [chunk_rows]
+    std::vector<double> target_logit(chunk_rows, 0.0);                                  // [chunk_rows]
+    for (int64_t t = 0; t < tiles.vocab_tiles; ++t) {
+      const int64_t v0 = t * tiles.vocab_tile;
+      const int64_t tile_cols = std::min(tiles.vocab_tile, vocab - v0);
+      // logits[chunk_rows, tile_cols] = h[r0 : r0 + chunk_rows, d] · w[v0 : v0 + tile_cols, d]ᵀ
+      gemm<T>(false, true, chunk_rows, tile_cols, d, T(1), h + r0 * d, d, w + v0 * d, d, T(0), logits, tile_cols);
+      for (int64_t r = 0; r < chunk_rows; ++r) {
+        const T* row = logits + r * tile_cols;  // [tile_cols]
+        T tile_max = row[0];
+        for (int64_t j = 1; j < tile_cols; ++j) tile_max = std::max(tile_max, row[j]);
+        double tile_sum = 0.0;
+        for (int64_t j = 0; j < tile_cols; ++j) tile_sum += static_cast<double>(std::exp(row[j] - tile_max));
+        const double new_max = std::max(run_max[r], static_cast<double>(tile_max));
+        run_sum[r] = run_sum[r] * std::exp(run_max[r] - new_max) + tile_sum * std::exp(tile_max - new_max);
+        run_max[r] = new_max;
+        const int32_t target = targets[r0 + r];
+        if (target >= v0 && target < v0 + tile_cols) target_logit[r] = row[target - v0];
+      }
+    }
+    for (int64_t r = 0; r < chunk_rows; ++r) {
+      const double row_lse = run_max[r] + std::log(run_sum[r]);
+      lse[r0 + r] = static_cast<T>(row_lse);
+      row_loss[r0 + r] = targets[r0 + r] == kIgnoreIndex ? 0.0 : row_lse - target_logit[r];
+    }
+  });
+  CrossEntropyResult result;
+  for (int64_t r = 0; r < rows; ++r) {
+    result.loss_sum += row_loss[r];
+    result.count += targets[r] != kIgnoreIndex;
+  }
+  return result;
+}
+
+template <class T>
+void lm_head_cross_entropy_backward(T* dh, T* dw, const T* h, const T* w, const int32_t* targets, const T* lse,
+                                    double scale, int64_t rows, int64_t d, int64_t vocab,
+                                    const CrossEntropyTiling& tiling) {
+  TRILLION_CHECK(rows >= 0 && d > 0 && vocab > 0, "cross-entropy sizes rows=", rows, " d=", d, " vocab=", vocab);
+  check_targets(targets, rows, vocab);
+  if (rows == 0) return;
+  const Tiles tiles = make_tiles(rows, vocab, tiling);
+  const int64_t tile_elems = tiles.row_chunk * tiles.vocab_tile;
+  const T weight = static_cast<T>(scale);
+  Buffer<T> scratch(num_threads() * tile_elems);                     // [threads, row_chunk, vocab_tile] dlogits
+  Buffer<T> dh_partial(tiles.vocab_tiles * tiles.row_chunk * d);     // [vocab_tiles, row_chunk, d]
+  for (int64_t c = 0; c < tiles.chunks; ++c) {
+    const int64_t r0 = c * tiles.row_chunk;
+    const int64_t chunk_rows = std::min(tiles.row_chunk, rows - r0);
+    const T* h_chunk = h + r0 * d;  // [chunk_rows, d]
+    parallel_for_dynamic(tiles.vocab_tiles, [&](int64_t t) {
+      T* dlogits = scratch.data() + omp_get_thread_num() * tile_elems;  // [chunk_rows, tile_cols]
+      const int64_t v0 = t * tiles.vocab_tile;
+      const int64_t tile_cols = std::min(tiles.vocab_tile, vocab - v0);
+      const T* w_tile = w + v0 * d;  // [tile_cols, d]
+      gemm<T>(false, true, chunk_rows, tile_cols, d, T(1), h_chunk, d, w_tile, d, T(0), dlogits, tile_cols);
+      for (int64_t r = 0; r < chunk_rows; ++r) {
+        T* row = dlogits + r * tile_cols;  // [tile_cols]
+        const int32_t target = targets[r0 + r];
+        if (target == kIgnoreIndex) {
+          std::fill(row, row + tile_cols, T(0));
+          continue;
+        }
+        const T row_lse = lse[r0 + r];
+        for (int64_t j = 0; j < tile_cols; ++j) row[j] = weight * std::exp(row[j] - row_lse);
+        if (target >= v0 && target < v0 + tile_cols) row[target - v0] -= weight;
+      }
+      // dw[v0 : v0 + tile_cols, d] += dlogitsᵀ · h_chunk
+      gemm<T>(true, false, tile_cols, d, chunk_rows, T(1), dlogits, tile_cols, h_chunk, d, T(1), dw + v0 * d, d);
+      // dh_partial[t][chunk_rows, d] = dlogits · w_tile
+      gemm<T>(false, false, chunk_rows, d, tile_cols, T(1), dlogits, tile_cols, w_tile, d, T(0),
+              dh_partial.data() + t * tiles.row_chunk * d, d);
+    });
+    // dh[r0 + r, :] = Σ_t dh_partial[t][r, :], tiles in order.
+    parallel_for(chunk_rows, [&](int64_t r) {
+      T* out = dh + (r0 + r) * d;  // [d]
+      const T* first = dh_partial.data() + r * d;
+      std::copy(first, first + d, out);
+      for (int64_t t = 1; t < tiles.vocab_tiles; ++t) {
+        const T* part = dh_partial.data() + (t * tiles.row_chunk + r) * d;
+        for (int64_t j = 0; j < d; ++j) out[j] += part[j];
+      }
+    });
+  }
+}
+
+#define TRILLION_INSTANTIATE_CROSS_ENTROPY(T)                                                                    \
+  template CrossEntropyResult lm_head_cross_entropy_forward<T>(T*, const T*, const T*, const int32_t*, int64_t, \
+                                                                int64_t, int64_t, const CrossEntropyTiling&);   \
+  template void lm_head_cross_entropy_backward<T>(T*, T*, const T*, const T*, const int32_t*, const T*, double, \
+                                                  int64_t, int64_t, int64_t, const CrossEntropyTiling&);
+TRILLION_INSTANTIATE_CROSS_ENTROPY(float)
+TRILLION_INSTANTIATE_CROSS_ENTROPY(double)
+#undef TRILLION_INSTANTIATE_CROSS_ENTROPY
+
+}  // namespace trillion

@@ -1,0 +1,66 @@
+// Matrix products through OpenBLAS (row-major cblas) and the Hugging Face linear layer built on them.
+// Called inside an OpenMP region, OpenBLAS runs single-threaded, so kernels that tile their work over
+// the team may call gemm() from their items.
+#include "ops/gemm.h"
+
+#include <cblas.h>
+
+#include "core/error.h"
+
+namespace trillion {
+namespace {
+
+CBLAS_TRANSPOSE cblas_trans(bool trans) { return trans ? CblasTrans : CblasNoTrans; }
+
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+               int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, cblas_trans(trans_a), cblas_trans(trans_b), static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a,
+               int64_t lda, const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, cblas_trans(trans_a), cblas_trans(trans_b), static_cast<blasint>(m),
+              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b,
+              static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+}  // namespace
+
+template <class T>
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  TRILLION_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm sizes m=", m, " n=", n, " k=", k);
+  if (m == 0 || n == 0) return;
+  // Stored shapes: a is [m, k] (or [k, m] transposed), b is [k, n] (or [n, k]), c is [m, n].
+  TRILLION_CHECK(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n, "gemm strides lda=", lda,
+                 " ldb=", ldb, " ldc=", ldc, " for m=", m, " n=", n, " k=", k);
+  blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+template <class T>
+void linear_forward(T* y, const T* x, const T* w, int64_t rows, int64_t in, int64_t out) {
+  // y[rows, out] = x[rows, in] · w[out, in]ᵀ
+  gemm<T>(false, true, rows, out, in, T(1), x, in, w, in, T(0), y, out);
+}
+
+template <class T>
+void linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t rows, int64_t in, int64_t out,
+                     bool accumulate_dx) {
+  // dx[rows, in] = dy[rows, out] · w[out, in]  (beta 1 accumulates)
+  if (dx != nullptr) gemm<T>(false, false, rows, in, out, T(1), dy, out, w, in, accumulate_dx ? T(1) : T(0), dx, in);
+  // dw[out, in] += dy[rows, out]ᵀ · x[rows, in]
+  if (dw != nullptr) gemm<T>(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dw, in);
+}
+
+#define TRILLION_INSTANTIATE_GEMM(T)                                                                          \
+  template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*, \
+                        int64_t);                                                                              \
+  template void linear_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);                          \
+  template void linear_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool);
+TRILLION_INSTANTIATE_GEMM(float)
+TRILLION_INSTANTIATE_GEMM(double)
+#undef TRILLION_INSTANTIATE_GEMM
+
+}  // namespace trillion

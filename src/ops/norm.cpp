@@ -1,0 +1,85 @@
+// RMSNorm forward and backward, plain and zero-centred (weight used as 1 + w).
+// Rows are independent items; sums over a row run in double in index order. The weight gradient is
+// summed over fixed blocks of kRowBlock rows (one partial per block), then the partials in block
+// order, so it does not depend on the thread count.
+#include "ops/norm.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/parallel.h"
+
+namespace trillion {
+namespace {
+
+constexpr int64_t kRowBlock = 64;
+
+}  // namespace
+
+template <class T>
+void rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int64_t rows, int64_t d, double eps, bool zero_centred) {
+  TRILLION_CHECK(d > 0 && rows >= 0, "rmsnorm sizes rows=", rows, " d=", d);
+  const T weight_offset = zero_centred ? T(1) : T(0);
+  parallel_for(rows, [&](int64_t r) {
+    const T* xr = x + r * d;  // [d]
+    T* yr = y + r * d;        // [d]
+    double sum_sq = 0.0;
+    for (int64_t j = 0; j < d; ++j) sum_sq += static_cast<double>(xr[j]) * xr[j];
+    const T inv = static_cast<T>(1.0 / std::sqrt(sum_sq / static_cast<double>(d) + eps));
+    rstd[r] = inv;
+    for (int64_t j = 0; j < d; ++j) yr[j] = (xr[j] * inv) * (weight_offset + w[j]);
+  });
+}
+
+template <class T>
+void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, int64_t rows, int64_t d,
+                      bool zero_centred, bool accumulate_dx) {
+  TRILLION_CHECK(d > 0 && rows >= 0, "rmsnorm sizes rows=", rows, " d=", d);
+  const T weight_offset = zero_centred ? T(1) : T(0);
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
+  // Per-block partial weight gradients, [blocks, d], in double.
+  Buffer<double> dw_partial(dw != nullptr ? blocks * d : 0);
+  parallel_for(blocks, [&](int64_t b) {
+    const int64_t row_end = std::min(rows, (b + 1) * kRowBlock);
+    double* dw_block = dw != nullptr ? dw_partial.data() + b * d : nullptr;  // [d]
+    for (int64_t r = b * kRowBlock; r < row_end; ++r) {
+      const T* xr = x + r * d;    // [d]
+      const T* dyr = dy + r * d;  // [d]
+      T* dxr = dx + r * d;        // [d]
+      const double inv = rstd[r];
+      // With g = dy · weight and x̂ = x · rstd: dx = rstd · (g − x̂ · mean(g · x̂)).
+      double dot = 0.0;
+      for (int64_t j = 0; j < d; ++j) {
+        const double g = static_cast<double>(dyr[j]) * (weight_offset + w[j]);
+        dot += g * xr[j] * inv;
+      }
+      const double mean_dot = dot / static_cast<double>(d);
+      for (int64_t j = 0; j < d; ++j) {
+        const double xhat = xr[j] * inv;
+        const double g = static_cast<double>(dyr[j]) * (weight_offset + w[j]);
+        const T grad = static_cast<T>(inv * (g - xhat * mean_dot));
+        dxr[j] = accumulate_dx ? dxr[j] + grad : grad;
+        if (dw_block != nullptr) dw_block[j] += static_cast<double>(dyr[j]) * xhat;
+      }
+    }
+  });
+  if (dw == nullptr) return;
+  // dw[d] += Σ_blocks dw_partial[b, :], blocks in order.
+  parallel_for(d, [&](int64_t j) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < blocks; ++b) sum += dw_partial[b * d + j];
+    dw[j] += static_cast<T>(sum);
+  });
+}
+
+#define TRILLION_INSTANTIATE_NORM(T)                                                                      \
+  template void rmsnorm_forward<T>(T*, T*, const T*, const T*, int64_t, int64_t, double, bool);           \
+  template void rmsnorm_backward<T>(T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t, bool, \
+                                    bool);
+TRILLION_INSTANTIATE_NORM(float)
+TRILLION_INSTANTIATE_NORM(double)
+#undef TRILLION_INSTANTIATE_NORM
+
+}  // namespace trillion

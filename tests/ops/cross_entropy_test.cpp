@@ -1,0 +1,141 @@
+// Fused LM head + cross-entropy: backward against finite differences (several tilings, ignored
+// rows), forward and backward against the plain reference (float and double, large logits), float
+// against double, thread-count independence, and an all-ignored batch.
+#include "ops/cross_entropy.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "ops/finite_diff.h"
+#include "ops/ref/cross_entropy_ref.h"
+
+namespace trillion {
+namespace {
+
+using test::cast_values;
+using test::random_values;
+using test::relative_error;
+
+std::vector<int32_t> random_targets(int64_t rows, int64_t vocab, uint64_t seed) {
+  CounterRng rng(seed, "targets");
+  std::vector<int32_t> targets(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    targets[r] = r % 5 == 3 ? kIgnoreIndex : static_cast<int32_t>(rng.bits(r) % static_cast<uint64_t>(vocab));
+  targets[0] = static_cast<int32_t>(vocab - 1);  // a target in the last, partial tile
+  return targets;
+}
+
+TEST(CrossEntropy, BackwardMatchesFiniteDifferences) {
+  const int64_t rows = 13, d = 5, vocab = 37;
+  const std::vector<int32_t> targets = random_targets(rows, vocab, 1);
+  // Several chunks and tiles with partial last ones; the second caps the tile count at 4.
+  for (const CrossEntropyTiling tiling : {CrossEntropyTiling{4, 8, 32}, CrossEntropyTiling{6, 8, 4}}) {
+    std::vector<double> h = random_values(rows * d, 2), w = random_values(vocab * d, 3);
+    const double weight = 0.37;  // L = weight · loss_sum, so the backward's scale is the weight
+    auto loss = [&] {
+      std::vector<double> lse(rows);
+      return weight * lm_head_cross_entropy_forward<double>(lse.data(), h.data(), w.data(), targets.data(), rows,
+                                                            d, vocab, tiling)
+                          .loss_sum;
+    };
+    std::vector<double> lse(rows);
+    const CrossEntropyResult result =
+        lm_head_cross_entropy_forward<double>(lse.data(), h.data(), w.data(), targets.data(), rows, d, vocab, tiling);
+    EXPECT_EQ(result.count, rows - 2);  // rows 3 and 8 are ignored
+    std::vector<double> dh(rows * d, 9.0);  // written (=): the prior value must vanish
+    const std::vector<double> dw_prior = random_values(vocab * d, 4);
+    std::vector<double> dw = dw_prior;
+    lm_head_cross_entropy_backward<double>(dh.data(), dw.data(), h.data(), w.data(), targets.data(), lse.data(),
+                                           weight, rows, d, vocab, tiling);
+    for (size_t i = 0; i < dw.size(); ++i) dw[i] -= dw_prior[i];
+    test::expect_gradients_match(loss, {{"h", &h, &dh}, {"w", &w, &dw}});
+    for (int64_t j = 0; j < d; ++j) EXPECT_EQ(dh[3 * d + j], 0.0) << "ignored row gets no gradient";
+  }
+}
+
+// Runs the fused op and the reference on the same data; returns relative errors of loss, lse, dh, dw.
+template <class T>
+std::vector<double> fused_vs_reference(int64_t rows, int64_t d, int64_t vocab, double h_scale) {
+  const std::vector<T> h = cast_values<T>(random_values(rows * d, 5, h_scale));
+  const std::vector<T> w = cast_values<T>(random_values(vocab * d, 6));
+  const std::vector<int32_t> targets = random_targets(rows, vocab, 7);
+  std::vector<T> lse(rows), lse_ref(rows), dh(rows * d), dh_ref(rows * d), dw(vocab * d), dw_ref(vocab * d);
+  const CrossEntropyResult fused =
+      lm_head_cross_entropy_forward<T>(lse.data(), h.data(), w.data(), targets.data(), rows, d, vocab);
+  const CrossEntropyResult ref =
+      lm_head_cross_entropy_forward_ref<T>(lse_ref.data(), h.data(), w.data(), targets.data(), rows, d, vocab);
+  EXPECT_EQ(fused.count, ref.count);
+  const double scale = 1.0 / static_cast<double>(ref.count);
+  lm_head_cross_entropy_backward<T>(dh.data(), dw.data(), h.data(), w.data(), targets.data(), lse.data(), scale, rows,
+                                    d, vocab);
+  lm_head_cross_entropy_backward_ref<T>(dh_ref.data(), dw_ref.data(), h.data(), w.data(), targets.data(),
+                                        lse_ref.data(), scale, rows, d, vocab);
+  for (T value : dw) EXPECT_TRUE(std::isfinite(static_cast<double>(value)));
+  return {std::abs(fused.loss_sum - ref.loss_sum) / std::abs(ref.loss_sum), relative_error(lse, lse_ref),
+          relative_error(dh, dh_ref), relative_error(dw, dw_ref)};
+}
+
+TEST(CrossEntropy, FusedMatchesReference) {
+  // Default tiling: 2 row chunks and 3 vocabulary tiles, the last ones partial.
+  for (double err : fused_vs_reference<double>(300, 24, 2500, 1.0)) EXPECT_LE(err, 1e-12);
+  for (double err : fused_vs_reference<float>(300, 24, 2500, 1.0)) EXPECT_LE(err, 2e-5);
+  // Large logits (|logit| up to ~hundreds): the online log-sum-exp must stay finite and exact.
+  for (double err : fused_vs_reference<double>(70, 16, 1500, 30.0)) EXPECT_LE(err, 1e-12);
+  for (double err : fused_vs_reference<float>(70, 16, 1500, 30.0)) EXPECT_LE(err, 2e-5);
+}
+
+TEST(CrossEntropy, FloatAgreesWithDoubleAndThreadCountDoesNotMatter) {
+  const int64_t rows = 300, d = 24, vocab = 2500;
+  const std::vector<double> h = random_values(rows * d, 8), w = random_values(vocab * d, 9);
+  const std::vector<int32_t> targets = random_targets(rows, vocab, 10);
+  std::vector<double> lse(rows), dh(rows * d), dw(vocab * d);
+  const double loss = lm_head_cross_entropy_forward<double>(lse.data(), h.data(), w.data(), targets.data(), rows, d,
+                                                            vocab)
+                          .loss_sum;
+  lm_head_cross_entropy_backward<double>(dh.data(), dw.data(), h.data(), w.data(), targets.data(), lse.data(), 0.01,
+                                         rows, d, vocab);
+
+  const std::vector<float> hf = cast_values<float>(h), wf = cast_values<float>(w);
+  std::vector<float> lse_f[2], dh_f[2], dw_f[2];
+  double loss_f[2];
+  for (int threads : {1, 2}) {
+    const int i = threads - 1;
+    lse_f[i].assign(rows, 0.f), dh_f[i].assign(rows * d, 0.f), dw_f[i].assign(vocab * d, 0.f);
+    test::with_threads(threads, [&] {
+      loss_f[i] = lm_head_cross_entropy_forward<float>(lse_f[i].data(), hf.data(), wf.data(), targets.data(), rows,
+                                                       d, vocab)
+                      .loss_sum;
+      lm_head_cross_entropy_backward<float>(dh_f[i].data(), dw_f[i].data(), hf.data(), wf.data(), targets.data(),
+                                            lse_f[i].data(), 0.01, rows, d, vocab);
+    });
+  }
+  EXPECT_EQ(loss_f[0], loss_f[1]);
+  EXPECT_EQ(lse_f[0], lse_f[1]);
+  EXPECT_EQ(dh_f[0], dh_f[1]);
+  EXPECT_EQ(dw_f[0], dw_f[1]);
+  EXPECT_LE(std::abs(loss_f[0] - loss) / loss, 1e-5);
+  EXPECT_LE(relative_error(lse_f[0], lse), 1e-5);
+  EXPECT_LE(relative_error(dh_f[0], dh), 1e-5);
+  EXPECT_LE(relative_error(dw_f[0], dw), 1e-5);
+}
+
+TEST(CrossEntropy, AllIgnoredRowsGiveZeroLossAndGradient) {
+  const int64_t rows = 9, d = 4, vocab = 50;
+  const std::vector<double> h = random_values(rows * d, 11), w = random_values(vocab * d, 12);
+  const std::vector<int32_t> targets(rows, kIgnoreIndex);
+  std::vector<double> lse(rows), dh(rows * d, 1.0), dw(vocab * d, 2.0);
+  const CrossEntropyResult result =
+      lm_head_cross_entropy_forward<double>(lse.data(), h.data(), w.data(), targets.data(), rows, d, vocab);
+  EXPECT_EQ(result.count, 0);
+  EXPECT_EQ(result.loss_sum, 0.0);
+  for (double value : lse) EXPECT_TRUE(std::isfinite(value));  // saved for ignored rows too
+  lm_head_cross_entropy_backward<double>(dh.data(), dw.data(), h.data(), w.data(), targets.data(), lse.data(), 1.0,
+                                         rows, d, vocab);
+  EXPECT_EQ(dh, std::vector<double>(rows * d, 0.0));
+  EXPECT_EQ(dw, std::vector<double>(vocab * d, 2.0));
+}
+
+}  // namespace
+}  // namespace trillion
