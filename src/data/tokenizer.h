@@ -25,7 +25,8 @@ class Tokenizer {
   int64_t vocab_size() const;
   uint64_t hash() const { return hash_; }
   int32_t eos_id() const;  // document separator appended after every document
-  std::vector<int32_t> encode(const std::string& text) const;
+  std::vector<int32_t> encode(const std::string& text) const;  // adds no eos; the caller appends it
+  // Throws trillion::Error on an id outside [0, vocab_size); eos decodes to "".
   std::string decode(const std::vector<int32_t>& ids) const;
 
  private:

@@ -1,0 +1,72 @@
+// Helpers for the data tests: a per-test temporary directory, a generated text corpus, and
+// expecting a trillion::Error whose message contains given parts.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+
+namespace trillion::testing {
+
+// A fresh directory under the system temp dir, removed with its contents on destruction.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& name)
+      : path_(std::filesystem::temp_directory_path() / ("trillion_data_" + name + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string path(const std::string& file) const { return (path_ / file).string(); }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// `count` documents of pseudo-random words (syllables from a fixed list, so BPE has merges to
+// learn), with punctuation, newlines, leading spaces and a few non-ASCII characters.
+inline std::vector<std::string> generated_documents(int count, uint64_t seed) {
+  static const char* const kSyllables[] = {"ka", "to", "ri", "mon", "el", "sa", "qu", "ix", "bo", "ne",
+                                           "th", "ar", "ve", "lu", "pe", "dr", "om", "ga", "fi", "zu"};
+  static const char* const kExtras[] = {"é", "ß", "→", "日本", "42", "1999", "!", "?", ",", "(x)"};
+  const CounterRng rng(seed, "test.corpus");
+  uint64_t counter = 0;
+  std::vector<std::string> documents;
+  for (int d = 0; d < count; ++d) {
+    std::string document = d % 5 == 0 ? "  " : "";
+    const int words = 8 + static_cast<int>(rng.bits(counter++) % 40);
+    for (int w = 0; w < words; ++w) {
+      const int syllables = 1 + static_cast<int>(rng.bits(counter++) % 3);
+      for (int s = 0; s < syllables; ++s) document += kSyllables[rng.bits(counter++) % 20];
+      if (rng.bits(counter++) % 9 == 0) document += kExtras[rng.bits(counter++) % 10];
+      document += rng.bits(counter++) % 7 == 0 ? "\n" : " ";
+    }
+    document += "end.\n";
+    documents.push_back(document);
+  }
+  return documents;
+}
+
+// Runs `body`, expecting a trillion::Error whose message contains every one of `parts`.
+inline void expect_error(const std::function<void()>& body, const std::vector<std::string>& parts) {
+  try {
+    body();
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    for (const std::string& part : parts) EXPECT_NE(message.find(part), std::string::npos) << "message: " << message << "\nmissing: " << part;
+    return;
+  }
+  ADD_FAILURE() << "expected a trillion::Error";
+}
+
+}  // namespace trillion::testing
