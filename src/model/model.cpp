@@ -116,12 +116,12 @@ CrossEntropyResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t*
     decoder_layer_forward(x, m.positions.data(), batch, seq, bind_decoder_layer(m.table, params, layer), m.dims,
                           m.store, layer, m.scratch);
   }
-  T* final_input = m.store.save<T>(ActivationTag::final_input, 0, n * D);  // [n, D]
+  T* final_input = m.store.template save<T>(ActivationTag::final_input, 0, n * D);  // [n, D]
   std::memcpy(final_input, x, n * D * sizeof(T));
-  T* rstd = m.store.save<T>(ActivationTag::final_norm_rstd, 0, n);   // [n]
-  T* h = m.store.save<T>(ActivationTag::final_norm_out, 0, n * D);    // [n, D]
+  T* rstd = m.store.template save<T>(ActivationTag::final_norm_rstd, 0, n);   // [n]
+  T* h = m.store.template save<T>(ActivationTag::final_norm_out, 0, n * D);    // [n, D]
   rmsnorm_forward(h, rstd, final_input, m.final_norm(params), n, D, m.config.rms_norm_eps, m.config.zero_centred_norms());
-  T* lse = m.store.save<T>(ActivationTag::loss_lse, 0, n);  // [n]
+  T* lse = m.store.template save<T>(ActivationTag::loss_lse, 0, n);  // [n]
   return lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
 }
 
@@ -145,11 +145,11 @@ CrossEntropyResult Model<T>::forward_backward(const int32_t* tokens, const int32
   T* dx = m.hidden_grad.data();  // [n, D] gradient of the residual stream
   {
     m.scratch.reset();
-    const T* final_input = m.store.get<T>(ActivationTag::final_input, 0, n * D);
-    const T* rstd = m.store.get<T>(ActivationTag::final_norm_rstd, 0, n);
-    const T* h = m.store.get<T>(ActivationTag::final_norm_out, 0, n * D);
-    const T* lse = m.store.get<T>(ActivationTag::loss_lse, 0, n);
-    T* dh = m.scratch.alloc<T>(n * D);  // [n, D]
+    const T* final_input = m.store.template get<T>(ActivationTag::final_input, 0, n * D);
+    const T* rstd = m.store.template get<T>(ActivationTag::final_norm_rstd, 0, n);
+    const T* h = m.store.template get<T>(ActivationTag::final_norm_out, 0, n * D);
+    const T* lse = m.store.template get<T>(ActivationTag::loss_lse, 0, n);
+    T* dh = m.scratch.template alloc<T>(n * D);  // [n, D]
     // Tied head: its dw lands in the embedding gradient, which embedding_backward adds to below.
     lm_head_cross_entropy_backward(dh, m.lm_head(grads), h, m.lm_head(params), targets, lse, loss_scale, n, D, V);
     rmsnorm_backward(dx, m.final_norm(grads), dh, final_input, m.final_norm(params), rstd, n, D,
@@ -198,8 +198,8 @@ void Model<T>::generate_step(const int32_t* tokens, int64_t n, T* last_logits) {
                          bind_decoder_layer(m.table, params, layer), m.dims, m.scratch);
   }
   m.scratch.reset();
-  T* h = m.scratch.alloc<T>(D);  // [1, D] final-normed last token
-  T* rstd = m.scratch.alloc<T>(1);
+  T* h = m.scratch.template alloc<T>(D);  // [1, D] final-normed last token
+  T* rstd = m.scratch.template alloc<T>(1);
   rmsnorm_forward(h, rstd, x + (n - 1) * D, m.final_norm(params), 1, D, m.config.rms_norm_eps,
                   m.config.zero_centred_norms());
   linear_forward(last_logits, h, m.lm_head(params), 1, D, V);  // [1, V]
