@@ -253,9 +253,12 @@ RunSetup prepare_run(TrainOptions& o) {
   }
 
   run.data = open_data_dir(o.data_dir, run.config.vocab_size);
-  if (run.resumed && run.data.train.tokenizer_hash != run.state.tokenizer_hash) {
-    fail(run.weights_dir, "/trainer_state.json: field 'tokenizer_hash' does not match the tokenizer of ",
-         run.data.train.path, "; the run was trained on different data");
+  // A checkpoint (resumed, or the weights of --init) must have been trained with the data's tokenizer.
+  const fs::path state_path = run.weights_dir.empty() ? fs::path() : fs::path(run.weights_dir) / "trainer_state.json";
+  if (!state_path.empty() && fs::exists(state_path) &&
+      TrainerState::load(state_path.string()).tokenizer_hash != run.data.train.tokenizer_hash) {
+    fail(state_path.string(), ": field 'tokenizer_hash' does not match the tokenizer of ", run.data.train.path,
+         "; the checkpoint was trained with a different tokenizer");
   }
   const int64_t train_tokens = static_cast<int64_t>(run.data.train.tokens.size());
   if (train_tokens < s.seq_len + 1) {

@@ -30,9 +30,9 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs `env TRILLION_BINARY args` through the shell.
-inline CommandResult run_cli(const std::string& args, const std::string& env = "") {
-  const std::string command = env + " " + TRILLION_BINARY + " " + args + " 2>&1";
+// Runs `env TRILLION_BINARY args` through the shell; stderr is captured too unless stdout_only.
+inline CommandResult run_cli(const std::string& args, const std::string& env = "", bool stdout_only = false) {
+  const std::string command = env + " " + TRILLION_BINARY + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;

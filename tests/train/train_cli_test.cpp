@@ -146,5 +146,26 @@ TEST(TrainCli, CheckpointContents) {
   EXPECT_FALSE(records[18].contains("val_loss"));
 }
 
+TEST(TrainCli, InitStartsANewRunFromTrainedWeights) {
+  const fs::path out = test_data().root / "finetune";
+  const fs::path fresh = test_data().root / "fresh";
+  const TestData& d = test_data();
+  const std::string flags = " --data " + d.data_dir.string() + " --batch 2 --seq-len 16 --steps 3 --warmup 2";
+  const CommandResult r = run_cli("train --init " + trained_run().string() + " --out " + out.string() + flags);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const CommandResult f = run_cli("train --config " + d.config_path.string() + " --out " + fresh.string() + flags);
+  ASSERT_EQ(f.status, 0) << f.output;
+  const std::vector<nlohmann::json> tuned = read_metrics(out), scratch = read_metrics(fresh);
+  ASSERT_EQ(tuned.size(), 3u);
+  ASSERT_EQ(scratch.size(), 3u);
+  // A new run: step 1 with the new schedule, but starting from the trained weights.
+  EXPECT_EQ(tuned[0]["step"], 1);
+  EXPECT_EQ(tuned[0]["lr"].get<double>(), scratch[0]["lr"].get<double>());
+  EXPECT_LT(tuned[0]["loss"].get<double>(), scratch[0]["loss"].get<double>() - 0.5);
+  const nlohmann::json state = nlohmann::json::parse(read_text(out / "checkpoint-000003" / "trainer_state.json"));
+  EXPECT_EQ(state["step"], 3);
+  EXPECT_EQ(state["sampler_position"], 6);
+}
+
 }  // namespace
 }  // namespace trillion::train_test

@@ -20,21 +20,21 @@ TEST(TrainErrors, MissingDataDirectory) {
   const TestData& d = test_data();
   const fs::path missing = d.root / "no_such_data";
   const CommandResult r = run_cli("train --config " + d.config_path.string() + " --data " + missing.string() +
-                                  " --out " + (d.root / "err_missing").string() + " --steps 2");
+                                  " --out " + (d.root / "err_missing").string() + " --steps 2 --seq-len 16");
   expect_one_line_error(r, {missing.string()});
 }
 
 TEST(TrainErrors, ModelVocabDiffersFromDataVocab) {
   const TestData& d = test_data();
   const CommandResult r = run_cli("train --config " + d.small_vocab_config_path.string() + " --data " +
-                                  d.data_dir.string() + " --out " + (d.root / "err_vocab").string() + " --steps 2");
+                                  d.data_dir.string() + " --out " + (d.root / "err_vocab").string() + " --steps 2 --seq-len 16");
   expect_one_line_error(r, {"vocab", "64"});
 }
 
 TEST(TrainErrors, ResumeWithDataOfAnotherTokenizer) {
   const TestData& d = test_data();
   const CommandResult r =
-      run_cli("train --resume " + trained_run().string() + " --data " + d.other_data_dir.string() + " --steps 50");
+      run_cli("train --resume " + trained_run().string() + " --data " + d.other_data_dir.string());
   expect_one_line_error(r, {"trainer_state.json", "tokenizer_hash"});
 }
 
@@ -45,9 +45,9 @@ TEST(TrainErrors, ResumeOfANonCheckpointDirectory) {
 }
 
 TEST(TrainErrors, ResumeWithDifferentRunSettings) {
-  const CommandResult batch = run_cli("train --resume " + trained_run().string() + " --steps 50 --batch 4");
+  const CommandResult batch = run_cli("train --resume " + trained_run().string() + " --batch 4");
   expect_one_line_error(batch, {"trainer_state.json", "'batch'", "--batch 4"});
-  const CommandResult dtype = run_cli("train --resume " + trained_run().string() + " --steps 50 --dtype float64");
+  const CommandResult dtype = run_cli("train --resume " + trained_run().string() + " --dtype float64");
   expect_one_line_error(dtype, {"'dtype'", "float64"});
 }
 
@@ -58,7 +58,7 @@ TEST(TrainErrors, ResumeWithAnotherModelConfig) {
   json["intermediate_size"] = 32;
   write_text(config, json.dump());
   const CommandResult r =
-      run_cli("train --resume " + trained_run().string() + " --config " + config.string() + " --steps 50");
+      run_cli("train --resume " + trained_run().string() + " --config " + config.string());
   expect_one_line_error(r, {config.string(), "intermediate_size", "config.json"});
 }
 
