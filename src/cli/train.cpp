@@ -27,7 +27,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("--grad-accum", s.grad_accum, "Micro-batches per optimizer step");
   cmd->add_option("--lr", s.lr, "Peak learning rate");
   cmd->add_option("--min-lr-ratio", s.min_lr_ratio, "Final learning rate as a fraction of the peak");
-  cmd->add_option("--warmup", s.warmup, "Linear warmup steps");
+  cmd->add_option("--warmup", s.warmup, "Linear warmup steps (default: steps / 20)");
   cmd->add_option("--weight-decay", s.weight_decay, "AdamW decoupled weight decay");
   cmd->add_option("--beta1", s.beta1, "AdamW β1");
   cmd->add_option("--beta2", s.beta2, "AdamW β2");

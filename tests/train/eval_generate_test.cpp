@@ -51,7 +51,7 @@ TEST(EvalCli, MaxBatchesTruncates) {
 TEST(GenerateCli, GreedyIsDeterministicAndContinuesThePrompt) {
   const std::string args = "generate --checkpoint " + trained_run().string() +
                            " --prompt 'the cat' --max-new-tokens 12 --temperature 0";
-  const CommandResult a = run_cli(args, "", true), b = run_cli(args, "", true);
+  const CommandResult a = run_cli(args, "OMP_NUM_THREADS=1", true), b = run_cli(args, "OMP_NUM_THREADS=1", true);
   ASSERT_EQ(a.status, 0) << a.output;
   EXPECT_EQ(a.output, b.output);
   EXPECT_EQ(a.output.rfind("the cat", 0), 0u) << a.output;
@@ -62,7 +62,7 @@ TEST(GenerateCli, SamplingIsReproducibleBySeed) {
   const std::string args = "generate --checkpoint " + (trained_run() / "checkpoint-000040").string() + " --data " +
                            test_data().data_dir.string() +
                            " --prompt 'a dog' --max-new-tokens 16 --temperature 1.0 --top-p 0.9 --seed ";
-  const CommandResult a = run_cli(args + "5", "", true), b = run_cli(args + "5", "", true);
+  const CommandResult a = run_cli(args + "5", "OMP_NUM_THREADS=1", true), b = run_cli(args + "5", "OMP_NUM_THREADS=1", true);
   ASSERT_EQ(a.status, 0) << a.output;
   EXPECT_EQ(a.output, b.output);
   EXPECT_GT(a.output.size(), std::string("a dog\n").size());

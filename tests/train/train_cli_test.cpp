@@ -29,6 +29,16 @@ TEST(TrainCli, ResumeEqualsUninterruptedRunBitwise) {
   EXPECT_EQ(read_metrics(interrupted).size(), 20u);
   // Resume from the output directory with only the flags that do not define the run.
   const CommandResult second = run_cli("train --resume " + interrupted.string() + " --steps 40 --eval-every 20");
+  // The same with two threads: resume is bitwise at any fixed thread count.
+  const fs::path straight2 = test_data().root / "straight_2threads", interrupted2 = test_data().root / "interrupted_2threads";
+  const std::string flags2 = " --steps 10 --eval-every 5";
+  ASSERT_EQ(run_cli("train " + tiny_run_flags(straight2) + flags2, kTwoThreads).status, 0);
+  ASSERT_EQ(run_cli("train " + tiny_run_flags(interrupted2) + flags2 + " --stop-after 5", kTwoThreads).status, 0);
+  ASSERT_EQ(run_cli("train --resume " + interrupted2.string(), kTwoThreads).status, 0);
+  const std::vector<nlohmann::json> a2 = read_metrics(straight2), b2 = read_metrics(interrupted2);
+  ASSERT_EQ(a2.size(), 10u);
+  ASSERT_EQ(b2.size(), 10u);
+  for (size_t i = 0; i < a2.size(); ++i) EXPECT_EQ(a2[i]["loss"].get<double>(), b2[i]["loss"].get<double>()) << i + 1;
   ASSERT_EQ(second.status, 0) << second.output;
 
   const std::vector<nlohmann::json> a = read_metrics(straight), b = read_metrics(interrupted);
@@ -52,6 +62,21 @@ TEST(TrainCli, ResumeEqualsUninterruptedRunBitwise) {
   EXPECT_LT(a[39]["loss"].get<double>(), a[0]["loss"].get<double>() - 0.5);
 }
 
+TEST(TrainCli, Float64ResumeIsBitwiseToo) {
+  const fs::path straight = test_data().root / "f64_straight", interrupted = test_data().root / "f64_interrupted";
+  const std::string flags = " --steps 6 --dtype float64";
+  ASSERT_EQ(run_cli("train " + tiny_run_flags(straight) + flags).status, 0);
+  ASSERT_EQ(run_cli("train " + tiny_run_flags(interrupted) + flags + " --stop-after 3").status, 0);
+  const CommandResult r = run_cli("train --resume " + interrupted.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::vector<nlohmann::json> a = read_metrics(straight), b = read_metrics(interrupted);
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i]["loss"].get<double>(), b[i]["loss"].get<double>()) << i + 1;
+  const SafetensorsReader weights((straight / "checkpoint-000006" / "model.safetensors").string());
+  EXPECT_EQ(weights.tensors().begin()->second.dtype, DType::F64);
+}
+
 TEST(TrainCli, ResumeDropsMetricsBeyondTheCheckpoint) {
   const fs::path out = test_data().root / "truncated_metrics";
   ASSERT_EQ(run_cli("train " + tiny_run_flags(out) + " --steps 12 --stop-after 6 --save-every 4").status, 0);
@@ -68,7 +93,7 @@ TEST(TrainCli, ThreadCountChangesLossesOnlyByRounding) {
   const fs::path one = test_data().root / "threads1", two = test_data().root / "threads2";
   const std::string flags = " --steps 5 --seed 11";
   const CommandResult r1 = run_cli("train " + tiny_run_flags(one) + flags, "OMP_NUM_THREADS=1");
-  const CommandResult r2 = run_cli("train " + tiny_run_flags(two) + flags, "OMP_NUM_THREADS=2");
+  const CommandResult r2 = run_cli("train " + tiny_run_flags(two) + flags, kTwoThreads);
   ASSERT_EQ(r1.status, 0) << r1.output;
   ASSERT_EQ(r2.status, 0) << r2.output;
   const std::vector<nlohmann::json> a = read_metrics(one), b = read_metrics(two);
