@@ -99,9 +99,8 @@ void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int6
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }
-  T* y = scratch.alloc<T>(n * D);  // [n, D]
-  linear_forward(y, o_in, w.o_proj, n, qw, D);
-  for (int64_t i = 0; i < n * D; ++i) x[i] += y[i];
+  // Residual: x[n, D] += o_in · o_projᵀ (beta = 1 adds in place).
+  gemm(false, true, n, D, qw, T(1), o_in, qw, w.o_proj, qw, T(1), x, D);
 }
 
 template <class T>
@@ -199,9 +198,8 @@ void attention_block_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cach
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }
-  T* y = scratch.alloc<T>(n * D);  // [n, D]
-  linear_forward(y, o_in, w.o_proj, n, qw, D);
-  for (int64_t i = 0; i < n * D; ++i) x[i] += y[i];
+  // Residual: x[n, D] += o_in · o_projᵀ (beta = 1 adds in place).
+  gemm(false, true, n, D, qw, T(1), o_in, qw, w.o_proj, qw, T(1), x, D);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                               \

@@ -28,9 +28,8 @@ void mlp_forward(T* x, int64_t n, const MlpWeights<T>& w, const MlpDims& dims, A
   linear_forward(gate, h, w.gate_proj, n, D, I);
   linear_forward(up, h, w.up_proj, n, D, I);
   swiglu_forward(act, gate, up, n * I);
-  T* y = scratch.alloc<T>(n * D);  // [n, D]
-  linear_forward(y, act, w.down_proj, n, I, D);
-  for (int64_t i = 0; i < n * D; ++i) x[i] += y[i];
+  // Residual: x[n, D] += act · down_projᵀ (beta = 1 adds in place).
+  gemm(false, true, n, D, I, T(1), act, I, w.down_proj, I, T(1), x, D);
 }
 
 template <class T>

@@ -33,7 +33,7 @@ namespace trillion {
 namespace {
 
 constexpr int64_t kQTile = 64;  // query positions per tile (rows = kQTile · group)
-constexpr int64_t kKTile = 64;  // key positions per tile
+constexpr int64_t kKTile = 128;  // key positions per tile
 
 void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
                const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
