@@ -80,8 +80,10 @@ TEST(TrainCli, Float64ResumeIsBitwiseToo) {
 TEST(TrainCli, ResumeDropsMetricsBeyondTheCheckpoint) {
   const fs::path out = test_data().root / "truncated_metrics";
   ASSERT_EQ(run_cli("train " + tiny_run_flags(out) + " --steps 12 --stop-after 6 --save-every 4").status, 0);
-  // Interrupted after step 6 but resumed from checkpoint 4: steps 5 and 6 are rewritten once.
+  // Interrupted after step 6 but resumed from checkpoint 4: steps 5 and 6 are written once more.
   const fs::path checkpoint = out / "checkpoint-000004";
+  // A line cut short by the interruption is dropped as well.
+  write_text(out / "metrics.jsonl", read_text(out / "metrics.jsonl") + "{\"step\": 7, \"lo");
   const CommandResult r = run_cli("train --resume " + checkpoint.string());
   ASSERT_EQ(r.status, 0) << r.output;
   const std::vector<nlohmann::json> records = read_metrics(out);
