@@ -1,12 +1,109 @@
-// Placeholder registration for `trillion eval` until its implementation lands.
+// `trillion eval`: validation loss of a checkpoint on the val split of a tokenized data directory:
+// nats/token, perplexity, bits per byte, and the unigram baseline of the same split (fit on the
+// train tokens), printed for people and as a final JSON line.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "data/shards.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "train/checkpoint.h"
+#include "train/evaluate.h"
 
 namespace trillion {
+namespace {
+namespace fs = std::filesystem;
+
+struct EvalOptions {
+  std::string checkpoint;
+  std::string data_dir;
+  int64_t seq_len = 0;  // 0: the checkpoint's training seq_len (256 without trainer state)
+  int64_t batch = 8;
+  int64_t max_batches = 0;  // 0: every window
+};
+
+template <class T>
+EvalResult evaluate_checkpoint(const ModelConfig& config, const std::string& weights_dir, const DataDir& data,
+                               const EvalOptions& o) {
+  Model<T> model(config);
+  model.load_weights(weights_dir);
+  return evaluate_loss(model, data.val.tokens, o.seq_len, o.batch, o.max_batches);
+}
+
+void run_eval(EvalOptions o) {
+  const std::string weights_dir = resolve_weights_dir(o.checkpoint);
+  const ModelConfig config = ModelConfig::load((fs::path(weights_dir) / "config.json").string());
+  const DataDir data = open_data_dir(o.data_dir, config.vocab_size);
+  std::string dtype = "float32";
+  const fs::path state_path = fs::path(weights_dir) / "trainer_state.json";
+  if (fs::exists(state_path)) {
+    const TrainerState state = TrainerState::load(state_path.string());
+    if (state.tokenizer_hash != data.val.tokenizer_hash) {
+      fail(state_path.string(), ": field 'tokenizer_hash' does not match the tokenizer of ", data.val.path,
+           "; the checkpoint was trained with a different tokenizer");
+    }
+    dtype = state.settings.dtype;
+    if (o.seq_len == 0) o.seq_len = state.settings.seq_len;
+  }
+  if (o.seq_len == 0) o.seq_len = 256;
+  if (o.seq_len < 1 || o.seq_len > config.max_position_embeddings) {
+    fail("--seq-len must be in [1, max_position_embeddings=", config.max_position_embeddings, "], got ", o.seq_len);
+  }
+  if (o.batch < 1) fail("--batch must be ≥ 1, got ", o.batch);
+  if (data.val.tokens.size() < 2) fail(data.val.path, ": needs at least 2 tokens to evaluate");
+
+  const EvalResult r = dtype == "float64" ? evaluate_checkpoint<double>(config, weights_dir, data, o)
+                                          : evaluate_checkpoint<float>(config, weights_dir, data, o);
+  const double loss = r.loss();
+  // Bytes of text behind the evaluated targets: the split's bytes in proportion when truncated.
+  const double text_bytes = static_cast<double>(data.val.text_bytes) * static_cast<double>(r.target_count) /
+                            static_cast<double>(r.total_targets);
+  const double bits_per_byte = text_bytes > 0 ? r.loss_sum / std::log(2.0) / text_bytes : 0.0;
+  const double unigram = unigram_baseline_nats(data.train.tokens, data.val.tokens, config.vocab_size);
+
+  std::printf("checkpoint     %s\n", weights_dir.c_str());
+  std::printf("val windows    %lld of %lld (seq_len %lld), %lld target tokens\n", static_cast<long long>(r.windows),
+              static_cast<long long>(r.total_windows), static_cast<long long>(o.seq_len),
+              static_cast<long long>(r.target_count));
+  std::printf("val loss       %.4f nats/token (unigram baseline %.4f)\n", loss, unigram);
+  std::printf("perplexity     %.3f\n", std::exp(loss));
+  std::printf("bits per byte  %.4f\n", bits_per_byte);
+  const nlohmann::json summary = {{"checkpoint", weights_dir},
+                                  {"val_loss", loss},
+                                  {"perplexity", std::exp(loss)},
+                                  {"bits_per_byte", bits_per_byte},
+                                  {"unigram_baseline_nats", unigram},
+                                  {"tokens", r.target_count},
+                                  {"windows", r.windows},
+                                  {"total_windows", r.total_windows},
+                                  {"seq_len", o.seq_len},
+                                  {"dtype", dtype}};
+  std::printf("%s\n", summary.dump().c_str());
+}
+
+}  // namespace
 
 void register_eval(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("eval", "not built yet");
-  cmd->callback([] { fail("trillion eval: not built yet"); });
+  CLI::App* cmd = app.add_subcommand("eval", "Validation loss, perplexity and bits per byte of a checkpoint");
+  auto options = std::make_shared<EvalOptions>();
+  cmd->add_option("--checkpoint", options->checkpoint, "Checkpoint directory or a training --out directory")->required();
+  cmd->add_option("--data", options->data_dir, "Directory written by `trillion tokenize`")->required();
+  cmd->add_option("--seq-len", options->seq_len, "Tokens per window (default: the checkpoint's training seq_len)");
+  cmd->add_option("--batch", options->batch, "Windows per forward pass");
+  cmd->add_option("--max-batches", options->max_batches, "Evaluate only the first N batches (0: all)");
+  cmd->callback([options] {
+    try {
+      run_eval(*options);
+    } catch (const std::filesystem::filesystem_error& e) {
+      fail(e.what());
+    }
+  });
 }
 
 }  // namespace trillion

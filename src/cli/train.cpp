@@ -1,12 +1,57 @@
-// Placeholder registration for `trillion train` until its implementation lands.
+// `trillion train`: flags of the training run (DESIGN.md section 4); the loop is in train/trainer.h.
+#include <filesystem>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "train/trainer.h"
 
 namespace trillion {
 
 void register_train(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("train", "not built yet");
-  cmd->callback([] { fail("trillion train: not built yet"); });
+  CLI::App* cmd = app.add_subcommand("train", "Train a model (or resume / fine-tune one) on tokenized data");
+  auto options = std::make_shared<TrainOptions>();
+  TrainOptions& o = *options;
+  TrainSettings& s = o.settings;
+  cmd->add_option("--config", o.config_path, "Model config.json (optional with --resume / --init)");
+  cmd->add_option("--data", o.data_dir, "Directory written by `trillion tokenize` (optional with --resume)");
+  cmd->add_option("--out", o.out_dir, "Output directory: metrics.jsonl, checkpoint-*/, latest");
+  CLI::Option* resume = cmd->add_option("--resume", o.resume_dir, "Continue a run: its --out directory or a checkpoint");
+  CLI::Option* init = cmd->add_option("--init", o.init_dir, "Start a new run from these model weights");
+  resume->excludes(init);
+  // Settings that define the run; on --resume they come from trainer_state.json.
+  cmd->add_option("--steps", s.steps, "Length of the run in optimizer steps (the LR schedule spans it)");
+  cmd->add_option("--seed", s.seed, "Seed of initialization and data order");
+  cmd->add_option("--dtype", s.dtype, "Parameter and compute type")->check(CLI::IsMember({"float32", "float64"}));
+  cmd->add_option("--batch", s.batch, "Sequences per micro-batch");
+  cmd->add_option("--seq-len", s.seq_len, "Tokens per sequence");
+  cmd->add_option("--grad-accum", s.grad_accum, "Micro-batches per optimizer step");
+  cmd->add_option("--lr", s.lr, "Peak learning rate");
+  cmd->add_option("--min-lr-ratio", s.min_lr_ratio, "Final learning rate as a fraction of the peak");
+  cmd->add_option("--warmup", s.warmup, "Linear warmup steps (default: steps / 20)");
+  cmd->add_option("--weight-decay", s.weight_decay, "AdamW decoupled weight decay");
+  cmd->add_option("--beta1", s.beta1, "AdamW β1");
+  cmd->add_option("--beta2", s.beta2, "AdamW β2");
+  cmd->add_option("--eps", s.eps, "AdamW ε");
+  cmd->add_option("--clip", s.clip, "Global gradient-norm clip (≤ 0: off)");
+  // Settings of this process only.
+  cmd->add_option("--stop-after", o.stop_after, "End this process after step K, with a checkpoint");
+  cmd->add_option("--save-every", o.save_every, "Checkpoint every K steps (0: only at the end)");
+  cmd->add_option("--eval-every", o.eval_every, "Validation loss every K steps (0: off)");
+  cmd->add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation");
+  cmd->add_option("--log-every", o.log_every, "Progress line every K steps");
+  cmd->callback([cmd, options] {
+    TrainOptions& run = *options;
+    for (const char* flag : {"steps", "seed", "dtype", "batch", "seq-len", "grad-accum", "lr", "min-lr-ratio", "warmup",
+                             "weight-decay", "beta1", "beta2", "eps", "clip"}) {
+      if (cmd->count(std::string("--") + flag) > 0) run.given.insert(flag);
+    }
+    if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;
+    try {
+      run_training(run);
+    } catch (const std::filesystem::filesystem_error& e) {
+      fail(e.what());
+    }
+  });
 }
 
 }  // namespace trillion

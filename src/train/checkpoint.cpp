@@ -1,0 +1,187 @@
+// Trainer state serialization, checkpoint directory resolution and atomic checkpoint writing
+// (see checkpoint.h).
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+#include <filesystem>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace trillion {
+namespace fs = std::filesystem;
+namespace {
+
+const nlohmann::json& field(const nlohmann::json& json, const char* key, const std::string& path) {
+  if (!json.contains(key)) fail(path, ": missing field '", key, "'");
+  return json.at(key);
+}
+
+int64_t int_field(const nlohmann::json& json, const char* key, const std::string& path) {
+  const nlohmann::json& value = field(json, key, path);
+  if (!value.is_number_integer()) fail(path, ": field '", key, "' must be an integer, got ", value.dump());
+  return value.get<int64_t>();
+}
+
+double number_field(const nlohmann::json& json, const char* key, const std::string& path) {
+  const nlohmann::json& value = field(json, key, path);
+  if (!value.is_number()) fail(path, ": field '", key, "' must be a number, got ", value.dump());
+  return value.get<double>();
+}
+
+std::string string_field(const nlohmann::json& json, const char* key, const std::string& path) {
+  const nlohmann::json& value = field(json, key, path);
+  if (!value.is_string()) fail(path, ": field '", key, "' must be a string, got ", value.dump());
+  return value.get<std::string>();
+}
+
+// 64-bit hashes are stored as 16 hex digits (JSON numbers lose bits above 2^53 in many readers).
+std::string hex64(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016" PRIx64, value);
+  return text;
+}
+
+uint64_t hex64_field(const nlohmann::json& json, const char* key, const std::string& path) {
+  const std::string text = string_field(json, key, path);
+  char* end = nullptr;
+  const uint64_t value = std::strtoull(text.c_str(), &end, 16);
+  if (text.size() != 16 || *end != '\0') fail(path, ": field '", key, "' must be 16 hex digits, got \"", text, "\"");
+  return value;
+}
+
+void fsync_directory(const std::string& directory) {
+  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) fail(directory, ": cannot open directory to sync it");
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+nlohmann::json TrainerState::to_json() const {
+  const TrainSettings& s = settings;
+  return {
+      {"format", "trillion-trainer-state-1"},
+      {"step", step},
+      {"steps", s.steps},
+      {"seed", s.seed},
+      {"dtype", s.dtype},
+      {"sampler_position", sampler_position},
+      {"tokens_seen", tokens_seen},
+      {"elapsed_s", elapsed_s},
+      {"tokenizer_hash", hex64(tokenizer_hash)},
+      {"data_dir", data_dir},
+      {"batch", s.batch},
+      {"seq_len", s.seq_len},
+      {"grad_accum", s.grad_accum},
+      {"lr_schedule",
+       {{"kind", "warmup_cosine"}, {"peak_lr", s.lr}, {"min_lr_ratio", s.min_lr_ratio}, {"warmup", s.warmup},
+        {"total_steps", s.steps}}},
+      {"optimizer",
+       {{"kind", "adamw"},
+        {"weight_decay", s.weight_decay},
+        {"beta1", s.beta1},
+        {"beta2", s.beta2},
+        {"eps", s.eps},
+        {"clip", s.clip}}},
+  };
+}
+
+TrainerState TrainerState::load(const std::string& path) {
+  nlohmann::json json;
+  try {
+    json = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(path, ": not valid JSON (", e.what(), ")");
+  }
+  if (!json.is_object()) fail(path, ": expected a JSON object");
+  TrainerState state;
+  TrainSettings& s = state.settings;
+  state.step = int_field(json, "step", path);
+  s.steps = int_field(json, "steps", path);
+  const nlohmann::json& seed = field(json, "seed", path);
+  if (!seed.is_number_unsigned()) fail(path, ": field 'seed' must be a non-negative integer, got ", seed.dump());
+  s.seed = seed.get<uint64_t>();
+  s.dtype = string_field(json, "dtype", path);
+  if (s.dtype != "float32" && s.dtype != "float64") fail(path, ": field 'dtype' must be float32 or float64, got ", s.dtype);
+  state.sampler_position = int_field(json, "sampler_position", path);
+  state.tokens_seen = int_field(json, "tokens_seen", path);
+  state.elapsed_s = number_field(json, "elapsed_s", path);
+  state.tokenizer_hash = hex64_field(json, "tokenizer_hash", path);
+  state.data_dir = string_field(json, "data_dir", path);
+  s.batch = int_field(json, "batch", path);
+  s.seq_len = int_field(json, "seq_len", path);
+  s.grad_accum = int_field(json, "grad_accum", path);
+  const nlohmann::json& schedule = field(json, "lr_schedule", path);
+  const std::string schedule_path = path + " lr_schedule";
+  s.lr = number_field(schedule, "peak_lr", schedule_path);
+  s.min_lr_ratio = number_field(schedule, "min_lr_ratio", schedule_path);
+  s.warmup = int_field(schedule, "warmup", schedule_path);
+  const nlohmann::json& optimizer = field(json, "optimizer", path);
+  const std::string optimizer_path = path + " optimizer";
+  s.weight_decay = number_field(optimizer, "weight_decay", optimizer_path);
+  s.beta1 = number_field(optimizer, "beta1", optimizer_path);
+  s.beta2 = number_field(optimizer, "beta2", optimizer_path);
+  s.eps = number_field(optimizer, "eps", optimizer_path);
+  s.clip = number_field(optimizer, "clip", optimizer_path);
+  if (state.step < 0 || state.step > s.steps) fail(path, ": field 'step' must be in [0, steps=", s.steps, "], got ", state.step);
+  return state;
+}
+
+std::string checkpoint_name(int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "checkpoint-%06" PRId64, step);
+  return name;
+}
+
+std::string resolve_checkpoint_dir(const std::string& directory) {
+  if (!fs::is_directory(directory)) fail(directory, ": no such directory (expected a training output or checkpoint directory)");
+  const fs::path latest = fs::path(directory) / "latest";
+  if (fs::exists(latest)) {
+    std::string name = read_file(latest.string());
+    while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    const fs::path checkpoint = fs::path(directory) / name;
+    if (name.empty() || !fs::exists(checkpoint / "trainer_state.json")) {
+      fail(latest.string(), ": names \"", name, "\", which is not a checkpoint directory with trainer_state.json");
+    }
+    return checkpoint.string();
+  }
+  if (fs::exists(fs::path(directory) / "trainer_state.json")) return directory;
+  fail(directory, ": not a training output directory (no 'latest' file) nor a checkpoint (no 'trainer_state.json')");
+}
+
+std::string resolve_weights_dir(const std::string& directory) {
+  if (fs::is_directory(directory) && !fs::exists(fs::path(directory) / "latest") &&
+      fs::exists(fs::path(directory) / "config.json")) {
+    return directory;
+  }
+  return resolve_checkpoint_dir(directory);
+}
+
+std::string write_checkpoint(const std::string& out_dir, int64_t step,
+                             const std::function<void(const std::string& temp_dir)>& write_contents) {
+  const std::string name = checkpoint_name(step);
+  const fs::path final_dir = fs::path(out_dir) / name;
+  const fs::path temp_dir = fs::path(out_dir) / ("." + name + ".tmp." + std::to_string(::getpid()));
+  fs::remove_all(temp_dir);
+  fs::create_directories(temp_dir);
+  write_contents(temp_dir.string());
+  fsync_directory(temp_dir.string());
+  // A checkpoint of the same step from an earlier run is moved aside first (rename cannot replace a
+  // non-empty directory), then removed once the new one is in place.
+  const fs::path old_dir = fs::path(out_dir) / ("." + name + ".old." + std::to_string(::getpid()));
+  const bool replaced = fs::exists(final_dir);
+  if (replaced) fs::rename(final_dir, old_dir);
+  fs::rename(temp_dir, final_dir);
+  fsync_directory(out_dir);
+  write_file_atomic((fs::path(out_dir) / "latest").string(), name + "\n");
+  if (replaced) fs::remove_all(old_dir);
+  return final_dir.string();
+}
+
+}  // namespace trillion

@@ -1,0 +1,70 @@
+// Training checkpoints and the state that makes a run resumable.
+//
+// A checkpoint is a directory OUT/checkpoint-<step, 6 digits>/ holding
+//   model.safetensors (or shards + index)  model weights, Hugging Face layout (Model::save_weights)
+//   config.json                            the model config
+//   optimizer.safetensors                  AdamW moments per parameter (Optimizer::save)
+//   trainer_state.json                     TrainerState: step, data position, schedule, settings
+// It is written into a temporary directory and renamed into place, then OUT/latest (a one-line
+// file naming the newest checkpoint directory) is replaced atomically, so an interruption at any
+// moment leaves the previous checkpoint intact and `latest` pointing at a complete one.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace trillion {
+
+// Everything that defines the sequence of optimizer steps of a run (a resumed run must agree).
+struct TrainSettings {
+  int64_t steps = 100;  // the run's length; the LR schedule spans it
+  uint64_t seed = 1234;
+  std::string dtype = "float32";  // "float32" | "float64"
+  int64_t batch = 8;              // sequences per micro-batch
+  int64_t seq_len = 256;
+  int64_t grad_accum = 1;         // micro-batches per optimizer step
+  double lr = 3e-3;               // peak learning rate
+  double min_lr_ratio = 0.1;
+  int64_t warmup = 0;             // warmup steps
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double clip = 1.0;  // global grad-norm clip; ≤ 0 disables
+};
+
+struct TrainerState {
+  TrainSettings settings;
+  int64_t step = 0;              // optimizer steps completed
+  int64_t sampler_position = 0;  // windows handed out by the training sampler
+  uint64_t tokenizer_hash = 0;
+  std::string data_dir;
+  int64_t tokens_seen = 0;
+  double elapsed_s = 0.0;
+
+  nlohmann::json to_json() const;
+  // Parses OUT/checkpoint-*/trainer_state.json; errors name the file and the field.
+  static TrainerState load(const std::string& path);
+};
+
+// "checkpoint-000020"
+std::string checkpoint_name(int64_t step);
+
+// A `--resume`/`--init`/`--checkpoint` argument: a training output directory (uses DIR/latest) or
+// a checkpoint directory (has trainer_state.json). Throws trillion::Error otherwise.
+std::string resolve_checkpoint_dir(const std::string& directory);
+
+// Like resolve_checkpoint_dir, but also accepts a plain weights directory (config.json +
+// model.safetensors) without trainer state, as `--init` does for Hugging Face checkpoints.
+std::string resolve_weights_dir(const std::string& directory);
+
+// Creates OUT/checkpoint-<step>/ atomically: `write_contents(temp_dir)` writes the files into a
+// temporary directory, which is then renamed into place; OUT/latest is updated last. Returns the
+// checkpoint directory.
+std::string write_checkpoint(const std::string& out_dir, int64_t step,
+                             const std::function<void(const std::string& temp_dir)>& write_contents);
+
+}  // namespace trillion

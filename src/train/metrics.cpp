@@ -1,0 +1,75 @@
+// metrics.jsonl writing and the progress line (see metrics.h).
+#include "train/metrics.h"
+
+#include <filesystem>
+#include <sstream>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+
+namespace trillion {
+namespace {
+
+// The lines of an existing metrics file whose step is ≤ resume_step; unparsable lines (a line cut
+// by an interruption) are dropped.
+std::string kept_lines(const std::string& path, int64_t resume_step) {
+  std::istringstream in(read_file(path));
+  std::string kept, line;
+  while (std::getline(in, line)) {
+    const nlohmann::json record = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!record.is_object() || !record.contains("step") || !record["step"].is_number_integer()) continue;
+    if (record["step"].get<int64_t>() <= resume_step) kept += line + "\n";
+  }
+  return kept;
+}
+
+std::string format_duration(double seconds) {
+  const int64_t total = seconds < 0 ? 0 : static_cast<int64_t>(seconds + 0.5);
+  char text[32];
+  if (total >= 3600) {
+    std::snprintf(text, sizeof(text), "%lld:%02lld:%02lld", static_cast<long long>(total / 3600),
+                  static_cast<long long>(total / 60 % 60), static_cast<long long>(total % 60));
+  } else {
+    std::snprintf(text, sizeof(text), "%lld:%02lld", static_cast<long long>(total / 60),
+                  static_cast<long long>(total % 60));
+  }
+  return text;
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& out_dir, int64_t resume_step)
+    : path_((std::filesystem::path(out_dir) / "metrics.jsonl").string()) {
+  const bool keep = resume_step > 0 && std::filesystem::exists(path_);
+  write_file_atomic(path_, keep ? kept_lines(path_, resume_step) : std::string());
+  file_ = std::fopen(path_.c_str(), "a");
+  if (file_ == nullptr) fail(path_, ": cannot open for appending");
+}
+
+MetricsLog::~MetricsLog() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void MetricsLog::append(const nlohmann::json& record) {
+  const std::string line = record.dump() + "\n";
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
+    fail(path_, ": write failed");
+  }
+}
+
+std::string format_progress(const ProgressLine& p) {
+  char text[256];
+  int n = std::snprintf(text, sizeof(text), "step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | ",
+                        static_cast<long long>(p.step), static_cast<long long>(p.steps), p.loss, p.lr, p.grad_norm);
+  if (p.tokens_per_s >= 1e3) {
+    n += std::snprintf(text + n, sizeof(text) - n, "%.1fk tok/s", p.tokens_per_s / 1e3);
+  } else {
+    n += std::snprintf(text + n, sizeof(text) - n, "%.0f tok/s", p.tokens_per_s);
+  }
+  if (p.mfu >= 0) n += std::snprintf(text + n, sizeof(text) - n, " | MFU %.1f%%", 100.0 * p.mfu);
+  if (p.val_loss >= 0) n += std::snprintf(text + n, sizeof(text) - n, " | val %.4f", p.val_loss);
+  std::snprintf(text + n, sizeof(text) - n, " | ETA %s", format_duration(p.eta_s).c_str());
+  return text;
+}
+
+}  // namespace trillion

@@ -1,0 +1,76 @@
+// AdamW state, gradient norm and clipping over a parameter table (see optimizer.h).
+#include "train/optimizer.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "io/safetensors.h"
+
+namespace trillion {
+namespace {
+
+bool trainable(const ParamSpec& spec) { return spec.group != ParamGroup::buffer; }
+
+template <class T>
+constexpr DType storage_dtype() {
+  return std::is_same_v<T, double> ? DType::F64 : DType::F32;
+}
+
+}  // namespace
+
+template <class T>
+Optimizer<T>::Optimizer(const ParamTable& table)
+    : table_(table), exp_avg_(table.total_size()), exp_avg_sq_(table.total_size()) {}
+
+template <class T>
+double Optimizer<T>::global_grad_norm(const T* grads) const {
+  double total = 0.0;
+  for (const ParamSpec& spec : table_.entries()) {
+    if (trainable(spec)) total += sum_of_squares(grads + spec.offset, spec.numel());
+  }
+  return std::sqrt(total);
+}
+
+template <class T>
+void Optimizer<T>::scale_grads(T* grads, double factor) const {
+  for (const ParamSpec& spec : table_.entries()) {
+    if (trainable(spec)) scale_in_place(grads + spec.offset, spec.numel(), factor);
+  }
+}
+
+template <class T>
+void Optimizer<T>::step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper) {
+  for (const ParamSpec& spec : table_.entries()) {
+    if (!trainable(spec)) continue;
+    const int64_t at = spec.offset;
+    adamw_step(params + at, exp_avg_.data() + at, exp_avg_sq_.data() + at, grads + at, spec.numel(), step, hyper,
+               spec.weight_decay);
+  }
+}
+
+template <class T>
+void Optimizer<T>::save(const std::string& path) const {
+  SafetensorsWriter writer;
+  for (const ParamSpec& spec : table_.entries()) {
+    if (!trainable(spec)) continue;
+    writer.add(spec.name + ".exp_avg", storage_dtype<T>(), spec.shape, exp_avg_.data() + spec.offset);
+    writer.add(spec.name + ".exp_avg_sq", storage_dtype<T>(), spec.shape, exp_avg_sq_.data() + spec.offset);
+  }
+  writer.set_metadata("format", "trillion-adamw");
+  writer.write(path);
+}
+
+template <class T>
+void Optimizer<T>::load(const std::string& path) {
+  const SafetensorsReader reader(path);
+  for (const ParamSpec& spec : table_.entries()) {
+    if (!trainable(spec)) continue;
+    reader.read(spec.name + ".exp_avg", spec.shape, exp_avg_.data() + spec.offset);
+    reader.read(spec.name + ".exp_avg_sq", spec.shape, exp_avg_sq_.data() + spec.offset);
+  }
+}
+
+template class Optimizer<float>;
+template class Optimizer<double>;
+
+}  // namespace trillion

@@ -1,0 +1,42 @@
+// AdamW optimizer state for a model's parameter table: first and second moments (exp_avg,
+// exp_avg_sq) in flat buffers laid out like the parameters, weight decay per table entry (off for
+// norms, biases, A_log, dt_bias), non-trainable buffers skipped. Also the global gradient norm
+// and clipping over every trainable tensor, and the optimizer checkpoint
+// (optimizer.safetensors: "<name>.exp_avg" and "<name>.exp_avg_sq" per parameter, in T's dtype).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/memory.h"
+#include "model/params.h"
+#include "ops/adamw.h"
+
+namespace trillion {
+
+template <class T>
+class Optimizer {
+ public:
+  explicit Optimizer(const ParamTable& table);
+
+  // √(Σ g²) over all trainable tensors, in table order (independent of the thread count).
+  double global_grad_norm(const T* grads) const;
+  // Scales every trainable gradient by `factor`.
+  void scale_grads(T* grads, double factor) const;
+  // One AdamW update of every trainable tensor; step is 1-based (bias correction).
+  void step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper);
+
+  void save(const std::string& path) const;
+  // Restores the moments; every tensor must be present with its parameter's shape.
+  void load(const std::string& path);
+
+  const T* exp_avg() const { return exp_avg_.data(); }     // [table.total_size()]
+  const T* exp_avg_sq() const { return exp_avg_sq_.data(); }  // [table.total_size()]
+
+ private:
+  const ParamTable& table_;
+  Buffer<T> exp_avg_;     // [table.total_size()]
+  Buffer<T> exp_avg_sq_;  // [table.total_size()]
+};
+
+}  // namespace trillion

@@ -1,0 +1,299 @@
+// The training loop of `trillion train` (see trainer.h).
+#include "train/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "data/sampler.h"
+#include "data/shards.h"
+#include "io/atomic_file.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "ops/gemm.h"
+#include "train/evaluate.h"
+#include "train/lr_schedule.h"
+#include "train/metrics.h"
+#include "train/optimizer.h"
+
+namespace trillion {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+void validate_settings(const TrainSettings& s) {
+  if (s.steps < 1) fail("--steps must be ≥ 1, got ", s.steps);
+  if (s.dtype != "float32" && s.dtype != "float64") fail("--dtype must be float32 or float64, got ", s.dtype);
+  if (s.batch < 1) fail("--batch must be ≥ 1, got ", s.batch);
+  if (s.seq_len < 1) fail("--seq-len must be ≥ 1, got ", s.seq_len);
+  if (s.grad_accum < 1) fail("--grad-accum must be ≥ 1, got ", s.grad_accum);
+  if (!(s.lr > 0)) fail("--lr must be > 0, got ", s.lr);
+  if (!(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1)) fail("--min-lr-ratio must be in [0, 1], got ", s.min_lr_ratio);
+  if (s.warmup < 0) fail("--warmup must be ≥ 0, got ", s.warmup);
+  if (!(s.weight_decay >= 0)) fail("--weight-decay must be ≥ 0, got ", s.weight_decay);
+  if (!(s.beta1 >= 0 && s.beta1 < 1)) fail("--beta1 must be in [0, 1), got ", s.beta1);
+  if (!(s.beta2 >= 0 && s.beta2 < 1)) fail("--beta2 must be in [0, 1), got ", s.beta2);
+  if (!(s.eps > 0)) fail("--eps must be > 0, got ", s.eps);
+}
+
+// A resumed run keeps the settings saved in trainer_state.json; a flag given on the command line
+// must agree with them (only --steps may change: the schedule then spans the new length).
+TrainSettings resumed_settings(const TrainOptions& o, const TrainSettings& saved, const std::string& state_path) {
+  const TrainSettings& given = o.settings;
+  auto check = [&](const char* flag, const char* field, const auto& given_value, const auto& saved_value) {
+    if (o.given.count(flag) != 0 && !(given_value == saved_value)) {
+      fail(state_path, ": field '", field, "' is ", saved_value, " but --", flag, " ", given_value,
+           " was given; a resumed run keeps its settings");
+    }
+  };
+  check("seed", "seed", given.seed, saved.seed);
+  check("dtype", "dtype", given.dtype, saved.dtype);
+  check("batch", "batch", given.batch, saved.batch);
+  check("seq-len", "seq_len", given.seq_len, saved.seq_len);
+  check("grad-accum", "grad_accum", given.grad_accum, saved.grad_accum);
+  check("lr", "lr_schedule.peak_lr", given.lr, saved.lr);
+  check("min-lr-ratio", "lr_schedule.min_lr_ratio", given.min_lr_ratio, saved.min_lr_ratio);
+  check("warmup", "lr_schedule.warmup", given.warmup, saved.warmup);
+  check("weight-decay", "optimizer.weight_decay", given.weight_decay, saved.weight_decay);
+  check("beta1", "optimizer.beta1", given.beta1, saved.beta1);
+  check("beta2", "optimizer.beta2", given.beta2, saved.beta2);
+  check("eps", "optimizer.eps", given.eps, saved.eps);
+  check("clip", "optimizer.clip", given.clip, saved.clip);
+  TrainSettings settings = saved;
+  if (o.given.count("steps") != 0 && given.steps != saved.steps) {
+    std::fprintf(stderr, "note: --steps %lld differs from the resumed run's %lld; the LR schedule now spans %lld steps\n",
+                 static_cast<long long>(given.steps), static_cast<long long>(saved.steps),
+                 static_cast<long long>(given.steps));
+    settings.steps = given.steps;
+  }
+  return settings;
+}
+
+// --config given together with a checkpoint must describe the same model.
+void check_same_config(const ModelConfig& given, const std::string& given_path, const ModelConfig& saved,
+                       const std::string& saved_path) {
+  const nlohmann::json a = given.to_json(), b = saved.to_json();
+  if (a == b) return;
+  for (const auto& [key, value] : b.items()) {
+    if (!a.contains(key) || a.at(key) != value) {
+      fail(given_path, ": field '", key, "' is ", a.contains(key) ? a.at(key).dump() : std::string("absent"),
+           " but the checkpoint's ", saved_path, " has ", value.dump());
+    }
+  }
+  fail(given_path, ": differs from the checkpoint's ", saved_path);
+}
+
+// GEMM rate (FLOP/s) of this process in T, the ceiling for model FLOPs utilization: the best of
+// three timed n³ products after a warm-up (the best, so that a busy machine understates it less).
+template <class T>
+double measure_gemm_rate() {
+  constexpr int64_t n = 768;
+  std::vector<T> a(n * n, T(0.5)), b(n * n, T(0.25)), c(n * n, T(0));  // [n, n] each
+  gemm<T>(false, false, n, n, n, T(1), a.data(), n, b.data(), n, T(0), c.data(), n);  // warm-up
+  double best_s = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    const Clock::time_point start = Clock::now();
+    gemm<T>(false, false, n, n, n, T(1), a.data(), n, b.data(), n, T(0), c.data(), n);
+    best_s = std::min(best_s, seconds_since(start));
+  }
+  return 2.0 * n * n * n / std::max(best_s, 1e-9);
+}
+
+struct RunSetup {
+  ModelConfig config;
+  DataDir data;
+  std::string weights_dir;  // checkpoint or weights to load; empty: seeded initialization
+  bool resumed = false;
+  TrainerState state;       // settings and, when resumed, the saved progress
+};
+
+template <class T>
+void train_loop(const TrainOptions& o, RunSetup& run) {
+  const TrainSettings& s = run.state.settings;
+  const std::string& out_dir = o.out_dir;
+  Model<T> model(run.config);
+  if (run.weights_dir.empty()) {
+    model.init_weights(s.seed);
+  } else {
+    model.load_weights(run.weights_dir);
+  }
+  model.zero_grads();
+  Optimizer<T> optimizer(model.table());
+  if (run.resumed) optimizer.load((fs::path(run.weights_dir) / "optimizer.safetensors").string());
+
+  Sampler sampler(run.data.train.tokens, s.seq_len, s.seed);
+  sampler.set_position(run.state.sampler_position);
+  const LrSchedule schedule{s.lr, s.min_lr_ratio, s.warmup, s.steps};
+  AdamWHyper hyper{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay};
+  MetricsLog metrics(out_dir, run.state.step);
+
+  const int64_t start_step = run.state.step;
+  const int64_t end_step = o.stop_after > 0 ? std::min(o.stop_after, s.steps) : s.steps;
+  const int64_t rows = s.grad_accum * s.batch;
+  const int64_t tokens_per_step = rows * s.seq_len;
+  const double flops_per_token = model.training_flops_per_token(s.seq_len);
+  const double gemm_rate = measure_gemm_rate<T>();
+  std::vector<int32_t> inputs(rows * s.seq_len), targets(rows * s.seq_len);  // [grad_accum·batch, seq_len] each
+
+  auto save = [&](int64_t step) {
+    const std::string dir = write_checkpoint(out_dir, step, [&](const std::string& temp_dir) {
+      model.save_weights(temp_dir);
+      write_file_atomic((fs::path(temp_dir) / "config.json").string(), run.config.to_json().dump(2) + "\n");
+      optimizer.save((fs::path(temp_dir) / "optimizer.safetensors").string());
+      write_file_atomic((fs::path(temp_dir) / "tokenizer.model").string(), read_file(run.data.tokenizer_path));
+      write_file_atomic((fs::path(temp_dir) / "trainer_state.json").string(), run.state.to_json().dump(2) + "\n");
+    });
+    std::fprintf(stderr, "saved %s\n", dir.c_str());
+  };
+
+  const Clock::time_point run_start = Clock::now();
+  const double elapsed_before = run.state.elapsed_s;
+  for (int64_t step = start_step + 1; step <= end_step; ++step) {
+    const Clock::time_point step_start = Clock::now();
+    MemoryStats::reset_peak(Tier::fast);
+    sampler.next_batch(inputs.data(), targets.data(), rows);
+    const int64_t count = std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; });
+    const double loss_scale = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
+    double loss_sum = 0.0;
+    for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
+      const int64_t at = micro * s.batch * s.seq_len;
+      loss_sum += model.forward_backward(inputs.data() + at, targets.data() + at, s.batch, s.seq_len, loss_scale).loss_sum;
+    }
+    const double loss = loss_sum * loss_scale;
+    const double grad_norm = optimizer.global_grad_norm(model.grads());
+    const double factor = clip_factor(grad_norm, s.clip);
+    if (factor < 1.0) optimizer.scale_grads(model.grads(), factor);
+    hyper.lr = schedule.at(step);
+    optimizer.step(model.params(), model.grads(), step, hyper);
+    model.zero_grads();
+    const double step_s = seconds_since(step_start);
+    const int64_t peak_bytes = MemoryStats::peak(Tier::fast);
+
+    run.state.step = step;
+    run.state.sampler_position = sampler.position();
+    run.state.tokens_seen += tokens_per_step;
+    run.state.elapsed_s = elapsed_before + seconds_since(run_start);
+    const double tokens_per_s = tokens_per_step / std::max(step_s, 1e-9);
+    nlohmann::json record = {{"step", step},
+                             {"loss", loss},
+                             {"lr", hyper.lr},
+                             {"grad_norm", grad_norm},
+                             {"tokens", run.state.tokens_seen},
+                             {"tokens_per_s", tokens_per_s},
+                             {"elapsed_s", run.state.elapsed_s},
+                             {"peak_bytes", peak_bytes},
+                             {"peak_rss_bytes", peak_rss_bytes()}};
+    ProgressLine progress{step, s.steps, loss, hyper.lr, grad_norm, tokens_per_s};
+    if (flops_per_token > 0 && gemm_rate > 0) {
+      progress.mfu = flops_per_token * tokens_per_s / gemm_rate;
+      record["mfu"] = progress.mfu;
+    }
+    if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {
+      const EvalResult eval = evaluate_loss(model, run.data.val.tokens, s.seq_len, s.batch, o.eval_batches);
+      progress.val_loss = eval.loss();
+      record["val_loss"] = eval.loss();
+      record["val_tokens"] = eval.target_count;
+    }
+    metrics.append(record);
+    const double mean_step_s = seconds_since(run_start) / static_cast<double>(step - start_step);
+    progress.eta_s = mean_step_s * static_cast<double>(end_step - step);
+    if (step % std::max<int64_t>(o.log_every, 1) == 0 || step == end_step) {
+      std::fprintf(stderr, "%s\n", format_progress(progress).c_str());
+    }
+    if (step == end_step || (o.save_every > 0 && step % o.save_every == 0)) save(step);
+  }
+}
+
+// Resolves config, data, weights and settings for a fresh, --init or --resume run.
+RunSetup prepare_run(TrainOptions& o) {
+  RunSetup run;
+  std::string config_source = o.config_path;
+  if (!o.resume_dir.empty()) {
+    if (!o.init_dir.empty()) fail("--resume and --init are exclusive: --resume continues a run, --init starts one");
+    run.weights_dir = resolve_checkpoint_dir(o.resume_dir);
+    run.resumed = true;
+    const std::string state_path = (fs::path(run.weights_dir) / "trainer_state.json").string();
+    run.state = TrainerState::load(state_path);
+    run.state.settings = resumed_settings(o, run.state.settings, state_path);
+    if (o.data_dir.empty()) o.data_dir = run.state.data_dir;
+    if (o.out_dir.empty()) {
+      o.out_dir = fs::exists(fs::path(o.resume_dir) / "latest") ? o.resume_dir
+                                                                  : fs::path(run.weights_dir).parent_path().string();
+    }
+  } else {
+    run.state.settings = o.settings;
+    if (!o.init_dir.empty()) run.weights_dir = resolve_weights_dir(o.init_dir);
+    if (o.data_dir.empty()) fail("--data DIR is required (a directory written by `trillion tokenize`)");
+    if (o.out_dir.empty()) fail("--out DIR is required");
+    if (fs::exists(fs::path(o.out_dir) / "latest")) {
+      fail(o.out_dir, ": already holds a training run (", o.out_dir, "/latest); continue it with --resume ", o.out_dir,
+           " or choose another --out");
+    }
+  }
+  validate_settings(run.state.settings);
+  const TrainSettings& s = run.state.settings;
+
+  const std::string checkpoint_config =
+      run.weights_dir.empty() ? std::string() : (fs::path(run.weights_dir) / "config.json").string();
+  if (o.config_path.empty()) {
+    if (checkpoint_config.empty()) fail("--config MODEL.json is required for a new run");
+    run.config = ModelConfig::load(checkpoint_config);
+  } else {
+    run.config = ModelConfig::load(o.config_path);
+    if (run.resumed) check_same_config(run.config, o.config_path, ModelConfig::load(checkpoint_config), checkpoint_config);
+  }
+  if (s.seq_len > run.config.max_position_embeddings) {
+    fail("--seq-len ", s.seq_len, " exceeds the model's max_position_embeddings ", run.config.max_position_embeddings);
+  }
+
+  run.data = open_data_dir(o.data_dir, run.config.vocab_size);
+  // A checkpoint (resumed, or the weights of --init) must have been trained with the data's tokenizer.
+  const fs::path state_path = run.weights_dir.empty() ? fs::path() : fs::path(run.weights_dir) / "trainer_state.json";
+  if (!state_path.empty() && fs::exists(state_path) &&
+      TrainerState::load(state_path.string()).tokenizer_hash != run.data.train.tokenizer_hash) {
+    fail(state_path.string(), ": field 'tokenizer_hash' does not match the tokenizer of ", run.data.train.path,
+         "; the checkpoint was trained with a different tokenizer");
+  }
+  const int64_t train_tokens = static_cast<int64_t>(run.data.train.tokens.size());
+  if (train_tokens < s.seq_len + 1) {
+    fail(run.data.train.path, ": token_count ", train_tokens, " is too small for --seq-len ", s.seq_len,
+         " (needs at least ", s.seq_len + 1, ")");
+  }
+  if (o.eval_every > 0 && run.data.val.tokens.size() < 2) {
+    fail(run.data.val.path, ": needs at least 2 tokens for --eval-every");
+  }
+  if (run.resumed && run.state.step >= s.steps) {
+    fail(run.weights_dir, ": the run already finished (step ", run.state.step, " of --steps ", s.steps,
+         "); pass a larger --steps to continue it");
+  }
+  if (o.stop_after > 0 && o.stop_after <= run.state.step) {
+    fail("--stop-after ", o.stop_after, " is not after the resumed step ", run.state.step);
+  }
+  run.state.tokenizer_hash = run.data.train.tokenizer_hash;
+  run.state.data_dir = fs::absolute(o.data_dir).lexically_normal().string();
+  fs::create_directories(o.out_dir);
+  return run;
+}
+
+}  // namespace
+
+void run_training(TrainOptions options) {
+  RunSetup run = prepare_run(options);
+  if (run.state.settings.dtype == "float64") {
+    train_loop<double>(options, run);
+  } else {
+    train_loop<float>(options, run);
+  }
+}
+
+}  // namespace trillion

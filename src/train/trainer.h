@@ -1,0 +1,39 @@
+// `trillion train`: the training loop (DESIGN.md section 4).
+//
+// Per optimizer step: draw grad_accum micro-batches of [batch, seq_len] windows from the sampler,
+// count the non-ignored targets of the whole step, run forward_backward on each micro-batch with
+// loss_scale = 1 / count (the loss is normalized over the whole step), compute the global gradient
+// norm, clip, apply AdamW with the scheduled learning rate (weight decay where the parameter table
+// says), zero the gradients, append a metrics.jsonl line, and checkpoint when due.
+// A run starts fresh (seeded init), from weights (--init: a new run) or resumes (--resume: weights,
+// optimizer, step, schedule and data position, so the continued run is bitwise identical to an
+// uninterrupted one).
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "train/checkpoint.h"
+
+namespace trillion {
+
+struct TrainOptions {
+  std::string config_path;  // model config.json (optional on --resume / --init: taken from there)
+  std::string data_dir;     // optional on --resume: taken from trainer_state.json
+  std::string out_dir;      // optional on --resume: the resumed run's output directory
+  std::string resume_dir;   // OUT dir (uses OUT/latest) or checkpoint dir
+  std::string init_dir;     // weights to start a new run from
+  TrainSettings settings;
+  std::set<std::string> given;  // names of the TrainSettings flags set on the command line
+  int64_t stop_after = 0;       // > 0: end this process after that step, with a checkpoint
+  int64_t save_every = 0;       // > 0: checkpoint every that many steps
+  int64_t eval_every = 0;       // > 0: validation loss every that many steps
+  int64_t eval_batches = 8;     // batches of `batch` windows per evaluation
+  int64_t log_every = 1;        // progress line every that many steps
+};
+
+// Runs (or resumes) a training run; throws trillion::Error on bad input.
+void run_training(TrainOptions options);
+
+}  // namespace trillion

@@ -1,0 +1,161 @@
+// Shared fixture of the train/eval/generate CLI tests: runs build/trillion, and builds once per
+// test process a tiny tokenized corpus (made with `trillion tokenize`), a second one with a
+// different tokenizer of the same vocab size, a tiny model config matching the data, and one
+// trained run that the checkpoint, eval and generate tests inspect.
+#pragma once
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/rng.h"
+#include "data/shards.h"
+
+namespace trillion::train_test {
+
+namespace fs = std::filesystem;
+
+struct CommandResult {
+  int status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs `env TRILLION_BINARY args` through the shell; stderr is captured too unless stdout_only.
+// One OpenMP thread unless `env` says otherwise: the tiny models gain nothing from more, and on a
+// loaded machine idle-spinning threads slow such runs down many times.
+// Two OpenMP threads that sleep rather than spin while waiting (same results, far less CPU burnt on
+// a busy machine).
+inline const std::string kTwoThreads = "OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive";
+
+inline CommandResult run_cli(const std::string& args, const std::string& env = "OMP_NUM_THREADS=1",
+                             bool stdout_only = false) {
+  const std::string command = env + " " + TRILLION_BINARY + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
+  CommandResult result;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
+  const int status = pclose(pipe);
+  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+inline std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+inline void write_text(const fs::path& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+}
+
+inline std::vector<nlohmann::json> read_metrics(const fs::path& out_dir) {
+  std::vector<nlohmann::json> records;
+  std::istringstream in(read_text(out_dir / "metrics.jsonl"));
+  std::string line;
+  while (std::getline(in, line)) records.push_back(nlohmann::json::parse(line));
+  return records;
+}
+
+// Paragraphs of random sentences over a small vocabulary of words.
+inline std::string make_corpus(const std::vector<std::string>& words, uint64_t seed, int paragraphs) {
+  const CounterRng rng(seed, "train-test-corpus");
+  uint64_t counter = 0;
+  std::string text;
+  for (int p = 0; p < paragraphs; ++p) {
+    for (int s = 0; s < 3; ++s) {
+      const int length = 4 + static_cast<int>(rng.bits(counter++) % 6);
+      for (int w = 0; w < length; ++w) {
+        text += words[rng.bits(counter++) % words.size()];
+        text += w + 1 < length ? " " : ".\n";
+      }
+    }
+    text += "\n";
+  }
+  return text;
+}
+
+struct TestData {
+  fs::path root;
+  fs::path data_dir;        // tokenized corpus
+  fs::path other_data_dir;  // another corpus and tokenizer, same vocab size
+  fs::path config_path;     // tiny model whose vocab matches data_dir
+  fs::path small_vocab_config_path;  // the same model with vocab_size 64
+  int64_t vocab_size = 0;
+};
+
+inline void write_config(const fs::path& path, int64_t vocab_size) {
+  const nlohmann::json config = {{"model_type", "qwen3"},       {"vocab_size", vocab_size},
+                                 {"hidden_size", 16},           {"intermediate_size", 24},
+                                 {"num_hidden_layers", 2},      {"num_attention_heads", 4},
+                                 {"num_key_value_heads", 2},    {"head_dim", 4},
+                                 {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-6},
+                                 {"rope_theta", 10000.0},       {"initializer_range", 0.02},
+                                 {"tie_word_embeddings", false}};
+  write_text(path, config.dump(2));
+}
+
+inline const TestData& test_data() {
+  static const TestData data = [] {
+    TestData d;
+    d.root = fs::path(testing::TempDir()) / ("trillion_train_test_" + std::to_string(getpid()));
+    fs::remove_all(d.root);
+    fs::create_directories(d.root);
+    const std::vector<std::string> words = {"the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "big",
+                                            "red", "house", "and", "then", "slept", "under", "tree", "small",
+                                            "bird", "sang", "in", "morning", "light", "river", "flows"};
+    const std::vector<std::string> other_words = {"quartz", "jumbo", "vex", "wizard", "fjord", "glyph", "nymph",
+                                                  "crypt", "lynx", "sphinx", "zephyr", "jinx", "blitz", "quip"};
+    write_text(d.root / "corpus.txt", make_corpus(words, 1, 300));
+    write_text(d.root / "other.txt", make_corpus(other_words, 2, 300));
+    d.data_dir = d.root / "data";
+    d.other_data_dir = d.root / "other_data";
+    for (const auto& [input, out] : {std::pair{d.root / "corpus.txt", d.data_dir},
+                                     std::pair{d.root / "other.txt", d.other_data_dir}}) {
+      const CommandResult r =
+          run_cli("tokenize --input " + input.string() + " --out " + out.string() + " --vocab-size 300");
+      if (r.status != 0) throw std::runtime_error("tokenize failed: " + r.output);
+    }
+    d.vocab_size = read_token_shard((d.data_dir / "train.bin").string()).vocab_size;
+    d.config_path = d.root / "tiny.json";
+    write_config(d.config_path, d.vocab_size);
+    d.small_vocab_config_path = d.root / "tiny_vocab64.json";
+    write_config(d.small_vocab_config_path, 64);
+    return d;
+  }();
+  return data;
+}
+
+// Common flags of the tiny runs.
+inline std::string tiny_run_flags(const fs::path& out_dir) {
+  const TestData& d = test_data();
+  return "--config " + d.config_path.string() + " --data " + d.data_dir.string() + " --out " + out_dir.string() +
+         " --batch 2 --seq-len 16 --lr 1e-2 --warmup 4 --log-every 10";
+}
+
+// One 40-step run with checkpoints every 10 steps and evaluation every 20, made once.
+inline const fs::path& trained_run() {
+  static const fs::path out = [] {
+    const fs::path dir = test_data().root / "trained";
+    const CommandResult r = run_cli("train " + tiny_run_flags(dir) + " --steps 40 --save-every 10 --eval-every 20");
+    if (r.status != 0) throw std::runtime_error("train failed: " + r.output);
+    return dir;
+  }();
+  return out;
+}
+
+}  // namespace trillion::train_test

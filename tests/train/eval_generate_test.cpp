@@ -1,0 +1,79 @@
+// `trillion eval` and `trillion generate` on the tiny trained checkpoint of the fixture.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "train/cli_fixture.h"
+
+namespace trillion::train_test {
+namespace {
+
+nlohmann::json last_json_line(const std::string& output) {
+  const size_t end = output.find_last_not_of('\n');
+  const size_t begin = output.rfind('\n', end);
+  return nlohmann::json::parse(output.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin + 1)));
+}
+
+TEST(EvalCli, ReportsLossPerplexityBitsPerByteAndBaseline) {
+  const TestData& d = test_data();
+  const CommandResult r = run_cli("eval --checkpoint " + trained_run().string() + " --data " + d.data_dir.string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json s = last_json_line(r.output);
+  const double loss = s["val_loss"].get<double>();
+  EXPECT_TRUE(std::isfinite(loss));
+  EXPECT_GT(loss, 0.0);
+  EXPECT_NEAR(s["perplexity"].get<double>(), std::exp(loss), 1e-9 * std::exp(loss));
+  EXPECT_EQ(s["seq_len"], 16);  // the checkpoint's training seq_len
+  EXPECT_EQ(s["windows"], s["total_windows"]);
+  // Bits per byte over the whole split: loss · targets / ln 2 / text bytes.
+  const TokenShard val = read_token_shard((d.data_dir / "val.bin").string());
+  EXPECT_EQ(s["tokens"].get<int64_t>(), static_cast<int64_t>(val.tokens.size()) - 1);
+  const double expected_bpb = loss * s["tokens"].get<double>() / std::log(2.0) / static_cast<double>(val.text_bytes);
+  EXPECT_NEAR(s["bits_per_byte"].get<double>(), expected_bpb, 1e-9 * expected_bpb);
+  // 40 steps on this corpus beat the unigram model.
+  EXPECT_LT(loss, s["unigram_baseline_nats"].get<double>());
+  // The validation loss logged at the last training step is the same quantity on a prefix.
+  const std::vector<nlohmann::json> records = read_metrics(trained_run());
+  EXPECT_NEAR(records.back()["val_loss"].get<double>(), loss, 0.5);
+}
+
+TEST(EvalCli, MaxBatchesTruncates) {
+  const CommandResult r = run_cli("eval --checkpoint " + trained_run().string() + " --data " +
+                                  test_data().data_dir.string() + " --batch 3 --max-batches 2 --seq-len 8");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json s = last_json_line(r.output);
+  EXPECT_EQ(s["windows"], 6);
+  EXPECT_EQ(s["tokens"], 48);
+  EXPECT_GT(s["total_windows"].get<int64_t>(), 6);
+  EXPECT_GT(s["bits_per_byte"].get<double>(), 0.0);
+}
+
+TEST(GenerateCli, GreedyIsDeterministicAndContinuesThePrompt) {
+  const std::string args = "generate --checkpoint " + trained_run().string() +
+                           " --prompt 'the cat' --max-new-tokens 12 --temperature 0";
+  const CommandResult a = run_cli(args, "OMP_NUM_THREADS=1", true), b = run_cli(args, "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_EQ(a.output.rfind("the cat", 0), 0u) << a.output;
+  EXPECT_GT(a.output.find('\n'), std::string("the cat").size()) << "nothing generated: " << a.output;
+}
+
+TEST(GenerateCli, SamplingIsReproducibleBySeed) {
+  const std::string args = "generate --checkpoint " + (trained_run() / "checkpoint-000040").string() + " --data " +
+                           test_data().data_dir.string() +
+                           " --prompt 'a dog' --max-new-tokens 16 --temperature 1.0 --top-p 0.9 --seed ";
+  const CommandResult a = run_cli(args + "5", "OMP_NUM_THREADS=1", true), b = run_cli(args + "5", "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_GT(a.output.size(), std::string("a dog\n").size());
+}
+
+TEST(GenerateCli, RejectsAnotherTokenizer) {
+  const CommandResult r = run_cli("generate --checkpoint " + trained_run().string() + " --data " +
+                                  test_data().other_data_dir.string() + " --prompt x --max-new-tokens 2");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("tokenizer_hash"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace trillion::train_test

@@ -1,0 +1,82 @@
+// Bad input to `trillion train` (and eval): non-zero exit with one "error: ..." line naming the
+// file or field at fault.
+#include <gtest/gtest.h>
+
+#include "train/cli_fixture.h"
+
+namespace trillion::train_test {
+namespace {
+
+// Exit status 1 and exactly one line of output, "error: ...", containing every `expected` part.
+void expect_one_line_error(const CommandResult& r, const std::vector<std::string>& expected) {
+  EXPECT_EQ(r.status, 1) << r.output;
+  ASSERT_FALSE(r.output.empty());
+  EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
+  EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << "more than one line: " << r.output;
+  for (const std::string& part : expected) EXPECT_NE(r.output.find(part), std::string::npos) << part << " in " << r.output;
+}
+
+TEST(TrainErrors, MissingDataDirectory) {
+  const TestData& d = test_data();
+  const fs::path missing = d.root / "no_such_data";
+  const CommandResult r = run_cli("train --config " + d.config_path.string() + " --data " + missing.string() +
+                                  " --out " + (d.root / "err_missing").string() + " --steps 2 --seq-len 16");
+  expect_one_line_error(r, {missing.string()});
+}
+
+TEST(TrainErrors, ModelVocabDiffersFromDataVocab) {
+  const TestData& d = test_data();
+  const CommandResult r = run_cli("train --config " + d.small_vocab_config_path.string() + " --data " +
+                                  d.data_dir.string() + " --out " + (d.root / "err_vocab").string() + " --steps 2 --seq-len 16");
+  expect_one_line_error(r, {"vocab", "64"});
+}
+
+TEST(TrainErrors, ResumeWithDataOfAnotherTokenizer) {
+  const TestData& d = test_data();
+  const CommandResult r =
+      run_cli("train --resume " + trained_run().string() + " --data " + d.other_data_dir.string());
+  expect_one_line_error(r, {"trainer_state.json", "tokenizer_hash"});
+}
+
+TEST(TrainErrors, ResumeOfANonCheckpointDirectory) {
+  const TestData& d = test_data();
+  const CommandResult r = run_cli("train --resume " + d.data_dir.string());
+  expect_one_line_error(r, {d.data_dir.string(), "trainer_state.json"});
+}
+
+TEST(TrainErrors, ResumeWithDifferentRunSettings) {
+  const CommandResult batch = run_cli("train --resume " + trained_run().string() + " --batch 4");
+  expect_one_line_error(batch, {"trainer_state.json", "'batch'", "--batch 4"});
+  const CommandResult dtype = run_cli("train --resume " + trained_run().string() + " --dtype float64");
+  expect_one_line_error(dtype, {"'dtype'", "float64"});
+}
+
+TEST(TrainErrors, ResumeWithAnotherModelConfig) {
+  const TestData& d = test_data();
+  const fs::path config = d.root / "wider.json";
+  nlohmann::json json = nlohmann::json::parse(read_text(d.config_path));
+  json["intermediate_size"] = 32;
+  write_text(config, json.dump());
+  const CommandResult r =
+      run_cli("train --resume " + trained_run().string() + " --config " + config.string());
+  expect_one_line_error(r, {config.string(), "intermediate_size", "config.json"});
+}
+
+TEST(TrainErrors, ResumeOfAFinishedRun) {
+  const CommandResult r = run_cli("train --resume " + trained_run().string());
+  expect_one_line_error(r, {"already finished", "--steps"});
+}
+
+TEST(TrainErrors, NewRunIntoAnExistingRunDirectory) {
+  const CommandResult r = run_cli("train " + tiny_run_flags(trained_run()) + " --steps 2");
+  expect_one_line_error(r, {"latest", "--resume"});
+}
+
+TEST(TrainErrors, EvalWithDataOfAnotherTokenizer) {
+  const CommandResult r = run_cli("eval --checkpoint " + trained_run().string() + " --data " +
+                                  test_data().other_data_dir.string());
+  expect_one_line_error(r, {"tokenizer_hash"});
+}
+
+}  // namespace
+}  // namespace trillion::train_test
