@@ -1,12 +1,99 @@
-// Placeholder registration for `trillion bench` until its implementation lands.
+// `trillion bench`: measured performance of the engine's kernels on this machine.
+//   trillion bench gemm [--json] [--size N]         sgemm GFLOP/s at N³ (median of ≥ 10 runs)
+//   trillion bench attention [--json] [--seq-len T] [--heads H] [--kv-heads K] [--head-dim d]
+//                            [--batch B] [--runs N] [--baseline-runs N] [--gemm-size N]
+// With --json each measurement is one JSON line and the last line is the summary; without it the
+// same numbers are printed for people.
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "bench/attention_bench.h"
+#include "bench/timing.h"
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/parallel.h"
 
 namespace trillion {
+namespace {
+
+void print_json(const nlohmann::json& j) { std::printf("%s\n", j.dump().c_str()); }
+
+void print_measurement(const nlohmann::json& j) {
+  const std::string what = j.at("measurement");
+  if (what == "sgemm_ceiling") {
+    std::printf("sgemm %lld³: %.1f GFLOP/s (median %.4f s of %d runs)\n", j.at("size").get<long long>(),
+                j.at("gflops").get<double>(), j.at("median_s").get<double>(), j.at("runs").get<int>());
+  } else {
+    std::printf("%-9s forward+backward: median %.4f s (min %.4f s, %d runs), %.1f GFLOP/s, peak %.1f MiB\n",
+                what.c_str(), j.at("median_s").get<double>(), j.at("min_s").get<double>(), j.at("runs").get<int>(),
+                j.at("gflops").get<double>(), j.at("peak_bytes").get<double>() / (1 << 20));
+  }
+}
+
+void run_gemm(bool json, int64_t size) {
+  if (size < 1) fail("bench gemm: --size must be ≥ 1, got ", size);
+  SgemmProblem gemm(size);
+  const TimingResult timing = time_median([&] { gemm.run(); }, 2, 10);
+  const double gflops = gemm.flops() / timing.median_s * 1e-9;
+  if (json) {
+    print_json({{"bench", "gemm"}, {"size", size}, {"gflops", gflops}, {"median_s", timing.median_s},
+                {"min_s", timing.min_s}, {"runs", timing.runs}, {"threads", num_threads()}});
+  } else {
+    std::printf("sgemm %lld³ on %d threads: %.1f GFLOP/s (median %.4f s, min %.4f s, %d runs)\n",
+                static_cast<long long>(size), num_threads(), gflops, timing.median_s, timing.min_s, timing.runs);
+  }
+}
+
+void run_attention(bool json, const AttentionBenchOptions& options) {
+  const nlohmann::json summary =
+      run_attention_bench(options, [&](const nlohmann::json& j) { json ? print_json(j) : print_measurement(j); });
+  if (json) {
+    print_json(summary);
+    return;
+  }
+  std::printf(
+      "attention T=%lld H=%lld Hkv=%lld d=%lld batch=%lld on %d threads:\n"
+      "  speedup over reference %.2fx, max relative error %.2e\n"
+      "  %.1f GFLOP/s = %.3f of the sgemm ceiling (%.1f GFLOP/s)\n"
+      "  peak memory: reference / tiled = %.1f\n",
+      summary.at("seq_len").get<long long>(), summary.at("heads").get<long long>(),
+      summary.at("kv_heads").get<long long>(), summary.at("head_dim").get<long long>(),
+      summary.at("batch").get<long long>(), num_threads(), summary.at("speedup").get<double>(),
+      summary.at("max_rel_err").get<double>(), summary.at("fused_gflops").get<double>(),
+      summary.at("ceiling_fraction").get<double>(), summary.at("ceiling_gflops").get<double>(),
+      summary.at("memory_ratio").get<double>());
+}
+
+}  // namespace
 
 void register_bench(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("bench", "not built yet");
-  cmd->callback([] { fail("trillion bench: not built yet"); });
+  CLI::App* bench = app.add_subcommand("bench", "Measure kernel performance on this machine");
+  bench->require_subcommand(1);
+
+  CLI::App* gemm = bench->add_subcommand("gemm", "sgemm GFLOP/s at size³ (median of 10 runs after warm-up)");
+  auto gemm_json = std::make_shared<bool>(false);
+  auto gemm_size = std::make_shared<int64_t>(2048);
+  gemm->add_flag("--json", *gemm_json, "One JSON line instead of text");
+  gemm->add_option("--size", *gemm_size, "Matrix size N of the N×N×N product")->capture_default_str();
+  gemm->callback([gemm_json, gemm_size] { run_gemm(*gemm_json, *gemm_size); });
+
+  CLI::App* attention =
+      bench->add_subcommand("attention", "Tiled causal GQA attention forward+backward vs the plain reference");
+  auto attention_json = std::make_shared<bool>(false);
+  auto options = std::make_shared<AttentionBenchOptions>();
+  attention->add_flag("--json", *attention_json, "JSON lines: one per measurement, then the summary");
+  attention->add_option("--seq-len", options->seq_len, "Sequence length T")->capture_default_str();
+  attention->add_option("--heads", options->heads, "Query heads")->capture_default_str();
+  attention->add_option("--kv-heads", options->kv_heads, "Key/value heads")->capture_default_str();
+  attention->add_option("--head-dim", options->head_dim, "Head dimension")->capture_default_str();
+  attention->add_option("--batch", options->batch, "Batch size")->capture_default_str();
+  attention->add_option("--runs", options->runs, "Timed runs of the tiled kernel")->capture_default_str();
+  attention->add_option("--baseline-runs", options->baseline_runs, "Timed runs of the reference")
+      ->capture_default_str();
+  attention->add_option("--gemm-size", options->gemm_size, "Size of the sgemm that sets the ceiling")
+      ->capture_default_str();
+  attention->callback([attention_json, options] { run_attention(*attention_json, *options); });
 }
 
 }  // namespace trillion

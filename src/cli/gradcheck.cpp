@@ -1,12 +1,67 @@
-// Placeholder registration for `trillion gradcheck` until its implementation lands.
+// `trillion gradcheck`: the whole model in double against central finite differences
+// (model/gradient_check.h). Prints one line per tensor, then as its last line a JSON object
+// {"max_rel_err", "worst_tensor", "checked", "tolerance"}; exits 0 only within tolerance.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
 #include "cli/commands.h"
 #include "core/error.h"
+#include "model/gradient_check.h"
 
 namespace trillion {
 
+namespace {
+
+struct GradcheckArgs {
+  std::string config_path;
+  GradientCheckOptions options;
+  double tolerance = 1e-6;
+};
+
+void run_gradcheck(const GradcheckArgs& args) {
+  const ModelConfig config = ModelConfig::load(args.config_path);
+  const GradientCheckReport report = check_model_gradients(config, args.options);
+  std::printf("gradient check of %s: batch %lld, seq %lld, %s\n", args.config_path.c_str(),
+              static_cast<long long>(args.options.batch), static_cast<long long>(args.options.seq),
+              report.full ? "every element" : "random directions per tensor");
+  for (const TensorCheck& t : report.tensors) {
+    std::printf("%-48s checked %7lld  max_abs_err %.3e  max_ref %.3e  rel_err %.3e  %s\n", t.name.c_str(),
+                static_cast<long long>(t.checked), t.max_abs_err, t.max_ref, t.rel_err,
+                t.rel_err <= args.tolerance ? "ok" : "FAIL");
+  }
+  const nlohmann::json summary = {{"max_rel_err", report.max_rel_err},
+                                  {"worst_tensor", report.worst_tensor},
+                                  {"checked", report.checked},
+                                  {"tolerance", args.tolerance}};
+  std::printf("%s\n", summary.dump().c_str());
+  std::fflush(stdout);
+  if (!(report.max_rel_err <= args.tolerance))
+    fail("gradient check failed: max_rel_err ", report.max_rel_err, " in ", report.worst_tensor, " exceeds tolerance ",
+         args.tolerance);
+}
+
+}  // namespace
+
 void register_gradcheck(CLI::App& app) {
-  CLI::App* cmd = app.add_subcommand("gradcheck", "not built yet");
-  cmd->callback([] { fail("trillion gradcheck: not built yet"); });
+  auto args = std::make_shared<GradcheckArgs>();
+  CLI::App* cmd = app.add_subcommand("gradcheck", "Check the model's gradients against finite differences (double)");
+  cmd->add_option("--config", args->config_path, "Model config.json")->required();
+  cmd->add_option("--seq-len", args->options.seq, "Tokens per sequence")->capture_default_str();
+  cmd->add_option("--batch", args->options.batch, "Sequences")->capture_default_str();
+  cmd->add_option("--seed", args->options.seed, "Seed of weights, tokens and directions")->capture_default_str();
+  cmd->add_option("--tolerance", args->tolerance, "Largest relative error per tensor that passes")->capture_default_str();
+  cmd->add_option("--directions", args->options.directions,
+                  "Random directions per tensor when the model is too large to check every element")
+      ->capture_default_str();
+  cmd->add_option("--max-elements", args->options.max_full_elements,
+                  "Check every element when the model has at most this many parameters")
+      ->capture_default_str();
+  cmd->add_option("--step", args->options.step, "Finite-difference step (relative to max(1, |θ|))")
+      ->capture_default_str();
+  cmd->callback([args] { run_gradcheck(*args); });
 }
 
 }  // namespace trillion

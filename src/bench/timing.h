@@ -1,0 +1,73 @@
+// Timing helpers for `trillion bench`: wall-clock seconds of a callable, median over runs after
+// warm-up, interleaved timing of two callables, and the sgemm problem that serves as the machine's
+// compute ceiling.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/memory.h"
+
+namespace trillion {
+
+struct TimingResult {
+  double median_s = 0;
+  double min_s = 0;
+  int runs = 0;
+};
+
+// Median and minimum of measured seconds (at least one).
+inline TimingResult summarize(std::vector<double> seconds) {
+  std::sort(seconds.begin(), seconds.end());
+  const size_t n = seconds.size();
+  const double median = n % 2 ? seconds[n / 2] : 0.5 * (seconds[n / 2 - 1] + seconds[n / 2]);
+  return {median, seconds.front(), static_cast<int>(n)};
+}
+
+// Runs fn warmup times untimed, then runs times, and returns the median and minimum wall time.
+template <class Fn>
+TimingResult time_median(const Fn& fn, int warmup, int runs) {
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> seconds;
+  for (int i = 0; i < runs; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return summarize(seconds);
+}
+
+// Times two callables alternately (a, b, a, b, ...) so that both see the same machine load; on a
+// shared machine their ratio is then far steadier than either time alone.
+template <class FnA, class FnB>
+std::pair<TimingResult, TimingResult> time_interleaved(const FnA& fn_a, const FnB& fn_b, int warmup, int runs) {
+  for (int i = 0; i < warmup; ++i) {
+    fn_a();
+    fn_b();
+  }
+  std::vector<double> seconds_a, seconds_b;
+  for (int i = 0; i < runs; ++i) {
+    seconds_a.push_back(time_median(fn_a, 0, 1).median_s);
+    seconds_b.push_back(time_median(fn_b, 0, 1).median_s);
+  }
+  return {summarize(seconds_a), summarize(seconds_b)};
+}
+
+// A single-precision GEMM of size³ (2·size³ FLOPs) with random operands, run with the process's
+// thread count: the compute ceiling that kernels are measured against.
+class SgemmProblem {
+ public:
+  explicit SgemmProblem(int64_t size);
+  void run();
+  double flops() const { return 2.0 * double(size_) * double(size_) * double(size_); }
+  int64_t size() const { return size_; }
+
+ private:
+  int64_t size_;
+  Buffer<float> a_, b_, c_;  // [size, size] each
+};
+
+}  // namespace trillion

@@ -1,0 +1,71 @@
+// ActivationStore: per-step storage of saved activations under static tags (keep policy).
+#include "memory/activation_store.h"
+
+namespace trillion {
+
+const char* activation_tag_name(ActivationTag tag) {
+  switch (tag) {
+    case ActivationTag::attn_input: return "attn_input";
+    case ActivationTag::attn_norm_rstd: return "attn_norm_rstd";
+    case ActivationTag::attn_norm_out: return "attn_norm_out";
+    case ActivationTag::q_raw: return "q_raw";
+    case ActivationTag::q_rstd: return "q_rstd";
+    case ActivationTag::q: return "q";
+    case ActivationTag::gate: return "gate";
+    case ActivationTag::k_raw: return "k_raw";
+    case ActivationTag::k_rstd: return "k_rstd";
+    case ActivationTag::k: return "k";
+    case ActivationTag::v: return "v";
+    case ActivationTag::attn_out: return "attn_out";
+    case ActivationTag::attn_lse: return "attn_lse";
+    case ActivationTag::o_proj_in: return "o_proj_in";
+    case ActivationTag::mlp_input: return "mlp_input";
+    case ActivationTag::mlp_norm_rstd: return "mlp_norm_rstd";
+    case ActivationTag::mlp_norm_out: return "mlp_norm_out";
+    case ActivationTag::mlp_gate: return "mlp_gate";
+    case ActivationTag::mlp_up: return "mlp_up";
+    case ActivationTag::mlp_act: return "mlp_act";
+    case ActivationTag::final_input: return "final_input";
+    case ActivationTag::final_norm_rstd: return "final_norm_rstd";
+    case ActivationTag::final_norm_out: return "final_norm_out";
+    case ActivationTag::loss_lse: return "loss_lse";
+    case ActivationTag::count_: break;
+  }
+  return "?";
+}
+
+ActivationStore::ActivationStore(Tier tier) : arena_(tier) {
+  for (ActivationPolicy& p : policies_) p = ActivationPolicy::keep;
+}
+
+void ActivationStore::set_policy(ActivationTag tag, ActivationPolicy policy) {
+  TRILLION_CHECK(tag != ActivationTag::count_, "count_ is not a tag");
+  policies_[static_cast<int>(tag)] = policy;
+}
+
+void* ActivationStore::save_bytes(ActivationTag tag, int layer, int64_t bytes) {
+  TRILLION_CHECK(tag != ActivationTag::count_, "count_ is not a tag");
+  const std::pair<int, int> key{static_cast<int>(tag), layer};
+  TRILLION_CHECK(entries_.count(key) == 0, "activation ", activation_tag_name(tag), " of layer ", layer,
+                 " saved twice in one step");
+  // Policy keep: the bytes stay in the arena until clear().
+  void* data = arena_.alloc_bytes(bytes);
+  entries_.emplace(key, Entry{data, bytes});
+  return data;
+}
+
+const void* ActivationStore::get_bytes(ActivationTag tag, int layer, int64_t bytes) const {
+  const auto it = entries_.find({static_cast<int>(tag), layer});
+  TRILLION_CHECK(it != entries_.end(), "activation ", activation_tag_name(tag), " of layer ", layer,
+                 " was not saved");
+  TRILLION_CHECK(it->second.bytes == bytes, "activation ", activation_tag_name(tag), " of layer ", layer, " has ",
+                 it->second.bytes, " bytes, expected ", bytes);
+  return it->second.data;
+}
+
+void ActivationStore::clear() {
+  entries_.clear();
+  arena_.reset();
+}
+
+}  // namespace trillion

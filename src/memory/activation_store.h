@@ -1,0 +1,97 @@
+// ActivationStore: the one place where modules keep the activations their backward needs
+// (DESIGN.md: memory policy is applied in one place). Each saved tensor is keyed by a static tag
+// and a layer index; its storage comes from a per-step Arena, so its bytes are counted in
+// MemoryStats. clear() at the end of every step frees them all at once.
+//
+// Policy per tag: only `keep` is built (the tensor stays resident from forward to backward).
+// Later issues add `recompute` (drop after forward, rebuild from kept inputs before the layer's
+// backward) and `swap` (offload to the slow tier during forward, prefetch in reverse layer order):
+// they plug in at save() (what happens to the bytes after forward) and at get() (how they come
+// back), without any change in the modules that call them.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <utility>
+
+#include "core/error.h"
+#include "core/memory.h"
+
+namespace trillion {
+
+// Every activation a module saves for its backward. Shapes: N = tokens (batch · seq), D = hidden,
+// Hq / Hkv = query / key-value heads, d = head dim, I = MLP width.
+enum class ActivationTag : int {
+  attn_input,     // [N, D]        residual stream entering the attention sublayer
+  attn_norm_rstd, // [N]
+  attn_norm_out,  // [N, D]        input of q/k/v projections
+  q_raw,          // [N, Hq, d]    query before q_norm
+  q_rstd,         // [N · Hq]
+  q,              // [N, Hq, d]    query after q_norm and RoPE
+  gate,           // [N, Hq · d]   output gate (qwen3_next)
+  k_raw,          // [N, Hkv, d]   key before k_norm
+  k_rstd,         // [N · Hkv]
+  k,              // [N, Hkv, d]   key after k_norm and RoPE
+  v,              // [N, Hkv, d]
+  attn_out,       // [N, Hq · d]   attention output (before the gate)
+  attn_lse,       // [B, Hq, S]
+  o_proj_in,      // [N, Hq · d]   gated attention output (qwen3_next)
+  mlp_input,      // [N, D]        residual stream entering the MLP sublayer
+  mlp_norm_rstd,  // [N]
+  mlp_norm_out,   // [N, D]
+  mlp_gate,       // [N, I]
+  mlp_up,         // [N, I]
+  mlp_act,        // [N, I]        silu(gate) · up
+  final_input,    // [N, D]        residual stream entering the final norm
+  final_norm_rstd,// [N]
+  final_norm_out, // [N, D]
+  loss_lse,       // [N]           LM-head log-sum-exp
+  count_          // number of tags (not a tag)
+};
+const char* activation_tag_name(ActivationTag tag);
+
+enum class ActivationPolicy : int {
+  keep,  // resident from forward to backward; recompute and swap plug in here (see file comment)
+};
+
+class ActivationStore {
+ public:
+  explicit ActivationStore(Tier tier = Tier::fast);
+  ActivationStore(const ActivationStore&) = delete;
+  ActivationStore& operator=(const ActivationStore&) = delete;
+
+  void set_policy(ActivationTag tag, ActivationPolicy policy);
+  ActivationPolicy policy(ActivationTag tag) const { return policies_[static_cast<int>(tag)]; }
+
+  // Storage for (tag, layer), `count` elements of T, zero-filled; the caller writes it in forward.
+  // CHECK-fails if (tag, layer) is already saved in this step.
+  template <class T>
+  T* save(ActivationTag tag, int layer, int64_t count) {
+    return static_cast<T*>(save_bytes(tag, layer, count * static_cast<int64_t>(sizeof(T))));
+  }
+  // The saved tensor; CHECK-fails if absent or of another size.
+  template <class T>
+  const T* get(ActivationTag tag, int layer, int64_t count) const {
+    return static_cast<const T*>(get_bytes(tag, layer, count * static_cast<int64_t>(sizeof(T))));
+  }
+  bool contains(ActivationTag tag, int layer) const { return entries_.count({static_cast<int>(tag), layer}) != 0; }
+
+  // Frees every saved tensor (end of step).
+  void clear();
+  int64_t bytes_in_use() const { return arena_.used_bytes(); }
+  int64_t num_saved() const { return static_cast<int64_t>(entries_.size()); }
+
+ private:
+  struct Entry {
+    void* data;
+    int64_t bytes;
+  };
+  void* save_bytes(ActivationTag tag, int layer, int64_t bytes);
+  const void* get_bytes(ActivationTag tag, int layer, int64_t bytes) const;
+
+  Arena arena_;
+  std::map<std::pair<int, int>, Entry> entries_;  // (tag, layer) → storage
+  ActivationPolicy policies_[static_cast<int>(ActivationTag::count_)];
+};
+
+}  // namespace trillion

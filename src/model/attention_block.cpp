@@ -1,0 +1,217 @@
+// Attention sublayer: forward (training and decoding) and backward. See attention_block.h.
+#include "model/attention_block.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "ops/activation.h"
+#include "ops/attention.h"
+#include "ops/gemm.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace trillion {
+
+AttentionBlockDims AttentionBlockDims::from_config(const ModelConfig& config) {
+  AttentionBlockDims dims;
+  dims.hidden = config.hidden_size;
+  dims.q_heads = config.num_attention_heads;
+  dims.kv_heads = config.num_key_value_heads;
+  dims.head_dim = config.head_dim;
+  dims.rotary_dim = config.rotary_dim();
+  dims.rope_theta = config.rope_theta;
+  dims.eps = config.rms_norm_eps;
+  dims.zero_centred = config.zero_centred_norms();
+  dims.gated = config.gated_attention();
+  return dims;
+}
+
+namespace {
+
+// Buffers of the projections of n tokens (all [n, heads, d] unless noted).
+template <class T>
+struct Projections {
+  T* q_raw;   // [n, Hq, d]
+  T* q_rstd;  // [n · Hq]
+  T* q;       // [n, Hq, d]
+  T* gate;    // [n, Hq, d] (gated only)
+  T* k_raw;   // [n, Hkv, d]
+  T* k_rstd;  // [n · Hkv]
+  T* k;       // [n, Hkv, d]
+  T* v;       // [n, Hkv, d]
+};
+
+// From the normed input h[n, D]: q, gate, k, v with q_norm / k_norm and RoPE applied.
+template <class T>
+void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, int64_t n,
+                 const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, Arena& scratch) {
+  const int64_t d = dims.head_dim, D = dims.hidden;
+  if (dims.gated) {
+    T* q_and_gate = scratch.alloc<T>(n * dims.q_proj_out());  // [n, Hq, 2d]: query then gate per head
+    linear_forward(q_and_gate, h, w.q_proj, n, D, dims.q_proj_out());
+    for (int64_t row = 0; row < n * dims.q_heads; ++row) {
+      std::memcpy(p.q_raw + row * d, q_and_gate + row * 2 * d, d * sizeof(T));
+      std::memcpy(p.gate + row * d, q_and_gate + row * 2 * d + d, d * sizeof(T));
+    }
+  } else {
+    linear_forward(p.q_raw, h, w.q_proj, n, D, dims.q_width());
+  }
+  linear_forward(p.k_raw, h, w.k_proj, n, D, dims.kv_width());
+  linear_forward(p.v, h, w.v_proj, n, D, dims.kv_width());
+  rmsnorm_forward(p.q, p.q_rstd, p.q_raw, w.q_norm, n * dims.q_heads, d, dims.eps, dims.zero_centred);
+  rmsnorm_forward(p.k, p.k_rstd, p.k_raw, w.k_norm, n * dims.kv_heads, d, dims.eps, dims.zero_centred);
+  rope_forward(p.q, positions, n, dims.q_heads, d, dims.rotary_dim, dims.rope_theta);
+  rope_forward(p.k, positions, n, dims.kv_heads, d, dims.rotary_dim, dims.rope_theta);
+}
+
+}  // namespace
+
+template <class T>
+void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int64_t seq,
+                             const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims,
+                             ActivationStore& store, int layer, Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t n = batch * seq, D = dims.hidden, qw = dims.q_width(), kvw = dims.kv_width();
+  T* input = store.save<T>(Tag::attn_input, layer, n * D);  // [n, D]
+  std::memcpy(input, x, n * D * sizeof(T));
+  T* rstd = store.save<T>(Tag::attn_norm_rstd, layer, n);    // [n]
+  T* h = store.save<T>(Tag::attn_norm_out, layer, n * D);    // [n, D]
+  rmsnorm_forward(h, rstd, input, w.input_norm, n, D, dims.eps, dims.zero_centred);
+
+  Projections<T> p;
+  p.q_raw = store.save<T>(Tag::q_raw, layer, n * qw);
+  p.q_rstd = store.save<T>(Tag::q_rstd, layer, n * dims.q_heads);
+  p.q = store.save<T>(Tag::q, layer, n * qw);
+  p.gate = dims.gated ? store.save<T>(Tag::gate, layer, n * qw) : nullptr;
+  p.k_raw = store.save<T>(Tag::k_raw, layer, n * kvw);
+  p.k_rstd = store.save<T>(Tag::k_rstd, layer, n * dims.kv_heads);
+  p.k = store.save<T>(Tag::k, layer, n * kvw);
+  p.v = store.save<T>(Tag::v, layer, n * kvw);
+  project_qkv(p, h, positions, n, w, dims, scratch);
+
+  AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
+  T* out = store.save<T>(Tag::attn_out, layer, n * qw);                   // [n, Hq, d]
+  T* lse = store.save<T>(Tag::attn_lse, layer, batch * dims.q_heads * seq);  // [batch, Hq, seq]
+  attention_forward(out, lse, p.q, p.k, p.v, sizes);
+  const T* o_in = out;  // [n, Hq·d]
+  if (dims.gated) {
+    T* gated = store.save<T>(Tag::o_proj_in, layer, n * qw);
+    sigmoid_gate_forward(gated, out, p.gate, n * qw);
+    o_in = gated;
+  }
+  // Residual: x[n, D] += o_in · o_projᵀ (beta = 1 adds in place).
+  gemm(false, true, n, D, qw, T(1), o_in, qw, w.o_proj, qw, T(1), x, D);
+}
+
+template <class T>
+void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, int64_t seq,
+                              const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& grads,
+                              const AttentionBlockDims& dims, const ActivationStore& store, int layer,
+                              Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t n = batch * seq, D = dims.hidden, d = dims.head_dim, qw = dims.q_width(), kvw = dims.kv_width();
+  const T* input = store.get<T>(Tag::attn_input, layer, n * D);
+  const T* rstd = store.get<T>(Tag::attn_norm_rstd, layer, n);
+  const T* h = store.get<T>(Tag::attn_norm_out, layer, n * D);
+  const T* q_raw = store.get<T>(Tag::q_raw, layer, n * qw);
+  const T* q_rstd = store.get<T>(Tag::q_rstd, layer, n * dims.q_heads);
+  const T* q = store.get<T>(Tag::q, layer, n * qw);
+  const T* k_raw = store.get<T>(Tag::k_raw, layer, n * kvw);
+  const T* k_rstd = store.get<T>(Tag::k_rstd, layer, n * dims.kv_heads);
+  const T* k = store.get<T>(Tag::k, layer, n * kvw);
+  const T* v = store.get<T>(Tag::v, layer, n * kvw);
+  const T* out = store.get<T>(Tag::attn_out, layer, n * qw);
+  const T* lse = store.get<T>(Tag::attn_lse, layer, batch * dims.q_heads * seq);
+
+  // o_proj: dx is the gradient wrt the sublayer output y.
+  T* d_o_in = scratch.alloc<T>(n * qw);  // [n, Hq·d]
+  T* d_out = d_o_in;                     // [n, Hq, d] gradient wrt the attention output
+  T* d_gate = nullptr;                   // [n, Hq, d]
+  if (dims.gated) {
+    const T* o_in = store.get<T>(Tag::o_proj_in, layer, n * qw);
+    linear_backward(d_o_in, grads.o_proj, dx, o_in, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
+    const T* gate = store.get<T>(Tag::gate, layer, n * qw);
+    d_out = scratch.alloc<T>(n * qw);
+    d_gate = scratch.alloc<T>(n * qw);
+    sigmoid_gate_backward(d_out, d_gate, d_o_in, out, gate, n * qw);
+  } else {
+    linear_backward(d_o_in, grads.o_proj, dx, out, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
+  }
+
+  AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, d, 1.0 / std::sqrt(double(d))};
+  T* dq = scratch.alloc<T>(n * qw);   // [n, Hq, d]
+  T* dk = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] summed over the query heads sharing each KV head
+  T* dv = scratch.alloc<T>(n * kvw);  // [n, Hkv, d]
+  attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
+  rope_backward(dq, positions, n, dims.q_heads, d, dims.rotary_dim, dims.rope_theta);
+  rope_backward(dk, positions, n, dims.kv_heads, d, dims.rotary_dim, dims.rope_theta);
+  T* dq_raw = scratch.alloc<T>(n * qw);
+  T* dk_raw = scratch.alloc<T>(n * kvw);
+  rmsnorm_backward(dq_raw, grads.q_norm, dq, q_raw, w.q_norm, q_rstd, n * dims.q_heads, d, dims.zero_centred, false);
+  rmsnorm_backward(dk_raw, grads.k_norm, dk, k_raw, w.k_norm, k_rstd, n * dims.kv_heads, d, dims.zero_centred, false);
+
+  // dh = Σ over q (and gate), k, v projections of their input gradients.
+  T* dh = scratch.alloc<T>(n * D);  // [n, D]
+  if (dims.gated) {
+    T* d_q_and_gate = scratch.alloc<T>(n * dims.q_proj_out());  // [n, Hq, 2d]
+    for (int64_t row = 0; row < n * dims.q_heads; ++row) {
+      std::memcpy(d_q_and_gate + row * 2 * d, dq_raw + row * d, d * sizeof(T));
+      std::memcpy(d_q_and_gate + row * 2 * d + d, d_gate + row * d, d * sizeof(T));
+    }
+    linear_backward(dh, grads.q_proj, d_q_and_gate, h, w.q_proj, n, D, dims.q_proj_out(), /*accumulate_dx=*/false);
+  } else {
+    linear_backward(dh, grads.q_proj, dq_raw, h, w.q_proj, n, D, qw, /*accumulate_dx=*/false);
+  }
+  linear_backward(dh, grads.k_proj, dk_raw, h, w.k_proj, n, D, kvw, /*accumulate_dx=*/true);
+  linear_backward(dh, grads.v_proj, dv, h, w.v_proj, n, D, kvw, /*accumulate_dx=*/true);
+  // Residual: dx (gradient wrt the output) += gradient through the input norm.
+  rmsnorm_backward(dx, grads.input_norm, dh, input, w.input_norm, rstd, n, D, dims.zero_centred, /*accumulate_dx=*/true);
+}
+
+template <class T>
+void attention_block_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cache, const AttentionBlockWeights<T>& w,
+                            const AttentionBlockDims& dims, Arena& scratch) {
+  const int64_t D = dims.hidden, qw = dims.q_width(), kvw = dims.kv_width();
+  int32_t* positions = scratch.alloc<int32_t>(n);  // [n]
+  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(past + i);
+  T* rstd = scratch.alloc<T>(n);     // [n]
+  T* h = scratch.alloc<T>(n * D);    // [n, D]
+  rmsnorm_forward(h, rstd, x, w.input_norm, n, D, dims.eps, dims.zero_centred);
+  Projections<T> p;
+  p.q_raw = scratch.alloc<T>(n * qw);
+  p.q_rstd = scratch.alloc<T>(n * dims.q_heads);
+  p.q = scratch.alloc<T>(n * qw);
+  p.gate = dims.gated ? scratch.alloc<T>(n * qw) : nullptr;
+  p.k_raw = scratch.alloc<T>(n * kvw);
+  p.k_rstd = scratch.alloc<T>(n * dims.kv_heads);
+  p.k = k_cache + past * kvw;  // new rows of the cache
+  p.v = v_cache + past * kvw;
+  project_qkv(p, h, positions, n, w, dims, scratch);
+
+  AttentionSizes sizes{1, n, past + n, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
+  T* out = scratch.alloc<T>(n * qw);               // [n, Hq, d]
+  T* lse = scratch.alloc<T>(dims.q_heads * n);     // [1, Hq, n]
+  attention_forward(out, lse, p.q, k_cache, v_cache, sizes);
+  const T* o_in = out;  // [n, Hq·d]
+  if (dims.gated) {
+    T* gated = scratch.alloc<T>(n * qw);
+    sigmoid_gate_forward(gated, out, p.gate, n * qw);
+    o_in = gated;
+  }
+  // Residual: x[n, D] += o_in · o_projᵀ (beta = 1 adds in place).
+  gemm(false, true, n, D, qw, T(1), o_in, qw, w.o_proj, qw, T(1), x, D);
+}
+
+#define TRILLION_INSTANTIATE(T)                                                                               \
+  template void attention_block_forward<T>(T*, const int32_t*, int64_t, int64_t, const AttentionBlockWeights<T>&, \
+                                           const AttentionBlockDims&, ActivationStore&, int, Arena&);          \
+  template void attention_block_backward<T>(T*, const int32_t*, int64_t, int64_t, const AttentionBlockWeights<T>&, \
+                                            const AttentionBlockWeights<T>&, const AttentionBlockDims&,         \
+                                            const ActivationStore&, int, Arena&);                               \
+  template void attention_block_decode<T>(T*, int64_t, int64_t, T*, T*, const AttentionBlockWeights<T>&,        \
+                                          const AttentionBlockDims&, Arena&);
+TRILLION_INSTANTIATE(float)
+TRILLION_INSTANTIATE(double)
+#undef TRILLION_INSTANTIATE
+
+}  // namespace trillion

@@ -1,0 +1,47 @@
+// Whole-model gradient check in double: the analytic gradients of Model<double> (loss = mean
+// over the non-ignored tokens of a random batch) against central finite differences, per tensor.
+// Relative error per tensor: max|analytic − numeric| / max(max|numeric|, 1e-30).
+//   - every element of every tensor when the model has at most `max_full_elements` parameters;
+//   - otherwise `directions` random directions per tensor (directional derivatives).
+// The finite difference is the fourth-order central stencil
+//   (8 (L(θ+h) − L(θ−h)) − (L(θ+2h) − L(θ−2h))) / (12 h),  h = step · max(1, |θ|),
+// h = 1e-4 keeps both the truncation error (O(h⁴), large when h nears the 0.02 scale of weights
+// that feed RMSNorms) and the rounding error (O(ε·L / h)) near 1e-8 relative or below.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace trillion {
+
+struct GradientCheckOptions {
+  int64_t batch = 2;
+  int64_t seq = 7;
+  uint64_t seed = 1;  // weights, tokens, targets and directions
+  int64_t max_full_elements = 20000;
+  int64_t directions = 4;
+  double step = 1e-4;
+};
+
+struct TensorCheck {
+  std::string name;
+  int64_t checked = 0;  // elements or directions
+  double max_abs_err = 0.0;
+  double max_ref = 0.0;  // max |numeric|
+  double rel_err = 0.0;
+};
+
+struct GradientCheckReport {
+  std::vector<TensorCheck> tensors;
+  double max_rel_err = 0.0;
+  std::string worst_tensor;
+  int64_t checked = 0;  // all elements or directions checked
+  bool full = true;     // every element (false: random directions)
+};
+
+GradientCheckReport check_model_gradients(const ModelConfig& config, const GradientCheckOptions& options);
+
+}  // namespace trillion

@@ -1,0 +1,69 @@
+// Model weights in Hugging Face layout: save_weights writes every tensor of the parameter table
+// under its HF name (F32 for float models, F64 for double) through CheckpointWriter (sharded with
+// an index when large); load_weights reads any supported dtype, converting. Loading is
+// all-or-nothing: every tensor is read into a staging buffer and checked (missing, misshaped,
+// extra) before the parameters change.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "model/model_impl.h"
+
+namespace trillion {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+template <class T>
+constexpr DType storage_dtype() {
+  return sizeof(T) == sizeof(double) ? DType::F64 : DType::F32;
+}
+
+}  // namespace
+
+template <class T>
+void Model<T>::save_weights(const std::string& directory) const {
+  const Impl& m = *impl_;
+  CheckpointWriter writer;
+  for (const ParamSpec& spec : m.table.entries()) {
+    writer.add(spec.name, storage_dtype<T>(), spec.shape, m.params.data() + spec.offset);
+  }
+  writer.write(directory);
+}
+
+template <class T>
+void Model<T>::load_weights(const std::string& directory) {
+  Impl& m = *impl_;
+  const CheckpointReader reader(directory);
+  for (const ParamSpec& spec : m.table.entries()) {
+    if (!reader.contains(spec.name))
+      fail("checkpoint ", directory, ": tensor ", spec.name, " is missing (expected shape ", shape_str(spec.shape), ")");
+    const SafetensorsReader& shard = reader.shard_of(spec.name);
+    const std::vector<int64_t>& shape = shard.info(spec.name).shape;
+    if (shape != spec.shape)
+      fail(shard.path(), ": tensor ", spec.name, " has shape ", shape_str(shape), ", expected ", shape_str(spec.shape));
+  }
+  for (const std::string& name : reader.names()) {
+    if (!m.table.contains(name))
+      fail(reader.shard_of(name).path(), ": tensor ", name, " is not a parameter of this model (",
+           m.config.model_type, ", ", m.config.num_hidden_layers, " layers",
+           m.config.tie_word_embeddings ? ", tied embeddings" : "", ")");
+  }
+  Buffer<T> staging(m.table.total_size());  // padding stays zero
+  for (const ParamSpec& spec : m.table.entries()) reader.read(spec.name, spec.shape, staging.data() + spec.offset);
+  std::memcpy(static_cast<void*>(m.params.data()), staging.data(), m.table.total_size() * sizeof(T));
+}
+
+template void Model<float>::save_weights(const std::string&) const;
+template void Model<float>::load_weights(const std::string&);
+template void Model<double>::save_weights(const std::string&) const;
+template void Model<double>::load_weights(const std::string&);
+
+}  // namespace trillion

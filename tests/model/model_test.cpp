@@ -1,0 +1,230 @@
+// The model: whole-model gradient check in double (Qwen3, Qwen3-Next, tied head), float against
+// double, KV-cache generation against the training path, rejected layer kinds, and the
+// `trillion gradcheck` command.
+#include "model/model.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/rng.h"
+#include "model/gradient_check.h"
+#include "test_configs.h"
+
+namespace trillion {
+namespace {
+
+// Tiny models are faster on one thread than on an oversubscribed team.
+class SingleThread {
+ public:
+  SingleThread() : saved_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~SingleThread() { omp_set_num_threads(saved_); }
+
+ private:
+  int saved_;
+};
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, const char* stream) {
+  std::vector<int32_t> tokens(n);
+  const CounterRng rng(3, stream);
+  for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(rng.bits(i) % vocab);
+  return tokens;
+}
+
+void expect_gradients_match(const ModelConfig& config, int64_t batch, int64_t seq) {
+  SingleThread single;
+  GradientCheckOptions options;
+  options.batch = batch;
+  options.seq = seq;
+  const GradientCheckReport report = check_model_gradients(config, options);
+  ASSERT_TRUE(report.full);
+  EXPECT_EQ(report.tensors.size(), Model<double>(config).table().entries().size());
+  for (const TensorCheck& t : report.tensors) {
+    EXPECT_LE(t.rel_err, 1e-6) << t.name << " max_abs_err " << t.max_abs_err << " max_ref " << t.max_ref;
+    EXPECT_GT(t.max_ref, 1e-8) << t.name << ": the check needs a gradient that is not zero";
+  }
+}
+
+TEST(Model, GradientCheckQwen3) {
+  expect_gradients_match(ModelConfig::load(testing::model_config_path("tiny.json")), 2, 7);
+}
+
+TEST(Model, GradientCheckQwen3NextGatedZeroCentredPartialRope) {
+  expect_gradients_match(ModelConfig::load(testing::model_config_path("tiny_qwen3_next.json")), 2, 5);
+}
+
+TEST(Model, GradientCheckTiedEmbeddingsOneKvHeadThreeLayers) {
+  expect_gradients_match(testing::tiny_config_with({{"tie_word_embeddings", true},
+                                                    {"num_key_value_heads", 1},
+                                                    {"num_hidden_layers", 3},
+                                                    {"vocab_size", 37}}),
+                         1, 9);
+}
+
+TEST(Model, GradientCheckAlongRandomDirections) {
+  SingleThread single;
+  GradientCheckOptions options;
+  options.max_full_elements = 0;  // force directions
+  options.directions = 3;
+  const GradientCheckReport report =
+      check_model_gradients(ModelConfig::load(testing::model_config_path("tiny_qwen3_next.json")), options);
+  EXPECT_FALSE(report.full);
+  EXPECT_EQ(report.checked, 3 * static_cast<int64_t>(report.tensors.size()));
+  EXPECT_LE(report.max_rel_err, 1e-6) << report.worst_tensor;
+}
+
+TEST(Model, FloatMatchesDouble) {
+  for (const char* name : {"tiny.json", "tiny_qwen3_next.json"}) {
+    const ModelConfig config = ModelConfig::load(testing::model_config_path(name));
+    Model<float> f(config);
+    Model<double> d(config);
+    f.init_weights(11);
+    for (int64_t i = 0; i < f.table().total_size(); ++i) d.params()[i] = f.params()[i];
+    const int64_t batch = 3, seq = 11, n = batch * seq;
+    const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "tokens");
+    std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "targets");
+    targets[4] = kIgnoreIndex;
+    f.zero_grads();
+    d.zero_grads();
+    const CrossEntropyResult rf = f.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / (n - 1));
+    const CrossEntropyResult rd = d.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / (n - 1));
+    EXPECT_EQ(rf.count, n - 1);
+    EXPECT_NEAR(rf.loss_sum, rd.loss_sum, 1e-5 * rd.loss_sum) << name;
+    for (const ParamSpec& s : d.table().entries()) {
+      double max_diff = 0, max_ref = 0;
+      for (int64_t i = 0; i < s.numel(); ++i) {
+        max_diff = std::max(max_diff, std::abs(double(f.grads()[s.offset + i]) - d.grads()[s.offset + i]));
+        max_ref = std::max(max_ref, std::abs(d.grads()[s.offset + i]));
+      }
+      EXPECT_LE(max_diff / max_ref, 2e-5) << name << " " << s.name;
+    }
+  }
+}
+
+TEST(Model, GradientsAccumulateAcrossMicroBatches) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny.json"));
+  Model<double> model(config);
+  model.init_weights(2);
+  const std::vector<int32_t> tokens = random_tokens(12, config.vocab_size, "t");
+  const std::vector<int32_t> targets = random_tokens(12, config.vocab_size, "u");
+  model.zero_grads();
+  model.forward_backward(tokens.data(), targets.data(), 2, 6, 0.5);
+  const std::vector<double> once(model.grads(), model.grads() + model.table().total_size());
+  model.forward_backward(tokens.data(), targets.data(), 2, 6, 0.5);
+  for (int64_t i = 0; i < model.table().total_size(); ++i) ASSERT_NEAR(model.grads()[i], 2 * once[i], 1e-15);
+}
+
+// Logits of the last token from the KV cache, fed whole, step by step or in chunks, all agree,
+// and agree with the training path: with only the last target counted, forward_loss gives
+// lse − logit[target] of the same logits.
+template <class T>
+void check_generation(const ModelConfig& config, double tolerance) {
+  Model<T> model(config);
+  model.init_weights(9);
+  for (int64_t i = 0; i < model.table().total_size(); ++i) model.params()[i] *= T(20);  // peaky logits
+  const int64_t len = 10, V = config.vocab_size;
+  const std::vector<int32_t> prompt = random_tokens(len, V, "prompt");
+  std::vector<T> whole(V), stepwise(V), chunked(V);
+  model.start_generation(len);
+  model.generate_step(prompt.data(), len, whole.data());
+  model.start_generation(len + 2);
+  for (int64_t i = 0; i < len; ++i) model.generate_step(prompt.data() + i, 1, stepwise.data());
+  model.start_generation(len);
+  model.generate_step(prompt.data(), 3, chunked.data());
+  model.generate_step(prompt.data() + 3, 6, chunked.data());
+  model.generate_step(prompt.data() + 9, 1, chunked.data());
+  double max_logit = 0;
+  for (int64_t v = 0; v < V; ++v) max_logit = std::max(max_logit, std::abs(double(whole[v])));
+  EXPECT_GT(max_logit, 0.1);
+  for (int64_t v = 0; v < V; ++v) {
+    EXPECT_NEAR(stepwise[v], whole[v], tolerance * max_logit) << v;
+    EXPECT_NEAR(chunked[v], whole[v], tolerance * max_logit) << v;
+  }
+  double lse = 0;
+  for (int64_t v = 0; v < V; ++v) lse += std::exp(double(whole[v]) - max_logit);
+  lse = max_logit + std::log(lse);
+  std::vector<int32_t> targets(len, kIgnoreIndex);
+  for (int32_t target : {0, 5, static_cast<int32_t>(V - 1)}) {
+    targets[len - 1] = target;
+    const CrossEntropyResult r = model.forward_loss(prompt.data(), targets.data(), 1, len);
+    EXPECT_EQ(r.count, 1);
+    EXPECT_NEAR(r.loss_sum, lse - whole[target], tolerance * max_logit) << target;
+  }
+  EXPECT_THROW(model.generate_step(prompt.data(), 1, whole.data()), Error);  // cache full
+}
+
+TEST(Model, KvCacheGenerationMatchesFullForward) {
+  for (const char* name : {"tiny.json", "tiny_qwen3_next.json"}) {
+    SCOPED_TRACE(name);
+    const ModelConfig config = ModelConfig::load(testing::model_config_path(name));
+    check_generation<double>(config, 1e-12);
+    check_generation<float>(config, 1e-5);
+  }
+}
+
+TEST(Model, RejectsLayerKindsNotBuiltYet) {
+  const ModelConfig config = testing::tiny_config_with(
+      {{"layer_types", {"full_attention", "linear_attention"}},
+       {"linear_num_key_heads", 2}, {"linear_num_value_heads", 2},
+       {"linear_key_head_dim", 4}, {"linear_value_head_dim", 4}},
+      "tiny_qwen3_next.json");
+  try {
+    Model<float> model(config);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_types[1] = linear_attention: not built yet"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Model, RejectsBadTokens) {
+  Model<float> model(ModelConfig::load(testing::model_config_path("tiny.json")));
+  const std::vector<int32_t> tokens = {1, 2, 64}, targets = {1, 2, 3};
+  EXPECT_THROW(model.forward_loss(tokens.data(), targets.data(), 1, 3), Error);
+  const std::vector<int32_t> good = {1, 2, 3}, bad_targets = {1, -5, 3};
+  EXPECT_THROW(model.forward_loss(good.data(), bad_targets.data(), 1, 3), Error);
+}
+
+TEST(Model, TrainingFlopsPerToken) {
+  const ModelConfig c = ModelConfig::load(testing::model_config_path("tiny.json"));
+  Model<float> model(c);
+  const double D = 16, I = 24, V = 64, L = 2, q = 16, kv = 8;
+  const double matmul = L * (D * q + 2 * D * kv + q * D + 3 * D * I) + V * D;
+  EXPECT_DOUBLE_EQ(model.training_flops_per_token(32), 6 * matmul + L * 12 * 16 * 4 * 4);
+}
+
+TEST(GradcheckCommand, PassesOnTinyAndPrintsJsonLast) {
+  const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
+                              testing::model_config_path("tiny.json") + " --seq-len 5 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output, last_line;
+  char line[512];
+  while (std::fgets(line, sizeof line, pipe) != nullptr) {
+    output += line;
+    last_line = line;
+  }
+  const int status = pclose(pipe);
+  EXPECT_EQ(status, 0) << output;
+  const nlohmann::json summary = nlohmann::json::parse(last_line);
+  EXPECT_LE(summary.at("max_rel_err").get<double>(), 1e-6);
+  EXPECT_EQ(summary.at("tolerance").get<double>(), 1e-6);
+  EXPECT_GT(summary.at("checked").get<int64_t>(), 5000);
+  EXPECT_NE(output.find("model.layers.1.mlp.down_proj.weight"), std::string::npos);
+}
+
+TEST(GradcheckCommand, FailsOutsideTolerance) {
+  const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
+                              testing::model_config_path("tiny.json") +
+                              " --seq-len 3 --batch 1 --tolerance 1e-14 >/dev/null 2>&1";
+  EXPECT_NE(std::system(command.c_str()), 0);
+}
+
+}  // namespace
+}  // namespace trillion

@@ -1,0 +1,252 @@
+// Tiled causal GQA attention (ops/attention.h) against the plain reference (ops/ref/), central
+// finite differences in double, thread-count independence, large logits, and `trillion bench
+// attention` at a tiny size.
+#include "ops/attention.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/ref/attention_ref.h"
+#include "ops/vector_exp.h"
+
+namespace trillion {
+namespace {
+
+// max|a − b| / max(max|b|, 1e-30)
+template <class A, class B>
+double rel_err(const std::vector<A>& a, const std::vector<B>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+    ref = std::max(ref, std::abs(double(b[i])));
+  }
+  return diff / std::max(ref, 1e-30);
+}
+
+AttentionSizes make_sizes(int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads, int64_t kv_heads,
+                          int64_t head_dim) {
+  return {batch, q_len, kv_len, q_heads, kv_heads, head_dim, 1.0 / std::sqrt(double(head_dim))};
+}
+
+// Inputs and outputs of one attention call; inputs are normal(0, amplitude²).
+template <class T>
+struct Problem {
+  AttentionSizes s;
+  std::vector<T> q, k, v, dout;                // [b, q_len, q_heads, d] / [b, kv_len, kv_heads, d]
+  std::vector<T> out, lse, dq, dk, dv;         // outputs
+  Problem(const AttentionSizes& sizes, uint64_t seed, double amplitude = 1.0) : s(sizes) {
+    const int64_t nq = s.batch * s.q_len * s.q_heads * s.head_dim;
+    const int64_t nkv = s.batch * s.kv_len * s.kv_heads * s.head_dim;
+    auto fill = [&](std::vector<T>& x, int64_t n, const char* name) {
+      const CounterRng rng(seed, name);
+      x.resize(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = T(amplitude * rng.normal(i));
+    };
+    fill(q, nq, "q");
+    fill(k, nkv, "k");
+    fill(v, nkv, "v");
+    fill(dout, nq, "dout");
+    out.assign(nq, T(0));
+    dq.assign(nq, T(0));
+    lse.assign(s.batch * s.q_heads * s.q_len, T(0));
+    dk.assign(nkv, T(0));
+    dv.assign(nkv, T(0));
+  }
+  void run_tiled() {
+    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+                       lse.data(), s);
+  }
+  void run_reference() {
+    attention_ref_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+    attention_ref_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), s);
+  }
+};
+
+// A problem of another scalar type with the same inputs.
+template <class To, class From>
+Problem<To> convert(const Problem<From>& p) {
+  Problem<To> c(p.s, 0);
+  c.q.assign(p.q.begin(), p.q.end());
+  c.k.assign(p.k.begin(), p.k.end());
+  c.v.assign(p.v.begin(), p.v.end());
+  c.dout.assign(p.dout.begin(), p.dout.end());
+  return c;
+}
+
+template <class A, class B>
+void expect_close(const Problem<A>& got, const Problem<B>& want, double tol) {
+  EXPECT_LE(rel_err(got.out, want.out), tol) << "out";
+  EXPECT_LE(rel_err(got.lse, want.lse), tol) << "lse";
+  EXPECT_LE(rel_err(got.dq, want.dq), tol) << "dq";
+  EXPECT_LE(rel_err(got.dk, want.dk), tol) << "dk";
+  EXPECT_LE(rel_err(got.dv, want.dv), tol) << "dv";
+}
+
+// Odd sizes: q_len not a multiple of the tiles, odd head_dim, GQA groups 1, 2, 4, batch 2, decoding.
+const AttentionSizes kCases[] = {
+    make_sizes(2, 70, 70, 4, 2, 5),     // group 2, odd head_dim
+    make_sizes(1, 261, 261, 4, 1, 24),  // group 4, several query and key tiles
+    make_sizes(2, 65, 65, 2, 2, 24),    // group 1
+    make_sizes(1, 20, 150, 8, 2, 16),   // decoding: q_len < kv_len
+    make_sizes(2, 1, 77, 4, 4, 8),      // one new token against a cache
+    make_sizes(1, 97, 200, 2, 1, 7),    // long cache, query tiles straddling key tiles
+};
+
+TEST(Attention, DoubleMatchesReference) {
+  for (const AttentionSizes& s : kCases) {
+    Problem<double> tiled(s, 1), ref(s, 1);
+    tiled.run_tiled();
+    ref.run_reference();
+    SCOPED_TRACE(testing::Message() << "q_len " << s.q_len << " kv_len " << s.kv_len << " d " << s.head_dim);
+    expect_close(tiled, ref, 1e-12);
+  }
+}
+
+TEST(Attention, FloatMatchesDoubleReference) {
+  for (const AttentionSizes& s : kCases) {
+    Problem<float> tiled(s, 2), ref_float(s, 2);
+    Problem<double> ref = convert<double>(tiled);
+    tiled.run_tiled();
+    ref_float.run_reference();
+    ref.run_reference();
+    SCOPED_TRACE(testing::Message() << "q_len " << s.q_len << " kv_len " << s.kv_len << " d " << s.head_dim);
+    expect_close(tiled, ref, 2e-5);
+    expect_close(ref_float, ref, 2e-5);
+  }
+}
+
+// Central differences of L = Σ out ⊙ dout with respect to every element of q, k and v.
+TEST(Attention, BackwardMatchesFiniteDifferences) {
+  for (const AttentionSizes& s : {make_sizes(1, 5, 7, 4, 2, 3), make_sizes(1, 130, 133, 2, 1, 3)}) {
+    Problem<double> p(s, 3);
+    p.run_tiled();
+    auto loss = [&]() {
+      std::vector<double> out(p.out.size()), lse(p.lse.size());
+      attention_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), s);
+      double sum = 0;
+      for (size_t i = 0; i < out.size(); ++i) sum += out[i] * p.dout[i];
+      return sum;
+    };
+    const double eps = 1e-5;
+    for (auto [x, grad, name] : {std::tuple{&p.q, &p.dq, "dq"}, {&p.k, &p.dk, "dk"}, {&p.v, &p.dv, "dv"}}) {
+      std::vector<double> numeric(x->size());
+      for (size_t i = 0; i < x->size(); ++i) {
+        const double saved = (*x)[i];
+        (*x)[i] = saved + eps;
+        const double up = loss();
+        (*x)[i] = saved - eps;
+        const double down = loss();
+        (*x)[i] = saved;
+        numeric[i] = (up - down) / (2 * eps);
+      }
+      EXPECT_LE(rel_err(*grad, numeric), 1e-6) << name << " q_len " << s.q_len;
+    }
+  }
+}
+
+TEST(Attention, ResultsDoNotDependOnThreadCount) {
+  const AttentionSizes s = make_sizes(2, 200, 230, 4, 2, 24);
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  Problem<float> one(s, 4);
+  one.run_tiled();
+  omp_set_num_threads(2);
+  Problem<float> two(s, 4);
+  two.run_tiled();
+  omp_set_num_threads(saved_threads);
+  for (auto [a, b] : {std::pair{&one.out, &two.out}, {&one.lse, &two.lse}, {&one.dq, &two.dq},
+                      {&one.dk, &two.dk}, {&one.dv, &two.dv}})
+    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0);
+}
+
+// Scores of magnitude ~50: the online softmax must stay finite and as accurate as the reference.
+TEST(Attention, LargeLogitsStayFiniteAndAccurate) {
+  const AttentionSizes s = make_sizes(1, 150, 150, 4, 2, 16);
+  Problem<float> tiled(s, 5, 3.5);  // |scale · q·k| ≈ 3.5² · √16 = 49 typical
+  Problem<double> ref = convert<double>(tiled);
+  tiled.run_tiled();
+  ref.run_reference();
+  double max_logit = 0;
+  for (double x : ref.lse) max_logit = std::max(max_logit, std::abs(x));
+  EXPECT_GT(max_logit, 30.0);
+  for (const std::vector<float>* x : {&tiled.out, &tiled.lse, &tiled.dq, &tiled.dk, &tiled.dv})
+    for (float e : *x) ASSERT_TRUE(std::isfinite(e));
+  expect_close(tiled, ref, 1e-4);
+}
+
+TEST(VectorExp, MatchesStdExpAndUnderflowsToZero) {
+  std::vector<float> xf;
+  std::vector<double> xd;
+  for (int i = 0; i < 1000; ++i) xd.push_back(-120.0 + 0.1337 * i);
+  xd.push_back(-INFINITY);
+  xd.push_back(-800.0);
+  xf.assign(xd.begin(), xd.end());
+  std::vector<float> ef = xf;
+  std::vector<double> ed = xd;
+  const float sum_f = exp_shifted_sum(ef.data(), int64_t(ef.size()), 2.0f);
+  const double sum_d = exp_shifted_sum(ed.data(), int64_t(ed.size()), 2.0);
+  double want_sum = 0;
+  for (size_t i = 0; i < xd.size(); ++i) {
+    const double want = std::exp(xd[i] - 2.0);
+    want_sum += want;
+    EXPECT_NEAR(ed[i], want, 4e-16 * want) << xd[i];
+    if (xd[i] - 2.0 > -87.0) {
+      EXPECT_NEAR(ef[i], std::exp(xf[i] - 2.0f), 3e-7 * want) << xf[i];
+    }
+  }
+  EXPECT_EQ(ef[1000], 0.0f);
+  EXPECT_EQ(ed[1001], 0.0);
+  EXPECT_NEAR(sum_d, want_sum, 1e-14 * want_sum);
+  EXPECT_NEAR(sum_f, want_sum, 1e-6 * want_sum);
+  EXPECT_EQ(max_value(xd.data(), int64_t(xd.size())), xd[999]);
+  EXPECT_EQ(max_value(xf.data(), 3), xf[2]);
+}
+
+TEST(AttentionBench, TinyRunReportsAccurateJson) {
+  const std::string command = std::string(TRILLION_BINARY) +
+                              " bench attention --json --seq-len 64 --heads 4 --kv-heads 2 --head-dim 16 "
+                              "--runs 2 --gemm-size 128";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output, last_line;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) {
+    output += buffer;
+    if (buffer[0] == '{') last_line = buffer;
+  }
+  ASSERT_EQ(pclose(pipe), 0) << output;
+  const nlohmann::json summary = nlohmann::json::parse(last_line);
+  EXPECT_EQ(summary.at("bench"), "attention");
+  EXPECT_LT(summary.at("max_rel_err").get<double>(), 1e-4);
+  for (const char* field : {"speedup", "ceiling_fraction", "ceiling_gflops", "fused_gflops", "memory_ratio"})
+    EXPECT_GT(summary.at(field).get<double>(), 0.0) << field;
+  EXPECT_EQ(summary.at("seq_len").get<int64_t>(), 64);
+  EXPECT_EQ(summary.at("heads").get<int64_t>(), 4);
+  EXPECT_EQ(summary.at("kv_heads").get<int64_t>(), 2);
+  EXPECT_EQ(summary.at("head_dim").get<int64_t>(), 16);
+}
+
+TEST(AttentionBench, RejectsHeadsNotDivisibleByKvHeads) {
+  const std::string command =
+      std::string(TRILLION_BINARY) + " bench attention --seq-len 8 --heads 3 --kv-heads 2 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buffer[4096];
+  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+  EXPECT_NE(pclose(pipe), 0);
+  EXPECT_NE(output.find("--heads 3 must be a multiple of --kv-heads 2"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace trillion
