@@ -3,6 +3,8 @@
 // compute ceiling.
 #pragma once
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "core/memory.h"
+#include "core/rng.h"
 
 namespace trillion {
 
@@ -60,8 +63,18 @@ std::pair<TimingResult, TimingResult> time_interleaved(const FnA& fn_a, const Fn
 // thread count: the compute ceiling that kernels are measured against.
 class SgemmProblem {
  public:
-  explicit SgemmProblem(int64_t size);
-  void run();
+  explicit SgemmProblem(int64_t size) : size_(size), a_(size * size), b_(size * size), c_(size * size) {
+    const CounterRng rng(1, "bench_gemm");
+    for (int64_t i = 0; i < size * size; ++i) {
+      a_[i] = float(rng.uniform(i) - 0.5);
+      b_[i] = float(rng.uniform(size * size + i) - 0.5);
+    }
+  }
+  void run() {
+    const int n = static_cast<int>(size_);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a_.data(), n, b_.data(), n, 0.0f,
+                c_.data(), n);
+  }
   double flops() const { return 2.0 * double(size_) * double(size_) * double(size_); }
   int64_t size() const { return size_; }
 

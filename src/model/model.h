@@ -39,7 +39,7 @@ class Model {
   // Accumulates (+=) loss_scale · d(loss_sum)/dθ into grads() and returns the loss sum and count.
   CrossEntropyResult forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                       double loss_scale);
-  // Forward only (evaluation).
+  // Forward only (evaluation); the activations it saves are freed before it returns.
   CrossEntropyResult forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
 
   // Generation with a KV cache, batch 1: start_generation clears the cache; generate_step appends
@@ -48,7 +48,9 @@ class Model {
   void generate_step(const int32_t* tokens, int64_t n, T* last_logits /*[vocab]*/);
 
   // Model FLOPs of one training token (forward + backward, attention included, recompute not):
-  // for model FLOPs utilization.
+  // for model FLOPs utilization. 6 · (matmul parameters: q/k/v/o, gate/up/down of every layer and
+  // the LM head, counted even when tied) + Σ_layers 3 · 4 · (seq / 2) · Hq · head_dim (causal QKᵀ
+  // and PV over seq / 2 keys on average, 2 FLOPs per multiply-add; backward twice the forward).
   double training_flops_per_token(int64_t seq) const;
 
   // Hugging Face layout checkpoints (model.safetensors or shards + index).

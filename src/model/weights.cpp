@@ -3,7 +3,6 @@
 // an index when large); load_weights reads any supported dtype, converting. Loading is
 // all-or-nothing: every tensor is read into a staging buffer and checked (missing, misshaped,
 // extra) before the parameters change.
-#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>

@@ -111,7 +111,8 @@ inline float max_value(const float* x, int64_t n) {
   using namespace vector_exp_detail;
   const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __m512 acc = neg_inf;
-  for (int64_t j = 0; j < n; j += 16) acc = _mm512_max_ps(acc, _mm512_mask_loadu_ps(neg_inf, tail_mask16(n - j), x + j));
+  for (int64_t j = 0; j < n; j += 16)
+    acc = _mm512_max_ps(acc, _mm512_mask_loadu_ps(neg_inf, tail_mask16(n - j), x + j));
   return _mm512_reduce_max_ps(acc);
 }
 
@@ -119,7 +120,8 @@ inline double max_value(const double* x, int64_t n) {
   using namespace vector_exp_detail;
   const __m512d neg_inf = _mm512_set1_pd(-std::numeric_limits<double>::infinity());
   __m512d acc = neg_inf;
-  for (int64_t j = 0; j < n; j += 8) acc = _mm512_max_pd(acc, _mm512_mask_loadu_pd(neg_inf, tail_mask8(n - j), x + j));
+  for (int64_t j = 0; j < n; j += 8)
+    acc = _mm512_max_pd(acc, _mm512_mask_loadu_pd(neg_inf, tail_mask8(n - j), x + j));
   return _mm512_reduce_max_pd(acc);
 }
 

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/rng.h"
 #include "model/gradient_check.h"
 #include "test_configs.h"
@@ -118,6 +120,44 @@ TEST(Model, GradientsAccumulateAcrossMicroBatches) {
   const std::vector<double> once(model.grads(), model.grads() + model.table().total_size());
   model.forward_backward(tokens.data(), targets.data(), 2, 6, 0.5);
   for (int64_t i = 0; i < model.table().total_size(); ++i) ASSERT_NEAR(model.grads()[i], 2 * once[i], 1e-15);
+}
+
+TEST(Model, ActivationBytesAreCountedAndFreedEachStep) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_qwen3_next.json"));
+  Model<float> model(config);
+  model.init_weights(2);
+  const std::vector<int32_t> tokens = random_tokens(40, config.vocab_size, "t");
+  model.forward_backward(tokens.data(), tokens.data(), 4, 10, 0.025);  // grows the step buffers once
+  const int64_t between_steps = MemoryStats::current(Tier::fast);
+  MemoryStats::reset_peak(Tier::fast);
+  model.forward_backward(tokens.data(), tokens.data(), 4, 10, 0.025);
+  EXPECT_EQ(MemoryStats::current(Tier::fast), between_steps);
+  // At least the saved q, k, v, attention output and MLP activations of every layer were counted.
+  const int64_t n = 40, qw = config.num_attention_heads * config.head_dim;
+  const int64_t kvw = config.num_key_value_heads * config.head_dim;
+  const int64_t saved_floats = config.num_hidden_layers * n * (3 * qw + 3 * kvw + 3 * config.intermediate_size);
+  EXPECT_GE(MemoryStats::peak(Tier::fast) - between_steps, saved_floats * int64_t(sizeof(float)));
+}
+
+TEST(Model, GradientsDoNotDependOnThreadCount) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny.json"));
+  const std::vector<int32_t> tokens = random_tokens(2 * 33, config.vocab_size, "t");
+  std::vector<std::vector<float>> grads;
+  std::vector<double> losses;
+  for (const int threads : {1, 2, 3}) {
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    Model<float> model(config);
+    model.init_weights(8);
+    model.zero_grads();
+    losses.push_back(model.forward_backward(tokens.data(), tokens.data(), 2, 33, 1.0 / 66).loss_sum);
+    grads.emplace_back(model.grads(), model.grads() + model.table().total_size());
+    omp_set_num_threads(saved);
+  }
+  for (size_t i = 1; i < grads.size(); ++i) {
+    EXPECT_EQ(losses[i], losses[0]);
+    EXPECT_EQ(0, std::memcmp(grads[i].data(), grads[0].data(), grads[0].size() * sizeof(float))) << i;
+  }
 }
 
 // Logits of the last token from the KV cache, fed whole, step by step or in chunks, all agree,
