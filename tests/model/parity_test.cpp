@@ -1,6 +1,7 @@
 // Model parity against Hugging Face transformers: the fixtures in tests/fixtures/models/<name>/ were
 // written by tools/ref/write_model_fixture.py (Qwen3ForCausalLM / Qwen3NextForCausalLM in float64,
-// random weights, tokens [2, 7] with one ignored target). Model<double> loads the same weights and
+// random weights, tokens [2, 7] with one ignored target; tiny_qwen3_tied is tiny.json with tied
+// embeddings). Model<double> loads the same weights and
 // must reproduce the loss, every parameter gradient and the logits (through the KV-cache decoding
 // path, the only path that exposes logits).
 #include <gtest/gtest.h>
@@ -111,7 +112,7 @@ TEST_P(Parity, DecodingLogitsMatchTransformers) {
   EXPECT_LE(relative_error(logits.data(), expected.data(), kBatch * kSeq * V), 1e-10) << "token by token";
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::Values("tiny_qwen3", "tiny_qwen3_next"),
+INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::Values("tiny_qwen3", "tiny_qwen3_next", "tiny_qwen3_tied"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

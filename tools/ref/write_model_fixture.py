@@ -4,21 +4,21 @@ tests/model/parity_test.cpp checks our C++ model (loss, logits, every parameter 
 transformers without needing Python.
 
 Environment (the versions the committed fixtures were written with):
-    torch 2.5.1 (PyPI wheel), transformers 4.57.6, safetensors 0.8.0, Python 3.11 (Debian 12).
+    torch 2.5.1 (PyPI wheel, 2.5.1+cu124, run on CPU), transformers 4.57.6, safetensors 0.8.0, Python 3.11 (Debian 12).
     Debian 12's python3-torch is 1.13, which transformers >= 4.51 (Qwen3) and >= 4.57 (Qwen3-Next)
     refuse ("PyTorch >= 2.1 is required"), hence torch from PyPI:
         /usr/bin/python3 -m venv /work/venv-ref
         /work/venv-ref/bin/pip install torch==2.5.1 transformers==4.57.6 safetensors==0.8.0
         /work/venv-ref/bin/python tools/ref/write_model_fixture.py   # from the repository root
 
-For each config (configs/models/tiny.json: qwen3, tiny_qwen3_next.json: qwen3_next with every layer
-full_attention) it builds Qwen3ForCausalLM / Qwen3NextForCausalLM in float64 with random weights
+For each config (configs/models/tiny.json: qwen3, the same with tie_word_embeddings true, and
+tiny_qwen3_next.json: qwen3_next with every layer full_attention) it builds Qwen3ForCausalLM / Qwen3NextForCausalLM in float64 with random weights
 (torch seed below; every parameter random, the zero-initialised zero-centred norm weights included),
 runs random tokens [batch 2, seq 7] and computes the loss with OUR convention:
     loss = mean over targets != -100 of cross_entropy(logits[b, t], targets[b, t])
 (targets are given explicitly and not shifted; HF's own loss shifts labels, so it is not used; one
 target is -100). It writes tests/fixtures/models/<name>/:
-    config.json        the repository config, byte for byte (what Model<double> is built from)
+    config.json        the repository config, byte for byte (the tied variant: with the change)
     model.safetensors  every parameter under its HF name, F64 (lm_head.weight absent when tied)
     fixture.safetensors
         tokens  F64 [2, 7]      token ids (safetensors dtypes we read have no integers; exact in F64)
@@ -170,11 +170,14 @@ def rel_err(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
 
 
-def write_fixture(config_name, fixture_name):
+def write_fixture(config_name, fixture_name, changes=None):
     config_path = os.path.join(ROOT, "configs", "models", config_name)
     with open(config_path, "rb") as f:
         config_bytes = f.read()
     ours = json.loads(config_bytes)
+    if changes:  # a variant of a repository config
+        ours.update(changes)
+        config_bytes = (json.dumps(ours, indent=2) + "\n").encode()
     model_class, config = hf_config(ours)
     generator = torch.Generator().manual_seed(SEED)
 
@@ -209,9 +212,9 @@ def write_fixture(config_name, fixture_name):
     }
     fixture.update({f"grad.{name}": grads[name].contiguous() for name in names})
     save_file(fixture, os.path.join(out_dir, "fixture.safetensors"),
-              metadata={"producer": "tools/ref/write_model_fixture.py", "torch": torch.__version__,
-                        "transformers": transformers.__version__, "seed": str(SEED),
-                        "hf_class": model_class.__name__})
+              metadata={"producer": f"tools/ref/write_model_fixture.py: {model_class.__name__}, seed {SEED}, "
+                                    f"torch {torch.__version__}, transformers {transformers.__version__}"})
+    # (one metadata key: safetensors orders several at random, and reruns should give identical bytes)
     print(f"{fixture_name}: loss {loss.item():.17g}, {len(names)} parameters, "
           f"float32-vs-float64 HF drift {drift:.2e}")
 
@@ -219,3 +222,4 @@ def write_fixture(config_name, fixture_name):
 if __name__ == "__main__":
     write_fixture("tiny.json", "tiny_qwen3")
     write_fixture("tiny_qwen3_next.json", "tiny_qwen3_next")
+    write_fixture("tiny.json", "tiny_qwen3_tied", {"tie_word_embeddings": True})
