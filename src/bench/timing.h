@@ -6,6 +6,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <utility>
@@ -77,6 +78,20 @@ class SgemmProblem {
   }
   double flops() const { return 2.0 * double(size_) * double(size_) * double(size_); }
   int64_t size() const { return size_; }
+  // Relative error (max|c − ref| / max|ref|) of the last run() on up to 64 sampled entries of c
+  // against double-precision dot products.
+  double sampled_rel_err() const {
+    const int64_t n = size_, samples = n * n < 64 ? n * n : 64;
+    double max_diff = 0.0, max_ref = 0.0;
+    for (int64_t s = 0; s < samples; ++s) {
+      const int64_t i = (s * 7919) % n, j = (s * 104729 + s / n) % n;
+      double ref = 0.0;
+      for (int64_t k = 0; k < n; ++k) ref += double(a_[i * n + k]) * double(b_[k * n + j]);
+      max_diff = std::max(max_diff, std::abs(double(c_[i * n + j]) - ref));
+      max_ref = std::max(max_ref, std::abs(ref));
+    }
+    return max_diff / std::max(max_ref, 1e-30);
+  }
 
  private:
   int64_t size_;

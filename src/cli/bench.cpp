@@ -36,12 +36,15 @@ void run_gemm(bool json, int64_t size) {
   SgemmProblem gemm(size);
   const TimingResult timing = time_median([&] { gemm.run(); }, 2, 10);
   const double gflops = gemm.flops() / timing.median_s * 1e-9;
+  const double max_rel_err = gemm.sampled_rel_err();
   if (json) {
     print_json({{"bench", "gemm"}, {"size", size}, {"gflops", gflops}, {"median_s", timing.median_s},
-                {"min_s", timing.min_s}, {"runs", timing.runs}, {"threads", num_threads()}});
+                {"min_s", timing.min_s}, {"runs", timing.runs}, {"threads", num_threads()},
+                {"max_rel_err", max_rel_err}});
   } else {
-    std::printf("sgemm %lld³ on %d threads: %.1f GFLOP/s (median %.4f s, min %.4f s, %d runs)\n",
-                static_cast<long long>(size), num_threads(), gflops, timing.median_s, timing.min_s, timing.runs);
+    std::printf("sgemm %lld³ on %d threads: %.1f GFLOP/s (median %.4f s, min %.4f s, %d runs), max rel err %.1e\n",
+                static_cast<long long>(size), num_threads(), gflops, timing.median_s, timing.min_s, timing.runs,
+                max_rel_err);
   }
 }
 

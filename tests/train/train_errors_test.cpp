@@ -78,5 +78,41 @@ TEST(TrainErrors, EvalWithDataOfAnotherTokenizer) {
   expect_one_line_error(r, {"tokenizer_hash"});
 }
 
+TEST(TrainErrors, ConfigWithUnknownLayerType) {
+  const TestData& d = test_data();
+  const fs::path config = d.root / "bad_layer_types.json";
+  nlohmann::json json = nlohmann::json::parse(read_text(d.config_path));
+  json["layer_types"] = {"full_attention", "mamba"};
+  write_text(config, json.dump());
+  const CommandResult r = run_cli("train --config " + config.string() + " --data " + d.data_dir.string() +
+                                  " --out " + (d.root / "err_layer_types").string() + " --steps 2 --seq-len 16");
+  expect_one_line_error(r, {config.string(), "layer_types", "mamba", "full_attention"});
+}
+
+TEST(TrainErrors, ConfigWithALayerKindNotBuiltYet) {
+  const TestData& d = test_data();
+  const fs::path config = d.root / "linear_layer.json";
+  nlohmann::json json = nlohmann::json::parse(read_text(d.config_path));
+  json["layer_types"] = {"full_attention", "linear_attention"};
+  json["linear_num_key_heads"] = 2;
+  json["linear_num_value_heads"] = 2;
+  json["linear_key_head_dim"] = 4;
+  json["linear_value_head_dim"] = 4;
+  write_text(config, json.dump());
+  const CommandResult r = run_cli("train --config " + config.string() + " --data " + d.data_dir.string() +
+                                  " --out " + (d.root / "err_linear").string() + " --steps 2 --seq-len 16");
+  expect_one_line_error(r, {"linear_attention", "not built yet"});
+}
+
+TEST(TrainErrors, EvalOfATruncatedCheckpoint) {
+  const fs::path copy = test_data().root / "truncated_checkpoint";
+  fs::remove_all(copy);
+  fs::copy(trained_run() / "checkpoint-000040", copy, fs::copy_options::recursive);
+  const fs::path weights = copy / "model.safetensors";
+  fs::resize_file(weights, fs::file_size(weights) - 100);
+  const CommandResult r = run_cli("eval --checkpoint " + copy.string() + " --data " + test_data().data_dir.string());
+  expect_one_line_error(r, {weights.string(), "truncated"});
+}
+
 }  // namespace
 }  // namespace trillion::train_test
