@@ -1,6 +1,8 @@
 // Tensor<T>: a non-owning, row-major, contiguous view with a shape of up to 6 dimensions.
-// Storage comes from core/memory.h (Buffer, Arena); ops take raw pointers plus sizes, and modules
-// use views to keep shapes checked at their boundaries (expect_shape aborts with file and line).
+// Storage comes from core/memory.h (Buffer::view, Arena::tensor hand out views); expect_shape aborts
+// with file and line on a mismatch. Ops take raw pointers plus sizes (llm.c style, shapes in
+// comments); the modules of issue 2 do too, and views are for code that passes tensors around
+// (the parallel plan and the swap engine of later issues).
 #pragma once
 
 #include <array>
