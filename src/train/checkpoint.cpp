@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -52,13 +54,6 @@ uint64_t hex64_field(const nlohmann::json& json, const char* key, const std::str
   const uint64_t value = std::strtoull(text.c_str(), &end, 16);
   if (text.size() != 16 || *end != '\0') fail(path, ": field '", key, "' must be 16 hex digits, got \"", text, "\"");
   return value;
-}
-
-void fsync_directory(const std::string& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) fail(directory, ": cannot open directory to sync it");
-  ::fsync(fd);
-  ::close(fd);
 }
 
 }  // namespace
@@ -171,16 +166,22 @@ std::string write_checkpoint(const std::string& out_dir, int64_t step,
   fs::remove_all(temp_dir);
   fs::create_directories(temp_dir);
   write_contents(temp_dir.string());
-  fsync_directory(temp_dir.string());
-  // A checkpoint of the same step from an earlier run is moved aside first (rename cannot replace a
-  // non-empty directory), then removed once the new one is in place.
-  const fs::path old_dir = fs::path(out_dir) / ("." + name + ".old." + std::to_string(::getpid()));
+  sync_directory(temp_dir.string());
+  // A checkpoint of the same step from an earlier run (a run resumed from an older checkpoint) is
+  // swapped with the new one in one atomic renameat2(RENAME_EXCHANGE), so `latest` never names a
+  // missing directory; the old contents, now under the temporary name, are removed afterwards.
   const bool replaced = fs::exists(final_dir);
-  if (replaced) fs::rename(final_dir, old_dir);
-  fs::rename(temp_dir, final_dir);
-  fsync_directory(out_dir);
+  if (replaced) {
+    if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      fail(final_dir.string(), ": cannot exchange it with the new checkpoint ", temp_dir.string(), ": ",
+           std::strerror(errno));
+    }
+  } else {
+    fs::rename(temp_dir, final_dir);
+  }
+  sync_directory(out_dir);
   write_file_atomic((fs::path(out_dir) / "latest").string(), name + "\n");
-  if (replaced) fs::remove_all(old_dir);
+  if (replaced) fs::remove_all(temp_dir);
   return final_dir.string();
 }
 

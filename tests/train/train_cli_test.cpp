@@ -91,6 +91,31 @@ TEST(TrainCli, ResumeDropsMetricsBeyondTheCheckpoint) {
   for (size_t i = 0; i < records.size(); ++i) EXPECT_EQ(records[i]["step"], static_cast<int64_t>(i + 1));
 }
 
+TEST(TrainCli, ResumeFromAnOlderCheckpointReplacesTheNewerOnes) {
+  const fs::path out = test_data().root / "replaced_checkpoints";
+  ASSERT_EQ(run_cli("train " + tiny_run_flags(out) + " --steps 8 --stop-after 6 --save-every 2").status, 0);
+  ASSERT_EQ(read_text(out / "latest"), "checkpoint-000006\n");
+  const std::string old_weights = read_text(out / "checkpoint-000006" / "model.safetensors");
+  // Resumed from step 2 with a longer schedule: checkpoints 4 and 6 exist and are exchanged for new ones.
+  const CommandResult r =
+      run_cli("train --resume " + (out / "checkpoint-000002").string() + " --steps 20 --stop-after 6");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(read_text(out / "latest"), "checkpoint-000006\n");
+  for (const char* name : {"checkpoint-000004", "checkpoint-000006"}) {
+    for (const char* file : {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json",
+                             "tokenizer.model"}) {
+      EXPECT_TRUE(fs::exists(out / name / file)) << name << "/" << file;
+    }
+    const nlohmann::json state = nlohmann::json::parse(read_text(out / name / "trainer_state.json"));
+    EXPECT_EQ(state["steps"], 20) << name;
+  }
+  EXPECT_EQ(nlohmann::json::parse(read_text(out / "checkpoint-000006" / "trainer_state.json"))["step"], 6);
+  EXPECT_NE(read_text(out / "checkpoint-000006" / "model.safetensors"), old_weights);
+  for (const auto& entry : fs::directory_iterator(out)) {
+    EXPECT_NE(entry.path().filename().string()[0], '.') << "temporary left behind: " << entry.path();
+  }
+}
+
 TEST(TrainCli, ThreadCountChangesLossesOnlyByRounding) {
   const fs::path one = test_data().root / "threads1", two = test_data().root / "threads2";
   const std::string flags = " --steps 5 --seed 11";
