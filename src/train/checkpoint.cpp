@@ -124,6 +124,10 @@ TrainerState TrainerState::load(const std::string& path) {
   s.beta2 = number_field(optimizer, "beta2", optimizer_path);
   s.eps = number_field(optimizer, "eps", optimizer_path);
   s.clip = number_field(optimizer, "clip", optimizer_path);
+  if (state.sampler_position < 0) {
+    fail(path, ": field 'sampler_position' must be >= 0, got ", state.sampler_position);
+  }
+  if (state.tokens_seen < 0) fail(path, ": field 'tokens_seen' must be >= 0, got ", state.tokens_seen);
   if (state.step < 0 || state.step > s.steps) fail(path, ": field 'step' must be in [0, steps=", s.steps, "], got ", state.step);
   return state;
 }

@@ -104,6 +104,28 @@ TEST(TrainErrors, ConfigWithALayerKindNotBuiltYet) {
   expect_one_line_error(r, {"linear_attention", "not built yet"});
 }
 
+// A copy of the trained run whose checkpoint-000020/trainer_state.json has `field` set to `value`.
+fs::path run_with_edited_state(const std::string& name, const char* field, const nlohmann::json& value) {
+  const fs::path copy = test_data().root / name;
+  fs::remove_all(copy);
+  fs::create_directories(copy);
+  fs::copy(trained_run() / "checkpoint-000020", copy / "checkpoint-000020", fs::copy_options::recursive);
+  write_text(copy / "latest", "checkpoint-000020\n");
+  const fs::path state_path = copy / "checkpoint-000020" / "trainer_state.json";
+  nlohmann::json state = nlohmann::json::parse(read_text(state_path));
+  state[field] = value;
+  write_text(state_path, state.dump(2));
+  return copy;
+}
+
+TEST(TrainErrors, ResumeWithANegativeSamplerPosition) {
+  const fs::path run = run_with_edited_state("negative_position", "sampler_position", -3);
+  const CommandResult r = run_cli("train --resume " + run.string());
+  expect_one_line_error(r, {"trainer_state.json", "'sampler_position'", ">= 0", "-3"});
+  const fs::path tokens = run_with_edited_state("negative_tokens", "tokens_seen", -640);
+  expect_one_line_error(run_cli("train --resume " + tokens.string()), {"trainer_state.json", "'tokens_seen'", "-640"});
+}
+
 TEST(TrainErrors, EvalOfATruncatedCheckpoint) {
   const fs::path copy = test_data().root / "truncated_checkpoint";
   fs::remove_all(copy);
