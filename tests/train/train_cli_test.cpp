@@ -98,7 +98,7 @@ TEST(TrainCli, ResumeFromAnOlderCheckpointReplacesTheNewerOnes) {
   const std::string old_weights = read_text(out / "checkpoint-000006" / "model.safetensors");
   // Resumed from step 2 with a longer schedule: checkpoints 4 and 6 exist and are exchanged for new ones.
   const CommandResult r =
-      run_cli("train --resume " + (out / "checkpoint-000002").string() + " --steps 20 --stop-after 6");
+      run_cli("train --resume " + (out / "checkpoint-000002").string() + " --steps 20 --stop-after 6 --save-every 2");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(read_text(out / "latest"), "checkpoint-000006\n");
   for (const char* name : {"checkpoint-000004", "checkpoint-000006"}) {
