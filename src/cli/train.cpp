@@ -1,8 +1,5 @@
 // `trillion train`: flags of the training run (DESIGN.md section 4); the loop is in train/trainer.h.
-#include <filesystem>
-
 #include "cli/commands.h"
-#include "core/error.h"
 #include "train/trainer.h"
 
 namespace trillion {
@@ -46,11 +43,7 @@ void register_train(CLI::App& app) {
       if (cmd->count(std::string("--") + flag) > 0) run.given.insert(flag);
     }
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;
-    try {
-      run_training(run);
-    } catch (const std::filesystem::filesystem_error& e) {
-      fail(e.what());
-    }
+    run_training(run);
   });
 }
 

@@ -126,6 +126,14 @@ TEST(TrainErrors, ResumeWithANegativeSamplerPosition) {
   expect_one_line_error(run_cli("train --resume " + tokens.string()), {"trainer_state.json", "'tokens_seen'", "-640"});
 }
 
+TEST(TrainErrors, OutputDirectoryUnderARegularFile) {
+  // create_directories throws std::filesystem_error: main turns it into one "error: ..." line too.
+  const TestData& d = test_data();
+  const fs::path out = d.root / "corpus.txt" / "run";
+  const CommandResult r = run_cli("train " + tiny_run_flags(out) + " --steps 2");
+  expect_one_line_error(r, {out.string()});
+}
+
 TEST(TrainErrors, EvalOfATruncatedCheckpoint) {
   const fs::path copy = test_data().root / "truncated_checkpoint";
   fs::remove_all(copy);
