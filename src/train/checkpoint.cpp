@@ -41,13 +41,6 @@ std::string string_field(const nlohmann::json& json, const char* key, const std:
   return value.get<std::string>();
 }
 
-// 64-bit hashes are stored as 16 hex digits (JSON numbers lose bits above 2^53 in many readers).
-std::string hex64(uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016" PRIx64, value);
-  return text;
-}
-
 uint64_t hex64_field(const nlohmann::json& json, const char* key, const std::string& path) {
   const std::string text = string_field(json, key, path);
   char* end = nullptr;
@@ -57,6 +50,12 @@ uint64_t hex64_field(const nlohmann::json& json, const char* key, const std::str
 }
 
 }  // namespace
+
+std::string hex64(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016" PRIx64, value);
+  return text;
+}
 
 nlohmann::json TrainerState::to_json() const {
   const TrainSettings& s = settings;
@@ -70,6 +69,7 @@ nlohmann::json TrainerState::to_json() const {
       {"tokens_seen", tokens_seen},
       {"elapsed_s", elapsed_s},
       {"tokenizer_hash", hex64(tokenizer_hash)},
+      {"train_checksum", hex64(train_checksum)},
       {"data_dir", data_dir},
       {"batch", s.batch},
       {"seq_len", s.seq_len},
@@ -108,6 +108,7 @@ TrainerState TrainerState::load(const std::string& path) {
   state.tokens_seen = int_field(json, "tokens_seen", path);
   state.elapsed_s = number_field(json, "elapsed_s", path);
   state.tokenizer_hash = hex64_field(json, "tokenizer_hash", path);
+  state.train_checksum = hex64_field(json, "train_checksum", path);
   state.data_dir = string_field(json, "data_dir", path);
   s.batch = int_field(json, "batch", path);
   s.seq_len = int_field(json, "seq_len", path);

@@ -41,6 +41,7 @@ struct TrainerState {
   int64_t step = 0;              // optimizer steps completed
   int64_t sampler_position = 0;  // windows handed out by the training sampler
   uint64_t tokenizer_hash = 0;
+  uint64_t train_checksum = 0;  // checksum of DATA/train.bin: a resumed run must read the same tokens
   std::string data_dir;
   int64_t tokens_seen = 0;
   double elapsed_s = 0.0;
@@ -49,6 +50,10 @@ struct TrainerState {
   // Parses OUT/checkpoint-*/trainer_state.json; errors name the file and the field.
   static TrainerState load(const std::string& path);
 };
+
+// 16 lowercase hex digits: how trainer_state.json stores 64-bit hashes (JSON numbers lose bits
+// above 2^53 in many readers).
+std::string hex64(uint64_t value);
 
 // "checkpoint-000020"
 std::string checkpoint_name(int64_t step);

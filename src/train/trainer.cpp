@@ -264,6 +264,12 @@ RunSetup prepare_run(TrainOptions& o) {
     fail(state_path.string(), ": field 'tokenizer_hash' does not match the tokenizer of ", run.data.train.path,
          "; the checkpoint was trained with a different tokenizer");
   }
+  // A resumed run continues the sampler's position in the same token stream.
+  if (run.resumed && run.state.train_checksum != run.data.train.checksum) {
+    fail(state_path.string(), ": field 'train_checksum' is ", hex64(run.state.train_checksum), " but ",
+         run.data.train.path, " has checksum ", hex64(run.data.train.checksum),
+         "; resume with the data the run was trained on");
+  }
   const int64_t train_tokens = static_cast<int64_t>(run.data.train.tokens.size());
   if (train_tokens < s.seq_len + 1) {
     fail(run.data.train.path, ": token_count ", train_tokens, " is too small for --seq-len ", s.seq_len,
@@ -280,6 +286,7 @@ RunSetup prepare_run(TrainOptions& o) {
     fail("--stop-after ", o.stop_after, " is not after the resumed step ", run.state.step);
   }
   run.state.tokenizer_hash = run.data.train.tokenizer_hash;
+  run.state.train_checksum = run.data.train.checksum;
   run.state.data_dir = fs::absolute(o.data_dir).lexically_normal().string();
   fs::create_directories(o.out_dir);
   return run;

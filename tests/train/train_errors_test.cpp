@@ -38,6 +38,19 @@ TEST(TrainErrors, ResumeWithDataOfAnotherTokenizer) {
   expect_one_line_error(r, {"trainer_state.json", "tokenizer_hash"});
 }
 
+TEST(TrainErrors, ResumeWithOtherDataOfTheSameTokenizer) {
+  // A copy of the data directory whose train.bin holds other tokens (the first half only).
+  const TestData& d = test_data();
+  const fs::path other = d.root / "same_tokenizer_other_tokens";
+  fs::remove_all(other);
+  fs::copy(d.data_dir, other, fs::copy_options::recursive);
+  const TokenShard train = read_token_shard((d.data_dir / "train.bin").string());
+  const std::vector<int32_t> half(train.tokens.begin(), train.tokens.begin() + train.tokens.size() / 2);
+  write_token_shard((other / "train.bin").string(), half, train.vocab_size, train.tokenizer_hash, train.text_bytes / 2);
+  const CommandResult r = run_cli("train --resume " + trained_run().string() + " --data " + other.string());
+  expect_one_line_error(r, {"trainer_state.json", "'train_checksum'", (other / "train.bin").string()});
+}
+
 TEST(TrainErrors, ResumeOfANonCheckpointDirectory) {
   const TestData& d = test_data();
   const CommandResult r = run_cli("train --resume " + d.data_dir.string());
