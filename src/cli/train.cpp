@@ -36,6 +36,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("--eval-every", o.eval_every, "Validation loss every K steps (0: off)");
   cmd->add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation");
   cmd->add_option("--log-every", o.log_every, "Progress line every K steps");
+  cmd->add_option("--mfu-gemm-size", o.mfu_gemm_size, "Size N of the N³ sgemm whose rate is the MFU ceiling");
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
     for (const char* flag : {"steps", "seed", "dtype", "batch", "seq-len", "grad-accum", "lr", "min-lr-ratio", "warmup",
