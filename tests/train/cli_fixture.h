@@ -109,10 +109,23 @@ inline void write_config(const fs::path& path, int64_t vocab_size) {
   write_text(path, config.dump(2));
 }
 
+// The directory of this test process's data and runs.
+inline fs::path test_root() { return fs::path(testing::TempDir()) / ("trillion_train_test_" + std::to_string(getpid())); }
+
+// Removes test_root() when the test program ends (registered once, whichever test file includes this).
+class RemoveTestRoot : public testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(test_root(), ignored);
+  }
+};
+inline testing::Environment* const kRemoveTestRoot = testing::AddGlobalTestEnvironment(new RemoveTestRoot);
+
 inline const TestData& test_data() {
   static const TestData data = [] {
     TestData d;
-    d.root = fs::path(testing::TempDir()) / ("trillion_train_test_" + std::to_string(getpid()));
+    d.root = test_root();
     fs::remove_all(d.root);
     fs::create_directories(d.root);
     const std::vector<std::string> words = {"the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "big",
