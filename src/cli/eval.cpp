@@ -98,11 +98,7 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--batch", options->batch, "Windows per forward pass");
   cmd->add_option("--max-batches", options->max_batches, "Evaluate only the first N batches (0: all)");
   cmd->callback([options] {
-    try {
-      run_eval(*options);
-    } catch (const std::filesystem::filesystem_error& e) {
-      fail(e.what());
-    }
+    run_eval(*options);
   });
 }
 

@@ -116,11 +116,7 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass");
   cmd->add_option("--seed", o.seed, "Sampling seed");
   cmd->callback([options] {
-    try {
-      run_generate(*options);
-    } catch (const std::filesystem::filesystem_error& e) {
-      fail(e.what());
-    }
+    run_generate(*options);
   });
 }
 

@@ -1,6 +1,7 @@
 // `trillion`: the command-line entry point. Subcommands live in src/cli/*.cpp (commands.h);
 // bad input surfaces here as one "error: ..." line and exit status 1.
 #include <cstdio>
+#include <exception>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -19,6 +20,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   } catch (const trillion::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    // Anything else that escapes a command (a std::filesystem_error names the operation and the
+    // paths, std::bad_alloc says memory ran out) is still one "error: ..." line and exit status 1.
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
   }

@@ -1,8 +1,5 @@
 // `trillion train`: flags of the training run (DESIGN.md section 4); the loop is in train/trainer.h.
-#include <filesystem>
-
 #include "cli/commands.h"
-#include "core/error.h"
 #include "train/trainer.h"
 
 namespace trillion {
@@ -39,6 +36,7 @@ void register_train(CLI::App& app) {
   cmd->add_option("--eval-every", o.eval_every, "Validation loss every K steps (0: off)");
   cmd->add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation");
   cmd->add_option("--log-every", o.log_every, "Progress line every K steps");
+  cmd->add_option("--mfu-gemm-size", o.mfu_gemm_size, "Size N of the N³ sgemm whose rate is the MFU ceiling");
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
     for (const char* flag : {"steps", "seed", "dtype", "batch", "seq-len", "grad-accum", "lr", "min-lr-ratio", "warmup",
@@ -46,11 +44,7 @@ void register_train(CLI::App& app) {
       if (cmd->count(std::string("--") + flag) > 0) run.given.insert(flag);
     }
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;
-    try {
-      run_training(run);
-    } catch (const std::filesystem::filesystem_error& e) {
-      fail(e.what());
-    }
+    run_training(run);
   });
 }
 

@@ -97,6 +97,7 @@ TokenShard read_token_shard(const std::string& path) {
   shard.vocab_size = header.vocab_size;
   shard.tokenizer_hash = header.tokenizer_hash;
   shard.text_bytes = header.text_bytes;
+  shard.checksum = header.checksum;
   shard.tokens.resize(header.token_count);
   std::memcpy(shard.tokens.data(), contents.data() + kHeaderBytes, payload);
   for (size_t i = 0; i < shard.tokens.size(); ++i) {

@@ -19,6 +19,7 @@ struct TokenShard {
   uint32_t vocab_size = 0;
   uint64_t tokenizer_hash = 0;
   uint64_t text_bytes = 0;
+  uint64_t checksum = 0;  // the header's FNV-1a 64 of the token bytes (verified on reading)
   std::vector<int32_t> tokens;
 };
 

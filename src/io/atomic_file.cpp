@@ -34,10 +34,9 @@ void write_all(int fd, std::string_view contents, const std::string& path) {
   }
 }
 
-// fsyncs the directory that holds `path`, so a completed rename is durable.
-void sync_directory_of(const std::string& path) {
-  std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  std::string directory = parent.empty() ? std::string(".") : parent.string();
+}  // namespace
+
+void sync_directory(const std::string& directory) {
   int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
   if (fd < 0) fail(directory, ": cannot open directory to sync it: ", errno_text());
   int rc = ::fsync(fd);
@@ -46,8 +45,6 @@ void sync_directory_of(const std::string& path) {
   // Some file systems refuse fsync on directories (EINVAL); the rename has still happened.
   if (rc != 0 && saved_errno != EINVAL) fail(directory, ": cannot fsync directory: ", std::strerror(saved_errno));
 }
-
-}  // namespace
 
 void write_file_atomic(const std::string& path, std::string_view contents) {
   const std::string temp_path = str_cat(path, ".tmp.", ::getpid());
@@ -71,7 +68,8 @@ void write_file_atomic(const std::string& path, std::string_view contents) {
     ::unlink(temp_path.c_str());
     fail(path, ": cannot rename ", temp_path, " over it: ", reason);
   }
-  sync_directory_of(path);
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  sync_directory(parent.empty() ? std::string(".") : parent.string());
 }
 
 std::string read_file(const std::string& path) {

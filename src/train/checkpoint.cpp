@@ -5,8 +5,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -39,13 +41,6 @@ std::string string_field(const nlohmann::json& json, const char* key, const std:
   return value.get<std::string>();
 }
 
-// 64-bit hashes are stored as 16 hex digits (JSON numbers lose bits above 2^53 in many readers).
-std::string hex64(uint64_t value) {
-  char text[17];
-  std::snprintf(text, sizeof(text), "%016" PRIx64, value);
-  return text;
-}
-
 uint64_t hex64_field(const nlohmann::json& json, const char* key, const std::string& path) {
   const std::string text = string_field(json, key, path);
   char* end = nullptr;
@@ -54,14 +49,13 @@ uint64_t hex64_field(const nlohmann::json& json, const char* key, const std::str
   return value;
 }
 
-void fsync_directory(const std::string& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) fail(directory, ": cannot open directory to sync it");
-  ::fsync(fd);
-  ::close(fd);
-}
-
 }  // namespace
+
+std::string hex64(uint64_t value) {
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016" PRIx64, value);
+  return text;
+}
 
 nlohmann::json TrainerState::to_json() const {
   const TrainSettings& s = settings;
@@ -75,6 +69,7 @@ nlohmann::json TrainerState::to_json() const {
       {"tokens_seen", tokens_seen},
       {"elapsed_s", elapsed_s},
       {"tokenizer_hash", hex64(tokenizer_hash)},
+      {"train_checksum", hex64(train_checksum)},
       {"data_dir", data_dir},
       {"batch", s.batch},
       {"seq_len", s.seq_len},
@@ -113,6 +108,7 @@ TrainerState TrainerState::load(const std::string& path) {
   state.tokens_seen = int_field(json, "tokens_seen", path);
   state.elapsed_s = number_field(json, "elapsed_s", path);
   state.tokenizer_hash = hex64_field(json, "tokenizer_hash", path);
+  state.train_checksum = hex64_field(json, "train_checksum", path);
   state.data_dir = string_field(json, "data_dir", path);
   s.batch = int_field(json, "batch", path);
   s.seq_len = int_field(json, "seq_len", path);
@@ -129,6 +125,10 @@ TrainerState TrainerState::load(const std::string& path) {
   s.beta2 = number_field(optimizer, "beta2", optimizer_path);
   s.eps = number_field(optimizer, "eps", optimizer_path);
   s.clip = number_field(optimizer, "clip", optimizer_path);
+  if (state.sampler_position < 0) {
+    fail(path, ": field 'sampler_position' must be >= 0, got ", state.sampler_position);
+  }
+  if (state.tokens_seen < 0) fail(path, ": field 'tokens_seen' must be >= 0, got ", state.tokens_seen);
   if (state.step < 0 || state.step > s.steps) fail(path, ": field 'step' must be in [0, steps=", s.steps, "], got ", state.step);
   return state;
 }
@@ -171,16 +171,22 @@ std::string write_checkpoint(const std::string& out_dir, int64_t step,
   fs::remove_all(temp_dir);
   fs::create_directories(temp_dir);
   write_contents(temp_dir.string());
-  fsync_directory(temp_dir.string());
-  // A checkpoint of the same step from an earlier run is moved aside first (rename cannot replace a
-  // non-empty directory), then removed once the new one is in place.
-  const fs::path old_dir = fs::path(out_dir) / ("." + name + ".old." + std::to_string(::getpid()));
+  sync_directory(temp_dir.string());
+  // A checkpoint of the same step from an earlier run (a run resumed from an older checkpoint) is
+  // swapped with the new one in one atomic renameat2(RENAME_EXCHANGE), so `latest` never names a
+  // missing directory; the old contents, now under the temporary name, are removed afterwards.
   const bool replaced = fs::exists(final_dir);
-  if (replaced) fs::rename(final_dir, old_dir);
-  fs::rename(temp_dir, final_dir);
-  fsync_directory(out_dir);
+  if (replaced) {
+    if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
+      fail(final_dir.string(), ": cannot exchange it with the new checkpoint ", temp_dir.string(), ": ",
+           std::strerror(errno));
+    }
+  } else {
+    fs::rename(temp_dir, final_dir);
+  }
+  sync_directory(out_dir);
   write_file_atomic((fs::path(out_dir) / "latest").string(), name + "\n");
-  if (replaced) fs::remove_all(old_dir);
+  if (replaced) fs::remove_all(temp_dir);
   return final_dir.string();
 }
 

@@ -41,6 +41,7 @@ struct TrainerState {
   int64_t step = 0;              // optimizer steps completed
   int64_t sampler_position = 0;  // windows handed out by the training sampler
   uint64_t tokenizer_hash = 0;
+  uint64_t train_checksum = 0;  // checksum of DATA/train.bin: a resumed run must read the same tokens
   std::string data_dir;
   int64_t tokens_seen = 0;
   double elapsed_s = 0.0;
@@ -49,6 +50,10 @@ struct TrainerState {
   // Parses OUT/checkpoint-*/trainer_state.json; errors name the file and the field.
   static TrainerState load(const std::string& path);
 };
+
+// 16 lowercase hex digits: how trainer_state.json stores 64-bit hashes (JSON numbers lose bits
+// above 2^53 in many readers).
+std::string hex64(uint64_t value);
 
 // "checkpoint-000020"
 std::string checkpoint_name(int64_t step);
@@ -62,8 +67,9 @@ std::string resolve_checkpoint_dir(const std::string& directory);
 std::string resolve_weights_dir(const std::string& directory);
 
 // Creates OUT/checkpoint-<step>/ atomically: `write_contents(temp_dir)` writes the files into a
-// temporary directory, which is then renamed into place; OUT/latest is updated last. Returns the
-// checkpoint directory.
+// temporary directory, which is then renamed into place (or, when a checkpoint of that step already
+// exists, exchanged with it by one renameat2(RENAME_EXCHANGE), the old one removed afterwards);
+// OUT/latest is updated last. Returns the checkpoint directory.
 std::string write_checkpoint(const std::string& out_dir, int64_t step,
                              const std::function<void(const std::string& temp_dir)>& write_contents);
 

@@ -58,18 +58,26 @@ void MetricsLog::append(const nlohmann::json& record) {
 }
 
 std::string format_progress(const ProgressLine& p) {
-  char text[256];
-  int n = std::snprintf(text, sizeof(text), "step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | ",
-                        static_cast<long long>(p.step), static_cast<long long>(p.steps), p.loss, p.lr, p.grad_norm);
+  // Each field is formatted into its own small string (a number printed with %f can be hundreds of
+  // characters long), then joined, so no segment can overflow a shared fixed-size buffer.
+  const auto formatted = [](const char* format, auto... values) {
+    const int size = std::snprintf(nullptr, 0, format, values...);
+    std::string text(static_cast<size_t>(size) + 1, '\0');
+    std::snprintf(text.data(), text.size(), format, values...);
+    text.resize(static_cast<size_t>(size));
+    return text;
+  };
+  std::string line = formatted("step %lld/%lld | loss %.4f | lr %.2e | gnorm %.3f | ", static_cast<long long>(p.step),
+                               static_cast<long long>(p.steps), p.loss, p.lr, p.grad_norm);
   if (p.tokens_per_s >= 1e3) {
-    n += std::snprintf(text + n, sizeof(text) - n, "%.1fk tok/s", p.tokens_per_s / 1e3);
+    line += formatted("%.1fk tok/s", p.tokens_per_s / 1e3);
   } else {
-    n += std::snprintf(text + n, sizeof(text) - n, "%.0f tok/s", p.tokens_per_s);
+    line += formatted("%.0f tok/s", p.tokens_per_s);
   }
-  if (p.mfu >= 0) n += std::snprintf(text + n, sizeof(text) - n, " | MFU %.1f%%", 100.0 * p.mfu);
-  if (p.val_loss >= 0) n += std::snprintf(text + n, sizeof(text) - n, " | val %.4f", p.val_loss);
-  std::snprintf(text + n, sizeof(text) - n, " | ETA %s", format_duration(p.eta_s).c_str());
-  return text;
+  if (p.mfu >= 0) line += formatted(" | MFU %.1f%%", 100.0 * p.mfu);
+  if (p.val_loss >= 0) line += formatted(" | val %.4f", p.val_loss);
+  line += " | ETA " + format_duration(p.eta_s);
+  return line;
 }
 
 }  // namespace trillion

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/timing.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "data/sampler.h"
@@ -15,7 +16,6 @@
 #include "io/atomic_file.h"
 #include "model/config.h"
 #include "model/model.h"
-#include "ops/gemm.h"
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -93,20 +93,12 @@ void check_same_config(const ModelConfig& given, const std::string& given_path, 
   fail(given_path, ": differs from the checkpoint's ", saved_path);
 }
 
-// GEMM rate (FLOP/s) of this process in T, the ceiling for model FLOPs utilization: the best of
-// three timed n³ products after a warm-up (the best, so that a busy machine understates it less).
-template <class T>
-double measure_gemm_rate() {
-  constexpr int64_t n = 768;
-  std::vector<T> a(n * n, T(0.5)), b(n * n, T(0.25)), c(n * n, T(0));  // [n, n] each
-  gemm<T>(false, false, n, n, n, T(1), a.data(), n, b.data(), n, T(0), c.data(), n);  // warm-up
-  double best_s = 1e30;
-  for (int rep = 0; rep < 3; ++rep) {
-    const Clock::time_point start = Clock::now();
-    gemm<T>(false, false, n, n, n, T(1), a.data(), n, b.data(), n, T(0), c.data(), n);
-    best_s = std::min(best_s, seconds_since(start));
-  }
-  return 2.0 * n * n * n / std::max(best_s, 1e-9);
+// The MFU ceiling: the rate (FLOP/s) of `trillion bench gemm`'s problem, a float32 sgemm of
+// size³ (2048 by default), median of 5 timed runs after one warm-up, at this process's thread count.
+double measure_sgemm_rate(int64_t size) {
+  SgemmProblem problem(size);
+  const TimingResult timing = time_median([&] { problem.run(); }, /*warmup=*/1, /*runs=*/5);
+  return problem.flops() / std::max(timing.median_s, 1e-9);
 }
 
 struct RunSetup {
@@ -142,7 +134,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   const int64_t rows = s.grad_accum * s.batch;
   const int64_t tokens_per_step = rows * s.seq_len;
   const double flops_per_token = model.training_flops_per_token(s.seq_len);
-  const double gemm_rate = measure_gemm_rate<T>();
+  const double gemm_rate = std::is_same_v<T, float> ? measure_sgemm_rate(o.mfu_gemm_size) : 0.0;
   std::vector<int32_t> inputs(rows * s.seq_len), targets(rows * s.seq_len);  // [grad_accum·batch, seq_len] each
 
   auto save = [&](int64_t step) {
@@ -241,6 +233,7 @@ RunSetup prepare_run(TrainOptions& o) {
     }
   }
   validate_settings(run.state.settings);
+  if (o.mfu_gemm_size < 1) fail("--mfu-gemm-size must be ≥ 1, got ", o.mfu_gemm_size);
   const TrainSettings& s = run.state.settings;
 
   const std::string checkpoint_config =
@@ -264,6 +257,12 @@ RunSetup prepare_run(TrainOptions& o) {
     fail(state_path.string(), ": field 'tokenizer_hash' does not match the tokenizer of ", run.data.train.path,
          "; the checkpoint was trained with a different tokenizer");
   }
+  // A resumed run continues the sampler's position in the same token stream.
+  if (run.resumed && run.state.train_checksum != run.data.train.checksum) {
+    fail(state_path.string(), ": field 'train_checksum' is ", hex64(run.state.train_checksum), " but ",
+         run.data.train.path, " has checksum ", hex64(run.data.train.checksum),
+         "; resume with the data the run was trained on");
+  }
   const int64_t train_tokens = static_cast<int64_t>(run.data.train.tokens.size());
   if (train_tokens < s.seq_len + 1) {
     fail(run.data.train.path, ": token_count ", train_tokens, " is too small for --seq-len ", s.seq_len,
@@ -280,6 +279,7 @@ RunSetup prepare_run(TrainOptions& o) {
     fail("--stop-after ", o.stop_after, " is not after the resumed step ", run.state.step);
   }
   run.state.tokenizer_hash = run.data.train.tokenizer_hash;
+  run.state.train_checksum = run.data.train.checksum;
   run.state.data_dir = fs::absolute(o.data_dir).lexically_normal().string();
   fs::create_directories(o.out_dir);
   return run;

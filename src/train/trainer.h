@@ -8,6 +8,12 @@
 // A run starts fresh (seeded init), from weights (--init: a new run) or resumes (--resume: weights,
 // optimizer, step, schedule and data position, so the continued run is bitwise identical to an
 // uninterrupted one).
+//
+// MFU (metrics field `mfu`, float32 runs only): model FLOPs per second (training_flops_per_token ×
+// tokens/s) as a fraction of the ceiling `trillion bench gemm` reports, the float32 sgemm rate of a
+// 2048³ product at the process's thread count (SgemmProblem, median of 5 runs after a warm-up,
+// timed once at start-up; --mfu-gemm-size changes the size, e.g. for quick tests). float64 runs have
+// no such ceiling and write no `mfu`.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +37,7 @@ struct TrainOptions {
   int64_t eval_every = 0;       // > 0: validation loss every that many steps
   int64_t eval_batches = 8;     // batches of `batch` windows per evaluation
   int64_t log_every = 1;        // progress line every that many steps
+  int64_t mfu_gemm_size = 2048;  // size of the sgemm that sets the MFU ceiling (see above)
 };
 
 // Runs (or resumes) a training run; throws trillion::Error on bad input.

@@ -109,10 +109,23 @@ inline void write_config(const fs::path& path, int64_t vocab_size) {
   write_text(path, config.dump(2));
 }
 
+// The directory of this test process's data and runs.
+inline fs::path test_root() { return fs::path(testing::TempDir()) / ("trillion_train_test_" + std::to_string(getpid())); }
+
+// Removes test_root() when the test program ends (registered once, whichever test file includes this).
+class RemoveTestRoot : public testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ignored;
+    fs::remove_all(test_root(), ignored);
+  }
+};
+inline testing::Environment* const kRemoveTestRoot = testing::AddGlobalTestEnvironment(new RemoveTestRoot);
+
 inline const TestData& test_data() {
   static const TestData data = [] {
     TestData d;
-    d.root = fs::path(testing::TempDir()) / ("trillion_train_test_" + std::to_string(getpid()));
+    d.root = test_root();
     fs::remove_all(d.root);
     fs::create_directories(d.root);
     const std::vector<std::string> words = {"the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "big",
@@ -140,11 +153,14 @@ inline const TestData& test_data() {
   return data;
 }
 
+// A small sgemm for the MFU ceiling, so that each tiny run does not spend seconds timing 2048³.
+inline const std::string kSmallMfuGemm = " --mfu-gemm-size 128";
+
 // Common flags of the tiny runs.
 inline std::string tiny_run_flags(const fs::path& out_dir) {
   const TestData& d = test_data();
   return "--config " + d.config_path.string() + " --data " + d.data_dir.string() + " --out " + out_dir.string() +
-         " --batch 2 --seq-len 16 --lr 1e-2 --warmup 4 --log-every 10";
+         " --batch 2 --seq-len 16 --lr 1e-2 --warmup 4 --log-every 10" + kSmallMfuGemm;
 }
 
 // One 40-step run with checkpoints every 10 steps and evaluation every 20, made once.

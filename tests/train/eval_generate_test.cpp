@@ -32,9 +32,19 @@ TEST(EvalCli, ReportsLossPerplexityBitsPerByteAndBaseline) {
   EXPECT_NEAR(s["bits_per_byte"].get<double>(), expected_bpb, 1e-9 * expected_bpb);
   // 40 steps on this corpus beat the unigram model.
   EXPECT_LT(loss, s["unigram_baseline_nats"].get<double>());
-  // The validation loss logged at the last training step is the same quantity on a prefix.
-  const std::vector<nlohmann::json> records = read_metrics(trained_run());
-  EXPECT_NEAR(records.back()["val_loss"].get<double>(), loss, 0.5);
+}
+
+TEST(EvalCli, EqualsTheTrainersValidationLossOnTheSameWindows) {
+  // The trainer evaluated after step 40 on the first --eval-batches 8 batches of --batch 2 windows of
+  // 16 tokens; eval of checkpoint-000040 over the same windows, same thread count, gives the same bits.
+  const CommandResult r = run_cli("eval --checkpoint " + (trained_run() / "checkpoint-000040").string() + " --data " +
+                                  test_data().data_dir.string() + " --batch 2 --max-batches 8 --seq-len 16");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json s = last_json_line(r.output);
+  const nlohmann::json last = read_metrics(trained_run()).back();
+  ASSERT_EQ(last["step"], 40);
+  EXPECT_EQ(s["tokens"], last["val_tokens"]);
+  EXPECT_EQ(s["val_loss"].get<double>(), last["val_loss"].get<double>());
 }
 
 TEST(EvalCli, MaxBatchesTruncates) {
@@ -66,6 +76,10 @@ TEST(GenerateCli, SamplingIsReproducibleBySeed) {
   ASSERT_EQ(a.status, 0) << a.output;
   EXPECT_EQ(a.output, b.output);
   EXPECT_GT(a.output.size(), std::string("a dog\n").size());
+  // Another seed draws other tokens (16 draws at temperature 1 all agreeing is vanishingly unlikely).
+  const CommandResult c = run_cli(args + "6", "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(c.status, 0) << c.output;
+  EXPECT_NE(a.output, c.output);
 }
 
 TEST(GenerateCli, RejectsAnotherTokenizer) {

@@ -28,13 +28,14 @@ TEST(TrainCli, ResumeEqualsUninterruptedRunBitwise) {
   EXPECT_EQ(read_text(interrupted / "latest"), "checkpoint-000020\n");
   EXPECT_EQ(read_metrics(interrupted).size(), 20u);
   // Resume from the output directory with only the flags that do not define the run.
-  const CommandResult second = run_cli("train --resume " + interrupted.string() + " --steps 40 --eval-every 20");
+  const CommandResult second =
+      run_cli("train --resume " + interrupted.string() + " --steps 40 --eval-every 20" + kSmallMfuGemm);
   // The same with two threads: resume is bitwise at any fixed thread count.
   const fs::path straight2 = test_data().root / "straight_2threads", interrupted2 = test_data().root / "interrupted_2threads";
   const std::string flags2 = " --steps 10 --eval-every 5";
   ASSERT_EQ(run_cli("train " + tiny_run_flags(straight2) + flags2, kTwoThreads).status, 0);
   ASSERT_EQ(run_cli("train " + tiny_run_flags(interrupted2) + flags2 + " --stop-after 5", kTwoThreads).status, 0);
-  ASSERT_EQ(run_cli("train --resume " + interrupted2.string(), kTwoThreads).status, 0);
+  ASSERT_EQ(run_cli("train --resume " + interrupted2.string() + kSmallMfuGemm, kTwoThreads).status, 0);
   const std::vector<nlohmann::json> a2 = read_metrics(straight2), b2 = read_metrics(interrupted2);
   ASSERT_EQ(a2.size(), 10u);
   ASSERT_EQ(b2.size(), 10u);
@@ -84,11 +85,37 @@ TEST(TrainCli, ResumeDropsMetricsBeyondTheCheckpoint) {
   const fs::path checkpoint = out / "checkpoint-000004";
   // A line cut short by the interruption is dropped as well.
   write_text(out / "metrics.jsonl", read_text(out / "metrics.jsonl") + "{\"step\": 7, \"lo");
-  const CommandResult r = run_cli("train --resume " + checkpoint.string());
+  const CommandResult r = run_cli("train --resume " + checkpoint.string() + kSmallMfuGemm);
   ASSERT_EQ(r.status, 0) << r.output;
   const std::vector<nlohmann::json> records = read_metrics(out);
   ASSERT_EQ(records.size(), 12u);
   for (size_t i = 0; i < records.size(); ++i) EXPECT_EQ(records[i]["step"], static_cast<int64_t>(i + 1));
+}
+
+TEST(TrainCli, ResumeFromAnOlderCheckpointReplacesTheNewerOnes) {
+  const fs::path out = test_data().root / "replaced_checkpoints";
+  ASSERT_EQ(run_cli("train " + tiny_run_flags(out) + " --steps 8 --stop-after 6 --save-every 2").status, 0);
+  ASSERT_EQ(read_text(out / "latest"), "checkpoint-000006\n");
+  const std::string old_weights = read_text(out / "checkpoint-000006" / "model.safetensors");
+  // Resumed from step 2 with a longer schedule: checkpoints 4 and 6 exist and are exchanged for new ones.
+  const CommandResult r =
+      run_cli("train --resume " + (out / "checkpoint-000002").string() + " --steps 20 --stop-after 6 --save-every 2" +
+              kSmallMfuGemm);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(read_text(out / "latest"), "checkpoint-000006\n");
+  for (const char* name : {"checkpoint-000004", "checkpoint-000006"}) {
+    for (const char* file : {"model.safetensors", "config.json", "optimizer.safetensors", "trainer_state.json",
+                             "tokenizer.model"}) {
+      EXPECT_TRUE(fs::exists(out / name / file)) << name << "/" << file;
+    }
+    const nlohmann::json state = nlohmann::json::parse(read_text(out / name / "trainer_state.json"));
+    EXPECT_EQ(state["steps"], 20) << name;
+  }
+  EXPECT_EQ(nlohmann::json::parse(read_text(out / "checkpoint-000006" / "trainer_state.json"))["step"], 6);
+  EXPECT_NE(read_text(out / "checkpoint-000006" / "model.safetensors"), old_weights);
+  for (const auto& entry : fs::directory_iterator(out)) {
+    EXPECT_NE(entry.path().filename().string()[0], '.') << "temporary left behind: " << entry.path();
+  }
 }
 
 TEST(TrainCli, ThreadCountChangesLossesOnlyByRounding) {
@@ -109,7 +136,7 @@ TEST(TrainCli, GradientAccumulationMatchesOneLargerBatch) {
   const fs::path batched = test_data().root / "batch2", accumulated = test_data().root / "accum2";
   const TestData& d = test_data();
   const std::string common = " --config " + d.config_path.string() + " --data " + d.data_dir.string() +
-                             " --seq-len 16 --steps 5 --lr 1e-2 --warmup 1";
+                             " --seq-len 16 --steps 5 --lr 1e-2 --warmup 1" + kSmallMfuGemm;
   const CommandResult r1 = run_cli("train --out " + batched.string() + common + " --batch 2 --grad-accum 1");
   const CommandResult r2 = run_cli("train --out " + accumulated.string() + common + " --batch 1 --grad-accum 2");
   ASSERT_EQ(r1.status, 0) << r1.output;
@@ -171,13 +198,16 @@ TEST(TrainCli, CheckpointContents) {
   EXPECT_GT(records[7]["peak_rss_bytes"].get<int64_t>(), records[7]["peak_bytes"].get<int64_t>());
   EXPECT_TRUE(records[19].contains("val_loss"));
   EXPECT_FALSE(records[18].contains("val_loss"));
+  // float32: MFU against the sgemm ceiling (a 128³ one here, --mfu-gemm-size), a positive fraction.
+  ASSERT_TRUE(records[7].contains("mfu"));
+  EXPECT_GT(records[7]["mfu"].get<double>(), 0.0);
 }
 
 TEST(TrainCli, InitStartsANewRunFromTrainedWeights) {
   const fs::path out = test_data().root / "finetune";
   const fs::path fresh = test_data().root / "fresh";
   const TestData& d = test_data();
-  const std::string flags = " --data " + d.data_dir.string() + " --batch 2 --seq-len 16 --steps 3 --warmup 2";
+  const std::string flags = " --data " + d.data_dir.string() + " --batch 2 --seq-len 16 --steps 3 --warmup 2" + kSmallMfuGemm;
   const CommandResult r = run_cli("train --init " + trained_run().string() + " --out " + out.string() + flags);
   ASSERT_EQ(r.status, 0) << r.output;
   const CommandResult f = run_cli("train --config " + d.config_path.string() + " --out " + fresh.string() + flags);

@@ -38,6 +38,19 @@ TEST(TrainErrors, ResumeWithDataOfAnotherTokenizer) {
   expect_one_line_error(r, {"trainer_state.json", "tokenizer_hash"});
 }
 
+TEST(TrainErrors, ResumeWithOtherDataOfTheSameTokenizer) {
+  // A copy of the data directory whose train.bin holds other tokens (the first half only).
+  const TestData& d = test_data();
+  const fs::path other = d.root / "same_tokenizer_other_tokens";
+  fs::remove_all(other);
+  fs::copy(d.data_dir, other, fs::copy_options::recursive);
+  const TokenShard train = read_token_shard((d.data_dir / "train.bin").string());
+  const std::vector<int32_t> half(train.tokens.begin(), train.tokens.begin() + train.tokens.size() / 2);
+  write_token_shard((other / "train.bin").string(), half, train.vocab_size, train.tokenizer_hash, train.text_bytes / 2);
+  const CommandResult r = run_cli("train --resume " + trained_run().string() + " --data " + other.string());
+  expect_one_line_error(r, {"trainer_state.json", "'train_checksum'", (other / "train.bin").string()});
+}
+
 TEST(TrainErrors, ResumeOfANonCheckpointDirectory) {
   const TestData& d = test_data();
   const CommandResult r = run_cli("train --resume " + d.data_dir.string());
@@ -102,6 +115,36 @@ TEST(TrainErrors, ConfigWithALayerKindNotBuiltYet) {
   const CommandResult r = run_cli("train --config " + config.string() + " --data " + d.data_dir.string() +
                                   " --out " + (d.root / "err_linear").string() + " --steps 2 --seq-len 16");
   expect_one_line_error(r, {"linear_attention", "not built yet"});
+}
+
+// A copy of the trained run whose checkpoint-000020/trainer_state.json has `field` set to `value`.
+fs::path run_with_edited_state(const std::string& name, const char* field, const nlohmann::json& value) {
+  const fs::path copy = test_data().root / name;
+  fs::remove_all(copy);
+  fs::create_directories(copy);
+  fs::copy(trained_run() / "checkpoint-000020", copy / "checkpoint-000020", fs::copy_options::recursive);
+  write_text(copy / "latest", "checkpoint-000020\n");
+  const fs::path state_path = copy / "checkpoint-000020" / "trainer_state.json";
+  nlohmann::json state = nlohmann::json::parse(read_text(state_path));
+  state[field] = value;
+  write_text(state_path, state.dump(2));
+  return copy;
+}
+
+TEST(TrainErrors, ResumeWithANegativeSamplerPosition) {
+  const fs::path run = run_with_edited_state("negative_position", "sampler_position", -3);
+  const CommandResult r = run_cli("train --resume " + run.string());
+  expect_one_line_error(r, {"trainer_state.json", "'sampler_position'", ">= 0", "-3"});
+  const fs::path tokens = run_with_edited_state("negative_tokens", "tokens_seen", -640);
+  expect_one_line_error(run_cli("train --resume " + tokens.string()), {"trainer_state.json", "'tokens_seen'", "-640"});
+}
+
+TEST(TrainErrors, OutputDirectoryUnderARegularFile) {
+  // create_directories throws std::filesystem_error: main turns it into one "error: ..." line too.
+  const TestData& d = test_data();
+  const fs::path out = d.root / "corpus.txt" / "run";
+  const CommandResult r = run_cli("train " + tiny_run_flags(out) + " --steps 2");
+  expect_one_line_error(r, {out.string()});
 }
 
 TEST(TrainErrors, EvalOfATruncatedCheckpoint) {

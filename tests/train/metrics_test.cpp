@@ -1,0 +1,43 @@
+// The progress line: its fields, and no truncation or overflow when a number prints very long.
+#include <gtest/gtest.h>
+
+#include "train/metrics.h"
+
+namespace trillion {
+namespace {
+
+TEST(ProgressLine, FormatsEveryField) {
+  ProgressLine p;
+  p.step = 12;
+  p.steps = 40;
+  p.loss = 5.1234;
+  p.lr = 2.4e-3;
+  p.grad_norm = 1.234;
+  p.tokens_per_s = 12345.0;
+  p.mfu = 0.041;
+  p.eta_s = 42;
+  EXPECT_EQ(format_progress(p), "step 12/40 | loss 5.1234 | lr 2.40e-03 | gnorm 1.234 | 12.3k tok/s | MFU 4.1% | ETA 0:42");
+  p.mfu = -1;
+  p.val_loss = 4.5;
+  p.tokens_per_s = 250;
+  EXPECT_EQ(format_progress(p), "step 12/40 | loss 5.1234 | lr 2.40e-03 | gnorm 1.234 | 250 tok/s | val 4.5000 | ETA 0:42");
+}
+
+TEST(ProgressLine, HugeNumbersAreNotCut) {
+  ProgressLine p;
+  p.step = 1;
+  p.steps = 2;
+  p.loss = 1e300;  // %.4f prints 301 digits
+  p.grad_norm = 1e300;
+  p.tokens_per_s = 1e300;
+  p.mfu = 0.5;
+  p.val_loss = 1e300;
+  p.eta_s = 3600;
+  const std::string line = format_progress(p);
+  EXPECT_GT(line.size(), 1200u);
+  EXPECT_NE(line.find(" | MFU 50.0% | val 1"), std::string::npos) << line;
+  EXPECT_TRUE(line.ends_with(" | ETA 1:00:00")) << line;
+}
+
+}  // namespace
+}  // namespace trillion
