@@ -2,6 +2,7 @@
 //   trillion bench gemm [--json] [--size N]         sgemm GFLOP/s at N³ (median of ≥ 10 runs)
 //   trillion bench attention [--json] [--seq-len T] [--heads H] [--kv-heads K] [--head-dim d]
 //                            [--batch B] [--runs N] [--baseline-runs N] [--gemm-size N]
+//   (--runs and --baseline-runs default to 10, the minimum for a measurement; fewer is a smoke test)
 // With --json each measurement is one JSON line and the last line is the summary; without it the
 // same numbers are printed for people.
 #include <cstdio>
@@ -49,6 +50,9 @@ void run_gemm(bool json, int64_t size) {
 }
 
 void run_attention(bool json, const AttentionBenchOptions& options) {
+  if (options.runs < 10 || options.baseline_runs < 10)
+    std::fprintf(stderr, "bench attention: fewer than 10 runs (--runs %d, --baseline-runs %d): a smoke test, "
+                 "not a measurement\n", options.runs, options.baseline_runs);
   const nlohmann::json summary =
       run_attention_bench(options, [&](const nlohmann::json& j) { json ? print_json(j) : print_measurement(j); });
   if (json) {
@@ -91,8 +95,13 @@ void register_bench(CLI::App& app) {
   attention->add_option("--kv-heads", options->kv_heads, "Key/value heads")->capture_default_str();
   attention->add_option("--head-dim", options->head_dim, "Head dimension")->capture_default_str();
   attention->add_option("--batch", options->batch, "Batch size")->capture_default_str();
-  attention->add_option("--runs", options->runs, "Timed runs of the tiled kernel")->capture_default_str();
-  attention->add_option("--baseline-runs", options->baseline_runs, "Timed runs of the reference")
+  attention
+      ->add_option("--runs", options->runs,
+                   "Timed runs of the tiled kernel (median reported; fewer than 10 is for smoke tests only)")
+      ->capture_default_str();
+  attention
+      ->add_option("--baseline-runs", options->baseline_runs,
+                   "Timed runs of the reference (median reported; fewer than 10 is for smoke tests only)")
       ->capture_default_str();
   attention->add_option("--gemm-size", options->gemm_size, "Size of the sgemm that sets the ceiling")
       ->capture_default_str();

@@ -2,9 +2,9 @@
 //
 // Tiles: a query tile is kQTile query positions of all `group` query heads that share one key/value
 // head, stacked as the rows (position, head) of one matrix, so each matrix product against the
-// shared key/value tile serves the whole group. Matrix products are single-threaded BLAS calls
-// inside the OpenMP region (OpenBLAS's OpenMP build runs serially when called from a parallel
-// region). Only tiles that straddle the causal diagonal are masked; tiles above it are skipped.
+// shared key/value tile serves the whole group. Matrix products are single-threaded gemm() calls
+// (ops/gemm.h) inside the OpenMP region (OpenBLAS's OpenMP build runs serially when called from a
+// parallel region). Only tiles that straddle the causal diagonal are masked; tiles above it are skipped.
 //
 // Forward: one work item per (batch, kv head, query tile); online softmax over key tiles, saving
 // lse. Backward: D = rowsum(dout ⊙ out), then one work item per (batch, kv head, key tile) that
@@ -13,8 +13,6 @@
 // makes each item wait for its predecessor's contribution (items start in increasing order, so the
 // predecessor is always running or done). Results are therefore independent of the thread count.
 #include "ops/attention.h"
-
-#include <cblas.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,6 +25,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "ops/gemm.h"
 #include "ops/vector_exp.h"
 
 namespace trillion {
@@ -34,17 +33,6 @@ namespace {
 
 constexpr int64_t kQTile = 64;  // query positions per tile (rows = kQTile · group)
 constexpr int64_t kKTile = 128;  // key positions per tile
-
-void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-              lda, b, ldb, beta, c, ldc);
-}
-void tile_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
-               const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-              lda, b, ldb, beta, c, ldc);
-}
 
 int64_t round_up_64_bytes(int64_t count, int64_t elem_bytes) {
   const int64_t per_line = 64 / elem_bytes;
@@ -133,15 +121,14 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
       const T* k_tile = k + geo.kv_index(b, j0, kvh);  // [cols, d], row stride kv_stride
       const T* v_tile = v + geo.kv_index(b, j0, kvh);  // [cols, d]
       // scores[rows, cols] = scale · q_rows k_tileᵀ
-      tile_gemm(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.kv_stride, T(0), scores, kKTile);
+      gemm<T>(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.kv_stride, T(0), scores, kKTile);
       if (j0 + cols > geo.visible_end(t0)) mask_diagonal(scores, kKTile, rows, cols, geo, t0, j0);
       for (int64_t r = 0; r < rows; ++r) {
         T* row = scores + r * kKTile;
+        // Key tiles run from j0 = 0 up and key 0 is visible to every query (visible_end ≥ 1 since
+        // kv_len ≥ q_len), so after the first tile row_max is a finite score (finite inputs) and
+        // the first rescale is exp(−inf) = 0: no row ever has nothing visible.
         const T new_max = std::max(row_max[r], max_value(row, cols));
-        if (new_max == neg_inf) {  // nothing visible yet in this row
-          std::fill(row, row + cols, T(0));
-          continue;
-        }
         const T rescale = std::exp(row_max[r] - new_max);
         row_sum[r] = row_sum[r] * rescale + exp_shifted_sum(row, cols, new_max);
         row_max[r] = new_max;
@@ -149,7 +136,7 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
         for (int64_t c = 0; c < d; ++c) acc_row[c] *= rescale;
       }
       // acc[rows, d] += P v_tile
-      tile_gemm(false, false, rows, d, cols, T(1), scores, kKTile, v_tile, geo.kv_stride, T(1), acc, d);
+      gemm<T>(false, false, rows, d, cols, T(1), scores, kKTile, v_tile, geo.kv_stride, T(1), acc, d);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = t0 + r / geo.group, h = kvh * geo.group + r % geo.group;
@@ -230,12 +217,12 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           dot_rows[r] = row_dot[idx];
         }
         // probs[rows, cols] = exp(scale · q_rows k_tileᵀ − lse)
-        tile_gemm(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.kv_stride, T(0), probs, kKTile);
+        gemm<T>(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.kv_stride, T(0), probs, kKTile);
         if (j0 + cols > geo.visible_end(t0)) mask_diagonal(probs, kKTile, rows, cols, geo, t0, j0);
         for (int64_t r = 0; r < rows; ++r) exp_shifted_sum(probs + r * kKTile, cols, lse_rows[r]);
         // dv_acc[cols, d] += Pᵀ dout_rows;  dprobs[rows, cols] = dout_rows v_tileᵀ
-        tile_gemm(true, false, cols, d, rows, T(1), probs, kKTile, dout_rows, d, T(1), dv_acc, d);
-        tile_gemm(false, true, rows, cols, d, T(1), dout_rows, d, v_tile, geo.kv_stride, T(0), dprobs, kKTile);
+        gemm<T>(true, false, cols, d, rows, T(1), probs, kKTile, dout_rows, d, T(1), dv_acc, d);
+        gemm<T>(false, true, rows, cols, d, T(1), dout_rows, d, v_tile, geo.kv_stride, T(0), dprobs, kKTile);
         // dS = P ⊙ (dP − D), in probs
         for (int64_t r = 0; r < rows; ++r) {
           T* p = probs + r * kKTile;
@@ -244,8 +231,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           for (int64_t c = 0; c < cols; ++c) p[c] *= dp[c] - dot;
         }
         // dk_acc[cols, d] += scale · dSᵀ q_rows;  dq_part[rows, d] = scale · dS k_tile
-        tile_gemm(true, false, cols, d, rows, scale, probs, kKTile, q_rows, d, T(1), dk_acc, d);
-        tile_gemm(false, false, rows, d, cols, scale, probs, kKTile, k_tile, geo.kv_stride, T(0), dq_part, d);
+        gemm<T>(true, false, cols, d, rows, scale, probs, kKTile, q_rows, d, T(1), dk_acc, d);
+        gemm<T>(false, false, rows, d, cols, scale, probs, kKTile, k_tile, geo.kv_stride, T(0), dq_part, d);
         std::atomic<int64_t>& turn = dq_turn[(b * sizes.kv_heads + kvh) * geo.q_tiles + qt];
         while (turn.load(std::memory_order_acquire) != kt) std::this_thread::yield();
         for (int64_t r = 0; r < rows; ++r) {

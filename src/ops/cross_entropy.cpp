@@ -16,7 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -63,13 +62,18 @@ CrossEntropyResult lm_head_cross_entropy_forward(T* lse, const T* h, const T* w,
   const int64_t tile_elems = tiles.row_chunk * tiles.vocab_tile;
   Buffer<T> scratch(num_threads() * tile_elems);  // [threads, row_chunk, vocab_tile] logits
   Buffer<double> row_loss(rows);                  // [rows] lse − logit[target], 0 where ignored
+  // Per-thread running statistics: [threads, 3, row_chunk] = run_max, run_sum, target_logit.
+  Buffer<double> row_stats(num_threads() * 3 * tiles.row_chunk);
   parallel_for_dynamic(tiles.chunks, [&](int64_t c) {
     T* logits = scratch.data() + omp_get_thread_num() * tile_elems;  // [chunk_rows, tile_cols]
     const int64_t r0 = c * tiles.row_chunk;
     const int64_t chunk_rows = std::min(tiles.row_chunk, rows - r0);
-    std::vector<double> run_max(chunk_rows, -std::numeric_limits<double>::infinity());  // [chunk_rows]
-    std::vector<double> run_sum(chunk_rows, 0.0);                                       // [chunk_rows]
-    std::vector<double> target_logit(chunk_rows, 0.0);                                  // [chunk_rows]
+    double* run_max = row_stats.data() + omp_get_thread_num() * 3 * tiles.row_chunk;  // [chunk_rows]
+    double* run_sum = run_max + tiles.row_chunk;                                       // [chunk_rows]
+    double* target_logit = run_sum + tiles.row_chunk;                                  // [chunk_rows]
+    std::fill(run_max, run_max + chunk_rows, -std::numeric_limits<double>::infinity());
+    std::fill(run_sum, run_sum + chunk_rows, 0.0);
+    std::fill(target_logit, target_logit + chunk_rows, 0.0);
     for (int64_t t = 0; t < tiles.vocab_tiles; ++t) {
       const int64_t v0 = t * tiles.vocab_tile;
       const int64_t tile_cols = std::min(tiles.vocab_tile, vocab - v0);

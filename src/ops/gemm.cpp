@@ -5,6 +5,8 @@
 
 #include <cblas.h>
 
+#include <limits>
+
 #include "core/error.h"
 
 namespace trillion {
@@ -36,6 +38,12 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
   // Stored shapes: a is [m, k] (or [k, m] transposed), b is [k, n] (or [n, k]), c is [m, n].
   TRILLION_CHECK(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n, "gemm strides lda=", lda,
                  " ldb=", ldb, " ldc=", ldc, " for m=", m, " n=", n, " k=", k);
+  // cblas takes blasint (32-bit in Debian's OpenBLAS): every size and stride must fit before the casts.
+  constexpr int64_t blas_max = std::numeric_limits<blasint>::max();
+  TRILLION_CHECK(m <= blas_max && n <= blas_max && k <= blas_max && lda <= blas_max && ldb <= blas_max &&
+                     ldc <= blas_max,
+                 "gemm m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
+                 " exceed the BLAS integer limit ", blas_max);
   blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

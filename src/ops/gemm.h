@@ -1,6 +1,7 @@
 // Matrix products through OpenBLAS (cblas_sgemm / cblas_dgemm), row-major, and the linear layer in
 // Hugging Face layout (weight [out, in]).
 //
+// linear_forward saves nothing: the backward reads the caller's x and w.
 // Gradient rule: linear_backward writes (=) or accumulates (+=) dx as the caller says, and always
 // accumulates (+=) dw. A null dx or dw skips that gradient (frozen weight, input that needs none).
 #pragma once

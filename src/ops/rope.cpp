@@ -1,6 +1,7 @@
 // Rotary position embedding (rotate_half form), forward and backward, in place.
 // inv_freq[i] = base^(−2i/rotary_dim) as Hugging Face computes it; angles, cosines and sines are
-// computed in double per (token, pair) and shared by all heads of the token. The backward is the
+// computed in double per (token, pair) into a [tokens, rotary_dim/2] table before the rotation (no
+// allocation inside the parallel loops) and shared by all heads of the token. The backward is the
 // same rotation with the sine negated.
 #include "ops/rope.h"
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "core/parallel.h"
 
 namespace trillion {
@@ -24,13 +26,22 @@ void rotate(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64
   std::vector<double> inv_freq(half);  // [half]
   for (int64_t i = 0; i < half; ++i)
     inv_freq[i] = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(rotary_dim));
+  // Angles, cosines and sines in double, rounded to T once; the table is filled before the rotation
+  // so the rotation loop allocates nothing.
+  Buffer<T> cos_table(tokens * half);  // [tokens, half]
+  Buffer<T> sin_table(tokens * half);  // [tokens, half], sign of `direction` folded in
   parallel_for(tokens, [&](int64_t t) {
-    std::vector<T> cos_theta(half), sin_theta(half);  // [half]
+    T* cos_theta = cos_table.data() + t * half;  // [half]
+    T* sin_theta = sin_table.data() + t * half;  // [half]
     for (int64_t i = 0; i < half; ++i) {
       const double theta = static_cast<double>(positions[t]) * inv_freq[i];
       cos_theta[i] = static_cast<T>(std::cos(theta));
       sin_theta[i] = static_cast<T>(direction * std::sin(theta));
     }
+  });
+  parallel_for(tokens, [&](int64_t t) {
+    const T* cos_theta = cos_table.data() + t * half;  // [half]
+    const T* sin_theta = sin_table.data() + t * half;  // [half]
     for (int64_t h = 0; h < heads; ++h) {
       T* head = x + (t * heads + h) * head_dim;  // [head_dim]
       for (int64_t i = 0; i < half; ++i) {

@@ -3,6 +3,8 @@
 // For pair i < rotary_dim/2 at position p: θ = p · base^(−2i/rotary_dim),
 //   y[i] = x[i] cos θ − x[i + r/2] sin θ,  y[i + r/2] = x[i + r/2] cos θ + x[i] sin θ.
 // Works in place. The backward is the rotation by −θ (in place on the gradient).
+// Saves nothing: the backward needs only the positions, which are the caller's.
+// Gradient rule: the input gradient is written (=), in place over the output gradient.
 #pragma once
 
 #include <cstdint>

@@ -14,23 +14,14 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "ops/finite_diff.h"
 #include "ops/ref/attention_ref.h"
 #include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
 
-// max|a − b| / max(max|b|, 1e-30)
-template <class A, class B>
-double rel_err(const std::vector<A>& a, const std::vector<B>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
-    ref = std::max(ref, std::abs(double(b[i])));
-  }
-  return diff / std::max(ref, 1e-30);
-}
+using test::relative_error;
 
 AttentionSizes make_sizes(int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads, int64_t kv_heads,
                           int64_t head_dim) {
@@ -85,11 +76,11 @@ Problem<To> convert(const Problem<From>& p) {
 
 template <class A, class B>
 void expect_close(const Problem<A>& got, const Problem<B>& want, double tol) {
-  EXPECT_LE(rel_err(got.out, want.out), tol) << "out";
-  EXPECT_LE(rel_err(got.lse, want.lse), tol) << "lse";
-  EXPECT_LE(rel_err(got.dq, want.dq), tol) << "dq";
-  EXPECT_LE(rel_err(got.dk, want.dk), tol) << "dk";
-  EXPECT_LE(rel_err(got.dv, want.dv), tol) << "dv";
+  EXPECT_LE(relative_error(got.out, want.out), tol) << "out";
+  EXPECT_LE(relative_error(got.lse, want.lse), tol) << "lse";
+  EXPECT_LE(relative_error(got.dq, want.dq), tol) << "dq";
+  EXPECT_LE(relative_error(got.dk, want.dk), tol) << "dk";
+  EXPECT_LE(relative_error(got.dv, want.dv), tol) << "dv";
 }
 
 // Odd sizes: q_len not a multiple of the tiles, odd head_dim, GQA groups 1, 2, 4, batch 2, decoding.
@@ -149,7 +140,7 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
         (*x)[i] = saved;
         numeric[i] = (up - down) / (2 * eps);
       }
-      EXPECT_LE(rel_err(*grad, numeric), 1e-6) << name << " q_len " << s.q_len;
+      EXPECT_LE(relative_error(*grad, numeric), 1e-6) << name << " q_len " << s.q_len;
     }
   }
 }
@@ -218,7 +209,7 @@ TEST(VectorExp, MatchesStdExpAndUnderflowsToZero) {
 TEST(AttentionBench, TinyRunReportsAccurateJson) {
   const std::string command = std::string(TRILLION_BINARY) +
                               " bench attention --json --seq-len 64 --heads 4 --kv-heads 2 --head-dim 16 "
-                              "--runs 2 --gemm-size 128";
+                              "--runs 2 --baseline-runs 2 --gemm-size 128";
   FILE* pipe = popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string output, last_line;

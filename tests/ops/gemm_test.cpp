@@ -1,5 +1,6 @@
 // gemm against a plain triple loop (all transpose cases, strides, alpha/beta) and the linear layer's
-// backward against finite differences, including its accumulate and skip options.
+// backward against finite differences, including its accumulate and skip options; sizes beyond the
+// BLAS integer range are refused.
 #include "ops/gemm.h"
 
 #include <gtest/gtest.h>
@@ -83,6 +84,18 @@ TEST(Linear, FloatAgreesWithDouble) {
   std::vector<float> xf = cast_values<float>(x), wf = cast_values<float>(w), yf(rows * out);
   linear_forward<float>(yf.data(), xf.data(), wf.data(), rows, in, out);
   EXPECT_LE(relative_error(yf, y), 1e-5);
+}
+
+// Sizes and strides beyond the 32-bit BLAS integer abort before the call instead of wrapping.
+// No data is touched: the check runs first, so null pointers are safe here.
+TEST(GemmDeathTest, RejectsSizesBeyondBlasInt) {
+  const int64_t too_big = int64_t(1) << 31;  // INT32_MAX + 1
+  EXPECT_DEATH(gemm<float>(false, false, too_big, 1, 1, 1.0f, nullptr, 1, nullptr, 1, 0.0f, nullptr, 1),
+               "BLAS integer limit");
+  EXPECT_DEATH(gemm<double>(false, false, 1, 1, too_big, 1.0, nullptr, too_big, nullptr, 1, 0.0, nullptr, 1),
+               "BLAS integer limit");
+  EXPECT_DEATH(gemm<float>(false, false, 2, 2, 2, 1.0f, nullptr, 2, nullptr, 2, 0.0f, nullptr, too_big),
+               "BLAS integer limit");
 }
 
 }  // namespace

@@ -1,8 +1,6 @@
 // Plain causal GQA attention (see attention_ref.h): one head at a time, full score matrices,
-// BLAS for the matrix products, std::exp for the softmax.
+// gemm() (ops/gemm.h) for the matrix products, std::exp for the softmax.
 #include "ops/ref/attention_ref.h"
-
-#include <cblas.h>
 
 #include <cmath>
 #include <limits>
@@ -10,20 +8,10 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "ops/gemm.h"
 
 namespace trillion {
 namespace {
-
-void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-               const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-              lda, b, ldb, beta, c, ldc);
-}
-void blas_gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
-               const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k, alpha, a,
-              lda, b, ldb, beta, c, ldc);
-}
 
 void check_sizes(const AttentionSizes& s) {
   TRILLION_CHECK(s.batch > 0 && s.q_len > 0 && s.head_dim > 0 && s.kv_heads > 0, "bad attention sizes");
@@ -38,8 +26,8 @@ void head_probabilities(T* probs, T* lse_row, const T* q_head, const T* k_head, 
   const int64_t q_stride = s.q_heads * s.head_dim;
   const int64_t kv_stride = s.kv_heads * s.head_dim;
   const int64_t offset = s.kv_len - s.q_len;
-  blas_gemm(false, true, s.q_len, s.kv_len, s.head_dim, T(s.scale), q_head, q_stride, k_head, kv_stride, T(0),
-            probs, s.kv_len);
+  gemm<T>(false, true, s.q_len, s.kv_len, s.head_dim, T(s.scale), q_head, q_stride, k_head, kv_stride, T(0),
+          probs, s.kv_len);
   parallel_for(s.q_len, [&](int64_t i) {
     T* row = probs + i * s.kv_len;
     const int64_t visible = i + offset + 1;  // keys 0 .. i + offset
@@ -73,8 +61,8 @@ void attention_ref_forward(T* out, T* lse, const T* q, const T* k, const T* v, c
       const T* v_head = v + b * s.kv_len * kv_stride + kvh * s.head_dim; // [kv_len, head_dim]
       T* out_head = out + b * s.q_len * q_stride + h * s.head_dim;       // [q_len, head_dim]
       head_probabilities(probs.data(), lse + (b * s.q_heads + h) * s.q_len, q_head, k_head, s);
-      blas_gemm(false, false, s.q_len, s.head_dim, s.kv_len, T(1), probs.data(), s.kv_len, v_head, kv_stride, T(0),
-                out_head, q_stride);
+      gemm<T>(false, false, s.q_len, s.head_dim, s.kv_len, T(1), probs.data(), s.kv_len, v_head, kv_stride, T(0),
+              out_head, q_stride);
     }
   }
 }
@@ -96,11 +84,11 @@ void attention_ref_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
       const int64_t kv_off = b * s.kv_len * kv_stride + kvh * s.head_dim;
       head_probabilities<T>(probs.data(), nullptr, q + q_off, k + kv_off, s);
       // dv[kv_len, head_dim] += Pᵀ dout
-      blas_gemm(true, false, s.kv_len, s.head_dim, s.q_len, T(1), probs.data(), s.kv_len, dout + q_off, q_stride,
-                T(1), dv + kv_off, kv_stride);
+      gemm<T>(true, false, s.kv_len, s.head_dim, s.q_len, T(1), probs.data(), s.kv_len, dout + q_off, q_stride,
+              T(1), dv + kv_off, kv_stride);
       // dP[q_len, kv_len] = dout vᵀ
-      blas_gemm(false, true, s.q_len, s.kv_len, s.head_dim, T(1), dout + q_off, q_stride, v + kv_off, kv_stride,
-                T(0), dscores.data(), s.kv_len);
+      gemm<T>(false, true, s.q_len, s.kv_len, s.head_dim, T(1), dout + q_off, q_stride, v + kv_off, kv_stride,
+              T(0), dscores.data(), s.kv_len);
       parallel_for(s.q_len, [&](int64_t i) {
         const T* p = probs.data() + i * s.kv_len;
         T* d = dscores.data() + i * s.kv_len;
@@ -109,10 +97,10 @@ void attention_ref_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
         for (int64_t j = 0; j < s.kv_len; ++j) d[j] = p[j] * (d[j] - row_dot);
       });
       // dq[q_len, head_dim] = scale · dS k;  dk[kv_len, head_dim] += scale · dSᵀ q
-      blas_gemm(false, false, s.q_len, s.head_dim, s.kv_len, T(s.scale), dscores.data(), s.kv_len, k + kv_off,
-                kv_stride, T(0), dq + q_off, q_stride);
-      blas_gemm(true, false, s.kv_len, s.head_dim, s.q_len, T(s.scale), dscores.data(), s.kv_len, q + q_off,
-                q_stride, T(1), dk + kv_off, kv_stride);
+      gemm<T>(false, false, s.q_len, s.head_dim, s.kv_len, T(s.scale), dscores.data(), s.kv_len, k + kv_off,
+              kv_stride, T(0), dq + q_off, q_stride);
+      gemm<T>(true, false, s.kv_len, s.head_dim, s.q_len, T(s.scale), dscores.data(), s.kv_len, q + q_off,
+              q_stride, T(1), dk + kv_off, kv_stride);
     }
   }
 }

@@ -6,6 +6,8 @@
 // Layouts, causality and scale are those of ops/attention.h:
 //   q, out, dq: [batch, q_len, q_heads, head_dim];  k, v, dk, dv: [batch, kv_len, kv_heads, head_dim]
 //   lse: [batch, q_heads, q_len]
+// Forward writes lse like the tiled kernel; the reference backward does not read it (it recomputes
+// the probabilities from q and k), so nothing else is saved.
 // Gradient rule: dq, dk, dv are written (=).
 #pragma once
 
