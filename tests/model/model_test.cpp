@@ -259,6 +259,47 @@ TEST(GradcheckCommand, PassesOnTinyAndPrintsJsonLast) {
   EXPECT_NE(output.find("model.layers.1.mlp.down_proj.weight"), std::string::npos);
 }
 
+TEST(Model, GradientCheckRejectsOptionsThatCheckNothing) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny.json"));
+  const auto error = [&](const GradientCheckOptions& options) -> std::string {
+    try {
+      check_model_gradients(config, options);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  GradientCheckOptions options;
+  options.directions = 0;
+  EXPECT_EQ(error(options), "gradient check: --directions 0: expected at least 1");
+  options = GradientCheckOptions{};
+  options.max_full_elements = -1;
+  EXPECT_EQ(error(options), "gradient check: --max-elements -1: expected a non-negative integer");
+  for (const double step : {0.0, -1e-4, std::nan(""), INFINITY}) {
+    options = GradientCheckOptions{};
+    options.step = step;
+    EXPECT_NE(error(options).find("--step"), std::string::npos) << step;
+  }
+}
+
+// The CLI's one-line error and non-zero exit for options under which nothing would be checked.
+TEST(GradcheckCommand, RejectsZeroDirections) {
+  for (const char* flags : {"--directions 0", "--max-elements -1", "--step 0", "--tolerance 0"}) {
+    const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
+                                testing::model_config_path("tiny.json") + " " + flags + " 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string output;
+    char line[512];
+    while (std::fgets(line, sizeof line, pipe) != nullptr) output += line;
+    EXPECT_NE(pclose(pipe), 0) << flags << ": " << output;
+    EXPECT_EQ(output.rfind("error: ", 0), 0u) << flags << ": " << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << flags << ": " << output;
+    const std::string flag_name = std::string(flags).substr(0, std::string(flags).find(' '));
+    EXPECT_NE(output.find(flag_name), std::string::npos) << flags << ": " << output;
+  }
+}
+
 TEST(GradcheckCommand, FailsOutsideTolerance) {
   const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
                               testing::model_config_path("tiny.json") +
