@@ -15,16 +15,26 @@
 namespace trillion {
 namespace {
 
-// Rejects what the config can describe but the engine does not build yet.
+// Rejects what the config can describe but the engine does not build yet, naming the file.
 void check_buildable(const ModelConfig& config) {
+  const std::string source = config.source.empty() ? "config" : config.source;
+  // qwen3_moe builds as qwen3 while it has no experts (num_experts is checked below).
+  if (config.model_type != "qwen3" && config.model_type != "qwen3_next" && config.model_type != "qwen3_moe")
+    fail(source, ": model_type ", config.model_type, ": not built yet; expected qwen3, qwen3_next or qwen3_moe");
+  if (config.hidden_act != "silu")
+    fail(source, ": field \"hidden_act\": \"", config.hidden_act, "\": not built yet; expected \"silu\"");
+  if (!config.rope_scaling.is_null())
+    fail(source, ": field \"rope_scaling\": ", config.rope_scaling.dump(), ": not built yet; expected null");
+  if (config.use_sliding_window) fail(source, ": field \"use_sliding_window\": true: not built yet; expected false");
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
     if (config.layer_types[i] != LayerType::full_attention)
-      fail("layer_types[", i, "] = ", layer_type_name(config.layer_types[i]), ": not built yet");
+      fail(source, ": layer_types[", i, "] = ", layer_type_name(config.layer_types[i]), ": not built yet");
   }
   TRILLION_CHECK(static_cast<int64_t>(config.layer_types.size()) == config.num_hidden_layers,
                  "layer_types has ", config.layer_types.size(), " entries for ", config.num_hidden_layers, " layers");
-  if (config.attention_bias) fail("attention_bias = true: not built yet");
-  if (config.num_experts > 0) fail("num_experts = ", config.num_experts, ": mixture of experts not built yet");
+  if (config.attention_bias) fail(source, ": attention_bias = true: not built yet");
+  if (config.num_experts > 0)
+    fail(source, ": num_experts = ", config.num_experts, ": mixture of experts not built yet");
 }
 
 // Unit 0: embeddings, final norm, LM head; unit 1 + l: decoder layer l. Embeddings and norms have

@@ -223,6 +223,36 @@ TEST(Model, RejectsLayerKindsNotBuiltYet) {
   }
 }
 
+// Architectures the config can describe but the engine does not build: one error naming the file
+// and the field, never a silent Qwen3 stand-in.
+TEST(Model, RejectsArchitecturesNotBuiltYet) {
+  const auto error = [](const nlohmann::json& changes) -> std::string {
+    try {
+      Model<float> model(testing::tiny_config_with(changes));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string file = "tiny.json (test variant): ";
+  EXPECT_EQ(error({{"model_type", "deepseek_v32"}}),
+            file + "model_type deepseek_v32: not built yet; expected qwen3, qwen3_next or qwen3_moe");
+  EXPECT_EQ(error({{"model_type", "kimi"}}),
+            file + "model_type kimi: not built yet; expected qwen3, qwen3_next or qwen3_moe");
+  EXPECT_EQ(error({{"hidden_act", "gelu"}}), file + "field \"hidden_act\": \"gelu\": not built yet; expected \"silu\"");
+  EXPECT_EQ(error({{"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}}),
+            file + "field \"rope_scaling\": {\"factor\":4.0,\"type\":\"yarn\"}: not built yet; expected null");
+  EXPECT_EQ(error({{"use_sliding_window", true}}),
+            file + "field \"use_sliding_window\": true: not built yet; expected false");
+  EXPECT_EQ(error({{"model_type", "qwen3_moe"}, {"num_experts", 4}, {"num_experts_per_tok", 2},
+                   {"moe_intermediate_size", 8}}),
+            file + "num_experts = 4: mixture of experts not built yet");
+  // What Hugging Face Qwen3 configs say is accepted: silu, no scaling, no sliding window.
+  EXPECT_EQ(error({{"hidden_act", "silu"}, {"rope_scaling", nullptr}, {"use_sliding_window", false},
+                   {"sliding_window", 4096}}),
+            "no error");
+}
+
 TEST(Model, RejectsBadTokens) {
   Model<float> model(ModelConfig::load(testing::model_config_path("tiny.json")));
   const std::vector<int32_t> tokens = {1, 2, 64}, targets = {1, 2, 3};
