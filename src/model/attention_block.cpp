@@ -95,7 +95,7 @@ void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int6
   attention_forward(out, lse, p.q, p.k, p.v, sizes);
   const T* o_in = out;  // [n, Hq·d]
   if (dims.gated) {
-    T* gated = store.save<T>(Tag::o_proj_in, layer, n * qw);
+    T* gated = store.save<T>(Tag::o_proj_in, layer, n * qw);  // [n, Hq·d] out · sigmoid(gate)
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }
@@ -145,8 +145,8 @@ void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, in
   attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
   rope_backward(dq, positions, n, dims.q_heads, d, dims.rotary_dim, dims.rope_theta);
   rope_backward(dk, positions, n, dims.kv_heads, d, dims.rotary_dim, dims.rope_theta);
-  T* dq_raw = scratch.alloc<T>(n * qw);
-  T* dk_raw = scratch.alloc<T>(n * kvw);
+  T* dq_raw = scratch.alloc<T>(n * qw);   // [n, Hq, d] gradient wrt the query before q_norm
+  T* dk_raw = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] gradient wrt the key before k_norm
   rmsnorm_backward(dq_raw, grads.q_norm, dq, q_raw, w.q_norm, q_rstd, n * dims.q_heads, d, dims.zero_centred, false);
   rmsnorm_backward(dk_raw, grads.k_norm, dk, k_raw, w.k_norm, k_rstd, n * dims.kv_heads, d, dims.zero_centred, false);
 
@@ -194,7 +194,7 @@ void attention_block_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cach
   attention_forward(out, lse, p.q, k_cache, v_cache, sizes);
   const T* o_in = out;  // [n, Hq·d]
   if (dims.gated) {
-    T* gated = scratch.alloc<T>(n * qw);
+    T* gated = scratch.alloc<T>(n * qw);  // [n, Hq·d] out · sigmoid(gate)
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }

@@ -209,7 +209,7 @@ void Model<T>::generate_step(const int32_t* tokens, int64_t n, T* last_logits) {
   }
   m.scratch.reset();
   T* h = m.scratch.template alloc<T>(D);  // [1, D] final-normed last token
-  T* rstd = m.scratch.template alloc<T>(1);
+  T* rstd = m.scratch.template alloc<T>(1);  // [1]
   rmsnorm_forward(h, rstd, x + (n - 1) * D, m.final_norm(params), 1, D, m.config.rms_norm_eps,
                   m.config.zero_centred_norms());
   linear_forward(last_logits, h, m.lm_head(params), 1, D, V);  // [1, V]
