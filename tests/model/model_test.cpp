@@ -109,17 +109,38 @@ TEST(Model, FloatMatchesDouble) {
   }
 }
 
+// Two different micro-batches (halves of one batch), each scaled by 1 / (tokens of the whole
+// batch), accumulate to the gradient of one forward_backward over the whole batch.
 TEST(Model, GradientsAccumulateAcrossMicroBatches) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny.json"));
   Model<double> model(config);
   model.init_weights(2);
-  const std::vector<int32_t> tokens = random_tokens(12, config.vocab_size, "t");
-  const std::vector<int32_t> targets = random_tokens(12, config.vocab_size, "u");
+  const int64_t batch = 4, seq = 6, n = batch * seq, half = n / 2, size = model.table().total_size();
+  const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "t");    // [batch, seq]
+  const std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "u");   // [batch, seq]
+  const double scale = 1.0 / double(n);
   model.zero_grads();
-  model.forward_backward(tokens.data(), targets.data(), 2, 6, 0.5);
-  const std::vector<double> once(model.grads(), model.grads() + model.table().total_size());
-  model.forward_backward(tokens.data(), targets.data(), 2, 6, 0.5);
-  for (int64_t i = 0; i < model.table().total_size(); ++i) ASSERT_NEAR(model.grads()[i], 2 * once[i], 1e-15);
+  const CrossEntropyResult whole = model.forward_backward(tokens.data(), targets.data(), batch, seq, scale);
+  const std::vector<double> whole_grads(model.grads(), model.grads() + size);
+
+  model.zero_grads();
+  const CrossEntropyResult first =
+      model.forward_backward(tokens.data(), targets.data(), batch / 2, seq, scale);
+  const std::vector<double> first_grads(model.grads(), model.grads() + size);
+  const CrossEntropyResult second =
+      model.forward_backward(tokens.data() + half, targets.data() + half, batch / 2, seq, scale);
+  EXPECT_EQ(first.count + second.count, whole.count);
+  EXPECT_NEAR(first.loss_sum + second.loss_sum, whole.loss_sum, 1e-12 * whole.loss_sum);
+  double max_diff = 0.0, max_ref = 0.0, halves_differ = 0.0;
+  for (int64_t i = 0; i < size; ++i) {
+    max_diff = std::max(max_diff, std::abs(model.grads()[i] - whole_grads[i]));
+    max_ref = std::max(max_ref, std::abs(whole_grads[i]));
+    // The second half's own gradient is not the first's, so a wrong combination would show.
+    halves_differ = std::max(halves_differ, std::abs((model.grads()[i] - first_grads[i]) - first_grads[i]));
+  }
+  EXPECT_GT(max_ref, 1e-3);
+  EXPECT_LE(max_diff, 1e-13 * max_ref);
+  EXPECT_GT(halves_differ, 1e-3 * max_ref);
 }
 
 TEST(Model, ActivationBytesAreCountedAndFreedEachStep) {
