@@ -160,6 +160,34 @@ TEST(Model, ActivationBytesAreCountedAndFreedEachStep) {
   EXPECT_GE(MemoryStats::peak(Tier::fast) - between_steps, saved_floats * int64_t(sizeof(float)));
 }
 
+// Evaluation saves no activations: forward_loss's peak fast-tier bytes are a small fraction of
+// forward_backward's (which keeps every layer's), and its loss is bitwise the training loss.
+TEST(Model, ForwardLossNeedsOneSublayerOfMemory) {
+  SingleThread single;
+  const ModelConfig config = testing::tiny_config_with({{"num_hidden_layers", 6}});
+  Model<float> model(config);
+  model.init_weights(4);
+  const int64_t batch = 4, seq = 16, n = batch * seq;
+  const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "t");   // [batch, seq]
+  const std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "u");  // [batch, seq]
+  model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / n);  // grows the step buffers once
+  const int64_t between_steps = MemoryStats::current(Tier::fast);
+
+  MemoryStats::reset_peak(Tier::fast);
+  const CrossEntropyResult eval = model.forward_loss(tokens.data(), targets.data(), batch, seq);
+  const int64_t eval_peak = MemoryStats::peak(Tier::fast) - between_steps;
+  EXPECT_EQ(MemoryStats::current(Tier::fast), between_steps);
+  MemoryStats::reset_peak(Tier::fast);
+  const CrossEntropyResult train = model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / n);
+  const int64_t train_peak = MemoryStats::peak(Tier::fast) - between_steps;
+  EXPECT_EQ(MemoryStats::current(Tier::fast), between_steps);
+
+  EXPECT_GT(eval_peak, 0);
+  EXPECT_LT(eval_peak * 4, train_peak) << "forward_loss " << eval_peak << " bytes, forward_backward " << train_peak;
+  EXPECT_EQ(eval.count, train.count);
+  EXPECT_EQ(std::memcmp(&eval.loss_sum, &train.loss_sum, sizeof(double)), 0) << eval.loss_sum << " " << train.loss_sum;
+}
+
 TEST(Model, GradientsDoNotDependOnThreadCount) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny.json"));
   const std::vector<int32_t> tokens = random_tokens(2 * 33, config.vocab_size, "t");
