@@ -354,7 +354,7 @@ TEST(Model, GradientCheckRejectsOptionsThatCheckNothing) {
   options = GradientCheckOptions{};
   options.max_full_elements = -1;
   EXPECT_EQ(error(options), "gradient check: --max-elements -1: expected a non-negative integer");
-  for (const double step : {0.0, -1e-4, std::nan(""), INFINITY}) {
+  for (const double step : {0.0, -1e-4, std::nan(""), double(INFINITY)}) {
     options = GradientCheckOptions{};
     options.step = step;
     EXPECT_NE(error(options).find("--step"), std::string::npos) << step;
