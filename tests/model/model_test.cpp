@@ -361,6 +361,26 @@ TEST(Model, GradientCheckRejectsOptionsThatCheckNothing) {
   }
 }
 
+// With one token per sequence, attention's softmax is over a single key (weight exactly 1), so the
+// loss does not depend on the query or key side (q_proj, q_norm, k_proj, k_norm): their numeric gradient is exactly zero and the check fails them rather than
+// passing with nothing compared.
+TEST(Model, GradientCheckFailsATensorWithZeroNumericGradient) {
+  SingleThread single;
+  GradientCheckOptions options;
+  options.batch = 2;
+  options.seq = 1;
+  const GradientCheckReport report =
+      check_model_gradients(ModelConfig::load(testing::model_config_path("tiny.json")), options);
+  EXPECT_TRUE(std::isinf(report.max_rel_err));
+  for (const TensorCheck& t : report.tensors) {
+    bool scores_only = false;  // the tensor only feeds the attention scores
+    for (const char* part : {"q_proj", "q_norm", "k_proj", "k_norm"})
+      scores_only = scores_only || t.name.find(part) != std::string::npos;
+    EXPECT_EQ(t.max_ref == 0.0, scores_only) << t.name;
+    EXPECT_EQ(std::isinf(t.rel_err), scores_only) << t.name;
+  }
+}
+
 // The CLI's one-line error and non-zero exit for options under which nothing would be checked.
 TEST(GradcheckCommand, RejectsZeroDirections) {
   for (const char* flags : {"--directions 0", "--max-elements -1", "--step 0", "--tolerance 0"}) {
