@@ -1,6 +1,8 @@
 // `trillion gradcheck`: the whole model in double against central finite differences
 // (model/gradient_check.h). Prints one line per tensor, then as its last line a JSON object
-// {"max_rel_err", "worst_tensor", "checked", "tolerance"}; exits 0 only within tolerance.
+// {"max_rel_err", "worst_tensor", "checked", "tolerance"}; exits 0 only when something was checked,
+// no tensor's numeric gradient is zero and every tensor is within tolerance.
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -22,6 +24,8 @@ struct GradcheckArgs {
 };
 
 void run_gradcheck(const GradcheckArgs& args) {
+  if (!(args.tolerance > 0.0) || !std::isfinite(args.tolerance))
+    fail("gradcheck: --tolerance ", args.tolerance, ": expected a positive finite number");
   const ModelConfig config = ModelConfig::load(args.config_path);
   const GradientCheckReport report = check_model_gradients(config, args.options);
   std::printf("gradient check of %s: batch %lld, seq %lld, %s\n", args.config_path.c_str(),
@@ -30,7 +34,7 @@ void run_gradcheck(const GradcheckArgs& args) {
   for (const TensorCheck& t : report.tensors) {
     std::printf("%-48s checked %7lld  max_abs_err %.3e  max_ref %.3e  rel_err %.3e  %s\n", t.name.c_str(),
                 static_cast<long long>(t.checked), t.max_abs_err, t.max_ref, t.rel_err,
-                t.rel_err <= args.tolerance ? "ok" : "FAIL");
+                t.max_ref == 0.0 ? "FAIL (numeric gradient is zero)" : t.rel_err <= args.tolerance ? "ok" : "FAIL");
   }
   const nlohmann::json summary = {{"max_rel_err", report.max_rel_err},
                                   {"worst_tensor", report.worst_tensor},
@@ -38,6 +42,9 @@ void run_gradcheck(const GradcheckArgs& args) {
                                   {"tolerance", args.tolerance}};
   std::printf("%s\n", summary.dump().c_str());
   std::fflush(stdout);
+  if (report.checked == 0) fail("gradient check failed: nothing was checked");
+  for (const TensorCheck& t : report.tensors)
+    if (t.max_ref == 0.0) fail("gradient check failed: the numeric gradient of ", t.name, " is zero, so it was not checked");
   if (!(report.max_rel_err <= args.tolerance))
     fail("gradient check failed: max_rel_err ", report.max_rel_err, " in ", report.worst_tensor, " exceeds tolerance ",
          args.tolerance);

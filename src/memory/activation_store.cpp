@@ -1,4 +1,4 @@
-// ActivationStore: per-step storage of saved activations under static tags (keep policy).
+// ActivationStore: per-step storage of saved activations under static tags (kept resident until clear()).
 #include "memory/activation_store.h"
 
 namespace trillion {
@@ -34,21 +34,14 @@ const char* activation_tag_name(ActivationTag tag) {
   return "?";
 }
 
-ActivationStore::ActivationStore(Tier tier) : arena_(tier) {
-  for (ActivationPolicy& p : policies_) p = ActivationPolicy::keep;
-}
-
-void ActivationStore::set_policy(ActivationTag tag, ActivationPolicy policy) {
-  TRILLION_CHECK(tag != ActivationTag::count_, "count_ is not a tag");
-  policies_[static_cast<int>(tag)] = policy;
-}
+ActivationStore::ActivationStore(Tier tier) : arena_(tier) {}
 
 void* ActivationStore::save_bytes(ActivationTag tag, int layer, int64_t bytes) {
   TRILLION_CHECK(tag != ActivationTag::count_, "count_ is not a tag");
   const std::pair<int, int> key{static_cast<int>(tag), layer};
   TRILLION_CHECK(entries_.count(key) == 0, "activation ", activation_tag_name(tag), " of layer ", layer,
                  " saved twice in one step");
-  // Policy keep: the bytes stay in the arena until clear().
+  // The bytes stay in the arena until clear().
   void* data = arena_.alloc_bytes(bytes);
   entries_.emplace(key, Entry{data, bytes});
   return data;

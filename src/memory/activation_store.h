@@ -3,11 +3,11 @@
 // and a layer index; its storage comes from a per-step Arena, so its bytes are counted in
 // MemoryStats. clear() at the end of every step frees them all at once.
 //
-// Policy per tag: only `keep` is built (the tensor stays resident from forward to backward).
-// Later issues add `recompute` (drop after forward, rebuild from kept inputs before the layer's
-// backward) and `swap` (offload to the slow tier during forward, prefetch in reverse layer order):
-// they plug in at save() (what happens to the bytes after forward) and at get() (how they come
-// back), without any change in the modules that call them.
+// Every saved tensor stays resident from forward to backward. Recompute (drop after forward,
+// rebuild from kept inputs before the layer's backward) and swap (offload to the slow tier during
+// forward, prefetch in reverse layer order) are later issues: a per-tag policy will plug in at
+// save_bytes() (what happens to the bytes after forward) and get_bytes() (how they come back),
+// without any change in the modules that call them.
 #pragma once
 
 #include <cstdint>
@@ -50,18 +50,11 @@ enum class ActivationTag : int {
 };
 const char* activation_tag_name(ActivationTag tag);
 
-enum class ActivationPolicy : int {
-  keep,  // resident from forward to backward; recompute and swap plug in here (see file comment)
-};
-
 class ActivationStore {
  public:
   explicit ActivationStore(Tier tier = Tier::fast);
   ActivationStore(const ActivationStore&) = delete;
   ActivationStore& operator=(const ActivationStore&) = delete;
-
-  void set_policy(ActivationTag tag, ActivationPolicy policy);
-  ActivationPolicy policy(ActivationTag tag) const { return policies_[static_cast<int>(tag)]; }
 
   // Storage for (tag, layer), `count` elements of T, zero-filled; the caller writes it in forward.
   // CHECK-fails if (tag, layer) is already saved in this step.
@@ -91,7 +84,6 @@ class ActivationStore {
 
   Arena arena_;
   std::map<std::pair<int, int>, Entry> entries_;  // (tag, layer) → storage
-  ActivationPolicy policies_[static_cast<int>(ActivationTag::count_)];
 };
 
 }  // namespace trillion

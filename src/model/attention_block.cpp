@@ -69,33 +69,37 @@ void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, 
 template <class T>
 void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int64_t seq,
                              const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims,
-                             ActivationStore& store, int layer, Arena& scratch) {
+                             ActivationStore* store, int layer, Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t n = batch * seq, D = dims.hidden, qw = dims.q_width(), kvw = dims.kv_width();
-  T* input = store.save<T>(Tag::attn_input, layer, n * D);  // [n, D]
+  // Saved for the backward, or (store == nullptr: forward only) temporaries of this sublayer.
+  const auto buffer = [&](Tag tag, int64_t count) {
+    return store != nullptr ? store->save<T>(tag, layer, count) : scratch.alloc<T>(count);
+  };
+  T* input = buffer(Tag::attn_input, n * D);  // [n, D]
   std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = store.save<T>(Tag::attn_norm_rstd, layer, n);    // [n]
-  T* h = store.save<T>(Tag::attn_norm_out, layer, n * D);    // [n, D]
+  T* rstd = buffer(Tag::attn_norm_rstd, n);    // [n]
+  T* h = buffer(Tag::attn_norm_out, n * D);    // [n, D]
   rmsnorm_forward(h, rstd, input, w.input_norm, n, D, dims.eps, dims.zero_centred);
 
   Projections<T> p;
-  p.q_raw = store.save<T>(Tag::q_raw, layer, n * qw);
-  p.q_rstd = store.save<T>(Tag::q_rstd, layer, n * dims.q_heads);
-  p.q = store.save<T>(Tag::q, layer, n * qw);
-  p.gate = dims.gated ? store.save<T>(Tag::gate, layer, n * qw) : nullptr;
-  p.k_raw = store.save<T>(Tag::k_raw, layer, n * kvw);
-  p.k_rstd = store.save<T>(Tag::k_rstd, layer, n * dims.kv_heads);
-  p.k = store.save<T>(Tag::k, layer, n * kvw);
-  p.v = store.save<T>(Tag::v, layer, n * kvw);
+  p.q_raw = buffer(Tag::q_raw, n * qw);
+  p.q_rstd = buffer(Tag::q_rstd, n * dims.q_heads);
+  p.q = buffer(Tag::q, n * qw);
+  p.gate = dims.gated ? buffer(Tag::gate, n * qw) : nullptr;
+  p.k_raw = buffer(Tag::k_raw, n * kvw);
+  p.k_rstd = buffer(Tag::k_rstd, n * dims.kv_heads);
+  p.k = buffer(Tag::k, n * kvw);
+  p.v = buffer(Tag::v, n * kvw);
   project_qkv(p, h, positions, n, w, dims, scratch);
 
   AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
-  T* out = store.save<T>(Tag::attn_out, layer, n * qw);                   // [n, Hq, d]
-  T* lse = store.save<T>(Tag::attn_lse, layer, batch * dims.q_heads * seq);  // [batch, Hq, seq]
+  T* out = buffer(Tag::attn_out, n * qw);                   // [n, Hq, d]
+  T* lse = buffer(Tag::attn_lse, batch * dims.q_heads * seq);  // [batch, Hq, seq]
   attention_forward(out, lse, p.q, p.k, p.v, sizes);
   const T* o_in = out;  // [n, Hq·d]
   if (dims.gated) {
-    T* gated = store.save<T>(Tag::o_proj_in, layer, n * qw);
+    T* gated = buffer(Tag::o_proj_in, n * qw);  // [n, Hq·d] out · sigmoid(gate)
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }
@@ -145,8 +149,8 @@ void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, in
   attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
   rope_backward(dq, positions, n, dims.q_heads, d, dims.rotary_dim, dims.rope_theta);
   rope_backward(dk, positions, n, dims.kv_heads, d, dims.rotary_dim, dims.rope_theta);
-  T* dq_raw = scratch.alloc<T>(n * qw);
-  T* dk_raw = scratch.alloc<T>(n * kvw);
+  T* dq_raw = scratch.alloc<T>(n * qw);   // [n, Hq, d] gradient wrt the query before q_norm
+  T* dk_raw = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] gradient wrt the key before k_norm
   rmsnorm_backward(dq_raw, grads.q_norm, dq, q_raw, w.q_norm, q_rstd, n * dims.q_heads, d, dims.zero_centred, false);
   rmsnorm_backward(dk_raw, grads.k_norm, dk, k_raw, w.k_norm, k_rstd, n * dims.kv_heads, d, dims.zero_centred, false);
 
@@ -194,7 +198,7 @@ void attention_block_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cach
   attention_forward(out, lse, p.q, k_cache, v_cache, sizes);
   const T* o_in = out;  // [n, Hq·d]
   if (dims.gated) {
-    T* gated = scratch.alloc<T>(n * qw);
+    T* gated = scratch.alloc<T>(n * qw);  // [n, Hq·d] out · sigmoid(gate)
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }
@@ -204,7 +208,7 @@ void attention_block_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cach
 
 #define TRILLION_INSTANTIATE(T)                                                                               \
   template void attention_block_forward<T>(T*, const int32_t*, int64_t, int64_t, const AttentionBlockWeights<T>&, \
-                                           const AttentionBlockDims&, ActivationStore&, int, Arena&);          \
+                                           const AttentionBlockDims&, ActivationStore*, int, Arena&);          \
   template void attention_block_backward<T>(T*, const int32_t*, int64_t, int64_t, const AttentionBlockWeights<T>&, \
                                             const AttentionBlockWeights<T>&, const AttentionBlockDims&,         \
                                             const ActivationStore&, int, Arena&);                               \

@@ -3,7 +3,8 @@
 //   o = causal GQA attention(q, k, v) with scale head_dim^−½
 //   qwen3_next: q_proj gives 2·d outputs per head (query, then gate) and o ← o · sigmoid(gate)
 //   x ← x + o·Woᵀ
-// Training forward saves through the ActivationStore (tags attn_input … o_proj_in); decoding
+// Training forward saves through the ActivationStore (tags attn_input … o_proj_in), a forward-only
+// pass keeps them in scratch; decoding
 // runs n new tokens against a KV cache. Gradient rule: the residual gradient dx is accumulated
 // (+=) with the sublayer's input gradient; parameter gradients accumulate (+=).
 #pragma once
@@ -45,11 +46,13 @@ struct AttentionBlockWeights {
 };
 
 // x[batch·seq, D] += attention sublayer(x); positions[batch·seq] are 0..seq−1 per sequence.
-// Temporaries come from `scratch` (the caller resets it between sublayers).
+// Saves what the backward needs in `store` under `layer`; store == nullptr (forward only, e.g.
+// evaluation) keeps everything in `scratch` instead. Temporaries come from `scratch` (the caller
+// resets it between sublayers).
 template <class T>
 void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int64_t seq,
                              const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims,
-                             ActivationStore& store, int layer, Arena& scratch);
+                             ActivationStore* store, int layer, Arena& scratch);
 
 // dx[batch·seq, D]: gradient wrt the sublayer's output on entry; the sublayer's input gradient is
 // added (+=), so on return it is the gradient wrt x. grads += parameter gradients.

@@ -147,6 +147,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
   if (!json.is_object()) fail(source, ": config is ", json.type_name(), "; expected a JSON object");
   const FieldReader fields(json, source);
   ModelConfig c;
+  c.source = source;
 
   c.model_type = fields.string("model_type", c.model_type);
   bool known_model = false;
@@ -182,6 +183,9 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
   c.tie_word_embeddings = fields.boolean("tie_word_embeddings", c.tie_word_embeddings);
   c.attention_bias = fields.boolean("attention_bias", c.attention_bias);
   if (c.attention_bias) fields.fail_field("attention_bias", "true is not supported; expected false");
+  c.hidden_act = fields.string("hidden_act", c.hidden_act);
+  if (fields.has("rope_scaling")) c.rope_scaling = fields.at("rope_scaling");
+  c.use_sliding_window = fields.boolean("use_sliding_window", c.use_sliding_window);
   c.layer_types = parse_layer_types(fields, c.num_hidden_layers);
 
   c.linear_num_key_heads = fields.non_negative("linear_num_key_heads", 0);
@@ -257,6 +261,9 @@ nlohmann::json ModelConfig::to_json() const {
       {"initializer_range", initializer_range},
       {"tie_word_embeddings", tie_word_embeddings},
       {"attention_bias", attention_bias},
+      {"hidden_act", hidden_act},
+      {"rope_scaling", rope_scaling},
+      {"use_sliding_window", use_sliding_window},
       {"layer_types", layer_names},
       {"linear_num_key_heads", linear_num_key_heads},
       {"linear_num_value_heads", linear_num_value_heads},

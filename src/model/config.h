@@ -33,6 +33,9 @@ struct ModelConfig {
   double initializer_range = 0.02;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // only false is built
+  std::string hidden_act = "silu";  // MLP activation; only "silu" is built
+  nlohmann::json rope_scaling;      // null = plain RoPE (only null is built); kept as given
+  bool use_sliding_window = false;  // only false is built
   std::vector<LayerType> layer_types;  // size num_hidden_layers; from `layer_types` or `full_attention_interval`
 
   // Linear attention (Gated DeltaNet / KDA), kept for later issues.
@@ -48,6 +51,8 @@ struct ModelConfig {
   bool zero_centred_norms() const { return model_type == "qwen3_next"; }
   bool gated_attention() const { return model_type == "qwen3_next"; }
   int64_t rotary_dim() const;  // partial_rotary_factor · head_dim, even
+
+  std::string source;  // the file it was read from, named in "not built yet" errors (not in to_json)
 
   // Parses and validates; `source` (the file path) is named in every error.
   static ModelConfig from_json(const nlohmann::json& json, const std::string& source);

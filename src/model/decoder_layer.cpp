@@ -68,11 +68,11 @@ DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, int 
 
 template <class T>
 void decoder_layer_forward(T* x, const int32_t* positions, int64_t batch, int64_t seq, const DecoderLayerWeights<T>& w,
-                           const DecoderLayerDims& dims, ActivationStore& store, int layer, Arena& scratch) {
+                           const DecoderLayerDims& dims, ActivationStore* store, int layer, Arena& scratch) {
   scratch.reset();
   attention_block_forward(x, positions, batch, seq, w.attn, dims.attn, store, layer, scratch);
   scratch.reset();
-  mlp_forward(x, batch * seq, w.mlp, dims.mlp, &store, layer, scratch);
+  mlp_forward(x, batch * seq, w.mlp, dims.mlp, store, layer, scratch);
 }
 
 template <class T>
@@ -97,7 +97,7 @@ void decoder_layer_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cache,
 #define TRILLION_INSTANTIATE(T)                                                                                  \
   template DecoderLayerWeights<T> bind_decoder_layer<T>(const ParamTable&, T*, int);                             \
   template void decoder_layer_forward<T>(T*, const int32_t*, int64_t, int64_t, const DecoderLayerWeights<T>&,    \
-                                         const DecoderLayerDims&, ActivationStore&, int, Arena&);                \
+                                         const DecoderLayerDims&, ActivationStore*, int, Arena&);                \
   template void decoder_layer_backward<T>(T*, const int32_t*, int64_t, int64_t, const DecoderLayerWeights<T>&,   \
                                           const DecoderLayerWeights<T>&, const DecoderLayerDims&,                \
                                           const ActivationStore&, int, Arena&);                                  \

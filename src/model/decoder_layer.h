@@ -40,10 +40,11 @@ void add_decoder_layer_params(ParamTable& table, const ModelConfig& config, int 
 template <class T>
 DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, int layer);
 
-// x[batch·seq, D] ← layer(x), saving through `store` under `layer`.
+// x[batch·seq, D] ← layer(x), saving through `store` under `layer` (store == nullptr: forward
+// only, nothing saved).
 template <class T>
 void decoder_layer_forward(T* x, const int32_t* positions, int64_t batch, int64_t seq, const DecoderLayerWeights<T>& w,
-                           const DecoderLayerDims& dims, ActivationStore& store, int layer, Arena& scratch);
+                           const DecoderLayerDims& dims, ActivationStore* store, int layer, Arena& scratch);
 
 // dx[batch·seq, D]: gradient wrt the layer output on entry, wrt its input on return; grads +=.
 template <class T>

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include "core/error.h"
 #include "core/rng.h"
@@ -20,8 +21,13 @@ double central_difference(const std::function<double(double)>& f, double h) {
 }  // namespace
 
 GradientCheckReport check_model_gradients(const ModelConfig& config, const GradientCheckOptions& options) {
-  if (options.batch <= 0 || options.seq <= 0) fail("gradient check: --batch and --seq-len must be positive");
-  if (options.step <= 0) fail("gradient check: --step must be positive");
+  if (options.batch <= 0 || options.seq <= 0)
+    fail("gradient check: --batch ", options.batch, " and --seq-len ", options.seq, ": expected positive integers");
+  if (!(options.step > 0.0) || !std::isfinite(options.step))
+    fail("gradient check: --step ", options.step, ": expected a positive finite number");
+  if (options.directions < 1) fail("gradient check: --directions ", options.directions, ": expected at least 1");
+  if (options.max_full_elements < 0)
+    fail("gradient check: --max-elements ", options.max_full_elements, ": expected a non-negative integer");
   Model<double> model(config);
   model.init_weights(options.seed);
   const int64_t n = options.batch * options.seq, V = config.vocab_size;
@@ -94,7 +100,9 @@ GradientCheckReport check_model_gradients(const ModelConfig& config, const Gradi
         record(analytic, numeric);
       }
     }
-    check.rel_err = check.max_abs_err / std::max(check.max_ref, 1e-30);
+    TRILLION_CHECK(check.checked > 0, "gradient check of ", check.name, " checked nothing");
+    // A numeric gradient that is exactly zero compares nothing: the tensor fails (rel_err = ∞).
+    check.rel_err = check.max_ref > 0.0 ? check.max_abs_err / check.max_ref : std::numeric_limits<double>::infinity();
     report.checked += check.checked;
     if (report.tensors.empty() || check.rel_err > report.max_rel_err) {
       report.max_rel_err = check.rel_err;

@@ -1,6 +1,8 @@
 // Whole-model gradient check in double: the analytic gradients of Model<double> (loss = mean
 // over the non-ignored tokens of a random batch) against central finite differences, per tensor.
-// Relative error per tensor: max|analytic − numeric| / max(max|numeric|, 1e-30).
+// Relative error per tensor: max|analytic − numeric| / max|numeric|; a tensor whose numeric
+// gradient is exactly zero gets +∞ (the comparison would check nothing), so it fails.
+// Options are validated: batch, seq-len ≥ 1, directions ≥ 1, max_full_elements ≥ 0, step > 0 finite.
 //   - every element of every tensor when the model has at most `max_full_elements` parameters;
 //   - otherwise `directions` random directions per tensor (directional derivatives).
 // The finite difference is the fourth-order central stencil
@@ -31,7 +33,7 @@ struct TensorCheck {
   int64_t checked = 0;  // elements or directions
   double max_abs_err = 0.0;
   double max_ref = 0.0;  // max |numeric|
-  double rel_err = 0.0;
+  double rel_err = 0.0;  // +∞ when max_ref is 0
 };
 
 struct GradientCheckReport {

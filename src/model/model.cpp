@@ -15,16 +15,26 @@
 namespace trillion {
 namespace {
 
-// Rejects what the config can describe but the engine does not build yet.
+// Rejects what the config can describe but the engine does not build yet, naming the file.
 void check_buildable(const ModelConfig& config) {
+  const std::string source = config.source.empty() ? "config" : config.source;
+  // qwen3_moe builds as qwen3 while it has no experts (num_experts is checked below).
+  if (config.model_type != "qwen3" && config.model_type != "qwen3_next" && config.model_type != "qwen3_moe")
+    fail(source, ": model_type ", config.model_type, ": not built yet; expected qwen3, qwen3_next or qwen3_moe");
+  if (config.hidden_act != "silu")
+    fail(source, ": field \"hidden_act\": \"", config.hidden_act, "\": not built yet; expected \"silu\"");
+  if (!config.rope_scaling.is_null())
+    fail(source, ": field \"rope_scaling\": ", config.rope_scaling.dump(), ": not built yet; expected null");
+  if (config.use_sliding_window) fail(source, ": field \"use_sliding_window\": true: not built yet; expected false");
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
     if (config.layer_types[i] != LayerType::full_attention)
-      fail("layer_types[", i, "] = ", layer_type_name(config.layer_types[i]), ": not built yet");
+      fail(source, ": layer_types[", i, "] = ", layer_type_name(config.layer_types[i]), ": not built yet");
   }
   TRILLION_CHECK(static_cast<int64_t>(config.layer_types.size()) == config.num_hidden_layers,
                  "layer_types has ", config.layer_types.size(), " entries for ", config.num_hidden_layers, " layers");
-  if (config.attention_bias) fail("attention_bias = true: not built yet");
-  if (config.num_experts > 0) fail("num_experts = ", config.num_experts, ": mixture of experts not built yet");
+  if (config.attention_bias) fail(source, ": attention_bias = true: not built yet");
+  if (config.num_experts > 0)
+    fail(source, ": num_experts = ", config.num_experts, ": mixture of experts not built yet");
 }
 
 // Unit 0: embeddings, final norm, LM head; unit 1 + l: decoder layer l. Embeddings and norms have
@@ -100,7 +110,8 @@ template <class T>
 void Model<T>::zero_grads() { impl_->grads.zero(); }
 
 template <class T>
-CrossEntropyResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
+CrossEntropyResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                                           bool save_activations) {
   Impl& m = *this;
   TRILLION_CHECK(batch > 0 && seq > 0, "batch ", batch, " and seq ", seq, " must be positive");
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
@@ -109,26 +120,31 @@ CrossEntropyResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t*
   ensure_size(m.hidden, n * D);
   ensure_size(m.positions, n);
   for (int64_t i = 0; i < n; ++i) m.positions[i] = static_cast<int32_t>(i % seq);
+  ActivationStore* store = save_activations ? &m.store : nullptr;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
   embedding_forward(x, m.embedding(params), tokens, n, D, V);
   for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
     decoder_layer_forward(x, m.positions.data(), batch, seq, bind_decoder_layer(m.table, params, layer), m.dims,
-                          m.store, layer, m.scratch);
+                          store, layer, m.scratch);
   }
-  T* final_input = m.store.template save<T>(ActivationTag::final_input, 0, n * D);  // [n, D]
+  m.scratch.reset();
+  const auto buffer = [&](ActivationTag tag, int64_t count) {
+    return store != nullptr ? store->template save<T>(tag, 0, count) : m.scratch.template alloc<T>(count);
+  };
+  T* final_input = buffer(ActivationTag::final_input, n * D);  // [n, D]
   std::memcpy(final_input, x, n * D * sizeof(T));
-  T* rstd = m.store.template save<T>(ActivationTag::final_norm_rstd, 0, n);   // [n]
-  T* h = m.store.template save<T>(ActivationTag::final_norm_out, 0, n * D);    // [n, D]
+  T* rstd = buffer(ActivationTag::final_norm_rstd, n);   // [n]
+  T* h = buffer(ActivationTag::final_norm_out, n * D);   // [n, D]
   rmsnorm_forward(h, rstd, final_input, m.final_norm(params), n, D, m.config.rms_norm_eps, m.config.zero_centred_norms());
-  T* lse = m.store.template save<T>(ActivationTag::loss_lse, 0, n);  // [n]
+  T* lse = buffer(ActivationTag::loss_lse, n);  // [n]
   return lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
 }
 
+// Forward only: nothing is saved, so its memory is one sublayer's, not every layer's.
 template <class T>
 CrossEntropyResult Model<T>::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
-  const CrossEntropyResult result = impl_->forward(tokens, targets, batch, seq);
-  impl_->store.clear();
+  const CrossEntropyResult result = impl_->forward(tokens, targets, batch, seq, /*save_activations=*/false);
   impl_->scratch.reset();
   return result;
 }
@@ -137,7 +153,7 @@ template <class T>
 CrossEntropyResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
                                               int64_t seq, double loss_scale) {
   Impl& m = *impl_;
-  const CrossEntropyResult result = m.forward(tokens, targets, batch, seq);
+  const CrossEntropyResult result = m.forward(tokens, targets, batch, seq, /*save_activations=*/true);
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   T* params = m.params.data();
   T* grads = m.grads.data();
@@ -199,7 +215,7 @@ void Model<T>::generate_step(const int32_t* tokens, int64_t n, T* last_logits) {
   }
   m.scratch.reset();
   T* h = m.scratch.template alloc<T>(D);  // [1, D] final-normed last token
-  T* rstd = m.scratch.template alloc<T>(1);
+  T* rstd = m.scratch.template alloc<T>(1);  // [1]
   rmsnorm_forward(h, rstd, x + (n - 1) * D, m.final_norm(params), 1, D, m.config.rms_norm_eps,
                   m.config.zero_centred_norms());
   linear_forward(last_logits, h, m.lm_head(params), 1, D, V);  // [1, V]

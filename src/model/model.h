@@ -39,7 +39,8 @@ class Model {
   // Accumulates (+=) loss_scale · d(loss_sum)/dθ into grads() and returns the loss sum and count.
   CrossEntropyResult forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                       double loss_scale);
-  // Forward only (evaluation); the activations it saves are freed before it returns.
+  // Forward only (evaluation, gradient checking): saves no activations, so it needs one
+  // sublayer's temporaries rather than every layer's saved activations.
   CrossEntropyResult forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
 
   // Generation with a KV cache, batch 1: start_generation clears the cache; generate_step appends

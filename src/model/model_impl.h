@@ -29,8 +29,10 @@ struct Model<T>::Impl {
   int64_t cache_length = 0;
 
   explicit Impl(const ModelConfig& c);
-  // Training-mode forward: saves every activation the backward needs in `store`.
-  CrossEntropyResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
+  // Forward and loss. save_activations: saves every activation the backward needs in `store`
+  // (training); otherwise nothing is saved and temporaries live in `scratch` one sublayer at a time.
+  CrossEntropyResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                             bool save_activations);
   T* embedding(T* base) const { return base + table.find("model.embed_tokens.weight").offset; }
   T* final_norm(T* base) const { return base + table.find("model.norm.weight").offset; }
   // The LM head's weight [V, D]: the embedding table when tied.

@@ -2,7 +2,8 @@
 // under its HF name (F32 for float models, F64 for double) through CheckpointWriter (sharded with
 // an index when large); load_weights reads any supported dtype, converting. Loading is
 // all-or-nothing: every tensor is read into a staging buffer and checked (missing, misshaped,
-// extra) before the parameters change.
+// extra) before the parameters change. A tied model accepts a stored lm_head.weight only when it
+// equals model.embed_tokens.weight bitwise after conversion.
 #include <cstring>
 #include <string>
 #include <vector>
@@ -49,14 +50,29 @@ void Model<T>::load_weights(const std::string& directory) {
     if (shape != spec.shape)
       fail(shard.path(), ": tensor ", spec.name, " has shape ", shape_str(shape), ", expected ", shape_str(spec.shape));
   }
+  // Hugging Face tied checkpoints sometimes also store lm_head.weight: a copy of the embedding.
+  const char* const kTiedHead = "lm_head.weight";
+  const bool tied_head_stored = m.config.tie_word_embeddings && reader.contains(kTiedHead);
   for (const std::string& name : reader.names()) {
-    if (!m.table.contains(name))
+    if (!m.table.contains(name) && !(tied_head_stored && name == kTiedHead))
       fail(reader.shard_of(name).path(), ": tensor ", name, " is not a parameter of this model (",
            m.config.model_type, ", ", m.config.num_hidden_layers, " layers",
            m.config.tie_word_embeddings ? ", tied embeddings" : "", ")");
   }
   Buffer<T> staging(m.table.total_size());  // padding stays zero
   for (const ParamSpec& spec : m.table.entries()) reader.read(spec.name, spec.shape, staging.data() + spec.offset);
+  if (tied_head_stored) {
+    const ParamSpec& embed = m.table.find("model.embed_tokens.weight");
+    const SafetensorsReader& shard = reader.shard_of(kTiedHead);
+    if (shard.info(kTiedHead).shape != embed.shape)
+      fail(shard.path(), ": tensor ", kTiedHead, " has shape ", shape_str(shard.info(kTiedHead).shape), ", expected ",
+           shape_str(embed.shape), " (tie_word_embeddings = true: a copy of ", embed.name, ")");
+    Buffer<T> head(embed.numel());  // [V, D]
+    reader.read(kTiedHead, embed.shape, head.data());
+    if (std::memcmp(head.data(), staging.data() + embed.offset, embed.numel() * sizeof(T)) != 0)
+      fail(shard.path(), ": tensor ", kTiedHead, " differs from ", embed.name,
+           " but the config ties them (tie_word_embeddings = true); expected an identical copy or no ", kTiedHead);
+  }
   std::memcpy(static_cast<void*>(m.params.data()), staging.data(), m.table.total_size() * sizeof(T));
 }
 

@@ -28,7 +28,6 @@ TEST(ActivationStore, SavesPerTagAndLayerAndCountsBytes) {
   EXPECT_EQ(store.bytes_in_use(), 0);
   EXPECT_EQ(MemoryStats::current(Tier::fast), before);
   EXPECT_FALSE(store.contains(ActivationTag::q, 0));
-  EXPECT_EQ(store.policy(ActivationTag::q), ActivationPolicy::keep);
 }
 
 TEST(ActivationStoreDeathTest, MissingOrMisSizedActivationAborts) {

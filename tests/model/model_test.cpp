@@ -109,17 +109,38 @@ TEST(Model, FloatMatchesDouble) {
   }
 }
 
+// Two different micro-batches (halves of one batch), each scaled by 1 / (tokens of the whole
+// batch), accumulate to the gradient of one forward_backward over the whole batch.
 TEST(Model, GradientsAccumulateAcrossMicroBatches) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny.json"));
   Model<double> model(config);
   model.init_weights(2);
-  const std::vector<int32_t> tokens = random_tokens(12, config.vocab_size, "t");
-  const std::vector<int32_t> targets = random_tokens(12, config.vocab_size, "u");
+  const int64_t batch = 4, seq = 6, n = batch * seq, half = n / 2, size = model.table().total_size();
+  const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "t");    // [batch, seq]
+  const std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "u");   // [batch, seq]
+  const double scale = 1.0 / double(n);
   model.zero_grads();
-  model.forward_backward(tokens.data(), targets.data(), 2, 6, 0.5);
-  const std::vector<double> once(model.grads(), model.grads() + model.table().total_size());
-  model.forward_backward(tokens.data(), targets.data(), 2, 6, 0.5);
-  for (int64_t i = 0; i < model.table().total_size(); ++i) ASSERT_NEAR(model.grads()[i], 2 * once[i], 1e-15);
+  const CrossEntropyResult whole = model.forward_backward(tokens.data(), targets.data(), batch, seq, scale);
+  const std::vector<double> whole_grads(model.grads(), model.grads() + size);
+
+  model.zero_grads();
+  const CrossEntropyResult first =
+      model.forward_backward(tokens.data(), targets.data(), batch / 2, seq, scale);
+  const std::vector<double> first_grads(model.grads(), model.grads() + size);
+  const CrossEntropyResult second =
+      model.forward_backward(tokens.data() + half, targets.data() + half, batch / 2, seq, scale);
+  EXPECT_EQ(first.count + second.count, whole.count);
+  EXPECT_NEAR(first.loss_sum + second.loss_sum, whole.loss_sum, 1e-12 * whole.loss_sum);
+  double max_diff = 0.0, max_ref = 0.0, halves_differ = 0.0;
+  for (int64_t i = 0; i < size; ++i) {
+    max_diff = std::max(max_diff, std::abs(model.grads()[i] - whole_grads[i]));
+    max_ref = std::max(max_ref, std::abs(whole_grads[i]));
+    // The second half's own gradient is not the first's, so a wrong combination would show.
+    halves_differ = std::max(halves_differ, std::abs((model.grads()[i] - first_grads[i]) - first_grads[i]));
+  }
+  EXPECT_GT(max_ref, 1e-3);
+  EXPECT_LE(max_diff, 1e-13 * max_ref);
+  EXPECT_GT(halves_differ, 1e-3 * max_ref);
 }
 
 TEST(Model, ActivationBytesAreCountedAndFreedEachStep) {
@@ -137,6 +158,34 @@ TEST(Model, ActivationBytesAreCountedAndFreedEachStep) {
   const int64_t kvw = config.num_key_value_heads * config.head_dim;
   const int64_t saved_floats = config.num_hidden_layers * n * (3 * qw + 3 * kvw + 3 * config.intermediate_size);
   EXPECT_GE(MemoryStats::peak(Tier::fast) - between_steps, saved_floats * int64_t(sizeof(float)));
+}
+
+// Evaluation saves no activations: forward_loss's peak fast-tier bytes are a small fraction of
+// forward_backward's (which keeps every layer's), and its loss is bitwise the training loss.
+TEST(Model, ForwardLossNeedsOneSublayerOfMemory) {
+  SingleThread single;
+  const ModelConfig config = testing::tiny_config_with({{"num_hidden_layers", 6}});
+  Model<float> model(config);
+  model.init_weights(4);
+  const int64_t batch = 4, seq = 16, n = batch * seq;
+  const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "t");   // [batch, seq]
+  const std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "u");  // [batch, seq]
+  model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / n);  // grows the step buffers once
+  const int64_t between_steps = MemoryStats::current(Tier::fast);
+
+  MemoryStats::reset_peak(Tier::fast);
+  const CrossEntropyResult eval = model.forward_loss(tokens.data(), targets.data(), batch, seq);
+  const int64_t eval_peak = MemoryStats::peak(Tier::fast) - between_steps;
+  EXPECT_EQ(MemoryStats::current(Tier::fast), between_steps);
+  MemoryStats::reset_peak(Tier::fast);
+  const CrossEntropyResult train = model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / n);
+  const int64_t train_peak = MemoryStats::peak(Tier::fast) - between_steps;
+  EXPECT_EQ(MemoryStats::current(Tier::fast), between_steps);
+
+  EXPECT_GT(eval_peak, 0);
+  EXPECT_LT(eval_peak * 4, train_peak) << "forward_loss " << eval_peak << " bytes, forward_backward " << train_peak;
+  EXPECT_EQ(eval.count, train.count);
+  EXPECT_EQ(std::memcmp(&eval.loss_sum, &train.loss_sum, sizeof(double)), 0) << eval.loss_sum << " " << train.loss_sum;
 }
 
 TEST(Model, GradientsDoNotDependOnThreadCount) {
@@ -223,6 +272,36 @@ TEST(Model, RejectsLayerKindsNotBuiltYet) {
   }
 }
 
+// Architectures the config can describe but the engine does not build: one error naming the file
+// and the field, never a silent Qwen3 stand-in.
+TEST(Model, RejectsArchitecturesNotBuiltYet) {
+  const auto error = [](const nlohmann::json& changes) -> std::string {
+    try {
+      Model<float> model(testing::tiny_config_with(changes));
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  const std::string file = "tiny.json (test variant): ";
+  EXPECT_EQ(error({{"model_type", "deepseek_v32"}}),
+            file + "model_type deepseek_v32: not built yet; expected qwen3, qwen3_next or qwen3_moe");
+  EXPECT_EQ(error({{"model_type", "kimi"}}),
+            file + "model_type kimi: not built yet; expected qwen3, qwen3_next or qwen3_moe");
+  EXPECT_EQ(error({{"hidden_act", "gelu"}}), file + "field \"hidden_act\": \"gelu\": not built yet; expected \"silu\"");
+  EXPECT_EQ(error({{"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}}),
+            file + "field \"rope_scaling\": {\"factor\":4.0,\"type\":\"yarn\"}: not built yet; expected null");
+  EXPECT_EQ(error({{"use_sliding_window", true}}),
+            file + "field \"use_sliding_window\": true: not built yet; expected false");
+  EXPECT_EQ(error({{"model_type", "qwen3_moe"}, {"num_experts", 4}, {"num_experts_per_tok", 2},
+                   {"moe_intermediate_size", 8}}),
+            file + "num_experts = 4: mixture of experts not built yet");
+  // What Hugging Face Qwen3 configs say is accepted: silu, no scaling, no sliding window.
+  EXPECT_EQ(error({{"hidden_act", "silu"}, {"rope_scaling", nullptr}, {"use_sliding_window", false},
+                   {"sliding_window", 4096}}),
+            "no error");
+}
+
 TEST(Model, RejectsBadTokens) {
   Model<float> model(ModelConfig::load(testing::model_config_path("tiny.json")));
   const std::vector<int32_t> tokens = {1, 2, 64}, targets = {1, 2, 3};
@@ -257,6 +336,67 @@ TEST(GradcheckCommand, PassesOnTinyAndPrintsJsonLast) {
   EXPECT_EQ(summary.at("tolerance").get<double>(), 1e-6);
   EXPECT_GT(summary.at("checked").get<int64_t>(), 5000);
   EXPECT_NE(output.find("model.layers.1.mlp.down_proj.weight"), std::string::npos);
+}
+
+TEST(Model, GradientCheckRejectsOptionsThatCheckNothing) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny.json"));
+  const auto error = [&](const GradientCheckOptions& options) -> std::string {
+    try {
+      check_model_gradients(config, options);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  GradientCheckOptions options;
+  options.directions = 0;
+  EXPECT_EQ(error(options), "gradient check: --directions 0: expected at least 1");
+  options = GradientCheckOptions{};
+  options.max_full_elements = -1;
+  EXPECT_EQ(error(options), "gradient check: --max-elements -1: expected a non-negative integer");
+  for (const double step : {0.0, -1e-4, std::nan(""), double(INFINITY)}) {
+    options = GradientCheckOptions{};
+    options.step = step;
+    EXPECT_NE(error(options).find("--step"), std::string::npos) << step;
+  }
+}
+
+// With one token per sequence, attention's softmax is over a single key (weight exactly 1), so the
+// loss does not depend on the query or key side (q_proj, q_norm, k_proj, k_norm): their numeric gradient is exactly zero and the check fails them rather than
+// passing with nothing compared.
+TEST(Model, GradientCheckFailsATensorWithZeroNumericGradient) {
+  SingleThread single;
+  GradientCheckOptions options;
+  options.batch = 2;
+  options.seq = 1;
+  const GradientCheckReport report =
+      check_model_gradients(ModelConfig::load(testing::model_config_path("tiny.json")), options);
+  EXPECT_TRUE(std::isinf(report.max_rel_err));
+  for (const TensorCheck& t : report.tensors) {
+    bool scores_only = false;  // the tensor only feeds the attention scores
+    for (const char* part : {"q_proj", "q_norm", "k_proj", "k_norm"})
+      scores_only = scores_only || t.name.find(part) != std::string::npos;
+    EXPECT_EQ(t.max_ref == 0.0, scores_only) << t.name;
+    EXPECT_EQ(std::isinf(t.rel_err), scores_only) << t.name;
+  }
+}
+
+// The CLI's one-line error and non-zero exit for options under which nothing would be checked.
+TEST(GradcheckCommand, RejectsZeroDirections) {
+  for (const char* flags : {"--directions 0", "--max-elements -1", "--step 0", "--tolerance 0"}) {
+    const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
+                                testing::model_config_path("tiny.json") + " " + flags + " 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    ASSERT_NE(pipe, nullptr);
+    std::string output;
+    char line[512];
+    while (std::fgets(line, sizeof line, pipe) != nullptr) output += line;
+    EXPECT_NE(pclose(pipe), 0) << flags << ": " << output;
+    EXPECT_EQ(output.rfind("error: ", 0), 0u) << flags << ": " << output;
+    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << flags << ": " << output;
+    const std::string flag_name = std::string(flags).substr(0, std::string(flags).find(' '));
+    EXPECT_NE(output.find(flag_name), std::string::npos) << flags << ": " << output;
+  }
 }
 
 TEST(GradcheckCommand, FailsOutsideTolerance) {

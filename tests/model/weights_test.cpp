@@ -118,11 +118,44 @@ TEST_F(Weights, LoadErrorsNameTheTensorAndFile) {
   // A failed load leaves the parameters unchanged.
   EXPECT_EQ(0, std::memcmp(before.data(), model.params(), before.size() * sizeof(float)));
 
-  // An untied checkpoint does not load into a tied model (lm_head.weight is extra).
+  // An untied checkpoint (lm_head.weight is not the embedding) does not load into a tied model.
   Model<float> tied(testing::tiny_config_with({{"tie_word_embeddings", true}}));
   model.save_weights(dir("untied"));
   message = error_of([&] { tied.load_weights(dir("untied")); });
-  EXPECT_NE(message.find("lm_head.weight is not a parameter"), std::string::npos) << message;
+  EXPECT_NE(message.find("lm_head.weight differs from model.embed_tokens.weight but the config ties them"),
+            std::string::npos) << message;
+  EXPECT_NE(message.find(dir("untied")), std::string::npos) << message;
+}
+
+// A tied checkpoint that also stores lm_head.weight (as some Hugging Face ones do) loads when it is
+// the embedding, bitwise after conversion (here F64 → float); a copy that differs in one element
+// is rejected and leaves the parameters unchanged.
+TEST_F(Weights, TiedModelAcceptsAStoredCopyOfTheEmbedding) {
+  const ModelConfig config = testing::tiny_config_with({{"tie_word_embeddings", true}});
+  Model<double> source(config);
+  source.init_weights(5);
+  const ParamSpec& embed = source.table().find("model.embed_tokens.weight");
+  const auto write = [&](const std::string& out, double change) {
+    CheckpointWriter writer;
+    for (const ParamSpec& s : source.table().entries()) writer.add(s.name, DType::F64, s.shape, source.params() + s.offset);
+    std::vector<double> head(source.params() + embed.offset, source.params() + embed.offset + embed.numel());
+    head[7] += change;
+    writer.add("lm_head.weight", DType::F64, embed.shape, head.data());
+    writer.write(out);
+  };
+  Model<float> loaded(config);
+  write(dir("copy"), 0.0);
+  loaded.load_weights(dir("copy"));
+  for (int64_t i = 0; i < source.table().total_size(); ++i)
+    ASSERT_EQ(loaded.params()[i], static_cast<float>(source.params()[i])) << i;
+
+  Model<float> other(config);
+  other.init_weights(6);
+  const std::vector<float> before(other.params(), other.params() + other.table().total_size());
+  write(dir("differs"), 1e-3);
+  const std::string message = error_of([&] { other.load_weights(dir("differs")); });
+  EXPECT_NE(message.find("lm_head.weight differs from model.embed_tokens.weight"), std::string::npos) << message;
+  EXPECT_EQ(0, std::memcmp(before.data(), other.params(), before.size() * sizeof(float)));
 }
 
 }  // namespace
