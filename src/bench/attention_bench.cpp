@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/relative_error.h"
 #include "core/rng.h"
 #include "ops/attention.h"
 #include "ops/ref/attention_ref.h"
@@ -25,16 +26,6 @@ struct AttentionTensors {
         dk(s.batch * s.kv_len * s.kv_heads * s.head_dim),
         dv(s.batch * s.kv_len * s.kv_heads * s.head_dim) {}
 };
-
-// max|a − b| / max(max|b|, 1e-30)
-double rel_err(const Buffer<float>& a, const Buffer<float>& b) {
-  double diff = 0, ref = 0;
-  for (int64_t i = 0; i < b.size(); ++i) {
-    diff = std::max(diff, double(std::abs(a[i] - b[i])));
-    ref = std::max(ref, double(std::abs(b[i])));
-  }
-  return diff / std::max(ref, 1e-30);
-}
 
 // Bytes above the current fast-tier level at the peak of fn().
 template <class Fn>
@@ -116,7 +107,7 @@ nlohmann::json run_attention_bench(const AttentionBenchOptions& o,
   double max_rel_err = 0;
   for (auto [a, b] : {std::pair{&fused.out, &reference.out}, {&fused.lse, &reference.lse},
                       {&fused.dq, &reference.dq}, {&fused.dk, &reference.dk}, {&fused.dv, &reference.dv}})
-    max_rel_err = std::max(max_rel_err, rel_err(*a, *b));
+    max_rel_err = std::max(max_rel_err, relative_error(a->data(), b->data(), b->size()));
 
   nlohmann::json summary = {{"bench", "attention"},
                             {"speedup", reference_time.median_s / fused_time.median_s},

@@ -42,12 +42,6 @@ bool parse_dtype(const std::string& text, DType* dtype) {
   return false;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string text = "[";
-  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
-  return text + "]";
-}
-
 // Number of elements, or -1 if a dimension is negative or the product overflows.
 int64_t checked_numel(const std::vector<int64_t>& shape) {
   int64_t numel = 1;
@@ -185,15 +179,21 @@ TensorInfo parse_entry(const nlohmann::json& entry, const std::string& path, con
   const int64_t numel = checked_numel(info.shape);
   int64_t expected_bytes = 0;
   if (numel < 0 || __builtin_mul_overflow(numel, dtype_bytes(info.dtype), &expected_bytes))
-    fail(path, ": tensor \"", name, "\": shape ", shape_text(info.shape), " is too large");
+    fail(path, ": tensor \"", name, "\": shape ", shape_string(info.shape), " is too large");
   if (info.end - info.begin != expected_bytes)
     fail(path, ": tensor \"", name, "\": data_offsets [", info.begin, ", ", info.end, "] hold ",
-         info.end - info.begin, " bytes; expected ", expected_bytes, " for shape ", shape_text(info.shape),
+         info.end - info.begin, " bytes; expected ", expected_bytes, " for shape ", shape_string(info.shape),
          " of ", dtype_name(info.dtype));
   return info;
 }
 
 }  // namespace
+
+std::string shape_string(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
 
 const char* dtype_name(DType dtype) {
   switch (dtype) {
@@ -283,7 +283,7 @@ template <class T>
 void SafetensorsReader::read(const std::string& name, const std::vector<int64_t>& expected_shape, T* out) const {
   const TensorInfo& tensor = info(name);
   if (tensor.shape != expected_shape)
-    fail(path_, ": tensor \"", name, "\": shape ", shape_text(tensor.shape), "; expected ", shape_text(expected_shape));
+    fail(path_, ": tensor \"", name, "\": shape ", shape_string(tensor.shape), "; expected ", shape_string(expected_shape));
   InputFile file(path_);
   const int64_t element_bytes = dtype_bytes(tensor.dtype);
   const int64_t numel = (tensor.end - tensor.begin) / element_bytes;
@@ -308,7 +308,7 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
   if (name.empty() || name == "__metadata__") fail("safetensors writer: invalid tensor name \"", name, "\"");
   if (entries_.count(name) != 0) fail("safetensors writer: tensor \"", name, "\" added twice");
   const int64_t numel = checked_numel(shape);
-  if (numel < 0) fail("safetensors writer: tensor \"", name, "\": invalid shape ", shape_text(shape));
+  if (numel < 0) fail("safetensors writer: tensor \"", name, "\": invalid shape ", shape_string(shape));
   Entry entry{dtype, shape, std::vector<unsigned char>(static_cast<size_t>(numel * dtype_bytes(dtype)))};
   encode_elements(dtype, data, numel, entry.bytes.data());
   entries_.emplace(name, std::move(entry));

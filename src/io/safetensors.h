@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace trillion {
@@ -20,6 +21,13 @@ namespace trillion {
 enum class DType { F32, F64, BF16, F16 };
 const char* dtype_name(DType dtype);
 int64_t dtype_bytes(DType dtype);
+// The dtype that stores T without loss: F32 for float, F64 for double.
+template <class T>
+constexpr DType dtype_of() {
+  return std::is_same_v<T, double> ? DType::F64 : DType::F32;
+}
+// A shape as error messages print it: "[2, 3]".
+std::string shape_string(const std::vector<int64_t>& shape);
 
 struct TensorInfo {
   DType dtype = DType::F32;

@@ -73,9 +73,7 @@ void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int6
   using Tag = ActivationTag;
   const int64_t n = batch * seq, D = dims.hidden, qw = dims.q_width(), kvw = dims.kv_width();
   // Saved for the backward, or (store == nullptr: forward only) temporaries of this sublayer.
-  const auto buffer = [&](Tag tag, int64_t count) {
-    return store != nullptr ? store->save<T>(tag, layer, count) : scratch.alloc<T>(count);
-  };
+  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
   T* input = buffer(Tag::attn_input, n * D);  // [n, D]
   std::memcpy(input, x, n * D * sizeof(T));
   T* rstd = buffer(Tag::attn_norm_rstd, n);    // [n]

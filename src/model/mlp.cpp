@@ -14,9 +14,7 @@ void mlp_forward(T* x, int64_t n, const MlpWeights<T>& w, const MlpDims& dims, A
                  Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t D = dims.hidden, I = dims.intermediate;
-  const auto buffer = [&](Tag tag, int64_t count) {
-    return store != nullptr ? store->save<T>(tag, layer, count) : scratch.alloc<T>(count);
-  };
+  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
   T* input = buffer(Tag::mlp_input, n * D);  // [n, D]
   std::memcpy(input, x, n * D * sizeof(T));
   T* rstd = buffer(Tag::mlp_norm_rstd, n);   // [n]

@@ -130,7 +130,7 @@ CrossEntropyResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t*
   }
   m.scratch.reset();
   const auto buffer = [&](ActivationTag tag, int64_t count) {
-    return store != nullptr ? store->template save<T>(tag, 0, count) : m.scratch.template alloc<T>(count);
+    return save_or_scratch<T>(store, tag, 0, count, m.scratch);
   };
   T* final_input = buffer(ActivationTag::final_input, n * D);  // [n, D]
   std::memcpy(final_input, x, n * D * sizeof(T));

@@ -13,27 +13,13 @@
 #include "model/model_impl.h"
 
 namespace trillion {
-namespace {
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
-template <class T>
-constexpr DType storage_dtype() {
-  return sizeof(T) == sizeof(double) ? DType::F64 : DType::F32;
-}
-
-}  // namespace
 
 template <class T>
 void Model<T>::save_weights(const std::string& directory) const {
   const Impl& m = *impl_;
   CheckpointWriter writer;
   for (const ParamSpec& spec : m.table.entries()) {
-    writer.add(spec.name, storage_dtype<T>(), spec.shape, m.params.data() + spec.offset);
+    writer.add(spec.name, dtype_of<T>(), spec.shape, m.params.data() + spec.offset);
   }
   writer.write(directory);
 }
@@ -44,11 +30,11 @@ void Model<T>::load_weights(const std::string& directory) {
   const CheckpointReader reader(directory);
   for (const ParamSpec& spec : m.table.entries()) {
     if (!reader.contains(spec.name))
-      fail("checkpoint ", directory, ": tensor ", spec.name, " is missing (expected shape ", shape_str(spec.shape), ")");
+      fail("checkpoint ", directory, ": tensor ", spec.name, " is missing (expected shape ", shape_string(spec.shape), ")");
     const SafetensorsReader& shard = reader.shard_of(spec.name);
     const std::vector<int64_t>& shape = shard.info(spec.name).shape;
     if (shape != spec.shape)
-      fail(shard.path(), ": tensor ", spec.name, " has shape ", shape_str(shape), ", expected ", shape_str(spec.shape));
+      fail(shard.path(), ": tensor ", spec.name, " has shape ", shape_string(shape), ", expected ", shape_string(spec.shape));
   }
   // Hugging Face tied checkpoints sometimes also store lm_head.weight: a copy of the embedding.
   const char* const kTiedHead = "lm_head.weight";
@@ -65,8 +51,8 @@ void Model<T>::load_weights(const std::string& directory) {
     const ParamSpec& embed = m.table.find("model.embed_tokens.weight");
     const SafetensorsReader& shard = reader.shard_of(kTiedHead);
     if (shard.info(kTiedHead).shape != embed.shape)
-      fail(shard.path(), ": tensor ", kTiedHead, " has shape ", shape_str(shard.info(kTiedHead).shape), ", expected ",
-           shape_str(embed.shape), " (tie_word_embeddings = true: a copy of ", embed.name, ")");
+      fail(shard.path(), ": tensor ", kTiedHead, " has shape ", shape_string(shard.info(kTiedHead).shape), ", expected ",
+           shape_string(embed.shape), " (tie_word_embeddings = true: a copy of ", embed.name, ")");
     Buffer<T> head(embed.numel());  // [V, D]
     reader.read(kTiedHead, embed.shape, head.data());
     if (std::memcmp(head.data(), staging.data() + embed.offset, embed.numel() * sizeof(T)) != 0)

@@ -2,7 +2,6 @@
 #include "train/optimizer.h"
 
 #include <cmath>
-#include <type_traits>
 
 #include "io/safetensors.h"
 
@@ -10,11 +9,6 @@ namespace trillion {
 namespace {
 
 bool trainable(const ParamSpec& spec) { return spec.group != ParamGroup::buffer; }
-
-template <class T>
-constexpr DType storage_dtype() {
-  return std::is_same_v<T, double> ? DType::F64 : DType::F32;
-}
 
 }  // namespace
 
@@ -53,8 +47,8 @@ void Optimizer<T>::save(const std::string& path) const {
   SafetensorsWriter writer;
   for (const ParamSpec& spec : table_.entries()) {
     if (!trainable(spec)) continue;
-    writer.add(spec.name + ".exp_avg", storage_dtype<T>(), spec.shape, exp_avg_.data() + spec.offset);
-    writer.add(spec.name + ".exp_avg_sq", storage_dtype<T>(), spec.shape, exp_avg_sq_.data() + spec.offset);
+    writer.add(spec.name + ".exp_avg", dtype_of<T>(), spec.shape, exp_avg_.data() + spec.offset);
+    writer.add(spec.name + ".exp_avg_sq", dtype_of<T>(), spec.shape, exp_avg_sq_.data() + spec.offset);
   }
   writer.set_metadata("format", "trillion-adamw");
   writer.write(path);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/relative_error.h"
 #include "io/safetensors.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -23,16 +24,6 @@ namespace {
 
 const std::string kFixtureRoot = std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/models/";
 constexpr int64_t kBatch = 2, kSeq = 7;
-
-// max|a − b| / max(max|b|, 1e-30) over n elements; b is the reference.
-double relative_error(const double* a, const double* b, int64_t n) {
-  double diff = 0.0, scale = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    scale = std::max(scale, std::abs(b[i]));
-  }
-  return diff / std::max(scale, 1e-30);
-}
 
 // Token ids are stored as F64 (the safetensors dtypes we read are floating point); exact there.
 std::vector<int32_t> read_ids(const SafetensorsReader& fixture, const std::string& name) {

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "core/relative_error.h"
 #include "core/rng.h"
 
 namespace trillion::test {
@@ -40,12 +41,8 @@ std::vector<T> cast_values(const std::vector<double>& values) {
 template <class A, class B>
 double relative_error(const std::vector<A>& actual, const std::vector<B>& expected) {
   EXPECT_EQ(actual.size(), expected.size());
-  double max_diff = 0.0, max_expected = 0.0;
-  for (size_t i = 0; i < std::min(actual.size(), expected.size()); ++i) {
-    max_diff = std::max(max_diff, std::abs(static_cast<double>(actual[i]) - static_cast<double>(expected[i])));
-    max_expected = std::max(max_expected, std::abs(static_cast<double>(expected[i])));
-  }
-  return max_diff / std::max(max_expected, 1e-30);
+  return trillion::relative_error(actual.data(), expected.data(),
+                                  static_cast<int64_t>(std::min(actual.size(), expected.size())));
 }
 
 // Σ out ⊙ weights
