@@ -1,0 +1,16 @@
+// Deterministic top-k over the rows of a score matrix: the k largest scores of each row, ordered by
+// score descending, then by index ascending (DESIGN.md: every top-k breaks ties this way), so the
+// result does not depend on the thread count or on the sorting algorithm. Used by the MoE router
+// and, later, by the sparse-attention indexer. −∞ scores (masked entries) are allowed and rank
+// last; NaN scores are an invariant failure (CHECK). Saves nothing; has no backward (a selection).
+#pragma once
+
+#include <cstdint>
+
+namespace trillion {
+
+// indices[rows, k] ← positions of the k largest entries of each row of scores[rows, n]; 1 ≤ k ≤ n.
+template <class T>
+void topk_rows(int32_t* indices, const T* scores, int64_t rows, int64_t n, int64_t k);
+
+}  // namespace trillion
