@@ -2,6 +2,8 @@
 //   trillion bench gemm [--json] [--size N]         sgemm GFLOP/s at N³ (median of ≥ 10 runs)
 //   trillion bench attention [--json] [--seq-len T] [--heads H] [--kv-heads K] [--head-dim d]
 //                            [--batch B] [--runs N] [--baseline-runs N] [--gemm-size N]
+//   trillion bench moe [--json] [--tokens T] [--hidden H] [--experts E] [--top-k k] [--expert-width I]
+//                      [--runs N] [--baseline-runs N] [--gemm-size N] [--seed S]
 //   (--runs and --baseline-runs default to 10, the minimum for a measurement; fewer is a smoke test)
 // With --json each measurement is one JSON line and the last line is the summary; without it the
 // same numbers are printed for people.
@@ -10,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/attention_bench.h"
+#include "bench/moe_bench.h"
 #include "bench/timing.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -26,7 +29,7 @@ void print_measurement(const nlohmann::json& j) {
     std::printf("sgemm %lld³: %.1f GFLOP/s (median %.4f s of %d runs)\n", j.at("size").get<long long>(),
                 j.at("gflops").get<double>(), j.at("median_s").get<double>(), j.at("runs").get<int>());
   } else {
-    std::printf("%-9s forward+backward: median %.4f s (min %.4f s, %d runs), %.1f GFLOP/s, peak %.1f MiB\n",
+    std::printf("%-10s forward+backward: median %.4f s (min %.4f s, %d runs), %.1f GFLOP/s, peak %.1f MiB\n",
                 what.c_str(), j.at("median_s").get<double>(), j.at("min_s").get<double>(), j.at("runs").get<int>(),
                 j.at("gflops").get<double>(), j.at("peak_bytes").get<double>() / (1 << 20));
   }
@@ -72,6 +75,41 @@ void run_attention(bool json, const AttentionBenchOptions& options) {
       summary.at("memory_ratio").get<double>());
 }
 
+void run_moe(bool json, const MoeBenchOptions& options) {
+  if (options.runs < 10 || options.baseline_runs < 10)
+    std::fprintf(stderr, "bench moe: fewer than 10 runs (--runs %d, --baseline-runs %d): a smoke test, "
+                 "not a measurement\n", options.runs, options.baseline_runs);
+  const nlohmann::json summary = run_moe_bench(options, [&](const nlohmann::json& j) {
+    if (json) {
+      print_json(j);
+      return;
+    }
+    print_measurement(j);
+    if (j.contains("experts_forward_s"))
+      std::printf("           phases (median s): router %.4f, plan %.4f, experts forward %.4f, "
+                  "experts backward %.4f, router backward %.4f\n",
+                  j.at("router_forward_s").get<double>(), j.at("plan_s").get<double>(),
+                  j.at("experts_forward_s").get<double>(), j.at("experts_backward_s").get<double>(),
+                  j.at("router_backward_s").get<double>());
+  });
+  if (json) {
+    print_json(summary);
+    return;
+  }
+  std::printf(
+      "moe T=%lld H=%lld E=%lld k=%lld I=%lld on %d threads (tokens per expert: max %lld, mean %.1f):\n"
+      "  speedup over fragmented %.2fx, max relative error %.2e\n"
+      "  %.1f GFLOP/s = %.3f of the sgemm ceiling (%.1f GFLOP/s)\n"
+      "  peak memory: fragmented / fused = %.2f\n",
+      summary.at("tokens").get<long long>(), summary.at("hidden").get<long long>(),
+      summary.at("experts").get<long long>(), summary.at("top_k").get<long long>(),
+      summary.at("expert_width").get<long long>(), num_threads(),
+      summary.at("tokens_per_expert_max").get<long long>(), summary.at("tokens_per_expert_mean").get<double>(),
+      summary.at("speedup").get<double>(), summary.at("max_rel_err").get<double>(),
+      summary.at("fused_gflops").get<double>(), summary.at("ceiling_fraction").get<double>(),
+      summary.at("ceiling_gflops").get<double>(), summary.at("memory_ratio").get<double>());
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -106,6 +144,27 @@ void register_bench(CLI::App& app) {
   attention->add_option("--gemm-size", options->gemm_size, "Size of the sgemm that sets the ceiling")
       ->capture_default_str();
   attention->callback([attention_json, options] { run_attention(*attention_json, *options); });
+
+  CLI::App* moe = bench->add_subcommand(
+      "moe", "MoE layer (router + fused experts) forward+backward vs the fragmented expert baseline");
+  auto moe_json = std::make_shared<bool>(false);
+  auto moe_options = std::make_shared<MoeBenchOptions>();
+  moe->add_flag("--json", *moe_json, "JSON lines: one per measurement, then the summary");
+  moe->add_option("--tokens", moe_options->tokens, "Tokens T")->capture_default_str();
+  moe->add_option("--hidden", moe_options->hidden, "Hidden size H")->capture_default_str();
+  moe->add_option("--experts", moe_options->experts, "Routed experts E")->capture_default_str();
+  moe->add_option("--top-k", moe_options->top_k, "Experts per token k")->capture_default_str();
+  moe->add_option("--expert-width", moe_options->expert_width, "Expert intermediate size I")->capture_default_str();
+  moe->add_option("--runs", moe_options->runs,
+                  "Timed runs of the fused chain (median reported; fewer than 10 is for smoke tests only)")
+      ->capture_default_str();
+  moe->add_option("--baseline-runs", moe_options->baseline_runs,
+                  "Timed runs of the fragmented chain (median reported; fewer than 10 is for smoke tests only)")
+      ->capture_default_str();
+  moe->add_option("--gemm-size", moe_options->gemm_size, "Size of the sgemm that sets the ceiling")
+      ->capture_default_str();
+  moe->add_option("--seed", moe_options->seed, "Seed of the inputs and weights")->capture_default_str();
+  moe->callback([moe_json, moe_options] { run_moe(*moe_json, *moe_options); });
 }
 
 }  // namespace trillion

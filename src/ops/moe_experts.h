@@ -1,0 +1,65 @@
+// The routed experts of an MoE layer: permute tokens by expert, one grouped GEMM with gate and up
+// fused and SwiGLU applied in the same pass, the down projection, and the weighted combine.
+//
+//   for each kept slot (t, j), e = index[t, j]:
+//     gu        = x[t] · gate_up[e]ᵀ                    gate_up [E, 2I, H]: gate rows, then up rows
+//     act       = silu(gu[:I]) · gu[I:]
+//     out       = act · down[e]ᵀ                         down [E, H, I]
+//     y[t]     += weight[t, j] · out                    j = 0..k−1 in order (owner computes)
+//
+// A slot is (token t, choice j), numbered t·k + j. The plan groups the kept slots by expert
+// (expert-major, token ascending within an expert: stable). Dropless when capacity ≤ 0; otherwise
+// each expert keeps its first `capacity` slots in token order and drops the rest (later positions
+// first, as GShard does); a dropped slot contributes nothing and gets weight gradient 0.
+//
+// A token may name the same expert in several of its k choices; each slot is then its own row.
+//
+// Forward saves, per permuted row (rows = plan.rows(), in plan order), gate_up_out [rows, 2I]
+// (pre-activation), act [rows, I] and expert_out [rows, H] (before weighting; the weight gradient
+// needs it); the caller allocates them once the plan is built (dropless: rows = N · k). The forward
+// runs all experts in one parallel region over (expert, row tile) items, the backward one region per
+// chunk of tokens over experts (weight gradients of an expert accumulate on one thread in a fixed
+// order); every output row is summed by one thread in a fixed order, so results do not depend on the
+// thread count. The backward allocates its own workspace: the input-gradient rows of one token chunk
+// (about 8192 slots × H) and per-thread tiles.
+// Gradient rule: dx accumulates (+=); dweight is written (=); dw_gate_up and dw_down accumulate (+=).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace trillion {
+
+struct MoePlan {
+  int64_t tokens = 0, top_k = 0, experts = 0;
+  std::vector<int64_t> offsets;   // [E + 1]: permuted rows offsets[e] .. offsets[e+1] belong to expert e
+  std::vector<int32_t> row_slot;  // [rows]: the slot t·k + j of each permuted row
+  std::vector<int32_t> slot_row;  // [N · k]: the permuted row of each slot, −1 when dropped
+  std::vector<int64_t> dropped;   // [E]: slots dropped by the capacity limit
+  int64_t rows() const { return offsets.empty() ? 0 : offsets.back(); }
+  int64_t total_dropped() const;
+};
+
+// Builds the plan from index[N, k] (values in [0, E)).
+void moe_plan_build(MoePlan& plan, const int32_t* index, int64_t tokens, int64_t top_k, int64_t experts,
+                    int64_t capacity);
+
+struct MoeExpertDims {
+  int64_t hidden = 0;        // H
+  int64_t intermediate = 0;  // I (expert width)
+  int64_t experts = 0;       // E
+};
+
+// y[N, H] += combined expert outputs; gate_up_out [rows, 2I], act [rows, I], expert_out [rows, H] saved.
+template <class T>
+void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x, const T* gate_up, const T* down,
+                         const T* weight, const MoePlan& plan, const MoeExpertDims& dims);
+
+// dx[N, H] (+=), dweight[N, k] (=), dgate_up [E, 2I, H] (+=), ddown [E, H, I] (+=) from dy[N, H].
+// A null dgate_up / ddown skips that weight gradient (frozen experts).
+template <class T>
+void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* x, const T* gate_up_out,
+                          const T* act, const T* expert_out, const T* gate_up, const T* down, const T* weight,
+                          const MoePlan& plan, const MoeExpertDims& dims);
+
+}  // namespace trillion
