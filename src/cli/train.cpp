@@ -30,6 +30,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--beta2", s.beta2, "AdamW β2");
   cmd->add_option("--eps", s.eps, "AdamW ε");
   cmd->add_option("--clip", s.clip, "Global gradient-norm clip (≤ 0: off)");
+  cmd->add_option("--moe-bias-rate", s.moe_bias_rate,
+                  "Aux-loss-free balancing of sigmoid routers: after each step b += rate · sign(mean load − load) "
+                  "(0: off)")
+      ->check(CLI::NonNegativeNumber);
   // Settings of this process only.
   cmd->add_option("--stop-after", o.stop_after, "End this process after step K, with a checkpoint");
   cmd->add_option("--save-every", o.save_every, "Checkpoint every K steps (0: only at the end)");
@@ -40,7 +44,7 @@ void register_train(CLI::App& app) {
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
     for (const char* flag : {"steps", "seed", "dtype", "batch", "seq-len", "grad-accum", "lr", "min-lr-ratio", "warmup",
-                             "weight-decay", "beta1", "beta2", "eps", "clip"}) {
+                             "weight-decay", "beta1", "beta2", "eps", "clip", "moe-bias-rate"}) {
       if (cmd->count(std::string("--") + flag) > 0) run.given.insert(flag);
     }
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;

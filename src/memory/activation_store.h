@@ -20,7 +20,8 @@
 namespace trillion {
 
 // Every activation a module saves for its backward. Shapes: N = tokens (batch · seq), D = hidden,
-// Hq / Hkv = query / key-value heads, d = head dim, I = MLP width.
+// Hq / Hkv = query / key-value heads, d = head dim, I = MLP width, E = routed experts, k = experts
+// per token, R = routed rows kept (≤ N · k), Is = shared expert width.
 enum class ActivationTag : int {
   attn_input,     // [N, D]        residual stream entering the attention sublayer
   attn_norm_rstd, // [N]
@@ -36,12 +37,24 @@ enum class ActivationTag : int {
   attn_out,       // [N, Hq · d]   attention output (before the gate)
   attn_lse,       // [B, Hq, S]
   o_proj_in,      // [N, Hq · d]   gated attention output (qwen3_next)
-  mlp_input,      // [N, D]        residual stream entering the MLP sublayer
-  mlp_norm_rstd,  // [N]
-  mlp_norm_out,   // [N, D]
+  ffn_input,      // [N, D]        residual stream entering the FFN sublayer
+  ffn_norm_rstd,  // [N]
+  ffn_norm_out,   // [N, D]        input of the dense MLP or the MoE
   mlp_gate,       // [N, I]
   mlp_up,         // [N, I]
   mlp_act,        // [N, I]        silu(gate) · up
+  router_logits,  // [N, E]
+  router_scores,  // [N, E]        softmax or sigmoid of the logits
+  router_index,   // [N, k] int32  the routing decision
+  router_weight,  // [N, k]        combine weights
+  expert_gate_up, // [R, 2I]       grouped gate/up output, pre-activation
+  expert_act,     // [R, I]
+  expert_out,     // [R, D]        expert outputs before weighting
+  shared_gate,    // [N, Is]
+  shared_up,      // [N, Is]
+  shared_act,     // [N, Is]
+  shared_out,     // [N, D]        shared expert output before its gate (qwen3_next)
+  shared_gate_logit, // [N]        shared_expert_gate(h) (qwen3_next)
   final_input,    // [N, D]        residual stream entering the final norm
   final_norm_rstd,// [N]
   final_norm_out, // [N, D]

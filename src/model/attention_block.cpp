@@ -4,9 +4,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/family.h"
 #include "ops/activation.h"
 #include "ops/attention.h"
-#include "ops/gemm.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
 
@@ -20,9 +20,13 @@ AttentionBlockDims AttentionBlockDims::from_config(const ModelConfig& config) {
   dims.head_dim = config.head_dim;
   dims.rotary_dim = config.rotary_dim();
   dims.rope_theta = config.rope_theta;
-  dims.eps = config.rms_norm_eps;
-  dims.zero_centred = config.zero_centred_norms();
-  dims.gated = config.gated_attention();
+  const Family family = family_of(config.model_type);
+  dims.input_norm = {config.rms_norm_eps, family.zero_centred_norms};
+  dims.qk_norm = {config.rms_norm_eps, family.zero_centred_norms};
+  dims.has_qk_norm = config.use_qk_norm;
+  dims.bias = config.attention_bias;
+  dims.gated = family.gated_attention;
+  dims.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
   return dims;
 }
 
@@ -48,18 +52,23 @@ void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, 
   const int64_t d = dims.head_dim, D = dims.hidden;
   if (dims.gated) {
     T* q_and_gate = scratch.alloc<T>(n * dims.q_proj_out());  // [n, Hq, 2d]: query then gate per head
-    linear_forward(q_and_gate, h, w.q_proj, n, D, dims.q_proj_out());
+    linear(q_and_gate, h, w.q_proj, n, D, dims.q_proj_out(), /*accumulate=*/false);
     for (int64_t row = 0; row < n * dims.q_heads; ++row) {
       std::memcpy(p.q_raw + row * d, q_and_gate + row * 2 * d, d * sizeof(T));
       std::memcpy(p.gate + row * d, q_and_gate + row * 2 * d + d, d * sizeof(T));
     }
   } else {
-    linear_forward(p.q_raw, h, w.q_proj, n, D, dims.q_width());
+    linear(p.q_raw, h, w.q_proj, n, D, dims.q_width(), /*accumulate=*/false);
   }
-  linear_forward(p.k_raw, h, w.k_proj, n, D, dims.kv_width());
-  linear_forward(p.v, h, w.v_proj, n, D, dims.kv_width());
-  rmsnorm_forward(p.q, p.q_rstd, p.q_raw, w.q_norm, n * dims.q_heads, d, dims.eps, dims.zero_centred);
-  rmsnorm_forward(p.k, p.k_rstd, p.k_raw, w.k_norm, n * dims.kv_heads, d, dims.eps, dims.zero_centred);
+  linear(p.k_raw, h, w.k_proj, n, D, dims.kv_width(), /*accumulate=*/false);
+  linear(p.v, h, w.v_proj, n, D, dims.kv_width(), /*accumulate=*/false);
+  if (dims.has_qk_norm) {
+    rmsnorm_forward(p.q, p.q_rstd, p.q_raw, w.q_norm, n * dims.q_heads, d, dims.qk_norm.eps, dims.qk_norm.zero_centred);
+    rmsnorm_forward(p.k, p.k_rstd, p.k_raw, w.k_norm, n * dims.kv_heads, d, dims.qk_norm.eps, dims.qk_norm.zero_centred);
+  } else {
+    std::memcpy(p.q, p.q_raw, n * dims.q_width() * sizeof(T));
+    std::memcpy(p.k, p.k_raw, n * dims.kv_width() * sizeof(T));
+  }
   rope_forward(p.q, positions, n, dims.q_heads, d, dims.rotary_dim, dims.rope_theta);
   rope_forward(p.k, positions, n, dims.kv_heads, d, dims.rotary_dim, dims.rope_theta);
 }
@@ -78,7 +87,7 @@ void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int6
   std::memcpy(input, x, n * D * sizeof(T));
   T* rstd = buffer(Tag::attn_norm_rstd, n);    // [n]
   T* h = buffer(Tag::attn_norm_out, n * D);    // [n, D]
-  rmsnorm_forward(h, rstd, input, w.input_norm, n, D, dims.eps, dims.zero_centred);
+  rmsnorm_forward(h, rstd, input, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
 
   Projections<T> p;
   p.q_raw = buffer(Tag::q_raw, n * qw);
@@ -101,8 +110,7 @@ void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int6
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }
-  // Residual: x[n, D] += o_in · o_projᵀ (beta = 1 adds in place).
-  gemm(false, true, n, D, qw, T(1), o_in, qw, w.o_proj, qw, T(1), x, D);
+  linear(x, o_in, w.o_proj, n, qw, D, /*accumulate=*/true);  // residual: x[n, D] += o_in · o_projᵀ
 }
 
 template <class T>
@@ -131,13 +139,13 @@ void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, in
   T* d_gate = nullptr;                   // [n, Hq, d]
   if (dims.gated) {
     const T* o_in = store.get<T>(Tag::o_proj_in, layer, n * qw);
-    linear_backward(d_o_in, grads.o_proj, dx, o_in, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
+    linear_grad(d_o_in, grads.o_proj, dx, o_in, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
     const T* gate = store.get<T>(Tag::gate, layer, n * qw);
     d_out = scratch.alloc<T>(n * qw);
     d_gate = scratch.alloc<T>(n * qw);
     sigmoid_gate_backward(d_out, d_gate, d_o_in, out, gate, n * qw);
   } else {
-    linear_backward(d_o_in, grads.o_proj, dx, out, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
+    linear_grad(d_o_in, grads.o_proj, dx, out, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
   }
 
   AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, d, 1.0 / std::sqrt(double(d))};
@@ -147,10 +155,16 @@ void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, in
   attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
   rope_backward(dq, positions, n, dims.q_heads, d, dims.rotary_dim, dims.rope_theta);
   rope_backward(dk, positions, n, dims.kv_heads, d, dims.rotary_dim, dims.rope_theta);
-  T* dq_raw = scratch.alloc<T>(n * qw);   // [n, Hq, d] gradient wrt the query before q_norm
-  T* dk_raw = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] gradient wrt the key before k_norm
-  rmsnorm_backward(dq_raw, grads.q_norm, dq, q_raw, w.q_norm, q_rstd, n * dims.q_heads, d, dims.zero_centred, false);
-  rmsnorm_backward(dk_raw, grads.k_norm, dk, k_raw, w.k_norm, k_rstd, n * dims.kv_heads, d, dims.zero_centred, false);
+  T* dq_raw = dq;  // [n, Hq, d] gradient wrt the query before q_norm
+  T* dk_raw = dk;  // [n, Hkv, d] gradient wrt the key before k_norm
+  if (dims.has_qk_norm) {
+    dq_raw = scratch.alloc<T>(n * qw);
+    dk_raw = scratch.alloc<T>(n * kvw);
+    rmsnorm_backward(dq_raw, grads.q_norm, dq, q_raw, w.q_norm, q_rstd, n * dims.q_heads, d,
+                     dims.qk_norm.zero_centred, false);
+    rmsnorm_backward(dk_raw, grads.k_norm, dk, k_raw, w.k_norm, k_rstd, n * dims.kv_heads, d,
+                     dims.qk_norm.zero_centred, false);
+  }
 
   // dh = Σ over q (and gate), k, v projections of their input gradients.
   T* dh = scratch.alloc<T>(n * D);  // [n, D]
@@ -160,25 +174,28 @@ void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, in
       std::memcpy(d_q_and_gate + row * 2 * d, dq_raw + row * d, d * sizeof(T));
       std::memcpy(d_q_and_gate + row * 2 * d + d, d_gate + row * d, d * sizeof(T));
     }
-    linear_backward(dh, grads.q_proj, d_q_and_gate, h, w.q_proj, n, D, dims.q_proj_out(), /*accumulate_dx=*/false);
+    linear_grad(dh, grads.q_proj, d_q_and_gate, h, w.q_proj, n, D, dims.q_proj_out(), /*accumulate_dx=*/false);
   } else {
-    linear_backward(dh, grads.q_proj, dq_raw, h, w.q_proj, n, D, qw, /*accumulate_dx=*/false);
+    linear_grad(dh, grads.q_proj, dq_raw, h, w.q_proj, n, D, qw, /*accumulate_dx=*/false);
   }
-  linear_backward(dh, grads.k_proj, dk_raw, h, w.k_proj, n, D, kvw, /*accumulate_dx=*/true);
-  linear_backward(dh, grads.v_proj, dv, h, w.v_proj, n, D, kvw, /*accumulate_dx=*/true);
+  linear_grad(dh, grads.k_proj, dk_raw, h, w.k_proj, n, D, kvw, /*accumulate_dx=*/true);
+  linear_grad(dh, grads.v_proj, dv, h, w.v_proj, n, D, kvw, /*accumulate_dx=*/true);
   // Residual: dx (gradient wrt the output) += gradient through the input norm.
-  rmsnorm_backward(dx, grads.input_norm, dh, input, w.input_norm, rstd, n, D, dims.zero_centred, /*accumulate_dx=*/true);
+  rmsnorm_backward(dx, grads.input_norm, dh, input, w.input_norm, rstd, n, D, dims.input_norm.zero_centred,
+                   /*accumulate_dx=*/true);
 }
 
 template <class T>
-void attention_block_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cache, const AttentionBlockWeights<T>& w,
+void attention_block_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const AttentionBlockWeights<T>& w,
                             const AttentionBlockDims& dims, Arena& scratch) {
   const int64_t D = dims.hidden, qw = dims.q_width(), kvw = dims.kv_width();
+  T* k_cache = cache;                    // [max_len, Hkv, d]
+  T* v_cache = cache + max_len * kvw;    // [max_len, Hkv, d]
   int32_t* positions = scratch.alloc<int32_t>(n);  // [n]
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(past + i);
   T* rstd = scratch.alloc<T>(n);     // [n]
   T* h = scratch.alloc<T>(n * D);    // [n, D]
-  rmsnorm_forward(h, rstd, x, w.input_norm, n, D, dims.eps, dims.zero_centred);
+  rmsnorm_forward(h, rstd, x, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
   Projections<T> p;
   p.q_raw = scratch.alloc<T>(n * qw);
   p.q_rstd = scratch.alloc<T>(n * dims.q_heads);
@@ -200,8 +217,7 @@ void attention_block_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cach
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }
-  // Residual: x[n, D] += o_in · o_projᵀ (beta = 1 adds in place).
-  gemm(false, true, n, D, qw, T(1), o_in, qw, w.o_proj, qw, T(1), x, D);
+  linear(x, o_in, w.o_proj, n, qw, D, /*accumulate=*/true);  // residual: x[n, D] += o_in · o_projᵀ
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                               \
@@ -210,7 +226,7 @@ void attention_block_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cach
   template void attention_block_backward<T>(T*, const int32_t*, int64_t, int64_t, const AttentionBlockWeights<T>&, \
                                             const AttentionBlockWeights<T>&, const AttentionBlockDims&,         \
                                             const ActivationStore&, int, Arena&);                               \
-  template void attention_block_decode<T>(T*, int64_t, int64_t, T*, T*, const AttentionBlockWeights<T>&,        \
+  template void attention_block_decode<T>(T*, int64_t, int64_t, int64_t, T*, const AttentionBlockWeights<T>&,   \
                                           const AttentionBlockDims&, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)

@@ -1,5 +1,7 @@
-// The attention sublayer of a decoder layer, Qwen3 style (and Qwen3-Next style when gated):
-//   h = RMSNorm(x);  q = RoPE(q_norm(h·Wqᵀ)), k = RoPE(k_norm(h·Wkᵀ)), v = h·Wvᵀ  (q_norm/k_norm per head)
+// The full-attention mixer of a decoder layer, Qwen3 style (Qwen3-Next style when gated, GLM-4 style
+// with q/k/v biases and optional q_norm/k_norm):
+//   h = RMSNorm(x);  q = RoPE(q_norm(h·Wqᵀ + bq)), k = RoPE(k_norm(h·Wkᵀ + bk)), v = h·Wvᵀ + bv
+//   (q_norm/k_norm per head, when the family has them; biases when attention_bias)
 //   o = causal GQA attention(q, k, v) with scale head_dim^−½
 //   qwen3_next: q_proj gives 2·d outputs per head (query, then gate) and o ← o · sigmoid(gate)
 //   x ← x + o·Woᵀ
@@ -14,19 +16,29 @@
 #include "core/memory.h"
 #include "memory/activation_store.h"
 #include "model/config.h"
+#include "model/linear.h"
+#include "model/param_rows.h"
 
 namespace trillion {
 
+template <class T>
+struct AttentionBlockWeights;
+
 struct AttentionBlockDims {
+  template <class T>
+  using Weights = AttentionBlockWeights<T>;
   int64_t hidden = 0;      // D
   int64_t q_heads = 0;     // Hq
   int64_t kv_heads = 0;    // Hkv
   int64_t head_dim = 0;    // d
   int64_t rotary_dim = 0;  // first rotary_dim dims of each head are rotated
   double rope_theta = 10000.0;
-  double eps = 1e-6;
-  bool zero_centred = false;  // RMSNorms y = x̂(1 + w)
-  bool gated = false;         // q_proj carries the sigmoid output gate
+  NormSpec input_norm;      // input_layernorm
+  NormSpec qk_norm;         // q_norm / k_norm (per head)
+  bool has_qk_norm = true;  // q_norm / k_norm present
+  bool bias = false;        // q/k/v projections have a bias (attention_bias)
+  bool gated = false;       // q_proj carries the sigmoid output gate
+  InitStds init;
   static AttentionBlockDims from_config(const ModelConfig& config);
   int64_t q_width() const { return q_heads * head_dim; }                 // Hq·d
   int64_t kv_width() const { return kv_heads * head_dim; }               // Hkv·d
@@ -36,14 +48,46 @@ struct AttentionBlockDims {
 // Pointers into a flat buffer (the parameters, or their gradients), Hugging Face shapes.
 template <class T>
 struct AttentionBlockWeights {
-  T* input_norm = nullptr;  // [D]
-  T* q_proj = nullptr;      // [q_proj_out, D]
-  T* k_proj = nullptr;      // [Hkv·d, D]
-  T* v_proj = nullptr;      // [Hkv·d, D]
-  T* o_proj = nullptr;      // [D, Hq·d]
-  T* q_norm = nullptr;      // [d]
-  T* k_norm = nullptr;      // [d]
+  T* input_norm = nullptr;   // [D]
+  LinearWeights<T> q_proj;   // [q_proj_out, D], bias [q_proj_out]
+  LinearWeights<T> k_proj;   // [Hkv·d, D], bias [Hkv·d]
+  LinearWeights<T> v_proj;   // [Hkv·d, D], bias [Hkv·d]
+  LinearWeights<T> o_proj;   // [D, Hq·d], no bias
+  T* q_norm = nullptr;       // [d] (has_qk_norm)
+  T* k_norm = nullptr;       // [d] (has_qk_norm)
 };
+
+// The mixer's tensors, declared once (model/param_rows.h): names below "model.layers.{l}.".
+// Decode cache: keys and values, 2 · max_len · Hkv · d elements (attention_cache_elements).
+template <class T, class Visit>
+void visit_params(AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, Visit&& visit) {
+  const int64_t D = dims.hidden;
+  visit(w.input_norm, norm_row("input_layernorm.weight", D, dims.input_norm));
+  visit(w.q_proj.weight, weight_row("self_attn.q_proj.weight", {dims.q_proj_out(), D}, dims.init.std_in));
+  if (dims.bias) visit(w.q_proj.bias, bias_row("self_attn.q_proj.bias", dims.q_proj_out()));
+  visit(w.k_proj.weight, weight_row("self_attn.k_proj.weight", {dims.kv_width(), D}, dims.init.std_in));
+  if (dims.bias) visit(w.k_proj.bias, bias_row("self_attn.k_proj.bias", dims.kv_width()));
+  visit(w.v_proj.weight, weight_row("self_attn.v_proj.weight", {dims.kv_width(), D}, dims.init.std_in));
+  if (dims.bias) visit(w.v_proj.bias, bias_row("self_attn.v_proj.bias", dims.kv_width()));
+  visit(w.o_proj.weight, weight_row("self_attn.o_proj.weight", {D, dims.q_width()}, dims.init.std_out));
+  if (dims.has_qk_norm) {
+    visit(w.q_norm, norm_row("self_attn.q_norm.weight", dims.head_dim, dims.qk_norm));
+    visit(w.k_norm, norm_row("self_attn.k_norm.weight", dims.head_dim, dims.qk_norm));
+  }
+}
+
+// Elements of one layer's decode cache for max_len positions (keys, then values).
+inline int64_t attention_cache_elements(const AttentionBlockDims& dims, int64_t max_len) {
+  return 2 * max_len * dims.kv_width();
+}
+
+// Training FLOPs per token (forward + backward): 6 · projection parameters, plus causal QKᵀ and PV
+// over seq / 2 keys on average (2 FLOPs per multiply-add each; backward twice the forward).
+inline double attention_flops_per_token(const AttentionBlockDims& dims, int64_t seq) {
+  const double D = double(dims.hidden);
+  const double projections = D * double(dims.q_proj_out() + 2 * dims.kv_width()) + double(dims.q_width()) * D;
+  return 6.0 * projections + 3.0 * 4.0 * (double(seq) / 2.0) * double(dims.q_heads) * double(dims.head_dim);
+}
 
 // x[batch·seq, D] += attention sublayer(x); positions[batch·seq] are 0..seq−1 per sequence.
 // Saves what the backward needs in `store` under `layer`; store == nullptr (forward only, e.g.
@@ -64,9 +108,10 @@ void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, in
 
 // Decoding (batch 1): x[n, D] += sublayer(x) for n new tokens at positions past..past+n−1; their
 // keys and values are written to rows past.. of k_cache / v_cache [max_len, Hkv, d] and attention
-// runs with q_len = n, kv_len = past + n (bottom-right causal).
+// runs with q_len = n, kv_len = past + n (bottom-right causal). The cache is keys [max_len, Hkv, d]
+// then values [max_len, Hkv, d].
 template <class T>
-void attention_block_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cache, const AttentionBlockWeights<T>& w,
+void attention_block_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const AttentionBlockWeights<T>& w,
                             const AttentionBlockDims& dims, Arena& scratch);
 
 }  // namespace trillion

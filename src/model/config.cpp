@@ -1,25 +1,26 @@
-// ModelConfig parsing and validation (see config.h). Field names are the Hugging Face ones;
-// unknown fields (architectures, torch_dtype, ...) are ignored and a JSON null counts as absent.
-// Every error reads `SOURCE: field "NAME": PROBLEM; expected WHAT`.
+// ModelConfig parsing and validation (see config.h). Field names are the Hugging Face ones, with
+// each family's attribute-map aliases; a JSON null counts as absent. Every error reads
+// `SOURCE: field "NAME": PROBLEM; expected WHAT`.
 #include "model/config.h"
 
 #include <cmath>
+#include <cstdio>
+#include <set>
+#include <utility>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "model/family.h"
 
 namespace trillion {
 namespace {
 
-constexpr const char* kModelTypes[] = {"qwen3", "qwen3_next", "qwen3_moe", "deepseek_v32", "kimi"};
+// Fields that describe the file or the runtime, not the model: never listed as unread.
+constexpr const char* kMetadataFields[] = {"architectures", "dtype", "torch_dtype", "transformers_version",
+                                           "_name_or_path", "bos_token_id", "eos_token_id", "pad_token_id",
+                                           "use_cache", "output_attentions", "output_hidden_states", "return_dict"};
 constexpr LayerType kLayerTypes[] = {LayerType::full_attention, LayerType::linear_attention,
                                      LayerType::sparse_attention};
-
-std::string allowed_model_types() {
-  std::string text;
-  for (const char* type : kModelTypes) text += (text.empty() ? "" : ", ") + std::string(type);
-  return text;
-}
 
 std::string allowed_layer_types() {
   std::string text;
@@ -32,7 +33,32 @@ class FieldReader {
  public:
   FieldReader(const nlohmann::json& json, const std::string& source) : json_(json), source_(source) {}
 
-  bool has(const char* name) const { return json_.contains(name) && !json_.at(name).is_null(); }
+  bool has(const char* name) const {
+    read_.insert(name);
+    return json_.contains(name) && !json_.at(name).is_null();
+  }
+  // Fields present (not null) that nothing asked for.
+  std::vector<std::string> unread() const {
+    std::vector<std::string> names;
+    for (const auto& [name, value] : json_.items()) {
+      bool metadata = false;
+      for (const char* field : kMetadataFields) metadata = metadata || name == field;
+      if (!value.is_null() && !metadata && read_.count(name) == 0) names.push_back(name);
+    }
+    return names;
+  }
+  // The one of `names` present; several present must agree (aliases of one field).
+  const char* alias(std::initializer_list<const char*> names) const {
+    const char* found = nullptr;
+    for (const char* name : names) {
+      if (!has(name)) continue;
+      if (found != nullptr && json_.at(name) != json_.at(found))
+        fail_field(name, str_cat("got ", json_.at(name).dump(), "; expected it to equal ", found, " = ",
+                                 json_.at(found).dump()));
+      if (found == nullptr) found = name;
+    }
+    return found != nullptr ? found : *names.begin();
+  }
 
   [[noreturn]] void fail_field(const std::string& name, const std::string& problem) const {
     fail(source_, ": field \"", name, "\": ", problem);
@@ -87,11 +113,27 @@ class FieldReader {
     if (!value.is_string()) fail_field(name, str_cat("got ", value.dump(), "; expected a string"));
     return value.get<std::string>();
   }
-  const nlohmann::json& at(const char* name) const { return json_.at(name); }
+  const nlohmann::json& at(const char* name) const {
+    read_.insert(name);
+    return json_.at(name);
+  }
+  std::vector<int64_t> integer_list(const char* name) const {
+    std::vector<int64_t> values;
+    if (!has(name)) return values;
+    const nlohmann::json& list = json_.at(name);
+    if (!list.is_array()) fail_field(name, str_cat("got ", list.dump(), "; expected an array of integers"));
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].is_number_integer()) fail_element(name, i, str_cat("got ", list[i].dump(), "; expected an integer"));
+      values.push_back(list[i].get<int64_t>());
+    }
+    return values;
+  }
+  const std::string& source() const { return source_; }
 
  private:
   const nlohmann::json& json_;
   const std::string& source_;
+  mutable std::set<std::string> read_;
 };
 
 std::vector<LayerType> parse_layer_types(const FieldReader& fields, int64_t num_layers) {
@@ -128,6 +170,134 @@ bool uses(const std::vector<LayerType>& layer_types, LayerType type) {
   return false;
 }
 
+// RoPE settings: transformers 5.x's `rope_parameters` dict and the older top-level fields; when
+// both give a value they must agree. Only the default (unscaled) RoPE is built.
+void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c) {
+  c.rope_theta = fields.positive_number("rope_theta", c.rope_theta);
+  c.partial_rotary_factor = fields.positive_number("partial_rotary_factor", family.default_partial_rotary_factor);
+  for (const char* name : {"rope_scaling", "rope_parameters"}) {
+    if (!fields.has(name)) continue;
+    const nlohmann::json& params = fields.at(name);
+    if (!params.is_object()) fields.fail_field(name, str_cat("got ", params.dump(), "; expected an object"));
+    const std::string source = str_cat(fields.source(), ": ", name);
+    const FieldReader sub(params, source);
+    const std::string type = sub.string(sub.alias({"rope_type", "type"}), "default");
+    if (type != "default")
+      fields.fail_field(name, str_cat("rope_type \"", type, "\": not built yet; expected \"default\""));
+    for (const auto& [key, top] : {std::pair{"rope_theta", &c.rope_theta},
+                                   std::pair{"partial_rotary_factor", &c.partial_rotary_factor}}) {
+      if (!sub.has(key)) continue;
+      const double value = sub.positive_number(key, *top);
+      if (fields.has(key) && value != *top)
+        fields.fail_field(key, str_cat("got ", *top, " but ", name, ".", key, " = ", value,
+                                       "; expected one value (or only one of them)"));
+      *top = value;
+    }
+    for (const std::string& key : sub.unread())
+      fields.fail_field(name, str_cat("has \"", key, "\", which the default RoPE does not take; expected only ",
+                                      "rope_type, rope_theta, partial_rotary_factor"));
+  }
+  if (c.partial_rotary_factor > 1.0)
+    fields.fail_field("partial_rotary_factor", str_cat("got ", c.partial_rotary_factor, "; expected a value in (0, 1]"));
+}
+
+// Which layers get an MoE FFN, by the family's rule (or Kimi's explicit `mlp_layer_types`).
+std::vector<FfnType> parse_ffn_placement(const FieldReader& fields, const Family& family, const ModelConfig& c) {
+  const int64_t L = c.num_hidden_layers;
+  std::vector<FfnType> types(L, FfnType::dense);
+  if (fields.has("mlp_layer_types")) {
+    const nlohmann::json& list = fields.at("mlp_layer_types");
+    if (!list.is_array() || static_cast<int64_t>(list.size()) != L)
+      fields.fail_field("mlp_layer_types", str_cat("got ", list.dump(), "; expected an array of ", L,
+                                                   " strings (num_hidden_layers)"));
+    for (int64_t i = 0; i < L; ++i) {
+      const std::string name = list[i].is_string() ? list[i].get<std::string>() : "";
+      if (name != "dense" && name != "sparse")
+        fields.fail_element("mlp_layer_types", i, str_cat("got ", list[i].dump(), "; expected \"dense\" or \"sparse\""));
+      types[i] = name == "sparse" ? FfnType::sparse : FfnType::dense;
+    }
+  } else if (family.qwen_moe_placement) {
+    const int64_t step = fields.positive("decoder_sparse_step", 1);
+    const std::vector<int64_t> dense_only = fields.integer_list("mlp_only_layers");
+    for (size_t i = 0; i < dense_only.size(); ++i)
+      if (dense_only[i] < 0 || dense_only[i] >= L)
+        fields.fail_element("mlp_only_layers", i, str_cat("got ", dense_only[i], "; expected a layer in [0, ", L, ")"));
+    for (int64_t i = 0; i < L; ++i) {
+      bool dense = (i + 1) % step != 0;
+      for (int64_t d : dense_only) dense = dense || d == i;
+      types[i] = c.num_experts > 0 && !dense ? FfnType::sparse : FfnType::dense;
+    }
+  } else {
+    const int64_t first_dense = fields.non_negative("first_k_dense_replace", family.default_first_k_dense_replace);
+    for (int64_t i = 0; i < L; ++i) types[i] = c.num_experts > 0 && i >= first_dense ? FfnType::sparse : FfnType::dense;
+  }
+  for (int64_t i = 0; i < L; ++i)
+    if (types[i] == FfnType::sparse && c.num_experts == 0)
+      fields.fail_element("mlp_layer_types", i, "is \"sparse\" but the config has no experts; expected num_experts > 0");
+  return types;
+}
+
+void parse_moe(const FieldReader& fields, const Family& family, ModelConfig& c) {
+  c.num_experts = fields.non_negative(fields.alias({"num_experts", "num_local_experts", "n_routed_experts"}), 0);
+  c.mlp_layer_types = parse_ffn_placement(fields, family, c);
+  if (c.num_experts == 0) return;
+  const char* k_name = fields.alias({"num_experts_per_tok", "num_experts_per_token"});
+  c.num_experts_per_tok = fields.non_negative(k_name, 0);
+  if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
+    fields.fail_field(k_name, str_cat("got ", c.num_experts_per_tok, "; expected 1 to num_experts = ", c.num_experts));
+  c.moe_intermediate_size = fields.non_negative("moe_intermediate_size", 0);
+  if (c.moe_intermediate_size <= 0)
+    fields.fail_field("moe_intermediate_size", "expected a positive integer (num_experts > 0)");
+  c.norm_topk_prob = fields.boolean(fields.alias({"norm_topk_prob", "moe_renormalize"}), family.default_norm_topk_prob);
+  if (family.shared_expert_gated) {
+    c.shared_expert_intermediate_size = fields.non_negative("shared_expert_intermediate_size", 0);
+  }
+  if (family.router == RouterScoring::sigmoid) {
+    c.n_shared_experts = fields.non_negative(fields.alias({"n_shared_experts", "num_shared_experts"}), 0);
+    c.routed_scaling_factor = fields.positive_number("routed_scaling_factor", c.routed_scaling_factor);
+    const char* group_name = fields.alias({"n_group", "num_expert_group"});
+    c.n_group = fields.positive(group_name, 1);
+    c.topk_group = fields.positive("topk_group", 1);
+    const int64_t group_size = c.num_experts / c.n_group;
+    if (c.num_experts % c.n_group != 0 || (c.n_group > 1 && group_size < 2))
+      fields.fail_field(group_name, str_cat("got ", c.n_group, "; expected a divisor of num_experts = ", c.num_experts,
+                                            " leaving at least 2 experts per group"));
+    if (c.topk_group > c.n_group || c.topk_group * group_size < c.num_experts_per_tok)
+      fields.fail_field("topk_group", str_cat("got ", c.topk_group, "; expected at most ", c.n_group,
+                                              " groups holding at least num_experts_per_tok = ",
+                                              c.num_experts_per_tok, " experts"));
+  }
+  c.output_router_logits = fields.boolean("output_router_logits", c.output_router_logits);
+  c.router_aux_loss_coef = fields.number("router_aux_loss_coef", c.router_aux_loss_coef);
+  if (c.router_aux_loss_coef < 0.0)
+    fields.fail_field("router_aux_loss_coef", str_cat("got ", c.router_aux_loss_coef, "; expected a value >= 0"));
+  const std::string aux_type = fields.string("router_aux_loss_type", aux_loss_type_name(c.router_aux_loss_type));
+  bool known = false;
+  for (AuxLossType type : {AuxLossType::pooled, AuxLossType::per_layer, AuxLossType::sequence}) {
+    if (aux_type == aux_loss_type_name(type)) c.router_aux_loss_type = type, known = true;
+  }
+  if (!known)
+    fields.fail_field("router_aux_loss_type", str_cat("got \"", aux_type, "\"; expected pooled, per_layer or sequence"));
+  c.router_z_loss_coef = fields.number("router_z_loss_coef", c.router_z_loss_coef);
+  if (c.router_z_loss_coef < 0.0)
+    fields.fail_field("router_z_loss_coef", str_cat("got ", c.router_z_loss_coef, "; expected a value >= 0"));
+  c.moe_capacity_factor = fields.number("moe_capacity_factor", c.moe_capacity_factor);
+  if (c.moe_capacity_factor < 0.0 || !std::isfinite(c.moe_capacity_factor))
+    fields.fail_field("moe_capacity_factor", str_cat("got ", c.moe_capacity_factor, "; expected 0 (dropless) or a positive number"));
+}
+
+// Settings that would change the model and are not built: errors, never silently another model.
+void reject_unbuilt(const FieldReader& fields) {
+  const std::string act = fields.string("hidden_act", "silu");
+  if (act != "silu") fields.fail_field("hidden_act", str_cat("\"", act, "\": not built yet; expected \"silu\""));
+  if (fields.boolean("use_sliding_window", false))
+    fields.fail_field("use_sliding_window", "true: not built yet; expected false");
+  fields.has("sliding_window"), fields.has("max_window_layers");  // settings of the sliding window (off)
+  if (fields.boolean("mlp_bias", false)) fields.fail_field("mlp_bias", "true: not built yet; expected false");
+  const double dropout = fields.number("attention_dropout", 0.0);
+  if (dropout != 0.0) fields.fail_field("attention_dropout", str_cat("got ", dropout, ": not built yet; expected 0"));
+}
+
 }  // namespace
 
 const char* layer_type_name(LayerType type) {
@@ -135,6 +305,17 @@ const char* layer_type_name(LayerType type) {
     case LayerType::full_attention: return "full_attention";
     case LayerType::linear_attention: return "linear_attention";
     case LayerType::sparse_attention: return "sparse_attention";
+  }
+  return "?";
+}
+
+const char* ffn_type_name(FfnType type) { return type == FfnType::sparse ? "sparse" : "dense"; }
+
+const char* aux_loss_type_name(AuxLossType type) {
+  switch (type) {
+    case AuxLossType::pooled: return "pooled";
+    case AuxLossType::per_layer: return "per_layer";
+    case AuxLossType::sequence: return "sequence";
   }
   return "?";
 }
@@ -150,11 +331,10 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
   c.source = source;
 
   c.model_type = fields.string("model_type", c.model_type);
-  bool known_model = false;
-  for (const char* type : kModelTypes) known_model = known_model || c.model_type == type;
-  if (!known_model)
+  if (!is_known_model_type(c.model_type))
     fields.fail_field("model_type", str_cat("unknown model type \"", c.model_type, "\"; expected one of ",
-                                            allowed_model_types()));
+                                            known_model_types()));
+  const Family family = family_of(c.model_type);
 
   c.vocab_size = fields.required_positive("vocab_size");
   c.hidden_size = fields.required_positive("hidden_size");
@@ -164,28 +344,19 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
   if (c.num_attention_heads % c.num_key_value_heads != 0)
     fields.fail_field("num_key_value_heads", str_cat("got ", c.num_key_value_heads, "; expected a divisor of ",
                                                      "num_attention_heads = ", c.num_attention_heads));
-  if (!fields.has("head_dim") && c.hidden_size % c.num_attention_heads != 0)
-    fields.fail_field("head_dim", str_cat("missing and hidden_size ", c.hidden_size,
-                                          " is not divisible by num_attention_heads ", c.num_attention_heads,
-                                          "; expected head_dim to be given"));
+  // transformers' default when absent: hidden_size // num_attention_heads (rounded down).
   c.head_dim = fields.positive("head_dim", c.hidden_size / c.num_attention_heads);
+  if (c.head_dim <= 0)
+    fields.fail_field("head_dim", str_cat("missing and hidden_size ", c.hidden_size, " < num_attention_heads ",
+                                          c.num_attention_heads, "; expected head_dim to be given"));
   c.max_position_embeddings = fields.positive("max_position_embeddings", c.max_position_embeddings);
   c.rms_norm_eps = fields.positive_number("rms_norm_eps", c.rms_norm_eps);
-  c.rope_theta = fields.positive_number("rope_theta", c.rope_theta);
-  c.partial_rotary_factor = fields.positive_number("partial_rotary_factor", c.partial_rotary_factor);
-  if (c.partial_rotary_factor > 1.0)
-    fields.fail_field("partial_rotary_factor", str_cat("got ", c.partial_rotary_factor, "; expected a value in (0, 1]"));
-  if (c.rotary_dim() <= 0 || c.rotary_dim() % 2 != 0)
-    fields.fail_field("partial_rotary_factor",
-                      str_cat("gives rotary dimension ", c.rotary_dim(), " of head_dim ", c.head_dim,
-                              "; expected partial_rotary_factor · head_dim to be a positive even number"));
+  parse_rope(fields, family, c);
   c.initializer_range = fields.positive_number("initializer_range", c.initializer_range);
   c.tie_word_embeddings = fields.boolean("tie_word_embeddings", c.tie_word_embeddings);
   c.attention_bias = fields.boolean("attention_bias", c.attention_bias);
-  if (c.attention_bias) fields.fail_field("attention_bias", "true is not supported; expected false");
-  c.hidden_act = fields.string("hidden_act", c.hidden_act);
-  if (fields.has("rope_scaling")) c.rope_scaling = fields.at("rope_scaling");
-  c.use_sliding_window = fields.boolean("use_sliding_window", c.use_sliding_window);
+  c.use_qk_norm = family.always_qk_norm || fields.boolean("use_qk_norm", false);
+  reject_unbuilt(fields);
   c.layer_types = parse_layer_types(fields, c.num_hidden_layers);
 
   c.linear_num_key_heads = fields.non_negative("linear_num_key_heads", 0);
@@ -199,28 +370,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
       if (fields.integer(name, 0) <= 0) fields.fail_field(name, "expected a positive integer (the config has linear_attention layers)");
   }
 
-  if (fields.has("num_experts") && fields.has("n_routed_experts") &&
-      fields.integer("num_experts", 0) != fields.integer("n_routed_experts", 0))
-    fields.fail_field("n_routed_experts", str_cat("got ", fields.integer("n_routed_experts", 0),
-                                                  "; expected it to equal num_experts = ", fields.integer("num_experts", 0)));
-  c.num_experts = fields.non_negative(fields.has("num_experts") ? "num_experts" : "n_routed_experts", 0);
-  c.num_experts_per_tok = fields.non_negative("num_experts_per_tok", 0);
-  c.moe_intermediate_size = fields.non_negative("moe_intermediate_size", 0);
-  c.shared_expert_intermediate_size = fields.non_negative("shared_expert_intermediate_size", 0);
-  c.norm_topk_prob = fields.boolean("norm_topk_prob", c.norm_topk_prob);
-  c.router_aux_loss_coef = fields.number("router_aux_loss_coef", c.router_aux_loss_coef);
-  if (c.router_aux_loss_coef < 0.0)
-    fields.fail_field("router_aux_loss_coef", str_cat("got ", c.router_aux_loss_coef, "; expected a value >= 0"));
-  if (c.num_experts > 0) {
-    if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
-      fields.fail_field("num_experts_per_tok", str_cat("got ", c.num_experts_per_tok, "; expected 1 to num_experts = ",
-                                                       c.num_experts));
-    if (c.moe_intermediate_size <= 0)
-      fields.fail_field("moe_intermediate_size", "expected a positive integer (num_experts > 0)");
-    c.intermediate_size = fields.non_negative("intermediate_size", 0);
-  } else {
-    c.intermediate_size = fields.required_positive("intermediate_size");
-  }
+  parse_moe(fields, family, c);
+  bool any_dense = false;
+  for (FfnType type : c.mlp_layer_types) any_dense = any_dense || type == FfnType::dense;
+  c.intermediate_size = any_dense ? fields.required_positive("intermediate_size")
+                                  : fields.non_negative("intermediate_size", 0);
 
   c.index_n_heads = fields.non_negative("index_n_heads", 0);
   c.index_head_dim = fields.non_negative("index_head_dim", 0);
@@ -229,6 +383,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
     for (const char* name : {"index_n_heads", "index_head_dim"})
       if (fields.integer(name, 0) <= 0) fields.fail_field(name, "expected a positive integer (the config has sparse_attention layers)");
   }
+  c.unread_fields = fields.unread();
   return c;
 }
 
@@ -239,13 +394,19 @@ ModelConfig ModelConfig::load(const std::string& path) {
   } catch (const nlohmann::json::exception& error) {
     fail(path, ": not valid JSON: ", error.what());
   }
-  return from_json(json, path);
+  ModelConfig config = from_json(json, path);
+  if (!config.unread_fields.empty()) {
+    std::string names;
+    for (const std::string& name : config.unread_fields) names += (names.empty() ? "" : ", ") + name;
+    std::fprintf(stderr, "warning: %s: fields the engine does not read: %s\n", path.c_str(), names.c_str());
+  }
+  return config;
 }
 
 nlohmann::json ModelConfig::to_json() const {
   nlohmann::json layer_names = nlohmann::json::array();
   for (LayerType type : layer_types) layer_names.push_back(layer_type_name(type));
-  return {
+  nlohmann::json json = {
       {"model_type", model_type},
       {"vocab_size", vocab_size},
       {"hidden_size", hidden_size},
@@ -256,14 +417,12 @@ nlohmann::json ModelConfig::to_json() const {
       {"head_dim", head_dim},
       {"max_position_embeddings", max_position_embeddings},
       {"rms_norm_eps", rms_norm_eps},
-      {"rope_theta", rope_theta},
-      {"partial_rotary_factor", partial_rotary_factor},
+      {"rope_parameters",
+       {{"rope_type", "default"}, {"rope_theta", rope_theta}, {"partial_rotary_factor", partial_rotary_factor}}},
       {"initializer_range", initializer_range},
       {"tie_word_embeddings", tie_word_embeddings},
       {"attention_bias", attention_bias},
       {"hidden_act", hidden_act},
-      {"rope_scaling", rope_scaling},
-      {"use_sliding_window", use_sliding_window},
       {"layer_types", layer_names},
       {"linear_num_key_heads", linear_num_key_heads},
       {"linear_num_value_heads", linear_num_value_heads},
@@ -271,15 +430,32 @@ nlohmann::json ModelConfig::to_json() const {
       {"linear_value_head_dim", linear_value_head_dim},
       {"linear_conv_kernel_dim", linear_conv_kernel_dim},
       {"num_experts", num_experts},
-      {"num_experts_per_tok", num_experts_per_tok},
-      {"moe_intermediate_size", moe_intermediate_size},
-      {"shared_expert_intermediate_size", shared_expert_intermediate_size},
-      {"norm_topk_prob", norm_topk_prob},
-      {"router_aux_loss_coef", router_aux_loss_coef},
       {"index_n_heads", index_n_heads},
       {"index_head_dim", index_head_dim},
       {"index_topk", index_topk},
   };
+  if (!family_of(model_type).always_qk_norm) json["use_qk_norm"] = use_qk_norm;
+  if (num_experts == 0) return json;
+  nlohmann::json ffn_names = nlohmann::json::array();
+  for (FfnType type : mlp_layer_types) ffn_names.push_back(ffn_type_name(type));
+  json["mlp_layer_types"] = ffn_names;  // explicit, whatever rule produced it
+  json["num_experts_per_tok"] = num_experts_per_tok;
+  json["moe_intermediate_size"] = moe_intermediate_size;
+  json["norm_topk_prob"] = norm_topk_prob;
+  json["output_router_logits"] = output_router_logits;
+  json["router_aux_loss_coef"] = router_aux_loss_coef;
+  json["router_aux_loss_type"] = aux_loss_type_name(router_aux_loss_type);
+  json["router_z_loss_coef"] = router_z_loss_coef;
+  json["moe_capacity_factor"] = moe_capacity_factor;
+  const Family family = family_of(model_type);
+  if (family.shared_expert_gated) json["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+  if (family.router == RouterScoring::sigmoid) {
+    json["n_shared_experts"] = n_shared_experts;
+    json["routed_scaling_factor"] = routed_scaling_factor;
+    json["n_group"] = n_group;
+    json["topk_group"] = topk_group;
+  }
+  return json;
 }
 
 }  // namespace trillion

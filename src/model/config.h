@@ -1,9 +1,14 @@
 // ModelConfig: the Hugging Face style config.json of a model, parsed and validated.
 //
-// One schema covers the families the engine targets (Qwen3, Qwen3-Next, DeepSeek-V3.2, Kimi):
-// `model_type` selects family conventions (qwen3_next: zero-centred norms, gated q_proj).
-// Field names are the Hugging Face ones. Every error names the file, the field and what was
-// expected (trillion::Error). Fields of layer kinds that are not built yet are parsed and kept.
+// One schema covers the families the engine targets (Qwen3, Qwen3-MoE, Qwen3-Next, GLM-4-MoE,
+// DeepSeek-V3/V3.2, Kimi-Linear). Config files are read as transformers 5.x writes them
+// (`rope_parameters` dict) and as older versions did (top-level `rope_theta`,
+// `partial_rotary_factor`, `rope_scaling`), with the families' attribute-map names
+// (`num_local_experts`, Kimi's `num_experts_per_token`, `moe_renormalize`, `num_expert_group`, …).
+// `model_type` selects the family conventions (model/family.h). A field that would change the model
+// and is not built is an error; fields the engine does not read are listed in `unread_fields`
+// (ModelConfig::load prints them as one warning). Every error names the file, the field and what was
+// expected (trillion::Error).
 #pragma once
 
 #include <cstdint>
@@ -17,8 +22,20 @@ namespace trillion {
 enum class LayerType { full_attention, linear_attention, sparse_attention };
 const char* layer_type_name(LayerType type);
 
+// The FFN of a layer, as Kimi's `mlp_layer_types` names them.
+enum class FfnType { dense, sparse };
+const char* ffn_type_name(FfnType type);
+
+// How the router's load-balancing loss is formed (REFERENCES.md, "MoE routing and balancing").
+enum class AuxLossType {
+  pooled,     // transformers' Qwen: E · Σ_e f_e P_e over all MoE layers' tokens together, f_e = count_e / T
+  per_layer,  // Megatron: Σ_layers E · Σ_e f_e P_e with f_e = count_e / (T · k)
+  sequence,   // DeepSeek-V3 sequence-wise: per sequence Σ_e f_e P_e, f_e = E / (k · S) · count_e, averaged
+};
+const char* aux_loss_type_name(AuxLossType type);
+
 struct ModelConfig {
-  std::string model_type = "qwen3";  // "qwen3" | "qwen3_next" | "qwen3_moe" | "deepseek_v32" | "kimi"
+  std::string model_type = "qwen3";
   int64_t vocab_size = 0;
   int64_t hidden_size = 0;
   int64_t intermediate_size = 0;  // dense MLP width
@@ -29,33 +46,48 @@ struct ModelConfig {
   int64_t max_position_embeddings = 4096;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
-  double partial_rotary_factor = 1.0;
+  double partial_rotary_factor = 1.0;  // family default (qwen3_next 0.25, glm4_moe 0.5) when absent
   double initializer_range = 0.02;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;  // only false is built
+  bool attention_bias = false;  // q/k/v projections with a bias (o_proj never has one)
+  bool use_qk_norm = true;      // per-head q_norm / k_norm (qwen: always; glm4_moe: `use_qk_norm`)
   std::string hidden_act = "silu";  // MLP activation; only "silu" is built
-  nlohmann::json rope_scaling;      // null = plain RoPE (only null is built); kept as given
-  bool use_sliding_window = false;  // only false is built
   std::vector<LayerType> layer_types;  // size num_hidden_layers; from `layer_types` or `full_attention_interval`
 
   // Linear attention (Gated DeltaNet / KDA), kept for later issues.
   int64_t linear_num_key_heads = 0, linear_num_value_heads = 0;
   int64_t linear_key_head_dim = 0, linear_value_head_dim = 0, linear_conv_kernel_dim = 4;
-  // MoE, kept for later issues.
-  int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0, shared_expert_intermediate_size = 0;
-  bool norm_topk_prob = true;
-  double router_aux_loss_coef = 0.0;
+
+  // Mixture of experts.
+  int64_t num_experts = 0;  // routed experts E (`num_experts`, `num_local_experts`, `n_routed_experts`)
+  int64_t num_experts_per_tok = 0;            // k
+  int64_t moe_intermediate_size = 0;          // expert width I
+  int64_t shared_expert_intermediate_size = 0;  // qwen3_next: one gated shared expert of this width
+  int64_t n_shared_experts = 0;               // glm4_moe / deepseek: one ungated shared MLP of n · I
+  bool norm_topk_prob = false;                // family default when absent
+  double routed_scaling_factor = 1.0;
+  int64_t n_group = 1, topk_group = 1;        // sigmoid routers: group-limited selection
+  std::vector<FfnType> mlp_layer_types;       // size num_hidden_layers, by the family's placement rule
+  double router_aux_loss_coef = 0.0;          // applied only when output_router_logits (as transformers)
+  bool output_router_logits = false;
+  AuxLossType router_aux_loss_type = AuxLossType::pooled;  // engine field
+  double router_z_loss_coef = 0.0;                         // engine field
+  double moe_capacity_factor = 0.0;  // engine field: 0 = dropless; else capacity ⌈factor · T · k / E⌉
+
   // Sparse attention (DeepSeek-V3.2 indexer), kept for later issues.
   int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 2048;
 
-  bool zero_centred_norms() const { return model_type == "qwen3_next"; }
-  bool gated_attention() const { return model_type == "qwen3_next"; }
   int64_t rotary_dim() const;  // partial_rotary_factor · head_dim, even
+  bool is_moe_layer(int64_t layer) const { return mlp_layer_types[layer] == FfnType::sparse; }
+  // The aux-loss coefficient in effect (0 unless output_router_logits, as transformers).
+  double aux_loss_coef() const { return output_router_logits ? router_aux_loss_coef : 0.0; }
 
-  std::string source;  // the file it was read from, named in "not built yet" errors (not in to_json)
+  std::string source;                      // the file it was read from (not in to_json)
+  std::vector<std::string> unread_fields;  // fields present but not read (not in to_json)
 
   // Parses and validates; `source` (the file path) is named in every error.
   static ModelConfig from_json(const nlohmann::json& json, const std::string& source);
+  // from_json of the file; prints one warning line listing unread fields, if any.
   static ModelConfig load(const std::string& path);
   nlohmann::json to_json() const;
 };

@@ -1,107 +1,206 @@
-// Decoder layer: parameter declaration and binding, and the two sublayers chained. See decoder_layer.h.
+// Decoder layer: the kinds chosen per layer, their parameters declared and bound from one list,
+// and the two sublayers chained with the FFN's input norm and residual. See decoder_layer.h.
 #include "model/decoder_layer.h"
 
-#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "model/family.h"
+#include "ops/norm.h"
 
 namespace trillion {
 
-DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config) {
+DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int layer) {
   DecoderLayerDims dims;
-  dims.attn = AttentionBlockDims::from_config(config);
-  dims.mlp.hidden = config.hidden_size;
-  dims.mlp.intermediate = config.intermediate_size;
-  dims.mlp.eps = config.rms_norm_eps;
-  dims.mlp.zero_centred = config.zero_centred_norms();
+  dims.hidden = config.hidden_size;
+  dims.mixer = AttentionBlockDims::from_config(config);
+  dims.ffn_norm = {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
+  if (config.is_moe_layer(layer)) {
+    dims.ffn = MoeDims::from_config(config);
+  } else {
+    MlpDims mlp;
+    mlp.hidden = config.hidden_size;
+    mlp.intermediate = config.intermediate_size;
+    mlp.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
+    dims.ffn = mlp;
+  }
   return dims;
+}
+
+double DecoderLayerDims::flops_per_token(int64_t seq) const {
+  const double mixer_flops = attention_flops_per_token(std::get<AttentionBlockDims>(mixer), seq);
+  const double ffn_flops = std::visit(
+      [](const auto& d) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(d)>, MoeDims>) return moe_flops_per_token(d);
+        else return mlp_flops_per_token(d);
+      },
+      ffn);
+  return mixer_flops + ffn_flops;
+}
+
+int64_t DecoderLayerDims::decode_cache_elements(int64_t max_len) const {
+  return attention_cache_elements(std::get<AttentionBlockDims>(mixer), max_len);
 }
 
 std::string decoder_layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 
-void add_decoder_layer_params(ParamTable& table, const ModelConfig& config, int layer) {
-  const AttentionBlockDims a = AttentionBlockDims::from_config(config);
-  const int64_t D = config.hidden_size, I = config.intermediate_size;
-  const double std_in = config.initializer_range;
-  const double std_out = config.initializer_range / std::sqrt(2.0 * double(config.num_hidden_layers));
-  const InitKind norm_init = config.zero_centred_norms() ? InitKind::zeros : InitKind::ones;
-  const std::string prefix = decoder_layer_prefix(layer);
-  const auto add = [&](const std::string& name, std::vector<int64_t> shape, InitKind init, double std, bool decay) {
-    ParamSpec spec;
-    spec.name = prefix + name;
-    spec.shape = std::move(shape);
-    spec.unit = 1 + layer;
-    spec.init = init;
-    spec.init_std = init == InitKind::normal ? std : 0.0;
-    spec.weight_decay = decay;
-    table.add(std::move(spec));
-  };
-  add("input_layernorm.weight", {D}, norm_init, 0, false);
-  add("self_attn.q_proj.weight", {a.q_proj_out(), D}, InitKind::normal, std_in, true);
-  add("self_attn.k_proj.weight", {a.kv_width(), D}, InitKind::normal, std_in, true);
-  add("self_attn.v_proj.weight", {a.kv_width(), D}, InitKind::normal, std_in, true);
-  add("self_attn.o_proj.weight", {D, a.q_width()}, InitKind::normal, std_out, true);
-  add("self_attn.q_norm.weight", {a.head_dim}, norm_init, 0, false);
-  add("self_attn.k_norm.weight", {a.head_dim}, norm_init, 0, false);
-  add("post_attention_layernorm.weight", {D}, norm_init, 0, false);
-  add("mlp.gate_proj.weight", {I, D}, InitKind::normal, std_in, true);
-  add("mlp.up_proj.weight", {I, D}, InitKind::normal, std_in, true);
-  add("mlp.down_proj.weight", {D, I}, InitKind::normal, std_out, true);
+// The layer's tensors: its mixer's, the FFN norm, its FFN's (each kind's visit_params).
+template <class T, class Visit>
+void visit_params(DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, Visit&& visit) {
+  std::visit(
+      [&](const auto& d) {
+        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
+        if (!std::holds_alternative<Kind>(w.mixer)) w.mixer.template emplace<Kind>();
+        visit_params(std::get<Kind>(w.mixer), d, visit);
+      },
+      dims.mixer);
+  visit(w.ffn_norm, norm_row("post_attention_layernorm.weight", dims.hidden, dims.ffn_norm));
+  std::visit(
+      [&](const auto& d) {
+        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
+        if (!std::holds_alternative<Kind>(w.ffn)) w.ffn.template emplace<Kind>();
+        visit_params(std::get<Kind>(w.ffn), d, visit);
+      },
+      dims.ffn);
+}
+
+void add_decoder_layer_params(ParamTable& table, const DecoderLayerDims& dims, int layer) {
+  declare_rows<DecoderLayerWeights<float>>(table, decoder_layer_prefix(layer), 1 + layer, dims);
 }
 
 template <class T>
-DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, int layer) {
-  const std::string prefix = decoder_layer_prefix(layer);
-  const auto at = [&](const char* name) { return base + table.find(prefix + name).offset; };
+DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, bool gradients,
+                                          const DecoderLayerDims& dims, int layer) {
   DecoderLayerWeights<T> w;
-  w.attn.input_norm = at("input_layernorm.weight");
-  w.attn.q_proj = at("self_attn.q_proj.weight");
-  w.attn.k_proj = at("self_attn.k_proj.weight");
-  w.attn.v_proj = at("self_attn.v_proj.weight");
-  w.attn.o_proj = at("self_attn.o_proj.weight");
-  w.attn.q_norm = at("self_attn.q_norm.weight");
-  w.attn.k_norm = at("self_attn.k_norm.weight");
-  w.mlp.norm = at("post_attention_layernorm.weight");
-  w.mlp.gate_proj = at("mlp.gate_proj.weight");
-  w.mlp.up_proj = at("mlp.up_proj.weight");
-  w.mlp.down_proj = at("mlp.down_proj.weight");
+  bind_rows(w, table, decoder_layer_prefix(layer), base, gradients, dims);
   return w;
 }
 
+namespace {
+
+// Each kind's forward / backward behind one name, so the layer dispatches with std::visit.
 template <class T>
-void decoder_layer_forward(T* x, const int32_t* positions, int64_t batch, int64_t seq, const DecoderLayerWeights<T>& w,
-                           const DecoderLayerDims& dims, ActivationStore* store, int layer, Arena& scratch) {
-  scratch.reset();
-  attention_block_forward(x, positions, batch, seq, w.attn, dims.attn, store, layer, scratch);
-  scratch.reset();
-  mlp_forward(x, batch * seq, w.mlp, dims.mlp, store, layer, scratch);
+void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlockDims& d, const LayerPass& pass,
+                   int layer, Arena& scratch) {
+  attention_block_forward(x, pass.positions, pass.batch, pass.seq, w, d, pass.store, layer, scratch);
+}
+template <class T>
+void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& g,
+                    const AttentionBlockDims& d, const LayerPass& pass, const ActivationStore& store, int layer,
+                    Arena& scratch) {
+  attention_block_backward(dx, pass.positions, pass.batch, pass.seq, w, g, d, store, layer, scratch);
 }
 
 template <class T>
-void decoder_layer_backward(T* dx, const int32_t* positions, int64_t batch, int64_t seq,
-                            const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
-                            const DecoderLayerDims& dims, const ActivationStore& store, int layer, Arena& scratch) {
+void ffn_forward(T* y, const T* h, const MlpWeights<T>& w, const MlpDims& d, const LayerPass& pass, int layer,
+                 Arena& scratch) {
+  mlp_forward(y, h, pass.batch * pass.seq, w, d, /*accumulate=*/true, pass.store, layer, scratch);
+}
+template <class T>
+void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& d, const LayerPass& pass, int layer,
+                 Arena& scratch) {
+  DecisionLog local;  // decoding: decisions are not kept
+  DecisionLog& decisions = pass.decisions != nullptr ? *pass.decisions : local;
+  moe_forward(y, h, pass.batch, pass.seq, w, d, pass.store, layer, scratch, decisions, pass.result);
+}
+template <class T>
+void ffn_backward(T* dh, const T* dy, const T* h, const MlpWeights<T>& w, const MlpWeights<T>& g, const MlpDims& d,
+                  const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
+  mlp_backward(dh, dy, h, pass.batch * pass.seq, w, g, d, store, layer, scratch);
+}
+template <class T>
+void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const MoeWeights<T>& g, const MoeDims& d,
+                  const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
+  TRILLION_CHECK(pass.balance != nullptr, "MoE backward of layer ", layer, " without its balance gradient");
+  moe_backward(dh, dy, h, pass.batch, pass.seq, w, g, d, *pass.balance, store, layer, scratch);
+}
+
+}  // namespace
+
+template <class T>
+void decoder_layer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
+                           int layer, Arena& scratch) {
+  using Tag = ActivationTag;
   scratch.reset();
-  mlp_backward(dx, batch * seq, w.mlp, grads.mlp, dims.mlp, store, layer, scratch);
+  std::visit(
+      [&](const auto& d) {
+        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
+        mixer_forward(x, std::get<Kind>(w.mixer), d, pass, layer, scratch);
+      },
+      dims.mixer);
   scratch.reset();
-  attention_block_backward(dx, positions, batch, seq, w.attn, grads.attn, dims.attn, store, layer, scratch);
+  const int64_t n = pass.batch * pass.seq, D = dims.hidden;
+  T* input = save_or_scratch<T>(pass.store, Tag::ffn_input, layer, n * D, scratch);  // [n, D]
+  std::memcpy(input, x, n * D * sizeof(T));
+  T* rstd = save_or_scratch<T>(pass.store, Tag::ffn_norm_rstd, layer, n, scratch);  // [n]
+  T* h = save_or_scratch<T>(pass.store, Tag::ffn_norm_out, layer, n * D, scratch);   // [n, D]
+  rmsnorm_forward(h, rstd, input, w.ffn_norm, n, D, dims.ffn_norm.eps, dims.ffn_norm.zero_centred);
+  std::visit(
+      [&](const auto& d) {
+        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
+        ffn_forward(x, h, std::get<Kind>(w.ffn), d, pass, layer, scratch);
+      },
+      dims.ffn);
 }
 
 template <class T>
-void decoder_layer_decode(T* x, int64_t n, int64_t past, T* k_cache, T* v_cache, const DecoderLayerWeights<T>& w,
+void decoder_layer_backward(T* dx, const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
+                            const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
+                            Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t n = pass.batch * pass.seq, D = dims.hidden;
+  scratch.reset();
+  const T* input = store.get<T>(Tag::ffn_input, layer, n * D);
+  const T* rstd = store.get<T>(Tag::ffn_norm_rstd, layer, n);
+  const T* h = store.get<T>(Tag::ffn_norm_out, layer, n * D);
+  T* dh = scratch.alloc<T>(n * D);  // [n, D] gradient wrt the FFN's normed input (zero-filled)
+  std::visit(
+      [&](const auto& d) {
+        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
+        ffn_backward(dh, dx, h, std::get<Kind>(w.ffn), std::get<Kind>(grads.ffn), d, pass, store, layer, scratch);
+      },
+      dims.ffn);
+  rmsnorm_backward(dx, grads.ffn_norm, dh, input, w.ffn_norm, rstd, n, D, dims.ffn_norm.zero_centred,
+                   /*accumulate_dx=*/true);
+  scratch.reset();
+  std::visit(
+      [&](const auto& d) {
+        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
+        mixer_backward(dx, std::get<Kind>(w.mixer), std::get<Kind>(grads.mixer), d, pass, store, layer, scratch);
+      },
+      dims.mixer);
+}
+
+template <class T>
+void decoder_layer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const DecoderLayerWeights<T>& w,
                           const DecoderLayerDims& dims, Arena& scratch) {
   scratch.reset();
-  attention_block_decode(x, n, past, k_cache, v_cache, w.attn, dims.attn, scratch);
+  attention_block_decode(x, n, past, max_len, cache, std::get<AttentionBlockWeights<T>>(w.mixer),
+                         std::get<AttentionBlockDims>(dims.mixer), scratch);
   scratch.reset();
-  mlp_forward(x, n, w.mlp, dims.mlp, /*store=*/nullptr, 0, scratch);
+  const int64_t D = dims.hidden;
+  T* rstd = scratch.alloc<T>(n);   // [n]
+  T* h = scratch.alloc<T>(n * D);  // [n, D]
+  rmsnorm_forward(h, rstd, x, w.ffn_norm, n, D, dims.ffn_norm.eps, dims.ffn_norm.zero_centred);
+  LayerPass pass;
+  pass.batch = 1;
+  pass.seq = n;
+  std::visit(
+      [&](const auto& d) {
+        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
+        ffn_forward(x, h, std::get<Kind>(w.ffn), d, pass, 0, scratch);
+      },
+      dims.ffn);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                  \
-  template DecoderLayerWeights<T> bind_decoder_layer<T>(const ParamTable&, T*, int);                             \
-  template void decoder_layer_forward<T>(T*, const int32_t*, int64_t, int64_t, const DecoderLayerWeights<T>&,    \
-                                         const DecoderLayerDims&, ActivationStore*, int, Arena&);                \
-  template void decoder_layer_backward<T>(T*, const int32_t*, int64_t, int64_t, const DecoderLayerWeights<T>&,   \
-                                          const DecoderLayerWeights<T>&, const DecoderLayerDims&,                \
-                                          const ActivationStore&, int, Arena&);                                  \
-  template void decoder_layer_decode<T>(T*, int64_t, int64_t, T*, T*, const DecoderLayerWeights<T>&,             \
+  template DecoderLayerWeights<T> bind_decoder_layer<T>(const ParamTable&, T*, bool, const DecoderLayerDims&, int); \
+  template void decoder_layer_forward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerDims&,             \
+                                         const LayerPass&, int, Arena&);                                         \
+  template void decoder_layer_backward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerWeights<T>&,      \
+                                          const DecoderLayerDims&, const LayerPass&, const ActivationStore&, int, \
+                                          Arena&);                                                               \
+  template void decoder_layer_decode<T>(T*, int64_t, int64_t, int64_t, T*, const DecoderLayerWeights<T>&,        \
                                         const DecoderLayerDims&, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)

@@ -40,20 +40,21 @@ GradientCheckReport check_model_gradients(const ModelConfig& config, const Gradi
   if (n > 1) targets[n / 2] = kIgnoreIndex;  // the ignored-target path is checked too
 
   model.zero_grads();
-  const CrossEntropyResult first = model.forward_loss(tokens.data(), targets.data(), options.batch, options.seq);
-  if (first.count == 0) fail("gradient check: every target is ignored");
-  const double scale = 1.0 / double(first.count);
-  model.forward_backward(tokens.data(), targets.data(), options.batch, options.seq, scale);
+  const StepResult first = model.forward_loss(tokens.data(), targets.data(), options.batch, options.seq);
+  if (first.lm.count == 0) fail("gradient check: every target is ignored");
+  const LossScales scales{1.0 / double(first.lm.count), 1.0};
+  model.forward_backward(tokens.data(), targets.data(), options.batch, options.seq, scales);
+  model.decisions().start_replay();  // perturbed passes keep the unperturbed routing
   const double* grads = model.grads();
   double* params = model.params();
   const auto loss = [&] {
-    const CrossEntropyResult r = model.forward_loss(tokens.data(), targets.data(), options.batch, options.seq);
-    return r.loss_sum * scale;
+    return model.forward_loss(tokens.data(), targets.data(), options.batch, options.seq).objective(scales);
   };
 
   GradientCheckReport report;
   report.full = model.table().num_elements() <= options.max_full_elements;
   for (const ParamSpec& spec : model.table().entries()) {
+    if (!spec.trainable()) continue;  // buffers (the router correction bias) have no gradient
     TensorCheck check;
     check.name = spec.name;
     double* theta = params + spec.offset;

@@ -1,5 +1,7 @@
-// Whole-model gradient check in double: the analytic gradients of Model<double> (loss = mean
-// over the non-ignored tokens of a random batch) against central finite differences, per tensor.
+// Whole-model gradient check in double: the analytic gradients of Model<double> (objective = mean
+// CE over the non-ignored tokens of a random batch + the router losses) against central finite
+// differences, per tensor. The perturbed passes replay the routing of the unperturbed one (the
+// model's DecisionLog), so a difference never flips a decision. Buffers (no gradient) are skipped.
 // Relative error per tensor: max|analytic − numeric| / max|numeric|; a tensor whose numeric
 // gradient is exactly zero gets +∞ (the comparison would check nothing), so it fails.
 // Options are validated: batch, seq-len ≥ 1, directions ≥ 1, max_full_elements ≥ 0, step > 0 finite.

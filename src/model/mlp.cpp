@@ -1,62 +1,59 @@
-// Dense SwiGLU MLP sublayer: forward and backward. See mlp.h.
+// Dense SwiGLU MLP: forward and backward. See mlp.h.
 #include "model/mlp.h"
 
-#include <cstring>
-
 #include "ops/activation.h"
-#include "ops/gemm.h"
-#include "ops/norm.h"
 
 namespace trillion {
+namespace {
+
+struct MlpTags {
+  ActivationTag gate, up, act;
+};
+
+MlpTags tags_of(const MlpDims& dims) {
+  using Tag = ActivationTag;
+  return dims.shared_expert ? MlpTags{Tag::shared_gate, Tag::shared_up, Tag::shared_act}
+                            : MlpTags{Tag::mlp_gate, Tag::mlp_up, Tag::mlp_act};
+}
+
+}  // namespace
 
 template <class T>
-void mlp_forward(T* x, int64_t n, const MlpWeights<T>& w, const MlpDims& dims, ActivationStore* store, int layer,
-                 Arena& scratch) {
-  using Tag = ActivationTag;
+void mlp_forward(T* y, const T* h, int64_t n, const MlpWeights<T>& w, const MlpDims& dims, bool accumulate,
+                 ActivationStore* store, int layer, Arena& scratch) {
   const int64_t D = dims.hidden, I = dims.intermediate;
-  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
-  T* input = buffer(Tag::mlp_input, n * D);  // [n, D]
-  std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = buffer(Tag::mlp_norm_rstd, n);   // [n]
-  T* h = buffer(Tag::mlp_norm_out, n * D);   // [n, D]
-  rmsnorm_forward(h, rstd, input, w.norm, n, D, dims.eps, dims.zero_centred);
-  T* gate = buffer(Tag::mlp_gate, n * I);  // [n, I]
-  T* up = buffer(Tag::mlp_up, n * I);      // [n, I]
-  T* act = buffer(Tag::mlp_act, n * I);    // [n, I]
-  linear_forward(gate, h, w.gate_proj, n, D, I);
-  linear_forward(up, h, w.up_proj, n, D, I);
+  const MlpTags tags = tags_of(dims);
+  T* gate = save_or_scratch<T>(store, tags.gate, layer, n * I, scratch);  // [n, I]
+  T* up = save_or_scratch<T>(store, tags.up, layer, n * I, scratch);      // [n, I]
+  T* act = save_or_scratch<T>(store, tags.act, layer, n * I, scratch);    // [n, I] silu(gate) · up
+  linear(gate, h, w.gate_proj, n, D, I, /*accumulate=*/false);
+  linear(up, h, w.up_proj, n, D, I, /*accumulate=*/false);
   swiglu_forward(act, gate, up, n * I);
-  // Residual: x[n, D] += act · down_projᵀ (beta = 1 adds in place).
-  gemm(false, true, n, D, I, T(1), act, I, w.down_proj, I, T(1), x, D);
+  linear(y, act, w.down_proj, n, I, D, accumulate);
 }
 
 template <class T>
-void mlp_backward(T* dx, int64_t n, const MlpWeights<T>& w, const MlpWeights<T>& grads, const MlpDims& dims,
-                  const ActivationStore& store, int layer, Arena& scratch) {
-  using Tag = ActivationTag;
+void mlp_backward(T* dh, const T* dy, const T* h, int64_t n, const MlpWeights<T>& w, const MlpWeights<T>& grads,
+                  const MlpDims& dims, const ActivationStore& store, int layer, Arena& scratch) {
   const int64_t D = dims.hidden, I = dims.intermediate;
-  const T* input = store.get<T>(Tag::mlp_input, layer, n * D);
-  const T* rstd = store.get<T>(Tag::mlp_norm_rstd, layer, n);
-  const T* h = store.get<T>(Tag::mlp_norm_out, layer, n * D);
-  const T* gate = store.get<T>(Tag::mlp_gate, layer, n * I);
-  const T* up = store.get<T>(Tag::mlp_up, layer, n * I);
-  const T* act = store.get<T>(Tag::mlp_act, layer, n * I);
-
+  const MlpTags tags = tags_of(dims);
+  const T* gate = store.get<T>(tags.gate, layer, n * I);
+  const T* up = store.get<T>(tags.up, layer, n * I);
+  const T* act = store.get<T>(tags.act, layer, n * I);
   T* d_act = scratch.alloc<T>(n * I);  // [n, I]
-  linear_backward(d_act, grads.down_proj, dx, act, w.down_proj, n, I, D, /*accumulate_dx=*/false);
+  linear_grad(d_act, grads.down_proj, dy, act, w.down_proj, n, I, D, /*accumulate_dx=*/false);
   T* d_gate = scratch.alloc<T>(n * I);  // [n, I]
   T* d_up = scratch.alloc<T>(n * I);    // [n, I]
   swiglu_backward(d_gate, d_up, d_act, gate, up, n * I);
-  T* dh = scratch.alloc<T>(n * D);  // [n, D] = Σ of the gate and up projections' input gradients
-  linear_backward(dh, grads.gate_proj, d_gate, h, w.gate_proj, n, D, I, /*accumulate_dx=*/false);
-  linear_backward(dh, grads.up_proj, d_up, h, w.up_proj, n, D, I, /*accumulate_dx=*/true);
-  rmsnorm_backward(dx, grads.norm, dh, input, w.norm, rstd, n, D, dims.zero_centred, /*accumulate_dx=*/true);
+  linear_grad(dh, grads.gate_proj, d_gate, h, w.gate_proj, n, D, I, /*accumulate_dx=*/true);
+  linear_grad(dh, grads.up_proj, d_up, h, w.up_proj, n, D, I, /*accumulate_dx=*/true);
 }
 
-#define TRILLION_INSTANTIATE(T)                                                                                \
-  template void mlp_forward<T>(T*, int64_t, const MlpWeights<T>&, const MlpDims&, ActivationStore*, int, Arena&); \
-  template void mlp_backward<T>(T*, int64_t, const MlpWeights<T>&, const MlpWeights<T>&, const MlpDims&,         \
-                                const ActivationStore&, int, Arena&);
+#define TRILLION_INSTANTIATE(T)                                                                              \
+  template void mlp_forward<T>(T*, const T*, int64_t, const MlpWeights<T>&, const MlpDims&, bool,             \
+                               ActivationStore*, int, Arena&);                                                \
+  template void mlp_backward<T>(T*, const T*, const T*, int64_t, const MlpWeights<T>&, const MlpWeights<T>&,  \
+                                const MlpDims&, const ActivationStore&, int, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)
 #undef TRILLION_INSTANTIATE

@@ -1,42 +1,61 @@
-// The dense SwiGLU MLP sublayer of a decoder layer (Llama / Qwen3):
-//   h = RMSNorm(x);  x ← x + down_proj(silu(gate_proj(h)) · up_proj(h))
-// Training forward saves through the ActivationStore (tags mlp_input … mlp_act); decoding runs
-// the same math without saving. Gradient rule: the residual gradient dx is accumulated (+=) with
-// the sublayer's input gradient; parameter gradients accumulate (+=).
+// The dense SwiGLU MLP, an FFN kind (Llama / Qwen3 dense layers) and the shared expert of MoE
+// layers:  y (= or +=) down_proj(silu(gate_proj(h)) · up_proj(h)),  h the FFN sublayer's normed input.
+// Training forward saves through the ActivationStore under the dims' tags (dense FFN: mlp_gate …
+// mlp_act; shared expert: shared_gate … shared_act); a forward-only pass keeps them in scratch.
+// Gradient rule: dh accumulates (+=); parameter gradients accumulate (+=).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/memory.h"
 #include "memory/activation_store.h"
+#include "model/linear.h"
+#include "model/param_rows.h"
 
 namespace trillion {
 
+template <class T>
+struct MlpWeights;
+
 struct MlpDims {
+  template <class T>
+  using Weights = MlpWeights<T>;
   int64_t hidden = 0;        // D
   int64_t intermediate = 0;  // I
-  double eps = 1e-6;
-  bool zero_centred = false;  // post_attention_layernorm is y = x̂(1 + w)
+  std::string prefix = "mlp.";  // name prefix below the layer: "mlp.", "mlp.shared_expert." (qwen3_next), …
+  bool shared_expert = false;   // saves under the shared_* tags (it runs beside the routed experts)
+  InitStds init;
 };
 
 // Pointers into a flat buffer (the parameters, or their gradients), Hugging Face shapes.
 template <class T>
 struct MlpWeights {
-  T* norm = nullptr;       // [D]   post_attention_layernorm
-  T* gate_proj = nullptr;  // [I, D]
-  T* up_proj = nullptr;    // [I, D]
-  T* down_proj = nullptr;  // [D, I]
+  LinearWeights<T> gate_proj;  // [I, D]
+  LinearWeights<T> up_proj;    // [I, D]
+  LinearWeights<T> down_proj;  // [D, I]
 };
 
-// x[n, D] += MLP(RMSNorm(x)); saves under `layer` when `store` is non-null (training), otherwise
-// keeps everything in `scratch` (decoding).
-template <class T>
-void mlp_forward(T* x, int64_t n, const MlpWeights<T>& w, const MlpDims& dims, ActivationStore* store, int layer,
-                 Arena& scratch);
+// The MLP's tensors, declared once (model/param_rows.h). Decode cache: none.
+template <class T, class Visit>
+void visit_params(MlpWeights<T>& w, const MlpDims& dims, Visit&& visit) {
+  const int64_t D = dims.hidden, I = dims.intermediate;
+  visit(w.gate_proj.weight, weight_row(dims.prefix + "gate_proj.weight", {I, D}, dims.init.std_in));
+  visit(w.up_proj.weight, weight_row(dims.prefix + "up_proj.weight", {I, D}, dims.init.std_in));
+  visit(w.down_proj.weight, weight_row(dims.prefix + "down_proj.weight", {D, I}, dims.init.std_out));
+}
 
-// dx[n, D]: gradient wrt the sublayer output on entry, wrt its input x on return (+=).
+// Training FLOPs per token (forward + backward): 6 · 3 · D · I.
+inline double mlp_flops_per_token(const MlpDims& dims) { return 18.0 * double(dims.hidden) * double(dims.intermediate); }
+
+// y[n, D] (= or += as `accumulate` says) MLP(h[n, D]); saves under `layer` when `store` is non-null.
 template <class T>
-void mlp_backward(T* dx, int64_t n, const MlpWeights<T>& w, const MlpWeights<T>& grads, const MlpDims& dims,
-                  const ActivationStore& store, int layer, Arena& scratch);
+void mlp_forward(T* y, const T* h, int64_t n, const MlpWeights<T>& w, const MlpDims& dims, bool accumulate,
+                 ActivationStore* store, int layer, Arena& scratch);
+
+// dh[n, D] += gradient wrt h from dy[n, D].
+template <class T>
+void mlp_backward(T* dh, const T* dy, const T* h, int64_t n, const MlpWeights<T>& w, const MlpWeights<T>& grads,
+                  const MlpDims& dims, const ActivationStore& store, int layer, Arena& scratch);
 
 }  // namespace trillion

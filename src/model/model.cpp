@@ -1,15 +1,16 @@
-// Model<T>: parameter table, layer stack, final norm, fused LM-head cross-entropy, and generation
-// with a KV cache. Checkpoints are in weights.cpp.
+// Model<T>: parameter table, layer stack, final norm, fused LM-head cross-entropy, router losses,
+// and generation with a decode cache. Checkpoints are in weights.cpp.
 #include "model/model.h"
 
 #include <cmath>
 #include <cstring>
 
 #include "core/error.h"
+#include "model/family.h"
 #include "model/model_impl.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
-#include "ops/gemm.h"
+#include "model/linear.h"
 #include "ops/norm.h"
 
 namespace trillion {
@@ -18,48 +19,43 @@ namespace {
 // Rejects what the config can describe but the engine does not build yet, naming the file.
 void check_buildable(const ModelConfig& config) {
   const std::string source = config.source.empty() ? "config" : config.source;
-  // qwen3_moe builds as qwen3 while it has no experts (num_experts is checked below).
-  if (config.model_type != "qwen3" && config.model_type != "qwen3_next" && config.model_type != "qwen3_moe")
-    fail(source, ": model_type ", config.model_type, ": not built yet; expected qwen3, qwen3_next or qwen3_moe");
-  if (config.hidden_act != "silu")
-    fail(source, ": field \"hidden_act\": \"", config.hidden_act, "\": not built yet; expected \"silu\"");
-  if (!config.rope_scaling.is_null())
-    fail(source, ": field \"rope_scaling\": ", config.rope_scaling.dump(), ": not built yet; expected null");
-  if (config.use_sliding_window) fail(source, ": field \"use_sliding_window\": true: not built yet; expected false");
+  if (config.model_type != "qwen3" && config.model_type != "qwen3_next" && config.model_type != "qwen3_moe" &&
+      config.model_type != "glm4_moe")
+    fail(source, ": model_type ", config.model_type,
+         ": not built yet; expected qwen3, qwen3_moe, qwen3_next or glm4_moe");
+  if (config.rotary_dim() <= 0 || config.rotary_dim() % 2 != 0)
+    fail(source, ": field \"partial_rotary_factor\": gives rotary dimension ", config.rotary_dim(), " of head_dim ",
+         config.head_dim, ": not built; expected partial_rotary_factor · head_dim to be a positive even number");
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
     if (config.layer_types[i] != LayerType::full_attention)
       fail(source, ": layer_types[", i, "] = ", layer_type_name(config.layer_types[i]), ": not built yet");
   }
-  TRILLION_CHECK(static_cast<int64_t>(config.layer_types.size()) == config.num_hidden_layers,
-                 "layer_types has ", config.layer_types.size(), " entries for ", config.num_hidden_layers, " layers");
-  if (config.attention_bias) fail(source, ": attention_bias = true: not built yet");
-  if (config.num_experts > 0)
-    fail(source, ": num_experts = ", config.num_experts, ": mixture of experts not built yet");
+  TRILLION_CHECK(static_cast<int64_t>(config.layer_types.size()) == config.num_hidden_layers &&
+                     static_cast<int64_t>(config.mlp_layer_types.size()) == config.num_hidden_layers,
+                 "layer_types / mlp_layer_types do not have ", config.num_hidden_layers, " entries");
+}
+
+NormSpec final_norm_spec(const ModelConfig& config) {
+  return {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
+}
+
+std::vector<DecoderLayerDims> layer_dims_of(const ModelConfig& config) {
+  std::vector<DecoderLayerDims> dims;
+  for (int layer = 0; layer < config.num_hidden_layers; ++layer) dims.push_back(DecoderLayerDims::from_config(config, layer));
+  return dims;
 }
 
 // Unit 0: embeddings, final norm, LM head; unit 1 + l: decoder layer l. Embeddings and norms have
 // no weight decay; projections (the untied LM head included) do.
-ParamTable build_param_table(const ModelConfig& config) {
+ParamTable build_param_table(const ModelConfig& config, const std::vector<DecoderLayerDims>& layer_dims) {
   ParamTable table;
   const int64_t V = config.vocab_size, D = config.hidden_size;
-  ParamSpec embed{"model.embed_tokens.weight", {V, D}};
-  embed.init = InitKind::normal;
-  embed.init_std = config.initializer_range;
-  embed.weight_decay = false;
-  table.add(embed);
-  ParamSpec norm{"model.norm.weight", {D}};
-  norm.init = config.zero_centred_norms() ? InitKind::zeros : InitKind::ones;
-  norm.init_std = 0.0;
-  norm.weight_decay = false;
-  table.add(norm);
-  if (!config.tie_word_embeddings) {
-    ParamSpec head{"lm_head.weight", {V, D}};
-    head.init = InitKind::normal;
-    head.init_std = config.initializer_range;
-    head.weight_decay = true;
-    table.add(head);
-  }
-  for (int layer = 0; layer < config.num_hidden_layers; ++layer) add_decoder_layer_params(table, config, layer);
+  add_row(table, "", 0, make_row("model.embed_tokens.weight", {V, D}, InitKind::normal, config.initializer_range, false));
+  add_row(table, "", 0, norm_row("model.norm.weight", D, final_norm_spec(config)));
+  if (!config.tie_word_embeddings)
+    add_row(table, "", 0, weight_row("lm_head.weight", {V, D}, config.initializer_range));
+  for (int layer = 0; layer < config.num_hidden_layers; ++layer)
+    add_decoder_layer_params(table, layer_dims[layer], layer);
   table.finalize(64);
   return table;
 }
@@ -78,15 +74,36 @@ void ensure_size(Buffer<U>& buffer, int64_t count) {
   if (buffer.size() < count) buffer = Buffer<U>(count);
 }
 
+void call(const std::function<void(int)>& hook, int unit) {
+  if (hook) hook(unit);
+}
+
 }  // namespace
+
+ParamCounts count_parameters(const ModelConfig& config) {
+  const ParamTable table = build_param_table(config, layer_dims_of(config));
+  ParamCounts counts;
+  counts.dense = table.num_elements(ParamGroup::dense);
+  counts.expert = table.num_elements(ParamGroup::expert);
+  counts.buffer = table.num_elements(ParamGroup::buffer);
+  counts.total = counts.dense + counts.expert;
+  counts.active = counts.dense;
+  if (config.num_experts > 0)
+    counts.active += counts.expert / config.num_experts * config.num_experts_per_tok;
+  return counts;
+}
 
 template <class T>
 Model<T>::Impl::Impl(const ModelConfig& c) : config(c) {
   check_buildable(config);
-  table = build_param_table(config);
-  dims = DecoderLayerDims::from_config(config);
+  layer_dims = layer_dims_of(config);
+  table = build_param_table(config, layer_dims);
   params = Buffer<T>(table.total_size());
-  grads = Buffer<T>(table.total_size());
+  grads = Buffer<T>(table.trainable_size());
+  for (int layer = 0; layer < config.num_hidden_layers; ++layer) {
+    layer_params.push_back(bind_decoder_layer(table, params.data(), /*gradients=*/false, layer_dims[layer], layer));
+    layer_grads.push_back(bind_decoder_layer(table, grads.data(), /*gradients=*/true, layer_dims[layer], layer));
+  }
 }
 
 template <class T>
@@ -108,74 +125,195 @@ template <class T>
 void Model<T>::init_weights(uint64_t seed) { init_parameters(impl_->table, impl_->params.data(), seed); }
 template <class T>
 void Model<T>::zero_grads() { impl_->grads.zero(); }
+template <class T>
+DecisionLog& Model<T>::decisions() { return impl_->decisions; }
+template <class T>
+void Model<T>::set_unit_hooks(UnitHooks hooks) { impl_->hooks = std::move(hooks); }
 
 template <class T>
-CrossEntropyResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
-                                           bool save_activations) {
+std::vector<std::pair<int, T*>> Model<T>::correction_biases() {
+  std::vector<std::pair<int, T*>> biases;
+  for (int layer = 0; layer < impl_->config.num_hidden_layers; ++layer) {
+    const auto* moe = std::get_if<MoeWeights<T>>(&impl_->layer_params[layer].ffn);
+    if (moe != nullptr && moe->correction_bias != nullptr) biases.emplace_back(layer, moe->correction_bias);
+  }
+  return biases;
+}
+
+template <class T>
+const MoeDims* Model<T>::Impl::first_moe() const {
+  for (const DecoderLayerDims& dims : layer_dims)
+    if (const auto* moe = std::get_if<MoeDims>(&dims.ffn)) return moe;
+  return nullptr;
+}
+
+// Pooled (transformers' Qwen): f_e = Σ_l count_le / (L·N), P_e = Σ_l Σ_t p_lte / (L·N), E Σ f_e P_e.
+// Per layer (Megatron): Σ_l E Σ_e count_le / (N·k) · Σ_t p_lte / N. Sequence-wise: Σ_l of each
+// layer's value. Router z-loss: Σ_l of each layer's mean_t lse².
+template <class T>
+void Model<T>::Impl::add_router_losses(StepResult& result, int64_t tokens) const {
+  const MoeDims* moe = first_moe();
+  if (moe == nullptr || result.moe.empty()) return;
+  const int64_t E = moe->experts(), k = moe->top_k();
+  const double L = double(result.moe.size()), N = double(tokens);
+  if (moe->aux_coef != 0.0) {
+    LossTerm term{"aux_loss", 0.0, moe->aux_coef, ""};
+    switch (moe->aux_type) {
+      case AuxLossType::pooled: {
+        for (int64_t e = 0; e < E; ++e) {
+          double count = 0.0, prob = 0.0;
+          for (const MoeLayerStats& s : result.moe) count += double(s.tokens_per_expert[e]), prob += s.prob_sums[e];
+          term.value += double(E) * (count / (L * N)) * (prob / (L * N));
+        }
+        term.normalization = "pooled over the MoE layers and tokens of the micro-batch (transformers' Qwen)";
+        break;
+      }
+      case AuxLossType::per_layer:
+        for (const MoeLayerStats& s : result.moe)
+          for (int64_t e = 0; e < E; ++e)
+            term.value += double(E) * (double(s.tokens_per_expert[e]) / (N * double(k))) * (s.prob_sums[e] / N);
+        term.normalization = "per MoE layer over the micro-batch's tokens, summed over layers (Megatron)";
+        break;
+      case AuxLossType::sequence:
+        for (const MoeLayerStats& s : result.moe) term.value += s.sequence_aux;
+        term.normalization = "per sequence, averaged over sequences, summed over layers (DeepSeek-V3)";
+        break;
+    }
+    result.aux.push_back(term);
+  }
+  if (moe->z_coef != 0.0) {
+    LossTerm term{"router_z_loss", 0.0, moe->z_coef, "mean over the micro-batch's tokens, summed over MoE layers"};
+    for (const MoeLayerStats& s : result.moe) term.value += s.z_loss;
+    result.aux.push_back(term);
+  }
+}
+
+template <class T>
+MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer, int64_t tokens,
+                                            double aux_scale) const {
+  const MoeDims& moe = std::get<MoeDims>(layer_dims[layer].ffn);
+  const int64_t E = moe.experts(), k = moe.top_k();
+  const double L = double(result.moe.size()), N = double(tokens), coef = moe.aux_coef * aux_scale;
+  MoeBalanceGrad grad;
+  grad.z_scale = moe.z_coef * aux_scale;
+  if (coef == 0.0) return grad;
+  const MoeLayerStats* own = nullptr;
+  for (const MoeLayerStats& s : result.moe) own = s.layer == layer ? &s : own;
+  TRILLION_CHECK(own != nullptr, "no routing statistics of layer ", layer);
+  switch (moe.aux_type) {
+    case AuxLossType::pooled:
+      grad.per_expert.assign(E, 0.0);
+      for (int64_t e = 0; e < E; ++e) {
+        double count = 0.0;
+        for (const MoeLayerStats& s : result.moe) count += double(s.tokens_per_expert[e]);
+        grad.per_expert[e] = coef * double(E) * (count / (L * N)) / (L * N);  // ∂/∂p_lte of E Σ f P
+      }
+      break;
+    case AuxLossType::per_layer:
+      grad.per_expert.assign(E, 0.0);
+      for (int64_t e = 0; e < E; ++e)
+        grad.per_expert[e] = coef * double(E) * (double(own->tokens_per_expert[e]) / (N * double(k))) / N;
+      break;
+    case AuxLossType::sequence:
+      grad.sequence_scale = coef;
+      break;
+  }
+  return grad;
+}
+
+template <class T>
+StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                                   bool save_activations) {
   Impl& m = *this;
   TRILLION_CHECK(batch > 0 && seq > 0, "batch ", batch, " and seq ", seq, " must be positive");
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   check_tokens(tokens, targets, n, V);
   m.store.clear();
+  if (!m.decisions.replaying()) m.decisions.start_recording();
   ensure_size(m.hidden, n * D);
   ensure_size(m.positions, n);
   for (int64_t i = 0; i < n; ++i) m.positions[i] = static_cast<int32_t>(i % seq);
-  ActivationStore* store = save_activations ? &m.store : nullptr;
+  StepResult result;
+  LayerPass pass;
+  pass.batch = batch;
+  pass.seq = seq;
+  pass.positions = m.positions.data();
+  pass.store = save_activations ? &m.store : nullptr;
+  pass.decisions = &m.decisions;
+  pass.result = &result;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
+  call(m.hooks.before_forward, 0);
   embedding_forward(x, m.embedding(params), tokens, n, D, V);
   for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
-    decoder_layer_forward(x, m.positions.data(), batch, seq, bind_decoder_layer(m.table, params, layer), m.dims,
-                          store, layer, m.scratch);
+    call(m.hooks.before_forward, 1 + layer);
+    decoder_layer_forward(x, m.layer_params[layer], m.layer_dims[layer], pass, layer, m.scratch);
+    call(m.hooks.after_forward, 1 + layer);
   }
   m.scratch.reset();
   const auto buffer = [&](ActivationTag tag, int64_t count) {
-    return save_or_scratch<T>(store, tag, 0, count, m.scratch);
+    return save_or_scratch<T>(pass.store, tag, 0, count, m.scratch);
   };
+  const NormSpec norm = final_norm_spec(m.config);
   T* final_input = buffer(ActivationTag::final_input, n * D);  // [n, D]
   std::memcpy(final_input, x, n * D * sizeof(T));
   T* rstd = buffer(ActivationTag::final_norm_rstd, n);   // [n]
   T* h = buffer(ActivationTag::final_norm_out, n * D);   // [n, D]
-  rmsnorm_forward(h, rstd, final_input, m.final_norm(params), n, D, m.config.rms_norm_eps, m.config.zero_centred_norms());
+  rmsnorm_forward(h, rstd, final_input, m.final_norm(params), n, D, norm.eps, norm.zero_centred);
   T* lse = buffer(ActivationTag::loss_lse, n);  // [n]
-  return lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
+  result.lm = lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
+  call(m.hooks.after_forward, 0);
+  m.add_router_losses(result, n);
+  return result;
 }
 
 // Forward only: nothing is saved, so its memory is one sublayer's, not every layer's.
 template <class T>
-CrossEntropyResult Model<T>::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
-  const CrossEntropyResult result = impl_->forward(tokens, targets, batch, seq, /*save_activations=*/false);
+StepResult Model<T>::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
+  StepResult result = impl_->forward(tokens, targets, batch, seq, /*save_activations=*/false);
   impl_->scratch.reset();
   return result;
 }
 
 template <class T>
-CrossEntropyResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch,
-                                              int64_t seq, double loss_scale) {
+StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                                      const LossScales& scales) {
   Impl& m = *impl_;
-  const CrossEntropyResult result = m.forward(tokens, targets, batch, seq, /*save_activations=*/true);
+  const StepResult result = m.forward(tokens, targets, batch, seq, /*save_activations=*/true);
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   T* params = m.params.data();
   T* grads = m.grads.data();
   ensure_size(m.hidden_grad, n * D);
   T* dx = m.hidden_grad.data();  // [n, D] gradient of the residual stream
+  call(m.hooks.before_backward, 0);
   {
     m.scratch.reset();
+    const NormSpec norm = final_norm_spec(m.config);
     const T* final_input = m.store.template get<T>(ActivationTag::final_input, 0, n * D);
     const T* rstd = m.store.template get<T>(ActivationTag::final_norm_rstd, 0, n);
     const T* h = m.store.template get<T>(ActivationTag::final_norm_out, 0, n * D);
     const T* lse = m.store.template get<T>(ActivationTag::loss_lse, 0, n);
     T* dh = m.scratch.template alloc<T>(n * D);  // [n, D]
     // Tied head: its dw lands in the embedding gradient, which embedding_backward adds to below.
-    lm_head_cross_entropy_backward(dh, m.lm_head(grads), h, m.lm_head(params), targets, lse, loss_scale, n, D, V);
-    rmsnorm_backward(dx, m.final_norm(grads), dh, final_input, m.final_norm(params), rstd, n, D,
-                     m.config.zero_centred_norms(), /*accumulate_dx=*/false);
+    lm_head_cross_entropy_backward(dh, m.lm_head(grads), h, m.lm_head(params), targets, lse, scales.lm, n, D, V);
+    rmsnorm_backward(dx, m.final_norm(grads), dh, final_input, m.final_norm(params), rstd, n, D, norm.zero_centred,
+                     /*accumulate_dx=*/false);
   }
+  LayerPass pass;
+  pass.batch = batch;
+  pass.seq = seq;
+  pass.positions = m.positions.data();
   for (int layer = static_cast<int>(m.config.num_hidden_layers) - 1; layer >= 0; --layer) {
-    decoder_layer_backward(dx, m.positions.data(), batch, seq, bind_decoder_layer(m.table, params, layer),
-                           bind_decoder_layer(m.table, grads, layer), m.dims, m.store, layer, m.scratch);
+    call(m.hooks.before_backward, 1 + layer);
+    MoeBalanceGrad balance;
+    if (m.layer_dims[layer].is_moe()) balance = m.balance_grad(result, layer, n, scales.aux);
+    pass.balance = &balance;
+    decoder_layer_backward(dx, m.layer_params[layer], m.layer_grads[layer], m.layer_dims[layer], pass, m.store, layer,
+                           m.scratch);
+    call(m.hooks.after_backward, 1 + layer);
   }
   embedding_backward(m.embedding(grads), dx, tokens, n, D, V);
+  call(m.hooks.after_backward, 0);
   m.store.clear();
   m.scratch.reset();
   return result;
@@ -185,13 +323,8 @@ template <class T>
 void Model<T>::start_generation(int64_t max_len) {
   Impl& m = *impl_;
   if (max_len <= 0) fail("generation length ", max_len, " must be positive");
-  const int64_t per_layer = max_len * m.dims.attn.kv_width();  // [max_len, Hkv, d]
-  m.k_cache.clear();
-  m.v_cache.clear();
-  for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
-    m.k_cache.emplace_back(per_layer);
-    m.v_cache.emplace_back(per_layer);
-  }
+  m.caches.clear();
+  for (const DecoderLayerDims& dims : m.layer_dims) m.caches.emplace_back(dims.decode_cache_elements(max_len));
   m.cache_capacity = max_len;
   m.cache_length = 0;
 }
@@ -210,32 +343,25 @@ void Model<T>::generate_step(const int32_t* tokens, int64_t n, T* last_logits) {
   T* x = m.hidden.data();  // [n, D]
   embedding_forward(x, m.embedding(params), tokens, n, D, V);
   for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
-    decoder_layer_decode(x, n, m.cache_length, m.k_cache[layer].data(), m.v_cache[layer].data(),
-                         bind_decoder_layer(m.table, params, layer), m.dims, m.scratch);
+    decoder_layer_decode(x, n, m.cache_length, m.cache_capacity, m.caches[layer].data(), m.layer_params[layer],
+                         m.layer_dims[layer], m.scratch);
   }
   m.scratch.reset();
+  const NormSpec norm = final_norm_spec(m.config);
   T* h = m.scratch.template alloc<T>(D);  // [1, D] final-normed last token
   T* rstd = m.scratch.template alloc<T>(1);  // [1]
-  rmsnorm_forward(h, rstd, x + (n - 1) * D, m.final_norm(params), 1, D, m.config.rms_norm_eps,
-                  m.config.zero_centred_norms());
-  linear_forward(last_logits, h, m.lm_head(params), 1, D, V);  // [1, V]
+  rmsnorm_forward(h, rstd, x + (n - 1) * D, m.final_norm(params), 1, D, norm.eps, norm.zero_centred);
+  linear(last_logits, h, LinearWeights<T>{m.lm_head(params)}, 1, D, V, /*accumulate=*/false);  // [1, V]
   m.cache_length += n;
   m.scratch.reset();
 }
 
-// 6 · (matmul parameters, LM head included even when tied) for the weight matmuls (forward 2,
-// backward 4), plus per layer 3 · 4 · (seq / 2) · Hq · d for causal attention (QKᵀ and PV, 2 FLOPs
-// per multiply-add each, over seq / 2 keys on average; backward twice the forward).
 template <class T>
 double Model<T>::training_flops_per_token(int64_t seq) const {
   const Impl& m = *impl_;
-  const AttentionBlockDims& a = m.dims.attn;
-  const double D = double(m.config.hidden_size), I = double(m.config.intermediate_size);
-  const double layer_matmul = D * double(a.q_proj_out() + 2 * a.kv_width()) + double(a.q_width()) * D + 3.0 * D * I;
-  const double matmul_params = double(m.config.num_hidden_layers) * layer_matmul + double(m.config.vocab_size) * D;
-  const double attention = double(m.config.num_hidden_layers) * 3.0 * 4.0 * (double(seq) / 2.0) *
-                           double(a.q_heads) * double(a.head_dim);
-  return 6.0 * matmul_params + attention;
+  double flops = 6.0 * double(m.config.vocab_size) * double(m.config.hidden_size);
+  for (const DecoderLayerDims& dims : m.layer_dims) flops += dims.flops_per_token(seq);
+  return flops;
 }
 
 template class Model<float>;

@@ -1,9 +1,10 @@
 // Model<T>: the decoder-only language model built from a ModelConfig, single-device (parallelism
-// is applied to it later). Owns the parameter table, flat parameter and gradient buffers, and the
-// per-step activation store; forward and backward are explicit.
+// is applied to it later). Owns the parameter table, flat parameter and gradient buffers, the
+// pointers of every layer bound once, the per-step activation store and the decision log; forward
+// and backward are explicit.
 //
 //   tokens ─► Embedding ─► [DecoderLayer × L] ─► RMSNorm ─► fused LM head + cross-entropy ─► loss
-//   DecoderLayer: x + Attention(RMSNorm(x)); x + MLP(RMSNorm(x))
+//   DecoderLayer: x + Mixer(x); x + FFN(RMSNorm(x))   (kinds per layer: model/decoder_layer.h)
 //
 // T is float (training) or double (gradient checking).
 #pragma once
@@ -11,12 +12,24 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "model/config.h"
 #include "model/params.h"
+#include "model/step.h"
 #include "ops/cross_entropy.h"
 
 namespace trillion {
+
+// Parameter counts of a config, from its parameter table alone (no weights are allocated, and
+// kinds that are not built yet are counted as declared). total = trainable parameters (what
+// transformers' num_parameters() counts: buffers excluded); active = the parameters one token
+// uses: dense ones and k / E of the routed experts.
+struct ParamCounts {
+  int64_t total = 0, active = 0, dense = 0, expert = 0, buffer = 0;
+};
+ParamCounts count_parameters(const ModelConfig& config);
 
 template <class T>
 class Model {
@@ -31,17 +44,27 @@ class Model {
   const ParamTable& table() const;
   T* params();  // [table().total_size()]
   const T* params() const;
-  T* grads();  // [table().total_size()]
+  T* grads();  // [table().trainable_size()]: the trainable groups only
   void init_weights(uint64_t seed);
   void zero_grads();
 
   // One micro-batch: tokens and targets [batch, seq] (targets kIgnoreIndex are skipped).
-  // Accumulates (+=) loss_scale · d(loss_sum)/dθ into grads() and returns the loss sum and count.
-  CrossEntropyResult forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
-                                      double loss_scale);
+  // Accumulates (+=) d(objective)/dθ into grads(), objective = StepResult::objective(scales), and
+  // returns the loss terms and per-layer statistics.
+  StepResult forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
+                              const LossScales& scales);
   // Forward only (evaluation, gradient checking): saves no activations, so it needs one
   // sublayer's temporaries rather than every layer's saved activations.
-  CrossEntropyResult forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
+  StepResult forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq);
+
+  // Discrete decisions (routing): each forward records them, unless the log is replaying
+  // (decisions().start_replay(): gradient checking's perturbed passes, recomputation).
+  DecisionLog& decisions();
+  // Called around each FSDP unit (1 + layer) in forward and backward; identity by default.
+  void set_unit_hooks(UnitHooks hooks);
+  // MoE layers' correction biases (sigmoid routers), for the aux-loss-free update: per MoE layer,
+  // its layer index and a pointer to its [E] bias in params(). Empty without such layers.
+  std::vector<std::pair<int, T*>> correction_biases();
 
   // Generation with a KV cache, batch 1: start_generation clears the cache; generate_step appends
   // n tokens at the next positions and writes the logits of the last one.
@@ -49,9 +72,10 @@ class Model {
   void generate_step(const int32_t* tokens, int64_t n, T* last_logits /*[vocab]*/);
 
   // Model FLOPs of one training token (forward + backward, attention included, recompute not):
-  // for model FLOPs utilization. 6 · (matmul parameters: q/k/v/o, gate/up/down of every layer and
-  // the LM head, counted even when tied) + Σ_layers 3 · 4 · (seq / 2) · Hq · head_dim (causal QKᵀ
-  // and PV over seq / 2 keys on average, 2 FLOPs per multiply-add; backward twice the forward).
+  // for model FLOPs utilization. Σ_layers of each kind's FLOPs (attention: 6 · projection
+  // parameters + 3 · 4 · (seq / 2) · Hq · head_dim; dense MLP 18 · D · I; MoE the active ones:
+  // router 6 · D · E, k experts 18 · k · D · I, shared experts) + 6 · V · D for the LM head
+  // (counted even when tied).
   double training_flops_per_token(int64_t seq) const;
 
   // Hugging Face layout checkpoints (model.safetensors or shards + index).

@@ -15,24 +15,31 @@ template <class T>
 struct Model<T>::Impl {
   ModelConfig config;
   ParamTable table;
-  DecoderLayerDims dims;
+  std::vector<DecoderLayerDims> layer_dims;  // [L] each layer's kinds
   Buffer<T> params;  // [table.total_size()]
-  Buffer<T> grads;   // [table.total_size()]
+  Buffer<T> grads;   // [table.trainable_size()]
+  std::vector<DecoderLayerWeights<T>> layer_params, layer_grads;  // [L], bound once
   ActivationStore store;  // saved activations of the current step
+  DecisionLog decisions;
+  UnitHooks hooks;
   Arena scratch;          // temporaries of one sublayer at a time
   Buffer<T> hidden;       // [tokens, D] residual stream
   Buffer<T> hidden_grad;  // [tokens, D] its gradient
   Buffer<int32_t> positions;  // [tokens]
-  // Generation: one KV cache per layer, [max_len, Hkv, d] each.
-  std::vector<Buffer<T>> k_cache, v_cache;
+  // Generation: one decode cache per layer (its kinds say how large).
+  std::vector<Buffer<T>> caches;
   int64_t cache_capacity = 0;
   int64_t cache_length = 0;
 
   explicit Impl(const ModelConfig& c);
-  // Forward and loss. save_activations: saves every activation the backward needs in `store`
+  // Forward and loss terms. save_activations: saves every activation the backward needs in `store`
   // (training); otherwise nothing is saved and temporaries live in `scratch` one sublayer at a time.
-  CrossEntropyResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
-                             bool save_activations);
+  StepResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, bool save_activations);
+  // The router loss terms of a forward from its per-layer statistics (appended to result.aux).
+  void add_router_losses(StepResult& result, int64_t tokens) const;
+  // The balance-loss gradient handed to MoE layer `layer`'s backward.
+  MoeBalanceGrad balance_grad(const StepResult& result, int layer, int64_t tokens, double aux_scale) const;
+  const MoeDims* first_moe() const;  // null without MoE layers
   T* embedding(T* base) const { return base + table.find("model.embed_tokens.weight").offset; }
   T* final_norm(T* base) const { return base + table.find("model.norm.weight").offset; }
   // The LM head's weight [V, D]: the embedding table when tied.

@@ -1,6 +1,8 @@
-// The parameter table (unit-major offsets with per-unit padding) and counter-based initialization.
+// The parameter table (group-major, unit-major offsets with per-unit padding) and counter-based
+// initialization.
 #include "model/params.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -9,18 +11,41 @@
 
 namespace trillion {
 
+const char* param_group_name(ParamGroup group) {
+  switch (group) {
+    case ParamGroup::dense: return "dense";
+    case ParamGroup::expert: return "expert";
+    case ParamGroup::lora: return "lora";
+    case ParamGroup::buffer: return "buffer";
+  }
+  return "?";
+}
+
 int64_t ParamSpec::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
 }
 
+std::vector<HfKey> ParamSpec::checkpoint_keys() const {
+  if (!hf_keys.empty()) return hf_keys;
+  return {HfKey{name, shape, 0}};
+}
+
 void ParamTable::add(ParamSpec spec) {
   TRILLION_CHECK(index_.count(spec.name) == 0, "parameter ", spec.name, " added twice");
   TRILLION_CHECK(spec.unit >= 0, "parameter ", spec.name, " has negative unit ", spec.unit);
-  TRILLION_CHECK(entries_.empty() || spec.unit >= entries_.back().unit, "parameter ", spec.name, " (unit ",
-                 spec.unit, ") added after unit ", entries_.back().unit, ": add in unit order");
   for (int64_t d : spec.shape) TRILLION_CHECK(d > 0, "parameter ", spec.name, " has a non-positive dimension");
+  int64_t covered = 0;
+  for (const HfKey& key : spec.hf_keys) {
+    int64_t n = 1;
+    for (int64_t d : key.shape) n *= d;
+    TRILLION_CHECK(key.offset == covered, "parameter ", spec.name, ": key ", key.name, " starts at ", key.offset,
+                   ", expected ", covered, " (keys must tile the tensor in order)");
+    covered += n;
+  }
+  TRILLION_CHECK(spec.hf_keys.empty() || covered == spec.numel(), "parameter ", spec.name, ": its keys cover ",
+                 covered, " of ", spec.numel(), " elements");
   index_.emplace(spec.name, entries_.size());
   entries_.push_back(std::move(spec));
 }
@@ -28,18 +53,28 @@ void ParamTable::add(ParamSpec spec) {
 void ParamTable::finalize(int64_t pad_multiple) {
   TRILLION_CHECK(pad_multiple > 0, "pad_multiple must be positive");
   const auto round_up = [&](int64_t n) { return (n + pad_multiple - 1) / pad_multiple * pad_multiple; };
-  const int num_units = entries_.empty() ? 0 : entries_.back().unit + 1;
-  units_.assign(num_units, UnitRange{});
+  std::stable_sort(entries_.begin(), entries_.end(), [](const ParamSpec& a, const ParamSpec& b) {
+    return a.group != b.group ? a.group < b.group : a.unit < b.unit;
+  });
+  index_.clear();
+  for (size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].name, i);
+  int num_units = 0;
+  for (const ParamSpec& spec : entries_) num_units = std::max(num_units, spec.unit + 1);
   int64_t offset = 0;
   size_t next = 0;
-  for (int unit = 0; unit < num_units; ++unit) {
-    units_[unit].begin = offset;  // already a multiple of pad_multiple
-    for (; next < entries_.size() && entries_[next].unit == unit; ++next) {
-      entries_[next].offset = offset;
-      offset += entries_[next].numel();
+  for (int g = 0; g < kNumParamGroups; ++g) {
+    units_[g].assign(num_units, UnitRange{});
+    for (int unit = 0; unit < num_units; ++unit) {
+      units_[g][unit].begin = offset;  // already a multiple of pad_multiple
+      for (; next < entries_.size() && static_cast<int>(entries_[next].group) == g && entries_[next].unit == unit;
+           ++next) {
+        entries_[next].offset = offset;
+        offset += entries_[next].numel();
+      }
+      offset = round_up(offset);
+      units_[g][unit].end = offset;
     }
-    offset = round_up(offset);
-    units_[unit].end = offset;
+    if (static_cast<ParamGroup>(g) == ParamGroup::lora) trainable_size_ = offset;  // the groups before buffer
   }
   total_size_ = offset;
 }
@@ -53,6 +88,13 @@ const ParamSpec& ParamTable::find(const std::string& name) const {
 int64_t ParamTable::num_elements() const {
   int64_t n = 0;
   for (const ParamSpec& spec : entries_) n += spec.numel();
+  return n;
+}
+
+int64_t ParamTable::num_elements(ParamGroup group) const {
+  int64_t n = 0;
+  for (const ParamSpec& spec : entries_)
+    if (spec.group == group) n += spec.numel();
   return n;
 }
 

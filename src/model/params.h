@@ -1,10 +1,13 @@
-// The parameter table: one description of every tensor of a model (name, shape, group, FSDP unit,
-// initializer, weight decay) that drives the flat buffers, initialization, checkpoint names,
-// optimizer groups and, later, sharding.
+// The parameter table: one description of every tensor of a model (internal name, Hugging Face
+// key(s), shape, group, FSDP unit, initializer, weight decay, trainable) that drives the flat
+// buffers, initialization, checkpoint names, optimizer groups and, later, sharding.
 //
-// Flat buffers are unit-major: unit 0 holds embeddings, final norm and LM head; unit 1 + l holds
-// decoder layer l. Each unit starts at a multiple of `pad_multiple` elements and is padded to one,
-// so a unit can be sharded evenly on its own. Expert tensors are stacked [E, ...] (later issues).
+// Flat buffers are group-major (dense | expert | lora | buffer), then unit-major inside a group:
+// unit 0 holds embeddings, final norm and LM head; unit 1 + l holds decoder layer l. Each (group,
+// unit) range starts at a multiple of `pad_multiple` elements and is padded to one, so it can be
+// sharded evenly on its own. The trainable groups come first, so gradients and optimizer moments
+// cover [0, trainable_size()) and nothing of the buffers. A layer's experts are stacked [E, ...]
+// with each expert's slice contiguous, so an expert-parallel rank's experts are one range.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +17,9 @@
 
 namespace trillion {
 
-enum class ParamGroup { dense, expert, lora, buffer };
+enum class ParamGroup { dense, expert, lora, buffer };  // layout order
+constexpr int kNumParamGroups = 4;
+const char* param_group_name(ParamGroup group);
 
 enum class InitKind {
   normal,  // N(0, init_std²)
@@ -22,38 +27,55 @@ enum class InitKind {
   ones,
 };
 
+// One tensor as a Hugging Face checkpoint stores it: `numel(shape)` contiguous elements of the
+// parameter starting at element `offset`. A stacked expert tensor has one key per expert (and per
+// part: gate_proj and up_proj of a fused gate_up); every other tensor one key for all of it.
+struct HfKey {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // element offset inside the parameter
+};
+
 struct ParamSpec {
-  std::string name;  // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::string name;  // internal name = the name transformers uses in memory (state_dict)
   std::vector<int64_t> shape;
   ParamGroup group = ParamGroup::dense;
   int unit = 0;
   InitKind init = InitKind::normal;
   double init_std = 0.02;
   bool weight_decay = true;
-  int64_t offset = 0;  // element offset in the flat buffer; set by ParamTable::finalize
+  std::vector<HfKey> hf_keys;  // empty: stored under `name` with `shape`
+  int64_t offset = 0;          // element offset in the flat buffer; set by ParamTable::finalize
   int64_t numel() const;
+  bool trainable() const { return group != ParamGroup::buffer; }
+  // The keys a checkpoint of the original (save_pretrained default) layout stores.
+  std::vector<HfKey> checkpoint_keys() const;
 };
 
 class ParamTable {
  public:
-  void add(ParamSpec spec);  // in unit order; names must be unique
+  void add(ParamSpec spec);  // names must be unique; order inside a (group, unit) is kept
   void finalize(int64_t pad_multiple = 64);
-  const std::vector<ParamSpec>& entries() const { return entries_; }
+  const std::vector<ParamSpec>& entries() const { return entries_; }  // in layout order once finalized
   const ParamSpec& find(const std::string& name) const;  // CHECK-fails if absent
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   int64_t total_size() const { return total_size_; }  // elements, padding included
+  int64_t trainable_size() const { return trainable_size_; }  // elements of the trainable groups
   int64_t num_elements() const;                        // elements, padding excluded
+  int64_t num_elements(ParamGroup group) const;
   struct UnitRange {
     int64_t begin = 0;
     int64_t end = 0;
   };
-  const std::vector<UnitRange>& units() const { return units_; }
+  // Per group, the element range of each unit (empty ranges for units the group lacks).
+  const std::vector<UnitRange>& units(ParamGroup group) const { return units_[static_cast<int>(group)]; }
 
  private:
   std::vector<ParamSpec> entries_;
   std::unordered_map<std::string, size_t> index_;
-  std::vector<UnitRange> units_;
+  std::vector<UnitRange> units_[kNumParamGroups];
   int64_t total_size_ = 0;
+  int64_t trainable_size_ = 0;
 };
 
 // Fills every parameter from the counter-based RNG: element i of tensor `name` depends only on

@@ -1,10 +1,13 @@
 // Model weights in Hugging Face layout: save_weights writes every tensor of the parameter table
-// under its HF name (F32 for float models, F64 for double) through CheckpointWriter (sharded with
-// an index when large); load_weights reads any supported dtype, converting. Loading is
-// all-or-nothing: every tensor is read into a staging buffer and checked (missing, misshaped,
-// extra) before the parameters change. A tied model accepts a stored lm_head.weight only when it
-// equals model.embed_tokens.weight bitwise after conversion.
+// under its checkpoint keys (save_pretrained's default layout: routed experts per expert,
+// `mlp.experts.{e}.gate_proj.weight`, …; F32 for float models, F64 for double) through
+// CheckpointWriter (sharded with an index when large); load_weights reads that layout and the fused
+// in-memory one (`save_original_format=False`: `mlp.experts.gate_up_proj [E, 2I, H]`, …), any
+// supported dtype, converting. Loading is all-or-nothing: every tensor is read into a staging buffer
+// and checked (missing, misshaped, extra) before the parameters change. A tied model accepts a
+// stored lm_head.weight only when it equals model.embed_tokens.weight bitwise after conversion.
 #include <cstring>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -19,7 +22,8 @@ void Model<T>::save_weights(const std::string& directory) const {
   const Impl& m = *impl_;
   CheckpointWriter writer;
   for (const ParamSpec& spec : m.table.entries()) {
-    writer.add(spec.name, dtype_of<T>(), spec.shape, m.params.data() + spec.offset);
+    for (const HfKey& key : spec.checkpoint_keys())
+      writer.add(key.name, dtype_of<T>(), key.shape, m.params.data() + spec.offset + key.offset);
   }
   writer.write(directory);
 }
@@ -28,25 +32,38 @@ template <class T>
 void Model<T>::load_weights(const std::string& directory) {
   Impl& m = *impl_;
   const CheckpointReader reader(directory);
-  for (const ParamSpec& spec : m.table.entries()) {
-    if (!reader.contains(spec.name))
-      fail("checkpoint ", directory, ": tensor ", spec.name, " is missing (expected shape ", shape_string(spec.shape), ")");
-    const SafetensorsReader& shard = reader.shard_of(spec.name);
-    const std::vector<int64_t>& shape = shard.info(spec.name).shape;
-    if (shape != spec.shape)
-      fail(shard.path(), ": tensor ", spec.name, " has shape ", shape_string(shape), ", expected ", shape_string(spec.shape));
+  // Each parameter as the checkpoint stores it: fused under its own name, else by its keys.
+  std::vector<std::vector<HfKey>> stored(m.table.entries().size());
+  std::set<std::string> consumed;
+  for (size_t i = 0; i < m.table.entries().size(); ++i) {
+    const ParamSpec& spec = m.table.entries()[i];
+    stored[i] = reader.contains(spec.name) ? std::vector<HfKey>{{spec.name, spec.shape, 0}} : spec.checkpoint_keys();
+    for (const HfKey& key : stored[i]) {
+      if (!reader.contains(key.name))
+        fail("checkpoint ", directory, ": tensor ", key.name, " is missing (expected shape ", shape_string(key.shape),
+             key.name != spec.name ? ", or " + spec.name + " " + shape_string(spec.shape) + " in the fused layout" : "",
+             ")");
+      const SafetensorsReader& shard = reader.shard_of(key.name);
+      const std::vector<int64_t>& shape = shard.info(key.name).shape;
+      if (shape != key.shape)
+        fail(shard.path(), ": tensor ", key.name, " has shape ", shape_string(shape), ", expected ", shape_string(key.shape));
+      consumed.insert(key.name);
+    }
   }
   // Hugging Face tied checkpoints sometimes also store lm_head.weight: a copy of the embedding.
   const char* const kTiedHead = "lm_head.weight";
   const bool tied_head_stored = m.config.tie_word_embeddings && reader.contains(kTiedHead);
   for (const std::string& name : reader.names()) {
-    if (!m.table.contains(name) && !(tied_head_stored && name == kTiedHead))
+    if (consumed.count(name) == 0 && !(tied_head_stored && name == kTiedHead))
       fail(reader.shard_of(name).path(), ": tensor ", name, " is not a parameter of this model (",
            m.config.model_type, ", ", m.config.num_hidden_layers, " layers",
            m.config.tie_word_embeddings ? ", tied embeddings" : "", ")");
   }
   Buffer<T> staging(m.table.total_size());  // padding stays zero
-  for (const ParamSpec& spec : m.table.entries()) reader.read(spec.name, spec.shape, staging.data() + spec.offset);
+  for (size_t i = 0; i < m.table.entries().size(); ++i) {
+    for (const HfKey& key : stored[i])
+      reader.read(key.name, key.shape, staging.data() + m.table.entries()[i].offset + key.offset);
+  }
   if (tied_head_stored) {
     const ParamSpec& embed = m.table.find("model.embed_tokens.weight");
     const SafetensorsReader& shard = reader.shard_of(kTiedHead);

@@ -34,6 +34,7 @@ struct TrainSettings {
   double beta2 = 0.95;
   double eps = 1e-8;
   double clip = 1.0;  // global grad-norm clip; ≤ 0 disables
+  double moe_bias_rate = 0.0;  // aux-loss-free balancing: b += rate · sign(mean load − load); 0 = off
 };
 
 struct TrainerState {

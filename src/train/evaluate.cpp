@@ -24,7 +24,7 @@ EvalResult evaluate_loss(Model<T>& model, const std::vector<int32_t>& tokens, in
     for (int64_t r = 0; r < rows; ++r) {
       eval_window(tokens, seq_len, first + r, inputs.data() + r * seq_len, targets.data() + r * seq_len);
     }
-    const CrossEntropyResult part = model.forward_loss(inputs.data(), targets.data(), rows, seq_len);
+    const CrossEntropyResult part = model.forward_loss(inputs.data(), targets.data(), rows, seq_len).lm;
     result.loss_sum += part.loss_sum;
     result.target_count += part.count;
     result.windows += rows;

@@ -39,6 +39,7 @@ struct ProgressLine {
   double grad_norm = 0.0;
   double tokens_per_s = 0.0;
   double mfu = -1.0;   // model FLOPs utilization in [0, 1]; < 0 when unknown
+  bool mfu_ceiling_stale = false;  // mfu > 1 even against a re-measured ceiling: printed as such
   double eta_s = 0.0;  // seconds to the end of this process's run
   double val_loss = -1.0;  // < 0 when not evaluated this step
 };

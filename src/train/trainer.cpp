@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <type_traits>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
+#include "train/moe_balance.h"
 #include "train/optimizer.h"
 
 namespace trillion {
@@ -69,6 +71,7 @@ TrainSettings resumed_settings(const TrainOptions& o, const TrainSettings& saved
   check("beta2", "optimizer.beta2", given.beta2, saved.beta2);
   check("eps", "optimizer.eps", given.eps, saved.eps);
   check("clip", "optimizer.clip", given.clip, saved.clip);
+  check("moe-bias-rate", "moe_bias_rate", given.moe_bias_rate, saved.moe_bias_rate);
   TrainSettings settings = saved;
   if (o.given.count("steps") != 0 && given.steps != saved.steps) {
     std::fprintf(stderr, "note: --steps %lld differs from the resumed run's %lld; the LR schedule now spans %lld steps\n",
@@ -134,7 +137,20 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   const int64_t rows = s.grad_accum * s.batch;
   const int64_t tokens_per_step = rows * s.seq_len;
   const double flops_per_token = model.training_flops_per_token(s.seq_len);
-  const double gemm_rate = std::is_same_v<T, float> ? measure_sgemm_rate(o.mfu_gemm_size) : 0.0;
+  double gemm_rate = std::is_same_v<T, float> ? measure_sgemm_rate(o.mfu_gemm_size) : 0.0;
+  // Hooks after each optimizer step, with the step's routing statistics.
+  std::vector<std::function<void(const StepStats&)>> after_step;
+  if (s.moe_bias_rate > 0.0) {
+    const std::vector<std::pair<int, T*>> biases = model.correction_biases();
+    if (biases.empty())
+      fail("--moe-bias-rate ", s.moe_bias_rate, ": the model has no router correction bias (sigmoid routers: ",
+           "glm4_moe, deepseek_v3, kimi_linear); expected 0");
+    after_step.push_back([biases, rate = s.moe_bias_rate](const StepStats& stats) {
+      for (const auto& [layer, bias] : biases)
+        for (const MoeLayerStats& layer_stats : stats.layers())
+          if (layer_stats.layer == layer) aux_free_bias_update(bias, layer_stats.tokens_per_expert, rate);
+    });
+  }
   std::vector<int32_t> inputs(rows * s.seq_len), targets(rows * s.seq_len);  // [grad_accum·batch, seq_len] each
 
   auto save = [&](int64_t step) {
@@ -155,19 +171,28 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     MemoryStats::reset_peak(Tier::fast);
     sampler.next_batch(inputs.data(), targets.data(), rows);
     const int64_t count = std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; });
-    const double loss_scale = count > 0 ? 1.0 / static_cast<double>(count) : 0.0;
-    double loss_sum = 0.0;
-    for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
-      const int64_t at = micro * s.batch * s.seq_len;
-      loss_sum += model.forward_backward(inputs.data() + at, targets.data() + at, s.batch, s.seq_len, loss_scale).loss_sum;
-    }
-    const double loss = loss_sum * loss_scale;
-    const double grad_norm = optimizer.global_grad_norm(model.grads());
-    const double factor = clip_factor(grad_norm, s.clip);
-    if (factor < 1.0) optimizer.scale_grads(model.grads(), factor);
+    // A step whose micro-batches hold no counted target has no loss to follow: the weights stay.
+    const bool skipped = count == 0;
+    const LossScales scales{skipped ? 0.0 : 1.0 / static_cast<double>(count), 1.0 / static_cast<double>(s.grad_accum)};
+    double loss_sum = 0.0, grad_norm = 0.0;
+    StepStats stats;
     hyper.lr = schedule.at(step);
-    optimizer.step(model.params(), model.grads(), step, hyper);
-    model.zero_grads();
+    if (!skipped) {
+      for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
+        const int64_t at = micro * s.batch * s.seq_len;
+        const StepResult result = model.forward_backward(inputs.data() + at, targets.data() + at, s.batch, s.seq_len, scales);
+        loss_sum += result.lm.loss_sum;
+        stats.add(result);
+      }
+      grad_norm = optimizer.global_grad_norm(model.grads());
+      const double factor = clip_factor(grad_norm, s.clip);
+      if (factor < 1.0) optimizer.scale_grads(model.grads(), factor);
+      optimizer.step(model.params(), model.grads(), step, hyper);
+      model.zero_grads();
+      for (const auto& hook : after_step) hook(stats);
+    }
+    const double lm_loss = loss_sum * scales.lm;
+    const double loss = lm_loss + stats.aux_objective();
     const double step_s = seconds_since(step_start);
     const int64_t peak_bytes = MemoryStats::peak(Tier::fast);
 
@@ -177,7 +202,8 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     run.state.elapsed_s = elapsed_before + seconds_since(run_start);
     const double tokens_per_s = tokens_per_step / std::max(step_s, 1e-9);
     nlohmann::json record = {{"step", step},
-                             {"loss", loss},
+                             {"loss", skipped ? nlohmann::json() : nlohmann::json(loss)},
+                             {"lm_loss", skipped ? nlohmann::json() : nlohmann::json(lm_loss)},
                              {"lr", hyper.lr},
                              {"grad_norm", grad_norm},
                              {"tokens", run.state.tokens_seen},
@@ -185,9 +211,17 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
                              {"elapsed_s", run.state.elapsed_s},
                              {"peak_bytes", peak_bytes},
                              {"peak_rss_bytes", peak_rss_bytes()}};
+    if (skipped) record["skipped"] = "no counted targets in the step's micro-batches; weights unchanged";
+    stats.write_metrics(record);
     ProgressLine progress{step, s.steps, loss, hyper.lr, grad_norm, tokens_per_s};
     if (flops_per_token > 0 && gemm_rate > 0) {
       progress.mfu = flops_per_token * tokens_per_s / gemm_rate;
+      if (progress.mfu > 1.0) {  // the start-up measurement ran on a busy machine: measure again, keep the larger
+        gemm_rate = std::max(gemm_rate, measure_sgemm_rate(o.mfu_gemm_size));
+        progress.mfu = flops_per_token * tokens_per_s / gemm_rate;
+        progress.mfu_ceiling_stale = progress.mfu > 1.0;
+        if (progress.mfu_ceiling_stale) record["mfu_ceiling_stale"] = true;
+      }
       record["mfu"] = progress.mfu;
     }
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {

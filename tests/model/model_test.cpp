@@ -94,8 +94,8 @@ TEST(Model, FloatMatchesDouble) {
     targets[4] = kIgnoreIndex;
     f.zero_grads();
     d.zero_grads();
-    const CrossEntropyResult rf = f.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / (n - 1));
-    const CrossEntropyResult rd = d.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / (n - 1));
+    const CrossEntropyResult rf = f.forward_backward(tokens.data(), targets.data(), batch, seq, LossScales{1.0 / (n - 1)}).lm;
+    const CrossEntropyResult rd = d.forward_backward(tokens.data(), targets.data(), batch, seq, LossScales{1.0 / (n - 1)}).lm;
     EXPECT_EQ(rf.count, n - 1);
     EXPECT_NEAR(rf.loss_sum, rd.loss_sum, 1e-5 * rd.loss_sum) << name;
     for (const ParamSpec& s : d.table().entries()) {
@@ -120,15 +120,15 @@ TEST(Model, GradientsAccumulateAcrossMicroBatches) {
   const std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "u");   // [batch, seq]
   const double scale = 1.0 / double(n);
   model.zero_grads();
-  const CrossEntropyResult whole = model.forward_backward(tokens.data(), targets.data(), batch, seq, scale);
+  const CrossEntropyResult whole = model.forward_backward(tokens.data(), targets.data(), batch, seq, LossScales{scale}).lm;
   const std::vector<double> whole_grads(model.grads(), model.grads() + size);
 
   model.zero_grads();
   const CrossEntropyResult first =
-      model.forward_backward(tokens.data(), targets.data(), batch / 2, seq, scale);
+      model.forward_backward(tokens.data(), targets.data(), batch / 2, seq, LossScales{scale}).lm;
   const std::vector<double> first_grads(model.grads(), model.grads() + size);
   const CrossEntropyResult second =
-      model.forward_backward(tokens.data() + half, targets.data() + half, batch / 2, seq, scale);
+      model.forward_backward(tokens.data() + half, targets.data() + half, batch / 2, seq, LossScales{scale}).lm;
   EXPECT_EQ(first.count + second.count, whole.count);
   EXPECT_NEAR(first.loss_sum + second.loss_sum, whole.loss_sum, 1e-12 * whole.loss_sum);
   double max_diff = 0.0, max_ref = 0.0, halves_differ = 0.0;
@@ -148,10 +148,10 @@ TEST(Model, ActivationBytesAreCountedAndFreedEachStep) {
   Model<float> model(config);
   model.init_weights(2);
   const std::vector<int32_t> tokens = random_tokens(40, config.vocab_size, "t");
-  model.forward_backward(tokens.data(), tokens.data(), 4, 10, 0.025);  // grows the step buffers once
+  model.forward_backward(tokens.data(), tokens.data(), 4, 10, LossScales{0.025});  // grows the step buffers once
   const int64_t between_steps = MemoryStats::current(Tier::fast);
   MemoryStats::reset_peak(Tier::fast);
-  model.forward_backward(tokens.data(), tokens.data(), 4, 10, 0.025);
+  model.forward_backward(tokens.data(), tokens.data(), 4, 10, LossScales{0.025});
   EXPECT_EQ(MemoryStats::current(Tier::fast), between_steps);
   // At least the saved q, k, v, attention output and MLP activations of every layer were counted.
   const int64_t n = 40, qw = config.num_attention_heads * config.head_dim;
@@ -170,15 +170,15 @@ TEST(Model, ForwardLossNeedsOneSublayerOfMemory) {
   const int64_t batch = 4, seq = 16, n = batch * seq;
   const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "t");   // [batch, seq]
   const std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "u");  // [batch, seq]
-  model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / n);  // grows the step buffers once
+  model.forward_backward(tokens.data(), targets.data(), batch, seq, LossScales{1.0 / n});  // grows the step buffers once
   const int64_t between_steps = MemoryStats::current(Tier::fast);
 
   MemoryStats::reset_peak(Tier::fast);
-  const CrossEntropyResult eval = model.forward_loss(tokens.data(), targets.data(), batch, seq);
+  const CrossEntropyResult eval = model.forward_loss(tokens.data(), targets.data(), batch, seq).lm;
   const int64_t eval_peak = MemoryStats::peak(Tier::fast) - between_steps;
   EXPECT_EQ(MemoryStats::current(Tier::fast), between_steps);
   MemoryStats::reset_peak(Tier::fast);
-  const CrossEntropyResult train = model.forward_backward(tokens.data(), targets.data(), batch, seq, 1.0 / n);
+  const CrossEntropyResult train = model.forward_backward(tokens.data(), targets.data(), batch, seq, LossScales{1.0 / n}).lm;
   const int64_t train_peak = MemoryStats::peak(Tier::fast) - between_steps;
   EXPECT_EQ(MemoryStats::current(Tier::fast), between_steps);
 
@@ -199,7 +199,7 @@ TEST(Model, GradientsDoNotDependOnThreadCount) {
     Model<float> model(config);
     model.init_weights(8);
     model.zero_grads();
-    losses.push_back(model.forward_backward(tokens.data(), tokens.data(), 2, 33, 1.0 / 66).loss_sum);
+    losses.push_back(model.forward_backward(tokens.data(), tokens.data(), 2, 33, LossScales{1.0 / 66}).lm.loss_sum);
     grads.emplace_back(model.grads(), model.grads() + model.table().total_size());
     omp_set_num_threads(saved);
   }
@@ -241,7 +241,7 @@ void check_generation(const ModelConfig& config, double tolerance) {
   std::vector<int32_t> targets(len, kIgnoreIndex);
   for (int32_t target : {0, 5, static_cast<int32_t>(V - 1)}) {
     targets[len - 1] = target;
-    const CrossEntropyResult r = model.forward_loss(prompt.data(), targets.data(), 1, len);
+    const CrossEntropyResult r = model.forward_loss(prompt.data(), targets.data(), 1, len).lm;
     EXPECT_EQ(r.count, 1);
     EXPECT_NEAR(r.loss_sum, lse - whole[target], tolerance * max_logit) << target;
   }
@@ -285,17 +285,20 @@ TEST(Model, RejectsArchitecturesNotBuiltYet) {
   };
   const std::string file = "tiny.json (test variant): ";
   EXPECT_EQ(error({{"model_type", "deepseek_v32"}}),
-            file + "model_type deepseek_v32: not built yet; expected qwen3, qwen3_next or qwen3_moe");
-  EXPECT_EQ(error({{"model_type", "kimi"}}),
-            file + "model_type kimi: not built yet; expected qwen3, qwen3_next or qwen3_moe");
+            file + "model_type deepseek_v32: not built yet; expected qwen3, qwen3_moe, qwen3_next or glm4_moe");
+  EXPECT_EQ(error({{"model_type", "kimi_linear"}}),
+            file + "model_type kimi_linear: not built yet; expected qwen3, qwen3_moe, qwen3_next or glm4_moe");
   EXPECT_EQ(error({{"hidden_act", "gelu"}}), file + "field \"hidden_act\": \"gelu\": not built yet; expected \"silu\"");
   EXPECT_EQ(error({{"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}}),
-            file + "field \"rope_scaling\": {\"factor\":4.0,\"type\":\"yarn\"}: not built yet; expected null");
+            file + "field \"rope_scaling\": rope_type \"yarn\": not built yet; expected \"default\"");
+  EXPECT_EQ(error({{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}}),
+            file + "field \"rope_parameters\": rope_type \"yarn\": not built yet; expected \"default\"");
+  // An odd rotary dimension parses (transformers' default GLM-4.5 config has one) but is not built.
+  EXPECT_EQ(error({{"partial_rotary_factor", 0.25}}),
+            file + "field \"partial_rotary_factor\": gives rotary dimension 1 of head_dim 4: not built; expected "
+                   "partial_rotary_factor · head_dim to be a positive even number");
   EXPECT_EQ(error({{"use_sliding_window", true}}),
             file + "field \"use_sliding_window\": true: not built yet; expected false");
-  EXPECT_EQ(error({{"model_type", "qwen3_moe"}, {"num_experts", 4}, {"num_experts_per_tok", 2},
-                   {"moe_intermediate_size", 8}}),
-            file + "num_experts = 4: mixture of experts not built yet");
   // What Hugging Face Qwen3 configs say is accepted: silu, no scaling, no sliding window.
   EXPECT_EQ(error({{"hidden_act", "silu"}, {"rope_scaling", nullptr}, {"use_sliding_window", false},
                    {"sliding_window", 4096}}),

@@ -36,25 +36,58 @@ TEST(ParamTable, UnitsAreAlignedAndPadded) {
   EXPECT_EQ(table.find("b").offset, 15);
   EXPECT_EQ(table.find("c").offset, 32);
   EXPECT_EQ(table.find("d").offset, 48);
-  ASSERT_EQ(table.units().size(), 3u);
-  EXPECT_EQ(table.units()[0].begin, 0);
-  EXPECT_EQ(table.units()[0].end, 32);
-  EXPECT_EQ(table.units()[1].end, 48);
-  EXPECT_EQ(table.units()[2].end, 48 + 80);
+  ASSERT_EQ(table.units(ParamGroup::dense).size(), 3u);
+  EXPECT_EQ(table.units(ParamGroup::dense)[0].begin, 0);
+  EXPECT_EQ(table.units(ParamGroup::dense)[0].end, 32);
+  EXPECT_EQ(table.units(ParamGroup::dense)[1].end, 48);
+  EXPECT_EQ(table.units(ParamGroup::dense)[2].end, 48 + 80);
   EXPECT_EQ(table.total_size(), 128);
   EXPECT_EQ(table.num_elements(), 15 + 7 + 4 + 65);
+}
+
+// Groups are laid out one after another (dense | expert | lora | buffer), each unit-major and
+// padded; the trainable prefix ends before the buffers; keys must tile their tensor in order.
+TEST(ParamTable, GroupMajorLayoutWithTrainablePrefix) {
+  ParamTable table;
+  ParamSpec bias = spec("bias", {5}, 1);
+  bias.group = ParamGroup::buffer;
+  ParamSpec experts = spec("experts", {4, 3}, 1);
+  experts.group = ParamGroup::expert;
+  experts.hf_keys = {{"e0", {2, 3}, 0}, {"e1", {2, 3}, 6}};
+  table.add(bias);
+  table.add(experts);
+  table.add(spec("w1", {10}, 1));
+  table.add(spec("w0", {3}, 0));
+  table.finalize(16);
+  EXPECT_EQ(table.find("w0").offset, 0);
+  EXPECT_EQ(table.find("w1").offset, 16);
+  EXPECT_EQ(table.find("experts").offset, 32);
+  EXPECT_EQ(table.find("bias").offset, 48);
+  EXPECT_EQ(table.trainable_size(), 48);
+  EXPECT_EQ(table.total_size(), 64);
+  EXPECT_EQ(table.units(ParamGroup::expert)[1].begin, 32);
+  EXPECT_EQ(table.units(ParamGroup::expert)[1].end, 48);
+  EXPECT_EQ(table.units(ParamGroup::expert)[0].end - table.units(ParamGroup::expert)[0].begin, 0);
+  EXPECT_FALSE(table.find("bias").trainable());
+  EXPECT_EQ(table.find("experts").checkpoint_keys().size(), 2u);
+  EXPECT_EQ(table.find("w0").checkpoint_keys().at(0).name, "w0");
+  EXPECT_EQ(table.num_elements(ParamGroup::expert), 12);
+  ParamTable bad;
+  ParamSpec gap = spec("gap", {4}, 0);
+  gap.hf_keys = {{"a", {2}, 0}, {"b", {2}, 3}};
+  EXPECT_DEATH(bad.add(gap), "keys must tile");
 }
 
 TEST(ParamTable, ModelTableIsUnitMajorWithUniqueNames) {
   Model<float> model(testing::tiny_config_with({}));
   const ParamTable& table = model.table();
   const ModelConfig& config = model.config();
-  ASSERT_EQ(static_cast<int64_t>(table.units().size()), 1 + config.num_hidden_layers);
+  ASSERT_EQ(static_cast<int64_t>(table.units(ParamGroup::dense).size()), 1 + config.num_hidden_layers);
   std::set<std::string> names;
   int64_t previous_end = 0;
   for (const ParamSpec& s : table.entries()) {
     EXPECT_TRUE(names.insert(s.name).second) << s.name;
-    const ParamTable::UnitRange& unit = table.units()[s.unit];
+    const ParamTable::UnitRange& unit = table.units(ParamGroup::dense)[s.unit];
     EXPECT_GE(s.offset, unit.begin) << s.name;
     EXPECT_LE(s.offset + s.numel(), unit.end) << s.name;
     EXPECT_GE(s.offset, previous_end) << s.name;  // no overlap
@@ -65,7 +98,7 @@ TEST(ParamTable, ModelTableIsUnitMajorWithUniqueNames) {
       EXPECT_EQ(s.unit, 0) << s.name;
     }
   }
-  for (const ParamTable::UnitRange& unit : table.units()) {
+  for (const ParamTable::UnitRange& unit : table.units(ParamGroup::dense)) {
     EXPECT_EQ(unit.begin % 64, 0);
     EXPECT_EQ(unit.end % 64, 0);
   }

@@ -1,225 +1,304 @@
 #!/usr/bin/env python3
-"""Writes model parity fixtures from the Hugging Face transformers modelling code, so that
-tests/model/parity_test.cpp checks our C++ model (loss, logits, every parameter gradient) against
-transformers without needing Python.
+"""Writes model parity fixtures from the Hugging Face transformers modelling code, so that the C++ tests
+(tests/model/parity_test.cpp) check our model (loss, logits, every parameter gradient) against
+transformers in float64 without needing Python.
 
-Environment (the versions the committed fixtures were written with):
-    torch 2.5.1 (PyPI wheel, 2.5.1+cu124, run on CPU), transformers 4.57.6, safetensors 0.8.0, Python 3.11 (Debian 12).
-    Debian 12's python3-torch is 1.13, which transformers >= 4.51 (Qwen3) and >= 4.57 (Qwen3-Next)
-    refuse ("PyTorch >= 2.1 is required"), hence torch from PyPI:
-        /usr/bin/python3 -m venv /work/venv-ref
-        /work/venv-ref/bin/pip install torch==2.5.1 transformers==4.57.6 safetensors==0.8.0
-        /work/venv-ref/bin/python tools/ref/write_model_fixture.py   # from the repository root
+Environment (the versions the committed fixtures were written with; tools/ref/requirements.txt):
+    torch 2.15.0 (PyPI wheel, 2.15.0+cu132, run on CPU), transformers 5.24.0, safetensors 0.8.0,
+    Python 3.11. Only PyPI is reachable, so torch comes from PyPI as is (the CUDA wheel; a few GB).
+Rerun, from the repository root:
+    python3 -m venv /work/venv-ref
+    /work/venv-ref/bin/pip install -r tools/ref/requirements.txt
+    /work/venv-ref/bin/python tools/ref/write_model_fixture.py            # every fixture
+    /work/venv-ref/bin/python tools/ref/write_model_fixture.py tiny_glm4_moe   # some of them
+    /work/venv-ref/bin/python tools/ref/write_default_configs.py          # configs/models/*_default.json
+Reruns give identical bytes.
 
-For each config (configs/models/tiny.json: qwen3, the same with tie_word_embeddings true, and
-tiny_qwen3_next.json: qwen3_next with every layer full_attention) it builds Qwen3ForCausalLM / Qwen3NextForCausalLM in float64 with random weights
-(torch seed below; every parameter random, the zero-initialised zero-centred norm weights included),
-runs random tokens [batch 2, seq 7] and computes the loss with OUR convention:
-    loss = mean over targets != -100 of cross_entropy(logits[b, t], targets[b, t])
-(targets are given explicitly and not shifted; HF's own loss shifts labels, so it is not used; one
-target is -100). It writes tests/fixtures/models/<name>/:
-    config.json        the repository config, byte for byte (the tied variant: with the change)
-    model.safetensors  every parameter under its HF name, F64 (lm_head.weight absent when tied)
+Every fixture is tests/fixtures/models/<name>/:
+    config.json        as save_pretrained writes it (the config is built by the library, never by hand)
+    model.safetensors  save_pretrained in the default (original) layout, F64: routed experts per expert
+                       (mlp.experts.{e}.gate_proj.weight [I,H], .up_proj.weight [I,H], .down_proj.weight
+                       [H,I]); e_score_correction_bias (a persistent buffer) included; no lm_head when tied
+    fused/             (MoE only) config.json + model.safetensors from save_pretrained(save_original_format=
+                       False): the in-memory layout, mlp.experts.gate_up_proj [E,2I,H] (gate rows first),
+                       mlp.experts.down_proj [E,H,I]
     fixture.safetensors
-        tokens  F64 [2, 7]      token ids (safetensors dtypes we read have no integers; exact in F64)
-        targets F64 [2, 7]      target ids, -100 = ignored
+        tokens  F64 [2, 7]   token ids (exact in F64)
+        targets F64 [2, 7]   explicit targets, NOT shifted; targets[1, 3] = -100 (ignored)
         logits  F64 [2, 7, V]
-        loss    F64 []          mean CE over the 13 counted targets
-        grad.<param name> F64   d loss / d parameter, for every parameter in model.safetensors
+        lm_loss F64 []       mean over the 13 counted targets of cross_entropy(logits[b,t], targets[b,t])
+        aux_loss F64 []      (families with an aux loss) transformers' load_balancing_loss_func, pooled over
+                             the MoE layers, attention_mask None, before the coefficient
+        loss    F64 []       lm_loss + router_aux_loss_coef * aux_loss (= lm_loss without an aux loss)
+        grad.<name> F64      d loss / d parameter for every parameter, under its in-memory (state_dict)
+                             name: mlp.experts.gate_up_proj / down_proj for experts; no buffer has one
 
-HF settings: attn_implementation "eager", use_cache False, attention_dropout 0 (model.eval() too),
-rope_theta / partial_rotary_factor / rms_norm_eps / head_dim from the config; for qwen3_next also
-num_experts 0 (HF's Qwen3NextConfig defaults to 512 experts, our schema to 0), which makes every
-layer's MLP the dense Qwen3NextMLP of width intermediate_size (mlp_only_layers is then irrelevant).
-
-Float64 faithfulness: in 4.57.6 the RMSNorms, the rotary tables and the eager softmax compute in
-float32 even in a float64 model (x.to(torch.float32), inv_freq built in float32, softmax(dtype=
-torch.float32)), which would limit the reference to ~1e-7. The script replaces exactly those four
-functions by the same formulas without the float32 casts (see FLOAT64 PATCHES below) and checks that
-the patched model agrees with the unpatched one to float32 accuracy (so the patches change rounding
-only, not the math).
+Model: AutoConfig.for_model(type, experts_implementation="eager", attn_implementation="eager", ...) ->
+AutoModelForCausalLM.from_config -> .to(float64) (the float32-created router weight and bias become
+float64) -> every parameter random (hf_fp64.randomize) -> model.eval(), forward with use_cache=False
+(and output_router_logits=True for the qwen MoE families) -> our loss -> backward.
+Float64 faithfulness: hf_fp64.apply() recompiles each float32 site (RMSNorm, RoPE tables, routers,
+eager softmax, aux loss, CE) in float64; a TorchDispatchMode asserts no op produces a float32 tensor in
+the patched forward + backward, and the unpatched float64 model must agree to 1e-5 (loss and logits).
+Routing must have no near-tie at any top-k or group boundary (gap >= MIN_GAP), else the next seed is
+tried. Checks: our aux vs transformers' aux, HF's own CE (fed our unshifted targets via shift_labels) vs
+ours, both saved layouts vs the state_dict (exact), from_pretrained reloads of both layouts, sdpa vs eager.
 """
 import json
 import os
+import shutil
+import sys
 
 import torch
-import torch.nn.functional as F
 import transformers
-from safetensors.torch import save_file
-from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3NextConfig, Qwen3NextForCausalLM
-from transformers.models.qwen3 import modeling_qwen3
-from transformers.models.qwen3_next import modeling_qwen3_next
+from safetensors.torch import load_file, save_file
+from transformers import AutoConfig, AutoModelForCausalLM
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
-SEED = 1234
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import hf_fp64  # noqa: E402
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+OUT = os.path.join(ROOT, "tests", "fixtures", "models")
 BATCH, SEQ = 2, 7
-IGNORE = -100
+FIRST_SEED = 1234
+MIN_GAP = 1e-6  # smallest allowed gap at a routing boundary (probabilities / sigmoid scores are O(0.1))
+ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 
-
-# ---- FLOAT64 PATCHES: HF's formulas with the float32 casts removed ------------------------------
-
-def rmsnorm_forward(self, hidden_states):  # Qwen3RMSNorm: weight · x / sqrt(mean(x²) + eps)
-    variance = hidden_states.pow(2).mean(-1, keepdim=True)
-    return self.weight * (hidden_states * torch.rsqrt(variance + self.variance_epsilon))
-
-
-def zero_centred_rmsnorm_forward(self, x):  # Qwen3NextRMSNorm: x / sqrt(mean(x²) + eps) · (1 + weight)
-    return (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)) * (1.0 + self.weight)
-
-
-def rotary_forward(self, x, position_ids):  # cos, sin of position · inv_freq, in x's dtype
-    inv_freq = self.inv_freq[None, :, None].to(x.dtype).expand(position_ids.shape[0], -1, 1)
-    freqs = (inv_freq @ position_ids[:, None, :].to(x.dtype)).transpose(1, 2)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
-
-
-def float64_inv_freq(config):  # _compute_default_rope_parameters in float64
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    dim = int(head_dim * getattr(config, "partial_rotary_factor", 1.0))
-    return 1.0 / (config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-
-
-def make_eager_attention(module_globals):  # eager_attention_forward with the softmax in query's dtype
-    repeat_kv = module_globals.repeat_kv
-
-    def eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        key_states = repeat_kv(key, module.num_key_value_groups)
-        value_states = repeat_kv(value, module.num_key_value_groups)
-        attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scaling
-        if attention_mask is not None:
-            attn_weights = attn_weights + attention_mask[:, :, :, : key_states.shape[-2]]
-        attn_weights = F.softmax(attn_weights, dim=-1)
-        attn_weights = F.dropout(attn_weights, p=dropout, training=module.training)
-        attn_output = torch.matmul(attn_weights, value_states).transpose(1, 2).contiguous()
-        return attn_output, attn_weights
-
-    return eager_attention_forward
-
-
-ORIGINALS = {
-    (modeling_qwen3.Qwen3RMSNorm, "forward"): modeling_qwen3.Qwen3RMSNorm.forward,
-    (modeling_qwen3_next.Qwen3NextRMSNorm, "forward"): modeling_qwen3_next.Qwen3NextRMSNorm.forward,
-    (modeling_qwen3.Qwen3RotaryEmbedding, "forward"): modeling_qwen3.Qwen3RotaryEmbedding.forward,
-    (modeling_qwen3_next.Qwen3NextRotaryEmbedding, "forward"): modeling_qwen3_next.Qwen3NextRotaryEmbedding.forward,
-    (modeling_qwen3, "eager_attention_forward"): modeling_qwen3.eager_attention_forward,
-    (modeling_qwen3_next, "eager_attention_forward"): modeling_qwen3_next.eager_attention_forward,
+QWEN3 = dict(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=4, max_position_embeddings=64, rms_norm_eps=1e-6,
+             rope_parameters=dict(ROPE), initializer_range=0.02, attention_bias=False, tie_word_embeddings=False)
+FIXTURES = {
+    # the dense fixtures: the dims of configs/models/tiny.json and tiny_qwen3_next.json
+    "tiny_qwen3": ("qwen3", dict(QWEN3)),
+    "tiny_qwen3_tied": ("qwen3", dict(QWEN3, tie_word_embeddings=True)),
+    "tiny_qwen3_next": ("qwen3_next", dict(
+        vocab_size=64, hidden_size=16, intermediate_size=24, num_experts=0, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-6,
+        rope_parameters=dict(ROPE, partial_rotary_factor=0.5), initializer_range=0.02, attention_bias=False,
+        tie_word_embeddings=False, layer_types=["full_attention"] * 2)),
+    # HF-FACTS section 7
+    "tiny_qwen3_moe": ("qwen3_moe", dict(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0], max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_parameters=dict(ROPE), output_router_logits=True, router_aux_loss_coef=0.01,
+        tie_word_embeddings=False)),
+    # HF-FACTS section 7 with every layer full_attention
+    "tiny_qwen3_next_moe": ("qwen3_next", dict(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, layer_types=["full_attention"] * 4, linear_conv_kernel_dim=4,
+        linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0], max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_parameters=dict(ROPE, partial_rotary_factor=0.5), output_router_logits=True,
+        router_aux_loss_coef=0.01, tie_word_embeddings=False)),
+    "tiny_glm4_moe": ("glm4_moe", dict(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=3, first_k_dense_replace=1,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, attention_bias=True, use_qk_norm=False,
+        n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1, num_experts_per_tok=2,
+        norm_topk_prob=True, routed_scaling_factor=2.5, moe_intermediate_size=16, max_position_embeddings=64,
+        rms_norm_eps=1e-5, rope_parameters=dict(ROPE, partial_rotary_factor=0.5), tie_word_embeddings=False)),
 }
-PATCHES = {
-    (modeling_qwen3.Qwen3RMSNorm, "forward"): rmsnorm_forward,
-    (modeling_qwen3_next.Qwen3NextRMSNorm, "forward"): zero_centred_rmsnorm_forward,
-    (modeling_qwen3.Qwen3RotaryEmbedding, "forward"): rotary_forward,
-    (modeling_qwen3_next.Qwen3NextRotaryEmbedding, "forward"): rotary_forward,
-    (modeling_qwen3, "eager_attention_forward"): make_eager_attention(modeling_qwen3),
-    (modeling_qwen3_next, "eager_attention_forward"): make_eager_attention(modeling_qwen3_next),
-}
+AUX_FAMILIES = {"qwen3_moe", "qwen3_next"}  # transformers adds router_aux_loss_coef * aux to their loss
 
 
-def set_patches(table):
-    for (owner, name), value in table.items():
-        setattr(owner, name, value)
+def build(model_type, fields):
+    config = AutoConfig.for_model(model_type, experts_implementation="eager", attn_implementation="eager",
+                                  **fields)
+    model = AutoModelForCausalLM.from_config(config).to(torch.float64).eval()
+    assert model.model.embed_tokens.padding_idx is None, "pad_token_id must be None (its grad row is zeroed)"
+    return model
 
 
-# ---- model, data, fixture ---------------------------------------------------------------------
-
-def hf_config(ours):
-    fields = {k: v for k, v in ours.items() if k != "model_type"}
-    common = dict(attn_implementation="eager", use_cache=False, attention_dropout=0.0, hidden_act="silu")
-    if ours["model_type"] == "qwen3":
-        return Qwen3ForCausalLM, Qwen3Config(**fields, **common)
-    if ours["model_type"] == "qwen3_next":
-        assert all(t == "full_attention" for t in ours["layer_types"]), "only full_attention layers are built"
-        return Qwen3NextForCausalLM, Qwen3NextConfig(**fields, **common, num_experts=0, mlp_only_layers=[])
-    raise ValueError(f"model_type {ours['model_type']} has no reference here")
+def has_experts(model):
+    return any(name.endswith("mlp.experts.gate_up_proj") for name, _ in model.named_parameters())
 
 
-def randomize(model, generator):
-    """Every parameter random: projections N(0, 1/fan_in) so activations stay O(1), embeddings N(0, 1),
-    norm weights 1 + N(0, 0.1²) (plain) or N(0, 0.1²) (zero-centred), so every term is exercised."""
-    zero_centred = isinstance(model, Qwen3NextForCausalLM)
+def forward(model, model_type, tokens, targets):
+    """Our loss convention on one model; returns logits, lm_loss, aux (or None), total, router captures."""
+    captured, handles = hf_fp64.capture_router_logits(model)
+    kwargs = {"output_router_logits": True} if model_type in AUX_FAMILIES and has_experts(model) else {}
+    out = model(input_ids=tokens, use_cache=False, **kwargs)
+    for h in handles:
+        h.remove()
+    logits = out.logits
+    lm_loss = hf_fp64.our_ce(logits.double(), targets)
+    aux = getattr(out, "aux_loss", None) if kwargs else None
+    total = lm_loss if aux is None else lm_loss + model.config.router_aux_loss_coef * aux
+    return logits, lm_loss, aux, total, captured, out
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
+
+
+def expand_to_memory(saved, state):
+    """Default (original) layout -> in-memory names: per-expert gate/up/down -> gate_up_proj, down_proj."""
+    memory = {}
+    for name in state:
+        if name.endswith("mlp.experts.gate_up_proj"):
+            prefix, E = name[: -len("gate_up_proj")], state[name].shape[0]
+            memory[name] = torch.stack([torch.cat([saved[f"{prefix}{e}.gate_proj.weight"],
+                                                   saved[f"{prefix}{e}.up_proj.weight"]], 0) for e in range(E)])
+        elif name.endswith("mlp.experts.down_proj"):
+            prefix, E = name[: -len("down_proj")], state[name].shape[0]
+            memory[name] = torch.stack([saved[f"{prefix}{e}.down_proj.weight"] for e in range(E)])
+        elif name in saved:
+            memory[name] = saved[name]
+    return memory
+
+
+def check_saved(out_dir, model, state, tied):
+    """Both saved layouts hold exactly the state_dict; returns the key counts."""
+    saved = load_file(os.path.join(out_dir, "model.safetensors"))
+    assert all(t.dtype == torch.float64 for t in saved.values()), "model.safetensors is not all F64"
+    expected = {n for n in state if not (tied and n == "lm_head.weight")}
+    memory = expand_to_memory(saved, state)
+    assert set(memory) == expected, (set(memory) ^ expected)
+    for name in expected:
+        assert torch.equal(memory[name], state[name]), f"default layout differs at {name}"
+    counts = {"default": len(saved)}
+    fused_path = os.path.join(out_dir, "fused", "model.safetensors")
+    if os.path.exists(fused_path):
+        fused = load_file(fused_path)
+        assert set(fused) == expected, set(fused) ^ expected
+        for name in expected:
+            assert torch.equal(fused[name], state[name]), f"fused layout differs at {name}"
+        counts["fused"] = len(fused)
+    return counts
+
+
+def reload_drift(path, logits_ref, tokens):
+    """from_pretrained(dtype=float64) of a saved directory: max relative logits drift vs the fixture."""
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64, experts_implementation="eager",
+                                                 attn_implementation="eager").eval()
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=generator, dtype=torch.float64)
-            if name.endswith("norm.weight") or name.endswith("layernorm.weight"):
-                p.copy_((0.0 if zero_centred else 1.0) + 0.1 * noise)
-            elif "embed_tokens" in name:
-                p.copy_(noise)
-            else:
-                p.copy_(noise / p.shape[1] ** 0.5)
+        logits = model(input_ids=tokens, use_cache=False).logits
+    low = sorted({n for n, p in model.named_parameters() if p.dtype != torch.float64} |
+                 {n for n, b in model.named_buffers() if b.dtype not in (torch.float64, torch.int64)
+                  and "inv_freq" not in n})
+    return rel(logits, logits_ref), low
 
 
-def our_loss(logits, targets):
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+def write_fixture(name):
+    model_type, fields = FIXTURES[name]
+    fields = dict(fields)
+    seed = FIRST_SEED
+    while True:  # the first seed whose routing has no near-tie
+        torch.manual_seed(seed)
+        generator = torch.Generator().manual_seed(seed)
+        hf_fp64.restore()
+        hf_fp64.apply(model_type, "loss")
+        model = build(model_type, fields)
+        for module in model.modules():  # the patched RoPE table is the float64 formula
+            if hasattr(module, "inv_freq"):
+                assert module.inv_freq.dtype == torch.float64
+        randomize_generator = generator
+        hf_fp64.randomize(model, randomize_generator)
+        V = model.config.vocab_size
+        tokens = torch.randint(0, V, (BATCH, SEQ), generator=generator)
+        targets = torch.randint(0, V, (BATCH, SEQ), generator=generator)
+        targets[1, 3] = hf_fp64.IGNORE
+        with torch.no_grad():
+            *_, captured, _ = forward(model, model_type, tokens, targets)
+        margins = hf_fp64.routing_margins(captured, model.config) if captured else None
+        if margins is None or min(margins["topk"], margins["group"]) >= MIN_GAP:
+            break
+        print(f"{name}: seed {seed} has a routing gap {min(margins['topk'], margins['group']):.2e}; next seed")
+        seed += 1
+    if margins and "e_score_correction_bias" in str(list(dict(model.named_buffers()))):
+        assert margins["bias_changed"] > 0, "the correction bias changes no selection: raise its scale"
 
+    state = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    tied = model.config.tie_word_embeddings
 
-def run(model_class, config, state, tokens, targets):
-    model = model_class(config).double().eval()
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)  # tied: aliases embed
-    for module in model.modules():
-        if hasattr(module, "inv_freq"):
-            module.inv_freq = float64_inv_freq(config)
-    logits = model(input_ids=tokens, use_cache=False).logits
-    loss = our_loss(logits, targets)
-    loss.backward()
-    grads = {name: p.grad.detach().clone() for name, p in model.named_parameters()}
-    return model, logits.detach(), loss.detach(), grads
+    # patched float64 run, under the float32 leak check
+    model.zero_grad(set_to_none=True)
+    with hf_fp64.Float32Leaks() as leaks:
+        logits, lm_loss, aux, total, captured, out = forward(model, model_type, tokens, targets)
+        total.backward()
+    assert not leaks.leaks, "float32 ops in the patched run:\n  " + "\n  ".join(leaks.leaks[:20])
+    params = dict(model.named_parameters())  # tied lm_head.weight is not listed (it is embed_tokens)
+    assert all(p.grad is not None and p.grad.dtype == torch.float64 for p in params.values())
+    checks = {}
+    if aux is not None:
+        mine = hf_fp64.aux_loss_fp64([c[3] for c in captured], model.config.num_experts,
+                                     model.config.num_experts_per_tok)
+        checks["aux: ours vs transformers"] = rel(mine, aux)
+        assert checks["aux: ours vs transformers"] < 1e-14
+    hf_ce = hf_fp64.recompiled("transformers.loss.loss_utils", "ForCausalLMLoss")(
+        logits, None, V, shift_labels=targets)
+    checks["CE: transformers(shift_labels=targets) vs ours"] = rel(hf_ce, lm_loss)
+    assert checks["CE: transformers(shift_labels=targets) vs ours"] < 1e-14
 
+    # transformers as shipped (float32 sites), same weights
+    hf_fp64.restore()
+    plain = build(model_type, fields)
+    plain.load_state_dict(state, strict=True)
+    with hf_fp64.Float32Leaks() as plain_leaks:  # the check does see transformers' float32 sites
+        logits32, lm32, aux32, total32, *_ = forward(plain, model_type, tokens, targets)
+        total32.backward()
+    assert plain_leaks.leaks, "the leak check found nothing in the unpatched run: it is broken"
+    checks["float32 ops found in the unpatched run"] = len(plain_leaks.leaks)
+    drift = {"logits": rel(logits32, logits), "loss": rel(total32, total), "lm_loss": rel(lm32, lm_loss)}
+    if aux is not None:
+        drift["aux_loss"] = rel(aux32, aux)
+    assert max(drift.values()) < 1e-5, f"the float64 patches change the model beyond float32 rounding: {drift}"
+    hf_fp64.apply(model_type, "loss")
+    try:  # sdpa (float64 on CPU) vs the patched eager softmax
+        model.set_attn_implementation("sdpa")
+        with torch.no_grad():
+            checks["logits: sdpa vs patched eager"] = rel(forward(model, model_type, tokens, targets)[0], logits)
+        model.set_attn_implementation("eager")
+    except Exception as error:  # noqa: BLE001
+        checks["logits: sdpa vs patched eager"] = f"not run: {error}"
 
-def rel_err(a, b):
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def write_fixture(config_name, fixture_name, changes=None):
-    config_path = os.path.join(ROOT, "configs", "models", config_name)
-    with open(config_path, "rb") as f:
-        config_bytes = f.read()
-    ours = json.loads(config_bytes)
-    if changes:  # a variant of a repository config
-        ours.update(changes)
-        config_bytes = (json.dumps(ours, indent=2) + "\n").encode()
-    model_class, config = hf_config(ours)
-    generator = torch.Generator().manual_seed(SEED)
-
-    torch.manual_seed(SEED)
-    model = model_class(config).double()
-    randomize(model, generator)
-    state = {name: p.detach().clone() for name, p in model.named_parameters()}
-    V = ours["vocab_size"]
-    tokens = torch.randint(0, V, (BATCH, SEQ), generator=generator)
-    targets = torch.randint(0, V, (BATCH, SEQ), generator=generator)
-    targets[1, 3] = IGNORE
-
-    set_patches(ORIGINALS)  # HF as shipped (float32 norms, rotary tables, softmax)
-    _, logits32, loss32, _ = run(model_class, config, state, tokens, targets)
-    set_patches(PATCHES)
-    model, logits, loss, grads = run(model_class, config, state, tokens, targets)
-    drift = max(rel_err(logits, logits32), rel_err(loss, loss32))
-    assert drift < 1e-5, f"float64 patches change the model beyond float32 rounding: {drift}"
-
-    out_dir = os.path.join(ROOT, "tests", "fixtures", "models", fixture_name)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "config.json"), "wb") as f:
-        f.write(config_bytes)
-    names = [name for name, _ in model.named_parameters()]  # tied lm_head.weight is not listed
-    save_file({name: state[name].contiguous() for name in names}, os.path.join(out_dir, "model.safetensors"),
-              metadata={"format": "pt"})
-    fixture = {
-        "tokens": tokens.double(),
-        "targets": targets.double(),
-        "logits": logits.contiguous(),
-        "loss": loss.reshape(()),
-    }
-    fixture.update({f"grad.{name}": grads[name].contiguous() for name in names})
+    # write
+    out_dir = os.path.join(OUT, name)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    model.save_pretrained(out_dir)
+    if has_experts(model):
+        model.save_pretrained(os.path.join(out_dir, "fused"), save_original_format=False)
+    for extra in os.listdir(out_dir):  # keep config.json, model.safetensors, fused/ only
+        if extra not in ("config.json", "model.safetensors", "fused"):
+            os.remove(os.path.join(out_dir, extra))
+    if os.path.isdir(os.path.join(out_dir, "fused")):
+        for extra in os.listdir(os.path.join(out_dir, "fused")):
+            if extra not in ("config.json", "model.safetensors"):
+                os.remove(os.path.join(out_dir, "fused", extra))
+    counts = check_saved(out_dir, model, state, tied)
+    fixture = {"tokens": tokens.double(), "targets": targets.double(), "logits": logits.detach().contiguous(),
+               "loss": total.detach().clone().reshape(()), "lm_loss": lm_loss.detach().clone().reshape(())}
+    if aux is not None:
+        fixture["aux_loss"] = aux.detach().double().reshape(())
+    fixture.update({f"grad.{n}": p.grad.detach().contiguous() for n, p in params.items()})
     save_file(fixture, os.path.join(out_dir, "fixture.safetensors"),
-              metadata={"producer": f"tools/ref/write_model_fixture.py: {model_class.__name__}, seed {SEED}, "
+              metadata={"producer": f"tools/ref/write_model_fixture.py: {type(model).__name__}, seed {seed}, "
                                     f"torch {torch.__version__}, transformers {transformers.__version__}"})
     # (one metadata key: safetensors orders several at random, and reruns should give identical bytes)
-    print(f"{fixture_name}: loss {loss.item():.17g}, {len(names)} parameters, "
-          f"float32-vs-float64 HF drift {drift:.2e}")
+
+    for d, _, fs in os.walk(out_dir):  # safetensors creates its files 0600
+        for f in fs:
+            os.chmod(os.path.join(d, f), 0o644)
+    for layout in ["."] + (["fused"] if "fused" in counts else []):
+        checks[f"from_pretrained({layout}) logits drift, non-f64 tensors"] = reload_drift(
+            os.path.join(out_dir, layout), logits.detach(), tokens)
+    with open(os.path.join(out_dir, "config.json")) as f:
+        keys = sorted(json.load(f))
+    report = {"name": name, "seed": seed, "loss": total.item(), "lm_loss": lm_loss.item(),
+              "aux_loss": None if aux is None else aux.item(), "unpatched_minus_patched": drift,
+              "unpatched_loss": total32.item(), "margins": margins, "checks": checks, "keys": counts,
+              "grads": len(params), "config_keys": keys,
+              "sizes": {os.path.relpath(os.path.join(d, f), out_dir): os.path.getsize(os.path.join(d, f))
+                        for d, _, fs in os.walk(out_dir) for f in fs}}
+    print(json.dumps(report, indent=1, default=str))
+    return report
 
 
 if __name__ == "__main__":
-    write_fixture("tiny.json", "tiny_qwen3")
-    write_fixture("tiny_qwen3_next.json", "tiny_qwen3_next")
-    write_fixture("tiny.json", "tiny_qwen3_tied", {"tie_word_embeddings": True})
+    names = sys.argv[1:] or list(FIXTURES)
+    reports = [write_fixture(n) for n in names]
+    print("patched:", "\n  ".join(sorted(set(hf_fp64.PATCH_LOG))))
+    for r in reports:
+        print(f"{r['name']}: loss {r['loss']:.17g} lm {r['lm_loss']:.17g} aux {r['aux_loss']} seed {r['seed']}")

@@ -1,0 +1,61 @@
+// Family conventions by model_type (see family.h). Sources: transformers 5.x modelling and
+// configuration files of each family (HF-FACTS.md sections 1, 2, 3, 4, 8).
+#include "model/family.h"
+
+#include "core/error.h"
+
+namespace trillion {
+namespace {
+
+constexpr const char* kModelTypes[] = {"qwen3",    "qwen3_moe",   "qwen3_next",  "glm4_moe",
+                                       "deepseek_v3", "deepseek_v32", "kimi_linear"};
+
+}  // namespace
+
+Family family_of(const std::string& model_type) {
+  Family f;
+  if (model_type == "qwen3") {
+    f.always_qk_norm = true;
+  } else if (model_type == "qwen3_moe") {
+    f.always_qk_norm = true;
+    f.qwen_moe_placement = true;
+  } else if (model_type == "qwen3_next") {
+    f.zero_centred_norms = true;
+    f.gated_attention = true;
+    f.always_qk_norm = true;
+    f.qwen_moe_placement = true;
+    f.shared_expert_gated = true;
+    f.default_norm_topk_prob = true;
+    f.default_partial_rotary_factor = 0.25;
+  } else if (model_type == "glm4_moe") {
+    f.router = RouterScoring::sigmoid;
+    f.default_norm_topk_prob = true;
+    f.default_partial_rotary_factor = 0.5;
+    f.default_first_k_dense_replace = 1;
+  } else if (model_type == "deepseek_v3" || model_type == "deepseek_v32") {
+    f.router = RouterScoring::sigmoid;
+    f.default_norm_topk_prob = true;
+    f.default_first_k_dense_replace = 3;
+  } else if (model_type == "kimi_linear") {
+    f.router = RouterScoring::sigmoid;
+    f.default_norm_topk_prob = true;
+    f.default_first_k_dense_replace = 1;
+  } else {
+    TRILLION_CHECK(false, "unknown model_type ", model_type);
+  }
+  return f;
+}
+
+bool is_known_model_type(const std::string& model_type) {
+  for (const char* type : kModelTypes)
+    if (model_type == type) return true;
+  return false;
+}
+
+std::string known_model_types() {
+  std::string text;
+  for (const char* type : kModelTypes) text += (text.empty() ? "" : ", ") + std::string(type);
+  return text;
+}
+
+}  // namespace trillion

@@ -1,0 +1,38 @@
+// Family conventions chosen by `model_type`, in one place: what transformers' modelling code of
+// each family does that its config.json does not say (HF-FACTS.md).
+//
+//   family        norms           attention              router    FFN placement rule
+//   qwen3         x̂·w             q_norm/k_norm          –         dense
+//   qwen3_moe     x̂·w             q_norm/k_norm          softmax   mlp_only_layers + decoder_sparse_step
+//   qwen3_next    x̂·(1+w)         gated q_proj, q/k_norm softmax   mlp_only_layers + decoder_sparse_step
+//   glm4_moe      x̂·w             use_qk_norm, bias      sigmoid   first_k_dense_replace
+//   deepseek_v3/v32, kimi_linear  (parsed; their attention kinds are later issues)
+//                                                        sigmoid   first_k_dense_replace / mlp_layer_types
+#pragma once
+
+#include <string>
+
+#include "ops/moe_router.h"
+
+namespace trillion {
+
+struct Family {
+  bool zero_centred_norms = false;  // every RMSNorm except linear attention's gated one
+  bool gated_attention = false;     // q_proj carries a sigmoid output gate per head
+  bool always_qk_norm = false;      // q_norm / k_norm regardless of use_qk_norm
+  RouterScoring router = RouterScoring::softmax;
+  bool qwen_moe_placement = false;  // else first_k_dense_replace / mlp_layer_types
+  bool shared_expert_gated = false;  // qwen3_next: sigmoid(shared_expert_gate(x)) · shared_expert(x)
+  bool default_norm_topk_prob = false;
+  double default_partial_rotary_factor = 1.0;
+  int64_t default_first_k_dense_replace = 0;
+};
+
+// The conventions of a known model_type (CHECK-fails on an unknown one: config parsing rejects those).
+Family family_of(const std::string& model_type);
+
+// The model types a config may name, comma-separated (for error messages).
+std::string known_model_types();
+bool is_known_model_type(const std::string& model_type);
+
+}  // namespace trillion

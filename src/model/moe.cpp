@@ -1,0 +1,201 @@
+// The MoE FFN kind: router, routed experts, shared expert(s), balance-loss gradients. See moe.h.
+#include "model/moe.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/parallel.h"
+#include "model/family.h"
+#include "ops/moe_experts.h"
+
+namespace trillion {
+
+MoeDims MoeDims::from_config(const ModelConfig& config) {
+  const Family family = family_of(config.model_type);
+  MoeDims dims;
+  dims.hidden = config.hidden_size;
+  dims.width = config.moe_intermediate_size;
+  dims.router.experts = config.num_experts;
+  dims.router.top_k = config.num_experts_per_tok;
+  dims.router.scoring = family.router;
+  dims.router.norm_topk_prob = config.norm_topk_prob;
+  dims.router.n_group = config.n_group;
+  dims.router.topk_group = config.topk_group;
+  dims.router.routed_scaling_factor = config.routed_scaling_factor;
+  dims.correction_bias = family.router == RouterScoring::sigmoid;
+  dims.capacity_factor = config.moe_capacity_factor;
+  dims.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
+  dims.shared.hidden = config.hidden_size;
+  dims.shared.shared_expert = true;
+  dims.shared.init = dims.init;
+  if (family.shared_expert_gated) {
+    dims.shared.intermediate = config.shared_expert_intermediate_size;
+    dims.shared.prefix = "mlp.shared_expert.";
+    dims.shared_gated = true;
+  } else {
+    dims.shared.intermediate = config.n_shared_experts * config.moe_intermediate_size;
+    dims.shared.prefix = "mlp.shared_experts.";
+  }
+  dims.aux_type = config.router_aux_loss_type;
+  dims.aux_coef = config.aux_loss_coef();
+  dims.z_coef = config.router_z_loss_coef;
+  return dims;
+}
+
+int64_t MoeDims::capacity(int64_t tokens) const {
+  if (capacity_factor <= 0.0) return 0;
+  const double slots = capacity_factor * double(tokens) * double(top_k()) / double(experts());
+  return std::max<int64_t>(1, static_cast<int64_t>(std::ceil(slots)));
+}
+
+std::vector<HfKey> per_expert_keys(int64_t experts, const std::vector<std::string>& parts, int64_t rows, int64_t cols) {
+  std::vector<HfKey> keys;
+  int64_t offset = 0;
+  for (int64_t e = 0; e < experts; ++e) {
+    for (const std::string& part : parts) {
+      keys.push_back({"mlp.experts." + std::to_string(e) + "." + part + ".weight", {rows, cols}, offset});
+      offset += rows * cols;
+    }
+  }
+  return keys;
+}
+
+double moe_flops_per_token(const MoeDims& dims) {
+  const double D = double(dims.hidden), I = double(dims.width);
+  double flops = 6.0 * D * double(dims.experts()) + 18.0 * double(dims.top_k()) * D * I;
+  if (dims.shared.intermediate > 0) flops += mlp_flops_per_token(dims.shared) + (dims.shared_gated ? 6.0 * D : 0.0);
+  return flops;
+}
+
+namespace {
+
+// y[n, D] += sigmoid(logit[n]) · out[n, D]
+template <class T>
+void add_gated(T* y, const T* out, const T* logit, int64_t n, int64_t D) {
+  parallel_for(n, [&](int64_t t) {
+    const T gate = T(1) / (T(1) + std::exp(-logit[t]));
+    for (int64_t c = 0; c < D; ++c) y[t * D + c] += gate * out[t * D + c];
+  });
+}
+
+}  // namespace
+
+template <class T>
+void moe_forward(T* y, const T* h, int64_t batch, int64_t seq, const MoeWeights<T>& w, const MoeDims& dims,
+                 ActivationStore* store, int layer, Arena& scratch, DecisionLog& decisions, StepResult* result) {
+  using Tag = ActivationTag;
+  const int64_t n = batch * seq, D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
+  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
+  T* logits = buffer(Tag::router_logits, n * E);  // [n, E]
+  linear(logits, h, w.router, n, D, E, /*accumulate=*/false);
+  T* scores = buffer(Tag::router_scores, n * E);  // [n, E]
+  router_scores_forward(scores, logits, n, dims.router);
+  int32_t* index = save_or_scratch<int32_t>(store, Tag::router_index, layer, n * k, scratch);  // [n, k]
+  const int32_t* decided = decisions.decide(DecisionKind::routing, layer, n * k, [&](int32_t* out) {
+    router_select(out, scores, w.correction_bias, n, dims.router);
+  });
+  std::copy(decided, decided + n * k, index);
+  T* weight = buffer(Tag::router_weight, n * k);  // [n, k]
+  router_weights_forward(weight, scores, index, n, dims.router);
+
+  MoePlan plan;
+  moe_plan_build(plan, index, n, k, E, dims.capacity(n));
+  const int64_t rows = plan.rows();
+  T* gate_up_out = buffer(Tag::expert_gate_up, rows * 2 * I);  // [rows, 2I]
+  T* act = buffer(Tag::expert_act, rows * I);                  // [rows, I]
+  T* expert_out = buffer(Tag::expert_out, rows * D);           // [rows, D]
+  const MoeExpertDims expert_dims{D, I, E};
+  moe_experts_forward(y, gate_up_out, act, expert_out, h, w.gate_up, w.down, weight, plan, expert_dims);
+
+  if (dims.shared.intermediate > 0) {
+    if (dims.shared_gated) {
+      T* out = buffer(Tag::shared_out, n * D);        // [n, D]
+      T* logit = buffer(Tag::shared_gate_logit, n);   // [n]
+      mlp_forward(out, h, n, w.shared, dims.shared, /*accumulate=*/false, store, layer, scratch);
+      linear(logit, h, w.shared_gate, n, D, 1, /*accumulate=*/false);
+      add_gated(y, out, logit, n, D);
+    } else {
+      mlp_forward(y, h, n, w.shared, dims.shared, /*accumulate=*/true, store, layer, scratch);
+    }
+  }
+
+  if (result == nullptr) return;
+  MoeLayerStats stats;
+  stats.layer = layer;
+  stats.tokens_per_expert.assign(E, 0);
+  stats.prob_sums.assign(E, 0.0);
+  expert_load(stats.tokens_per_expert.data(), stats.prob_sums.data(), scores, index, n, dims.router);
+  stats.dropped = plan.total_dropped();
+  if (dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0)
+    stats.sequence_aux = sequence_aux_loss<T>(nullptr, scores, index, batch, seq, dims.router, 0.0);
+  if (dims.z_coef != 0.0) stats.z_loss = router_z_loss<T>(nullptr, logits, n, E, 0.0);
+  result->moe.push_back(std::move(stats));
+}
+
+template <class T>
+void moe_backward(T* dh, const T* dy, const T* h, int64_t batch, int64_t seq, const MoeWeights<T>& w,
+                  const MoeWeights<T>& grads, const MoeDims& dims, const MoeBalanceGrad& balance,
+                  const ActivationStore& store, int layer, Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t n = batch * seq, D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
+  const T* logits = store.get<T>(Tag::router_logits, layer, n * E);
+  const T* scores = store.get<T>(Tag::router_scores, layer, n * E);
+  const int32_t* index = store.get<int32_t>(Tag::router_index, layer, n * k);
+  const T* weight = store.get<T>(Tag::router_weight, layer, n * k);
+  MoePlan plan;  // rebuilt from the kept decision: the same plan as in forward
+  moe_plan_build(plan, index, n, k, E, dims.capacity(n));
+  const int64_t rows = plan.rows();
+  const T* gate_up_out = store.get<T>(Tag::expert_gate_up, layer, rows * 2 * I);
+  const T* act = store.get<T>(Tag::expert_act, layer, rows * I);
+  const T* expert_out = store.get<T>(Tag::expert_out, layer, rows * D);
+
+  T* dweight = scratch.alloc<T>(n * k);  // [n, k]
+  moe_experts_backward(dh, dweight, grads.gate_up, grads.down, dy, h, gate_up_out, act, expert_out, w.gate_up, w.down,
+                       weight, plan, MoeExpertDims{D, I, E});
+  T* dscores = scratch.alloc<T>(n * E);  // [n, E], zero-filled
+  router_weights_backward(dscores, dweight, scores, index, n, dims.router);
+  if (!balance.per_expert.empty()) {
+    parallel_for(n, [&](int64_t t) {
+      for (int64_t e = 0; e < E; ++e) dscores[t * E + e] += static_cast<T>(balance.per_expert[e]);
+    });
+  }
+  if (balance.sequence_scale != 0.0)
+    sequence_aux_loss(dscores, scores, index, batch, seq, dims.router, balance.sequence_scale);
+  T* dlogits = scratch.alloc<T>(n * E);  // [n, E]
+  router_scores_backward(dlogits, dscores, scores, n, dims.router);
+  if (balance.z_scale != 0.0) router_z_loss(dlogits, logits, n, E, balance.z_scale);
+  linear_grad(dh, grads.router, dlogits, h, w.router, n, D, E, /*accumulate_dx=*/true);
+
+  if (dims.shared.intermediate == 0) return;
+  if (!dims.shared_gated) {
+    mlp_backward(dh, dy, h, n, w.shared, grads.shared, dims.shared, store, layer, scratch);
+    return;
+  }
+  const T* out = store.get<T>(Tag::shared_out, layer, n * D);
+  const T* logit = store.get<T>(Tag::shared_gate_logit, layer, n);
+  T* d_out = scratch.alloc<T>(n * D);  // [n, D] dy · sigmoid(logit)
+  T* d_logit = scratch.alloc<T>(n);    // [n]   Σ_c dy · out · σ'(logit)
+  parallel_for(n, [&](int64_t t) {
+    const T gate = T(1) / (T(1) + std::exp(-logit[t]));
+    T dot = T(0);
+    for (int64_t c = 0; c < D; ++c) {
+      d_out[t * D + c] = dy[t * D + c] * gate;
+      dot += dy[t * D + c] * out[t * D + c];
+    }
+    d_logit[t] = dot * gate * (T(1) - gate);
+  });
+  mlp_backward(dh, d_out, h, n, w.shared, grads.shared, dims.shared, store, layer, scratch);
+  linear_grad(dh, grads.shared_gate, d_logit, h, w.shared_gate, n, D, 1, /*accumulate_dx=*/true);
+}
+
+#define TRILLION_INSTANTIATE(T)                                                                                 \
+  template void moe_forward<T>(T*, const T*, int64_t, int64_t, const MoeWeights<T>&, const MoeDims&,            \
+                               ActivationStore*, int, Arena&, DecisionLog&, StepResult*);                       \
+  template void moe_backward<T>(T*, const T*, const T*, int64_t, int64_t, const MoeWeights<T>&,                 \
+                                const MoeWeights<T>&, const MoeDims&, const MoeBalanceGrad&,                   \
+                                const ActivationStore&, int, Arena&);
+TRILLION_INSTANTIATE(float)
+TRILLION_INSTANTIATE(double)
+#undef TRILLION_INSTANTIATE
+
+}  // namespace trillion

@@ -1,0 +1,40 @@
+// StepResult, MoeLayerStats and DecisionLog (see step.h).
+#include "model/step.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace trillion {
+
+double MoeLayerStats::max_over_mean() const {
+  if (tokens_per_expert.empty()) return 0.0;
+  int64_t total = 0, most = 0;
+  for (int64_t count : tokens_per_expert) total += count, most = std::max(most, count);
+  const double mean = double(total) / double(tokens_per_expert.size());
+  return mean > 0.0 ? double(most) / mean : 0.0;
+}
+
+double StepResult::objective(const LossScales& scales) const {
+  double total = lm.loss_sum * scales.lm;
+  for (const LossTerm& term : aux) total += term.coef * term.value * scales.aux;
+  return total;
+}
+
+const int32_t* DecisionLog::decide(DecisionKind kind, int layer, int64_t count,
+                                   const std::function<void(int32_t*)>& decide) {
+  const std::pair<int, int> key{static_cast<int>(kind), layer};
+  if (replaying_) {
+    const auto it = decisions_.find(key);
+    TRILLION_CHECK(it != decisions_.end(), "no recorded decision for layer ", layer, " to replay");
+    TRILLION_CHECK(static_cast<int64_t>(it->second.size()) == count, "recorded decision of layer ", layer, " has ",
+                   it->second.size(), " values, the pass asks for ", count);
+    return it->second.data();
+  }
+  std::vector<int32_t>& values = decisions_[key];
+  values.assign(count, 0);
+  decide(values.data());
+  return values.data();
+}
+
+}  // namespace trillion

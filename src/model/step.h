@@ -1,0 +1,78 @@
+// What one forward (and backward) of the model reports and takes, beyond the activations:
+//   LossScales   how each loss term is normalized across the micro-batches of an optimizer step;
+//   StepResult   the named loss terms and per-MoE-layer statistics the trainer writes to metrics;
+//   DecisionLog  the discrete decisions taken in forward (routing now, top-k selection later),
+//                recorded once and replayed by gradcheck's perturbed passes and by recomputation,
+//                so finite differences never flip a decision and recompute never re-routes;
+//   UnitHooks    called before and after each FSDP unit's forward and backward (identity on one
+//                rank; FSDP's gather/free plug in here).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/cross_entropy.h"
+
+namespace trillion {
+
+// The step's objective is lm · Σ CE over counted targets + Σ_terms coef · aux · value, with
+//   lm  = 1 / (counted targets of the whole optimizer step: all micro-batches), and
+//   aux = 1 / (micro-batches of the step): router losses are per micro-batch values (as
+//         transformers computes them per forward) averaged over the step's micro-batches.
+struct LossScales {
+  double lm = 1.0;
+  double aux = 1.0;
+};
+
+// One auxiliary loss term of a forward: its value (before the coefficient) and how it is formed.
+struct LossTerm {
+  std::string name;           // "aux_loss", "router_z_loss"
+  double value = 0.0;         // this micro-batch's value
+  double coef = 0.0;          // its coefficient in the objective
+  std::string normalization;  // e.g. "pooled over MoE layers and tokens of the micro-batch"
+};
+
+// Routing statistics of one MoE layer in one forward.
+struct MoeLayerStats {
+  int layer = 0;
+  std::vector<int64_t> tokens_per_expert;  // [E] top-k assignments (kept and dropped)
+  std::vector<double> prob_sums;           // [E] Σ_t router score of each expert
+  int64_t dropped = 0;                     // slots over the capacity limit
+  double sequence_aux = 0.0;               // this layer's sequence-wise balance loss (when in use)
+  double z_loss = 0.0;                     // this layer's router z-loss (when in use)
+  double max_over_mean() const;            // max load / mean load
+};
+
+struct StepResult {
+  CrossEntropyResult lm;            // CE sum and counted targets of this micro-batch
+  std::vector<LossTerm> aux;        // empty for a model without routers
+  std::vector<MoeLayerStats> moe;   // one per MoE layer, in layer order
+  // lm.loss_sum · scales.lm + Σ coef · value · scales.aux.
+  double objective(const LossScales& scales) const;
+};
+
+enum class DecisionKind { routing };
+
+class DecisionLog {
+ public:
+  // The decision (kind, layer) of `count` int32 values: while recording, `decide` writes it and it
+  // is kept; while replaying, the kept one is returned (CHECK-fails if absent or of another size).
+  const int32_t* decide(DecisionKind kind, int layer, int64_t count, const std::function<void(int32_t*)>& decide);
+  void start_recording() { replaying_ = false, decisions_.clear(); }  // forget; the next passes record
+  void start_replay() { replaying_ = true; }                            // keep replaying what was recorded
+  bool replaying() const { return replaying_; }
+
+ private:
+  bool replaying_ = false;
+  std::map<std::pair<int, int>, std::vector<int32_t>> decisions_;
+};
+
+struct UnitHooks {
+  std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
+};
+
+}  // namespace trillion

@@ -1,0 +1,272 @@
+"""Float64-faithful Hugging Face transformers: the shared half of tools/ref/write_model_fixture.py.
+
+Written for (tools/ref/requirements.txt): torch 2.15.0 (PyPI wheel, 2.15.0+cu132, run on CPU),
+transformers 5.24.0, safetensors 0.8.0, Python 3.11.
+
+transformers computes parts of a float64 model in float32 (HF-FACTS.md section 0.9): RMSNorm casts to
+float32, the RoPE inv_freq table is built in float32 and cos/sin are computed in float32, the routers
+compute their softmax / sigmoid logits in float32, eager attention's softmax is float32, the qwen
+aux loss accumulates in float32 and ForCausalLMLoss upcasts to float32. Here each of those functions
+is RECOMPILED FROM ITS OWN SOURCE with the float32 dtypes replaced by float64
+(`torch.float32`, `torch.float` -> `torch.float64`, `.float()` -> `.double()`) and put back on its
+class or module (`apply(family)`); `restore()` puts the originals back. The math is unchanged; only the
+rounding. `Float32Leaks` is a TorchDispatchMode that records every op producing a float32 (or
+half) tensor, so a caller can assert that a patched forward + backward computes in float64 only.
+
+Other helpers: `randomize` (every parameter random, the zero-centred norm offsets and the router's
+e_score_correction_bias buffer included), `our_ce` (our loss convention), `aux_loss_fp64` (an
+independent float64 re-derivation of transformers' load_balancing_loss_func, pooled over layers),
+`routing_margins` (the gaps at every top-k / group selection boundary: ties there would make the
+fixture depend on torch's tie order).
+"""
+import importlib
+import inspect
+import re
+import textwrap
+import traceback
+
+import torch
+import torch.nn.functional as F
+from torch.utils._pytree import tree_flatten
+from torch.utils._python_dispatch import TorchDispatchMode
+
+IGNORE = -100
+
+# family -> (module path, [attribute paths to recompile: "Class.method" or "function"])
+SITES = {
+    "qwen3": ("transformers.models.qwen3.modeling_qwen3", [
+        "Qwen3RMSNorm.forward",
+        "Qwen3RotaryEmbedding.compute_default_rope_parameters",
+        "Qwen3RotaryEmbedding.forward",
+        "eager_attention_forward",
+    ]),
+    "qwen3_moe": ("transformers.models.qwen3_moe.modeling_qwen3_moe", [
+        "Qwen3MoeRMSNorm.forward",
+        "Qwen3MoeRotaryEmbedding.compute_default_rope_parameters",
+        "Qwen3MoeRotaryEmbedding.forward",
+        "Qwen3MoeTopKRouter.forward",
+        "eager_attention_forward",
+        "load_balancing_loss_func",
+    ]),
+    # The Gated DeltaNet functions (Qwen3NextRMSNormGated, Qwen3NextGatedDeltaNet.forward,
+    # torch_chunk/recurrent_gated_delta_rule) are not listed: the fixtures have full attention only,
+    # and the leak check would flag them if they ran.
+    "qwen3_next": ("transformers.models.qwen3_next.modeling_qwen3_next", [
+        "Qwen3NextRMSNorm.forward",
+        "Qwen3NextRotaryEmbedding.compute_default_rope_parameters",
+        "Qwen3NextRotaryEmbedding.forward",
+        "Qwen3NextTopKRouter.forward",
+        "eager_attention_forward",
+        "load_balancing_loss_func",
+    ]),
+    "glm4_moe": ("transformers.models.glm4_moe.modeling_glm4_moe", [
+        "Glm4MoeRMSNorm.forward",
+        "Glm4MoeRotaryEmbedding.compute_default_rope_parameters",
+        "Glm4MoeRotaryEmbedding.forward",
+        "Glm4MoeTopkRouter.forward",
+        "eager_attention_forward",
+    ]),
+    "loss": ("transformers.loss.loss_utils", ["ForCausalLMLoss"]),
+}
+
+_REPLACEMENTS = [
+    (re.compile(r"torch\.float32\b"), "torch.float64"),
+    (re.compile(r"torch\.float\b"), "torch.float64"),  # \b: not torch.float32 / torch.float64
+    (re.compile(r"\.float\(\)"), ".double()"),
+]
+_FLOAT32_TEXT = re.compile(r"torch\.float32\b|torch\.float\b|\.float\(\)")  # (comments may name float16)
+
+_ORIGINALS = {}  # (owner, name) -> original attribute (as stored in owner.__dict__)
+PATCH_LOG = []   # human-readable list of what apply() replaced
+
+
+def _owner_and_name(module, path):
+    parts = path.split(".")
+    owner = module
+    for part in parts[:-1]:
+        owner = getattr(owner, part)
+    return owner, parts[-1]
+
+
+def _recompile(module, owner, name):
+    raw = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    func = raw.__func__ if isinstance(raw, staticmethod) else raw
+    source = textwrap.dedent(inspect.getsource(func))  # getsource unwraps decorators, keeps their lines
+    new = source
+    for pattern, repl in _REPLACEMENTS:
+        new = pattern.sub(repl, new)
+    assert new != source, f"{module.__name__}.{name}: no float32 site found (transformers changed?)"
+    leftover = _FLOAT32_TEXT.findall(new)
+    assert not leftover, f"{module.__name__}.{name}: float32 text left after rewriting: {leftover}"
+    namespace = {}
+    code = compile(new, f"<fp64 {module.__name__}.{getattr(owner, '__name__', '')}.{name}>", "exec")
+    exec(code, module.__dict__, namespace)  # globals: the module's own, looked up at call time
+    (value,) = namespace.values()
+    changed = sum(a != b for a, b in zip(source.splitlines(), new.splitlines()))
+    return value, changed
+
+
+def apply(*families):
+    """Replace every float32 site of the given families (keys of SITES) by its float64 rewrite.
+    Call before building a model: the RoPE inv_freq table is computed in __init__."""
+    for family in families:
+        module_name, paths = SITES[family]
+        module = importlib.import_module(module_name)
+        for path in paths:
+            owner, name = _owner_and_name(module, path)
+            key = (owner, name)
+            if key not in _ORIGINALS:
+                _ORIGINALS[key] = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            setattr(owner, name, _ORIGINALS[key])  # rewrite from the original, not a rewrite
+            value, changed = _recompile(module, owner, name)
+            setattr(owner, name, value)
+            PATCH_LOG.append(f"{module_name}.{path} ({changed} lines)")
+
+
+def restore():
+    """Put every original back (transformers as shipped)."""
+    for (owner, name), value in _ORIGINALS.items():
+        setattr(owner, name, value)
+
+
+def recompiled(module_name, path):
+    """The float64 rewrite of one function, without installing it."""
+    module = importlib.import_module(module_name)
+    owner, name = _owner_and_name(module, path)
+    key = (owner, name)
+    original = _ORIGINALS.get(key, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name))
+    saved = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    setattr(owner, name, original)
+    try:
+        return _recompile(module, owner, name)[0]
+    finally:
+        setattr(owner, name, saved)
+
+
+class Float32Leaks(TorchDispatchMode):
+    """Records every op whose output holds a float32/float16/bfloat16 tensor (forward and backward),
+    with the innermost transformers/tools source line that issued it (forward ops only have one)."""
+
+    LOW = (torch.float32, torch.float16, torch.bfloat16)
+
+    def __init__(self):
+        super().__init__()
+        self.leaks = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        flat, _ = tree_flatten(out)
+        dtypes = {t.dtype for t in flat if isinstance(t, torch.Tensor) and t.dtype in self.LOW}
+        if dtypes:
+            where = "(autograd engine)"
+            for frame in reversed(traceback.extract_stack()[:-1]):
+                if "transformers" in frame.filename or "fp64 " in frame.filename or "tools/ref" in frame.filename:
+                    where = f"{frame.filename}:{frame.lineno} {frame.line}"
+                    break
+            self.leaks.append(f"{func} -> {sorted(map(str, dtypes))} at {where}")
+        return out
+
+
+# ---- parameters --------------------------------------------------------------------------------
+
+def randomize(model, generator, bias_std=0.1):
+    """Every parameter random (float64): projections and experts N(0, 1/fan_in) so activations stay O(1),
+    embeddings N(0, 1), biases N(0, 0.1²), norm weights 1 + N(0, 0.1²), or N(0, 0.1²) for the zero-centred
+    (1 + w) norms of qwen3_next (HF initialises those offsets to 0); the router's e_score_correction_bias
+    BUFFER gets N(0, bias_std²), so that it changes the expert selection of some tokens."""
+    seen = set()  # a tied lm_head.weight IS embed_tokens.weight: randomised once, as the embedding
+    with torch.no_grad():
+        for module in model.modules():
+            centred = type(module).__name__ == "Qwen3NextRMSNorm"
+            for name, p in module.named_parameters(recurse=False):
+                if id(p) in seen:
+                    continue
+                seen.add(id(p))
+                noise = torch.randn(p.shape, generator=generator, dtype=torch.float64)
+                if "RMSNorm" in type(module).__name__ or "LayerNorm" in type(module).__name__:
+                    p.copy_((0.0 if centred else 1.0) + 0.1 * noise)
+                elif isinstance(module, torch.nn.Embedding):
+                    p.copy_(noise)
+                elif p.dim() == 1:
+                    p.copy_(0.1 * noise)
+                else:
+                    p.copy_(noise / p.shape[-1] ** 0.5)
+            for name, b in module.named_buffers(recurse=False):
+                if name == "e_score_correction_bias":
+                    b.copy_(bias_std * torch.randn(b.shape, generator=generator, dtype=torch.float64))
+
+
+def our_ce(logits, targets):
+    """Our convention: mean over targets != -100 of cross_entropy(logits[b, t], targets[b, t]) (no shift)."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE)
+
+
+# ---- routers -----------------------------------------------------------------------------------
+
+def capture_router_logits(model):
+    """Forward hooks on every router module (name ends in .mlp.gate): list of (name, logits [N, E])."""
+    captured, handles = [], []
+    for name, module in model.named_modules():
+        if name.endswith(".mlp.gate") and "Router" in type(module).__name__:
+            handles.append(module.register_forward_hook(
+                lambda m, inp, out, name=name: captured.append((name, m, inp[0].detach(), out[0].detach()))))
+    return captured, handles
+
+
+def aux_loss_fp64(router_logits, num_experts, top_k):
+    """load_balancing_loss_func (attention_mask None) re-derived in float64, pooled over layers:
+    E · Σ_e f_e · P_e with f_e = (#top-k picks of e over all layers, tokens, k) / (L·N) and
+    P_e = (Σ over layers, tokens of softmax p_e) / (L·N)."""
+    counts = torch.zeros(num_experts, dtype=torch.float64)
+    probs = torch.zeros(num_experts, dtype=torch.float64)
+    rows = 0
+    for logits in router_logits:
+        p = torch.softmax(logits.double(), dim=-1)
+        picks = torch.topk(p, top_k, dim=-1).indices.reshape(-1)
+        counts += torch.bincount(picks, minlength=num_experts).double()
+        probs += p.sum(0)
+        rows += p.shape[0]
+    return num_experts * torch.sum((counts / rows) * (probs / rows))
+
+
+def _boundary_gap(values, k):
+    """Per row: value[k-1] - value[k] of the row sorted in decreasing order (inf if k == width)."""
+    if k >= values.shape[-1]:
+        return torch.full(values.shape[:-1], float("inf"), dtype=torch.float64)
+    top = torch.sort(values, dim=-1, descending=True).values
+    gap = top[..., k - 1] - top[..., k]
+    return torch.where(torch.isinf(top[..., k]), torch.full_like(gap, float("inf")), gap)
+
+
+def routing_margins(captured, config):
+    """The smallest gap at each selection boundary of the captured routers (float64):
+    'topk' (the k-th vs the (k+1)-th candidate of every token) and, for grouped routers, 'group'
+    (the topk_group-th vs the next group score); 'bias_changed' counts (token, layer) pairs whose
+    selected experts differ from those the scores without e_score_correction_bias would pick."""
+    k = config.num_experts_per_tok
+    result = {"topk": float("inf"), "group": float("inf"), "bias_changed": 0, "rows": 0}
+    for _, module, _, logits in captured:
+        logits = logits.double()
+        result["rows"] += logits.shape[0]
+        if hasattr(module, "e_score_correction_bias"):  # deepseek-style: sigmoid, bias, groups
+            scores = torch.sigmoid(logits)
+            choice = scores + module.e_score_correction_bias.double()
+            n_group, topk_group = module.num_group, module.topk_group
+            grouped = choice.view(-1, n_group, choice.shape[-1] // n_group)
+            group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+            result["group"] = min(result["group"], _boundary_gap(group_scores, topk_group).min().item())
+            keep = torch.zeros_like(group_scores).scatter_(1, group_scores.topk(topk_group, dim=-1).indices, 1.0)
+            mask = keep.unsqueeze(-1).expand_as(grouped).reshape(choice.shape).bool()
+            masked = choice.masked_fill(~mask, float("-inf"))
+            result["topk"] = min(result["topk"], _boundary_gap(masked, k).min().item())
+            picked = masked.topk(k, dim=-1).indices.sort(-1).values
+            # the same selection from the scores without the bias
+            g0 = scores.view(-1, n_group, scores.shape[-1] // n_group).topk(2, dim=-1).values.sum(-1)
+            keep0 = torch.zeros_like(g0).scatter_(1, g0.topk(topk_group, dim=-1).indices, 1.0)
+            mask0 = keep0.unsqueeze(-1).expand_as(grouped).reshape(scores.shape).bool()
+            picked0 = scores.masked_fill(~mask0, float("-inf")).topk(k, dim=-1).indices.sort(-1).values
+            result["bias_changed"] += int((picked != picked0).any(-1).sum())
+        else:  # qwen-style softmax top-k
+            p = torch.softmax(logits, dim=-1)
+            result["topk"] = min(result["topk"], _boundary_gap(p, k).min().item())
+    return result
