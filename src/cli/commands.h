@@ -12,5 +12,6 @@ void register_eval(CLI::App& app);
 void register_generate(CLI::App& app);
 void register_gradcheck(CLI::App& app);
 void register_bench(CLI::App& app);
+void register_info(CLI::App& app);
 
 }  // namespace trillion

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   trillion::register_generate(app);
   trillion::register_gradcheck(app);
   trillion::register_bench(app);
+  trillion::register_info(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/atomic_file.h"
 #include "train/cli_fixture.h"
 
 namespace trillion::train_test {
@@ -11,7 +12,7 @@ namespace {
 
 TEST(Cli, EverySubcommandHasHelp) {
   for (const char* name : {"tokenize", "train", "eval", "generate", "gradcheck", "bench", "bench gemm",
-                           "bench attention"}) {
+                           "bench attention", "info"}) {
     const CommandResult r = run_cli(std::string(name) + " --help");
     EXPECT_EQ(r.status, 0) << name << ": " << r.output;
     EXPECT_NE(r.output.find("Usage:"), std::string::npos) << name << ": " << r.output;
@@ -24,6 +25,27 @@ TEST(Cli, GradcheckOfAMissingConfigNamesTheFile) {
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(r.output.rfind("error: ", 0), 0u) << r.output;
   EXPECT_NE(r.output.find("/nonexistent/model.json"), std::string::npos) << r.output;
+}
+
+// transformers' num_parameters() of its default Qwen3MoeConfig and Glm4MoeConfig, built on the meta
+// device by tools/ref/write_default_configs.py (tests/fixtures/param_counts.json), equals the count
+// of `trillion info`, which allocates nothing (103 B parameters would not fit here).
+TEST(Info, CountsEqualTransformersForTheDefaultConfigs) {
+  const nlohmann::json counts = nlohmann::json::parse(
+      read_file(std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/param_counts.json"));
+  ASSERT_EQ(counts.size(), 2u);
+  for (const auto& [name, entry] : counts.items()) {
+    const CommandResult r =
+        run_cli("info --json --config " + std::string(TRILLION_SOURCE_DIR) + "/" + entry.at("config").get<std::string>(),
+                "OMP_NUM_THREADS=1", /*stdout_only=*/true);
+    ASSERT_EQ(r.status, 0) << name << ": " << r.output;
+    const nlohmann::json info = nlohmann::json::parse(r.output);
+    EXPECT_EQ(info.at("total_parameters").get<int64_t>(), entry.at("num_parameters").get<int64_t>()) << name;
+    const int64_t dense = info.at("dense_parameters"), expert = info.at("expert_parameters");
+    EXPECT_EQ(dense + expert, info.at("total_parameters").get<int64_t>()) << name;
+    EXPECT_LT(info.at("active_parameters").get<int64_t>(), info.at("total_parameters").get<int64_t>() / 8) << name;
+    EXPECT_GT(info.at("active_parameters").get<int64_t>(), dense) << name;
+  }
 }
 
 TEST(BenchGemm, TinyRunReportsACorrectProduct) {

@@ -1,0 +1,57 @@
+// `trillion info --config FILE [--json]`: what a config describes, without allocating the model:
+// its layer kinds (mixer and FFN per layer) and its total and active parameter counts
+// (model.h count_parameters), so a large config can be checked on a small machine.
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "model/config.h"
+#include "model/model.h"
+
+namespace trillion {
+namespace {
+
+void run_info(const std::string& config_path, bool json) {
+  const ModelConfig config = ModelConfig::load(config_path);
+  const ParamCounts counts = count_parameters(config);
+  int64_t moe_layers = 0;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) moe_layers += config.is_moe_layer(l);
+  if (json) {
+    std::printf("%s\n", nlohmann::json({{"config", config_path},
+                                        {"model_type", config.model_type},
+                                        {"layers", config.num_hidden_layers},
+                                        {"moe_layers", moe_layers},
+                                        {"total_parameters", counts.total},
+                                        {"active_parameters", counts.active},
+                                        {"dense_parameters", counts.dense},
+                                        {"expert_parameters", counts.expert},
+                                        {"buffer_elements", counts.buffer}})
+                                .dump()
+                                .c_str());
+    return;
+  }
+  std::printf("%s: %s, %lld layers (%lld MoE)\n", config_path.c_str(), config.model_type.c_str(),
+              static_cast<long long>(config.num_hidden_layers), static_cast<long long>(moe_layers));
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l)
+    std::printf("  layer %3lld: %s + %s\n", static_cast<long long>(l), layer_type_name(config.layer_types[l]),
+                config.is_moe_layer(l) ? "moe" : "dense mlp");
+  std::printf("parameters: %lld total (%.2f B), %lld active per token (%.2f B); dense %lld, experts %lld\n",
+              static_cast<long long>(counts.total), double(counts.total) * 1e-9, static_cast<long long>(counts.active),
+              double(counts.active) * 1e-9, static_cast<long long>(counts.dense), static_cast<long long>(counts.expert));
+}
+
+}  // namespace
+
+void register_info(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("info", "Layer kinds and total / active parameter counts of a config");
+  auto config_path = std::make_shared<std::string>();
+  auto json = std::make_shared<bool>(false);
+  cmd->add_option("--config", *config_path, "Model config.json")->required();
+  cmd->add_flag("--json", *json, "One JSON object instead of text");
+  cmd->callback([config_path, json] { run_info(*config_path, *json); });
+}
+
+}  // namespace trillion
