@@ -2,13 +2,15 @@
 # The demo: set up, build, tokenize the default corpus (Debian's fortune cookie files) with a
 # vocabulary of 8192, train configs/models/demo.json from random initialization, evaluate it
 # against the unigram baseline of the same split, and generate text. Prints each part's time.
-# Environment: STEPS (default 1400), OUT (default runs/demo), DATA (default data/fortunes-8192).
+# Environment: STEPS (default 1400), OUT (default runs/demo), DATA (default data/fortunes-8192),
+# CONFIG (default configs/models/demo.json; configs/models/demo_moe.json is the MoE demo, same recipe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 steps=${STEPS:-1400}
 out=${OUT:-runs/demo}
 data=${DATA:-data/fortunes-8192}
+config=${CONFIG:-configs/models/demo.json}
 
 t0=$(date +%s)
 bash scripts/setup.sh --target trillion
@@ -21,7 +23,7 @@ fi
 t2=$(date +%s)
 
 rm -rf "$out"
-build/trillion train --config configs/models/demo.json --data "$data" --out "$out" \
+build/trillion train --config "$config" --data "$data" --out "$out" \
   --steps "$steps" --batch 16 --seq-len 128 --lr 3e-3 --warmup 60 --seed 1 --eval-every 200 --eval-batches 16 --log-every 50
 t3=$(date +%s)
 

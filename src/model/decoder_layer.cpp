@@ -44,24 +44,37 @@ int64_t DecoderLayerDims::decode_cache_elements(int64_t max_len) const {
 
 std::string decoder_layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
 
+namespace {
+
+// Calls f(kind dims, kind weights…) with, from each weights variant, the alternative that belongs
+// to the kind `dims` holds (each kind's Dims::Weights<T>).
+template <class T, class DimsVariant, class F, class... WeightsVariants>
+void with_kind(const DimsVariant& dims, F&& f, WeightsVariants&... weights) {
+  std::visit(
+      [&](const auto& d) {
+        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
+        f(d, std::get<Kind>(weights)...);
+      },
+      dims);
+}
+
+// Makes `weights` hold the alternative of the kind `dims` holds.
+template <class T, class DimsVariant, class WeightsVariant>
+void select_kind(const DimsVariant& dims, WeightsVariant& weights) {
+  std::visit([&](const auto& d) { weights.template emplace<typename std::decay_t<decltype(d)>::template Weights<T>>(); },
+             dims);
+}
+
+}  // namespace
+
 // The layer's tensors: its mixer's, the FFN norm, its FFN's (each kind's visit_params).
 template <class T, class Visit>
 void visit_params(DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, Visit&& visit) {
-  std::visit(
-      [&](const auto& d) {
-        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
-        if (!std::holds_alternative<Kind>(w.mixer)) w.mixer.template emplace<Kind>();
-        visit_params(std::get<Kind>(w.mixer), d, visit);
-      },
-      dims.mixer);
+  select_kind<T>(dims.mixer, w.mixer);
+  with_kind<T>(dims.mixer, [&](const auto& d, auto& kind) { visit_params(kind, d, visit); }, w.mixer);
   visit(w.ffn_norm, norm_row("post_attention_layernorm.weight", dims.hidden, dims.ffn_norm));
-  std::visit(
-      [&](const auto& d) {
-        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
-        if (!std::holds_alternative<Kind>(w.ffn)) w.ffn.template emplace<Kind>();
-        visit_params(std::get<Kind>(w.ffn), d, visit);
-      },
-      dims.ffn);
+  select_kind<T>(dims.ffn, w.ffn);
+  with_kind<T>(dims.ffn, [&](const auto& d, auto& kind) { visit_params(kind, d, visit); }, w.ffn);
 }
 
 void add_decoder_layer_params(ParamTable& table, const DecoderLayerDims& dims, int layer) {
@@ -122,12 +135,8 @@ void decoder_layer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderL
                            int layer, Arena& scratch) {
   using Tag = ActivationTag;
   scratch.reset();
-  std::visit(
-      [&](const auto& d) {
-        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
-        mixer_forward(x, std::get<Kind>(w.mixer), d, pass, layer, scratch);
-      },
-      dims.mixer);
+  with_kind<T>(dims.mixer, [&](const auto& d, const auto& kind) { mixer_forward(x, kind, d, pass, layer, scratch); },
+               w.mixer);
   scratch.reset();
   const int64_t n = pass.batch * pass.seq, D = dims.hidden;
   T* input = save_or_scratch<T>(pass.store, Tag::ffn_input, layer, n * D, scratch);  // [n, D]
@@ -135,12 +144,8 @@ void decoder_layer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderL
   T* rstd = save_or_scratch<T>(pass.store, Tag::ffn_norm_rstd, layer, n, scratch);  // [n]
   T* h = save_or_scratch<T>(pass.store, Tag::ffn_norm_out, layer, n * D, scratch);   // [n, D]
   rmsnorm_forward(h, rstd, input, w.ffn_norm, n, D, dims.ffn_norm.eps, dims.ffn_norm.zero_centred);
-  std::visit(
-      [&](const auto& d) {
-        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
-        ffn_forward(x, h, std::get<Kind>(w.ffn), d, pass, layer, scratch);
-      },
-      dims.ffn);
+  with_kind<T>(dims.ffn, [&](const auto& d, const auto& kind) { ffn_forward(x, h, kind, d, pass, layer, scratch); },
+               w.ffn);
 }
 
 template <class T>
@@ -154,21 +159,21 @@ void decoder_layer_backward(T* dx, const DecoderLayerWeights<T>& w, const Decode
   const T* rstd = store.get<T>(Tag::ffn_norm_rstd, layer, n);
   const T* h = store.get<T>(Tag::ffn_norm_out, layer, n * D);
   T* dh = scratch.alloc<T>(n * D);  // [n, D] gradient wrt the FFN's normed input (zero-filled)
-  std::visit(
-      [&](const auto& d) {
-        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
-        ffn_backward(dh, dx, h, std::get<Kind>(w.ffn), std::get<Kind>(grads.ffn), d, pass, store, layer, scratch);
+  with_kind<T>(
+      dims.ffn,
+      [&](const auto& d, const auto& kind, const auto& kind_grads) {
+        ffn_backward(dh, dx, h, kind, kind_grads, d, pass, store, layer, scratch);
       },
-      dims.ffn);
+      w.ffn, grads.ffn);
   rmsnorm_backward(dx, grads.ffn_norm, dh, input, w.ffn_norm, rstd, n, D, dims.ffn_norm.zero_centred,
                    /*accumulate_dx=*/true);
   scratch.reset();
-  std::visit(
-      [&](const auto& d) {
-        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
-        mixer_backward(dx, std::get<Kind>(w.mixer), std::get<Kind>(grads.mixer), d, pass, store, layer, scratch);
+  with_kind<T>(
+      dims.mixer,
+      [&](const auto& d, const auto& kind, const auto& kind_grads) {
+        mixer_backward(dx, kind, kind_grads, d, pass, store, layer, scratch);
       },
-      dims.mixer);
+      w.mixer, grads.mixer);
 }
 
 template <class T>
@@ -185,12 +190,7 @@ void decoder_layer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cac
   LayerPass pass;
   pass.batch = 1;
   pass.seq = n;
-  std::visit(
-      [&](const auto& d) {
-        using Kind = typename std::decay_t<decltype(d)>::template Weights<T>;
-        ffn_forward(x, h, std::get<Kind>(w.ffn), d, pass, 0, scratch);
-      },
-      dims.ffn);
+  with_kind<T>(dims.ffn, [&](const auto& d, const auto& kind) { ffn_forward(x, h, kind, d, pass, 0, scratch); }, w.ffn);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                  \
