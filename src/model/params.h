@@ -44,7 +44,7 @@ struct ParamSpec {
   InitKind init = InitKind::normal;
   double init_std = 0.02;
   bool weight_decay = true;
-  std::vector<HfKey> hf_keys;  // empty: stored under `name` with `shape`
+  std::vector<HfKey> hf_keys = {};  // empty: stored under `name` with `shape`
   int64_t offset = 0;          // element offset in the flat buffer; set by ParamTable::finalize
   int64_t numel() const;
   bool trainable() const { return group != ParamGroup::buffer; }
