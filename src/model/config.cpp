@@ -238,23 +238,26 @@ std::vector<FfnType> parse_ffn_placement(const FieldReader& fields, const Family
 }
 
 void parse_moe(const FieldReader& fields, const Family& family, ModelConfig& c) {
-  c.num_experts = fields.non_negative(fields.alias({"num_experts", "num_local_experts", "n_routed_experts"}), 0);
+  c.num_experts = fields.non_negative(fields.alias({"num_experts", "num_local_experts", "n_routed_experts"}),
+                                      family.default_experts);
   c.mlp_layer_types = parse_ffn_placement(fields, family, c);
   if (c.num_experts == 0) return;
   const char* k_name = fields.alias({"num_experts_per_tok", "num_experts_per_token"});
-  c.num_experts_per_tok = fields.non_negative(k_name, 0);
+  c.num_experts_per_tok = fields.non_negative(k_name, family.default_top_k);
   if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts)
     fields.fail_field(k_name, str_cat("got ", c.num_experts_per_tok, "; expected 1 to num_experts = ", c.num_experts));
-  c.moe_intermediate_size = fields.non_negative("moe_intermediate_size", 0);
+  c.moe_intermediate_size = fields.non_negative("moe_intermediate_size", family.default_expert_width);
   if (c.moe_intermediate_size <= 0)
     fields.fail_field("moe_intermediate_size", "expected a positive integer (num_experts > 0)");
   c.norm_topk_prob = fields.boolean(fields.alias({"norm_topk_prob", "moe_renormalize"}), family.default_norm_topk_prob);
   if (family.shared_expert_gated) {
-    c.shared_expert_intermediate_size = fields.non_negative("shared_expert_intermediate_size", 0);
+    c.shared_expert_intermediate_size =
+        fields.non_negative("shared_expert_intermediate_size", family.default_shared_expert_width);
   }
   if (family.router == RouterScoring::sigmoid) {
-    c.n_shared_experts = fields.non_negative(fields.alias({"n_shared_experts", "num_shared_experts"}), 0);
-    c.routed_scaling_factor = fields.positive_number("routed_scaling_factor", c.routed_scaling_factor);
+    c.n_shared_experts =
+        fields.non_negative(fields.alias({"n_shared_experts", "num_shared_experts"}), family.default_shared_experts);
+    c.routed_scaling_factor = fields.positive_number("routed_scaling_factor", family.default_routed_scaling_factor);
     const char* group_name = fields.alias({"n_group", "num_expert_group"});
     c.n_group = fields.positive(group_name, 1);
     c.topk_group = fields.positive("topk_group", 1);
@@ -268,7 +271,7 @@ void parse_moe(const FieldReader& fields, const Family& family, ModelConfig& c) 
                                               c.num_experts_per_tok, " experts"));
   }
   c.output_router_logits = fields.boolean("output_router_logits", c.output_router_logits);
-  c.router_aux_loss_coef = fields.number("router_aux_loss_coef", c.router_aux_loss_coef);
+  c.router_aux_loss_coef = fields.number("router_aux_loss_coef", family.default_aux_loss_coef);
   if (c.router_aux_loss_coef < 0.0)
     fields.fail_field("router_aux_loss_coef", str_cat("got ", c.router_aux_loss_coef, "; expected a value >= 0"));
   const std::string aux_type = fields.string("router_aux_loss_type", aux_loss_type_name(c.router_aux_loss_type));
@@ -278,6 +281,11 @@ void parse_moe(const FieldReader& fields, const Family& family, ModelConfig& c) 
   }
   if (!known)
     fields.fail_field("router_aux_loss_type", str_cat("got \"", aux_type, "\"; expected pooled, per_layer or sequence"));
+  // The Switch-style losses take P_e as a probability: sigmoid scores are not one (they would need
+  // Megatron's per-token normalization); the sequence-wise loss normalizes them itself.
+  if (family.router == RouterScoring::sigmoid && c.aux_loss_coef() != 0.0 && c.router_aux_loss_type != AuxLossType::sequence)
+    fields.fail_field("router_aux_loss_type", str_cat("\"", aux_type, "\" with a sigmoid router (", c.model_type,
+                                                      "): not built; expected \"sequence\" (or router_aux_loss_coef 0)"));
   c.router_z_loss_coef = fields.number("router_z_loss_coef", c.router_z_loss_coef);
   if (c.router_z_loss_coef < 0.0)
     fields.fail_field("router_z_loss_coef", str_cat("got ", c.router_z_loss_coef, "; expected a value >= 0"));
@@ -429,16 +437,32 @@ nlohmann::json ModelConfig::to_json() const {
       {"linear_key_head_dim", linear_key_head_dim},
       {"linear_value_head_dim", linear_value_head_dim},
       {"linear_conv_kernel_dim", linear_conv_kernel_dim},
-      {"num_experts", num_experts},
       {"index_n_heads", index_n_heads},
       {"index_head_dim", index_head_dim},
       {"index_topk", index_topk},
   };
-  if (!family_of(model_type).always_qk_norm) json["use_qk_norm"] = use_qk_norm;
+  const Family family = family_of(model_type);
+  if (!family.always_qk_norm) json["use_qk_norm"] = use_qk_norm;
+  json[family.experts_field] = num_experts;  // the name transformers' config.json uses for this family
   if (num_experts == 0) return json;
-  nlohmann::json ffn_names = nlohmann::json::array();
-  for (FfnType type : mlp_layer_types) ffn_names.push_back(ffn_type_name(type));
-  json["mlp_layer_types"] = ffn_names;  // explicit, whatever rule produced it
+  // The placement in the family's own fields, so transformers builds the same layers.
+  int64_t leading_dense = 0;
+  while (leading_dense < num_hidden_layers && !is_moe_layer(leading_dense)) ++leading_dense;
+  bool prefix_rule = true;
+  for (int64_t l = leading_dense; l < num_hidden_layers; ++l) prefix_rule = prefix_rule && is_moe_layer(l);
+  if (family.qwen_moe_placement) {
+    nlohmann::json dense = nlohmann::json::array();
+    for (int64_t l = 0; l < num_hidden_layers; ++l)
+      if (!is_moe_layer(l)) dense.push_back(l);
+    json["decoder_sparse_step"] = 1;
+    json["mlp_only_layers"] = dense;
+  } else if (prefix_rule) {
+    json["first_k_dense_replace"] = leading_dense;
+  } else {
+    nlohmann::json ffn_names = nlohmann::json::array();
+    for (FfnType type : mlp_layer_types) ffn_names.push_back(ffn_type_name(type));
+    json["mlp_layer_types"] = ffn_names;
+  }
   json["num_experts_per_tok"] = num_experts_per_tok;
   json["moe_intermediate_size"] = moe_intermediate_size;
   json["norm_topk_prob"] = norm_topk_prob;
@@ -447,7 +471,6 @@ nlohmann::json ModelConfig::to_json() const {
   json["router_aux_loss_type"] = aux_loss_type_name(router_aux_loss_type);
   json["router_z_loss_coef"] = router_z_loss_coef;
   json["moe_capacity_factor"] = moe_capacity_factor;
-  const Family family = family_of(model_type);
   if (family.shared_expert_gated) json["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
   if (family.router == RouterScoring::sigmoid) {
     json["n_shared_experts"] = n_shared_experts;

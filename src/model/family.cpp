@@ -16,10 +16,13 @@ Family family_of(const std::string& model_type) {
   Family f;
   if (model_type == "qwen3") {
     f.always_qk_norm = true;
-  } else if (model_type == "qwen3_moe") {
+  } else if (model_type == "qwen3_moe") {  // Qwen3MoeConfig
     f.always_qk_norm = true;
     f.qwen_moe_placement = true;
-  } else if (model_type == "qwen3_next") {
+    f.experts_field = "num_local_experts";
+    f.default_experts = 128, f.default_top_k = 8, f.default_expert_width = 768;
+    f.default_aux_loss_coef = 0.001;
+  } else if (model_type == "qwen3_next") {  // Qwen3NextConfig
     f.zero_centred_norms = true;
     f.gated_attention = true;
     f.always_qk_norm = true;
@@ -27,19 +30,30 @@ Family family_of(const std::string& model_type) {
     f.shared_expert_gated = true;
     f.default_norm_topk_prob = true;
     f.default_partial_rotary_factor = 0.25;
-  } else if (model_type == "glm4_moe") {
+    f.default_experts = 512, f.default_top_k = 10, f.default_expert_width = 512;
+    f.default_shared_expert_width = 512;
+    f.default_aux_loss_coef = 0.001;
+  } else if (model_type == "glm4_moe") {  // Glm4MoeConfig
     f.router = RouterScoring::sigmoid;
     f.default_norm_topk_prob = true;
     f.default_partial_rotary_factor = 0.5;
     f.default_first_k_dense_replace = 1;
-  } else if (model_type == "deepseek_v3" || model_type == "deepseek_v32") {
+    f.experts_field = "n_routed_experts";
+    f.default_experts = 128, f.default_top_k = 8, f.default_expert_width = 1408;
+    f.default_shared_experts = 1;
+  } else if (model_type == "deepseek_v3" || model_type == "deepseek_v32") {  // DeepseekV3Config
     f.router = RouterScoring::sigmoid;
     f.default_norm_topk_prob = true;
     f.default_first_k_dense_replace = 3;
-  } else if (model_type == "kimi_linear") {
+    f.experts_field = "n_routed_experts";
+    f.default_experts = 256, f.default_top_k = 8, f.default_expert_width = 2048;
+    f.default_shared_experts = 1;
+    f.default_routed_scaling_factor = 2.5;
+  } else if (model_type == "kimi_linear") {  // KimiLinearConfig
     f.router = RouterScoring::sigmoid;
     f.default_norm_topk_prob = true;
     f.default_first_k_dense_replace = 1;
+    f.default_routed_scaling_factor = 2.446;
   } else {
     TRILLION_CHECK(false, "unknown model_type ", model_type);
   }

@@ -26,6 +26,14 @@ struct Family {
   bool default_norm_topk_prob = false;
   double default_partial_rotary_factor = 1.0;
   int64_t default_first_k_dense_replace = 0;
+  // transformers' Config defaults of the MoE fields, used when a config file leaves them out (a
+  // silently different model is the worst outcome), and the name its config.json stores E under.
+  const char* experts_field = "num_experts";
+  int64_t default_experts = 0, default_top_k = 0, default_expert_width = 0;
+  int64_t default_shared_expert_width = 0;  // qwen3_next's gated shared expert
+  int64_t default_shared_experts = 0;       // glm4_moe / deepseek: n_shared_experts
+  double default_aux_loss_coef = 0.0;
+  double default_routed_scaling_factor = 1.0;
 };
 
 // The conventions of a known model_type (CHECK-fails on an unknown one: config parsing rejects those).

@@ -16,20 +16,29 @@
 namespace trillion {
 namespace {
 
-// Rejects what the config can describe but the engine does not build yet, naming the file.
-void check_buildable(const ModelConfig& config) {
-  const std::string source = config.source.empty() ? "config" : config.source;
+std::string source_of(const ModelConfig& config) { return config.source.empty() ? "config" : config.source; }
+
+// Rejects layer kinds the config describes but the engine does not declare yet (MLA, linear and
+// sparse attention), naming the file: they can be neither built nor counted.
+void check_kinds_declared(const ModelConfig& config) {
+  const std::string source = source_of(config);
   if (config.model_type != "qwen3" && config.model_type != "qwen3_next" && config.model_type != "qwen3_moe" &&
       config.model_type != "glm4_moe")
     fail(source, ": model_type ", config.model_type,
          ": not built yet; expected qwen3, qwen3_moe, qwen3_next or glm4_moe");
-  if (config.rotary_dim() <= 0 || config.rotary_dim() % 2 != 0)
-    fail(source, ": field \"partial_rotary_factor\": gives rotary dimension ", config.rotary_dim(), " of head_dim ",
-         config.head_dim, ": not built; expected partial_rotary_factor · head_dim to be a positive even number");
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
     if (config.layer_types[i] != LayerType::full_attention)
       fail(source, ": layer_types[", i, "] = ", layer_type_name(config.layer_types[i]), ": not built yet");
   }
+}
+
+// Rejects what the config can describe but the engine does not build yet.
+void check_buildable(const ModelConfig& config) {
+  check_kinds_declared(config);
+  if (config.rotary_dim() <= 0 || config.rotary_dim() % 2 != 0)
+    fail(source_of(config), ": field \"partial_rotary_factor\": gives rotary dimension ", config.rotary_dim(),
+         " of head_dim ", config.head_dim,
+         ": not built; expected partial_rotary_factor · head_dim to be a positive even number");
   TRILLION_CHECK(static_cast<int64_t>(config.layer_types.size()) == config.num_hidden_layers &&
                      static_cast<int64_t>(config.mlp_layer_types.size()) == config.num_hidden_layers,
                  "layer_types / mlp_layer_types do not have ", config.num_hidden_layers, " entries");
@@ -81,6 +90,7 @@ void call(const std::function<void(int)>& hook, int unit) {
 }  // namespace
 
 ParamCounts count_parameters(const ModelConfig& config) {
+  check_kinds_declared(config);
   const ParamTable table = build_param_table(config, layer_dims_of(config));
   ParamCounts counts;
   counts.dense = table.num_elements(ParamGroup::dense);

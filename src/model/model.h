@@ -22,8 +22,8 @@
 
 namespace trillion {
 
-// Parameter counts of a config, from its parameter table alone (no weights are allocated, and
-// kinds that are not built yet are counted as declared). total = trainable parameters (what
+// Parameter counts of a config, from its parameter table alone (no weights are allocated); a
+// layer kind not declared yet (MLA, linear or sparse attention) is an error, not a guess. total = trainable parameters (what
 // transformers' num_parameters() counts: buffers excluded); active = the parameters one token
 // uses: dense ones and k / E of the routed experts.
 struct ParamCounts {

@@ -126,7 +126,7 @@ TrainerState TrainerState::load(const std::string& path) {
   s.beta2 = number_field(optimizer, "beta2", optimizer_path);
   s.eps = number_field(optimizer, "eps", optimizer_path);
   s.clip = number_field(optimizer, "clip", optimizer_path);
-  s.moe_bias_rate = number_field(json, "moe_bias_rate", path);
+  s.moe_bias_rate = json.contains("moe_bias_rate") ? number_field(json, "moe_bias_rate", path) : 0.0;  // older states
   if (!(s.moe_bias_rate >= 0.0)) fail(path, ": field 'moe_bias_rate' must be >= 0, got ", s.moe_bias_rate);
   if (state.sampler_position < 0) {
     fail(path, ": field 'sampler_position' must be >= 0, got ", state.sampler_position);

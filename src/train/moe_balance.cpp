@@ -45,10 +45,15 @@ void StepStats::write_metrics(nlohmann::json& record) const {
   for (const MoeLayerStats& s : layers_) {
     worst = std::max(worst, s.max_over_mean());
     dropped += s.dropped;
-    layers.push_back({{"layer", s.layer},
-                      {"tokens_per_expert", s.tokens_per_expert},
-                      {"max_over_mean", s.max_over_mean()},
-                      {"dropped", s.dropped}});
+    nlohmann::json layer = {{"layer", s.layer},
+                            {"tokens_per_expert", s.tokens_per_expert},
+                            {"max_over_mean", s.max_over_mean()},
+                            {"dropped", s.dropped}};
+    for (const LossTerm& term : aux_) {  // the per-layer values of the terms formed per layer
+      if (term.name == "router_z_loss") layer["router_z_loss"] = s.z_loss / double(micro_batches_);
+      if (term.name == "aux_loss" && s.sequence_aux != 0.0) layer["aux_loss"] = s.sequence_aux / double(micro_batches_);
+    }
+    layers.push_back(layer);
   }
   record["expert_load_max_over_mean"] = worst;
   record["dropped_tokens"] = dropped;

@@ -6,21 +6,16 @@
 #include "io/safetensors.h"
 
 namespace trillion {
-namespace {
-
-bool trainable(const ParamSpec& spec) { return spec.group != ParamGroup::buffer; }
-
-}  // namespace
-
+// Moments for the trainable groups only: they are the prefix [0, trainable_size()) of the layout.
 template <class T>
 Optimizer<T>::Optimizer(const ParamTable& table)
-    : table_(table), exp_avg_(table.total_size()), exp_avg_sq_(table.total_size()) {}
+    : table_(table), exp_avg_(table.trainable_size()), exp_avg_sq_(table.trainable_size()) {}
 
 template <class T>
 double Optimizer<T>::global_grad_norm(const T* grads) const {
   double total = 0.0;
   for (const ParamSpec& spec : table_.entries()) {
-    if (trainable(spec)) total += sum_of_squares(grads + spec.offset, spec.numel());
+    if (spec.trainable()) total += sum_of_squares(grads + spec.offset, spec.numel());
   }
   return std::sqrt(total);
 }
@@ -28,14 +23,14 @@ double Optimizer<T>::global_grad_norm(const T* grads) const {
 template <class T>
 void Optimizer<T>::scale_grads(T* grads, double factor) const {
   for (const ParamSpec& spec : table_.entries()) {
-    if (trainable(spec)) scale_in_place(grads + spec.offset, spec.numel(), factor);
+    if (spec.trainable()) scale_in_place(grads + spec.offset, spec.numel(), factor);
   }
 }
 
 template <class T>
 void Optimizer<T>::step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper) {
   for (const ParamSpec& spec : table_.entries()) {
-    if (!trainable(spec)) continue;
+    if (!spec.trainable()) continue;
     const int64_t at = spec.offset;
     adamw_step(params + at, exp_avg_.data() + at, exp_avg_sq_.data() + at, grads + at, spec.numel(), step, hyper,
                spec.weight_decay);
@@ -46,7 +41,7 @@ template <class T>
 void Optimizer<T>::save(const std::string& path) const {
   SafetensorsWriter writer;
   for (const ParamSpec& spec : table_.entries()) {
-    if (!trainable(spec)) continue;
+    if (!spec.trainable()) continue;
     writer.add(spec.name + ".exp_avg", dtype_of<T>(), spec.shape, exp_avg_.data() + spec.offset);
     writer.add(spec.name + ".exp_avg_sq", dtype_of<T>(), spec.shape, exp_avg_sq_.data() + spec.offset);
   }
@@ -58,7 +53,7 @@ template <class T>
 void Optimizer<T>::load(const std::string& path) {
   const SafetensorsReader reader(path);
   for (const ParamSpec& spec : table_.entries()) {
-    if (!trainable(spec)) continue;
+    if (!spec.trainable()) continue;
     reader.read(spec.name + ".exp_avg", spec.shape, exp_avg_.data() + spec.offset);
     reader.read(spec.name + ".exp_avg_sq", spec.shape, exp_avg_sq_.data() + spec.offset);
   }

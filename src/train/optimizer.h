@@ -30,13 +30,13 @@ class Optimizer {
   // Restores the moments; every tensor must be present with its parameter's shape.
   void load(const std::string& path);
 
-  const T* exp_avg() const { return exp_avg_.data(); }     // [table.total_size()]
-  const T* exp_avg_sq() const { return exp_avg_sq_.data(); }  // [table.total_size()]
+  const T* exp_avg() const { return exp_avg_.data(); }     // [table.trainable_size()]
+  const T* exp_avg_sq() const { return exp_avg_sq_.data(); }  // [table.trainable_size()]
 
  private:
   const ParamTable& table_;
-  Buffer<T> exp_avg_;     // [table.total_size()]
-  Buffer<T> exp_avg_sq_;  // [table.total_size()]
+  Buffer<T> exp_avg_;     // [table.trainable_size()]
+  Buffer<T> exp_avg_sq_;  // [table.trainable_size()]
 };
 
 }  // namespace trillion

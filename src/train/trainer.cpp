@@ -138,6 +138,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   const int64_t tokens_per_step = rows * s.seq_len;
   const double flops_per_token = model.training_flops_per_token(s.seq_len);
   double gemm_rate = std::is_same_v<T, float> ? measure_sgemm_rate(o.mfu_gemm_size) : 0.0;
+  bool ceiling_remeasured = false;
   // Hooks after each optimizer step, with the step's routing statistics.
   std::vector<std::function<void(const StepStats&)>> after_step;
   if (s.moe_bias_rate > 0.0) {
@@ -216,12 +217,13 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     ProgressLine progress{step, s.steps, loss, hyper.lr, grad_norm, tokens_per_s};
     if (flops_per_token > 0 && gemm_rate > 0) {
       progress.mfu = flops_per_token * tokens_per_s / gemm_rate;
-      if (progress.mfu > 1.0) {  // the start-up measurement ran on a busy machine: measure again, keep the larger
+      if (progress.mfu > 1.0 && !ceiling_remeasured) {  // start-up ran on a busy machine: measure once more
         gemm_rate = std::max(gemm_rate, measure_sgemm_rate(o.mfu_gemm_size));
+        ceiling_remeasured = true;
         progress.mfu = flops_per_token * tokens_per_s / gemm_rate;
-        progress.mfu_ceiling_stale = progress.mfu > 1.0;
-        if (progress.mfu_ceiling_stale) record["mfu_ceiling_stale"] = true;
       }
+      progress.mfu_ceiling_stale = progress.mfu > 1.0;
+      if (progress.mfu_ceiling_stale) record["mfu_ceiling_stale"] = true;
       record["mfu"] = progress.mfu;
     }
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {

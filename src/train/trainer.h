@@ -13,9 +13,9 @@
 // tokens/s, the active FLOPs for MoE) as a fraction of the ceiling `trillion bench gemm` reports,
 // the float32 sgemm rate of a 2048³ product at the process's thread count (SgemmProblem, median of
 // 5 runs after a warm-up; --mfu-gemm-size changes the size, e.g. for quick tests), timed at start-up.
-// A start-up on a busy machine under-measures the ceiling, so a step whose MFU comes out above 1
-// measures it again and keeps the larger rate; an MFU still above 1 is printed "(ceiling stale)"
-// and the step's metrics get "mfu_ceiling_stale": true. float64 runs have no such ceiling and
+// A start-up on a busy machine under-measures the ceiling, so the first step whose MFU comes out
+// above 1 measures it once more and keeps the larger rate; any MFU still above 1 is printed
+// "(ceiling stale)" and that step's metrics get "mfu_ceiling_stale": true. float64 runs have no such ceiling and
 // write no `mfu`.
 #pragma once
 

@@ -290,6 +290,43 @@ TEST(ModelConfig, MoePlacementRulesAliasesAndUnreadFields) {
                                 "\"sparse\"");
 }
 
+// Fields a config leaves out take transformers' Config defaults of the family (not 0: that would
+// be a silently different model); what the engine writes uses the family's own field names, so it
+// reads back (and loads in transformers) as the same model.
+TEST(ModelConfig, MoeFamilyDefaultsAndFamilyFieldNamesOnWrite) {
+  nlohmann::json json = base_config();
+  json["model_type"] = "qwen3_moe";
+  ModelConfig config = ModelConfig::from_json(json, kSource);
+  EXPECT_EQ(config.num_experts, 128);
+  EXPECT_EQ(config.num_experts_per_tok, 8);
+  EXPECT_EQ(config.moe_intermediate_size, 768);
+  EXPECT_EQ(config.router_aux_loss_coef, 0.001);
+  nlohmann::json written = config.to_json();
+  EXPECT_EQ(written.at("num_local_experts"), 128);
+  EXPECT_EQ(written.at("mlp_only_layers"), nlohmann::json::array());
+  EXPECT_FALSE(written.contains("num_experts"));
+  EXPECT_EQ(ModelConfig::from_json(written, "round trip").to_json(), written);
+
+  json = base_config();
+  json["model_type"] = "glm4_moe";
+  config = ModelConfig::from_json(json, kSource);
+  EXPECT_EQ(config.num_experts, 128);
+  EXPECT_EQ(config.n_shared_experts, 1);
+  EXPECT_EQ(config.mlp_layer_types[0], FfnType::dense);
+  written = config.to_json();
+  EXPECT_EQ(written.at("n_routed_experts"), 128);
+  EXPECT_EQ(written.at("first_k_dense_replace"), 1);
+  EXPECT_EQ(ModelConfig::from_json(written, "round trip").to_json(), written);
+
+  // transformers' Qwen aux loss takes P as probabilities: not a sigmoid router's scores.
+  json["output_router_logits"] = true;
+  json["router_aux_loss_coef"] = 0.01;
+  EXPECT_EQ(config_error(json), "configs/x.json: field \"router_aux_loss_type\": \"pooled\" with a sigmoid router "
+                                "(glm4_moe): not built; expected \"sequence\" (or router_aux_loss_coef 0)");
+  json["router_aux_loss_type"] = "sequence";
+  EXPECT_EQ(ModelConfig::from_json(json, kSource).router_aux_loss_type, AuxLossType::sequence);
+}
+
 TEST(ModelConfig, UnknownModelType) {
   nlohmann::json json = base_config();
   json["model_type"] = "llama";

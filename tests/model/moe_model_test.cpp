@@ -60,7 +60,6 @@ TEST(MoeModel, GradientCheckGlm4SigmoidGroupsSharedExpertAttentionBias) {
 // The other balance losses, the z-loss and dropping by capacity, each with its gradient checked.
 TEST(MoeModel, GradientCheckBalanceVariantsAndCapacity) {
   const nlohmann::json variants[] = {
-      {{"output_router_logits", true}, {"router_aux_loss_coef", 0.05}, {"router_aux_loss_type", "per_layer"}},
       {{"output_router_logits", true}, {"router_aux_loss_coef", 0.05}, {"router_aux_loss_type", "sequence"},
        {"router_z_loss_coef", 0.01}},
       {{"moe_capacity_factor", 0.5}},
@@ -72,6 +71,7 @@ TEST(MoeModel, GradientCheckBalanceVariantsAndCapacity) {
   expect_gradients_match(testing::tiny_config_with({{"router_aux_loss_type", "per_layer"}, {"router_z_loss_coef", 0.01},
                                                     {"moe_capacity_factor", 0.75}},
                                                    "tiny_qwen3_moe.json"));
+  expect_gradients_match(testing::tiny_config_with({{"router_aux_loss_type", "sequence"}}, "tiny_qwen3_moe.json"));
 }
 
 // The step reports each MoE layer's routing and the aux term with transformers' pooled formula.
@@ -220,7 +220,6 @@ TEST(MoeModel, AuxLossFreeBiasBalancesASkewedRouter) {
     return summary;
   };
   const MoeLayerStats start = window_load(0, 13, /*update=*/false);
-  EXPECT_GE(*std::min_element(start.tokens_per_expert.begin(), start.tokens_per_expert.end()), 0);
   EXPECT_GE(start.max_over_mean(), 3.0) << "the start is not skewed enough to test balancing";
   window_load(0, 600, /*update=*/true);
   const MoeLayerStats end = window_load(600, 26, /*update=*/true);  // 26 · 64 · 2 / 8 = 416 per expert
