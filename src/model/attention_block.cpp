@@ -76,10 +76,12 @@ void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, 
 }  // namespace
 
 template <class T>
-void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int64_t seq,
-                             const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims,
-                             ActivationStore* store, int layer, Arena& scratch) {
+void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, const LayerPass& pass,
+                   int layer, Arena& scratch) {
   using Tag = ActivationTag;
+  const int32_t* positions = pass.positions;
+  const int64_t batch = pass.batch, seq = pass.seq;
+  ActivationStore* store = pass.store;
   const int64_t n = batch * seq, D = dims.hidden, qw = dims.q_width(), kvw = dims.kv_width();
   // Saved for the backward, or (store == nullptr: forward only) temporaries of this sublayer.
   const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
@@ -114,11 +116,12 @@ void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int6
 }
 
 template <class T>
-void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, int64_t seq,
-                              const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& grads,
-                              const AttentionBlockDims& dims, const ActivationStore& store, int layer,
-                              Arena& scratch) {
+void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& grads,
+                    const AttentionBlockDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
+                    Arena& scratch) {
   using Tag = ActivationTag;
+  const int32_t* positions = pass.positions;
+  const int64_t batch = pass.batch, seq = pass.seq;
   const int64_t n = batch * seq, D = dims.hidden, d = dims.head_dim, qw = dims.q_width(), kvw = dims.kv_width();
   const T* input = store.get<T>(Tag::attn_input, layer, n * D);
   const T* rstd = store.get<T>(Tag::attn_norm_rstd, layer, n);
@@ -186,8 +189,8 @@ void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, in
 }
 
 template <class T>
-void attention_block_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const AttentionBlockWeights<T>& w,
-                            const AttentionBlockDims& dims, Arena& scratch) {
+void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const AttentionBlockWeights<T>& w,
+                  const AttentionBlockDims& dims, Arena& scratch) {
   const int64_t D = dims.hidden, qw = dims.q_width(), kvw = dims.kv_width();
   T* k_cache = cache;                    // [max_len, Hkv, d]
   T* v_cache = cache + max_len * kvw;    // [max_len, Hkv, d]
@@ -220,14 +223,14 @@ void attention_block_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* c
   linear(x, o_in, w.o_proj, n, qw, D, /*accumulate=*/true);  // residual: x[n, D] += o_in · o_projᵀ
 }
 
-#define TRILLION_INSTANTIATE(T)                                                                               \
-  template void attention_block_forward<T>(T*, const int32_t*, int64_t, int64_t, const AttentionBlockWeights<T>&, \
-                                           const AttentionBlockDims&, ActivationStore*, int, Arena&);          \
-  template void attention_block_backward<T>(T*, const int32_t*, int64_t, int64_t, const AttentionBlockWeights<T>&, \
-                                            const AttentionBlockWeights<T>&, const AttentionBlockDims&,         \
-                                            const ActivationStore&, int, Arena&);                               \
-  template void attention_block_decode<T>(T*, int64_t, int64_t, int64_t, T*, const AttentionBlockWeights<T>&,   \
-                                          const AttentionBlockDims&, Arena&);
+#define TRILLION_INSTANTIATE(T)                                                                                \
+  template void mixer_forward<T>(T*, const AttentionBlockWeights<T>&, const AttentionBlockDims&, const LayerPass&, \
+                                 int, Arena&);                                                                   \
+  template void mixer_backward<T>(T*, const AttentionBlockWeights<T>&, const AttentionBlockWeights<T>&,          \
+                                  const AttentionBlockDims&, const LayerPass&, const ActivationStore&, int,      \
+                                  Arena&);                                                                       \
+  template void mixer_decode<T>(T*, int64_t, int64_t, int64_t, T*, const AttentionBlockWeights<T>&,              \
+                                const AttentionBlockDims&, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)
 #undef TRILLION_INSTANTIATE

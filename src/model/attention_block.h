@@ -18,6 +18,7 @@
 #include "model/config.h"
 #include "model/linear.h"
 #include "model/param_rows.h"
+#include "model/step.h"
 
 namespace trillion {
 
@@ -58,7 +59,7 @@ struct AttentionBlockWeights {
 };
 
 // The mixer's tensors, declared once (model/param_rows.h): names below "model.layers.{l}.".
-// Decode cache: keys and values, 2 · max_len · Hkv · d elements (attention_cache_elements).
+// Decode cache: keys and values, 2 · max_len · Hkv · d elements (cache_elements).
 template <class T, class Visit>
 void visit_params(AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, Visit&& visit) {
   const int64_t D = dims.hidden;
@@ -77,41 +78,40 @@ void visit_params(AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, V
 }
 
 // Elements of one layer's decode cache for max_len positions (keys, then values).
-inline int64_t attention_cache_elements(const AttentionBlockDims& dims, int64_t max_len) {
+inline int64_t cache_elements(const AttentionBlockDims& dims, int64_t max_len) {
   return 2 * max_len * dims.kv_width();
 }
 
 // Training FLOPs per token (forward + backward): 6 · projection parameters, plus causal QKᵀ and PV
 // over seq / 2 keys on average (2 FLOPs per multiply-add each; backward twice the forward).
-inline double attention_flops_per_token(const AttentionBlockDims& dims, int64_t seq) {
+inline double flops_per_token(const AttentionBlockDims& dims, int64_t seq) {
   const double D = double(dims.hidden);
   const double projections = D * double(dims.q_proj_out() + 2 * dims.kv_width()) + double(dims.q_width()) * D;
   return 6.0 * projections + 3.0 * 4.0 * (double(seq) / 2.0) * double(dims.q_heads) * double(dims.head_dim);
 }
 
-// x[batch·seq, D] += attention sublayer(x); positions[batch·seq] are 0..seq−1 per sequence.
-// Saves what the backward needs in `store` under `layer`; store == nullptr (forward only, e.g.
+// The mixer interface every mixer kind implements (model/decoder_layer.h dispatches on it).
+// x[batch·seq, D] += attention sublayer(x); pass.positions[batch·seq] are 0..seq−1 per sequence.
+// Saves what the backward needs in pass.store under `layer`; a null store (forward only, e.g.
 // evaluation) keeps everything in `scratch` instead. Temporaries come from `scratch` (the caller
 // resets it between sublayers).
 template <class T>
-void attention_block_forward(T* x, const int32_t* positions, int64_t batch, int64_t seq,
-                             const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims,
-                             ActivationStore* store, int layer, Arena& scratch);
+void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, const LayerPass& pass,
+                   int layer, Arena& scratch);
 
 // dx[batch·seq, D]: gradient wrt the sublayer's output on entry; the sublayer's input gradient is
 // added (+=), so on return it is the gradient wrt x. grads += parameter gradients.
 template <class T>
-void attention_block_backward(T* dx, const int32_t* positions, int64_t batch, int64_t seq,
-                              const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& grads,
-                              const AttentionBlockDims& dims, const ActivationStore& store, int layer,
-                              Arena& scratch);
+void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& grads,
+                    const AttentionBlockDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
+                    Arena& scratch);
 
 // Decoding (batch 1): x[n, D] += sublayer(x) for n new tokens at positions past..past+n−1; their
 // keys and values are written to rows past.. of k_cache / v_cache [max_len, Hkv, d] and attention
 // runs with q_len = n, kv_len = past + n (bottom-right causal). The cache is keys [max_len, Hkv, d]
 // then values [max_len, Hkv, d].
 template <class T>
-void attention_block_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const AttentionBlockWeights<T>& w,
-                            const AttentionBlockDims& dims, Arena& scratch);
+void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const AttentionBlockWeights<T>& w,
+                  const AttentionBlockDims& dims, Arena& scratch);
 
 }  // namespace trillion

@@ -28,18 +28,12 @@ DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int la
 }
 
 double DecoderLayerDims::flops_per_token(int64_t seq) const {
-  const double mixer_flops = attention_flops_per_token(std::get<AttentionBlockDims>(mixer), seq);
-  const double ffn_flops = std::visit(
-      [](const auto& d) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(d)>, MoeDims>) return moe_flops_per_token(d);
-        else return mlp_flops_per_token(d);
-      },
-      ffn);
-  return mixer_flops + ffn_flops;
+  const auto of_kind = [&](const auto& d) { return trillion::flops_per_token(d, seq); };
+  return std::visit(of_kind, mixer) + std::visit(of_kind, ffn);
 }
 
 int64_t DecoderLayerDims::decode_cache_elements(int64_t max_len) const {
-  return attention_cache_elements(std::get<AttentionBlockDims>(mixer), max_len);
+  return std::visit([&](const auto& d) { return cache_elements(d, max_len); }, mixer);
 }
 
 std::string decoder_layer_prefix(int layer) { return "model.layers." + std::to_string(layer) + "."; }
@@ -89,46 +83,6 @@ DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, bool
   return w;
 }
 
-namespace {
-
-// Each kind's forward / backward behind one name, so the layer dispatches with std::visit.
-template <class T>
-void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlockDims& d, const LayerPass& pass,
-                   int layer, Arena& scratch) {
-  attention_block_forward(x, pass.positions, pass.batch, pass.seq, w, d, pass.store, layer, scratch);
-}
-template <class T>
-void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& g,
-                    const AttentionBlockDims& d, const LayerPass& pass, const ActivationStore& store, int layer,
-                    Arena& scratch) {
-  attention_block_backward(dx, pass.positions, pass.batch, pass.seq, w, g, d, store, layer, scratch);
-}
-
-template <class T>
-void ffn_forward(T* y, const T* h, const MlpWeights<T>& w, const MlpDims& d, const LayerPass& pass, int layer,
-                 Arena& scratch) {
-  mlp_forward(y, h, pass.batch * pass.seq, w, d, /*accumulate=*/true, pass.store, layer, scratch);
-}
-template <class T>
-void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& d, const LayerPass& pass, int layer,
-                 Arena& scratch) {
-  DecisionLog local;  // decoding: decisions are not kept
-  DecisionLog& decisions = pass.decisions != nullptr ? *pass.decisions : local;
-  moe_forward(y, h, pass.batch, pass.seq, w, d, pass.store, layer, scratch, decisions, pass.result);
-}
-template <class T>
-void ffn_backward(T* dh, const T* dy, const T* h, const MlpWeights<T>& w, const MlpWeights<T>& g, const MlpDims& d,
-                  const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
-  mlp_backward(dh, dy, h, pass.batch * pass.seq, w, g, d, store, layer, scratch);
-}
-template <class T>
-void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const MoeWeights<T>& g, const MoeDims& d,
-                  const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
-  TRILLION_CHECK(pass.balance != nullptr, "MoE backward of layer ", layer, " without its balance gradient");
-  moe_backward(dh, dy, h, pass.batch, pass.seq, w, g, d, *pass.balance, store, layer, scratch);
-}
-
-}  // namespace
 
 template <class T>
 void decoder_layer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
@@ -180,8 +134,9 @@ template <class T>
 void decoder_layer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const DecoderLayerWeights<T>& w,
                           const DecoderLayerDims& dims, Arena& scratch) {
   scratch.reset();
-  attention_block_decode(x, n, past, max_len, cache, std::get<AttentionBlockWeights<T>>(w.mixer),
-                         std::get<AttentionBlockDims>(dims.mixer), scratch);
+  with_kind<T>(
+      dims.mixer, [&](const auto& d, const auto& kind) { mixer_decode(x, n, past, max_len, cache, kind, d, scratch); },
+      w.mixer);
   scratch.reset();
   const int64_t D = dims.hidden;
   T* rstd = scratch.alloc<T>(n);   // [n]

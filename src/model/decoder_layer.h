@@ -4,10 +4,15 @@
 //   x ← x + Mixer(x)                     mixer kinds: full attention (its input norm inside)
 //   x ← x + FFN(RMSNorm(x))              FFN kinds: dense SwiGLU MLP, mixture of experts
 //
-// A kind is its dims struct (from the config), its weights struct of pointers, and free functions
-// of one shape: visit_params (its tensors, declared once: model/param_rows.h), forward, backward,
-// decode and FLOPs. Adding a kind means writing its files and adding it to the variant below (the
-// one registration line) and to the dispatch in decoder_layer.cpp.
+// A kind is its dims struct (from the config, naming its weights struct as Dims::Weights<T>), its
+// weights struct of pointers, and free functions of one shape, found by overloading:
+//   visit_params(weights, dims, visit)           its tensors, declared once (model/param_rows.h)
+//   flops_per_token(dims, seq)                   training FLOPs per token
+//   mixers: mixer_forward / mixer_backward / mixer_decode, cache_elements(dims, max_len)
+//   FFNs:   ffn_forward / ffn_backward
+// Adding a kind means writing its files, adding it to the variant below (the registration line),
+// choosing it in DecoderLayerDims::from_config (the family's rule) and listing the tensors it saves
+// in the ActivationTag enum (memory/activation_store.h).
 // `scratch` holds temporaries and is reset at the start of each sublayer.
 #pragma once
 
@@ -30,6 +35,14 @@ namespace trillion {
 using MixerDims = std::variant<AttentionBlockDims>;
 using FfnDims = std::variant<MlpDims, MoeDims>;
 
+// The weights variant of a dims variant: Kind::Weights<T> of each kind, in the same order.
+template <class T, class DimsVariant>
+struct KindWeights;
+template <class T, class... Kinds>
+struct KindWeights<T, std::variant<Kinds...>> {
+  using type = std::variant<typename Kinds::template Weights<T>...>;
+};
+
 struct DecoderLayerDims {
   MixerDims mixer;
   NormSpec ffn_norm;  // post_attention_layernorm
@@ -43,9 +56,9 @@ struct DecoderLayerDims {
 
 template <class T>
 struct DecoderLayerWeights {
-  std::variant<AttentionBlockWeights<T>> mixer;
+  typename KindWeights<T, MixerDims>::type mixer;
   T* ffn_norm = nullptr;  // [D]
-  std::variant<MlpWeights<T>, MoeWeights<T>> ffn;
+  typename KindWeights<T, FfnDims>::type ffn;
 };
 
 // "model.layers.{layer}."
@@ -59,16 +72,6 @@ void add_decoder_layer_params(ParamTable& table, const DecoderLayerDims& dims, i
 template <class T>
 DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, bool gradients,
                                           const DecoderLayerDims& dims, int layer);
-
-// What the layer loops pass to every layer.
-struct LayerPass {
-  int64_t batch = 0, seq = 0;
-  const int32_t* positions = nullptr;  // [batch · seq]
-  ActivationStore* store = nullptr;    // forward: null = nothing saved (evaluation)
-  DecisionLog* decisions = nullptr;
-  StepResult* result = nullptr;        // forward: statistics and loss values
-  const MoeBalanceGrad* balance = nullptr;  // backward of MoE layers
-};
 
 // x[batch·seq, D] ← layer(x).
 template <class T>

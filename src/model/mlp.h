@@ -12,6 +12,7 @@
 #include "memory/activation_store.h"
 #include "model/linear.h"
 #include "model/param_rows.h"
+#include "model/step.h"
 
 namespace trillion {
 
@@ -46,7 +47,9 @@ void visit_params(MlpWeights<T>& w, const MlpDims& dims, Visit&& visit) {
 }
 
 // Training FLOPs per token (forward + backward): 6 · 3 · D · I.
-inline double mlp_flops_per_token(const MlpDims& dims) { return 18.0 * double(dims.hidden) * double(dims.intermediate); }
+inline double flops_per_token(const MlpDims& dims, int64_t /*seq*/) {
+  return 18.0 * double(dims.hidden) * double(dims.intermediate);
+}
 
 // y[n, D] (= or += as `accumulate` says) MLP(h[n, D]); saves under `layer` when `store` is non-null.
 template <class T>
@@ -57,5 +60,18 @@ void mlp_forward(T* y, const T* h, int64_t n, const MlpWeights<T>& w, const MlpD
 template <class T>
 void mlp_backward(T* dh, const T* dy, const T* h, int64_t n, const MlpWeights<T>& w, const MlpWeights<T>& grads,
                   const MlpDims& dims, const ActivationStore& store, int layer, Arena& scratch);
+
+// The FFN interface every FFN kind implements (model/decoder_layer.h dispatches on it):
+// y[n, D] += FFN(h[n, D]) for the pass's n = batch · seq tokens; dh[n, D] += its input gradient.
+template <class T>
+void ffn_forward(T* y, const T* h, const MlpWeights<T>& w, const MlpDims& dims, const LayerPass& pass, int layer,
+                 Arena& scratch) {
+  mlp_forward(y, h, pass.batch * pass.seq, w, dims, /*accumulate=*/true, pass.store, layer, scratch);
+}
+template <class T>
+void ffn_backward(T* dh, const T* dy, const T* h, const MlpWeights<T>& w, const MlpWeights<T>& grads,
+                  const MlpDims& dims, const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
+  mlp_backward(dh, dy, h, pass.batch * pass.seq, w, grads, dims, store, layer, scratch);
+}
 
 }  // namespace trillion

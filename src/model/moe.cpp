@@ -60,10 +60,10 @@ std::vector<HfKey> per_expert_keys(int64_t experts, const std::vector<std::strin
   return keys;
 }
 
-double moe_flops_per_token(const MoeDims& dims) {
+double flops_per_token(const MoeDims& dims, int64_t seq) {
   const double D = double(dims.hidden), I = double(dims.width);
   double flops = 6.0 * D * double(dims.experts()) + 18.0 * double(dims.top_k()) * D * I;
-  if (dims.shared.intermediate > 0) flops += mlp_flops_per_token(dims.shared) + (dims.shared_gated ? 6.0 * D : 0.0);
+  if (dims.shared.intermediate > 0) flops += flops_per_token(dims.shared, seq) + (dims.shared_gated ? 6.0 * D : 0.0);
   return flops;
 }
 
@@ -81,9 +81,14 @@ void add_gated(T* y, const T* out, const T* logit, int64_t n, int64_t D) {
 }  // namespace
 
 template <class T>
-void moe_forward(T* y, const T* h, int64_t batch, int64_t seq, const MoeWeights<T>& w, const MoeDims& dims,
-                 ActivationStore* store, int layer, Arena& scratch, DecisionLog& decisions, StepResult* result) {
+void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, const LayerPass& pass, int layer,
+                 Arena& scratch) {
   using Tag = ActivationTag;
+  const int64_t batch = pass.batch, seq = pass.seq;
+  ActivationStore* store = pass.store;
+  StepResult* result = pass.result;
+  DecisionLog not_kept;  // decoding: the decision is taken and dropped
+  DecisionLog& decisions = pass.decisions != nullptr ? *pass.decisions : not_kept;
   const int64_t n = batch * seq, D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
   const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
   T* logits = buffer(Tag::router_logits, n * E);  // [n, E]
@@ -133,10 +138,12 @@ void moe_forward(T* y, const T* h, int64_t batch, int64_t seq, const MoeWeights<
 }
 
 template <class T>
-void moe_backward(T* dh, const T* dy, const T* h, int64_t batch, int64_t seq, const MoeWeights<T>& w,
-                  const MoeWeights<T>& grads, const MoeDims& dims, const MoeBalanceGrad& balance,
-                  const ActivationStore& store, int layer, Arena& scratch) {
+void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const MoeWeights<T>& grads,
+                  const MoeDims& dims, const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
   using Tag = ActivationTag;
+  TRILLION_CHECK(pass.balance != nullptr, "MoE backward of layer ", layer, " without its balance gradient");
+  const MoeBalanceGrad& balance = *pass.balance;
+  const int64_t batch = pass.batch, seq = pass.seq;
   const int64_t n = batch * seq, D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
   const T* logits = store.get<T>(Tag::router_logits, layer, n * E);
   const T* scores = store.get<T>(Tag::router_scores, layer, n * E);
@@ -189,11 +196,9 @@ void moe_backward(T* dh, const T* dy, const T* h, int64_t batch, int64_t seq, co
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                 \
-  template void moe_forward<T>(T*, const T*, int64_t, int64_t, const MoeWeights<T>&, const MoeDims&,            \
-                               ActivationStore*, int, Arena&, DecisionLog&, StepResult*);                       \
-  template void moe_backward<T>(T*, const T*, const T*, int64_t, int64_t, const MoeWeights<T>&,                 \
-                                const MoeWeights<T>&, const MoeDims&, const MoeBalanceGrad&,                   \
-                                const ActivationStore&, int, Arena&);
+  template void ffn_forward<T>(T*, const T*, const MoeWeights<T>&, const MoeDims&, const LayerPass&, int, Arena&); \
+  template void ffn_backward<T>(T*, const T*, const T*, const MoeWeights<T>&, const MoeWeights<T>&,             \
+                                const MoeDims&, const LayerPass&, const ActivationStore&, int, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)
 #undef TRILLION_INSTANTIATE

@@ -94,27 +94,19 @@ void visit_params(MoeWeights<T>& w, const MoeDims& dims, Visit&& visit) {
 }
 
 // Training FLOPs per token of the active parameters (forward + backward): router, k experts, shared.
-double moe_flops_per_token(const MoeDims& dims);
+double flops_per_token(const MoeDims& dims, int64_t seq);
 
-// y[n, D] += MoE(h[n, D]) for n = batch · seq tokens; the routing decision goes through
-// `decisions`, the layer's statistics (and per-layer loss values) into `result`.
+// The FFN interface (model/mlp.h). y[n, D] += MoE(h[n, D]) for n = batch · seq tokens; the
+// routing decision goes through pass.decisions (null: taken and not kept, as in decoding), the
+// layer's statistics and per-layer loss values into pass.result (when non-null).
 template <class T>
-void moe_forward(T* y, const T* h, int64_t batch, int64_t seq, const MoeWeights<T>& w, const MoeDims& dims,
-                 ActivationStore* store, int layer, Arena& scratch, DecisionLog& decisions, StepResult* result);
+void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, const LayerPass& pass, int layer,
+                 Arena& scratch);
 
-// The gradient of the balance losses w.r.t. one layer's router scores that the model hands to the
-// layer's backward: for pooled / per_layer, one constant per expert (already times coef and the
-// aux scale); for sequence, the scale to pass to the sequence-wise loss.
-struct MoeBalanceGrad {
-  std::vector<double> per_expert;  // [E], or empty
-  double sequence_scale = 0.0;
-  double z_scale = 0.0;            // z_coef · aux scale
-};
-
-// dh[n, D] += gradient wrt h from dy[n, D] (the gradient wrt the sublayer output).
+// dh[n, D] += gradient wrt h from dy[n, D] (the gradient wrt the sublayer output); the balance
+// losses' gradient comes from pass.balance (required).
 template <class T>
-void moe_backward(T* dh, const T* dy, const T* h, int64_t batch, int64_t seq, const MoeWeights<T>& w,
-                  const MoeWeights<T>& grads, const MoeDims& dims, const MoeBalanceGrad& balance,
-                  const ActivationStore& store, int layer, Arena& scratch);
+void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const MoeWeights<T>& grads,
+                  const MoeDims& dims, const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch);
 
 }  // namespace trillion

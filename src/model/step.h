@@ -5,7 +5,8 @@
 //                recorded once and replayed by gradcheck's perturbed passes and by recomputation,
 //                so finite differences never flip a decision and recompute never re-routes;
 //   UnitHooks    called before and after each FSDP unit's forward and backward (identity on one
-//                rank; FSDP's gather/free plug in here).
+//                rank; FSDP's gather/free plug in here);
+//   LayerPass    what the layer loops hand every layer kind in forward and backward.
 #pragma once
 
 #include <cstdint>
@@ -73,6 +74,26 @@ class DecisionLog {
 
 struct UnitHooks {
   std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
+};
+
+class ActivationStore;
+
+// The gradient of the balance losses w.r.t. one MoE layer's router scores, handed to its backward:
+// for pooled / per_layer, one constant per expert (already times coef and the aux scale); for
+// sequence, the scale to pass to the sequence-wise loss; the z-loss scale.
+struct MoeBalanceGrad {
+  std::vector<double> per_expert;  // [E], or empty
+  double sequence_scale = 0.0;
+  double z_scale = 0.0;            // z_coef · aux scale
+};
+
+struct LayerPass {
+  int64_t batch = 0, seq = 0;
+  const int32_t* positions = nullptr;       // [batch · seq]
+  ActivationStore* store = nullptr;         // forward: null = nothing saved (evaluation, decoding)
+  DecisionLog* decisions = nullptr;         // forward: null = decisions not kept (decoding)
+  StepResult* result = nullptr;             // forward: statistics and loss values, or null
+  const MoeBalanceGrad* balance = nullptr;  // backward of MoE layers
 };
 
 }  // namespace trillion
