@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -175,6 +176,10 @@ bool uses(const std::vector<LayerType>& layer_types, LayerType type) {
 void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c) {
   c.rope_theta = fields.positive_number("rope_theta", c.rope_theta);
   c.partial_rotary_factor = fields.positive_number("partial_rotary_factor", family.default_partial_rotary_factor);
+  // Where each value came from: the first source that gave it; every later one must agree.
+  std::map<std::string, std::string> given_by;
+  for (const char* key : {"rope_theta", "partial_rotary_factor"})
+    if (fields.has(key)) given_by[key] = key;
   for (const char* name : {"rope_scaling", "rope_parameters"}) {
     if (!fields.has(name)) continue;
     const nlohmann::json& params = fields.at(name);
@@ -188,9 +193,10 @@ void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c)
                                    std::pair{"partial_rotary_factor", &c.partial_rotary_factor}}) {
       if (!sub.has(key)) continue;
       const double value = sub.positive_number(key, *top);
-      if (fields.has(key) && value != *top)
-        fields.fail_field(key, str_cat("got ", *top, " but ", name, ".", key, " = ", value,
-                                       "; expected one value (or only one of them)"));
+      if (given_by.count(key) != 0 && value != *top)
+        fields.fail_field(given_by[key], str_cat("got ", *top, " but ", name, ".", key, " = ", value,
+                                                 "; expected one value (or only one of them)"));
+      if (given_by.count(key) == 0) given_by[key] = str_cat(name, ".", key);
       *top = value;
     }
     for (const std::string& key : sub.unread())
@@ -300,7 +306,7 @@ void reject_unbuilt(const FieldReader& fields) {
   if (act != "silu") fields.fail_field("hidden_act", str_cat("\"", act, "\": not built yet; expected \"silu\""));
   if (fields.boolean("use_sliding_window", false))
     fields.fail_field("use_sliding_window", "true: not built yet; expected false");
-  fields.has("sliding_window"), fields.has("max_window_layers");  // settings of the sliding window (off)
+  for (const char* off : {"sliding_window", "max_window_layers"}) fields.has(off);  // the window's settings: unused while off
   if (fields.boolean("mlp_bias", false)) fields.fail_field("mlp_bias", "true: not built yet; expected false");
   const double dropout = fields.number("attention_dropout", 0.0);
   if (dropout != 0.0) fields.fail_field("attention_dropout", str_cat("got ", dropout, ": not built yet; expected 0"));

@@ -103,8 +103,10 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   T* weight = buffer(Tag::router_weight, n * k);  // [n, k]
   router_weights_forward(weight, scores, index, n, dims.router);
 
+  // Capacity applies where routing is recorded (training, evaluation); decoding is dropless, so a
+  // prompt gives the same logits in one prefill as token by token.
   MoePlan plan;
-  moe_plan_build(plan, index, n, k, E, dims.capacity(n));
+  moe_plan_build(plan, index, n, k, E, pass.decisions != nullptr ? dims.capacity(n) : 0);
   const int64_t rows = plan.rows();
   T* gate_up_out = buffer(Tag::expert_gate_up, rows * 2 * I);  // [rows, 2I]
   T* act = buffer(Tag::expert_act, rows * I);                  // [rows, I]

@@ -232,6 +232,10 @@ TEST(ModelConfig, RopeParametersAsTransformers5WritesThem) {
   EXPECT_EQ(config_error(json), "configs/x.json: field \"rope_theta\": got 10000 but rope_parameters.rope_theta = "
                                 "5000; expected one value (or only one of them)");
   json.erase("rope_theta");
+  json["rope_scaling"] = {{"rope_type", "default"}, {"rope_theta", 20000.0}};  // two dicts disagreeing
+  EXPECT_EQ(config_error(json), "configs/x.json: field \"rope_scaling.rope_theta\": got 20000 but "
+                                "rope_parameters.rope_theta = 5000; expected one value (or only one of them)");
+  json.erase("rope_scaling");
   json["rope_parameters"]["factor"] = 4.0;
   EXPECT_EQ(config_error(json), "configs/x.json: field \"rope_parameters\": has \"factor\", which the default RoPE "
                                 "does not take; expected only rope_type, rope_theta, partial_rotary_factor");

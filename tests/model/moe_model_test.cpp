@@ -123,6 +123,24 @@ TEST(MoeModel, DecisionLogReplaysRouting) {
   EXPECT_NE(rerouted.moe[0].tokens_per_expert, recorded.moe[0].tokens_per_expert);
 }
 
+// Decoding is dropless: with a capacity limit the prefill of a prompt and its token-by-token
+// decoding give the same logits (capacity would otherwise depend on how many tokens come at once).
+TEST(MoeModel, DecodingIsDroplessUnderACapacityLimit) {
+  Model<double> model(testing::tiny_config_with({{"moe_capacity_factor", 0.25}}, "tiny_qwen3_moe.json"));
+  model.init_weights(6);
+  const int64_t len = 9, V = model.config().vocab_size;
+  const std::vector<int32_t> prompt = random_tokens(len, V, 4);
+  std::vector<double> prefill(V), stepwise(V);
+  model.start_generation(len);
+  model.generate_step(prompt.data(), len, prefill.data());
+  model.start_generation(len);
+  for (int64_t t = 0; t < len; ++t) model.generate_step(prompt.data() + t, 1, stepwise.data());
+  EXPECT_LE(test::relative_error(stepwise, prefill), 1e-13);
+  // Training at the same capacity does drop (the limit is in force there).
+  const StepResult result = model.forward_loss(prompt.data(), prompt.data(), 1, len);
+  EXPECT_GT(result.moe.at(0).dropped, 0);
+}
+
 TEST(MoeModel, UnitHooksRunAroundEveryUnitInOrder) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_qwen3_moe.json"));
   Model<float> model(config);
