@@ -207,6 +207,47 @@ void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c)
     fields.fail_field("partial_rotary_factor", str_cat("got ", c.partial_rotary_factor, "; expected a value in (0, 1]"));
 }
 
+// Kimi-Linear's names for its delta-attention layers (one head count and head dim for q, k and v)
+// and the checkpoint form `linear_attn_config` {full_attn_layers, kda_layers (1-indexed), head_dim,
+// num_heads, short_conv_kernel_size}, which overrides them and sets layer_types.
+// Returns the keys of linear_attn_config it did not read (listed with the config's unread fields).
+std::vector<std::string> parse_kimi_linear_attention(const FieldReader& fields, ModelConfig& c) {
+  std::vector<std::string> unread;
+  int64_t heads = fields.non_negative("linear_num_heads", 0), dim = fields.non_negative("linear_head_dim", 0);
+  c.linear_conv_kernel_dim = fields.positive("linear_conv_kernel_dim", c.linear_conv_kernel_dim);
+  if (fields.has("linear_attn_config")) {
+    const nlohmann::json& block = fields.at("linear_attn_config");
+    if (!block.is_object()) fields.fail_field("linear_attn_config", str_cat("got ", block.dump(), "; expected an object"));
+    const std::string source = str_cat(fields.source(), ": linear_attn_config");
+    const FieldReader sub(block, source);
+    heads = sub.positive("num_heads", heads);
+    dim = sub.positive("head_dim", dim);
+    c.linear_conv_kernel_dim = sub.positive("short_conv_kernel_size", c.linear_conv_kernel_dim);
+    const std::vector<int64_t> full = sub.integer_list("full_attn_layers"), kda = sub.integer_list("kda_layers");
+    if (!full.empty() || !kda.empty()) {
+      std::vector<int> seen(c.num_hidden_layers, 0);
+      for (const auto& [list, type] : {std::pair{&full, LayerType::full_attention},
+                                       std::pair{&kda, LayerType::linear_attention}}) {
+        for (int64_t one_based : *list) {
+          if (one_based < 1 || one_based > c.num_hidden_layers)
+            sub.fail_field(type == LayerType::full_attention ? "full_attn_layers" : "kda_layers",
+                           str_cat("has layer ", one_based, "; expected 1-indexed layers in [1, ", c.num_hidden_layers, "]"));
+          c.layer_types[one_based - 1] = type;
+          ++seen[one_based - 1];
+        }
+      }
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        if (seen[l] != 1)
+          sub.fail_field("kda_layers", str_cat("layer ", l + 1, " is named ", seen[l], " times in full_attn_layers and ",
+                                               "kda_layers; expected each layer exactly once"));
+    }
+    for (const std::string& key : sub.unread()) unread.push_back("linear_attn_config." + key);
+  }
+  c.linear_num_key_heads = c.linear_num_value_heads = heads;
+  c.linear_key_head_dim = c.linear_value_head_dim = dim;
+  return unread;
+}
+
 // Which layers get an MoE FFN, by the family's rule (or Kimi's explicit `mlp_layer_types`).
 std::vector<FfnType> parse_ffn_placement(const FieldReader& fields, const Family& family, const ModelConfig& c) {
   const int64_t L = c.num_hidden_layers;
@@ -363,7 +404,8 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
   if (c.head_dim <= 0)
     fields.fail_field("head_dim", str_cat("missing and hidden_size ", c.hidden_size, " < num_attention_heads ",
                                           c.num_attention_heads, "; expected head_dim to be given"));
-  c.max_position_embeddings = fields.positive("max_position_embeddings", c.max_position_embeddings);
+  c.max_position_embeddings =
+      fields.positive(fields.alias({"max_position_embeddings", "model_max_length"}), c.max_position_embeddings);
   c.rms_norm_eps = fields.positive_number("rms_norm_eps", c.rms_norm_eps);
   parse_rope(fields, family, c);
   c.initializer_range = fields.positive_number("initializer_range", c.initializer_range);
@@ -378,10 +420,14 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
   c.linear_key_head_dim = fields.non_negative("linear_key_head_dim", 0);
   c.linear_value_head_dim = fields.non_negative("linear_value_head_dim", 0);
   c.linear_conv_kernel_dim = fields.positive("linear_conv_kernel_dim", c.linear_conv_kernel_dim);
+  const std::vector<std::string> unread_nested =
+      c.model_type == "kimi_linear" ? parse_kimi_linear_attention(fields, c) : std::vector<std::string>{};
   if (uses(c.layer_types, LayerType::linear_attention)) {
-    for (const char* name : {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
-                             "linear_value_head_dim"})
-      if (fields.integer(name, 0) <= 0) fields.fail_field(name, "expected a positive integer (the config has linear_attention layers)");
+    for (const auto& [name, value] : {std::pair{"linear_num_key_heads", c.linear_num_key_heads},
+                                      std::pair{"linear_num_value_heads", c.linear_num_value_heads},
+                                      std::pair{"linear_key_head_dim", c.linear_key_head_dim},
+                                      std::pair{"linear_value_head_dim", c.linear_value_head_dim}})
+      if (value <= 0) fields.fail_field(name, "expected a positive integer (the config has linear_attention layers)");
   }
 
   parse_moe(fields, family, c);
@@ -398,6 +444,7 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
       if (fields.integer(name, 0) <= 0) fields.fail_field(name, "expected a positive integer (the config has sparse_attention layers)");
   }
   c.unread_fields = fields.unread();
+  c.unread_fields.insert(c.unread_fields.end(), unread_nested.begin(), unread_nested.end());
   return c;
 }
 

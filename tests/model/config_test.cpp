@@ -294,6 +294,31 @@ TEST(ModelConfig, MoePlacementRulesAliasesAndUnreadFields) {
                                 "\"sparse\"");
 }
 
+// Kimi-Linear's checkpoint form: linear_attn_config's 1-indexed layer lists set layer_types, its
+// head count and dim the delta-attention sizes; model_max_length is max_position_embeddings.
+TEST(ModelConfig, KimiLinearAttnConfigAndAttributeNames) {
+  nlohmann::json json = base_config();
+  json["model_type"] = "kimi_linear";
+  json["num_hidden_layers"] = 4;
+  json["model_max_length"] = 512;
+  json["num_experts"] = 8;  // Kimi's stored name for num_local_experts
+  json["num_experts_per_token"] = 2;
+  json["moe_intermediate_size"] = 16;
+  json["linear_attn_config"] = {{"full_attn_layers", {2, 4}}, {"kda_layers", {1, 3}}, {"head_dim", 8},
+                                {"num_heads", 2}, {"short_conv_kernel_size", 4}, {"future", 1}};
+  const ModelConfig config = ModelConfig::from_json(json, kSource);
+  EXPECT_EQ(config.layer_types, (std::vector<LayerType>{LayerType::linear_attention, LayerType::full_attention,
+                                                         LayerType::linear_attention, LayerType::full_attention}));
+  EXPECT_EQ(config.linear_num_value_heads, 2);
+  EXPECT_EQ(config.linear_key_head_dim, 8);
+  EXPECT_EQ(config.max_position_embeddings, 512);
+  EXPECT_EQ(config.num_experts_per_tok, 2);
+  EXPECT_EQ(config.unread_fields, std::vector<std::string>{"linear_attn_config.future"});
+  json["linear_attn_config"]["kda_layers"] = {1, 2, 3};
+  EXPECT_EQ(config_error(json), "configs/x.json: linear_attn_config: field \"kda_layers\": layer 2 is named 2 times in "
+                                "full_attn_layers and kda_layers; expected each layer exactly once");
+}
+
 // Fields a config leaves out take transformers' Config defaults of the family (not 0: that would
 // be a silently different model); what the engine writes uses the family's own field names, so it
 // reads back (and loads in transformers) as the same model.
