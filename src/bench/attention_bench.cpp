@@ -109,19 +109,8 @@ nlohmann::json run_attention_bench(const AttentionBenchOptions& o,
                       {&fused.dq, &reference.dq}, {&fused.dk, &reference.dk}, {&fused.dv, &reference.dv}})
     max_rel_err = std::max(max_rel_err, relative_error(a->data(), b->data(), b->size()));
 
-  nlohmann::json summary = {{"bench", "attention"},
-                            {"speedup", reference_time.median_s / fused_time.median_s},
-                            {"max_rel_err", max_rel_err},
-                            {"ceiling_fraction", fused_gflops / ceiling_gflops},
-                            {"ceiling_gflops", ceiling_gflops},
-                            {"ceiling_gemm_size", gemm.size()},
-                            {"fused_gflops", fused_gflops},
-                            {"fused_s", fused_time.median_s},
-                            {"baseline_s", reference_time.median_s},
-                            {"memory_ratio", double(reference_peak) / double(fused_peak)},
-                            {"fused_peak_bytes", fused_peak},
-                            {"baseline_peak_bytes", reference_peak},
-                            {"flops", flops}};
+  nlohmann::json summary = bench_summary("attention", fused_time, reference_time, max_rel_err, flops, ceiling_gflops,
+                                         gemm.size(), fused_peak, reference_peak);
   summary.update(sizes);
   return summary;
 }

@@ -193,7 +193,6 @@ nlohmann::json run_moe_bench(const MoeBenchOptions& o, const std::function<void(
   const double ceiling_gflops = gemm.flops() / gemm_time.median_s * 1e-9;
   emit({{"bench", "moe"}, {"measurement", "sgemm_ceiling"}, {"size", gemm.size()}, {"gflops", ceiling_gflops},
         {"median_s", gemm_time.median_s}, {"min_s", gemm_time.min_s}, {"runs", gemm_time.runs}});
-  const double fused_gflops = flops / fused_time.median_s * 1e-9;
   const int64_t fused_peak = in.bytes() + fused_extra;
   const int64_t fragmented_peak = in.bytes() + fragmented_extra;
   for (auto [name, chain, time, peak] : {std::tuple{"fused", fused.get(), fused_time, fused_peak},
@@ -216,20 +215,9 @@ nlohmann::json run_moe_bench(const MoeBenchOptions& o, const std::function<void(
   int64_t max_load = 0;
   for (int64_t e = 0; e < o.experts; ++e) max_load = std::max(max_load, plan.offsets[e + 1] - plan.offsets[e]);
   const double mean_load = double(plan.rows()) / double(o.experts);
-  return {{"bench", "moe"},
-          {"speedup", fragmented_time.median_s / fused_time.median_s},
-          {"max_rel_err", max_rel_err},
-          {"ceiling_fraction", fused_gflops / ceiling_gflops},
-          {"ceiling_gflops", ceiling_gflops},
-          {"ceiling_gemm_size", gemm.size()},
-          {"fused_gflops", fused_gflops},
-          {"fused_s", fused_time.median_s},
-          {"baseline_s", fragmented_time.median_s},
-          {"memory_ratio", double(fragmented_peak) / double(fused_peak)},
-          {"fused_peak_bytes", fused_peak},
-          {"baseline_peak_bytes", fragmented_peak},
-          {"flops", flops},
-          {"tokens", o.tokens},
+  nlohmann::json summary = bench_summary("moe", fused_time, fragmented_time, max_rel_err, flops, ceiling_gflops,
+                                         gemm.size(), fused_peak, fragmented_peak);
+  summary.update({{"tokens", o.tokens},
           {"hidden", o.hidden},
           {"experts", o.experts},
           {"top_k", o.top_k},
@@ -239,7 +227,8 @@ nlohmann::json run_moe_bench(const MoeBenchOptions& o, const std::function<void(
           {"tokens_per_expert_max", max_load},
           {"tokens_per_expert_mean", mean_load},
           {"seed", o.seed},
-          {"threads", num_threads()}};
+          {"threads", num_threads()}});
+  return summary;
 }
 
 }  // namespace trillion

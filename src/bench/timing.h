@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/memory.h"
 #include "core/rng.h"
 
@@ -58,6 +60,28 @@ std::pair<TimingResult, TimingResult> time_interleaved(const FnA& fn_a, const Fn
     seconds_b.push_back(time_median(fn_b, 0, 1).median_s);
   }
   return {summarize(seconds_a), summarize(seconds_b)};
+}
+
+// The summary fields every fused-vs-baseline benchmark reports (DESIGN.md section 4): speedup
+// (baseline / fused median time), max_rel_err, ceiling_fraction (flops per fused second over the
+// sgemm ceiling), the times and GFLOP/s, and peak bytes with memory_ratio (baseline / fused).
+inline nlohmann::json bench_summary(const char* bench, const TimingResult& fused, const TimingResult& baseline,
+                                    double max_rel_err, double flops, double ceiling_gflops, int64_t ceiling_gemm_size,
+                                    int64_t fused_peak_bytes, int64_t baseline_peak_bytes) {
+  const double fused_gflops = flops / fused.median_s * 1e-9;
+  return {{"bench", bench},
+          {"speedup", baseline.median_s / fused.median_s},
+          {"max_rel_err", max_rel_err},
+          {"ceiling_fraction", fused_gflops / ceiling_gflops},
+          {"ceiling_gflops", ceiling_gflops},
+          {"ceiling_gemm_size", ceiling_gemm_size},
+          {"fused_gflops", fused_gflops},
+          {"fused_s", fused.median_s},
+          {"baseline_s", baseline.median_s},
+          {"memory_ratio", double(baseline_peak_bytes) / double(fused_peak_bytes)},
+          {"fused_peak_bytes", fused_peak_bytes},
+          {"baseline_peak_bytes", baseline_peak_bytes},
+          {"flops", flops}};
 }
 
 // A single-precision GEMM of size³ (2·size³ FLOPs) with random operands, run with the process's
