@@ -1,0 +1,371 @@
+// The gated delta rule in recurrent form (ops/delta_rule.h), both decay kinds: forward against a
+// naive reference with explicit state matrices, backward against finite differences (short and
+// across backward checkpoints), per-channel decay with equal channels against per-head decay,
+// packed segments against separate runs, a run split in two carrying its state (forward and
+// backward), float against double under strong decay, thread-count independence.
+#include "ops/delta_rule.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "ops/finite_diff.h"
+
+namespace trillion {
+namespace {
+
+using test::random_values;
+
+// One problem in double; cu empty: one segment per batch row; s0 empty: null.
+struct Inputs {
+  DeltaRuleSizes sizes;
+  std::vector<int32_t> cu;   // [N + 1]
+  std::vector<double> q, k;  // [B, T, H, K]
+  std::vector<double> v;     // [B, T, H, V]
+  std::vector<double> g;     // [B, T, H] or [B, T, H, K]
+  std::vector<double> beta;  // [B, T, H]
+  std::vector<double> s0;    // [N, H, K, V]
+  int64_t segments() const { return cu.empty() ? sizes.batch : sizes.num_segments; }
+  int64_t state_numel() const { return segments() * sizes.heads * sizes.key_dim * sizes.value_dim; }
+  int64_t tokens() const { return sizes.batch * sizes.seq_len * sizes.heads; }
+  int64_t g_width() const { return sizes.decay == DeltaDecay::per_key_channel ? sizes.key_dim : 1; }
+};
+
+// Random vectors of `width` values per token-head, each scaled to L2 norm `norm`.
+std::vector<double> random_unit_rows(int64_t rows, int64_t width, uint64_t seed, double norm) {
+  std::vector<double> x = random_values(rows * width, seed);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < width; ++i) ss += x[r * width + i] * x[r * width + i];
+    for (int64_t i = 0; i < width; ++i) x[r * width + i] *= norm / std::sqrt(ss);
+  }
+  return x;
+}
+
+// q, k L2-normalized (q also scaled by K^−½), g uniform in [g_lo, g_hi], beta in (0.05, 0.95).
+Inputs make_inputs(const DeltaRuleSizes& sizes, uint64_t seed, double g_lo, double g_hi, bool with_s0,
+                   std::vector<int32_t> cu = {}) {
+  Inputs in;
+  in.sizes = sizes;
+  in.cu = std::move(cu);
+  const int64_t rows = in.tokens(), K = sizes.key_dim, V = sizes.value_dim;
+  in.q = random_unit_rows(rows, K, seed, 1.0 / std::sqrt(static_cast<double>(K)));
+  in.k = random_unit_rows(rows, K, seed + 1, 1.0);
+  in.v = random_values(rows * V, seed + 2);
+  in.g = random_values(rows * in.g_width(), seed + 3);
+  for (double& x : in.g) x = g_lo + (g_hi - g_lo) * 0.5 * (x + 1.0);
+  in.beta = random_values(rows, seed + 4, 0.45);
+  for (double& x : in.beta) x += 0.5;
+  if (with_s0) in.s0 = random_values(in.state_numel(), seed + 5, 0.5);
+  return in;
+}
+
+template <class T>
+const T* or_null(const std::vector<T>& x) {
+  return x.empty() ? nullptr : x.data();
+}
+
+template <class T>
+struct Outputs {
+  std::vector<T> o, s_final;
+};
+
+template <class T>
+Outputs<T> forward(const Inputs& in) {
+  const std::vector<T> q = test::cast_values<T>(in.q), k = test::cast_values<T>(in.k), v = test::cast_values<T>(in.v);
+  const std::vector<T> g = test::cast_values<T>(in.g), beta = test::cast_values<T>(in.beta);
+  const std::vector<T> s0 = test::cast_values<T>(in.s0);
+  Outputs<T> out{std::vector<T>(in.tokens() * in.sizes.value_dim), std::vector<T>(in.state_numel())};
+  delta_rule_recurrent_forward<T>(out.o.data(), out.s_final.data(), q.data(), k.data(), v.data(), g.data(), beta.data(),
+                                  or_null(s0), or_null(in.cu), in.sizes);
+  return out;
+}
+
+template <class T>
+struct Grads {
+  std::vector<T> dq, dk, dv, dg, dbeta, ds0;
+};
+
+// Backward with d_o and ds_final (empty: null).
+template <class T>
+Grads<T> backward(const Inputs& in, const std::vector<double>& d_o_in, const std::vector<double>& ds_final_in) {
+  const std::vector<T> q = test::cast_values<T>(in.q), k = test::cast_values<T>(in.k), v = test::cast_values<T>(in.v);
+  const std::vector<T> g = test::cast_values<T>(in.g), beta = test::cast_values<T>(in.beta);
+  const std::vector<T> s0 = test::cast_values<T>(in.s0), d_o = test::cast_values<T>(d_o_in);
+  const std::vector<T> ds_final = test::cast_values<T>(ds_final_in);
+  const int64_t rows = in.tokens(), K = in.sizes.key_dim, V = in.sizes.value_dim;
+  // Filled with NaN so that an element the kernel fails to write shows up.
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  Grads<T> d{std::vector<T>(rows * K, nan), std::vector<T>(rows * K, nan),
+             std::vector<T>(rows * V, nan), std::vector<T>(rows * in.g_width(), nan),
+             std::vector<T>(rows, nan),     std::vector<T>(in.state_numel(), nan)};
+  delta_rule_recurrent_backward<T>(d.dq.data(), d.dk.data(), d.dv.data(), d.dg.data(), d.dbeta.data(), d.ds0.data(),
+                                   d_o.data(), or_null(ds_final), q.data(), k.data(), v.data(), g.data(), beta.data(),
+                                   or_null(s0), or_null(in.cu), in.sizes);
+  return d;
+}
+
+// The definitions with explicit S[K][V] matrices, one segment per batch row.
+Outputs<double> naive_forward(const Inputs& in) {
+  const DeltaRuleSizes& s = in.sizes;
+  const int64_t K = s.key_dim, V = s.value_dim, H = s.heads;
+  Outputs<double> out{std::vector<double>(in.tokens() * V), std::vector<double>(in.state_numel())};
+  for (int64_t b = 0; b < s.batch; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      std::vector<std::vector<double>> S(K, std::vector<double>(V, 0.0));
+      for (int64_t i = 0; i < K; ++i)
+        for (int64_t j = 0; j < V; ++j) S[i][j] = in.s0.empty() ? 0.0 : in.s0[((b * H + h) * K + i) * V + j];
+      for (int64_t t = 0; t < s.seq_len; ++t) {
+        const int64_t tok = (b * s.seq_len + t) * H + h;
+        for (int64_t i = 0; i < K; ++i) {
+          const double gi = in.g_width() == 1 ? in.g[tok] : in.g[tok * K + i];
+          for (int64_t j = 0; j < V; ++j) S[i][j] *= std::exp(gi);
+        }
+        std::vector<double> u(V);
+        for (int64_t j = 0; j < V; ++j) {
+          double stk = 0.0;
+          for (int64_t i = 0; i < K; ++i) stk += S[i][j] * in.k[tok * K + i];
+          u[j] = in.beta[tok] * (in.v[tok * V + j] - stk);
+        }
+        for (int64_t i = 0; i < K; ++i)
+          for (int64_t j = 0; j < V; ++j) S[i][j] += in.k[tok * K + i] * u[j];
+        for (int64_t j = 0; j < V; ++j) {
+          double o = 0.0;
+          for (int64_t i = 0; i < K; ++i) o += S[i][j] * in.q[tok * K + i];
+          out.o[tok * V + j] = o;
+        }
+      }
+      for (int64_t i = 0; i < K; ++i)
+        for (int64_t j = 0; j < V; ++j) out.s_final[((b * H + h) * K + i) * V + j] = S[i][j];
+    }
+  }
+  return out;
+}
+
+DeltaRuleSizes make_sizes(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DeltaDecay decay) {
+  DeltaRuleSizes s;
+  s.batch = B, s.seq_len = T, s.heads = H, s.key_dim = K, s.value_dim = V, s.decay = decay;
+  return s;
+}
+
+constexpr DeltaDecay kDecays[] = {DeltaDecay::per_head, DeltaDecay::per_key_channel};
+
+TEST(DeltaRule, ForwardMatchesNaiveReference) {
+  for (DeltaDecay decay : kDecays) {
+    for (bool with_s0 : {true, false}) {
+      const Inputs in = make_inputs(make_sizes(2, 13, 2, 5, 3, decay), 11, -2.0, -0.01, with_s0);
+      const Outputs<double> got = forward<double>(in), want = naive_forward(in);
+      EXPECT_LE(test::relative_error(got.o, want.o), 1e-14);
+      EXPECT_LE(test::relative_error(got.s_final, want.s_final), 1e-14);
+    }
+  }
+}
+
+// Loss Σ o ⊙ R + Σ s_final ⊙ R_S; every input's gradient against central differences.
+void check_backward(const DeltaRuleSizes& sizes, uint64_t seed) {
+  Inputs in = make_inputs(sizes, seed, -2.0, -0.01, true);
+  const std::vector<double> r_o = random_values(in.tokens() * sizes.value_dim, seed + 10);
+  const std::vector<double> r_s = random_values(in.state_numel(), seed + 11);
+  auto loss = [&] {
+    const Outputs<double> out = forward<double>(in);
+    return test::weighted_sum(out.o, r_o) + test::weighted_sum(out.s_final, r_s);
+  };
+  const Grads<double> d = backward<double>(in, r_o, r_s);
+  const double worst = test::expect_gradients_match(loss, {{"q", &in.q, &d.dq},
+                                                           {"k", &in.k, &d.dk},
+                                                           {"v", &in.v, &d.dv},
+                                                           {"g", &in.g, &d.dg},
+                                                           {"beta", &in.beta, &d.dbeta},
+                                                           {"s0", &in.s0, &d.ds0}});
+  char worst_text[32];
+  std::snprintf(worst_text, sizeof(worst_text), "%.3g", worst);
+  ::testing::Test::RecordProperty("worst_relative_error", worst_text);
+
+  // A null ds_final is zeros.
+  const Grads<double> null_final = backward<double>(in, r_o, {});
+  const Grads<double> zero_final = backward<double>(in, r_o, std::vector<double>(in.state_numel(), 0.0));
+  EXPECT_EQ(null_final.dq, zero_final.dq);
+  EXPECT_EQ(null_final.dg, zero_final.dg);
+  EXPECT_EQ(null_final.ds0, zero_final.ds0);
+}
+
+TEST(DeltaRule, PerHeadBackwardMatchesFiniteDifferences) {
+  check_backward(make_sizes(2, 13, 2, 5, 3, DeltaDecay::per_head), 21);
+}
+
+TEST(DeltaRule, PerChannelBackwardMatchesFiniteDifferences) {
+  check_backward(make_sizes(2, 13, 2, 5, 3, DeltaDecay::per_key_channel), 31);
+}
+
+// 150 tokens: three checkpoint chunks in backward, the last one partial.
+TEST(DeltaRule, BackwardAcrossCheckpointsMatchesFiniteDifferences) {
+  for (DeltaDecay decay : kDecays) check_backward(make_sizes(1, 150, 1, 4, 3, decay), 41);
+}
+
+TEST(DeltaRule, PerChannelWithEqualChannelsEqualsPerHead) {
+  const Inputs scalar = make_inputs(make_sizes(2, 13, 2, 5, 3, DeltaDecay::per_head), 51, -2.0, -0.01, true);
+  Inputs channel = scalar;
+  channel.sizes.decay = DeltaDecay::per_key_channel;
+  const int64_t K = scalar.sizes.key_dim;
+  channel.g.resize(scalar.g.size() * K);
+  for (size_t r = 0; r < scalar.g.size(); ++r) std::fill_n(channel.g.begin() + r * K, K, scalar.g[r]);
+
+  const Outputs<double> fs = forward<double>(scalar), fc = forward<double>(channel);
+  EXPECT_LE(test::relative_error(fc.o, fs.o), 1e-14);
+  EXPECT_LE(test::relative_error(fc.s_final, fs.s_final), 1e-14);
+
+  const std::vector<double> d_o = random_values(fs.o.size(), 52), ds_final = random_values(fs.s_final.size(), 53);
+  const Grads<double> bs = backward<double>(scalar, d_o, ds_final), bc = backward<double>(channel, d_o, ds_final);
+  EXPECT_LE(test::relative_error(bc.dq, bs.dq), 1e-14);
+  EXPECT_LE(test::relative_error(bc.dk, bs.dk), 1e-14);
+  EXPECT_LE(test::relative_error(bc.dv, bs.dv), 1e-14);
+  EXPECT_LE(test::relative_error(bc.dbeta, bs.dbeta), 1e-14);
+  EXPECT_LE(test::relative_error(bc.ds0, bs.ds0), 1e-14);
+  // The per-head decay gradient is the sum of the per-channel ones.
+  std::vector<double> dg_summed(bs.dg.size(), 0.0);
+  for (size_t r = 0; r < dg_summed.size(); ++r)
+    for (int64_t i = 0; i < K; ++i) dg_summed[r] += bc.dg[r * K + i];
+  EXPECT_LE(test::relative_error(dg_summed, bs.dg), 1e-13);
+}
+
+// in's tokens [begin, end) of every per-token array (batch 1), state `state` of s0.
+Inputs slice(const Inputs& in, int64_t begin, int64_t end, int64_t state) {
+  const DeltaRuleSizes& s = in.sizes;
+  const int64_t H = s.heads, K = s.key_dim, V = s.value_dim, G = in.g_width(), KV = K * V;
+  auto cut = [&](const std::vector<double>& x, int64_t width) {
+    return std::vector<double>(x.begin() + begin * H * width, x.begin() + end * H * width);
+  };
+  Inputs part;
+  part.sizes = make_sizes(1, end - begin, H, K, V, s.decay);
+  part.q = cut(in.q, K), part.k = cut(in.k, K), part.v = cut(in.v, V), part.g = cut(in.g, G);
+  part.beta = cut(in.beta, 1);
+  part.s0 = std::vector<double>(in.s0.begin() + state * H * KV, in.s0.begin() + (state + 1) * H * KV);
+  return part;
+}
+
+template <class X>
+std::vector<X> cut_rows(const std::vector<X>& x, int64_t begin, int64_t end, int64_t row_width) {
+  return std::vector<X>(x.begin() + begin * row_width, x.begin() + end * row_width);
+}
+
+TEST(DeltaRule, PackedSegmentsEqualSeparateRuns) {
+  const std::vector<int32_t> cu = {0, 13, 13, 83, 84, 91};  // lengths 13, 0, 70, 1, 7
+  for (DeltaDecay decay : kDecays) {
+    DeltaRuleSizes sizes = make_sizes(1, 91, 2, 5, 3, decay);
+    sizes.num_segments = 5;
+    const Inputs packed = make_inputs(sizes, 61, -2.0, -0.01, true, cu);
+    const int64_t H = 2, K = 5, V = 3, KV = K * V, G = packed.g_width();
+    const Outputs<double> fp = forward<double>(packed);
+    const std::vector<double> d_o = random_values(fp.o.size(), 62), ds_final = random_values(fp.s_final.size(), 63);
+    const Grads<double> bp = backward<double>(packed, d_o, ds_final);
+    for (int64_t n = 0; n < sizes.num_segments; ++n) {
+      const Inputs part = slice(packed, cu[n], cu[n + 1], n);
+      const Outputs<double> f = forward<double>(part);
+      const Grads<double> b = backward<double>(part, cut_rows(d_o, cu[n] * H, cu[n + 1] * H, V),
+                                               cut_rows(ds_final, n * H, (n + 1) * H, KV));
+      EXPECT_EQ(f.o, cut_rows(fp.o, cu[n] * H, cu[n + 1] * H, V)) << "segment " << n;
+      EXPECT_EQ(f.s_final, cut_rows(fp.s_final, n * H, (n + 1) * H, KV)) << "segment " << n;
+      EXPECT_EQ(b.dq, cut_rows(bp.dq, cu[n] * H, cu[n + 1] * H, K)) << "segment " << n;
+      EXPECT_EQ(b.dk, cut_rows(bp.dk, cu[n] * H, cu[n + 1] * H, K)) << "segment " << n;
+      EXPECT_EQ(b.dv, cut_rows(bp.dv, cu[n] * H, cu[n + 1] * H, V)) << "segment " << n;
+      EXPECT_EQ(b.dg, cut_rows(bp.dg, cu[n] * H, cu[n + 1] * H, G)) << "segment " << n;
+      EXPECT_EQ(b.dbeta, cut_rows(bp.dbeta, cu[n] * H, cu[n + 1] * H, 1)) << "segment " << n;
+      EXPECT_EQ(b.ds0, cut_rows(bp.ds0, n * H, (n + 1) * H, KV)) << "segment " << n;
+    }
+  }
+}
+
+// [0, T) with s0 equals [0, t) then [t, T) from the first's final state; backward chains through
+// ds0 of the second part as ds_final of the first.
+TEST(DeltaRule, SplitRunCarriesStateForwardAndBackward) {
+  for (DeltaDecay decay : kDecays) {
+    const int64_t T = 150, split = 77, H = 2, K = 5, V = 3, G = decay == DeltaDecay::per_key_channel ? K : 1;
+    const Inputs whole = make_inputs(make_sizes(1, T, H, K, V, decay), 71, -2.0, -0.01, true);
+    const Outputs<double> fw = forward<double>(whole);
+    const std::vector<double> d_o = random_values(fw.o.size(), 72), ds_final = random_values(fw.s_final.size(), 73);
+    const Grads<double> bw = backward<double>(whole, d_o, ds_final);
+
+    const Inputs first = slice(whole, 0, split, 0);
+    const Outputs<double> f1 = forward<double>(first);
+    Inputs second = slice(whole, split, T, 0);
+    second.s0 = f1.s_final;
+    const Outputs<double> f2 = forward<double>(second);
+    EXPECT_LE(test::relative_error(f2.s_final, fw.s_final), 1e-14);
+    EXPECT_LE(test::relative_error(f1.o, cut_rows(fw.o, 0, split * H, V)), 1e-14);
+    EXPECT_LE(test::relative_error(f2.o, cut_rows(fw.o, split * H, T * H, V)), 1e-14);
+
+    const Grads<double> b2 = backward<double>(second, cut_rows(d_o, split * H, T * H, V), ds_final);
+    const Grads<double> b1 = backward<double>(first, cut_rows(d_o, 0, split * H, V), b2.ds0);
+    EXPECT_LE(test::relative_error(b1.ds0, bw.ds0), 1e-13);
+    EXPECT_LE(test::relative_error(b1.dq, cut_rows(bw.dq, 0, split * H, K)), 1e-13);
+    EXPECT_LE(test::relative_error(b2.dk, cut_rows(bw.dk, split * H, T * H, K)), 1e-13);
+    EXPECT_LE(test::relative_error(b1.dg, cut_rows(bw.dg, 0, split * H, G)), 1e-13);
+    EXPECT_LE(test::relative_error(b2.dbeta, cut_rows(bw.dbeta, split * H, T * H, 1)), 1e-13);
+  }
+}
+
+template <class T>
+bool all_finite(const std::vector<T>& x) {
+  return std::all_of(x.begin(), x.end(), [](T value) { return std::isfinite(value); });
+}
+
+// Moderate decay over 150 tokens, and strong decay (cumulative |g| ≥ 120) over 40.
+TEST(DeltaRule, FloatAgreesWithDoubleIncludingStrongDecay) {
+  struct Case {
+    int64_t T;
+    double g_lo, g_hi;
+  };
+  for (const Case& c : {Case{150, -2.0, -0.01}, Case{40, -8.0, -3.0}}) {
+    for (DeltaDecay decay : kDecays) {
+      const Inputs in = make_inputs(make_sizes(2, c.T, 2, 5, 3, decay), 81, c.g_lo, c.g_hi, true);
+      const Outputs<double> fd = forward<double>(in);
+      const Outputs<float> ff = forward<float>(in);
+      const std::vector<double> d_o = random_values(fd.o.size(), 82), ds_final = random_values(fd.s_final.size(), 83);
+      const Grads<double> bd = backward<double>(in, d_o, ds_final);
+      const Grads<float> bf = backward<float>(in, d_o, ds_final);
+      const std::vector<std::pair<const std::vector<float>*, const std::vector<double>*>> pairs = {
+          {&ff.o, &fd.o},   {&ff.s_final, &fd.s_final}, {&bf.dq, &bd.dq},       {&bf.dk, &bd.dk},
+          {&bf.dv, &bd.dv}, {&bf.dg, &bd.dg},           {&bf.dbeta, &bd.dbeta}, {&bf.ds0, &bd.ds0}};
+      if (c.g_hi <= -3.0) {  // strong decay: s0 no longer reaches the final state
+        Inputs no_s0 = in;
+        no_s0.s0.clear();
+        EXPECT_LE(test::relative_error(forward<double>(no_s0).s_final, fd.s_final), 1e-30);
+      }
+      for (size_t p = 0; p < pairs.size(); ++p) {
+        EXPECT_TRUE(all_finite(*pairs[p].first)) << "tensor " << p << " T=" << c.T;
+        EXPECT_LE(test::relative_error(*pairs[p].first, *pairs[p].second), 1e-4) << "tensor " << p << " T=" << c.T;
+      }
+    }
+  }
+}
+
+TEST(DeltaRule, ThreadCountDoesNotChangeResults) {
+  for (DeltaDecay decay : kDecays) {
+    const Inputs in = make_inputs(make_sizes(3, 100, 3, 6, 4, decay), 91, -2.0, -0.01, true);
+    const std::vector<double> d_o = random_values(in.tokens() * 4, 92), ds_final = random_values(in.state_numel(), 93);
+    Outputs<float> f[2];
+    Grads<float> b[2];
+    for (int threads : {1, 2}) {
+      test::with_threads(threads, [&] {
+        f[threads - 1] = forward<float>(in);
+        b[threads - 1] = backward<float>(in, d_o, ds_final);
+      });
+    }
+    EXPECT_EQ(f[0].o, f[1].o);
+    EXPECT_EQ(f[0].s_final, f[1].s_final);
+    EXPECT_EQ(b[0].dq, b[1].dq);
+    EXPECT_EQ(b[0].dk, b[1].dk);
+    EXPECT_EQ(b[0].dv, b[1].dv);
+    EXPECT_EQ(b[0].dg, b[1].dg);
+    EXPECT_EQ(b[0].dbeta, b[1].dbeta);
+    EXPECT_EQ(b[0].ds0, b[1].ds0);
+  }
+}
+
+}  // namespace
+}  // namespace trillion
