@@ -1,0 +1,162 @@
+// L2 norm, decay gate and gated RMSNorm of the linear-attention layers. See linear_attention_gates.h.
+#include "ops/linear_attention_gates.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/parallel.h"
+
+namespace trillion {
+namespace {
+
+template <class T>
+T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+
+template <class T>
+T softplus(T x) {
+  return x > T(20) ? x : std::log1p(std::exp(x));
+}
+
+// act(z) and d act / dz.
+template <class T>
+void activation(T z, GateActivation act, T& value, T& slope) {
+  const T s = sigmoid(z);
+  if (act == GateActivation::sigmoid) {
+    value = s;
+    slope = s * (T(1) - s);
+  } else {
+    value = z * s;
+    slope = s * (T(1) + z * (T(1) - s));
+  }
+}
+
+}  // namespace
+
+template <class T>
+void l2norm_forward(T* y, T* inv_norm, const T* x, int64_t rows, int64_t d, double eps) {
+  parallel_for(rows, [&](int64_t r) {
+    const T* in = x + r * d;  // [d]
+    double sum = 0.0;
+    for (int64_t i = 0; i < d; ++i) sum += double(in[i]) * double(in[i]);
+    const T inv = static_cast<T>(1.0 / std::sqrt(sum + eps));
+    inv_norm[r] = inv;
+    for (int64_t i = 0; i < d; ++i) y[r * d + i] = in[i] * inv;
+  });
+}
+
+template <class T>
+void l2norm_backward(T* dx, const T* dy, const T* y, const T* inv_norm, int64_t rows, int64_t d) {
+  // dx = inv · (dy − y (y · dy))
+  parallel_for(rows, [&](int64_t r) {
+    const T* out = y + r * d;    // [d]
+    const T* grad = dy + r * d;  // [d]
+    double dot = 0.0;
+    for (int64_t i = 0; i < d; ++i) dot += double(out[i]) * double(grad[i]);
+    for (int64_t i = 0; i < d; ++i) dx[r * d + i] = inv_norm[r] * (grad[i] - out[i] * static_cast<T>(dot));
+  });
+}
+
+template <class T>
+void decay_gate_forward(T* g, const T* a, const T* A_log, const T* dt_bias, int64_t rows, int64_t cols, int64_t group) {
+  TRILLION_CHECK(group >= 1 && cols % group == 0, "decay gate: ", cols, " columns in groups of ", group);
+  parallel_for(rows, [&](int64_t r) {
+    for (int64_t c = 0; c < cols; ++c)
+      g[r * cols + c] = -std::exp(A_log[c / group]) * softplus(a[r * cols + c] + dt_bias[c]);
+  });
+}
+
+template <class T>
+void decay_gate_backward(T* da, T* dA_log, T* ddt_bias, const T* dg, const T* a, const T* A_log, const T* dt_bias,
+                         int64_t rows, int64_t cols, int64_t group) {
+  // dg/da = dg/d dt_bias = −exp(A_log) · σ(a + dt_bias) (softplus' = σ; 1 above the threshold);
+  // dg/dA_log = g.
+  parallel_for(rows, [&](int64_t r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const T u = a[r * cols + c] + dt_bias[c];
+      da[r * cols + c] = dg[r * cols + c] * -std::exp(A_log[c / group]) * (u > T(20) ? T(1) : sigmoid(u));
+    }
+  });
+  parallel_for(cols, [&](int64_t c) {
+    T bias_sum = T(0);
+    for (int64_t r = 0; r < rows; ++r) bias_sum += da[r * cols + c];
+    ddt_bias[c] += bias_sum;
+  });
+  parallel_for(cols / group, [&](int64_t h) {
+    const T scale = -std::exp(A_log[h]);
+    T sum = T(0);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = h * group; c < (h + 1) * group; ++c)
+        sum += dg[r * cols + c] * scale * softplus(a[r * cols + c] + dt_bias[c]);
+    dA_log[h] += sum;
+  });
+}
+
+template <class T>
+void gated_rmsnorm_forward(T* y, T* rstd, const T* x, const T* z, const T* w, int64_t rows, int64_t d, double eps,
+                           GateActivation act) {
+  parallel_for(rows, [&](int64_t r) {
+    const T* in = x + r * d;  // [d]
+    double sum = 0.0;
+    for (int64_t i = 0; i < d; ++i) sum += double(in[i]) * double(in[i]);
+    const T inv = static_cast<T>(1.0 / std::sqrt(sum / double(d) + eps));
+    rstd[r] = inv;
+    for (int64_t i = 0; i < d; ++i) {
+      T value, slope;
+      activation(z[r * d + i], act, value, slope);
+      y[r * d + i] = w[i] * in[i] * inv * value;
+    }
+  });
+}
+
+template <class T>
+void gated_rmsnorm_backward(T* dx, T* dz, T* dw, const T* dy, const T* x, const T* z, const T* w, const T* rstd,
+                            int64_t rows, int64_t d, GateActivation act) {
+  // With n = x · rstd and h = w · n: y = h · act(z); dh = dy · act(z); dz = dy · h · act'(z);
+  // dx = rstd · (w dh − n · mean(n · w dh)); dw += Σ_rows dh · n.
+  parallel_for(rows, [&](int64_t r) {
+    const T inv = rstd[r];
+    double dot = 0.0;
+    for (int64_t i = 0; i < d; ++i) {
+      T value, slope;
+      activation(z[r * d + i], act, value, slope);
+      const T n = x[r * d + i] * inv;
+      const T dh = dy[r * d + i] * value;
+      dz[r * d + i] = dy[r * d + i] * w[i] * n * slope;
+      dot += double(n) * double(w[i] * dh);
+    }
+    const T mean = static_cast<T>(dot / double(d));
+    for (int64_t i = 0; i < d; ++i) {
+      T value, slope;
+      activation(z[r * d + i], act, value, slope);
+      const T n = x[r * d + i] * inv;
+      dx[r * d + i] = inv * (w[i] * dy[r * d + i] * value - n * mean);
+    }
+  });
+  parallel_for(d, [&](int64_t i) {
+    T sum = T(0);
+    for (int64_t r = 0; r < rows; ++r) {
+      T value, slope;
+      activation(z[r * d + i], act, value, slope);
+      sum += dy[r * d + i] * value * x[r * d + i] * rstd[r];
+    }
+    dw[i] += sum;
+  });
+}
+
+#define TRILLION_INSTANTIATE(T)                                                                                  \
+  template void l2norm_forward<T>(T*, T*, const T*, int64_t, int64_t, double);                                   \
+  template void l2norm_backward<T>(T*, const T*, const T*, const T*, int64_t, int64_t);                          \
+  template void decay_gate_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);              \
+  template void decay_gate_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, int64_t, int64_t,    \
+                                       int64_t);                                                                 \
+  template void gated_rmsnorm_forward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, double,        \
+                                         GateActivation);                                                        \
+  template void gated_rmsnorm_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, int64_t, \
+                                          int64_t, GateActivation);
+TRILLION_INSTANTIATE(float)
+TRILLION_INSTANTIATE(double)
+#undef TRILLION_INSTANTIATE
+
+}  // namespace trillion
