@@ -72,4 +72,26 @@ void delta_rule_recurrent_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0,
                                    const T* q, const T* k, const T* v, const T* g, const T* beta, const T* s0,
                                    const int32_t* cu_seqlens, const DeltaRuleSizes& sizes);
 
+// Chunked form (delta_rule_chunk.cpp): same API, layouts, segments and gradient rule as the
+// recurrent form, and the same results to rounding. Segments are cut into chunks of
+// kDeltaRuleChunk tokens (the last one partial); inside a chunk G is the cumulative log-decay and
+// Γ_tj = exp(G_t − G_j) (per key channel for per_key_channel decay), and with the incoming state S:
+//   Tm = (I + strict_tril(diag(β)(K Kᵀ ⊙ Γ)))⁻¹,  W = Tm diag(β)(K ⊙ exp(G)),  U = Tm diag(β) V,
+//   V_new = U − W S,  O = (Q ⊙ exp(G)) S + (Q Kᵀ ⊙ Γ, causal incl. diagonal) V_new,
+//   S' = exp(G_last) S + (K ⊙ exp(G_last − G))ᵀ V_new.
+// Forward saves nothing; backward recomputes the chunk-start states into per-thread scratch of about
+// (⌈L/64⌉ + 2) · K · V values for the longest segment L, plus O(64 · (K + V + 64)) per thread.
+inline constexpr int64_t kDeltaRuleChunk = 64;
+
+// Chunked form of delta_rule_recurrent_forward (same arguments).
+template <class T>
+void delta_rule_chunk_forward(T* o, T* s_final, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                              const T* s0, const int32_t* cu_seqlens, const DeltaRuleSizes& sizes);
+
+// Chunked form of delta_rule_recurrent_backward (same arguments).
+template <class T>
+void delta_rule_chunk_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0, const T* d_o, const T* ds_final,
+                               const T* q, const T* k, const T* v, const T* g, const T* beta, const T* s0,
+                               const int32_t* cu_seqlens, const DeltaRuleSizes& sizes);
+
 }  // namespace trillion

@@ -1,0 +1,553 @@
+// The gated delta rule in chunked form, forward and backward (see delta_rule.h for the math, layouts
+// and segments; the recurrent form in delta_rule.cpp is the oracle of the tests).
+// A work item is one (segment, head) pair; its chunks of kDeltaRuleChunk tokens run in order on a
+// state S[K, V] held in per-thread scratch allocated before the parallel region, so every sum runs in
+// a fixed order inside one item and results do not depend on the thread count.
+// Inside a chunk the products are GEMMs (cblas, single-threaded inside the OpenMP region) read
+// straight from the strided token-major inputs (row stride H·K or H·V).
+// Decay numerics: Γ_tj = exp(G_t − G_j) is never formed as exp(G_t) · exp(−G_j) across the chunk.
+// Per head it is C² pairwise exps per chunk and K Kᵀ, Q Kᵀ stay GEMMs. Per key channel (fla's scheme)
+// the chunk is cut into sub-chunks of kSub = 16: pairs inside a sub-chunk use pairwise differences
+// per channel (4 · 136 · K exps per chunk), pairs across sub-chunks factor Γ_tj = exp(G_t − G_r) ·
+// exp(G_r − G_j) through r, the first token of t's sub-chunk (both factors ≤ 1, so no overflow; an
+// underflow only drops terms below the smallest normal), which makes those blocks GEMMs at the cost
+// of (64 + 96) · K more exps per chunk; backward uses the same split.
+// Backward: a first pass keeps the state at the start of every chunk; then, chunks from the last,
+// it recomputes the chunk's W, U, V_new and runs the reverse recursion for dS, with the gradient
+// through Tm = (I + L)⁻¹ as dL = −Tmᵀ dTm Tmᵀ = −(dVb Uᵀ + dKb Wᵀ) (strictly lower), and a reverse
+// cumulative sum of dG for dg.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/parallel.h"
+#include "ops/delta_rule.h"
+#include "ops/gemm.h"
+
+namespace trillion {
+namespace {
+
+constexpr int64_t C = kDeltaRuleChunk;
+// Sub-chunk of the per-key-channel decay: pairs inside one sub-chunk use pairwise differences, pairs
+// across sub-chunks factor Γ through the later sub-chunk's first token r (both factors ≤ 1).
+constexpr int64_t kSub = 16;
+
+// Tokens [begin, end) of batch row `row`.
+struct Segment {
+  int64_t row = 0, begin = 0, end = 0;
+};
+
+int64_t segment_count(const int32_t* cu_seqlens, const DeltaRuleSizes& s) {
+  return cu_seqlens != nullptr ? s.num_segments : s.batch;
+}
+
+Segment segment_of(int64_t n, const int32_t* cu_seqlens, const DeltaRuleSizes& s) {
+  if (cu_seqlens == nullptr) return {n, 0, s.seq_len};
+  return {0, cu_seqlens[n], cu_seqlens[n + 1]};
+}
+
+// Checks the sizes and segments; returns the longest segment's length.
+int64_t check_and_longest_segment(const int32_t* cu_seqlens, const DeltaRuleSizes& s) {
+  TRILLION_CHECK(s.batch >= 1 && s.seq_len >= 0 && s.heads >= 1 && s.key_dim >= 1 && s.value_dim >= 1,
+                 "delta rule sizes B=", s.batch, " T=", s.seq_len, " H=", s.heads, " K=", s.key_dim,
+                 " V=", s.value_dim);
+  if (cu_seqlens == nullptr) return s.seq_len;
+  TRILLION_CHECK(s.batch == 1, "delta rule with cu_seqlens needs batch 1, got ", s.batch);
+  TRILLION_CHECK(s.num_segments >= 1, "delta rule num_segments ", s.num_segments);
+  TRILLION_CHECK(cu_seqlens[0] == 0 && cu_seqlens[s.num_segments] == s.seq_len, "delta rule cu_seqlens spans [",
+                 cu_seqlens[0], ", ", cu_seqlens[s.num_segments], "), expected [0, ", s.seq_len, ")");
+  int64_t longest = 0;
+  for (int64_t n = 0; n < s.num_segments; ++n) {
+    TRILLION_CHECK(cu_seqlens[n + 1] >= cu_seqlens[n], "delta rule cu_seqlens decreases at ", n);
+    longest = std::max<int64_t>(longest, cu_seqlens[n + 1] - cu_seqlens[n]);
+  }
+  return longest;
+}
+
+// One chunk of L tokens of one head: pointers to its first token's rows in the caller's arrays.
+template <class T>
+struct ChunkInputs {
+  int64_t L = 0;
+  const T *q = nullptr, *k = nullptr;  // [L, K], row stride ldk = H·K
+  const T* v = nullptr;                // [L, V], row stride ldv = H·V
+  const T* g = nullptr;                // [L] or [L, K], row stride ldg = H or H·K
+  const T* beta = nullptr;             // [L], stride H
+  int64_t ldk = 0, ldv = 0, ldg = 0, ldb = 0;
+};
+
+template <class T>
+ChunkInputs<T> chunk_inputs(const T* q, const T* k, const T* v, const T* g, const T* beta, const DeltaRuleSizes& s,
+                            int64_t row, int64_t begin, int64_t L, int64_t h) {
+  const int64_t H = s.heads, K = s.key_dim, V = s.value_dim, tok = (row * s.seq_len + begin) * H + h;
+  const int64_t gw = s.decay == DeltaDecay::per_key_channel ? K : 1;
+  return {L, q + tok * K, k + tok * K, v + tok * V, g + tok * gw, beta + tok, H * K, H * V, H * gw, H};
+}
+
+// The chunk quantities that do not depend on the incoming state, plus V_new.
+template <class T>
+struct ChunkWork {
+  T* G;    // [C, K] cumulative log-decay inside the chunk (per head: broadcast over K)
+  T* E;    // [C, K] exp(G)
+  T* D;    // [C, K] exp(G_last − G)
+  T* Kd;   // [C, K] K ⊙ D
+  T* QE;   // [C, K] Q ⊙ E
+  T* Kb;   // [C, K] diag(β)(K ⊙ E)
+  T* W;    // [C, K] Tm Kb
+  T* U;    // [C, V] Tm diag(β) V
+  T* Vn;   // [C, V] U − W S
+  T* Akk;  // [C, C] K Kᵀ ⊙ Γ, strictly lower (zeros elsewhere)
+  T* P;    // [C, C] Q Kᵀ ⊙ Γ, lower with the diagonal (zeros above)
+  T* Tm;   // [C, C] (I + diag(β) Akk)⁻¹, lower
+  // Per key channel only (see kSub): row t against its sub-chunk's first token r, and the columns
+  // j < r of one sub-chunk against its r.
+  T* Er;    // [C, K] exp(G_t − G_r)
+  T* Rq;    // [C, K] Q ⊙ Er
+  T* Rk;    // [C, K] K ⊙ Er
+  T* Ecol;  // [C, K] exp(G_r − G_j), rows j < r
+  T* Ccol;  // [C, K] K ⊙ Ecol
+  static int64_t numel(int64_t K, int64_t V) { return 12 * C * K + 2 * C * V + 3 * C * C; }
+  explicit ChunkWork(T* p, int64_t K, int64_t V)
+      : G(p), E(G + C * K), D(E + C * K), Kd(D + C * K), QE(Kd + C * K), Kb(QE + C * K), W(Kb + C * K),
+        U(W + C * K), Vn(U + C * V), Akk(Vn + C * V), P(Akk + C * C), Tm(P + C * C), Er(Tm + C * C),
+        Rq(Er + C * K), Rk(Rq + C * K), Ecol(Rk + C * K), Ccol(Ecol + C * K) {}
+};
+
+// Er, Rq, Rk of every row of the chunk, each against its own sub-chunk's first token.
+template <class T>
+void row_factors(const ChunkWork<T>& w, const ChunkInputs<T>& in, int64_t K) {
+  for (int64_t t = 0; t < in.L; ++t) {
+    const T* qt = in.q + t * in.ldk;
+    const T* kt = in.k + t * in.ldk;
+    const T* Gr = w.G + (t - t % kSub) * K;  // [K]
+    for (int64_t i = 0; i < K; ++i) {
+      const int64_t x = t * K + i;
+      w.Er[x] = std::exp(w.G[x] - Gr[i]);
+      w.Rq[x] = qt[i] * w.Er[x];
+      w.Rk[x] = kt[i] * w.Er[x];
+    }
+  }
+}
+
+// Ecol, Ccol of the columns j < r against r, the first token of a sub-chunk.
+template <class T>
+void column_factors(const ChunkWork<T>& w, const ChunkInputs<T>& in, int64_t r, int64_t K) {
+  const T* Gr = w.G + r * K;  // [K]
+  for (int64_t j = 0; j < r; ++j) {
+    const T* kj = in.k + j * in.ldk;
+    for (int64_t i = 0; i < K; ++i) {
+      const int64_t x = j * K + i;
+      w.Ecol[x] = std::exp(Gr[i] - w.G[x]);
+      w.Ccol[x] = kj[i] * w.Ecol[x];
+    }
+  }
+}
+
+// Fills G, E, D, Kd, QE, Kb, Akk, P, Tm, W, U of one chunk.
+template <class T>
+void prepare_chunk(const ChunkWork<T>& w, const ChunkInputs<T>& in, const DeltaRuleSizes& s) {
+  const int64_t L = in.L, K = s.key_dim, V = s.value_dim;
+  const bool per_channel = s.decay == DeltaDecay::per_key_channel;
+  for (int64_t t = 0; t < L; ++t) {
+    T* Gt = w.G + t * K;  // [K]
+    const T* gt = in.g + t * in.ldg;
+    const T* G_prev = t > 0 ? Gt - K : nullptr;  // [K]
+    for (int64_t i = 0; i < K; ++i) Gt[i] = (G_prev != nullptr ? G_prev[i] : T(0)) + (per_channel ? gt[i] : gt[0]);
+  }
+  const T* G_last = w.G + (L - 1) * K;  // [K]
+  for (int64_t t = 0; t < L; ++t) {
+    const T* qt = in.q + t * in.ldk;
+    const T* kt = in.k + t * in.ldk;
+    const T bt = in.beta[t * in.ldb];
+    for (int64_t i = 0; i < K; ++i) {
+      const int64_t x = t * K + i;
+      w.E[x] = std::exp(w.G[x]);
+      w.D[x] = std::exp(G_last[i] - w.G[x]);
+      w.Kd[x] = kt[i] * w.D[x];
+      w.QE[x] = qt[i] * w.E[x];
+      w.Kb[x] = bt * kt[i] * w.E[x];
+    }
+  }
+  if (per_channel) {
+    row_factors(w, in, K);
+    for (int64_t b0 = 0; b0 < L; b0 += kSub) {
+      const int64_t nb = std::min(kSub, L - b0);
+      // Inside the sub-chunk: pairwise differences.
+      for (int64_t t = b0; t < b0 + nb; ++t) {
+        const T* qt = in.q + t * in.ldk;
+        const T* kt = in.k + t * in.ldk;
+        const T* Gt = w.G + t * K;
+        for (int64_t j = b0; j <= t; ++j) {
+          const T* kj = in.k + j * in.ldk;
+          const T* Gj = w.G + j * K;
+          T sp = 0, sa = 0;
+          for (int64_t i = 0; i < K; ++i) {
+            const T kg = kj[i] * std::exp(Gt[i] - Gj[i]);
+            sp += qt[i] * kg;
+            sa += kt[i] * kg;
+          }
+          w.P[t * C + j] = sp;
+          w.Akk[t * C + j] = j < t ? sa : T(0);
+        }
+      }
+      // Earlier columns: Γ_tj = Er_t · Ecol_j through r = b0, so the blocks are GEMMs.
+      if (b0 > 0) {
+        column_factors(w, in, b0, K);
+        gemm<T>(false, true, nb, b0, K, T(1), w.Rq + b0 * K, K, w.Ccol, K, T(0), w.P + b0 * C, C);
+        gemm<T>(false, true, nb, b0, K, T(1), w.Rk + b0 * K, K, w.Ccol, K, T(0), w.Akk + b0 * C, C);
+      }
+    }
+  } else {
+    gemm<T>(false, true, L, L, K, T(1), in.k, in.ldk, in.k, in.ldk, T(0), w.Akk, C);
+    gemm<T>(false, true, L, L, K, T(1), in.q, in.ldk, in.k, in.ldk, T(0), w.P, C);
+    for (int64_t t = 0; t < L; ++t) {
+      for (int64_t j = 0; j <= t; ++j) {
+        const T gamma = std::exp(w.G[t * K] - w.G[j * K]);
+        w.P[t * C + j] *= gamma;
+        w.Akk[t * C + j] = j < t ? w.Akk[t * C + j] * gamma : T(0);
+      }
+    }
+  }
+  for (int64_t t = 0; t < L; ++t) {
+    for (int64_t j = t + 1; j < L; ++j) w.P[t * C + j] = w.Akk[t * C + j] = T(0);
+  }
+  // Forward substitution: row t of Tm is e_t − Σ_{m<t} β_t Akk_tm · (row m of Tm).
+  for (int64_t t = 0; t < L; ++t) {
+    T* row = w.Tm + t * C;  // [C]
+    std::fill(row, row + L, T(0));
+    const T bt = in.beta[t * in.ldb];
+    for (int64_t m = 0; m < t; ++m) {
+      const T l = bt * w.Akk[t * C + m];
+      const T* row_m = w.Tm + m * C;
+      for (int64_t j = 0; j <= m; ++j) row[j] -= l * row_m[j];
+    }
+    row[t] = T(1);
+  }
+  gemm<T>(false, false, L, K, L, T(1), w.Tm, C, w.Kb, K, T(0), w.W, K);
+  // U = Tm (diag(β) V), with diag(β) V staged in Vn (chunk_values overwrites it).
+  for (int64_t t = 0; t < L; ++t) {
+    const T bt = in.beta[t * in.ldb];
+    const T* vt = in.v + t * in.ldv;
+    for (int64_t j = 0; j < V; ++j) w.Vn[t * V + j] = bt * vt[j];
+  }
+  gemm<T>(false, false, L, V, L, T(1), w.Tm, C, w.Vn, V, T(0), w.U, V);
+}
+
+// Vn = U − W S for the incoming state S[K, V].
+template <class T>
+void chunk_values(const ChunkWork<T>& w, const T* S, int64_t L, int64_t K, int64_t V) {
+  std::memcpy(w.Vn, w.U, L * V * sizeof(T));
+  gemm<T>(false, false, L, V, K, T(-1), w.W, K, S, V, T(1), w.Vn, V);
+}
+
+// S ← diag(E_last) S + Kdᵀ Vn, in place on S[K, V].
+template <class T>
+void advance_state(const ChunkWork<T>& w, T* S, int64_t L, int64_t K, int64_t V) {
+  const T* E_last = w.E + (L - 1) * K;
+  for (int64_t i = 0; i < K; ++i) {
+    for (int64_t j = 0; j < V; ++j) S[i * V + j] *= E_last[i];
+  }
+  gemm<T>(true, false, K, V, L, T(1), w.Kd, K, w.Vn, V, T(1), S, V);
+}
+
+// S[K, V] = s0[n, h] or zeros.
+template <class T>
+void load_state(T* S, const T* src, int64_t n, int64_t h, const DeltaRuleSizes& s) {
+  const int64_t KV = s.key_dim * s.value_dim;
+  if (src != nullptr) {
+    std::memcpy(S, src + (n * s.heads + h) * KV, KV * sizeof(T));
+  } else {
+    std::fill(S, S + KV, T(0));
+  }
+}
+
+// The backward's per-chunk gradient arrays.
+template <class T>
+struct ChunkGrads {
+  T* dVn;  // [C, V]
+  T* dVb;  // [C, V] gradient of diag(β) V
+  T* dQ;   // [C, K]
+  T* dK;   // [C, K]
+  T* dGc;  // [C, K] gradient of G (per head: summed over K at the end)
+  T* dW;   // [C, K]
+  T* dKb;  // [C, K]
+  T* tmp;  // [C, K]
+  T* dP;   // [C, C]
+  T* N;    // [C, C] β_t · dL_tj, strictly lower
+  T* dGh;  // [C] per head: gradient of G from the pairwise terms
+  T* db;   // [C]
+  // Per key channel: the off-diagonal pairwise parts of dQ, of dK through row t and through column j.
+  T* pQ;    // [C, K]
+  T* pKr;   // [C, K]
+  T* pKc;   // [C, K]
+  T* tmp2;  // [C, K]
+  static int64_t numel(int64_t K, int64_t V) { return 2 * C * V + 10 * C * K + 2 * C * C + 2 * C; }
+  explicit ChunkGrads(T* p, int64_t K, int64_t V)
+      : dVn(p), dVb(dVn + C * V), dQ(dVb + C * V), dK(dQ + C * K), dGc(dK + C * K), dW(dGc + C * K),
+        dKb(dW + C * K), tmp(dKb + C * K), dP(tmp + C * K), N(dP + C * C), dGh(N + C * C), db(dGh + C),
+        pQ(db + C), pKr(pQ + C * K), pKc(pKr + C * K), tmp2(pKc + C * K) {}
+};
+
+}  // namespace
+
+template <class T>
+void delta_rule_chunk_forward(T* o, T* s_final, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                              const T* s0, const int32_t* cu_seqlens, const DeltaRuleSizes& sizes) {
+  check_and_longest_segment(cu_seqlens, sizes);
+  const int64_t K = sizes.key_dim, V = sizes.value_dim, KV = K * V, H = sizes.heads;
+  const int64_t segments = segment_count(cu_seqlens, sizes);
+  // Per thread: state [K, V], then the chunk work arrays.
+  const int64_t per_thread = KV + ChunkWork<T>::numel(K, V);
+  Buffer<T> scratch(num_threads() * per_thread);
+  parallel_for(segments * H, [&](int64_t item) {
+    const int64_t n = item / H, h = item % H;
+    const Segment seg = segment_of(n, cu_seqlens, sizes);
+    T* S = scratch.data() + omp_get_thread_num() * per_thread;  // [K, V]
+    const ChunkWork<T> w(S + KV, K, V);
+    load_state(S, s0, n, h, sizes);
+    for (int64_t begin = seg.begin; begin < seg.end; begin += C) {
+      const int64_t L = std::min(C, seg.end - begin);
+      const ChunkInputs<T> in = chunk_inputs(q, k, v, g, beta, sizes, seg.row, begin, L, h);
+      prepare_chunk(w, in, sizes);
+      chunk_values(w, S, L, K, V);
+      // O = (Q ⊙ E) S + P Vn, written into o's rows (stride H·V).
+      T* oc = o + ((seg.row * sizes.seq_len + begin) * H + h) * V;  // [L, V]
+      gemm<T>(false, false, L, V, K, T(1), w.QE, K, S, V, T(0), oc, H * V);
+      gemm<T>(false, false, L, V, L, T(1), w.P, C, w.Vn, V, T(1), oc, H * V);
+      advance_state(w, S, L, K, V);
+    }
+    if (s_final != nullptr) std::memcpy(s_final + (n * H + h) * KV, S, KV * sizeof(T));
+  });
+}
+
+template <class T>
+void delta_rule_chunk_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0, const T* d_o, const T* ds_final,
+                               const T* q, const T* k, const T* v, const T* g, const T* beta, const T* s0,
+                               const int32_t* cu_seqlens, const DeltaRuleSizes& sizes) {
+  const int64_t longest = check_and_longest_segment(cu_seqlens, sizes);
+  const int64_t K = sizes.key_dim, V = sizes.value_dim, KV = K * V, H = sizes.heads;
+  const int64_t segments = segment_count(cu_seqlens, sizes);
+  const int64_t max_chunks = std::max<int64_t>(1, (longest + C - 1) / C);
+  const bool per_channel = sizes.decay == DeltaDecay::per_key_channel;
+  // Per thread: chunk-start states [max_chunks, K, V], dS [K, V], dS_prev [K, V], work, grads.
+  const int64_t per_thread = (max_chunks + 2) * KV + ChunkWork<T>::numel(K, V) + ChunkGrads<T>::numel(K, V);
+  Buffer<T> scratch(num_threads() * per_thread);
+  parallel_for(segments * H, [&](int64_t item) {
+    const int64_t n = item / H, h = item % H;
+    const Segment seg = segment_of(n, cu_seqlens, sizes);
+    T* states = scratch.data() + omp_get_thread_num() * per_thread;  // [max_chunks, K, V]
+    T* dS = states + max_chunks * KV;                                // [K, V]
+    T* dS_prev = dS + KV;                                            // [K, V]
+    const ChunkWork<T> w(dS_prev + KV, K, V);
+    const ChunkGrads<T> d(dS_prev + KV + ChunkWork<T>::numel(K, V), K, V);
+    const int64_t chunks = (seg.end - seg.begin + C - 1) / C;
+
+    // Pass 1: the state at the start of every chunk.
+    load_state(states, s0, n, h, sizes);
+    for (int64_t c = 0; c + 1 < chunks; ++c) {
+      const ChunkInputs<T> in = chunk_inputs(q, k, v, g, beta, sizes, seg.row, seg.begin + c * C, C, h);
+      T* S = states + (c + 1) * KV;  // [K, V]
+      std::memcpy(S, S - KV, KV * sizeof(T));
+      prepare_chunk(w, in, sizes);
+      chunk_values(w, S, C, K, V);
+      advance_state(w, S, C, K, V);
+    }
+
+    // Pass 2: chunks from the last; dS is the gradient of the state after the current chunk.
+    load_state(dS, ds_final, n, h, sizes);
+    for (int64_t c = chunks - 1; c >= 0; --c) {
+      const int64_t begin = seg.begin + c * C, L = std::min(C, seg.end - begin);
+      const int64_t tok0 = (seg.row * sizes.seq_len + begin) * H + h;
+      const ChunkInputs<T> in = chunk_inputs(q, k, v, g, beta, sizes, seg.row, begin, L, h);
+      const T* S = states + c * KV;         // [K, V] state entering the chunk
+      const T* doc = d_o + tok0 * V;        // [L, V], row stride H·V
+      const T* E_last = w.E + (L - 1) * K;  // [K]
+      prepare_chunk(w, in, sizes);
+      chunk_values(w, S, L, K, V);
+      // S' = diag(E_last) S + Kdᵀ Vn and O = QE S + P Vn: dVn = Pᵀ dO + Kd dS.
+      gemm<T>(true, false, L, V, L, T(1), w.P, C, doc, H * V, T(0), d.dVn, V);
+      gemm<T>(false, false, L, V, K, T(1), w.Kd, K, dS, V, T(1), d.dVn, V);
+      // QE = Q ⊙ E: tmp = dO Sᵀ; dQ = tmp ⊙ E, dG = tmp ⊙ QE.
+      gemm<T>(false, true, L, K, V, T(1), doc, H * V, S, V, T(0), d.tmp, K);
+      for (int64_t x = 0; x < L * K; ++x) {
+        d.dQ[x] = d.tmp[x] * w.E[x];
+        d.dGc[x] = d.tmp[x] * w.QE[x];
+      }
+      // Kd = K ⊙ exp(G_last − G): tmp = Vn dSᵀ; dK = tmp ⊙ D; dG_t −= tmp ⊙ Kd, dG_last += Σ_t tmp ⊙ Kd
+      // (the last row's two terms cancel exactly and are skipped).
+      gemm<T>(false, true, L, K, V, T(1), w.Vn, V, dS, V, T(0), d.tmp, K);
+      T* dG_last = d.dGc + (L - 1) * K;  // [K]
+      for (int64_t t = 0; t < L; ++t) {
+        for (int64_t i = 0; i < K; ++i) {
+          const int64_t x = t * K + i;
+          d.dK[x] = d.tmp[x] * w.D[x];
+          if (t + 1 < L) {
+            const T e = d.tmp[x] * w.Kd[x];
+            d.dGc[x] -= e;
+            dG_last[i] += e;
+          }
+        }
+      }
+      // diag(E_last) S: dG_last,i += E_last,i Σ_j dS_ij S_ij.
+      for (int64_t i = 0; i < K; ++i) {
+        T sum = 0;
+        for (int64_t j = 0; j < V; ++j) sum += dS[i * V + j] * S[i * V + j];
+        dG_last[i] += E_last[i] * sum;
+      }
+      // dP = dO Vnᵀ (lower with the diagonal).
+      gemm<T>(false, true, L, L, V, T(1), doc, H * V, w.Vn, V, T(0), d.dP, C);
+      // Vn = U − W S: dW = −dVn Sᵀ, dU = dVn; W = Tm Kb, U = Tm Vb: dKb = Tmᵀ dW, dVb = Tmᵀ dU.
+      gemm<T>(false, true, L, K, V, T(-1), d.dVn, V, S, V, T(0), d.dW, K);
+      gemm<T>(true, false, L, K, L, T(1), w.Tm, C, d.dW, K, T(0), d.dKb, K);
+      gemm<T>(true, false, L, V, L, T(1), w.Tm, C, d.dVn, V, T(0), d.dVb, V);
+      // Vb = diag(β) V, Kb = diag(β)(K ⊙ E).
+      for (int64_t t = 0; t < L; ++t) {
+        const T bt = in.beta[t * in.ldb];
+        const T* vt = in.v + t * in.ldv;
+        const T* kt = in.k + t * in.ldk;
+        T* dvt = dv + (tok0 + t * H) * V;  // [V]
+        T db = 0;
+        for (int64_t j = 0; j < V; ++j) {
+          dvt[j] = bt * d.dVb[t * V + j];
+          db += d.dVb[t * V + j] * vt[j];
+        }
+        for (int64_t i = 0; i < K; ++i) {
+          const int64_t x = t * K + i;
+          db += d.dKb[x] * kt[i] * w.E[x];
+          d.dK[x] += bt * d.dKb[x] * w.E[x];
+          d.dGc[x] += d.dKb[x] * w.Kb[x];
+        }
+        d.db[t] = db;
+        d.dGh[t] = 0;
+      }
+      // Tm = (I + diag(β) Akk)⁻¹: dL = −Tmᵀ dTm Tmᵀ = −(dVb Uᵀ + dKb Wᵀ), strictly lower; N = diag(β) dL.
+      gemm<T>(false, true, L, L, V, T(-1), d.dVb, V, w.U, V, T(0), d.N, C);
+      gemm<T>(false, true, L, L, K, T(-1), d.dKb, K, w.W, K, T(1), d.N, C);
+      for (int64_t t = 0; t < L; ++t) {
+        const T bt = in.beta[t * in.ldb];
+        for (int64_t j = 0; j < L; ++j) {
+          const int64_t x = t * C + j;
+          if (j < t) {
+            d.db[t] += d.N[x] * w.Akk[x];
+            d.N[x] *= bt;
+          } else {
+            d.N[x] = T(0);
+          }
+          if (j > t) d.dP[x] = T(0);
+        }
+      }
+      if (per_channel) {
+        // P_tj = Σ_i q_ti k_ji Γ_tji (j ≤ t), Akk_tj = Σ_i k_ti k_ji Γ_tji (j < t), Γ as in forward. The
+        // diagonal (Γ = 1) goes straight to dQ, dK; the pairs j < t go to pQ, pKr, pKc, and their
+        // G-gradient is dG_t += q_t ⊙ pQ_t + k_t ⊙ pKr_t, dG_j −= k_j ⊙ pKc_j.
+        std::fill(d.pQ, d.pQ + L * K, T(0));
+        std::fill(d.pKr, d.pKr + L * K, T(0));
+        std::fill(d.pKc, d.pKc + L * K, T(0));
+        for (int64_t b0 = 0; b0 < L; b0 += kSub) {
+          const int64_t nb = std::min(kSub, L - b0);
+          for (int64_t t = b0; t < b0 + nb; ++t) {
+            const T* qt = in.q + t * in.ldk;
+            const T* kt = in.k + t * in.ldk;
+            const T* Gt = w.G + t * K;
+            const T a_tt = d.dP[t * C + t];
+            for (int64_t i = 0; i < K; ++i) {
+              d.dQ[t * K + i] += a_tt * kt[i];
+              d.dK[t * K + i] += a_tt * qt[i];
+            }
+            for (int64_t j = b0; j < t; ++j) {
+              const T a = d.dP[t * C + j], nn = d.N[t * C + j];
+              const T* kj = in.k + j * in.ldk;
+              const T* Gj = w.G + j * K;
+              for (int64_t i = 0; i < K; ++i) {
+                const T gamma = std::exp(Gt[i] - Gj[i]);
+                const T kg = kj[i] * gamma;
+                d.pQ[t * K + i] += a * kg;
+                d.pKr[t * K + i] += nn * kg;
+                d.pKc[j * K + i] += (a * qt[i] + nn * kt[i]) * gamma;
+              }
+            }
+          }
+          if (b0 > 0) {
+            // Γ_tj = Er_t · Ecol_j for j < b0: pQ_t += Er ⊙ (dP Ccol), pKr_t += Er ⊙ (N Ccol),
+            // pKc_j += Ecol ⊙ (dPᵀ Rq + Nᵀ Rk).
+            column_factors(w, in, b0, K);
+            gemm<T>(false, false, nb, K, b0, T(1), d.dP + b0 * C, C, w.Ccol, K, T(0), d.tmp, K);
+            gemm<T>(false, false, nb, K, b0, T(1), d.N + b0 * C, C, w.Ccol, K, T(0), d.tmp2, K);
+            for (int64_t x = 0; x < nb * K; ++x) {
+              d.pQ[b0 * K + x] += d.tmp[x] * w.Er[b0 * K + x];
+              d.pKr[b0 * K + x] += d.tmp2[x] * w.Er[b0 * K + x];
+            }
+            gemm<T>(true, false, b0, K, nb, T(1), d.dP + b0 * C, C, w.Rq + b0 * K, K, T(0), d.tmp2, K);
+            gemm<T>(true, false, b0, K, nb, T(1), d.N + b0 * C, C, w.Rk + b0 * K, K, T(1), d.tmp2, K);
+            for (int64_t x = 0; x < b0 * K; ++x) d.pKc[x] += d.tmp2[x] * w.Ecol[x];
+          }
+        }
+        for (int64_t t = 0; t < L; ++t) {
+          const T* qt = in.q + t * in.ldk;
+          const T* kt = in.k + t * in.ldk;
+          for (int64_t i = 0; i < K; ++i) {
+            const int64_t x = t * K + i;
+            d.dQ[x] += d.pQ[x];
+            d.dK[x] += d.pKr[x] + d.pKc[x];
+            d.dGc[x] += qt[i] * d.pQ[x] + kt[i] * (d.pKr[x] - d.pKc[x]);
+          }
+        }
+      } else {
+        // Scalar Γ: the G-gradient of P_tj is P_tj (at t) and −P_tj (at j), likewise Akk; then the
+        // products with dP ⊙ Γ and N ⊙ Γ are GEMMs.
+        for (int64_t t = 0; t < L; ++t) {
+          for (int64_t j = 0; j < t; ++j) {  // the diagonal (Γ = 1) has no G-gradient
+            const int64_t x = t * C + j;
+            const T e = d.dP[x] * w.P[x] + d.N[x] * w.Akk[x];
+            d.dGh[t] += e;
+            d.dGh[j] -= e;
+            const T gamma = std::exp(w.G[t * K] - w.G[j * K]);
+            d.dP[x] *= gamma;
+            d.N[x] *= gamma;
+          }
+        }
+        gemm<T>(false, false, L, K, L, T(1), d.dP, C, in.k, in.ldk, T(1), d.dQ, K);
+        gemm<T>(true, false, L, K, L, T(1), d.dP, C, in.q, in.ldk, T(1), d.dK, K);
+        gemm<T>(false, false, L, K, L, T(1), d.N, C, in.k, in.ldk, T(1), d.dK, K);
+        gemm<T>(true, false, L, K, L, T(1), d.N, C, in.k, in.ldk, T(1), d.dK, K);
+      }
+      // Outputs of the chunk: dq, dk, dbeta, and dg as the reverse cumulative sum of dG.
+      const int64_t gw = per_channel ? K : 1;
+      for (int64_t t = L - 1; t >= 0; --t) {
+        const int64_t tok = tok0 + t * H;
+        std::memcpy(dq + tok * K, d.dQ + t * K, K * sizeof(T));
+        std::memcpy(dk + tok * K, d.dK + t * K, K * sizeof(T));
+        dbeta[tok] = d.db[t];
+        T* dgt = dg + tok * gw;
+        if (per_channel) {
+          for (int64_t i = 0; i < K; ++i) dgt[i] = d.dGc[t * K + i] + (t + 1 < L ? dgt[i + H * K] : T(0));
+        } else {
+          T sum = d.dGh[t];
+          for (int64_t i = 0; i < K; ++i) sum += d.dGc[t * K + i];
+          dgt[0] = sum + (t + 1 < L ? dgt[H] : T(0));
+        }
+      }
+      // dS_prev = QEᵀ dO + diag(E_last) dS − Wᵀ dVn.
+      gemm<T>(true, false, K, V, L, T(1), w.QE, K, doc, H * V, T(0), dS_prev, V);
+      for (int64_t i = 0; i < K; ++i) {
+        for (int64_t j = 0; j < V; ++j) dS_prev[i * V + j] += E_last[i] * dS[i * V + j];
+      }
+      gemm<T>(true, false, K, V, L, T(-1), w.W, K, d.dVn, V, T(1), dS_prev, V);
+      std::memcpy(dS, dS_prev, KV * sizeof(T));
+    }
+    if (ds0 != nullptr) std::memcpy(ds0 + (n * H + h) * KV, dS, KV * sizeof(T));
+  });
+}
+
+#define TRILLION_INSTANTIATE_DELTA_RULE_CHUNK(T)                                                                  \
+  template void delta_rule_chunk_forward<T>(T*, T*, const T*, const T*, const T*, const T*, const T*, const T*, \
+                                            const int32_t*, const DeltaRuleSizes&);                             \
+  template void delta_rule_chunk_backward<T>(T*, T*, T*, T*, T*, T*, const T*, const T*, const T*, const T*,    \
+                                             const T*, const T*, const T*, const T*, const int32_t*,            \
+                                             const DeltaRuleSizes&);
+TRILLION_INSTANTIATE_DELTA_RULE_CHUNK(float)
+TRILLION_INSTANTIATE_DELTA_RULE_CHUNK(double)
+#undef TRILLION_INSTANTIATE_DELTA_RULE_CHUNK
+
+}  // namespace trillion

@@ -1,0 +1,264 @@
+// The gated delta rule in chunked form (ops/delta_rule.h) against the recurrent form, both decay
+// kinds: forward (o, s_final) and backward (all six gradients) in double over lengths around the
+// chunk size, with and without s0 and ds_final; packed segments with boundaries inside chunks; float
+// against double including strong per-channel decay (cumulative |g| > 100 inside a chunk); thread
+// count independence (bitwise).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ops/delta_rule.h"
+#include "ops/finite_diff.h"
+
+namespace trillion {
+namespace {
+
+using test::random_values;
+
+// One problem in double; cu empty: one segment per batch row; s0 empty: null.
+struct Inputs {
+  DeltaRuleSizes sizes;
+  std::vector<int32_t> cu;   // [N + 1]
+  std::vector<double> q, k;  // [B, T, H, K]
+  std::vector<double> v;     // [B, T, H, V]
+  std::vector<double> g;     // [B, T, H] or [B, T, H, K]
+  std::vector<double> beta;  // [B, T, H]
+  std::vector<double> s0;    // [N, H, K, V]
+  int64_t segments() const { return cu.empty() ? sizes.batch : sizes.num_segments; }
+  int64_t state_numel() const { return segments() * sizes.heads * sizes.key_dim * sizes.value_dim; }
+  int64_t tokens() const { return sizes.batch * sizes.seq_len * sizes.heads; }
+  int64_t g_width() const { return sizes.decay == DeltaDecay::per_key_channel ? sizes.key_dim : 1; }
+};
+
+// Random vectors of `width` values per token-head, each scaled to L2 norm `norm`.
+std::vector<double> random_unit_rows(int64_t rows, int64_t width, uint64_t seed, double norm) {
+  std::vector<double> x = random_values(rows * width, seed);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < width; ++i) ss += x[r * width + i] * x[r * width + i];
+    for (int64_t i = 0; i < width; ++i) x[r * width + i] *= norm / std::sqrt(ss);
+  }
+  return x;
+}
+
+// q, k L2-normalized (q also scaled by K^−½), g uniform in [g_lo, g_hi], beta in (0.05, 0.95).
+Inputs make_inputs(const DeltaRuleSizes& sizes, uint64_t seed, double g_lo, double g_hi, bool with_s0,
+                   std::vector<int32_t> cu = {}) {
+  Inputs in;
+  in.sizes = sizes;
+  in.cu = std::move(cu);
+  const int64_t rows = in.tokens(), K = sizes.key_dim, V = sizes.value_dim;
+  in.q = random_unit_rows(rows, K, seed, 1.0 / std::sqrt(static_cast<double>(K)));
+  in.k = random_unit_rows(rows, K, seed + 1, 1.0);
+  in.v = random_values(rows * V, seed + 2);
+  in.g = random_values(rows * in.g_width(), seed + 3);
+  for (double& x : in.g) x = g_lo + (g_hi - g_lo) * 0.5 * (x + 1.0);
+  in.beta = random_values(rows, seed + 4, 0.45);
+  for (double& x : in.beta) x += 0.5;
+  if (with_s0) in.s0 = random_values(in.state_numel(), seed + 5, 0.5);
+  return in;
+}
+
+template <class T>
+const T* or_null(const std::vector<T>& x) {
+  return x.empty() ? nullptr : x.data();
+}
+
+enum class Form { recurrent, chunk };
+
+template <class T>
+struct Outputs {
+  std::vector<T> o, s_final;
+};
+
+template <class T>
+Outputs<T> forward(Form form, const Inputs& in) {
+  const std::vector<T> q = test::cast_values<T>(in.q), k = test::cast_values<T>(in.k), v = test::cast_values<T>(in.v);
+  const std::vector<T> g = test::cast_values<T>(in.g), beta = test::cast_values<T>(in.beta);
+  const std::vector<T> s0 = test::cast_values<T>(in.s0);
+  Outputs<T> out{std::vector<T>(in.tokens() * in.sizes.value_dim), std::vector<T>(in.state_numel())};
+  auto* fn = form == Form::chunk ? &delta_rule_chunk_forward<T> : &delta_rule_recurrent_forward<T>;
+  fn(out.o.data(), out.s_final.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), or_null(s0),
+     or_null(in.cu), in.sizes);
+  return out;
+}
+
+template <class T>
+struct Grads {
+  std::vector<T> dq, dk, dv, dg, dbeta, ds0;
+};
+
+// Backward with d_o and ds_final (empty: null).
+template <class T>
+Grads<T> backward(Form form, const Inputs& in, const std::vector<double>& d_o_in,
+                  const std::vector<double>& ds_final_in) {
+  const std::vector<T> q = test::cast_values<T>(in.q), k = test::cast_values<T>(in.k), v = test::cast_values<T>(in.v);
+  const std::vector<T> g = test::cast_values<T>(in.g), beta = test::cast_values<T>(in.beta);
+  const std::vector<T> s0 = test::cast_values<T>(in.s0), d_o = test::cast_values<T>(d_o_in);
+  const std::vector<T> ds_final = test::cast_values<T>(ds_final_in);
+  const int64_t rows = in.tokens(), K = in.sizes.key_dim, V = in.sizes.value_dim;
+  // Filled with NaN so that an element the kernel fails to write shows up.
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  Grads<T> d{std::vector<T>(rows * K, nan), std::vector<T>(rows * K, nan),
+             std::vector<T>(rows * V, nan), std::vector<T>(rows * in.g_width(), nan),
+             std::vector<T>(rows, nan),     std::vector<T>(in.state_numel(), nan)};
+  auto* fn = form == Form::chunk ? &delta_rule_chunk_backward<T> : &delta_rule_recurrent_backward<T>;
+  fn(d.dq.data(), d.dk.data(), d.dv.data(), d.dg.data(), d.dbeta.data(), d.ds0.data(), d_o.data(), or_null(ds_final),
+     q.data(), k.data(), v.data(), g.data(), beta.data(), or_null(s0), or_null(in.cu), in.sizes);
+  return d;
+}
+
+DeltaRuleSizes make_sizes(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DeltaDecay decay) {
+  DeltaRuleSizes s;
+  s.batch = B, s.seq_len = T, s.heads = H, s.key_dim = K, s.value_dim = V, s.decay = decay;
+  return s;
+}
+
+constexpr DeltaDecay kDecays[] = {DeltaDecay::per_head, DeltaDecay::per_key_channel};
+
+template <class T>
+bool all_finite(const std::vector<T>& x) {
+  return std::all_of(x.begin(), x.end(), [](T value) { return std::isfinite(value); });
+}
+
+// Every output and gradient of `got` against `want`; returns the worst relative error.
+template <class A, class B>
+double compare_all(const Outputs<A>& fa, const Grads<A>& ba, const Outputs<B>& fb, const Grads<B>& bb, double tol,
+                   const char* what) {
+  const std::pair<const std::vector<A>*, const std::vector<B>*> pairs[] = {
+      {&fa.o, &fb.o},   {&fa.s_final, &fb.s_final}, {&ba.dq, &bb.dq},       {&ba.dk, &bb.dk},
+      {&ba.dv, &bb.dv}, {&ba.dg, &bb.dg},           {&ba.dbeta, &bb.dbeta}, {&ba.ds0, &bb.ds0}};
+  const char* names[] = {"o", "s_final", "dq", "dk", "dv", "dg", "dbeta", "ds0"};
+  double worst = 0.0;
+  for (size_t p = 0; p < std::size(pairs); ++p) {
+    EXPECT_TRUE(all_finite(*pairs[p].first)) << what << " " << names[p];
+    const double err = test::relative_error(*pairs[p].first, *pairs[p].second);
+    EXPECT_LE(err, tol) << what << " " << names[p];
+    worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+void record_worst(double worst) {
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.3g", worst);
+  ::testing::Test::RecordProperty("worst_relative_error", text);
+}
+
+// Lengths around the chunk size; s0 and ds_final present or null.
+TEST(DeltaRuleChunk, MatchesRecurrentForwardAndBackward) {
+  double worst = 0.0;
+  for (DeltaDecay decay : kDecays) {
+    for (int64_t T : {1, 13, 64, 65, 150, 200}) {
+      for (bool with_s0 : {true, false}) {
+        for (bool with_ds_final : {true, false}) {
+          const Inputs in = make_inputs(make_sizes(2, T, 2, 8, 6, decay), 100 + T, -1.0, -0.01, with_s0);
+          const std::vector<double> d_o = random_values(in.tokens() * 6, 7 + T);
+          const std::vector<double> ds_final =
+              with_ds_final ? random_values(in.state_numel(), 8 + T) : std::vector<double>{};
+          const Outputs<double> fc = forward<double>(Form::chunk, in), fr = forward<double>(Form::recurrent, in);
+          const Grads<double> bc = backward<double>(Form::chunk, in, d_o, ds_final);
+          const Grads<double> br = backward<double>(Form::recurrent, in, d_o, ds_final);
+          const std::string what = "decay " + std::to_string(static_cast<int>(decay)) + " T=" + std::to_string(T) +
+                                   " s0=" + std::to_string(with_s0) + " ds_final=" + std::to_string(with_ds_final);
+          worst = std::max(worst, compare_all(fc, bc, fr, br, 1e-10, what.c_str()));
+        }
+      }
+    }
+  }
+  record_worst(worst);
+}
+
+// Head dimensions of realistic shape (K = V = 32) over two and a half chunks.
+TEST(DeltaRuleChunk, MatchesRecurrentWiderHeads) {
+  double worst = 0.0;
+  for (DeltaDecay decay : kDecays) {
+    const Inputs in = make_inputs(make_sizes(1, 160, 2, 32, 32, decay), 201, -0.5, -0.01, true);
+    const std::vector<double> d_o = random_values(in.tokens() * 32, 202);
+    const std::vector<double> ds_final = random_values(in.state_numel(), 203);
+    const Outputs<double> fc = forward<double>(Form::chunk, in), fr = forward<double>(Form::recurrent, in);
+    const Grads<double> bc = backward<double>(Form::chunk, in, d_o, ds_final);
+    const Grads<double> br = backward<double>(Form::recurrent, in, d_o, ds_final);
+    worst = std::max(worst, compare_all(fc, bc, fr, br, 1e-10, "wide"));
+  }
+  record_worst(worst);
+}
+
+// Segment boundaries inside chunks, an empty segment, a one-token segment, one over two chunks.
+TEST(DeltaRuleChunk, PackedSegmentsMatchRecurrent) {
+  const std::vector<int32_t> cu = {0, 13, 13, 83, 84, 91, 230};  // lengths 13, 0, 70, 1, 7, 139
+  double worst = 0.0;
+  for (DeltaDecay decay : kDecays) {
+    for (bool with_s0 : {true, false}) {
+      DeltaRuleSizes sizes = make_sizes(1, 230, 2, 5, 3, decay);
+      sizes.num_segments = 6;
+      const Inputs in = make_inputs(sizes, 301, -1.0, -0.01, with_s0, cu);
+      const std::vector<double> d_o = random_values(in.tokens() * 3, 302);
+      const std::vector<double> ds_final = random_values(in.state_numel(), 303);
+      const Outputs<double> fc = forward<double>(Form::chunk, in), fr = forward<double>(Form::recurrent, in);
+      const Grads<double> bc = backward<double>(Form::chunk, in, d_o, ds_final);
+      const Grads<double> br = backward<double>(Form::recurrent, in, d_o, ds_final);
+      worst = std::max(worst, compare_all(fc, bc, fr, br, 1e-10, "packed"));
+    }
+  }
+  record_worst(worst);
+}
+
+// Moderate decay over 150 tokens, and strong decay g ∈ [−8, −3] (cumulative |g| > 100 inside a
+// chunk) over 150 tokens: float chunked against double chunked, all finite.
+TEST(DeltaRuleChunk, FloatAgreesWithDoubleIncludingStrongDecay) {
+  struct Case {
+    double g_lo, g_hi;
+  };
+  double worst = 0.0;
+  for (const Case& c : {Case{-2.0, -0.01}, Case{-8.0, -3.0}}) {
+    for (DeltaDecay decay : kDecays) {
+      const Inputs in = make_inputs(make_sizes(2, 150, 2, 16, 8, decay), 401, c.g_lo, c.g_hi, true);
+      const std::vector<double> d_o = random_values(in.tokens() * 8, 402);
+      const std::vector<double> ds_final = random_values(in.state_numel(), 403);
+      const Outputs<double> fd = forward<double>(Form::chunk, in);
+      const Outputs<float> ff = forward<float>(Form::chunk, in);
+      const Grads<double> bd = backward<double>(Form::chunk, in, d_o, ds_final);
+      const Grads<float> bf = backward<float>(Form::chunk, in, d_o, ds_final);
+      worst = std::max(worst, compare_all(ff, bf, fd, bd, 1e-4, c.g_hi <= -3.0 ? "strong" : "moderate"));
+      // The double chunked form still agrees with the recurrent one under strong decay.
+      const Outputs<double> fr = forward<double>(Form::recurrent, in);
+      const Grads<double> br = backward<double>(Form::recurrent, in, d_o, ds_final);
+      compare_all(fd, bd, fr, br, 1e-10, "double vs recurrent");
+    }
+  }
+  record_worst(worst);
+}
+
+TEST(DeltaRuleChunk, ThreadCountDoesNotChangeResults) {
+  for (DeltaDecay decay : kDecays) {
+    const Inputs in = make_inputs(make_sizes(3, 100, 3, 6, 4, decay), 501, -2.0, -0.01, true);
+    const std::vector<double> d_o = random_values(in.tokens() * 4, 502), ds_final = random_values(in.state_numel(), 503);
+    Outputs<float> f[2];
+    Grads<float> b[2];
+    for (int threads : {1, 2}) {
+      test::with_threads(threads, [&] {
+        f[threads - 1] = forward<float>(Form::chunk, in);
+        b[threads - 1] = backward<float>(Form::chunk, in, d_o, ds_final);
+      });
+    }
+    EXPECT_EQ(f[0].o, f[1].o);
+    EXPECT_EQ(f[0].s_final, f[1].s_final);
+    EXPECT_EQ(b[0].dq, b[1].dq);
+    EXPECT_EQ(b[0].dk, b[1].dk);
+    EXPECT_EQ(b[0].dv, b[1].dv);
+    EXPECT_EQ(b[0].dg, b[1].dg);
+    EXPECT_EQ(b[0].dbeta, b[1].dbeta);
+    EXPECT_EQ(b[0].ds0, b[1].ds0);
+  }
+}
+
+}  // namespace
+}  // namespace trillion
