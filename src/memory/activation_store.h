@@ -23,7 +23,7 @@ namespace trillion {
 // Hq / Hkv = query / key-value heads, d = head dim, I = MLP width, E = routed experts, k = experts
 // per token, R = routed rows kept (≤ N · k), Is = shared expert width.
 enum class ActivationTag : int {
-  attn_input,     // [N, D]        residual stream entering the attention sublayer
+  attn_input,     // [N, D]        residual stream entering the mixer sublayer (every mixer kind)
   attn_norm_rstd, // [N]
   attn_norm_out,  // [N, D]        input of q/k/v projections
   q_raw,          // [N, Hq, d]    query before q_norm
@@ -37,6 +37,19 @@ enum class ActivationTag : int {
   attn_out,       // [N, Hq · d]   attention output (before the gate)
   attn_lse,       // [B, Hq, S]
   o_proj_in,      // [N, Hq · d]   gated attention output (qwen3_next)
+  gdn_conv_in,    // [N, Cc]       Gated DeltaNet: [q | k | v] before the conv (Cc = 2·nk·dk + nv·dv)
+  gdn_q_hat,      // [N, nk, dk]   L2-normalized query (before the K^−½ scale)
+  gdn_q_inv,      // [N · nk]      its inverse norms
+  gdn_k_hat,      // [N, nk, dk]   L2-normalized key
+  gdn_k_inv,      // [N · nk]
+  gdn_v,          // [N, nv, dv]   value after the conv
+  gdn_z,          // [N, nv, dv]   output gate
+  gdn_a,          // [N, nv]       decay input (before the gate)
+  gdn_g,          // [N, nv]       log decay
+  gdn_beta,       // [N, nv]
+  gdn_core,       // [N, nv, dv]   delta-rule output
+  gdn_norm_rstd,  // [N · nv]
+  gdn_normed,     // [N, nv · dv]  gated-norm output (out_proj input)
   ffn_input,      // [N, D]        residual stream entering the FFN sublayer
   ffn_norm_rstd,  // [N]
   ffn_norm_out,   // [N, D]        input of the dense MLP or the MoE

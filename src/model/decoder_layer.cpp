@@ -13,7 +13,11 @@ namespace trillion {
 DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int layer) {
   DecoderLayerDims dims;
   dims.hidden = config.hidden_size;
-  dims.mixer = AttentionBlockDims::from_config(config);
+  if (config.layer_types[layer] == LayerType::linear_attention) {
+    dims.mixer = GatedDeltaNetDims::from_config(config);  // qwen3_next (check_kinds_declared)
+  } else {
+    dims.mixer = AttentionBlockDims::from_config(config);
+  }
   dims.ffn_norm = {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
   if (config.is_moe_layer(layer)) {
     dims.ffn = MoeDims::from_config(config);

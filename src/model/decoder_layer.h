@@ -1,7 +1,8 @@
 // A decoder layer is a mixer and an FFN, each of a declared kind, chosen per layer from the config
 // by the family's rules (model/family.h, ModelConfig::layer_types and mlp_layer_types):
 //
-//   x ← x + Mixer(x)                     mixer kinds: full attention (its input norm inside)
+//   x ← x + Mixer(x)                     mixer kinds (their input norm inside): full attention,
+//                                        Gated DeltaNet (qwen3_next's linear_attention)
 //   x ← x + FFN(RMSNorm(x))              FFN kinds: dense SwiGLU MLP, mixture of experts
 //
 // A kind is its dims struct (from the config, naming its weights struct as Dims::Weights<T>), its
@@ -24,6 +25,7 @@
 #include "memory/activation_store.h"
 #include "model/attention_block.h"
 #include "model/config.h"
+#include "model/gated_deltanet.h"
 #include "model/mlp.h"
 #include "model/moe.h"
 #include "model/params.h"
@@ -32,7 +34,7 @@
 namespace trillion {
 
 // The registration lines: every mixer kind and every FFN kind.
-using MixerDims = std::variant<AttentionBlockDims>;
+using MixerDims = std::variant<AttentionBlockDims, GatedDeltaNetDims>;
 using FfnDims = std::variant<MlpDims, MoeDims>;
 
 // The weights variant of a dims variant: Kind::Weights<T> of each kind, in the same order.

@@ -27,8 +27,13 @@ void check_kinds_declared(const ModelConfig& config) {
     fail(source, ": model_type ", config.model_type,
          ": not built yet; expected qwen3, qwen3_moe, qwen3_next or glm4_moe");
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
-    if (config.layer_types[i] != LayerType::full_attention)
-      fail(source, ": layer_types[", i, "] = ", layer_type_name(config.layer_types[i]), ": not built yet");
+    const LayerType type = config.layer_types[i];
+    const bool built = type == LayerType::full_attention ||
+                       (type == LayerType::linear_attention && config.model_type == "qwen3_next");
+    if (!built)
+      fail(source, ": layer_types[", i, "] = ", layer_type_name(type), ": not built yet",
+           type == LayerType::linear_attention ? " for " + config.model_type + " (built: qwen3_next's Gated DeltaNet)"
+                                               : std::string());
   }
 }
 
@@ -334,7 +339,10 @@ void Model<T>::start_generation(int64_t max_len) {
   Impl& m = *impl_;
   if (max_len <= 0) fail("generation length ", max_len, " must be positive");
   m.caches.clear();
-  for (const DecoderLayerDims& dims : m.layer_dims) m.caches.emplace_back(dims.decode_cache_elements(max_len));
+  for (const DecoderLayerDims& dims : m.layer_dims) {
+    m.caches.emplace_back(dims.decode_cache_elements(max_len));
+    m.caches.back().zero();  // recurrent states and conv windows start at zero
+  }
   m.cache_capacity = max_len;
   m.cache_length = 0;
 }

@@ -24,6 +24,7 @@ struct ParamRow {
   std::vector<int64_t> shape;
   InitKind init = InitKind::normal;
   double init_std = 0.0;
+  double init_low = 0.0, init_high = 0.0;  // log_uniform's range
   bool weight_decay = true;
   ParamGroup group = ParamGroup::dense;
   std::vector<HfKey> hf_keys;  // empty: stored under `name`
@@ -75,6 +76,8 @@ inline void add_row(ParamTable& table, const std::string& prefix, int unit, cons
   spec.unit = unit;
   spec.init = row.init;
   spec.init_std = row.init == InitKind::normal ? row.init_std : 0.0;
+  spec.init_low = row.init_low;
+  spec.init_high = row.init_high;
   spec.weight_decay = row.weight_decay;
   for (const HfKey& key : row.hf_keys) spec.hf_keys.push_back({prefix + key.name, key.shape, key.offset});
   table.add(std::move(spec));

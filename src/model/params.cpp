@@ -3,6 +3,7 @@
 #include "model/params.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -114,6 +115,12 @@ void init_parameters(const ParamTable& table, T* values, uint64_t seed) {
         const CounterRng rng(seed, spec.name);
         const double std = spec.init_std;
         parallel_for(n, [&](int64_t i) { out[i] = static_cast<T>(rng.normal(static_cast<uint64_t>(i)) * std); });
+        break;
+      }
+      case InitKind::log_uniform: {
+        const CounterRng rng(seed, spec.name);
+        const double low = spec.init_low, span = spec.init_high - spec.init_low;
+        parallel_for(n, [&](int64_t i) { out[i] = static_cast<T>(std::log(low + span * rng.uniform(i))); });
         break;
       }
     }

@@ -25,6 +25,7 @@ enum class InitKind {
   normal,  // N(0, init_std²)
   zeros,
   ones,
+  log_uniform,  // log(U(init_low, init_high)): Gated DeltaNet's A_log
 };
 
 // One tensor as a Hugging Face checkpoint stores it: `numel(shape)` contiguous elements of the
@@ -43,6 +44,7 @@ struct ParamSpec {
   int unit = 0;
   InitKind init = InitKind::normal;
   double init_std = 0.02;
+  double init_low = 0.0, init_high = 0.0;  // log_uniform's range
   bool weight_decay = true;
   std::vector<HfKey> hf_keys = {};  // empty: stored under `name` with `shape`
   int64_t offset = 0;          // element offset in the flat buffer; set by ParamTable::finalize

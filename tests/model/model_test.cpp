@@ -259,15 +259,25 @@ TEST(Model, KvCacheGenerationMatchesFullForward) {
 
 TEST(Model, RejectsLayerKindsNotBuiltYet) {
   const ModelConfig config = testing::tiny_config_with(
-      {{"layer_types", {"full_attention", "linear_attention"}},
-       {"linear_num_key_heads", 2}, {"linear_num_value_heads", 2},
-       {"linear_key_head_dim", 4}, {"linear_value_head_dim", 4}},
+      {{"layer_types", {"full_attention", "sparse_attention"}}, {"index_n_heads", 2}, {"index_head_dim", 4}},
       "tiny_qwen3_next.json");
   try {
     Model<float> model(config);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("layer_types[1] = linear_attention: not built yet"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("layer_types[1] = sparse_attention: not built yet"), std::string::npos)
+        << e.what();
+  }
+  // Linear attention is built for qwen3_next (Gated DeltaNet), not yet for another family.
+  const ModelConfig qwen3 = testing::tiny_config_with(
+      {{"layer_types", {"full_attention", "linear_attention"}}, {"linear_num_key_heads", 2},
+       {"linear_num_value_heads", 2}, {"linear_key_head_dim", 4}, {"linear_value_head_dim", 4}});
+  try {
+    Model<float> model(qwen3);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer_types[1] = linear_attention: not built yet for qwen3"),
+              std::string::npos)
         << e.what();
   }
 }
