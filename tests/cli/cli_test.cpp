@@ -27,25 +27,29 @@ TEST(Cli, GradcheckOfAMissingConfigNamesTheFile) {
   EXPECT_NE(r.output.find("/nonexistent/model.json"), std::string::npos) << r.output;
 }
 
-// transformers' num_parameters() of its default Qwen3MoeConfig and Glm4MoeConfig, built on the meta
-// device by tools/ref/write_default_configs.py (tests/fixtures/param_counts.json), equals the count
-// of `trillion info`, which allocates nothing (103 B parameters would not fit here).
+// transformers' num_parameters() of its default Qwen3MoeConfig, Glm4MoeConfig and Qwen3NextConfig,
+// built on the meta device by tools/ref/write_default_configs.py (tests/fixtures/param_counts*.json),
+// equals the count of `trillion info`, which allocates nothing (103 B parameters would not fit here).
 TEST(Info, CountsEqualTransformersForTheDefaultConfigs) {
-  const nlohmann::json counts = nlohmann::json::parse(
-      read_file(std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/param_counts.json"));
-  ASSERT_EQ(counts.size(), 2u);
-  for (const auto& [name, entry] : counts.items()) {
-    const CommandResult r =
-        run_cli("info --json --config " + std::string(TRILLION_SOURCE_DIR) + "/" + entry.at("config").get<std::string>(),
-                "OMP_NUM_THREADS=1", /*stdout_only=*/true);
-    ASSERT_EQ(r.status, 0) << name << ": " << r.output;
-    const nlohmann::json info = nlohmann::json::parse(r.output);
-    EXPECT_EQ(info.at("total_parameters").get<int64_t>(), entry.at("num_parameters").get<int64_t>()) << name;
-    const int64_t dense = info.at("dense_parameters"), expert = info.at("expert_parameters");
-    EXPECT_EQ(dense + expert, info.at("total_parameters").get<int64_t>()) << name;
-    EXPECT_LT(info.at("active_parameters").get<int64_t>(), info.at("total_parameters").get<int64_t>() / 8) << name;
-    EXPECT_GT(info.at("active_parameters").get<int64_t>(), dense) << name;
+  int64_t checked = 0;
+  for (const char* file : {"param_counts.json", "param_counts_linear_attention.json"}) {
+    const nlohmann::json counts =
+        nlohmann::json::parse(read_file(std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/" + file));
+    for (const auto& [name, entry] : counts.items()) {
+      const CommandResult r = run_cli(
+          "info --json --config " + std::string(TRILLION_SOURCE_DIR) + "/" + entry.at("config").get<std::string>(),
+          "OMP_NUM_THREADS=1", /*stdout_only=*/true);
+      ASSERT_EQ(r.status, 0) << name << ": " << r.output;
+      const nlohmann::json info = nlohmann::json::parse(r.output);
+      EXPECT_EQ(info.at("total_parameters").get<int64_t>(), entry.at("num_parameters").get<int64_t>()) << name;
+      const int64_t dense = info.at("dense_parameters"), expert = info.at("expert_parameters");
+      EXPECT_EQ(dense + expert, info.at("total_parameters").get<int64_t>()) << name;
+      EXPECT_LT(info.at("active_parameters").get<int64_t>(), info.at("total_parameters").get<int64_t>() / 8) << name;
+      EXPECT_GT(info.at("active_parameters").get<int64_t>(), dense) << name;
+      ++checked;
+    }
   }
+  EXPECT_EQ(checked, 3);  // Qwen3MoeConfig, Glm4MoeConfig, Qwen3NextConfig (Qwen3-Next-80B-A3B)
 }
 
 // A layer kind that is not declared yet is not guessed at: MLA (deepseek_v3) is an error.

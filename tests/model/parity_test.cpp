@@ -3,7 +3,8 @@
 // (its float32 sites patched), random weights, tokens [2, 7] with one ignored target, saved with
 // save_pretrained (config.json and model.safetensors as transformers writes them; MoE fixtures also
 // in the fused layout under fused/). Families: qwen3 (also tied), qwen3_next (dense and MoE with the
-// gated shared expert and aux loss, every layer full attention), qwen3_moe (aux loss), glm4_moe
+// gated shared expert and aux loss, every layer full attention; and the hybrid: Gated DeltaNet,
+// full attention, MoE), qwen3_moe (aux loss), glm4_moe
 // (sigmoid router, correction bias, groups, shared expert, a dense first layer, attention bias,
 // partial RoPE). Model<double> loads the same weights and must reproduce the loss terms, every
 // parameter gradient and the logits (through the decoding path, the only path that exposes logits).
@@ -62,10 +63,11 @@ class Parity : public ::testing::TestWithParam<std::string> {
   std::vector<int32_t> tokens_, targets_;  // [batch, seq]
 };
 
-// Tolerances: what holds in float64 with transformers' float32 sites patched, ten times the worst
-// seen (printed by the tests: loss ≤ 3.4e-16, gradients ≤ 5.2e-15, logits ≤ 2e-15; what is left
-// is summation order).
-constexpr double kLossTolerance = 5e-15, kGradTolerance = 5e-14, kLogitTolerance = 2e-14;
+// Tolerances: what holds in float64 with transformers' float32 sites patched, about ten times the
+// worst seen (printed by the tests: loss ≤ 3.4e-16, gradients ≤ 5.2e-15 with full attention and
+// 2.0e-14 with Gated DeltaNet layers (chunked here, chunked differently there), logits ≤ 1.6e-15;
+// what is left is summation order).
+constexpr double kLossTolerance = 5e-15, kGradTolerance = 2e-13, kLogitTolerance = 2e-14;
 
 double read_scalar(const SafetensorsReader& fixture, const std::string& name) {
   double value = 0.0;
@@ -152,10 +154,12 @@ TEST_P(Parity, DecodingLogitsMatchTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::Values("tiny_qwen3", "tiny_qwen3_next", "tiny_qwen3_tied", "tiny_qwen3_moe",
-                                                           "tiny_qwen3_next_moe", "tiny_glm4_moe"),
+                                                           "tiny_qwen3_next_moe", "tiny_glm4_moe",
+                                                           "tiny_qwen3_next_hybrid"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 INSTANTIATE_TEST_SUITE_P(MoeModels, FusedLayoutParity,
-                         ::testing::Values("tiny_qwen3_moe", "tiny_qwen3_next_moe", "tiny_glm4_moe"),
+                         ::testing::Values("tiny_qwen3_moe", "tiny_qwen3_next_moe", "tiny_glm4_moe",
+                                           "tiny_qwen3_next_hybrid"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

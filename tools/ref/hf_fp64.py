@@ -6,7 +6,9 @@ transformers 5.24.0, safetensors 0.8.0, Python 3.11.
 transformers computes parts of a float64 model in float32 (HF-FACTS.md section 0.9): RMSNorm casts to
 float32, the RoPE inv_freq table is built in float32 and cos/sin are computed in float32, the routers
 compute their softmax / sigmoid logits in float32, eager attention's softmax is float32, the qwen
-aux loss accumulates in float32 and ForCausalLMLoss upcasts to float32. Here each of those functions
+aux loss accumulates in float32 and ForCausalLMLoss upcasts to float32; the linear attentions (qwen3_next
+Gated DeltaNet, kimi_linear KDA) compute their decay gates, gated output norms and whole chunk / recurrent
+kernels in float32. Here each of those functions
 is RECOMPILED FROM ITS OWN SOURCE with the float32 dtypes replaced by float64
 (`torch.float32`, `torch.float` -> `torch.float64`, `.float()` -> `.double()`) and put back on its
 class or module (`apply(family)`); `restore()` puts the originals back. The math is unchanged; only the
@@ -48,16 +50,35 @@ SITES = {
         "eager_attention_forward",
         "load_balancing_loss_func",
     ]),
-    # The Gated DeltaNet functions (Qwen3NextRMSNormGated, Qwen3NextGatedDeltaNet.forward,
-    # torch_chunk/recurrent_gated_delta_rule) are not listed: the fixtures have full attention only,
-    # and the leak check would flag them if they ran.
+    # Gated DeltaNet (HF-FACTS section 2): the gated norm (fp32 norm and fp32 silu(z)), the decay
+    # g = -exp(A_log.float()) * softplus(a.float() + dt_bias) in the layer's forward, and the fp32 casts at
+    # the top of both kernels. The kernels are module globals (decorated by use_kernel_func_from_hub_with_
+    # fallback, re-applied by the recompile: it binds the torch function again), looked up at call time.
     "qwen3_next": ("transformers.models.qwen3_next.modeling_qwen3_next", [
         "Qwen3NextRMSNorm.forward",
+        "Qwen3NextRMSNormGated.forward",
         "Qwen3NextRotaryEmbedding.compute_default_rope_parameters",
         "Qwen3NextRotaryEmbedding.forward",
         "Qwen3NextTopKRouter.forward",
+        "Qwen3NextGatedDeltaNet.forward",
+        "torch_chunk_gated_delta_rule",
+        "torch_recurrent_gated_delta_rule",
         "eager_attention_forward",
         "load_balancing_loss_func",
+    ]),
+    # KDA (HF-FACTS section 4): both norms, the per-channel forget gate, the router, the fp32 casts of
+    # both kernels (the chunk kernel also has `decay_mask ... .exp().float()`), the layer's forward (its
+    # only site stores the cached state: use_cache=True only) and eager attention (MLA layers only).
+    # No RoPE (kimi's MLA is NoPE) and no aux loss.
+    "kimi_linear": ("transformers.models.kimi_linear.modeling_kimi_linear", [
+        "KimiLinearRMSNorm.forward",
+        "KimiLinearRMSNormGated.forward",
+        "KimiLinearForgetGate.forward",
+        "KimiLinearTopkRouter.forward",
+        "KimiLinearDeltaAttention.forward",
+        "chunk_kimi_delta_attention",
+        "recurrent_kimi_delta_attention",
+        "eager_attention_forward",
     ]),
     "glm4_moe": ("transformers.models.glm4_moe.modeling_glm4_moe", [
         "Glm4MoeRMSNorm.forward",
@@ -172,7 +193,9 @@ class Float32Leaks(TorchDispatchMode):
 def randomize(model, generator, bias_std=0.1):
     """Every parameter random (float64): projections and experts N(0, 1/fan_in) so activations stay O(1),
     embeddings N(0, 1), biases N(0, 0.1²), norm weights 1 + N(0, 0.1²), or N(0, 0.1²) for the zero-centred
-    (1 + w) norms of qwen3_next (HF initialises those offsets to 0); the router's e_score_correction_bias
+    (1 + w) norms of qwen3_next (HF initialises those offsets to 0), the gated norms of GDN / KDA (plain
+    weights, init 1) 1 + N(0, 0.1²); the linear-attention A_log N(0, 0.25²) (any shape), dt_bias
+    (1-D) N(0, 0.1²), conv1d weights [C, 1, K] N(0, 1/K); the router's e_score_correction_bias
     BUFFER gets N(0, bias_std²), so that it changes the expert selection of some tokens."""
     seen = set()  # a tied lm_head.weight IS embed_tokens.weight: randomised once, as the embedding
     with torch.no_grad():
@@ -183,7 +206,9 @@ def randomize(model, generator, bias_std=0.1):
                     continue
                 seen.add(id(p))
                 noise = torch.randn(p.shape, generator=generator, dtype=torch.float64)
-                if "RMSNorm" in type(module).__name__ or "LayerNorm" in type(module).__name__:
+                if name == "A_log":  # GDN [nv], KDA [1,1,h,1]: decay rate exp(A_log) in about [0.6, 1.6]
+                    p.copy_(0.25 * noise)
+                elif "RMSNorm" in type(module).__name__ or "LayerNorm" in type(module).__name__:
                     p.copy_((0.0 if centred else 1.0) + 0.1 * noise)
                 elif isinstance(module, torch.nn.Embedding):
                     p.copy_(noise)
@@ -270,3 +295,73 @@ def routing_margins(captured, config):
             p = torch.softmax(logits, dim=-1)
             result["topk"] = min(result["topk"], _boundary_gap(p, k).min().item())
     return result
+
+
+# ---- linear attention, re-derived ----------------------------------------------------------------
+
+def _causal_conv_silu(x, w):
+    """x [B, T, C], w [C, 1, K]: y[t] = silu(Σ_j w[c, j] · x[t - K + 1 + j]) (zeros before t = 0)."""
+    T, K = x.shape[1], w.shape[-1]
+    xp = F.pad(x, (0, 0, K - 1, 0))
+    return F.silu(sum(w[:, 0, j] * xp[:, j:j + T] for j in range(K)))
+
+
+def _delta_rule(q, k, v, g, beta):
+    """Token-by-token (gated) delta rule: S = S·exp(g_t); S += k_t ⊗ β_t (v_t − Sᵀk_t); o_t = Sᵀq_t.
+    q, k [B, T, H, dk], v [B, T, H, dv], beta [B, T, H]; g [B, T, H] (GDN) or [B, T, H, dk] (KDA, per key row)."""
+    B, T, H, dk = k.shape
+    S = k.new_zeros(B, H, dk, v.shape[-1])
+    out = []
+    for t in range(T):
+        decay = g[:, t].exp()
+        S = S * (decay[..., None, None] if decay.dim() == 2 else decay[..., None])
+        err = v[:, t] - torch.einsum("bhk,bhkv->bhv", k[:, t], S)
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, t], beta[:, t, :, None] * err)
+        out.append(torch.einsum("bhk,bhkv->bhv", q[:, t], S))
+    return torch.stack(out, 1)
+
+
+def linear_attention_fp64(m, x, eps):
+    """An independent float64 re-derivation of one Qwen3NextGatedDeltaNet / KimiLinearDeltaAttention layer
+    (no cache, no padding mask) from its input hidden states x [B, T, hid], with the recurrent (not the
+    chunked) form of the kernel; eps is the gated norm's (config.rms_norm_eps)."""
+    P = dict(m.named_parameters())
+    B, T, _ = x.shape
+    if type(m).__name__ == "Qwen3NextGatedDeltaNet":
+        nk, nv, dk, dv = m.num_k_heads, m.num_v_heads, m.head_k_dim, m.head_v_dim
+        r = nv // nk  # in_proj rows per k-head group g: [q_g dk | k_g dk | v_g r·dv | z_g r·dv], ba: [b_g r | a_g r]
+        q, k, v, z = (x @ P["in_proj_qkvz.weight"].T).view(B, T, nk, -1).split([dk, dk, r * dv, r * dv], -1)
+        b, a = (x @ P["in_proj_ba.weight"].T).view(B, T, nk, 2 * r).split([r, r], -1)
+        mixed = _causal_conv_silu(torch.cat([t.reshape(B, T, -1) for t in (q, k, v)], -1), P["conv1d.weight"])
+        q, k, v = mixed.split([nk * dk, nk * dk, nv * dv], -1)
+        q, k = (t.view(B, T, nk, dk).repeat_interleave(r, 2) for t in (q, k))  # v-head j uses k-head j // r
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * dk ** -0.5
+        k = k * torch.rsqrt((k * k).sum(-1, keepdim=True) + 1e-6)
+        g = -P["A_log"].exp() * F.softplus(a.reshape(B, T, nv) + P["dt_bias"])
+        o = _delta_rule(q, k, v.view(B, T, nv, dv), g, b.reshape(B, T, nv).sigmoid())
+        gate, weight, out = F.silu(z.reshape(B, T, nv, dv)), P["norm.weight"], P["out_proj.weight"]
+    else:
+        h, D = m.num_heads, m.head_dim
+        mixed = _causal_conv_silu(torch.cat([x @ P[f"{c}_proj.weight"].T for c in "qkv"], -1), P["conv1d.weight"])
+        q, k, v = (t.view(B, T, h, D) for t in mixed.split([h * D] * 3, -1))
+        q = q / ((q * q).sum(-1, keepdim=True) + 1e-6).sqrt() * D ** -0.5
+        k = k / ((k * k).sum(-1, keepdim=True) + 1e-6).sqrt()
+        f = x @ P["forget_gate.f_a_proj.weight"].T @ P["forget_gate.f_b_proj.weight"].T + P["forget_gate.dt_bias"]
+        g = -P["forget_gate.A_log"].exp().view(1, 1, h, 1) * F.softplus(f).view(B, T, h, D)
+        o = _delta_rule(q, k, v, g, (x @ P["b_proj.weight"].T).sigmoid())
+        gate = (x @ P["g_a_proj.weight"].T @ P["g_b_proj.weight"].T).view(B, T, h, D).sigmoid()
+        weight, out = P["o_norm.weight"], P["o_proj.weight"]
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps) * weight * gate
+    return o.reshape(B, T, -1) @ out.T
+
+
+def capture_linear_attention(model):
+    """Forward hooks on every GDN / KDA layer: list of (module, input hidden states, output)."""
+    captured, handles = [], []
+    for module in model.modules():
+        if type(module).__name__ in ("Qwen3NextGatedDeltaNet", "KimiLinearDeltaAttention"):
+            handles.append(module.register_forward_hook(
+                lambda m, args, kwargs, out: captured.append((m, kwargs.get("hidden_states", args[0] if args
+                                                                            else None).detach(), out.detach())),
+                with_kwargs=True))
+    return captured, handles

@@ -10,10 +10,14 @@ Environment: torch 2.15.0 (PyPI, 2.15.0+cu132, CPU), transformers 5.24.0, safete
 Writes
     configs/models/qwen3_moe_default.json  Qwen3MoeConfig().save_pretrained(...)'s config.json, byte for byte
     configs/models/glm4_moe_default.json   Glm4MoeConfig().save_pretrained(...)'s config.json, byte for byte
-    tests/fixtures/param_counts.json       {"<name>": {"config": <path>, "num_parameters": N}}, N from
+    configs/models/qwen3_next_default.json Qwen3NextConfig().save_pretrained(...)'s config.json, byte for byte
+    tests/fixtures/param_counts.json       {"<name>": {"config": <path>, "num_parameters": N}} for
+        qwen3_moe_default and glm4_moe_default, N from
         `with torch.device("meta"): AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))`
         then model.num_parameters() (lm_head counted: neither default ties embeddings; buffers such as
         e_score_correction_bias are not parameters; glm4_moe's MTP layer is not built by transformers).
+    tests/fixtures/param_counts_linear_attention.json  the same for qwen3_next_default (Gated DeltaNet
+        layers 3 of every 4; qwen3_next's MTP layer is not built either; A_log, dt_bias are parameters).
 It also prints the parameters active per token (own formula, not written): every parameter except the
 routed experts, plus num_experts_per_tok of the routed experts of each MoE layer.
 """
@@ -23,10 +27,15 @@ import shutil
 import tempfile
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, Glm4MoeConfig, Qwen3MoeConfig
+from transformers import AutoConfig, AutoModelForCausalLM, Glm4MoeConfig, Qwen3MoeConfig, Qwen3NextConfig
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-DEFAULTS = {"qwen3_moe_default": Qwen3MoeConfig, "glm4_moe_default": Glm4MoeConfig}
+# counts file (under tests/fixtures/) -> {name: config class}; a separate file for the linear-attention
+# families, so that param_counts.json (and its test) stays as it is
+DEFAULTS = {
+    "param_counts.json": {"qwen3_moe_default": Qwen3MoeConfig, "glm4_moe_default": Glm4MoeConfig},
+    "param_counts_linear_attention.json": {"qwen3_next_default": Qwen3NextConfig},
+}
 
 
 def routed_expert_params(model):
@@ -41,8 +50,13 @@ def routed_expert_params(model):
 
 
 def main():
+    for counts_file, defaults in DEFAULTS.items():
+        write_counts(counts_file, defaults)
+
+
+def write_counts(counts_file, defaults):
     counts = {}
-    for name, config_class in DEFAULTS.items():
+    for name, config_class in defaults.items():
         rel = f"configs/models/{name}.json"
         with tempfile.TemporaryDirectory() as tmp:
             config_class().save_pretrained(tmp)
@@ -59,7 +73,7 @@ def main():
         print(f"{name}: {type(model).__name__} {n} parameters ({n / 1e9:.2f}B); routed experts {routed} in "
               f"{len(layers)} MoE layers; active per token {active} ({active / 1e9:.2f}B), "
               f"{active - embed} ({(active - embed) / 1e9:.2f}B) without embed_tokens + lm_head")
-    path = os.path.join(ROOT, "tests", "fixtures", "param_counts.json")
+    path = os.path.join(ROOT, "tests", "fixtures", counts_file)
     with open(path, "w") as f:
         json.dump(counts, f, indent=2)
         f.write("\n")

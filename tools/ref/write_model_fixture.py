@@ -6,11 +6,12 @@ transformers in float64 without needing Python.
 Environment (the versions the committed fixtures were written with; tools/ref/requirements.txt):
     torch 2.15.0 (PyPI wheel, 2.15.0+cu132, run on CPU), transformers 5.24.0, safetensors 0.8.0,
     Python 3.11. Only PyPI is reachable, so torch comes from PyPI as is (the CUDA wheel; a few GB).
-Rerun, from the repository root:
+Rerun, from the repository root (writing one fixture leaves the others' files alone):
     python3 -m venv /work/venv-ref
     /work/venv-ref/bin/pip install -r tools/ref/requirements.txt
     /work/venv-ref/bin/python tools/ref/write_model_fixture.py            # every fixture
     /work/venv-ref/bin/python tools/ref/write_model_fixture.py tiny_glm4_moe   # some of them
+    /work/venv-ref/bin/python tools/ref/write_model_fixture.py tiny_qwen3_next_hybrid tiny_kimi_linear_kda
     /work/venv-ref/bin/python tools/ref/write_default_configs.py          # configs/models/*_default.json
 Reruns give identical bytes.
 
@@ -19,9 +20,14 @@ Every fixture is tests/fixtures/models/<name>/:
     model.safetensors  save_pretrained in the default (original) layout, F64: routed experts per expert
                        (mlp.experts.{e}.gate_proj.weight [I,H], .up_proj.weight [I,H], .down_proj.weight
                        [H,I]); e_score_correction_bias (a persistent buffer) included; no lm_head when tied
+                       kimi_linear (Moonshot names): every layer's .mlp. as .block_sparse_moe., experts
+                       .experts.{e}.w1 (gate) / .w3 (up) / .w2 (down).weight, KDA conv1d split into
+                       self_attn.q_conv1d / k_conv1d / v_conv1d.weight [h·D,1,K], the forget gate's
+                       tensors as self_attn.f_a_proj.weight, f_b_proj.weight, dt_bias, A_log [1,1,h,1]
     fused/             (MoE only) config.json + model.safetensors from save_pretrained(save_original_format=
                        False): the in-memory layout, mlp.experts.gate_up_proj [E,2I,H] (gate rows first),
-                       mlp.experts.down_proj [E,H,I]
+                       mlp.experts.down_proj [E,H,I]; kimi: self_attn.conv1d.weight [3·h·D,1,K] =
+                       cat(q, k, v), self_attn.forget_gate.{f_a_proj.weight, f_b_proj.weight, dt_bias, A_log}
     fixture.safetensors
         tokens  F64 [2, 7]   token ids (exact in F64)
         targets F64 [2, 7]   explicit targets, NOT shifted; targets[1, 3] = -100 (ignored)
@@ -42,7 +48,14 @@ eager softmax, aux loss, CE) in float64; a TorchDispatchMode asserts no op produ
 the patched forward + backward, and the unpatched float64 model must agree to 1e-5 (loss and logits).
 Routing must have no near-tie at any top-k or group boundary (gap >= MIN_GAP), else the next seed is
 tried. Checks: our aux vs transformers' aux, HF's own CE (fed our unshifted targets via shift_labels) vs
-ours, both saved layouts vs the state_dict (exact), from_pretrained reloads of both layouts, sdpa vs eager.
+ours, both saved layouts vs the state_dict (exact), from_pretrained reloads of both layouts, sdpa vs eager,
+every Gated DeltaNet / KDA layer vs hf_fp64.linear_attention_fp64 (token-by-token recurrence, < 1e-13).
+Linear-attention fixtures: tiny_qwen3_next_hybrid (GDN layers 0, 2; gated attention 1, 3; MoE with a gated
+shared expert in 1-3; aux loss 0.01) and tiny_kimi_linear_kda (KDA in every layer; dense MLP in layer 0,
+sigmoid-routed MoE with e_score_correction_bias in 1-3; no aux loss). from_pretrained(dtype=float64) of the
+kimi fixture truncates forget_gate.dt_bias, mlp.gate.weight and e_score_correction_bias to float32
+(_keep_in_fp32_modules_strict; HF-FACTS 0.5): the reload check reports that drift (~1e-8), the fixture
+itself is the float64 model.
 """
 import json
 import os
@@ -98,6 +111,26 @@ FIXTURES = {
         n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1, num_experts_per_tok=2,
         norm_topk_prob=True, routed_scaling_factor=2.5, moe_intermediate_size=16, max_position_embeddings=64,
         rms_norm_eps=1e-5, rope_parameters=dict(ROPE, partial_rotary_factor=0.5), tie_word_embeddings=False)),
+    # HF-FACTS section 7's qwen3_next as given: Gated DeltaNet layers 0 and 2, gated full attention 1 and 3
+    "tiny_qwen3_next_hybrid": ("qwen3_next", dict(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
+        linear_num_value_heads=4, moe_intermediate_size=16, shared_expert_intermediate_size=16, num_experts=8,
+        num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
+        max_position_embeddings=64, rms_norm_eps=1e-6, rope_parameters=dict(ROPE, partial_rotary_factor=0.5),
+        output_router_logits=True, router_aux_loss_coef=0.01, tie_word_embeddings=False)),
+    # HF-FACTS section 7's kimi_linear with every layer KDA (layer_types wins over linear_attn_config; the
+    # MLA fields stay, unused). save_pretrained writes layer_types (0-indexed), no linear_attn_config.
+    "tiny_kimi_linear_kda": ("kimi_linear", dict(
+        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=4,
+        layer_types=["linear_attention"] * 4, mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, num_local_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.446, linear_num_heads=2,
+        linear_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=64, rms_norm_eps=1e-5,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
 }
 AUX_FAMILIES = {"qwen3_moe", "qwen3_next"}  # transformers adds router_aux_loss_coef * aux to their loss
 
@@ -133,28 +166,50 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
 
 
-def expand_to_memory(saved, state):
-    """Default (original) layout -> in-memory names: per-expert gate/up/down -> gate_up_proj, down_proj."""
+# kimi_linear's default (Moonshot) layout, conversion_mapping.py "kimi_linear": in-memory substring ->
+# saved substring. Every layer's `.mlp.` is saved as `.block_sparse_moe.` (the dense layer 0 too), the
+# forget gate's tensors sit on self_attn, conv1d is saved as q/k/v_conv1d, experts as w1 (gate) / w3 (up)
+# / w2 (down).
+KIMI_RENAMES = [(".mlp.", ".block_sparse_moe."), ("self_attn.forget_gate.", "self_attn.")]
+EXPERT_NAMES = {"kimi_linear": ("w1", "w3", "w2")}  # default: gate_proj, up_proj, down_proj
+
+
+def saved_name(model_type, name):
+    """In-memory name -> its name in the default (original) layout (for non-fused tensors)."""
+    if model_type == "kimi_linear":
+        for a, b in KIMI_RENAMES:
+            name = name.replace(a, b)
+    return name
+
+
+def expand_to_memory(saved, state, model_type):
+    """Default (original) layout -> in-memory names: per-expert gate/up/down -> gate_up_proj, down_proj;
+    kimi: Moonshot names back, q/k/v_conv1d concatenated (dim 0) into conv1d."""
     memory = {}
+    gate, up, down = EXPERT_NAMES.get(model_type, ("gate_proj", "up_proj", "down_proj"))
     for name in state:
         if name.endswith("mlp.experts.gate_up_proj"):
-            prefix, E = name[: -len("gate_up_proj")], state[name].shape[0]
-            memory[name] = torch.stack([torch.cat([saved[f"{prefix}{e}.gate_proj.weight"],
-                                                   saved[f"{prefix}{e}.up_proj.weight"]], 0) for e in range(E)])
+            prefix, E = saved_name(model_type, name[: -len("gate_up_proj")]), state[name].shape[0]
+            memory[name] = torch.stack([torch.cat([saved[f"{prefix}{e}.{gate}.weight"],
+                                                   saved[f"{prefix}{e}.{up}.weight"]], 0) for e in range(E)])
         elif name.endswith("mlp.experts.down_proj"):
-            prefix, E = name[: -len("down_proj")], state[name].shape[0]
-            memory[name] = torch.stack([saved[f"{prefix}{e}.down_proj.weight"] for e in range(E)])
-        elif name in saved:
-            memory[name] = saved[name]
+            prefix, E = saved_name(model_type, name[: -len("down_proj")]), state[name].shape[0]
+            memory[name] = torch.stack([saved[f"{prefix}{e}.{down}.weight"] for e in range(E)])
+        elif model_type == "kimi_linear" and name.endswith("self_attn.conv1d.weight"):
+            prefix = name[: -len("conv1d.weight")]
+            memory[name] = torch.cat([saved[f"{prefix}{c}_conv1d.weight"] for c in "qkv"], 0)
+        elif saved_name(model_type, name) in saved:
+            memory[name] = saved[saved_name(model_type, name)]
     return memory
 
 
-def check_saved(out_dir, model, state, tied):
-    """Both saved layouts hold exactly the state_dict; returns the key counts."""
+def check_saved(out_dir, model, state, tied, model_type):
+    """Both saved layouts hold exactly the state_dict (every saved tensor used once); returns the key counts."""
     saved = load_file(os.path.join(out_dir, "model.safetensors"))
     assert all(t.dtype == torch.float64 for t in saved.values()), "model.safetensors is not all F64"
     expected = {n for n in state if not (tied and n == "lm_head.weight")}
-    memory = expand_to_memory(saved, state)
+    memory = expand_to_memory(saved, state, model_type)
+    assert sum(t.numel() for t in saved.values()) == sum(t.numel() for t in memory.values()), "unused saved keys"
     assert set(memory) == expected, (set(memory) ^ expected)
     for name in expected:
         assert torch.equal(memory[name], state[name]), f"default layout differs at {name}"
@@ -231,6 +286,15 @@ def write_fixture(name):
         logits, None, V, shift_labels=targets)
     checks["CE: transformers(shift_labels=targets) vs ours"] = rel(hf_ce, lm_loss)
     assert checks["CE: transformers(shift_labels=targets) vs ours"] < 1e-14
+    linear, handles = hf_fp64.capture_linear_attention(model)
+    if handles:  # every GDN / KDA layer vs an independent token-by-token re-derivation (hf_fp64)
+        with torch.no_grad():
+            forward(model, model_type, tokens, targets)
+        for h in handles:
+            h.remove()
+        worst = max(rel(hf_fp64.linear_attention_fp64(m, x, model.config.rms_norm_eps), o) for m, x, o in linear)
+        checks[f"linear attention ({len(linear)} layers): recurrent re-derivation vs HF chunk kernel"] = worst
+        assert worst < 1e-13, worst
 
     # transformers as shipped (float32 sites), same weights
     hf_fp64.restore()
@@ -267,7 +331,7 @@ def write_fixture(name):
         for extra in os.listdir(os.path.join(out_dir, "fused")):
             if extra not in ("config.json", "model.safetensors"):
                 os.remove(os.path.join(out_dir, "fused", extra))
-    counts = check_saved(out_dir, model, state, tied)
+    counts = check_saved(out_dir, model, state, tied, model_type)
     fixture = {"tokens": tokens.double(), "targets": targets.double(), "logits": logits.detach().contiguous(),
                "loss": total.detach().clone().reshape(()), "lm_loss": lm_loss.detach().clone().reshape(())}
     if aux is not None:
