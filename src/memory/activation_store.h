@@ -37,19 +37,22 @@ enum class ActivationTag : int {
   attn_out,       // [N, Hq · d]   attention output (before the gate)
   attn_lse,       // [B, Hq, S]
   o_proj_in,      // [N, Hq · d]   gated attention output (qwen3_next)
-  gdn_conv_in,    // [N, Cc]       Gated DeltaNet: [q | k | v] before the conv (Cc = 2·nk·dk + nv·dv)
-  gdn_q_hat,      // [N, nk, dk]   L2-normalized query (before the K^−½ scale)
-  gdn_q_inv,      // [N · nk]      its inverse norms
-  gdn_k_hat,      // [N, nk, dk]   L2-normalized key
-  gdn_k_inv,      // [N · nk]
-  gdn_v,          // [N, nv, dv]   value after the conv
-  gdn_z,          // [N, nv, dv]   output gate
-  gdn_a,          // [N, nv]       decay input (before the gate)
-  gdn_g,          // [N, nv]       log decay
-  gdn_beta,       // [N, nv]
-  gdn_core,       // [N, nv, dv]   delta-rule output
-  gdn_norm_rstd,  // [N · nv]
-  gdn_normed,     // [N, nv · dv]  gated-norm output (out_proj input)
+  // Linear-attention mixers (Gated DeltaNet; Kimi Delta Attention: nk = nv = h, dk = dv = D):
+  la_conv_in,    // [N, Cc]       [q | k | v] before the conv (GDN: Cc = 2·nk·dk + nv·dv; KDA: 3·h·D)
+  la_q_hat,      // [N, nk, dk]   L2-normalized query (before the dk^−½ scale)
+  la_q_inv,      // [N · nk]      its inverse norms
+  la_k_hat,      // [N, nk, dk]   L2-normalized key
+  la_k_inv,      // [N · nk]
+  la_v,          // [N, nv, dv]   value after the conv
+  la_z,          // [N, nv, dv]   output gate input (GDN: z; KDA: g_b_proj(g_a_proj(h)))
+  la_a,          // [N, nv] (GDN) or [N, h·D] (KDA)  decay input (before the gate)
+  la_g,          // shape of la_a log decay
+  la_beta,       // [N, nv]
+  la_core,       // [N, nv, dv]   delta-rule output
+  la_norm_rstd,  // [N · nv]
+  la_normed,     // [N, nv · dv]  gated-norm output (out_proj input)
+  la_f_low,      // [N, D]        KDA: f_a_proj(h), the decay's low-rank input
+  la_g_low,      // [N, D]        KDA: g_a_proj(h), the output gate's low-rank input
   ffn_input,      // [N, D]        residual stream entering the FFN sublayer
   ffn_norm_rstd,  // [N]
   ffn_norm_out,   // [N, D]        input of the dense MLP or the MoE

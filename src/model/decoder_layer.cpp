@@ -13,8 +13,10 @@ namespace trillion {
 DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int layer) {
   DecoderLayerDims dims;
   dims.hidden = config.hidden_size;
-  if (config.layer_types[layer] == LayerType::linear_attention) {
-    dims.mixer = GatedDeltaNetDims::from_config(config);  // qwen3_next (check_kinds_declared)
+  if (config.layer_types[layer] == LayerType::linear_attention && config.model_type == "kimi_linear") {
+    dims.mixer = KimiDeltaAttentionDims::from_config(config);
+  } else if (config.layer_types[layer] == LayerType::linear_attention) {
+    dims.mixer = GatedDeltaNetDims::from_config(config);  // qwen3_next (model.cpp's check_kinds_declared)
   } else {
     dims.mixer = AttentionBlockDims::from_config(config);
   }

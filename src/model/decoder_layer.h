@@ -2,7 +2,8 @@
 // by the family's rules (model/family.h, ModelConfig::layer_types and mlp_layer_types):
 //
 //   x ← x + Mixer(x)                     mixer kinds (their input norm inside): full attention,
-//                                        Gated DeltaNet (qwen3_next's linear_attention)
+//                                        Gated DeltaNet (qwen3_next's linear_attention),
+//                                        Kimi Delta Attention (kimi_linear's)
 //   x ← x + FFN(RMSNorm(x))              FFN kinds: dense SwiGLU MLP, mixture of experts
 //
 // A kind is its dims struct (from the config, naming its weights struct as Dims::Weights<T>), its
@@ -26,6 +27,7 @@
 #include "model/attention_block.h"
 #include "model/config.h"
 #include "model/gated_deltanet.h"
+#include "model/kimi_delta_attention.h"
 #include "model/mlp.h"
 #include "model/moe.h"
 #include "model/params.h"
@@ -34,7 +36,7 @@
 namespace trillion {
 
 // The registration lines: every mixer kind and every FFN kind.
-using MixerDims = std::variant<AttentionBlockDims, GatedDeltaNetDims>;
+using MixerDims = std::variant<AttentionBlockDims, GatedDeltaNetDims, KimiDeltaAttentionDims>;
 using FfnDims = std::variant<MlpDims, MoeDims>;
 
 // The weights variant of a dims variant: Kind::Weights<T> of each kind, in the same order.

@@ -54,6 +54,8 @@ Family family_of(const std::string& model_type) {
     f.default_norm_topk_prob = true;
     f.default_first_k_dense_replace = 1;
     f.default_routed_scaling_factor = 2.446;
+    f.checkpoint_renames = {{".mlp.", ".block_sparse_moe."}, {".self_attn.forget_gate.", ".self_attn."}};
+    f.expert_parts = {"w1", "w3", "w2"};
   } else {
     TRILLION_CHECK(false, "unknown model_type ", model_type);
   }

@@ -11,6 +11,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ops/moe_router.h"
 
@@ -34,6 +36,11 @@ struct Family {
   int64_t default_shared_experts = 0;       // glm4_moe / deepseek: n_shared_experts
   double default_aux_loss_coef = 0.0;
   double default_routed_scaling_factor = 1.0;
+  // How save_pretrained's default layout names this family's tensors, from the in-memory names:
+  // substring replacements applied in order (Kimi: ".mlp." → ".block_sparse_moe.", the forget
+  // gate's tensors directly under self_attn), and the routed experts' part names.
+  std::vector<std::pair<std::string, std::string>> checkpoint_renames;
+  std::vector<std::string> expert_parts = {"gate_proj", "up_proj", "down_proj"};
 };
 
 // The conventions of a known model_type (CHECK-fails on an unknown one: config parsing rejects those).

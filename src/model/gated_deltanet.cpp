@@ -132,17 +132,17 @@ Core<T> core_buffers(int64_t n, const GatedDeltaNetDims& d, ActivationStore* sto
   const int64_t nk = d.key_heads, dk = d.key_dim, nv = d.value_heads, dv = d.value_dim;
   const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
   Core<T> c;
-  c.conv_in = buffer(Tag::gdn_conv_in, n * d.conv_channels());
-  c.z = buffer(Tag::gdn_z, n * nv * dv);
+  c.conv_in = buffer(Tag::la_conv_in, n * d.conv_channels());
+  c.z = buffer(Tag::la_z, n * nv * dv);
   c.b = scratch.alloc<T>(n * nv);
-  c.a = buffer(Tag::gdn_a, n * nv);
-  c.q_hat = buffer(Tag::gdn_q_hat, n * nk * dk);
-  c.q_inv = buffer(Tag::gdn_q_inv, n * nk);
-  c.k_hat = buffer(Tag::gdn_k_hat, n * nk * dk);
-  c.k_inv = buffer(Tag::gdn_k_inv, n * nk);
-  c.v = buffer(Tag::gdn_v, n * nv * dv);
-  c.g = buffer(Tag::gdn_g, n * nv);
-  c.beta = buffer(Tag::gdn_beta, n * nv);
+  c.a = buffer(Tag::la_a, n * nv);
+  c.q_hat = buffer(Tag::la_q_hat, n * nk * dk);
+  c.q_inv = buffer(Tag::la_q_inv, n * nk);
+  c.k_hat = buffer(Tag::la_k_hat, n * nk * dk);
+  c.k_inv = buffer(Tag::la_k_inv, n * nk);
+  c.v = buffer(Tag::la_v, n * nv * dv);
+  c.g = buffer(Tag::la_g, n * nv);
+  c.beta = buffer(Tag::la_beta, n * nv);
   c.q_rep = scratch.alloc<T>(n * nv * dk);
   c.k_rep = scratch.alloc<T>(n * nv * dk);
   return c;
@@ -166,12 +166,12 @@ void mixer_forward(T* x, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDi
   const Conv1dSizes conv_sizes{pass.batch, pass.seq, d.conv_channels(), d.conv_width, 0};
   prepare_core(c, h, n, w, d, scratch,
                [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, nullptr, conv_sizes); });
-  T* core = buffer(Tag::gdn_core, n * nv * dv);  // [n, nv, dv]
+  T* core = buffer(Tag::la_core, n * nv * dv);  // [n, nv, dv]
   const DeltaRuleSizes sizes{pass.batch, pass.seq, nv, d.key_dim, dv, 0, DeltaDecay::per_head};
   delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_rep, c.k_rep, c.v, c.g, c.beta,
                            static_cast<const T*>(nullptr), nullptr, sizes);
-  T* norm_rstd = buffer(Tag::gdn_norm_rstd, n * nv);  // [n · nv]
-  T* normed = buffer(Tag::gdn_normed, n * nv * dv);   // [n, nv · dv]
+  T* norm_rstd = buffer(Tag::la_norm_rstd, n * nv);  // [n · nv]
+  T* normed = buffer(Tag::la_normed, n * nv * dv);   // [n, nv · dv]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.norm, n * nv, dv, d.norm_eps, GateActivation::silu);
   linear(x, normed, w.out_proj, n, nv * dv, D, /*accumulate=*/true);  // residual
 }
@@ -186,19 +186,19 @@ void mixer_backward(T* dx, const GatedDeltaNetWeights<T>& w, const GatedDeltaNet
   const T* input = store.get<T>(Tag::attn_input, layer, n * D);
   const T* rstd = store.get<T>(Tag::attn_norm_rstd, layer, n);
   const T* h = store.get<T>(Tag::attn_norm_out, layer, n * D);
-  const T* conv_in = store.get<T>(Tag::gdn_conv_in, layer, n * Ck);
-  const T* z = store.get<T>(Tag::gdn_z, layer, n * nv * dv);
-  const T* a = store.get<T>(Tag::gdn_a, layer, n * nv);
-  const T* q_hat = store.get<T>(Tag::gdn_q_hat, layer, n * nk * dk);
-  const T* q_inv = store.get<T>(Tag::gdn_q_inv, layer, n * nk);
-  const T* k_hat = store.get<T>(Tag::gdn_k_hat, layer, n * nk * dk);
-  const T* k_inv = store.get<T>(Tag::gdn_k_inv, layer, n * nk);
-  const T* v = store.get<T>(Tag::gdn_v, layer, n * nv * dv);
-  const T* g = store.get<T>(Tag::gdn_g, layer, n * nv);
-  const T* beta = store.get<T>(Tag::gdn_beta, layer, n * nv);
-  const T* core = store.get<T>(Tag::gdn_core, layer, n * nv * dv);
-  const T* norm_rstd = store.get<T>(Tag::gdn_norm_rstd, layer, n * nv);
-  const T* normed = store.get<T>(Tag::gdn_normed, layer, n * nv * dv);
+  const T* conv_in = store.get<T>(Tag::la_conv_in, layer, n * Ck);
+  const T* z = store.get<T>(Tag::la_z, layer, n * nv * dv);
+  const T* a = store.get<T>(Tag::la_a, layer, n * nv);
+  const T* q_hat = store.get<T>(Tag::la_q_hat, layer, n * nk * dk);
+  const T* q_inv = store.get<T>(Tag::la_q_inv, layer, n * nk);
+  const T* k_hat = store.get<T>(Tag::la_k_hat, layer, n * nk * dk);
+  const T* k_inv = store.get<T>(Tag::la_k_inv, layer, n * nk);
+  const T* v = store.get<T>(Tag::la_v, layer, n * nv * dv);
+  const T* g = store.get<T>(Tag::la_g, layer, n * nv);
+  const T* beta = store.get<T>(Tag::la_beta, layer, n * nv);
+  const T* core = store.get<T>(Tag::la_core, layer, n * nv * dv);
+  const T* norm_rstd = store.get<T>(Tag::la_norm_rstd, layer, n * nv);
+  const T* normed = store.get<T>(Tag::la_normed, layer, n * nv * dv);
 
   T* d_normed = scratch.alloc<T>(n * nv * dv);  // [n, nv · dv]
   linear_grad(d_normed, grads.out_proj, dx, normed, w.out_proj, n, nv * dv, D, /*accumulate_dx=*/false);

@@ -14,7 +14,7 @@
 // g: [q_g (dk) | k_g (dk) | v_g (r · dv) | z_g (r · dv)], in_proj_ba's [b_g (r) | a_g (r)]; value
 // head g · r + j belongs to group g (transformers' fix_query_key_value_ordering).
 // Saves (training) through the ActivationStore: attn_input, attn_norm_rstd, attn_norm_out, the
-// gdn_* tags (no per-token states: the delta rule's backward recomputes them). Decode cache: the
+// la_* tags (no per-token states: the delta rule's backward recomputes them). Decode cache: the
 // conv window [W − 1, Ck], then the recurrent state [nv, dk, dv].
 // Gradient rule: dx accumulates (+=) the sublayer's input gradient; parameter gradients (+=).
 #pragma once

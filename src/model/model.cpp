@@ -22,18 +22,22 @@ std::string source_of(const ModelConfig& config) { return config.source.empty() 
 // sparse attention), naming the file: they can be neither built nor counted.
 void check_kinds_declared(const ModelConfig& config) {
   const std::string source = source_of(config);
+  const bool kimi = config.model_type == "kimi_linear";  // its full attention is MLA: not built yet
   if (config.model_type != "qwen3" && config.model_type != "qwen3_next" && config.model_type != "qwen3_moe" &&
-      config.model_type != "glm4_moe")
+      config.model_type != "glm4_moe" && !kimi)
     fail(source, ": model_type ", config.model_type,
-         ": not built yet; expected qwen3, qwen3_moe, qwen3_next or glm4_moe");
+         ": not built yet; expected qwen3, qwen3_moe, qwen3_next, glm4_moe or kimi_linear");
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
     const LayerType type = config.layer_types[i];
-    const bool built = type == LayerType::full_attention ||
-                       (type == LayerType::linear_attention && config.model_type == "qwen3_next");
+    const bool linear_built = config.model_type == "qwen3_next" || kimi;
+    const bool built = (type == LayerType::full_attention && !kimi) || (type == LayerType::linear_attention && linear_built);
+    if (kimi && type == LayerType::full_attention)
+      fail(source, ": layer_types[", i, "] = full_attention: kimi_linear's MLA is not built yet");
     if (!built)
       fail(source, ": layer_types[", i, "] = ", layer_type_name(type), ": not built yet",
-           type == LayerType::linear_attention ? " for " + config.model_type + " (built: qwen3_next's Gated DeltaNet)"
-                                               : std::string());
+           type == LayerType::linear_attention
+               ? " for " + config.model_type + " (built: qwen3_next's Gated DeltaNet, kimi_linear's KDA)"
+               : std::string());
   }
 }
 
@@ -71,7 +75,7 @@ ParamTable build_param_table(const ModelConfig& config, const std::vector<Decode
   for (int layer = 0; layer < config.num_hidden_layers; ++layer)
     add_decoder_layer_params(table, layer_dims[layer], layer);
   table.finalize(64);
-  return table;
+  return table.with_checkpoint_renames(family_of(config.model_type).checkpoint_renames);
 }
 
 void check_tokens(const int32_t* tokens, const int32_t* targets, int64_t count, int64_t vocab) {

@@ -36,6 +36,7 @@ MoeDims MoeDims::from_config(const ModelConfig& config) {
     dims.shared.intermediate = config.n_shared_experts * config.moe_intermediate_size;
     dims.shared.prefix = "mlp.shared_experts.";
   }
+  dims.expert_parts = family.expert_parts;
   dims.aux_type = config.router_aux_loss_type;
   dims.aux_coef = config.aux_loss_coef();
   dims.z_coef = config.router_z_loss_coef;

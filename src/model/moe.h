@@ -45,6 +45,7 @@ struct MoeDims {
   double capacity_factor = 0.0;  // 0: dropless
   MlpDims shared;            // shared expert(s); intermediate 0 = none
   bool shared_gated = false; // qwen3_next's sigmoid(shared_expert_gate(h)) gate
+  std::vector<std::string> expert_parts;  // checkpoint names of gate, up, down (family.h)
   AuxLossType aux_type = AuxLossType::pooled;
   double aux_coef = 0.0;
   double z_coef = 0.0;
@@ -80,11 +81,11 @@ void visit_params(MoeWeights<T>& w, const MoeDims& dims, Visit&& visit) {
   }
   ParamRow gate_up = weight_row("mlp.experts.gate_up_proj", {E, 2 * I, D}, dims.init.std_in);
   gate_up.group = ParamGroup::expert;
-  gate_up.hf_keys = per_expert_keys(E, {"gate_proj", "up_proj"}, I, D);
+  gate_up.hf_keys = per_expert_keys(E, {dims.expert_parts[0], dims.expert_parts[1]}, I, D);
   visit(w.gate_up, gate_up);
   ParamRow down = weight_row("mlp.experts.down_proj", {E, D, I}, dims.init.std_out);
   down.group = ParamGroup::expert;
-  down.hf_keys = per_expert_keys(E, {"down_proj"}, D, I);
+  down.hf_keys = per_expert_keys(E, {dims.expert_parts[2]}, D, I);
   visit(w.down, down);
   if (dims.shared.intermediate > 0) {
     visit_params(w.shared, dims.shared, visit);

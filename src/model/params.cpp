@@ -80,6 +80,20 @@ void ParamTable::finalize(int64_t pad_multiple) {
   total_size_ = offset;
 }
 
+ParamTable ParamTable::with_checkpoint_renames(const std::vector<std::pair<std::string, std::string>>& renames) const {
+  ParamTable renamed = *this;
+  if (renames.empty()) return renamed;
+  for (ParamSpec& spec : renamed.entries_) {
+    std::vector<HfKey> keys = spec.checkpoint_keys();
+    for (HfKey& key : keys)
+      for (const auto& [from, to] : renames)
+        for (size_t at = key.name.find(from); at != std::string::npos; at = key.name.find(from, at + to.size()))
+          key.name.replace(at, from.size(), to);
+    spec.hf_keys = std::move(keys);
+  }
+  return renamed;
+}
+
 const ParamSpec& ParamTable::find(const std::string& name) const {
   const auto it = index_.find(name);
   TRILLION_CHECK(it != index_.end(), "no parameter named ", name);
@@ -115,6 +129,15 @@ void init_parameters(const ParamTable& table, T* values, uint64_t seed) {
         const CounterRng rng(seed, spec.name);
         const double std = spec.init_std;
         parallel_for(n, [&](int64_t i) { out[i] = static_cast<T>(rng.normal(static_cast<uint64_t>(i)) * std); });
+        break;
+      }
+      case InitKind::inverse_softplus_log_uniform: {
+        const CounterRng rng(seed, spec.name);
+        const double low = std::log(spec.init_low), span = std::log(spec.init_high) - low;
+        parallel_for(n, [&](int64_t i) {
+          const double dt = std::max(std::exp(low + span * rng.uniform(i)), 1e-4);
+          out[i] = static_cast<T>(dt + std::log(-std::expm1(-dt)));
+        });
         break;
       }
       case InitKind::log_uniform: {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace trillion {
@@ -25,7 +26,8 @@ enum class InitKind {
   normal,  // N(0, init_std²)
   zeros,
   ones,
-  log_uniform,  // log(U(init_low, init_high)): Gated DeltaNet's A_log
+  log_uniform,  // log(U(init_low, init_high)): Gated DeltaNet's and KDA's A_log
+  inverse_softplus_log_uniform,  // softplus⁻¹(max(exp(U(log init_low, log init_high)), 1e-4)): KDA's dt_bias
 };
 
 // One tensor as a Hugging Face checkpoint stores it: `numel(shape)` contiguous elements of the
@@ -69,6 +71,9 @@ class ParamTable {
     int64_t begin = 0;
     int64_t end = 0;
   };
+  // The same table with every checkpoint key renamed by the substring replacements, in order
+  // (a family's save_pretrained names, model/family.h); internal names stay.
+  ParamTable with_checkpoint_renames(const std::vector<std::pair<std::string, std::string>>& renames) const;
   // Per group, the element range of each unit (empty ranges for units the group lacks).
   const std::vector<UnitRange>& units(ParamGroup group) const { return units_[static_cast<int>(group)]; }
 

@@ -1,9 +1,11 @@
-// Qwen3-Next hybrid models (Gated DeltaNet and gated full attention layers, MoE) end to end:
-// the whole model against finite differences, and decoding with the carried conv windows and
-// recurrent states against the training forward.
+// Linear-attention models end to end: Qwen3-Next hybrids (Gated DeltaNet and gated full attention
+// layers, MoE) and Kimi-Linear with Kimi Delta Attention layers: the whole model against finite
+// differences, and decoding with the carried conv windows and recurrent states against the
+// training forward.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "core/rng.h"
@@ -19,10 +21,15 @@ namespace {
 // head), dk 4, dv 3, conv 4; initializer_range 0.5 so that every tensor's gradient stands well
 // above the finite differences' rounding floor (~1e-11 here; at 0.02 the delta rule's inner
 // gradients are ~1e-8 at initialization and the check would measure noise).
+// tiny_kimi_linear_kda.json: two KDA layers (2 heads of 4, conv 3), a dense then an MoE FFN
+// (sigmoid router with correction bias, shared expert), initializer_range 0.5 likewise.
 const char* const kHybrid = "tiny_qwen3_next_hybrid.json";
+const char* const kKimi = "tiny_kimi_linear_kda.json";
 
-TEST(LinearAttentionModel, GradientCheckQwen3NextHybrid) {
-  const ModelConfig config = ModelConfig::load(testing::model_config_path(kHybrid));
+class LinearAttentionModel : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(LinearAttentionModel, GradientCheck) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path(GetParam()));
   GradientCheckOptions options;
   options.batch = 2;
   options.seq = 7;
@@ -36,8 +43,8 @@ TEST(LinearAttentionModel, GradientCheckQwen3NextHybrid) {
 // The decode path (conv window and recurrent state carried across steps) gives the logits the
 // training forward scores: Σ_t CE(decode logits_t, target_t) equals forward_loss, prefill equals
 // token by token.
-TEST(LinearAttentionModel, DecodingWithCarriedStatesEqualsTheForward) {
-  const ModelConfig config = ModelConfig::load(testing::model_config_path(kHybrid));
+TEST_P(LinearAttentionModel, DecodingWithCarriedStatesEqualsTheForward) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path(GetParam()));
   Model<double> model(config);
   model.init_weights(3);
   const int64_t len = 11, V = config.vocab_size;
@@ -65,6 +72,11 @@ TEST(LinearAttentionModel, DecodingWithCarriedStatesEqualsTheForward) {
   std::vector<double> stepwise_last(logits.end() - V, logits.end());
   EXPECT_LE(test::relative_error(last, stepwise_last), 1e-12);
 }
+
+INSTANTIATE_TEST_SUITE_P(Configs, LinearAttentionModel, ::testing::Values(kHybrid, kKimi),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           return std::string(info.param) == kHybrid ? "Qwen3NextHybrid" : "KimiLinearKda";
+                         });
 
 }  // namespace
 }  // namespace trillion

@@ -1,0 +1,236 @@
+// Kimi Delta Attention mixer: forward, backward and decoding. See kimi_delta_attention.h.
+#include "model/kimi_delta_attention.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "model/family.h"
+#include "ops/conv1d.h"
+#include "ops/delta_rule.h"
+#include "ops/linear_attention_gates.h"
+#include "ops/norm.h"
+
+namespace trillion {
+
+KimiDeltaAttentionDims KimiDeltaAttentionDims::from_config(const ModelConfig& config) {
+  KimiDeltaAttentionDims d;
+  d.hidden = config.hidden_size;
+  d.heads = config.linear_num_value_heads;
+  d.head_dim = config.linear_value_head_dim;
+  d.conv_width = config.linear_conv_kernel_dim;
+  d.input_norm = {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
+  d.norm_eps = config.rms_norm_eps;
+  d.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
+  return d;
+}
+
+namespace {
+
+constexpr double kL2Eps = 1e-6;  // transformers' l2norm eps
+
+// Columns [0, width) of in [n, in_stride] into out [n, out_stride].
+template <class T>
+void copy_columns(T* out, const T* in, int64_t n, int64_t in_stride, int64_t out_stride, int64_t width) {
+  for (int64_t t = 0; t < n; ++t) std::memcpy(out + t * out_stride, in + t * in_stride, width * sizeof(T));
+}
+
+// Everything the delta rule takes, computed from the normed input h (training forward and decode).
+template <class T>
+struct KdaInputs {
+  T *conv_in, *q_hat, *q_inv, *k_hat, *k_inv, *v, *f_low, *a, *g, *beta, *g_low, *z, *q_scaled;
+};
+
+template <class T>
+KdaInputs<T> kda_buffers(int64_t n, const KimiDeltaAttentionDims& d, ActivationStore* store, int layer,
+                         Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t W = d.width(), D = d.head_dim, h = d.heads;
+  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
+  KdaInputs<T> c;
+  c.conv_in = buffer(Tag::la_conv_in, n * 3 * W);
+  c.q_hat = buffer(Tag::la_q_hat, n * W);
+  c.q_inv = buffer(Tag::la_q_inv, n * h);
+  c.k_hat = buffer(Tag::la_k_hat, n * W);
+  c.k_inv = buffer(Tag::la_k_inv, n * h);
+  c.v = buffer(Tag::la_v, n * W);
+  c.f_low = buffer(Tag::la_f_low, n * D);
+  c.a = buffer(Tag::la_a, n * W);
+  c.g = buffer(Tag::la_g, n * W);
+  c.beta = buffer(Tag::la_beta, n * h);
+  c.g_low = buffer(Tag::la_g_low, n * D);
+  c.z = buffer(Tag::la_z, n * W);
+  c.q_scaled = scratch.alloc<T>(n * W);
+  return c;
+}
+
+template <class T, class Conv>
+void prepare_inputs(const KdaInputs<T>& c, const T* x_hat, int64_t n, const KimiDeltaAttentionWeights<T>& w,
+                    const KimiDeltaAttentionDims& d, Arena& scratch, const Conv& conv) {
+  const int64_t H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
+  T* proj = scratch.alloc<T>(n * W);  // [n, h·D] one projection at a time
+  const LinearWeights<T>* projections[] = {&w.q_proj, &w.k_proj, &w.v_proj};
+  for (int p = 0; p < 3; ++p) {
+    linear(proj, x_hat, *projections[p], n, H, W, /*accumulate=*/false);
+    copy_columns(c.conv_in + p * W, proj, n, W, 3 * W, W);
+  }
+  T* conv_out = scratch.alloc<T>(n * 3 * W);  // [n, 3·h·D]
+  conv(conv_out, c.conv_in);
+  T* q_raw = scratch.alloc<T>(n * W);  // [n, h, D]
+  T* k_raw = scratch.alloc<T>(n * W);  // [n, h, D]
+  copy_columns(q_raw, conv_out, n, 3 * W, W, W);
+  copy_columns(k_raw, conv_out + W, n, 3 * W, W, W);
+  copy_columns(c.v, conv_out + 2 * W, n, 3 * W, W, W);
+  l2norm_forward(c.q_hat, c.q_inv, q_raw, n * h, D, kL2Eps);
+  l2norm_forward(c.k_hat, c.k_inv, k_raw, n * h, D, kL2Eps);
+  const T scale = static_cast<T>(1.0 / std::sqrt(double(D)));
+  for (int64_t i = 0; i < n * W; ++i) c.q_scaled[i] = c.q_hat[i] * scale;
+  linear(c.f_low, x_hat, w.f_a_proj, n, H, D, /*accumulate=*/false);
+  linear(c.a, c.f_low, w.f_b_proj, n, D, W, /*accumulate=*/false);
+  decay_gate_forward(c.g, c.a, w.A_log, w.dt_bias, n, W, D);
+  linear(c.beta, x_hat, w.b_proj, n, H, h, /*accumulate=*/false);
+  for (int64_t i = 0; i < n * h; ++i) c.beta[i] = T(1) / (T(1) + std::exp(-c.beta[i]));
+  linear(c.g_low, x_hat, w.g_a_proj, n, H, D, /*accumulate=*/false);
+  linear(c.z, c.g_low, w.g_b_proj, n, D, W, /*accumulate=*/false);
+}
+
+}  // namespace
+
+template <class T>
+void mixer_forward(T* x, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& d,
+                   const LayerPass& pass, int layer, Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t n = pass.batch * pass.seq, H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
+  ActivationStore* store = pass.store;
+  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
+  T* input = buffer(Tag::attn_input, n * H);  // [n, hidden]
+  std::memcpy(input, x, n * H * sizeof(T));
+  T* rstd = buffer(Tag::attn_norm_rstd, n);   // [n]
+  T* x_hat = buffer(Tag::attn_norm_out, n * H);  // [n, hidden]
+  rmsnorm_forward(x_hat, rstd, input, w.input_norm, n, H, d.input_norm.eps, d.input_norm.zero_centred);
+  const KdaInputs<T> c = kda_buffers<T>(n, d, store, layer, scratch);
+  const Conv1dSizes conv_sizes{pass.batch, pass.seq, 3 * W, d.conv_width, 0};
+  prepare_inputs(c, x_hat, n, w, d, scratch,
+                 [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, nullptr, conv_sizes); });
+  T* core = buffer(Tag::la_core, n * W);  // [n, h, D]
+  const DeltaRuleSizes sizes{pass.batch, pass.seq, h, D, D, 0, DeltaDecay::per_key_channel};
+  delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_scaled, c.k_hat, c.v, c.g, c.beta,
+                           static_cast<const T*>(nullptr), nullptr, sizes);
+  T* norm_rstd = buffer(Tag::la_norm_rstd, n * h);  // [n · h]
+  T* normed = buffer(Tag::la_normed, n * W);        // [n, h·D]
+  gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.o_norm, n * h, D, d.norm_eps, GateActivation::sigmoid);
+  linear(x, normed, w.o_proj, n, W, H, /*accumulate=*/true);  // residual
+}
+
+template <class T>
+void mixer_backward(T* dx, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionWeights<T>& grads,
+                    const KimiDeltaAttentionDims& d, const LayerPass& pass, const ActivationStore& store, int layer,
+                    Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t n = pass.batch * pass.seq, H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
+  const T* input = store.get<T>(Tag::attn_input, layer, n * H);
+  const T* rstd = store.get<T>(Tag::attn_norm_rstd, layer, n);
+  const T* x_hat = store.get<T>(Tag::attn_norm_out, layer, n * H);
+  const T* conv_in = store.get<T>(Tag::la_conv_in, layer, n * 3 * W);
+  const T* q_hat = store.get<T>(Tag::la_q_hat, layer, n * W);
+  const T* q_inv = store.get<T>(Tag::la_q_inv, layer, n * h);
+  const T* k_hat = store.get<T>(Tag::la_k_hat, layer, n * W);
+  const T* k_inv = store.get<T>(Tag::la_k_inv, layer, n * h);
+  const T* v = store.get<T>(Tag::la_v, layer, n * W);
+  const T* f_low = store.get<T>(Tag::la_f_low, layer, n * D);
+  const T* a = store.get<T>(Tag::la_a, layer, n * W);
+  const T* g = store.get<T>(Tag::la_g, layer, n * W);
+  const T* beta = store.get<T>(Tag::la_beta, layer, n * h);
+  const T* g_low = store.get<T>(Tag::la_g_low, layer, n * D);
+  const T* z = store.get<T>(Tag::la_z, layer, n * W);
+  const T* core = store.get<T>(Tag::la_core, layer, n * W);
+  const T* norm_rstd = store.get<T>(Tag::la_norm_rstd, layer, n * h);
+  const T* normed = store.get<T>(Tag::la_normed, layer, n * W);
+
+  T* d_normed = scratch.alloc<T>(n * W);  // [n, h·D]
+  linear_grad(d_normed, grads.o_proj, dx, normed, w.o_proj, n, W, H, /*accumulate_dx=*/false);
+  T* d_core = scratch.alloc<T>(n * W);  // [n, h, D]
+  T* dz = scratch.alloc<T>(n * W);      // [n, h, D]
+  gated_rmsnorm_backward(d_core, dz, grads.o_norm, d_normed, core, z, w.o_norm, norm_rstd, n * h, D,
+                         GateActivation::sigmoid);
+  T* dx_hat = scratch.alloc<T>(n * H);  // [n, hidden] Σ of every projection's input gradient
+  T* d_low = scratch.alloc<T>(n * D);   // [n, D]
+  linear_grad(d_low, grads.g_b_proj, dz, g_low, w.g_b_proj, n, D, W, /*accumulate_dx=*/false);
+  linear_grad(dx_hat, grads.g_a_proj, d_low, x_hat, w.g_a_proj, n, H, D, /*accumulate_dx=*/false);
+
+  const T scale = static_cast<T>(1.0 / std::sqrt(double(D)));
+  T* q_scaled = scratch.alloc<T>(n * W);  // [n, h, D]
+  for (int64_t i = 0; i < n * W; ++i) q_scaled[i] = q_hat[i] * scale;
+  T* dq = scratch.alloc<T>(n * W);     // [n, h, D] gradient wrt the scaled query
+  T* dk = scratch.alloc<T>(n * W);     // [n, h, D]
+  T* dv = scratch.alloc<T>(n * W);     // [n, h, D]
+  T* dg = scratch.alloc<T>(n * W);     // [n, h, D]
+  T* dbeta = scratch.alloc<T>(n * h);  // [n, h]
+  const DeltaRuleSizes sizes{pass.batch, pass.seq, h, D, D, 0, DeltaDecay::per_key_channel};
+  delta_rule_chunk_backward(dq, dk, dv, dg, dbeta, static_cast<T*>(nullptr), d_core, static_cast<const T*>(nullptr),
+                            q_scaled, k_hat, v, g, beta, static_cast<const T*>(nullptr), nullptr, sizes);
+  for (int64_t i = 0; i < n * h; ++i) dbeta[i] *= beta[i] * (T(1) - beta[i]);  // through the sigmoid
+  linear_grad(dx_hat, grads.b_proj, dbeta, x_hat, w.b_proj, n, H, h, /*accumulate_dx=*/true);
+  T* da = scratch.alloc<T>(n * W);  // [n, h·D]
+  decay_gate_backward(da, grads.A_log, grads.dt_bias, dg, a, w.A_log, w.dt_bias, n, W, D);
+  linear_grad(d_low, grads.f_b_proj, da, f_low, w.f_b_proj, n, D, W, /*accumulate_dx=*/false);
+  linear_grad(dx_hat, grads.f_a_proj, d_low, x_hat, w.f_a_proj, n, H, D, /*accumulate_dx=*/true);
+
+  for (int64_t i = 0; i < n * W; ++i) dq[i] *= scale;
+  T* d_conv_out = scratch.alloc<T>(n * 3 * W);  // [n, 3·h·D] = [dq | dk | dv] before the L2 norms
+  T* d_raw = scratch.alloc<T>(n * W);           // [n, h, D]
+  l2norm_backward(d_raw, dq, q_hat, q_inv, n * h, D);
+  copy_columns(d_conv_out, d_raw, n, W, 3 * W, W);
+  l2norm_backward(d_raw, dk, k_hat, k_inv, n * h, D);
+  copy_columns(d_conv_out + W, d_raw, n, W, 3 * W, W);
+  copy_columns(d_conv_out + 2 * W, dv, n, W, 3 * W, W);
+  T* d_conv_in = scratch.alloc<T>(n * 3 * W);  // [n, 3·h·D]
+  conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, nullptr,
+                       Conv1dSizes{pass.batch, pass.seq, 3 * W, d.conv_width, 0});
+  const LinearWeights<T>* projections[] = {&w.q_proj, &w.k_proj, &w.v_proj};
+  const LinearWeights<T>* projection_grads[] = {&grads.q_proj, &grads.k_proj, &grads.v_proj};
+  T* d_proj = scratch.alloc<T>(n * W);  // [n, h·D] one projection's output gradient at a time
+  for (int p = 0; p < 3; ++p) {
+    copy_columns(d_proj, d_conv_in + p * W, n, 3 * W, W, W);
+    linear_grad(dx_hat, *projection_grads[p], d_proj, x_hat, *projections[p], n, H, W, /*accumulate_dx=*/true);
+  }
+  rmsnorm_backward(dx, grads.input_norm, dx_hat, input, w.input_norm, rstd, n, H, d.input_norm.zero_centred,
+                   /*accumulate_dx=*/true);
+}
+
+template <class T>
+void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const KimiDeltaAttentionWeights<T>& w,
+                  const KimiDeltaAttentionDims& d, Arena& scratch) {
+  const int64_t H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
+  T* history = cache;                              // [W_conv − 1, 3·h·D]
+  T* state = cache + (d.conv_width - 1) * 3 * W;   // [h, D, D]
+  T* rstd = scratch.alloc<T>(n);     // [n]
+  T* x_hat = scratch.alloc<T>(n * H);  // [n, hidden]
+  rmsnorm_forward(x_hat, rstd, x, w.input_norm, n, H, d.input_norm.eps, d.input_norm.zero_centred);
+  const KdaInputs<T> c = kda_buffers<T>(n, d, nullptr, 0, scratch);
+  const Conv1dSizes conv_sizes{1, n, 3 * W, d.conv_width, 0};
+  prepare_inputs(c, x_hat, n, w, d, scratch,
+                 [&](T* out, const T* in) { conv1d_silu_decode(out, history, in, w.conv, n, conv_sizes); });
+  T* core = scratch.alloc<T>(n * W);     // [n, h, D]
+  T* s0 = scratch.alloc<T>(h * D * D);   // [1, h, D, D] the carried state
+  std::memcpy(s0, state, h * D * D * sizeof(T));
+  const DeltaRuleSizes sizes{1, n, h, D, D, 0, DeltaDecay::per_key_channel};
+  delta_rule_recurrent_forward(core, state, c.q_scaled, c.k_hat, c.v, c.g, c.beta, s0, nullptr, sizes);
+  T* norm_rstd = scratch.alloc<T>(n * h);  // [n · h]
+  T* normed = scratch.alloc<T>(n * W);     // [n, h·D]
+  gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.o_norm, n * h, D, d.norm_eps, GateActivation::sigmoid);
+  linear(x, normed, w.o_proj, n, W, H, /*accumulate=*/true);
+}
+
+#define TRILLION_INSTANTIATE(T)                                                                                   \
+  template void mixer_forward<T>(T*, const KimiDeltaAttentionWeights<T>&, const KimiDeltaAttentionDims&,          \
+                                 const LayerPass&, int, Arena&);                                                  \
+  template void mixer_backward<T>(T*, const KimiDeltaAttentionWeights<T>&, const KimiDeltaAttentionWeights<T>&,   \
+                                  const KimiDeltaAttentionDims&, const LayerPass&, const ActivationStore&, int,   \
+                                  Arena&);                                                                        \
+  template void mixer_decode<T>(T*, int64_t, int64_t, int64_t, T*, const KimiDeltaAttentionWeights<T>&,           \
+                                const KimiDeltaAttentionDims&, Arena&);
+TRILLION_INSTANTIATE(float)
+TRILLION_INSTANTIATE(double)
+#undef TRILLION_INSTANTIATE
+
+}  // namespace trillion

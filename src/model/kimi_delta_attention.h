@@ -1,0 +1,119 @@
+// Kimi Delta Attention, the linear-attention mixer of Kimi-Linear (transformers'
+// KimiLinearDeltaAttention), a mixer kind (model/decoder_layer.h). h heads of dim D (dk = dv = D):
+//
+//   x̂ = RMSNorm(x) (input_layernorm, plain)
+//   [q | k | v] = silu(causal conv1d([q_proj x̂ | k_proj x̂ | v_proj x̂]))   (ops/conv1d.h)
+//   q = l2norm(q) · D^−½, k = l2norm(k)   per head
+//   g = −exp(A_log[head]) · softplus(f_b_proj(f_a_proj(x̂)) + dt_bias)   per key channel
+//   β = sigmoid(b_proj x̂)                                               per head
+//   o = gated delta rule(q, k, v, g, β)   training: chunked; decoding: recurrent (ops/delta_rule.h)
+//   x += o_proj(o_norm.weight · rmsnorm(o) · sigmoid(g_b_proj(g_a_proj(x̂))))   per head
+//
+// Tensors carry transformers' in-memory names (self_attn.conv1d [3·h·D, 1, W],
+// self_attn.forget_gate.{f_a_proj, f_b_proj, dt_bias, A_log [1, 1, h, 1]}); the checkpoint keys
+// are Moonshot's, which save_pretrained writes: q_conv1d / k_conv1d / v_conv1d, and the forget
+// gate's tensors directly under self_attn (the family's renames, model/family.h).
+// Saves: attn_input, attn_norm_rstd, attn_norm_out and the la_* tags (no per-token states).
+// Decode cache: the conv window [W − 1, 3·h·D], then the recurrent state [h, D, D].
+// Gradient rule: dx accumulates (+=) the sublayer's input gradient; parameter gradients (+=).
+#pragma once
+
+#include <cstdint>
+
+#include "core/memory.h"
+#include "memory/activation_store.h"
+#include "model/config.h"
+#include "model/linear.h"
+#include "model/param_rows.h"
+#include "model/step.h"
+
+namespace trillion {
+
+template <class T>
+struct KimiDeltaAttentionWeights;
+
+struct KimiDeltaAttentionDims {
+  template <class T>
+  using Weights = KimiDeltaAttentionWeights<T>;
+  int64_t hidden = 0;     // hidden size
+  int64_t heads = 0;      // h (linear_num_heads)
+  int64_t head_dim = 0;   // D (linear_head_dim)
+  int64_t conv_width = 4; // W
+  NormSpec input_norm;
+  double norm_eps = 1e-5;  // o_norm
+  InitStds init;
+  static KimiDeltaAttentionDims from_config(const ModelConfig& config);
+  int64_t width() const { return heads * head_dim; }  // h·D
+};
+
+template <class T>
+struct KimiDeltaAttentionWeights {
+  T* input_norm = nullptr;     // [hidden]
+  LinearWeights<T> q_proj, k_proj, v_proj;  // [h·D, hidden] each
+  T* conv = nullptr;           // [3·h·D, 1, W]
+  LinearWeights<T> f_a_proj;   // [D, hidden]
+  LinearWeights<T> f_b_proj;   // [h·D, D]
+  T* dt_bias = nullptr;        // [h·D]
+  T* A_log = nullptr;          // [1, 1, h, 1]
+  LinearWeights<T> b_proj;     // [h, hidden]
+  LinearWeights<T> g_a_proj;   // [D, hidden]
+  LinearWeights<T> g_b_proj;   // [h·D, D]
+  T* o_norm = nullptr;         // [D]
+  LinearWeights<T> o_proj;     // [hidden, h·D]
+};
+
+// Initialization as transformers': A_log log U(1, 16), dt_bias softplus⁻¹(exp U(log 1e-3, log 1e-1)),
+// o_norm 1; none of these three decays.
+template <class T, class Visit>
+void visit_params(KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& d, Visit&& visit) {
+  const int64_t H = d.hidden, D = d.head_dim, W = d.width(), K = d.conv_width;
+  const double in = d.init.std_in;
+  visit(w.input_norm, norm_row("input_layernorm.weight", H, d.input_norm));
+  visit(w.q_proj.weight, weight_row("self_attn.q_proj.weight", {W, H}, in));
+  visit(w.k_proj.weight, weight_row("self_attn.k_proj.weight", {W, H}, in));
+  visit(w.v_proj.weight, weight_row("self_attn.v_proj.weight", {W, H}, in));
+  ParamRow conv = weight_row("self_attn.conv1d.weight", {3 * W, 1, K}, in);
+  conv.hf_keys = {{"self_attn.q_conv1d.weight", {W, 1, K}, 0},
+                  {"self_attn.k_conv1d.weight", {W, 1, K}, W * K},
+                  {"self_attn.v_conv1d.weight", {W, 1, K}, 2 * W * K}};
+  visit(w.conv, conv);
+  visit(w.f_a_proj.weight, weight_row("self_attn.forget_gate.f_a_proj.weight", {D, H}, in));
+  visit(w.f_b_proj.weight, weight_row("self_attn.forget_gate.f_b_proj.weight", {W, D}, in));
+  ParamRow dt_bias = make_row("self_attn.forget_gate.dt_bias", {W}, InitKind::inverse_softplus_log_uniform, 0.0, false);
+  dt_bias.init_low = 1e-3;
+  dt_bias.init_high = 1e-1;
+  visit(w.dt_bias, dt_bias);
+  ParamRow a_log = make_row("self_attn.forget_gate.A_log", {1, 1, d.heads, 1}, InitKind::log_uniform, 0.0, false);
+  a_log.init_low = 1.0;
+  a_log.init_high = 16.0;
+  visit(w.A_log, a_log);
+  visit(w.b_proj.weight, weight_row("self_attn.b_proj.weight", {d.heads, H}, in));
+  visit(w.g_a_proj.weight, weight_row("self_attn.g_a_proj.weight", {D, H}, in));
+  visit(w.g_b_proj.weight, weight_row("self_attn.g_b_proj.weight", {W, D}, in));
+  visit(w.o_norm, make_row("self_attn.o_norm.weight", {D}, InitKind::ones, 0.0, false));
+  visit(w.o_proj.weight, weight_row("self_attn.o_proj.weight", {H, W}, d.init.std_out));
+}
+
+// Training FLOPs per token: 6 · projection parameters + the chunked delta rule's products.
+inline double flops_per_token(const KimiDeltaAttentionDims& d, int64_t /*seq*/) {
+  const double H = double(d.hidden), D = double(d.head_dim), W = double(d.width());
+  const double projections = 4.0 * H * W + 2.0 * (H * D + D * W) + H * double(d.heads);
+  return 6.0 * projections + 3.0 * double(d.heads) * (2.0 * 64.0 * (5.0 * D) + 6.0 * D * D);
+}
+
+inline int64_t cache_elements(const KimiDeltaAttentionDims& d, int64_t /*max_len*/) {
+  return (d.conv_width - 1) * 3 * d.width() + d.heads * d.head_dim * d.head_dim;
+}
+
+template <class T>
+void mixer_forward(T* x, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& dims,
+                   const LayerPass& pass, int layer, Arena& scratch);
+template <class T>
+void mixer_backward(T* dx, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionWeights<T>& grads,
+                    const KimiDeltaAttentionDims& dims, const LayerPass& pass, const ActivationStore& store,
+                    int layer, Arena& scratch);
+template <class T>
+void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const KimiDeltaAttentionWeights<T>& w,
+                  const KimiDeltaAttentionDims& dims, Arena& scratch);
+
+}  // namespace trillion
