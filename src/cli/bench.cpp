@@ -4,14 +4,19 @@
 //                            [--batch B] [--runs N] [--baseline-runs N] [--gemm-size N]
 //   trillion bench moe [--json] [--tokens T] [--hidden H] [--experts E] [--top-k k] [--expert-width I]
 //                      [--runs N] [--baseline-runs N] [--gemm-size N] [--seed S]
+//   trillion bench linear-attention [--json] [--tokens T] [--heads H] [--key-dim K] [--value-dim V]
+//                      [--decay per_head|per_key_channel|both] [--runs N] [--baseline-runs N]
+//                      [--gemm-size N] [--seed S]
 //   (--runs and --baseline-runs default to 10, the minimum for a measurement; fewer is a smoke test)
 // With --json each measurement is one JSON line and the last line is the summary; without it the
 // same numbers are printed for people.
 #include <cstdio>
 #include <memory>
+#include <string>
 #include <nlohmann/json.hpp>
 
 #include "bench/attention_bench.h"
+#include "bench/linear_attention_bench.h"
 #include "bench/moe_bench.h"
 #include "bench/timing.h"
 #include "cli/commands.h"
@@ -110,6 +115,55 @@ void run_moe(bool json, const MoeBenchOptions& options) {
       summary.at("ceiling_gflops").get<double>(), summary.at("memory_ratio").get<double>());
 }
 
+// Text form of one decay kind's summary (or of the combined one's fields).
+void print_linear_attention_summary(const nlohmann::json& s) {
+  std::printf(
+      "linear-attention decay=%s T=%lld H=%lld K=%lld V=%lld on %d threads:\n"
+      "  speedup over recurrent %.2fx, max relative error %.2e\n"
+      "  %.1f GFLOP/s = %.3f of the sgemm ceiling (%.1f GFLOP/s)\n"
+      "  peak memory: recurrent / chunked = %.2f\n",
+      s.at("decay").get<std::string>().c_str(), s.at("tokens").get<long long>(), s.at("heads").get<long long>(),
+      s.at("key_dim").get<long long>(), s.at("value_dim").get<long long>(), num_threads(),
+      s.at("speedup").get<double>(), s.at("max_rel_err").get<double>(), s.at("fused_gflops").get<double>(),
+      s.at("ceiling_fraction").get<double>(), s.at("ceiling_gflops").get<double>(),
+      s.at("memory_ratio").get<double>());
+}
+
+void run_linear_attention(bool json, const LinearAttentionBenchOptions& options) {
+  if (options.runs < 10 || options.baseline_runs < 10)
+    std::fprintf(stderr, "bench linear-attention: fewer than 10 runs (--runs %d, --baseline-runs %d): a smoke test, "
+                 "not a measurement\n", options.runs, options.baseline_runs);
+  const nlohmann::json summary = run_linear_attention_bench(options, [&](const nlohmann::json& j) {
+    if (json) {
+      print_json(j);
+      return;
+    }
+    if (!j.contains("measurement")) {
+      print_linear_attention_summary(j);
+      return;
+    }
+    if (j.at("measurement") != "sgemm_ceiling") std::printf("[%s] ", j.at("decay").get<std::string>().c_str());
+    print_measurement(j);
+    if (j.contains("forward_s"))
+      std::printf("           phases (median s): forward %.4f, backward %.4f\n", j.at("forward_s").get<double>(),
+                  j.at("backward_s").get<double>());
+  });
+  if (json) {
+    print_json(summary);
+    return;
+  }
+  if (summary.at("decay") != "both") {
+    print_linear_attention_summary(summary);
+    return;
+  }
+  std::printf(
+      "linear-attention, both decay kinds: speedup (per_head) %.2fx, max relative error %.2e, "
+      "ceiling fraction (lowest, %s) %.3f, memory ratio (lowest) %.2f\n",
+      summary.at("speedup").get<double>(), summary.at("max_rel_err").get<double>(),
+      summary.at("ceiling_fraction_decay").get<std::string>().c_str(), summary.at("ceiling_fraction").get<double>(),
+      summary.at("memory_ratio").get<double>());
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -165,6 +219,30 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   moe->add_option("--seed", moe_options->seed, "Seed of the inputs and weights")->capture_default_str();
   moe->callback([moe_json, moe_options] { run_moe(*moe_json, *moe_options); });
+
+  CLI::App* linear = bench->add_subcommand(
+      "linear-attention", "Chunked gated delta rule forward+backward vs the recurrent kernel");
+  auto linear_json = std::make_shared<bool>(false);
+  auto linear_options = std::make_shared<LinearAttentionBenchOptions>();
+  linear->add_flag("--json", *linear_json, "JSON lines: one per measurement and per decay kind, then the summary");
+  linear->add_option("--tokens", linear_options->tokens, "Tokens T (batch 1, one segment)")->capture_default_str();
+  linear->add_option("--heads", linear_options->heads, "Value heads H (key heads already repeated)")
+      ->capture_default_str();
+  linear->add_option("--key-dim", linear_options->key_dim, "Key head dimension K")->capture_default_str();
+  linear->add_option("--value-dim", linear_options->value_dim, "Value head dimension V")->capture_default_str();
+  linear->add_option("--decay", linear_options->decay, "Decay kind: per_head, per_key_channel or both")
+      ->check(CLI::IsMember({"per_head", "per_key_channel", "both"}))
+      ->capture_default_str();
+  linear->add_option("--runs", linear_options->runs,
+                     "Timed runs of the chunked kernel (median reported; fewer than 10 is for smoke tests only)")
+      ->capture_default_str();
+  linear->add_option("--baseline-runs", linear_options->baseline_runs,
+                     "Timed runs of the recurrent kernel (median reported; fewer than 10 is for smoke tests only)")
+      ->capture_default_str();
+  linear->add_option("--gemm-size", linear_options->gemm_size, "Size of the sgemm that sets the ceiling")
+      ->capture_default_str();
+  linear->add_option("--seed", linear_options->seed, "Seed of the inputs")->capture_default_str();
+  linear->callback([linear_json, linear_options] { run_linear_attention(*linear_json, *linear_options); });
 }
 
 }  // namespace trillion

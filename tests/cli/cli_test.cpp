@@ -12,7 +12,7 @@ namespace {
 
 TEST(Cli, EverySubcommandHasHelp) {
   for (const char* name : {"tokenize", "train", "eval", "generate", "gradcheck", "bench", "bench gemm",
-                           "bench attention", "info"}) {
+                           "bench attention", "bench moe", "bench linear-attention", "info"}) {
     const CommandResult r = run_cli(std::string(name) + " --help");
     EXPECT_EQ(r.status, 0) << name << ": " << r.output;
     EXPECT_NE(r.output.find("Usage:"), std::string::npos) << name << ": " << r.output;
