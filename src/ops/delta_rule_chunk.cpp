@@ -23,48 +23,23 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "ops/delta_rule_segments.h"
 #include "ops/delta_rule.h"
 #include "ops/gemm.h"
 
 namespace trillion {
 namespace {
 
+using delta_rule_detail::check_and_longest_segment;
+using delta_rule_detail::Segment;
+using delta_rule_detail::segment_count;
+using delta_rule_detail::segment_of;
+
 constexpr int64_t C = kDeltaRuleChunk;
 // Sub-chunk of the per-key-channel decay: pairs inside one sub-chunk use pairwise differences, pairs
 // across sub-chunks factor Γ through the later sub-chunk's first token r (both factors ≤ 1).
 constexpr int64_t kSub = 16;
 
-// Tokens [begin, end) of batch row `row`.
-struct Segment {
-  int64_t row = 0, begin = 0, end = 0;
-};
-
-int64_t segment_count(const int32_t* cu_seqlens, const DeltaRuleSizes& s) {
-  return cu_seqlens != nullptr ? s.num_segments : s.batch;
-}
-
-Segment segment_of(int64_t n, const int32_t* cu_seqlens, const DeltaRuleSizes& s) {
-  if (cu_seqlens == nullptr) return {n, 0, s.seq_len};
-  return {0, cu_seqlens[n], cu_seqlens[n + 1]};
-}
-
-// Checks the sizes and segments; returns the longest segment's length.
-int64_t check_and_longest_segment(const int32_t* cu_seqlens, const DeltaRuleSizes& s) {
-  TRILLION_CHECK(s.batch >= 1 && s.seq_len >= 0 && s.heads >= 1 && s.key_dim >= 1 && s.value_dim >= 1,
-                 "delta rule sizes B=", s.batch, " T=", s.seq_len, " H=", s.heads, " K=", s.key_dim,
-                 " V=", s.value_dim);
-  if (cu_seqlens == nullptr) return s.seq_len;
-  TRILLION_CHECK(s.batch == 1, "delta rule with cu_seqlens needs batch 1, got ", s.batch);
-  TRILLION_CHECK(s.num_segments >= 1, "delta rule num_segments ", s.num_segments);
-  TRILLION_CHECK(cu_seqlens[0] == 0 && cu_seqlens[s.num_segments] == s.seq_len, "delta rule cu_seqlens spans [",
-                 cu_seqlens[0], ", ", cu_seqlens[s.num_segments], "), expected [0, ", s.seq_len, ")");
-  int64_t longest = 0;
-  for (int64_t n = 0; n < s.num_segments; ++n) {
-    TRILLION_CHECK(cu_seqlens[n + 1] >= cu_seqlens[n], "delta rule cu_seqlens decreases at ", n);
-    longest = std::max<int64_t>(longest, cu_seqlens[n + 1] - cu_seqlens[n]);
-  }
-  return longest;
-}
 
 // One chunk of L tokens of one head: pointers to its first token's rows in the caller's arrays.
 template <class T>
