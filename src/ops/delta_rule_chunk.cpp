@@ -12,6 +12,11 @@
 // exp(G_r − G_j) through r, the first token of t's sub-chunk (both factors ≤ 1, so no overflow; an
 // underflow only drops terms below the smallest normal), which makes those blocks GEMMs at the cost
 // of (64 + 96) · K more exps per chunk; backward uses the same split.
+// Every exp runs in batches through the vectorized exp (ops/vector_exp.h): differences are written
+// to an array, then exponentiated in place. The intra-sub-chunk Γ (and per head the C² Γ) and the
+// column factors Ecol of every sub-chunk stay in ChunkWork, so the backward, right after its
+// prepare_chunk, reuses them instead of recomputing exps; the intra-sub-chunk dot products use
+// lane-blocked accumulators (fixed order) so their loops over K vectorize.
 // Backward: a first pass keeps the state at the start of every chunk; then, chunks from the last,
 // it recomputes the chunk's W, U, V_new and runs the reverse recursion for dS, with the gradient
 // through Tm = (I + L)⁻¹ as dL = −Tmᵀ dTm Tmᵀ = −(dVb Uᵀ + dKb Wᵀ) (strictly lower), and a reverse
@@ -26,6 +31,7 @@
 #include "ops/delta_rule_segments.h"
 #include "ops/delta_rule.h"
 #include "ops/gemm.h"
+#include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
@@ -39,6 +45,58 @@ constexpr int64_t C = kDeltaRuleChunk;
 // Sub-chunk of the per-key-channel decay: pairs inside one sub-chunk use pairwise differences, pairs
 // across sub-chunks factor Γ through the later sub-chunk's first token r (both factors ≤ 1).
 constexpr int64_t kSub = 16;
+static_assert(C % kSub == 0, "the chunk must be a whole number of sub-chunks");
+constexpr int64_t kSubs = C / kSub;
+// Strictly-lower pairs (t, j) of one sub-chunk, and rows j < r of all sub-chunks' column blocks.
+constexpr int64_t kSubPairs = kSub * (kSub - 1) / 2;
+constexpr int64_t kColRows = kSub * kSubs * (kSubs - 1) / 2;
+// First pair of sub-chunk s, first pair of local row tt in it; first column row of sub-chunk s.
+constexpr int64_t pair_index(int64_t s, int64_t tt) { return s * kSubPairs + tt * (tt - 1) / 2; }
+constexpr int64_t col_row(int64_t s) { return kSub * s * (s - 1) / 2; }
+
+// x[0, n) ← exp(x) with the vectorized exp (ops/vector_exp.h; the sum is discarded).
+template <class T>
+inline void exp_all(T* x, int64_t n) {
+  if (n > 0) exp_shifted_sum(x, n, T(0));
+}
+
+// Lane-blocked dot products Σ_i a_i c_i g_i and Σ_i b_i c_i g_i (g = nullptr: all ones), summed in a
+// fixed order (lanes, then the lanes in sequence), so the inner loop vectorizes without -ffast-math.
+template <class T>
+inline void dot2(const T* __restrict a, const T* __restrict b, const T* __restrict c, const T* __restrict g,
+                 int64_t K, T& out_a, T& out_b) {
+  constexpr int64_t W = 128 / sizeof(T);
+  T acc_a[W] = {}, acc_b[W] = {};
+  int64_t i0 = 0;
+  if (g != nullptr) {
+    for (; i0 + W <= K; i0 += W) {
+      for (int64_t l = 0; l < W; ++l) {
+        const T cg = c[i0 + l] * g[i0 + l];
+        acc_a[l] += a[i0 + l] * cg;
+        acc_b[l] += b[i0 + l] * cg;
+      }
+    }
+  } else {
+    for (; i0 + W <= K; i0 += W) {
+      for (int64_t l = 0; l < W; ++l) {
+        acc_a[l] += a[i0 + l] * c[i0 + l];
+        acc_b[l] += b[i0 + l] * c[i0 + l];
+      }
+    }
+  }
+  for (int64_t i = i0; i < K; ++i) {
+    const T cg = g != nullptr ? c[i] * g[i] : c[i];
+    acc_a[i - i0] += a[i] * cg;
+    acc_b[i - i0] += b[i] * cg;
+  }
+  T sa = 0, sb = 0;
+  for (int64_t l = 0; l < W; ++l) {
+    sa += acc_a[l];
+    sb += acc_b[l];
+  }
+  out_a = sa;
+  out_b = sb;
+}
 
 
 // One chunk of L tokens of one head: pointers to its first token's rows in the caller's arrays.
@@ -80,42 +138,62 @@ struct ChunkWork {
   T* Er;    // [C, K] exp(G_t − G_r)
   T* Rq;    // [C, K] Q ⊙ Er
   T* Rk;    // [C, K] K ⊙ Er
-  T* Ecol;  // [C, K] exp(G_r − G_j), rows j < r
-  T* Ccol;  // [C, K] K ⊙ Ecol
-  static int64_t numel(int64_t K, int64_t V) { return 12 * C * K + 2 * C * V + 3 * C * C; }
+  T* Ecol;  // [kColRows, K] exp(G_r − G_j), rows j < r of sub-chunk s from col_row(s)
+  T* Ccol;  // [kColRows, K] K ⊙ Ecol
+  // Pairwise decay, kept for the backward. Per key channel: [kSubs · kSubPairs, K] exp(G_t − G_j) of
+  // the strictly-lower pairs inside each sub-chunk (pair_index). Per head: [C, C] Γ_tj (j ≤ t).
+  T* Gam;
+  static int64_t gam_numel(int64_t K) { return std::max(kSubs * kSubPairs * K, C * C); }
+  static int64_t numel(int64_t K, int64_t V) {
+    return 10 * C * K + 2 * kColRows * K + gam_numel(K) + 2 * C * V + 3 * C * C;
+  }
   explicit ChunkWork(T* p, int64_t K, int64_t V)
       : G(p), E(G + C * K), D(E + C * K), Kd(D + C * K), QE(Kd + C * K), Kb(QE + C * K), W(Kb + C * K),
         U(W + C * K), Vn(U + C * V), Akk(Vn + C * V), P(Akk + C * C), Tm(P + C * C), Er(Tm + C * C),
-        Rq(Er + C * K), Rk(Rq + C * K), Ecol(Rk + C * K), Ccol(Ecol + C * K) {}
+        Rq(Er + C * K), Rk(Rq + C * K), Ecol(Rk + C * K), Ccol(Ecol + kColRows * K), Gam(Ccol + kColRows * K) {}
 };
 
 // Er, Rq, Rk of every row of the chunk, each against its own sub-chunk's first token.
 template <class T>
 void row_factors(const ChunkWork<T>& w, const ChunkInputs<T>& in, int64_t K) {
   for (int64_t t = 0; t < in.L; ++t) {
-    const T* qt = in.q + t * in.ldk;
-    const T* kt = in.k + t * in.ldk;
-    const T* Gr = w.G + (t - t % kSub) * K;  // [K]
+    const T* __restrict Gt = w.G + t * K;
+    const T* __restrict Gr = w.G + (t - t % kSub) * K;  // [K]
+    T* __restrict er = w.Er + t * K;
+    for (int64_t i = 0; i < K; ++i) er[i] = Gt[i] - Gr[i];
+  }
+  exp_all(w.Er, in.L * K);
+  for (int64_t t = 0; t < in.L; ++t) {
+    const T* __restrict qt = in.q + t * in.ldk;
+    const T* __restrict kt = in.k + t * in.ldk;
+    const T* __restrict er = w.Er + t * K;
+    T* __restrict rq = w.Rq + t * K;
+    T* __restrict rk = w.Rk + t * K;
     for (int64_t i = 0; i < K; ++i) {
-      const int64_t x = t * K + i;
-      w.Er[x] = std::exp(w.G[x] - Gr[i]);
-      w.Rq[x] = qt[i] * w.Er[x];
-      w.Rk[x] = kt[i] * w.Er[x];
+      rq[i] = qt[i] * er[i];
+      rk[i] = kt[i] * er[i];
     }
   }
 }
 
-// Ecol, Ccol of the columns j < r against r, the first token of a sub-chunk.
+// Ecol, Ccol of the columns j < r against r = s · kSub, the first token of sub-chunk s ≥ 1.
 template <class T>
-void column_factors(const ChunkWork<T>& w, const ChunkInputs<T>& in, int64_t r, int64_t K) {
-  const T* Gr = w.G + r * K;  // [K]
+void column_factors(const ChunkWork<T>& w, const ChunkInputs<T>& in, int64_t s, int64_t K) {
+  const int64_t r = s * kSub;
+  const T* __restrict Gr = w.G + r * K;  // [K]
+  T* ecol = w.Ecol + col_row(s) * K;     // [r, K]
+  T* ccol = w.Ccol + col_row(s) * K;     // [r, K]
   for (int64_t j = 0; j < r; ++j) {
-    const T* kj = in.k + j * in.ldk;
-    for (int64_t i = 0; i < K; ++i) {
-      const int64_t x = j * K + i;
-      w.Ecol[x] = std::exp(Gr[i] - w.G[x]);
-      w.Ccol[x] = kj[i] * w.Ecol[x];
-    }
+    const T* __restrict Gj = w.G + j * K;
+    T* __restrict e = ecol + j * K;
+    for (int64_t i = 0; i < K; ++i) e[i] = Gr[i] - Gj[i];
+  }
+  exp_all(ecol, r * K);
+  for (int64_t j = 0; j < r; ++j) {
+    const T* __restrict kj = in.k + j * in.ldk;
+    const T* __restrict e = ecol + j * K;
+    T* __restrict c = ccol + j * K;
+    for (int64_t i = 0; i < K; ++i) c[i] = kj[i] * e[i];
   }
 }
 
@@ -131,54 +209,81 @@ void prepare_chunk(const ChunkWork<T>& w, const ChunkInputs<T>& in, const DeltaR
     for (int64_t i = 0; i < K; ++i) Gt[i] = (G_prev != nullptr ? G_prev[i] : T(0)) + (per_channel ? gt[i] : gt[0]);
   }
   const T* G_last = w.G + (L - 1) * K;  // [K]
+  // E = exp(G), D = exp(G_last − G), each as one batch of vectorized exps.
+  std::memcpy(w.E, w.G, L * K * sizeof(T));
+  exp_all(w.E, L * K);
   for (int64_t t = 0; t < L; ++t) {
-    const T* qt = in.q + t * in.ldk;
-    const T* kt = in.k + t * in.ldk;
+    const T* __restrict Gt = w.G + t * K;
+    T* __restrict Dt = w.D + t * K;
+    for (int64_t i = 0; i < K; ++i) Dt[i] = G_last[i] - Gt[i];
+  }
+  exp_all(w.D, L * K);
+  for (int64_t t = 0; t < L; ++t) {
+    const T* __restrict qt = in.q + t * in.ldk;
+    const T* __restrict kt = in.k + t * in.ldk;
+    const T* __restrict Et = w.E + t * K;
+    const T* __restrict Dt = w.D + t * K;
+    T* __restrict kd = w.Kd + t * K;
+    T* __restrict qe = w.QE + t * K;
+    T* __restrict kb = w.Kb + t * K;
     const T bt = in.beta[t * in.ldb];
     for (int64_t i = 0; i < K; ++i) {
-      const int64_t x = t * K + i;
-      w.E[x] = std::exp(w.G[x]);
-      w.D[x] = std::exp(G_last[i] - w.G[x]);
-      w.Kd[x] = kt[i] * w.D[x];
-      w.QE[x] = qt[i] * w.E[x];
-      w.Kb[x] = bt * kt[i] * w.E[x];
+      kd[i] = kt[i] * Dt[i];
+      qe[i] = qt[i] * Et[i];
+      kb[i] = bt * kt[i] * Et[i];
     }
   }
   if (per_channel) {
     row_factors(w, in, K);
     for (int64_t b0 = 0; b0 < L; b0 += kSub) {
-      const int64_t nb = std::min(kSub, L - b0);
-      // Inside the sub-chunk: pairwise differences.
-      for (int64_t t = b0; t < b0 + nb; ++t) {
+      const int64_t nb = std::min(kSub, L - b0), s = b0 / kSub;
+      // Inside the sub-chunk: pairwise differences exp(G_t − G_j) (j < t), one batch of exps.
+      T* gam = w.Gam + pair_index(s, 0) * K;
+      for (int64_t tt = 1; tt < nb; ++tt) {
+        const T* __restrict Gt = w.G + (b0 + tt) * K;
+        for (int64_t jj = 0; jj < tt; ++jj) {
+          const T* __restrict Gj = w.G + (b0 + jj) * K;
+          T* __restrict e = w.Gam + (pair_index(s, tt) + jj) * K;
+          for (int64_t i = 0; i < K; ++i) e[i] = Gt[i] - Gj[i];
+        }
+      }
+      exp_all(gam, nb * (nb - 1) / 2 * K);
+      for (int64_t tt = 0; tt < nb; ++tt) {
+        const int64_t t = b0 + tt;
         const T* qt = in.q + t * in.ldk;
         const T* kt = in.k + t * in.ldk;
-        const T* Gt = w.G + t * K;
-        for (int64_t j = b0; j <= t; ++j) {
-          const T* kj = in.k + j * in.ldk;
-          const T* Gj = w.G + j * K;
-          T sp = 0, sa = 0;
-          for (int64_t i = 0; i < K; ++i) {
-            const T kg = kj[i] * std::exp(Gt[i] - Gj[i]);
-            sp += qt[i] * kg;
-            sa += kt[i] * kg;
-          }
+        for (int64_t jj = 0; jj < tt; ++jj) {
+          const int64_t j = b0 + jj;
+          T sp, sa;
+          dot2(qt, kt, in.k + j * in.ldk, w.Gam + (pair_index(s, tt) + jj) * K, K, sp, sa);
           w.P[t * C + j] = sp;
-          w.Akk[t * C + j] = j < t ? sa : T(0);
+          w.Akk[t * C + j] = sa;
         }
+        T sp, sa;
+        dot2<T>(qt, kt, kt, nullptr, K, sp, sa);  // the diagonal: Γ = 1
+        w.P[t * C + t] = sp;
+        w.Akk[t * C + t] = T(0);
       }
       // Earlier columns: Γ_tj = Er_t · Ecol_j through r = b0, so the blocks are GEMMs.
       if (b0 > 0) {
-        column_factors(w, in, b0, K);
-        gemm<T>(false, true, nb, b0, K, T(1), w.Rq + b0 * K, K, w.Ccol, K, T(0), w.P + b0 * C, C);
-        gemm<T>(false, true, nb, b0, K, T(1), w.Rk + b0 * K, K, w.Ccol, K, T(0), w.Akk + b0 * C, C);
+        column_factors(w, in, s, K);
+        const T* ccol = w.Ccol + col_row(s) * K;
+        gemm<T>(false, true, nb, b0, K, T(1), w.Rq + b0 * K, K, ccol, K, T(0), w.P + b0 * C, C);
+        gemm<T>(false, true, nb, b0, K, T(1), w.Rk + b0 * K, K, ccol, K, T(0), w.Akk + b0 * C, C);
       }
     }
   } else {
     gemm<T>(false, true, L, L, K, T(1), in.k, in.ldk, in.k, in.ldk, T(0), w.Akk, C);
     gemm<T>(false, true, L, L, K, T(1), in.q, in.ldk, in.k, in.ldk, T(0), w.P, C);
+    // Γ_tj = exp(G_t − G_j) for j ≤ t (above the diagonal: exp(0), unused), one batch of exps.
+    for (int64_t t = 0; t < L; ++t) {
+      const T Gt = w.G[t * K];
+      for (int64_t j = 0; j < C; ++j) w.Gam[t * C + j] = j <= t ? Gt - w.G[j * K] : T(0);
+    }
+    exp_all(w.Gam, L * C);
     for (int64_t t = 0; t < L; ++t) {
       for (int64_t j = 0; j <= t; ++j) {
-        const T gamma = std::exp(w.G[t * K] - w.G[j * K]);
+        const T gamma = w.Gam[t * C + j];
         w.P[t * C + j] *= gamma;
         w.Akk[t * C + j] = j < t ? w.Akk[t * C + j] * gamma : T(0);
       }
@@ -234,6 +339,19 @@ void load_state(T* S, const T* src, int64_t n, int64_t h, const DeltaRuleSizes& 
     std::memcpy(S, src + (n * s.heads + h) * KV, KV * sizeof(T));
   } else {
     std::fill(S, S + KV, T(0));
+  }
+}
+
+// One pair j < t inside a sub-chunk, Γ = gam[K]: pQ_t += a (k_j ⊙ Γ), pKr_t += nn (k_j ⊙ Γ),
+// pKc_j += (a q_t + nn k_t) ⊙ Γ (three distinct rows, so the loop vectorizes).
+template <class T>
+inline void pair_grads(T a, T nn, const T* __restrict qt, const T* __restrict kt, const T* __restrict kj,
+                       const T* __restrict gam, T* __restrict pq, T* __restrict pkr, T* __restrict pkc, int64_t K) {
+  for (int64_t i = 0; i < K; ++i) {
+    const T kg = kj[i] * gam[i];
+    pq[i] += a * kg;
+    pkr[i] += nn * kg;
+    pkc[i] += (a * qt[i] + nn * kt[i]) * gam[i];
   }
 }
 
@@ -424,7 +542,6 @@ void delta_rule_chunk_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0, con
           for (int64_t t = b0; t < b0 + nb; ++t) {
             const T* qt = in.q + t * in.ldk;
             const T* kt = in.k + t * in.ldk;
-            const T* Gt = w.G + t * K;
             const T a_tt = d.dP[t * C + t];
             for (int64_t i = 0; i < K; ++i) {
               d.dQ[t * K + i] += a_tt * kt[i];
@@ -432,30 +549,25 @@ void delta_rule_chunk_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0, con
             }
             for (int64_t j = b0; j < t; ++j) {
               const T a = d.dP[t * C + j], nn = d.N[t * C + j];
-              const T* kj = in.k + j * in.ldk;
-              const T* Gj = w.G + j * K;
-              for (int64_t i = 0; i < K; ++i) {
-                const T gamma = std::exp(Gt[i] - Gj[i]);
-                const T kg = kj[i] * gamma;
-                d.pQ[t * K + i] += a * kg;
-                d.pKr[t * K + i] += nn * kg;
-                d.pKc[j * K + i] += (a * qt[i] + nn * kt[i]) * gamma;
-              }
+              pair_grads(a, nn, qt, kt, in.k + j * in.ldk, w.Gam + (pair_index(b0 / kSub, t - b0) + j - b0) * K,
+                         d.pQ + t * K, d.pKr + t * K, d.pKc + j * K, K);
             }
           }
           if (b0 > 0) {
             // Γ_tj = Er_t · Ecol_j for j < b0: pQ_t += Er ⊙ (dP Ccol), pKr_t += Er ⊙ (N Ccol),
             // pKc_j += Ecol ⊙ (dPᵀ Rq + Nᵀ Rk).
-            column_factors(w, in, b0, K);
-            gemm<T>(false, false, nb, K, b0, T(1), d.dP + b0 * C, C, w.Ccol, K, T(0), d.tmp, K);
-            gemm<T>(false, false, nb, K, b0, T(1), d.N + b0 * C, C, w.Ccol, K, T(0), d.tmp2, K);
+            // Ecol, Ccol of this sub-chunk are still there from prepare_chunk.
+            const T* ecol = w.Ecol + col_row(b0 / kSub) * K;
+            const T* ccol = w.Ccol + col_row(b0 / kSub) * K;
+            gemm<T>(false, false, nb, K, b0, T(1), d.dP + b0 * C, C, ccol, K, T(0), d.tmp, K);
+            gemm<T>(false, false, nb, K, b0, T(1), d.N + b0 * C, C, ccol, K, T(0), d.tmp2, K);
             for (int64_t x = 0; x < nb * K; ++x) {
               d.pQ[b0 * K + x] += d.tmp[x] * w.Er[b0 * K + x];
               d.pKr[b0 * K + x] += d.tmp2[x] * w.Er[b0 * K + x];
             }
             gemm<T>(true, false, b0, K, nb, T(1), d.dP + b0 * C, C, w.Rq + b0 * K, K, T(0), d.tmp2, K);
             gemm<T>(true, false, b0, K, nb, T(1), d.N + b0 * C, C, w.Rk + b0 * K, K, T(1), d.tmp2, K);
-            for (int64_t x = 0; x < b0 * K; ++x) d.pKc[x] += d.tmp2[x] * w.Ecol[x];
+            for (int64_t x = 0; x < b0 * K; ++x) d.pKc[x] += d.tmp2[x] * ecol[x];
           }
         }
         for (int64_t t = 0; t < L; ++t) {
@@ -477,7 +589,7 @@ void delta_rule_chunk_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0, con
             const T e = d.dP[x] * w.P[x] + d.N[x] * w.Akk[x];
             d.dGh[t] += e;
             d.dGh[j] -= e;
-            const T gamma = std::exp(w.G[t * K] - w.G[j * K]);
+            const T gamma = w.Gam[x];  // from prepare_chunk
             d.dP[x] *= gamma;
             d.N[x] *= gamma;
           }
