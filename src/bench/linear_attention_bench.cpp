@@ -14,6 +14,7 @@
 #include "core/parallel.h"
 #include "core/relative_error.h"
 #include "core/rng.h"
+#include "ops/ref/delta_rule_chunk_ref.h"
 
 namespace trillion {
 namespace {
@@ -65,11 +66,15 @@ struct LinearAttentionInputs {
   }
 };
 
+// The three forms timed: the fused chunked kernel, the recurrent one (the baseline) and the plain
+// unfused chunked composition (ops/ref/delta_rule_chunk_ref.h; per_head only).
+enum class DeltaRuleForm { chunked, recurrent, unfused };
+
 // One form's forward + backward, its outputs (all written, =) and the seconds of each phase.
 class DeltaRuleRun {
  public:
-  DeltaRuleRun(const LinearAttentionInputs& in, const DeltaRuleSizes& s, bool chunked)
-      : in_(in), s_(s), chunked_(chunked),
+  DeltaRuleRun(const LinearAttentionInputs& in, const DeltaRuleSizes& s, DeltaRuleForm form)
+      : in_(in), s_(s), form_(form),
         o_(s.seq_len * s.heads * s.value_dim), dq_(s.seq_len * s.heads * s.key_dim),
         dk_(s.seq_len * s.heads * s.key_dim), dv_(s.seq_len * s.heads * s.value_dim),
         dg_(s.decay == DeltaDecay::per_head ? s.seq_len * s.heads : s.seq_len * s.heads * s.key_dim),
@@ -78,19 +83,27 @@ class DeltaRuleRun {
   void run() {
     const float* g = in_.g(s_.decay);
     const auto t0 = std::chrono::steady_clock::now();
-    if (chunked_) {
+    if (form_ == DeltaRuleForm::chunked) {
       delta_rule_chunk_forward(o_.data(), static_cast<float*>(nullptr), in_.q.data(), in_.k.data(), in_.v.data(), g,
                                in_.beta.data(), static_cast<const float*>(nullptr), nullptr, s_);
+    } else if (form_ == DeltaRuleForm::unfused) {
+      delta_rule_chunk_ref_forward(o_.data(), static_cast<float*>(nullptr), in_.q.data(), in_.k.data(), in_.v.data(),
+                                   g, in_.beta.data(), static_cast<const float*>(nullptr), nullptr, s_);
     } else {
       delta_rule_recurrent_forward(o_.data(), static_cast<float*>(nullptr), in_.q.data(), in_.k.data(), in_.v.data(),
                                    g, in_.beta.data(), static_cast<const float*>(nullptr), nullptr, s_);
     }
     const auto t1 = std::chrono::steady_clock::now();
-    if (chunked_) {
+    if (form_ == DeltaRuleForm::chunked) {
       delta_rule_chunk_backward(dq_.data(), dk_.data(), dv_.data(), dg_.data(), dbeta_.data(),
                                 static_cast<float*>(nullptr), in_.d_o.data(), static_cast<const float*>(nullptr),
                                 in_.q.data(), in_.k.data(), in_.v.data(), g, in_.beta.data(),
                                 static_cast<const float*>(nullptr), nullptr, s_);
+    } else if (form_ == DeltaRuleForm::unfused) {
+      delta_rule_chunk_ref_backward(dq_.data(), dk_.data(), dv_.data(), dg_.data(), dbeta_.data(),
+                                    static_cast<float*>(nullptr), in_.d_o.data(), static_cast<const float*>(nullptr),
+                                    in_.q.data(), in_.k.data(), in_.v.data(), g, in_.beta.data(),
+                                    static_cast<const float*>(nullptr), nullptr, s_);
     } else {
       delta_rule_recurrent_backward(dq_.data(), dk_.data(), dv_.data(), dg_.data(), dbeta_.data(),
                                     static_cast<float*>(nullptr), in_.d_o.data(), static_cast<const float*>(nullptr),
@@ -125,7 +138,7 @@ class DeltaRuleRun {
  private:
   const LinearAttentionInputs& in_;
   DeltaRuleSizes s_;
-  bool chunked_;
+  DeltaRuleForm form_;
   Buffer<float> o_, dq_, dk_, dv_, dg_, dbeta_;  // [T, H, V], [T, H, K] × 2, [T, H, V], g's shape, [T, H]
   std::vector<double> forward_s_, backward_s_;
 };
@@ -148,21 +161,29 @@ nlohmann::json run_decay_kind(const LinearAttentionBenchOptions& o, const Linear
   const double flops = linear_attention_bench_flops(o.tokens, o.heads, o.key_dim, o.value_dim);
 
   // Outputs are allocated before the peak is taken: the peak above them is the workspace.
-  DeltaRuleRun chunked(in, s, true), recurrent(in, s, false);
+  // Per head also the plain unfused chunked composition (supports per_head only).
+  const bool with_unfused = decay == DeltaDecay::per_head;
+  DeltaRuleRun chunked(in, s, DeltaRuleForm::chunked), recurrent(in, s, DeltaRuleForm::recurrent);
+  DeltaRuleRun unfused(in, s, DeltaRuleForm::unfused);
   const int64_t chunked_workspace = peak_extra_bytes([&] { chunked.run(); });  // also the warm-up
   const int64_t recurrent_workspace = peak_extra_bytes([&] { recurrent.run(); });
+  const int64_t unfused_workspace = with_unfused ? peak_extra_bytes([&] { unfused.run(); }) : 0;
   chunked.clear_phases();
   recurrent.clear_phases();
-  // The ceiling's sgemm, the chunked and the recurrent kernel alternate, so all three see the same
-  // load on a shared machine.
+  unfused.clear_phases();
+  // The ceiling's sgemm, the chunked, the recurrent and (per head) the unfused kernel alternate, so
+  // all see the same load on a shared machine.
   gemm.run();  // warm-up
-  std::vector<double> gemm_s, chunked_s, recurrent_s;
+  std::vector<double> gemm_s, chunked_s, recurrent_s, unfused_s;
   for (int i = 0; i < std::max(o.runs, o.baseline_runs); ++i) {
     if (i < o.runs) {
       gemm_s.push_back(time_median([&] { gemm.run(); }, 0, 1).median_s);
       chunked_s.push_back(time_median([&] { chunked.run(); }, 0, 1).median_s);
     }
-    if (i < o.baseline_runs) recurrent_s.push_back(time_median([&] { recurrent.run(); }, 0, 1).median_s);
+    if (i < o.baseline_runs) {
+      recurrent_s.push_back(time_median([&] { recurrent.run(); }, 0, 1).median_s);
+      if (with_unfused) unfused_s.push_back(time_median([&] { unfused.run(); }, 0, 1).median_s);
+    }
   }
   const TimingResult gemm_time = summarize(gemm_s), chunked_time = summarize(chunked_s);
   const TimingResult recurrent_time = summarize(recurrent_s);
@@ -183,8 +204,10 @@ nlohmann::json run_decay_kind(const LinearAttentionBenchOptions& o, const Linear
     emit(line);
   }
 
-  // Both forms write (=) every output, so the last timed runs are the ones compared.
-  const double max_rel_err = chunked.max_rel_err(recurrent);
+  // All forms write (=) every output, so the last timed runs are the ones compared; the unfused
+  // form is compared with the fused chunked kernel, and its error folded into max_rel_err.
+  const double unfused_rel_err = with_unfused ? unfused.max_rel_err(chunked) : 0.0;
+  const double max_rel_err = std::max(chunked.max_rel_err(recurrent), unfused_rel_err);
   nlohmann::json summary = bench_summary("linear-attention", chunked_time, recurrent_time, max_rel_err, flops,
                                          ceiling_gflops, gemm.size(), chunked_peak, recurrent_peak);
   summary.update({{"decay", name},
@@ -195,6 +218,16 @@ nlohmann::json run_decay_kind(const LinearAttentionBenchOptions& o, const Linear
                   {"chunk", kDeltaRuleChunk},
                   {"seed", o.seed},
                   {"threads", num_threads()}});
+  if (with_unfused) {
+    const TimingResult unfused_time = summarize(unfused_s);
+    nlohmann::json phases = unfused.phase_medians();
+    summary.update({{"unfused_s", unfused_time.median_s},
+                    {"ratio_unfused", unfused_time.median_s / chunked_time.median_s},
+                    {"unfused_forward_s", phases.at("forward_s")},
+                    {"unfused_backward_s", phases.at("backward_s")},
+                    {"unfused_max_rel_err", unfused_rel_err},
+                    {"unfused_peak_bytes", in.bytes(decay) + unfused.output_bytes() + unfused_workspace}});
+  }
   return summary;
 }
 
@@ -230,6 +263,8 @@ nlohmann::json run_linear_attention_bench(const LinearAttentionBenchOptions& o,
                              {"decay", "both"},
                              {"speedup", summaries.front().at("speedup")},
                              {"speedup_decay", summaries.front().at("decay")}};
+  for (const char* field : {"unfused_s", "ratio_unfused"})  // of per_head, the only kind that has them
+    if (summaries.front().contains(field)) combined[field] = summaries.front().at(field);
   double max_rel_err = 0, ceiling_fraction = INFINITY, memory_ratio = INFINITY;
   for (const nlohmann::json& summary : summaries) {
     max_rel_err = std::max(max_rel_err, summary.at("max_rel_err").get<double>());
