@@ -67,7 +67,7 @@ struct LinearAttentionInputs {
 };
 
 // The three forms timed: the fused chunked kernel, the recurrent one (the baseline) and the plain
-// unfused chunked composition (ops/ref/delta_rule_chunk_ref.h; per_head only).
+// unfused chunked composition (ops/ref/delta_rule_chunk_ref.h; both decay kinds).
 enum class DeltaRuleForm { chunked, recurrent, unfused };
 
 // One form's forward + backward, its outputs (all written, =) and the seconds of each phase.
@@ -161,17 +161,16 @@ nlohmann::json run_decay_kind(const LinearAttentionBenchOptions& o, const Linear
   const double flops = linear_attention_bench_flops(o.tokens, o.heads, o.key_dim, o.value_dim);
 
   // Outputs are allocated before the peak is taken: the peak above them is the workspace.
-  // Per head also the plain unfused chunked composition (supports per_head only).
-  const bool with_unfused = decay == DeltaDecay::per_head;
+  // Also the plain unfused chunked composition (both decay kinds).
   DeltaRuleRun chunked(in, s, DeltaRuleForm::chunked), recurrent(in, s, DeltaRuleForm::recurrent);
   DeltaRuleRun unfused(in, s, DeltaRuleForm::unfused);
   const int64_t chunked_workspace = peak_extra_bytes([&] { chunked.run(); });  // also the warm-up
   const int64_t recurrent_workspace = peak_extra_bytes([&] { recurrent.run(); });
-  const int64_t unfused_workspace = with_unfused ? peak_extra_bytes([&] { unfused.run(); }) : 0;
+  const int64_t unfused_workspace = peak_extra_bytes([&] { unfused.run(); });
   chunked.clear_phases();
   recurrent.clear_phases();
   unfused.clear_phases();
-  // The ceiling's sgemm, the chunked, the recurrent and (per head) the unfused kernel alternate, so
+  // The ceiling's sgemm, the chunked, the recurrent and the unfused kernel alternate, so
   // all see the same load on a shared machine.
   gemm.run();  // warm-up
   std::vector<double> gemm_s, chunked_s, recurrent_s, unfused_s;
@@ -182,7 +181,7 @@ nlohmann::json run_decay_kind(const LinearAttentionBenchOptions& o, const Linear
     }
     if (i < o.baseline_runs) {
       recurrent_s.push_back(time_median([&] { recurrent.run(); }, 0, 1).median_s);
-      if (with_unfused) unfused_s.push_back(time_median([&] { unfused.run(); }, 0, 1).median_s);
+      unfused_s.push_back(time_median([&] { unfused.run(); }, 0, 1).median_s);
     }
   }
   const TimingResult gemm_time = summarize(gemm_s), chunked_time = summarize(chunked_s);
@@ -206,7 +205,7 @@ nlohmann::json run_decay_kind(const LinearAttentionBenchOptions& o, const Linear
 
   // All forms write (=) every output, so the last timed runs are the ones compared; the unfused
   // form is compared with the fused chunked kernel, and its error folded into max_rel_err.
-  const double unfused_rel_err = with_unfused ? unfused.max_rel_err(chunked) : 0.0;
+  const double unfused_rel_err = unfused.max_rel_err(chunked);
   const double max_rel_err = std::max(chunked.max_rel_err(recurrent), unfused_rel_err);
   nlohmann::json summary = bench_summary("linear-attention", chunked_time, recurrent_time, max_rel_err, flops,
                                          ceiling_gflops, gemm.size(), chunked_peak, recurrent_peak);
@@ -218,16 +217,14 @@ nlohmann::json run_decay_kind(const LinearAttentionBenchOptions& o, const Linear
                   {"chunk", kDeltaRuleChunk},
                   {"seed", o.seed},
                   {"threads", num_threads()}});
-  if (with_unfused) {
-    const TimingResult unfused_time = summarize(unfused_s);
-    nlohmann::json phases = unfused.phase_medians();
-    summary.update({{"unfused_s", unfused_time.median_s},
-                    {"ratio_unfused", unfused_time.median_s / chunked_time.median_s},
-                    {"unfused_forward_s", phases.at("forward_s")},
-                    {"unfused_backward_s", phases.at("backward_s")},
-                    {"unfused_max_rel_err", unfused_rel_err},
-                    {"unfused_peak_bytes", in.bytes(decay) + unfused.output_bytes() + unfused_workspace}});
-  }
+  const TimingResult unfused_time = summarize(unfused_s);
+  const nlohmann::json phases = unfused.phase_medians();
+  summary.update({{"unfused_s", unfused_time.median_s},
+                  {"ratio_unfused", unfused_time.median_s / chunked_time.median_s},
+                  {"unfused_forward_s", phases.at("forward_s")},
+                  {"unfused_backward_s", phases.at("backward_s")},
+                  {"unfused_max_rel_err", unfused_rel_err},
+                  {"unfused_peak_bytes", in.bytes(decay) + unfused.output_bytes() + unfused_workspace}});
   return summary;
 }
 
@@ -263,8 +260,9 @@ nlohmann::json run_linear_attention_bench(const LinearAttentionBenchOptions& o,
                              {"decay", "both"},
                              {"speedup", summaries.front().at("speedup")},
                              {"speedup_decay", summaries.front().at("decay")}};
-  for (const char* field : {"unfused_s", "ratio_unfused"})  // of per_head, the only kind that has them
-    if (summaries.front().contains(field)) combined[field] = summaries.front().at(field);
+  // unfused_s / ratio_unfused of per_head (as speedup), and per_key_channel's ratio by name.
+  for (const char* field : {"unfused_s", "ratio_unfused"}) combined[field] = summaries.front().at(field);
+  combined["ratio_unfused_per_key_channel"] = summaries.back().at("ratio_unfused");
   double max_rel_err = 0, ceiling_fraction = INFINITY, memory_ratio = INFINITY;
   for (const nlohmann::json& summary : summaries) {
     max_rel_err = std::max(max_rel_err, summary.at("max_rel_err").get<double>());

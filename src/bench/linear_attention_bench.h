@@ -11,8 +11,8 @@
 // 3 · T · H · (2 · C · (3K + 2V) + 6 · K · V), C = kDeltaRuleChunk: the chunk's products, forward
 // and backward, recomputation not counted, over the sgemm rate at gemm_size³ measured in the same
 // process; the sgemm, chunked and recurrent runs alternate so that all three see the same load),
-// and peak memory of each (MemoryStats, fast tier: inputs, outputs and workspaces). For per_head
-// decay it also times the plain unfused chunked composition (delta_rule_chunk_ref_forward +
+// and peak memory of each (MemoryStats, fast tier: inputs, outputs and workspaces). For each decay
+// kind it also times the plain unfused chunked composition (delta_rule_chunk_ref_forward +
 // _backward, ops/ref/delta_rule_chunk_ref.h; baseline_runs runs, alternating with the others) and
 // reports unfused_s, ratio_unfused = unfused time / fused chunked time, its phases, peak bytes and
 // its error against the fused chunked kernel (unfused_max_rel_err, folded into max_rel_err).
@@ -48,7 +48,7 @@ double linear_attention_bench_flops(int64_t tokens, int64_t heads, int64_t key_d
 // memory_ratio, sizes) and returns the last line: with one decay kind its summary (emitted no
 // second time), with both the combined summary (speedup of per_head, max_rel_err the largest,
 // ceiling_fraction and memory_ratio the smallest over the kinds, and each kind's fields under its
-// name; unfused_s and ratio_unfused of per_head when per_head ran).
+// name; unfused_s and ratio_unfused of per_head when per_head ran, ratio_unfused_per_key_channel).
 nlohmann::json run_linear_attention_bench(const LinearAttentionBenchOptions& options,
                                           const std::function<void(const nlohmann::json&)>& emit);
 

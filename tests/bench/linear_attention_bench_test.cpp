@@ -57,19 +57,16 @@ void expect_kind_summary(const nlohmann::json& s, const std::string& decay) {
   EXPECT_EQ(s.at("heads").get<int64_t>(), 2);
   EXPECT_EQ(s.at("key_dim").get<int64_t>(), 8);
   EXPECT_EQ(s.at("value_dim").get<int64_t>(), 8);
-  // Per head the plain unfused chunked form is timed too; its error against the fused kernel is
-  // within max_rel_err (so bounded by it above).
-  if (decay == "per_head") {
-    for (const char* field : {"unfused_s", "ratio_unfused", "unfused_peak_bytes"})
-      EXPECT_GT(s.at(field).get<double>(), 0.0) << field;
-    EXPECT_DOUBLE_EQ(s.at("ratio_unfused").get<double>(),
-                     s.at("unfused_s").get<double>() / s.at("fused_s").get<double>());
-    EXPECT_LE(s.at("unfused_max_rel_err").get<double>(), s.at("max_rel_err").get<double>());
-    EXPECT_LT(s.at("unfused_max_rel_err").get<double>(), 1e-4);
-  } else {
-    EXPECT_FALSE(s.contains("unfused_s"));
-    EXPECT_FALSE(s.contains("ratio_unfused"));
-  }
+  // For both kinds the plain unfused chunked form is timed too; its error against the fused kernel
+  // is within max_rel_err (so bounded by it above).
+  for (const char* field : {"unfused_s", "ratio_unfused", "unfused_peak_bytes"})
+    EXPECT_GT(s.at(field).get<double>(), 0.0) << field;
+  for (const char* field : {"unfused_forward_s", "unfused_backward_s"})
+    EXPECT_GE(s.at(field).get<double>(), 0.0) << field;
+  EXPECT_DOUBLE_EQ(s.at("ratio_unfused").get<double>(),
+                   s.at("unfused_s").get<double>() / s.at("fused_s").get<double>());
+  EXPECT_LE(s.at("unfused_max_rel_err").get<double>(), s.at("max_rel_err").get<double>());
+  EXPECT_LT(s.at("unfused_max_rel_err").get<double>(), 1e-4);
 }
 
 TEST(LinearAttentionBench, FlopFormula) {
@@ -119,6 +116,8 @@ TEST(LinearAttentionBench, TinyRunBothDecayKinds) {
   EXPECT_EQ(combined.at("speedup"), per_head.at("speedup"));
   EXPECT_EQ(combined.at("unfused_s"), per_head.at("unfused_s"));
   EXPECT_EQ(combined.at("ratio_unfused"), per_head.at("ratio_unfused"));
+  EXPECT_EQ(combined.at("ratio_unfused_per_key_channel"), per_channel.at("ratio_unfused"));
+  EXPECT_EQ(combined.at("per_key_channel").at("unfused_s"), per_channel.at("unfused_s"));
   EXPECT_DOUBLE_EQ(combined.at("max_rel_err").get<double>(),
                    std::max(per_head.at("max_rel_err").get<double>(), per_channel.at("max_rel_err").get<double>()));
   EXPECT_DOUBLE_EQ(combined.at("ceiling_fraction").get<double>(),
@@ -164,10 +163,12 @@ TEST(LinearAttentionBench, CliBothKindsLastLineIsCombinedSummary) {
   EXPECT_EQ(summary.at("decay"), "both");
   EXPECT_LT(summary.at("max_rel_err").get<double>(), 1e-4);
   for (const char* field : {"speedup", "ceiling_fraction", "ceiling_gflops", "memory_ratio", "unfused_s",
-                            "ratio_unfused"})
+                            "ratio_unfused", "ratio_unfused_per_key_channel"})
     EXPECT_GT(summary.at(field).get<double>(), 0.0) << field;
   expect_kind_summary(lines[6], "per_head");
   expect_kind_summary(lines[7], "per_key_channel");
+  EXPECT_EQ(summary.at("ratio_unfused"), lines[6].at("ratio_unfused"));
+  EXPECT_EQ(summary.at("ratio_unfused_per_key_channel"), lines[7].at("ratio_unfused"));
 }
 
 TEST(LinearAttentionBench, CliTextOutputAndBadDecay) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -18,14 +19,17 @@ constexpr int64_t C = kDeltaRuleChunk;
 
 struct ChunkShape {
   int64_t B, T, H, K, V, items, chunks;
+  bool pc;     // per_key_channel decay
+  int64_t Kg;  // decay channels: K per key channel, 1 per head
 };
 
 ChunkShape shape_of(const int32_t* cu_seqlens, const DeltaRuleSizes& s) {
-  TRILLION_CHECK(s.decay == DeltaDecay::per_head, "delta_rule_chunk_ref: only per_head decay is supported");
   TRILLION_CHECK(cu_seqlens == nullptr, "delta_rule_chunk_ref: cu_seqlens must be null");
   TRILLION_CHECK(s.batch >= 1 && s.seq_len >= 0 && s.heads >= 1 && s.key_dim >= 1 && s.value_dim >= 1,
                  "delta_rule_chunk_ref: bad sizes");
-  return {s.batch, s.seq_len, s.heads, s.key_dim, s.value_dim, s.batch * s.heads, (s.seq_len + C - 1) / C};
+  const bool pc = s.decay == DeltaDecay::per_key_channel;
+  return {s.batch, s.seq_len, s.heads, s.key_dim, s.value_dim, s.batch * s.heads, (s.seq_len + C - 1) / C,
+          pc, pc ? s.key_dim : 1};
 }
 
 // Stages (1) and (2) of the forward, kept for the output stage and for the backward.
@@ -33,18 +37,19 @@ template <class T>
 struct ForwardStages {
   // Padded inputs [items, chunks, C, ·].
   Buffer<T> qp, kp, vp, bp, gp;
-  // Stage (1): G [.., C]; Γ, K Kᵀ, A, Tm [.., C, C]; Kbe = diag β (K ⊙ exp G), Vb = diag β V, W, U.
+  // Stage (1): G [.., C, Kg]; Γ [.., C, C] (per key channel [.., C, C, K], Γ_tj,i = exp(G_t,i − G_j,i));
+  // KK = K Kᵀ (per key channel Σ_i k_t,i k_j,i Γ_tj,i, j ≤ t); A, Tm [.., C, C]; Kbe = diag β (K ⊙ exp G), Vb = diag β V, W, U.
   Buffer<T> G, Gam, KK, A, Tm, Kbe, Vb, W, U;
   // Stage (2): incoming states [items, chunks, K, V], V_new [.., C, V], final states [items, K, V].
   Buffer<T> S, Vn, Sfin;
 
   ForwardStages(const ChunkShape& d, const T* q, const T* k, const T* v, const T* g, const T* beta, const T* s0) {
-    const int64_t rows = d.items * d.chunks * C, K = d.K, V = d.V, H = d.H;
+    const int64_t rows = d.items * d.chunks * C, K = d.K, V = d.V, H = d.H, Kg = d.Kg;
     qp = Buffer<T>(rows * K);
     kp = Buffer<T>(rows * K);
     vp = Buffer<T>(rows * V);
     bp = Buffer<T>(rows);
-    gp = Buffer<T>(rows);
+    gp = Buffer<T>(rows * Kg);
     // Pad and reshape [B, T, H, ·] → [B·H, chunks, C, ·].
     parallel_for(d.items, [&](int64_t i) {
       const int64_t b = i / H, h = i % H;
@@ -56,21 +61,21 @@ struct ForwardStages {
           std::memcpy(&kp[r * K], k + src * K, K * sizeof(T));
           std::memcpy(&vp[r * V], v + src * V, V * sizeof(T));
           bp[r] = beta[src];
-          gp[r] = g[src];
+          std::memcpy(&gp[r * Kg], g + src * Kg, Kg * sizeof(T));
         } else {
           std::fill_n(&qp[r * K], K, T(0));
           std::fill_n(&kp[r * K], K, T(0));
           std::fill_n(&vp[r * V], V, T(0));
           bp[r] = T(0);
-          gp[r] = T(0);
+          std::fill_n(&gp[r * Kg], Kg, T(0));
         }
       }
     });
 
     // Stage (1), every chunk of every item.
     const int64_t nc = d.items * d.chunks;
-    G = Buffer<T>(rows);
-    Gam = Buffer<T>(nc * C * C);
+    G = Buffer<T>(rows * Kg);
+    Gam = Buffer<T>(nc * C * C * Kg);
     KK = Buffer<T>(nc * C * C);
     A = Buffer<T>(nc * C * C);
     Tm = Buffer<T>(nc * C * C);
@@ -81,16 +86,32 @@ struct ForwardStages {
     parallel_for(d.items, [&](int64_t i) {
       for (int64_t c = i * d.chunks; c < (i + 1) * d.chunks; ++c) {
         const int64_t r0 = c * C;
-        T acc = 0;
-        for (int64_t t = 0; t < C; ++t) G[r0 + t] = acc += gp[r0 + t];
-        T* gam = &Gam[c * C * C];
+        for (int64_t x = 0; x < Kg; ++x) {
+          T acc = 0;
+          for (int64_t t = 0; t < C; ++t) G[(r0 + t) * Kg + x] = acc += gp[(r0 + t) * Kg + x];
+        }
+        T* gam = &Gam[c * C * C * Kg];
         for (int64_t t = 0; t < C; ++t)
-          for (int64_t j = 0; j < C; ++j) gam[t * C + j] = j <= t ? std::exp(G[r0 + t] - G[r0 + j]) : T(0);
+          for (int64_t j = 0; j < C; ++j)
+            for (int64_t x = 0; x < Kg; ++x)
+              gam[(t * C + j) * Kg + x] = j <= t ? std::exp(G[(r0 + t) * Kg + x] - G[(r0 + j) * Kg + x]) : T(0);
         T* kk = &KK[c * C * C];
-        gemm<T>(false, true, C, C, K, T(1), &kp[r0 * K], K, &kp[r0 * K], K, T(0), kk, C);
+        if (!d.pc) {
+          gemm<T>(false, true, C, C, K, T(1), &kp[r0 * K], K, &kp[r0 * K], K, T(0), kk, C);
+        } else {
+          for (int64_t t = 0; t < C; ++t)
+            for (int64_t j = 0; j < C; ++j) {
+              T x = 0;
+              if (j <= t)
+                for (int64_t i = 0; i < K; ++i)
+                  x += kp[(r0 + t) * K + i] * kp[(r0 + j) * K + i] * gam[(t * C + j) * K + i];
+              kk[t * C + j] = x;
+            }
+        }
         T* a = &A[c * C * C];
         for (int64_t t = 0; t < C; ++t)
-          for (int64_t j = 0; j < C; ++j) a[t * C + j] = j < t ? bp[r0 + t] * kk[t * C + j] * gam[t * C + j] : T(0);
+          for (int64_t j = 0; j < C; ++j)
+            a[t * C + j] = j < t ? bp[r0 + t] * kk[t * C + j] * (d.pc ? T(1) : gam[t * C + j]) : T(0);
         // Tm = (I + A)⁻¹ by forward substitution: Tm_tj = δ_tj − Σ_{j ≤ m < t} A_tm Tm_mj.
         T* tm = &Tm[c * C * C];
         for (int64_t t = 0; t < C; ++t)
@@ -104,8 +125,8 @@ struct ForwardStages {
             tm[t * C + j] = x;
           }
         for (int64_t t = 0; t < C; ++t) {
-          const T be = bp[r0 + t] * std::exp(G[r0 + t]);
-          for (int64_t x = 0; x < K; ++x) Kbe[(r0 + t) * K + x] = be * kp[(r0 + t) * K + x];
+          for (int64_t x = 0; x < K; ++x)
+            Kbe[(r0 + t) * K + x] = bp[r0 + t] * std::exp(G[(r0 + t) * Kg + (d.pc ? x : 0)]) * kp[(r0 + t) * K + x];
           for (int64_t x = 0; x < V; ++x) Vb[(r0 + t) * V + x] = bp[r0 + t] * vp[(r0 + t) * V + x];
         }
         gemm<T>(false, false, C, K, C, T(1), tm, C, &Kbe[r0 * K], K, T(0), &W[r0 * K], K);
@@ -113,7 +134,7 @@ struct ForwardStages {
       }
     });
 
-    // Stage (2): S_0 = s0; V_new = U − W S; S ← exp(G_last) S + (K ⊙ exp(G_last − G))ᵀ V_new.
+    // Stage (2): S_0 = s0; V_new = U − W S; S ← Diag(exp(G_last)) S + (K ⊙ exp(G_last − G))ᵀ V_new.
     const int64_t KV = K * V;
     S = Buffer<T>(nc * KV);
     Vn = Buffer<T>(rows * V);
@@ -129,35 +150,50 @@ struct ForwardStages {
         T* vn = &Vn[r0 * V];
         std::memcpy(vn, &U[r0 * V], C * V * sizeof(T));
         gemm<T>(false, false, C, V, K, T(-1), &W[r0 * K], K, state, V, T(1), vn, V);
-        const T glast = G[r0 + C - 1];
-        for (int64_t t = 0; t < C; ++t) {
-          const T f = std::exp(glast - G[r0 + t]);
-          for (int64_t x = 0; x < K; ++x) Kd[(r0 + t) * K + x] = f * kp[(r0 + t) * K + x];
+        const T* glast = &G[(r0 + C - 1) * Kg];
+        for (int64_t t = 0; t < C; ++t)
+          for (int64_t x = 0; x < K; ++x) {
+            const int64_t xg = d.pc ? x : 0;
+            Kd[(r0 + t) * K + x] = std::exp(glast[xg] - G[(r0 + t) * Kg + xg]) * kp[(r0 + t) * K + x];
+          }
+        for (int64_t x = 0; x < K; ++x) {
+          const T decay = std::exp(glast[d.pc ? x : 0]);
+          for (int64_t y = 0; y < V; ++y) state[x * V + y] *= decay;
         }
-        const T decay = std::exp(glast);
-        for (int64_t x = 0; x < KV; ++x) state[x] *= decay;
         gemm<T>(true, false, K, V, C, T(1), &Kd[r0 * K], K, vn, V, T(1), state, V);
       }
     });
   }
 };
 
-// P = Q Kᵀ ⊙ Γ (causal incl. the diagonal) and QE = Q ⊙ exp(G) of every chunk.
+// P = Q Kᵀ ⊙ Γ (causal incl. the diagonal; per key channel P_tj = Σ_i q_t,i k_j,i Γ_tj,i, and QK is
+// not formed) and QE = Q ⊙ exp(G) of every chunk.
 template <class T>
 void output_factors(const ChunkShape& d, const ForwardStages<T>& f, Buffer<T>& QK, Buffer<T>& P, Buffer<T>& QE) {
-  const int64_t nc = d.items * d.chunks, K = d.K;
-  QK = Buffer<T>(nc * C * C);
+  const int64_t nc = d.items * d.chunks, K = d.K, Kg = d.Kg;
+  QK = Buffer<T>(d.pc ? 1 : nc * C * C);
   P = Buffer<T>(nc * C * C);
   QE = Buffer<T>(nc * C * K);
   parallel_for(d.items, [&](int64_t i) {
     for (int64_t c = i * d.chunks; c < (i + 1) * d.chunks; ++c) {
       const int64_t r0 = c * C;
-      gemm<T>(false, true, C, C, K, T(1), &f.qp[r0 * K], K, &f.kp[r0 * K], K, T(0), &QK[c * C * C], C);
-      for (int64_t x = 0; x < C * C; ++x) P[c * C * C + x] = QK[c * C * C + x] * f.Gam[c * C * C + x];
-      for (int64_t t = 0; t < C; ++t) {
-        const T e = std::exp(f.G[r0 + t]);
-        for (int64_t x = 0; x < K; ++x) QE[(r0 + t) * K + x] = e * f.qp[(r0 + t) * K + x];
+      if (!d.pc) {
+        gemm<T>(false, true, C, C, K, T(1), &f.qp[r0 * K], K, &f.kp[r0 * K], K, T(0), &QK[c * C * C], C);
+        for (int64_t x = 0; x < C * C; ++x) P[c * C * C + x] = QK[c * C * C + x] * f.Gam[c * C * C + x];
+      } else {
+        const T* gam = &f.Gam[c * C * C * K];
+        for (int64_t t = 0; t < C; ++t)
+          for (int64_t j = 0; j < C; ++j) {
+            T x = 0;
+            if (j <= t)
+              for (int64_t i = 0; i < K; ++i)
+                x += f.qp[(r0 + t) * K + i] * f.kp[(r0 + j) * K + i] * gam[(t * C + j) * K + i];
+            P[c * C * C + t * C + j] = x;
+          }
       }
+      for (int64_t t = 0; t < C; ++t)
+        for (int64_t x = 0; x < K; ++x)
+          QE[(r0 + t) * K + x] = std::exp(f.G[(r0 + t) * Kg + (d.pc ? x : 0)]) * f.qp[(r0 + t) * K + x];
     }
   });
 }
@@ -171,6 +207,76 @@ void unpad(T* out, const Buffer<T>& padded, const ChunkShape& d, int64_t width) 
       std::memcpy(out + ((b * d.T + t) * d.H + h) * width, &padded[(i * d.chunks * C + t) * width],
                   width * sizeof(T));
   });
+}
+
+// Input gradients of chunk c for per_key_channel decay (padded buffers; see the backward).
+template <class T>
+void per_channel_input_grads(const ChunkShape& d, const ForwardStages<T>& f, int64_t c, const Buffer<T>& dA,
+                             const Buffer<T>& dP, const Buffer<T>& dGam, const Buffer<T>& dSout,
+                             const Buffer<T>& dKbe, const Buffer<T>& dQE, const Buffer<T>& dKd,
+                             const Buffer<T>& dVb, Buffer<T>& dqp, Buffer<T>& dkp, Buffer<T>& dvp, Buffer<T>& dbp,
+                             Buffer<T>& dG, Buffer<T>& dgp) {
+  const int64_t K = d.K, V = d.V, KV = K * V, r0 = c * C, m0 = c * C * C;
+  const T* kc = &f.kp[r0 * K];
+  const T* qc = &f.qp[r0 * K];
+  const T* gam = &f.Gam[m0 * K];
+  T* dq = &dqp[r0 * K];
+  T* dk = &dkp[r0 * K];
+  T* dg = &dG[r0 * K];
+  std::fill_n(dq, C * K, T(0));
+  std::fill_n(dk, C * K, T(0));
+  std::fill_n(dg, C * K, T(0));
+  // Through A and P (Γ included).
+  for (int64_t t = 0; t < C; ++t) {
+    const T b = f.bp[r0 + t];
+    for (int64_t j = 0; j <= t; ++j) {
+      const T a = b * dA[m0 + t * C + j], p = dP[m0 + t * C + j];
+      const T* gm = &gam[(t * C + j) * K];
+      const T* dgm = &dGam[(m0 + t * C + j) * K];
+      for (int64_t i = 0; i < K; ++i) {
+        dq[t * K + i] += p * kc[j * K + i] * gm[i];
+        dk[t * K + i] += a * kc[j * K + i] * gm[i];
+        dk[j * K + i] += (a * kc[t * K + i] + p * qc[t * K + i]) * gm[i];
+        // Γ_tj,i = exp(G_t,i − G_j,i): row t gets +, column j gets −.
+        const T dl = dgm[i] * gm[i];
+        dg[t * K + i] += dl;
+        dg[j * K + i] -= dl;
+      }
+    }
+  }
+  const T* glast = &f.G[(r0 + C - 1) * K];
+  std::vector<T> dglast(K, T(0));
+  // State decay: S' = Diag(exp(G_last)) S + …  ⇒  dG_last,i += exp(G_last,i) Σ_v dSout_iv S_iv.
+  for (int64_t i = 0; i < K; ++i) {
+    T acc = 0;
+    for (int64_t y = 0; y < V; ++y) acc += dSout[c * KV + i * V + y] * f.S[c * KV + i * V + y];
+    dglast[i] += std::exp(glast[i]) * acc;
+  }
+  for (int64_t t = 0; t < C; ++t) {
+    const int64_t r = r0 + t;
+    const T b = f.bp[r];
+    T dkbe_e_k = 0, dvb_v = 0;
+    for (int64_t i = 0; i < K; ++i) {
+      const T e = std::exp(f.G[r * K + i]), ed = std::exp(glast[i] - f.G[r * K + i]);
+      const T dkbe_k = dKbe[r * K + i] * kc[t * K + i], dkd_k = dKd[r * K + i] * kc[t * K + i];
+      dkbe_e_k += e * dkbe_k;
+      dq[t * K + i] += e * dQE[r * K + i];
+      dk[t * K + i] += b * e * dKbe[r * K + i] + ed * dKd[r * K + i];
+      // exp(G_t,i) in Kbe and QE; exp(G_last,i − G_t,i) in Kd.
+      dg[t * K + i] += e * (b * dkbe_k + dQE[r * K + i] * qc[t * K + i]) - ed * dkd_k;
+      dglast[i] += ed * dkd_k;
+    }
+    for (int64_t x = 0; x < V; ++x) {
+      dvb_v += dVb[r * V + x] * f.vp[r * V + x];
+      dvp[r * V + x] = b * dVb[r * V + x];
+    }
+    dbp[r] += dkbe_e_k + dvb_v;
+  }
+  for (int64_t i = 0; i < K; ++i) {
+    dg[(C - 1) * K + i] += dglast[i];
+    T acc = 0;
+    for (int64_t t = C - 1; t >= 0; --t) dgp[(r0 + t) * K + i] = acc += dg[t * K + i];
+  }
 }
 
 }  // namespace
@@ -201,7 +307,7 @@ void delta_rule_chunk_ref_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0,
                                    const T* q, const T* k, const T* v, const T* g, const T* beta, const T* s0,
                                    const int32_t* cu_seqlens, const DeltaRuleSizes& sizes) {
   const ChunkShape d = shape_of(cu_seqlens, sizes);
-  const int64_t K = d.K, V = d.V, H = d.H, KV = K * V, nc = d.items * d.chunks, rows = nc * C;
+  const int64_t K = d.K, V = d.V, H = d.H, KV = K * V, nc = d.items * d.chunks, rows = nc * C, Kg = d.Kg;
   // Recompute stages (1)–(3)'s factors.
   const ForwardStages<T> f(d, q, k, v, g, beta, s0);
   Buffer<T> QK, P, QE;
@@ -226,16 +332,19 @@ void delta_rule_chunk_ref_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0,
     for (int64_t c = (i + 1) * d.chunks - 1; c >= i * d.chunks; --c) {
       const int64_t r0 = c * C;
       std::memcpy(&dSout[c * KV], ds, KV * sizeof(T));
-      const T glast = f.G[r0 + C - 1];
-      for (int64_t t = 0; t < C; ++t) {
-        const T e = std::exp(glast - f.G[r0 + t]);
-        for (int64_t x = 0; x < K; ++x) Kd[(r0 + t) * K + x] = e * f.kp[(r0 + t) * K + x];
-      }
+      const T* glast = &f.G[(r0 + C - 1) * Kg];
+      for (int64_t t = 0; t < C; ++t)
+        for (int64_t x = 0; x < K; ++x) {
+          const int64_t xg = d.pc ? x : 0;
+          Kd[(r0 + t) * K + x] = std::exp(glast[xg] - f.G[(r0 + t) * Kg + xg]) * f.kp[(r0 + t) * K + x];
+        }
       T* dvn = &dVn[r0 * V];
       gemm<T>(true, false, C, V, C, T(1), &P[c * C * C], C, &dOp[r0 * V], V, T(0), dvn, V);
       gemm<T>(false, false, C, V, K, T(1), &Kd[r0 * K], K, ds, V, T(1), dvn, V);
-      const T decay = std::exp(glast);
-      for (int64_t x = 0; x < KV; ++x) ds[x] *= decay;
+      for (int64_t x = 0; x < K; ++x) {
+        const T decay = std::exp(glast[d.pc ? x : 0]);
+        for (int64_t y = 0; y < V; ++y) ds[x * V + y] *= decay;
+      }
       gemm<T>(true, false, K, V, C, T(1), &QE[r0 * K], K, &dOp[r0 * V], V, T(1), ds, V);
       gemm<T>(true, false, K, V, C, T(-1), &f.W[r0 * K], K, dvn, V, T(1), ds, V);
     }
@@ -269,10 +378,30 @@ void delta_rule_chunk_ref_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0,
 
   // Through A = diag β (K Kᵀ ⊙ Γ) and P = Q Kᵀ ⊙ Γ: dKK = diag β dA ⊙ Γ, dQK = dP ⊙ Γ,
   // dΓ = diag β dA ⊙ K Kᵀ + dP ⊙ Q Kᵀ; dβ_t = Σ_j dA_tj (K Kᵀ ⊙ Γ)_tj.
-  Buffer<T> dKK(nc * C * C), dQK(nc * C * C), dGam(nc * C * C), dbp(rows);
+  // Per key channel (KK already holds Σ_i k k Γ): dβ_t = Σ_j dA_tj KK_tj, and with a_tj = β_t dA_tj,
+  // p_tj = dP_tj: dΓ_tj,i = (a_tj k_t,i + p_tj q_t,i) k_j,i [.., C, C, K]; dKK and dQK are not formed.
+  const int64_t nmat = d.pc ? 1 : nc * C * C;
+  Buffer<T> dKK(nmat), dQK(nmat), dGam(nc * C * C * Kg), dbp(rows);
   parallel_for(d.items, [&](int64_t i) {
     for (int64_t c = i * d.chunks; c < (i + 1) * d.chunks; ++c) {
       const int64_t r0 = c * C, m0 = c * C * C;
+      if (d.pc) {
+        const T* kc = &f.kp[r0 * K];
+        const T* qc = &f.qp[r0 * K];
+        for (int64_t t = 0; t < C; ++t) {
+          const T b = f.bp[r0 + t];
+          T db = 0;
+          for (int64_t j = 0; j < C; ++j) {
+            const int64_t x = m0 + t * C + j;
+            db += dA[x] * f.KK[x];
+            const T a = b * dA[x], p = dP[x];
+            T* dgam = &dGam[x * K];
+            for (int64_t i = 0; i < K; ++i) dgam[i] = (a * kc[t * K + i] + p * qc[t * K + i]) * kc[j * K + i];
+          }
+          dbp[r0 + t] = db;
+        }
+        continue;
+      }
       for (int64_t t = 0; t < C; ++t) {
         const T b = f.bp[r0 + t];
         T db = 0;
@@ -291,12 +420,18 @@ void delta_rule_chunk_ref_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0,
   // Input gradients (padded): dQ = dQK K + exp(G) ⊙ dQE; dK = (dKK + dKKᵀ) K + dQKᵀ Q + β exp(G) dKbe
   // + exp(G_last − G) dKd; dV = β dVb; dβ += exp(G) (dKbe · k) + dVb · v; dG from Γ, exp(G), the
   // state decay and Kd; dg = reverse cumulative sum of dG inside the chunk.
-  Buffer<T> dqp(rows * K), dkp(rows * K), dvp(rows * V), dG(rows), dgp(rows);
+  // Per key channel: dQ_t = Σ_j p_tj k_j ⊙ Γ_tj, dK_t = Σ_j a_tj k_j ⊙ Γ_tj + Σ_s (a_st k_s + p_st q_s) ⊙ Γ_st,
+  // and every exp(G) / decay factor per channel; dG [.., C, K], reverse cumulative sum per channel.
+  Buffer<T> dqp(rows * K), dkp(rows * K), dvp(rows * V), dG(rows * Kg), dgp(rows * Kg);
   parallel_for(d.items, [&](int64_t i) {
     for (int64_t c = i * d.chunks; c < (i + 1) * d.chunks; ++c) {
       const int64_t r0 = c * C, m0 = c * C * C;
       const T* kc = &f.kp[r0 * K];
       const T* qc = &f.qp[r0 * K];
+      if (d.pc) {
+        per_channel_input_grads(d, f, c, dA, dP, dGam, dSout, dKbe, dQE, dKd, dVb, dqp, dkp, dvp, dbp, dG, dgp);
+        continue;
+      }
       gemm<T>(false, false, C, K, C, T(1), &dQK[m0], C, kc, K, T(0), &dqp[r0 * K], K);
       gemm<T>(false, false, C, K, C, T(1), &dKK[m0], C, kc, K, T(0), &dkp[r0 * K], K);
       gemm<T>(true, false, C, K, C, T(1), &dKK[m0], C, kc, K, T(1), &dkp[r0 * K], K);
@@ -341,7 +476,7 @@ void delta_rule_chunk_ref_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0,
   unpad(dq, dqp, d, K);
   unpad(dk, dkp, d, K);
   unpad(dv, dvp, d, V);
-  unpad(dg, dgp, d, 1);
+  unpad(dg, dgp, d, Kg);
   unpad(dbeta, dbp, d, 1);
 }
 
