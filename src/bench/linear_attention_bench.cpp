@@ -153,6 +153,12 @@ int64_t peak_extra_bytes(const Fn& fn) {
 }
 
 // One decay kind: emits its measurement lines and returns its summary.
+// The sizes every summary line carries.
+nlohmann::json size_fields(const LinearAttentionBenchOptions& o) {
+  return {{"tokens", o.tokens},   {"heads", o.heads},           {"key_dim", o.key_dim},  {"value_dim", o.value_dim},
+          {"chunk", kDeltaRuleChunk}, {"seed", o.seed}, {"threads", num_threads()}};
+}
+
 nlohmann::json run_decay_kind(const LinearAttentionBenchOptions& o, const LinearAttentionInputs& in,
                               SgemmProblem& gemm, DeltaDecay decay,
                               const std::function<void(const nlohmann::json&)>& emit) {
@@ -209,14 +215,8 @@ nlohmann::json run_decay_kind(const LinearAttentionBenchOptions& o, const Linear
   const double max_rel_err = std::max(chunked.max_rel_err(recurrent), unfused_rel_err);
   nlohmann::json summary = bench_summary("linear-attention", chunked_time, recurrent_time, max_rel_err, flops,
                                          ceiling_gflops, gemm.size(), chunked_peak, recurrent_peak);
-  summary.update({{"decay", name},
-                  {"tokens", o.tokens},
-                  {"heads", o.heads},
-                  {"key_dim", o.key_dim},
-                  {"value_dim", o.value_dim},
-                  {"chunk", kDeltaRuleChunk},
-                  {"seed", o.seed},
-                  {"threads", num_threads()}});
+  summary["decay"] = name;
+  summary.update(size_fields(o));
   const TimingResult unfused_time = summarize(unfused_s);
   const nlohmann::json phases = unfused.phase_medians();
   summary.update({{"unfused_s", unfused_time.median_s},
@@ -282,14 +282,8 @@ nlohmann::json run_linear_attention_bench(const LinearAttentionBenchOptions& o,
                    {"ceiling_fraction", ceiling_fraction},
                    {"ceiling_gemm_size", gemm.size()},
                    {"memory_ratio", memory_ratio},
-                   {"flops", summaries.front().at("flops")},
-                   {"tokens", o.tokens},
-                   {"heads", o.heads},
-                   {"key_dim", o.key_dim},
-                   {"value_dim", o.value_dim},
-                   {"chunk", kDeltaRuleChunk},
-                   {"seed", o.seed},
-                   {"threads", num_threads()}});
+                   {"flops", summaries.front().at("flops")}});
+  combined.update(size_fields(o));
   return combined;
 }
 

@@ -28,8 +28,6 @@ GatedDeltaNetDims GatedDeltaNetDims::from_config(const ModelConfig& config) {
 
 namespace {
 
-constexpr double kL2Eps = 1e-6;  // transformers' l2norm eps
-
 // The interleaved projections of n tokens, split: conv_in [n, Ck] = [q (nk·dk) | k (nk·dk) | v (nv·dv)],
 // z [n, nv·dv], b and a [n, nv] (value head g·r + j from group g's j-th entries).
 template <class T>
@@ -76,12 +74,6 @@ void merge_projections(T* qkvz, T* ba, const T* conv_in, const T* z, const T* b,
   }
 }
 
-// Column block [first, first + width) of conv_out [n, Ck] into out [n, width], or back (scatter).
-template <class T>
-void copy_columns(T* out, const T* in, int64_t n, int64_t in_stride, int64_t out_stride, int64_t width) {
-  for (int64_t t = 0; t < n; ++t) std::memcpy(out + t * out_stride, in + t * in_stride, width * sizeof(T));
-}
-
 // q_rep, k_rep [n, nv, dk] from q_hat, k_hat [n, nk, dk]: value head h uses key head h / r; q scaled.
 template <class T>
 void repeat_heads(T* q_rep, T* k_rep, const T* q_hat, const T* k_hat, int64_t n, const GatedDeltaNetDims& d) {
@@ -115,11 +107,11 @@ void prepare_core(const Core<T>& c, const T* h, int64_t n, const GatedDeltaNetWe
   conv(conv_out, c.conv_in);
   T* q_raw = scratch.alloc<T>(n * nk * dk);  // [n, nk, dk]
   T* k_raw = scratch.alloc<T>(n * nk * dk);  // [n, nk, dk]
-  copy_columns(q_raw, conv_out, n, Ck, nk * dk, nk * dk);
-  copy_columns(k_raw, conv_out + nk * dk, n, Ck, nk * dk, nk * dk);
-  copy_columns(c.v, conv_out + 2 * nk * dk, n, Ck, nv * d.value_dim, nv * d.value_dim);
-  l2norm_forward(c.q_hat, c.q_inv, q_raw, n * nk, dk, kL2Eps);
-  l2norm_forward(c.k_hat, c.k_inv, k_raw, n * nk, dk, kL2Eps);
+  copy_column_block(q_raw, conv_out, n, Ck, nk * dk, nk * dk);
+  copy_column_block(k_raw, conv_out + nk * dk, n, Ck, nk * dk, nk * dk);
+  copy_column_block(c.v, conv_out + 2 * nk * dk, n, Ck, nv * d.value_dim, nv * d.value_dim);
+  l2norm_forward(c.q_hat, c.q_inv, q_raw, n * nk, dk, kLinearAttentionL2Eps);
+  l2norm_forward(c.k_hat, c.k_inv, k_raw, n * nk, dk, kLinearAttentionL2Eps);
   repeat_heads(c.q_rep, c.k_rep, c.q_hat, c.k_hat, n, d);
   decay_gate_forward(c.g, c.a, w.A_log, w.dt_bias, n, nv, 1);
   for (int64_t i = 0; i < n * nv; ++i) c.beta[i] = T(1) / (T(1) + std::exp(-c.b[i]));
@@ -244,9 +236,9 @@ void mixer_backward(T* dx, const GatedDeltaNetWeights<T>& w, const GatedDeltaNet
   T* dk_raw = scratch.alloc<T>(n * nk * dk);  // [n, nk, dk]
   l2norm_backward(dq_raw, dq_hat, q_hat, q_inv, n * nk, dk);
   l2norm_backward(dk_raw, dk_hat, k_hat, k_inv, n * nk, dk);
-  copy_columns(d_conv_out, dq_raw, n, nk * dk, Ck, nk * dk);
-  copy_columns(d_conv_out + nk * dk, dk_raw, n, nk * dk, Ck, nk * dk);
-  copy_columns(d_conv_out + 2 * nk * dk, dv_heads, n, nv * dv, Ck, nv * dv);
+  copy_column_block(d_conv_out, dq_raw, n, nk * dk, Ck, nk * dk);
+  copy_column_block(d_conv_out + nk * dk, dk_raw, n, nk * dk, Ck, nk * dk);
+  copy_column_block(d_conv_out + 2 * nk * dk, dv_heads, n, nv * dv, Ck, nv * dv);
   T* d_conv_in = scratch.alloc<T>(n * Ck);  // [n, Ck]
   conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, nullptr,
                        Conv1dSizes{pass.batch, pass.seq, Ck, d.conv_width, 0});

@@ -26,14 +26,6 @@ KimiDeltaAttentionDims KimiDeltaAttentionDims::from_config(const ModelConfig& co
 
 namespace {
 
-constexpr double kL2Eps = 1e-6;  // transformers' l2norm eps
-
-// Columns [0, width) of in [n, in_stride] into out [n, out_stride].
-template <class T>
-void copy_columns(T* out, const T* in, int64_t n, int64_t in_stride, int64_t out_stride, int64_t width) {
-  for (int64_t t = 0; t < n; ++t) std::memcpy(out + t * out_stride, in + t * in_stride, width * sizeof(T));
-}
-
 // Everything the delta rule takes, computed from the normed input h (training forward and decode).
 template <class T>
 struct KdaInputs {
@@ -71,17 +63,17 @@ void prepare_inputs(const KdaInputs<T>& c, const T* x_hat, int64_t n, const Kimi
   const LinearWeights<T>* projections[] = {&w.q_proj, &w.k_proj, &w.v_proj};
   for (int p = 0; p < 3; ++p) {
     linear(proj, x_hat, *projections[p], n, H, W, /*accumulate=*/false);
-    copy_columns(c.conv_in + p * W, proj, n, W, 3 * W, W);
+    copy_column_block(c.conv_in + p * W, proj, n, W, 3 * W, W);
   }
   T* conv_out = scratch.alloc<T>(n * 3 * W);  // [n, 3·h·D]
   conv(conv_out, c.conv_in);
   T* q_raw = scratch.alloc<T>(n * W);  // [n, h, D]
   T* k_raw = scratch.alloc<T>(n * W);  // [n, h, D]
-  copy_columns(q_raw, conv_out, n, 3 * W, W, W);
-  copy_columns(k_raw, conv_out + W, n, 3 * W, W, W);
-  copy_columns(c.v, conv_out + 2 * W, n, 3 * W, W, W);
-  l2norm_forward(c.q_hat, c.q_inv, q_raw, n * h, D, kL2Eps);
-  l2norm_forward(c.k_hat, c.k_inv, k_raw, n * h, D, kL2Eps);
+  copy_column_block(q_raw, conv_out, n, 3 * W, W, W);
+  copy_column_block(k_raw, conv_out + W, n, 3 * W, W, W);
+  copy_column_block(c.v, conv_out + 2 * W, n, 3 * W, W, W);
+  l2norm_forward(c.q_hat, c.q_inv, q_raw, n * h, D, kLinearAttentionL2Eps);
+  l2norm_forward(c.k_hat, c.k_inv, k_raw, n * h, D, kLinearAttentionL2Eps);
   const T scale = static_cast<T>(1.0 / std::sqrt(double(D)));
   for (int64_t i = 0; i < n * W; ++i) c.q_scaled[i] = c.q_hat[i] * scale;
   linear(c.f_low, x_hat, w.f_a_proj, n, H, D, /*accumulate=*/false);
@@ -179,10 +171,10 @@ void mixer_backward(T* dx, const KimiDeltaAttentionWeights<T>& w, const KimiDelt
   T* d_conv_out = scratch.alloc<T>(n * 3 * W);  // [n, 3·h·D] = [dq | dk | dv] before the L2 norms
   T* d_raw = scratch.alloc<T>(n * W);           // [n, h, D]
   l2norm_backward(d_raw, dq, q_hat, q_inv, n * h, D);
-  copy_columns(d_conv_out, d_raw, n, W, 3 * W, W);
+  copy_column_block(d_conv_out, d_raw, n, W, 3 * W, W);
   l2norm_backward(d_raw, dk, k_hat, k_inv, n * h, D);
-  copy_columns(d_conv_out + W, d_raw, n, W, 3 * W, W);
-  copy_columns(d_conv_out + 2 * W, dv, n, W, 3 * W, W);
+  copy_column_block(d_conv_out + W, d_raw, n, W, 3 * W, W);
+  copy_column_block(d_conv_out + 2 * W, dv, n, W, 3 * W, W);
   T* d_conv_in = scratch.alloc<T>(n * 3 * W);  // [n, 3·h·D]
   conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, nullptr,
                        Conv1dSizes{pass.batch, pass.seq, 3 * W, d.conv_width, 0});
@@ -190,7 +182,7 @@ void mixer_backward(T* dx, const KimiDeltaAttentionWeights<T>& w, const KimiDelt
   const LinearWeights<T>* projection_grads[] = {&grads.q_proj, &grads.k_proj, &grads.v_proj};
   T* d_proj = scratch.alloc<T>(n * W);  // [n, h·D] one projection's output gradient at a time
   for (int p = 0; p < 3; ++p) {
-    copy_columns(d_proj, d_conv_in + p * W, n, 3 * W, W, W);
+    copy_column_block(d_proj, d_conv_in + p * W, n, 3 * W, W, W);
     linear_grad(dx_hat, *projection_grads[p], d_proj, x_hat, *projections[p], n, H, W, /*accumulate_dx=*/true);
   }
   rmsnorm_backward(dx, grads.input_norm, dx_hat, input, w.input_norm, rstd, n, H, d.input_norm.zero_centred,

@@ -20,6 +20,7 @@ namespace trillion {
 namespace {
 
 using delta_rule_detail::check_and_longest_segment;
+using delta_rule_detail::load_state;
 using delta_rule_detail::Segment;
 using delta_rule_detail::segment_count;
 using delta_rule_detail::segment_of;
@@ -72,17 +73,6 @@ void advance(T* S, T* u, const T* dec, const T* k, const T* v, T beta, int64_t K
   }
 }
 
-// S[K, V] = s0[n, h] or zeros.
-template <class T>
-void load_initial_state(T* S, const T* s0, int64_t n, int64_t h, const DeltaRuleSizes& s) {
-  const int64_t KV = s.key_dim * s.value_dim;
-  if (s0 != nullptr) {
-    std::memcpy(S, s0 + (n * s.heads + h) * KV, KV * sizeof(T));
-  } else {
-    std::fill(S, S + KV, T(0));
-  }
-}
-
 }  // namespace
 
 template <class T>
@@ -100,7 +90,7 @@ void delta_rule_recurrent_forward(T* o, T* s_final, const T* q, const T* k, cons
     T* S = scratch.data() + omp_get_thread_num() * per_thread;  // [K, V]
     T* dec = S + KV;                                            // [K]
     T* u = dec + K;                                             // [V]
-    load_initial_state(S, s0, n, h, sizes);
+    load_state(S, s0, n, h, sizes);
     for (int64_t t = seg.begin; t < seg.end; ++t) {
       const int64_t tok = token_index(sizes, seg.row, t, h);
       load_decay(dec, g, tok, sizes);
@@ -141,7 +131,7 @@ void delta_rule_recurrent_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0,
     const int64_t chunks = (seg.end - seg.begin + C - 1) / C;
 
     // Pass 1: the state at the start of every chunk.
-    load_initial_state(checkpoints, s0, n, h, sizes);
+    load_state(checkpoints, s0, n, h, sizes);
     for (int64_t c = 0; c + 1 < chunks; ++c) {
       T* S = checkpoints + (c + 1) * KV;  // [K, V]
       std::memcpy(S, checkpoints + c * KV, KV * sizeof(T));

@@ -309,17 +309,6 @@ void advance_state(const ChunkWork<T>& w, T* S, int64_t L, int64_t K, int64_t V)
   gemm<T>(true, false, K, V, L, T(1), w.Kd, K, w.Vn, V, T(1), S, V);
 }
 
-// S[K, V] = s0[n, h] or zeros.
-template <class T>
-void load_state(T* S, const T* src, int64_t n, int64_t h, const DeltaRuleSizes& s) {
-  const int64_t KV = s.key_dim * s.value_dim;
-  if (src != nullptr) {
-    std::memcpy(S, src + (n * s.heads + h) * KV, KV * sizeof(T));
-  } else {
-    std::fill(S, S + KV, T(0));
-  }
-}
-
 // One pair j < t inside a sub-chunk, Γ = gam[K]: pQ_t += a (k_j ⊙ Γ), pKr_t += nn (k_j ⊙ Γ),
 // pKc_j += (a q_t + nn k_t) ⊙ Γ (three distinct rows, so the loop vectorizes).
 template <class T>

@@ -1,5 +1,6 @@
-// Segments of the gated delta rule's inputs (ops/delta_rule.h), shared by its recurrent and
-// chunked forms: each batch row is one segment, or fla's cu_seqlens cuts packed tokens into them.
+// Segments and per-segment states of the gated delta rule's inputs (ops/delta_rule.h), shared by
+// its recurrent and chunked forms: each batch row is one segment, or fla's cu_seqlens cuts packed
+// tokens into them.
 // Internal to src/ops/.
 #pragma once
 
@@ -41,6 +42,17 @@ inline int64_t check_and_longest_segment(const int32_t* cu_seqlens, const DeltaR
     longest = std::max<int64_t>(longest, cu_seqlens[n + 1] - cu_seqlens[n]);
   }
   return longest;
+}
+
+// S[K, V] ← the state of segment n, head h in src[N, H, K, V], or zeros when src is null.
+template <class T>
+void load_state(T* S, const T* src, int64_t n, int64_t h, const DeltaRuleSizes& s) {
+  const int64_t KV = s.key_dim * s.value_dim;
+  if (src != nullptr) {
+    std::copy(src + (n * s.heads + h) * KV, src + (n * s.heads + h + 1) * KV, S);
+  } else {
+    std::fill(S, S + KV, T(0));
+  }
 }
 
 }  // namespace trillion::delta_rule_detail

@@ -19,6 +19,17 @@
 
 namespace trillion {
 
+// transformers' eps of the q / k L2 norm in both families' linear attention.
+inline constexpr double kLinearAttentionL2Eps = 1e-6;
+
+// out[n, out_stride] ← columns [0, width) of in[n, in_stride] (splitting [q | k | v] rows and
+// assembling their gradients).
+template <class T>
+void copy_column_block(T* out, const T* in, int64_t n, int64_t in_stride, int64_t out_stride, int64_t width) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t c = 0; c < width; ++c) out[t * out_stride + c] = in[t * in_stride + c];
+}
+
 // y[rows, d], inv_norm[rows] (saved) from x[rows, d].
 template <class T>
 void l2norm_forward(T* y, T* inv_norm, const T* x, int64_t rows, int64_t d, double eps);

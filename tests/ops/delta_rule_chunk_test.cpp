@@ -21,62 +21,18 @@
 namespace trillion {
 namespace {
 
+using test::backward;
+using test::forward;
+using test::Form;
+using test::Grads;
 using test::Inputs;
+using test::kDecays;
 using test::make_inputs;
+using test::make_sizes;
 using test::or_null;
+using test::Outputs;
 using test::random_values;
 
-enum class Form { recurrent, chunk };
-
-template <class T>
-struct Outputs {
-  std::vector<T> o, s_final;
-};
-
-template <class T>
-Outputs<T> forward(Form form, const Inputs& in) {
-  const std::vector<T> q = test::cast_values<T>(in.q), k = test::cast_values<T>(in.k), v = test::cast_values<T>(in.v);
-  const std::vector<T> g = test::cast_values<T>(in.g), beta = test::cast_values<T>(in.beta);
-  const std::vector<T> s0 = test::cast_values<T>(in.s0);
-  Outputs<T> out{std::vector<T>(in.tokens() * in.sizes.value_dim), std::vector<T>(in.state_numel())};
-  auto* fn = form == Form::chunk ? &delta_rule_chunk_forward<T> : &delta_rule_recurrent_forward<T>;
-  fn(out.o.data(), out.s_final.data(), q.data(), k.data(), v.data(), g.data(), beta.data(), or_null(s0),
-     or_null(in.cu), in.sizes);
-  return out;
-}
-
-template <class T>
-struct Grads {
-  std::vector<T> dq, dk, dv, dg, dbeta, ds0;
-};
-
-// Backward with d_o and ds_final (empty: null).
-template <class T>
-Grads<T> backward(Form form, const Inputs& in, const std::vector<double>& d_o_in,
-                  const std::vector<double>& ds_final_in) {
-  const std::vector<T> q = test::cast_values<T>(in.q), k = test::cast_values<T>(in.k), v = test::cast_values<T>(in.v);
-  const std::vector<T> g = test::cast_values<T>(in.g), beta = test::cast_values<T>(in.beta);
-  const std::vector<T> s0 = test::cast_values<T>(in.s0), d_o = test::cast_values<T>(d_o_in);
-  const std::vector<T> ds_final = test::cast_values<T>(ds_final_in);
-  const int64_t rows = in.tokens(), K = in.sizes.key_dim, V = in.sizes.value_dim;
-  // Filled with NaN so that an element the kernel fails to write shows up.
-  const T nan = std::numeric_limits<T>::quiet_NaN();
-  Grads<T> d{std::vector<T>(rows * K, nan), std::vector<T>(rows * K, nan),
-             std::vector<T>(rows * V, nan), std::vector<T>(rows * in.g_width(), nan),
-             std::vector<T>(rows, nan),     std::vector<T>(in.state_numel(), nan)};
-  auto* fn = form == Form::chunk ? &delta_rule_chunk_backward<T> : &delta_rule_recurrent_backward<T>;
-  fn(d.dq.data(), d.dk.data(), d.dv.data(), d.dg.data(), d.dbeta.data(), d.ds0.data(), d_o.data(), or_null(ds_final),
-     q.data(), k.data(), v.data(), g.data(), beta.data(), or_null(s0), or_null(in.cu), in.sizes);
-  return d;
-}
-
-DeltaRuleSizes make_sizes(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DeltaDecay decay) {
-  DeltaRuleSizes s;
-  s.batch = B, s.seq_len = T, s.heads = H, s.key_dim = K, s.value_dim = V, s.decay = decay;
-  return s;
-}
-
-constexpr DeltaDecay kDecays[] = {DeltaDecay::per_head, DeltaDecay::per_key_channel};
 
 template <class T>
 bool all_finite(const std::vector<T>& x) {
@@ -196,22 +152,7 @@ TEST(DeltaRuleChunk, ThreadCountDoesNotChangeResults) {
   for (DeltaDecay decay : kDecays) {
     const Inputs in = make_inputs(make_sizes(3, 100, 3, 6, 4, decay), 501, -2.0, -0.01, true);
     const std::vector<double> d_o = random_values(in.tokens() * 4, 502), ds_final = random_values(in.state_numel(), 503);
-    Outputs<float> f[2];
-    Grads<float> b[2];
-    for (int threads : {1, 2}) {
-      test::with_threads(threads, [&] {
-        f[threads - 1] = forward<float>(Form::chunk, in);
-        b[threads - 1] = backward<float>(Form::chunk, in, d_o, ds_final);
-      });
-    }
-    EXPECT_EQ(f[0].o, f[1].o);
-    EXPECT_EQ(f[0].s_final, f[1].s_final);
-    EXPECT_EQ(b[0].dq, b[1].dq);
-    EXPECT_EQ(b[0].dk, b[1].dk);
-    EXPECT_EQ(b[0].dv, b[1].dv);
-    EXPECT_EQ(b[0].dg, b[1].dg);
-    EXPECT_EQ(b[0].dbeta, b[1].dbeta);
-    EXPECT_EQ(b[0].ds0, b[1].ds0);
+    test::expect_thread_count_independent(Form::chunk, in, d_o, ds_final);
   }
 }
 

@@ -20,50 +20,17 @@
 namespace trillion {
 namespace {
 
+using test::backward;
+using test::forward;
+using test::Form;
+using test::Grads;
 using test::Inputs;
+using test::kDecays;
 using test::make_inputs;
+using test::make_sizes;
 using test::or_null;
+using test::Outputs;
 using test::random_values;
-
-template <class T>
-struct Outputs {
-  std::vector<T> o, s_final;
-};
-
-template <class T>
-Outputs<T> forward(const Inputs& in) {
-  const std::vector<T> q = test::cast_values<T>(in.q), k = test::cast_values<T>(in.k), v = test::cast_values<T>(in.v);
-  const std::vector<T> g = test::cast_values<T>(in.g), beta = test::cast_values<T>(in.beta);
-  const std::vector<T> s0 = test::cast_values<T>(in.s0);
-  Outputs<T> out{std::vector<T>(in.tokens() * in.sizes.value_dim), std::vector<T>(in.state_numel())};
-  delta_rule_recurrent_forward<T>(out.o.data(), out.s_final.data(), q.data(), k.data(), v.data(), g.data(), beta.data(),
-                                  or_null(s0), or_null(in.cu), in.sizes);
-  return out;
-}
-
-template <class T>
-struct Grads {
-  std::vector<T> dq, dk, dv, dg, dbeta, ds0;
-};
-
-// Backward with d_o and ds_final (empty: null).
-template <class T>
-Grads<T> backward(const Inputs& in, const std::vector<double>& d_o_in, const std::vector<double>& ds_final_in) {
-  const std::vector<T> q = test::cast_values<T>(in.q), k = test::cast_values<T>(in.k), v = test::cast_values<T>(in.v);
-  const std::vector<T> g = test::cast_values<T>(in.g), beta = test::cast_values<T>(in.beta);
-  const std::vector<T> s0 = test::cast_values<T>(in.s0), d_o = test::cast_values<T>(d_o_in);
-  const std::vector<T> ds_final = test::cast_values<T>(ds_final_in);
-  const int64_t rows = in.tokens(), K = in.sizes.key_dim, V = in.sizes.value_dim;
-  // Filled with NaN so that an element the kernel fails to write shows up.
-  const T nan = std::numeric_limits<T>::quiet_NaN();
-  Grads<T> d{std::vector<T>(rows * K, nan), std::vector<T>(rows * K, nan),
-             std::vector<T>(rows * V, nan), std::vector<T>(rows * in.g_width(), nan),
-             std::vector<T>(rows, nan),     std::vector<T>(in.state_numel(), nan)};
-  delta_rule_recurrent_backward<T>(d.dq.data(), d.dk.data(), d.dv.data(), d.dg.data(), d.dbeta.data(), d.ds0.data(),
-                                   d_o.data(), or_null(ds_final), q.data(), k.data(), v.data(), g.data(), beta.data(),
-                                   or_null(s0), or_null(in.cu), in.sizes);
-  return d;
-}
 
 // The definitions with explicit S[K][V] matrices, one segment per batch row.
 Outputs<double> naive_forward(const Inputs& in) {
@@ -102,19 +69,12 @@ Outputs<double> naive_forward(const Inputs& in) {
   return out;
 }
 
-DeltaRuleSizes make_sizes(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V, DeltaDecay decay) {
-  DeltaRuleSizes s;
-  s.batch = B, s.seq_len = T, s.heads = H, s.key_dim = K, s.value_dim = V, s.decay = decay;
-  return s;
-}
-
-constexpr DeltaDecay kDecays[] = {DeltaDecay::per_head, DeltaDecay::per_key_channel};
 
 TEST(DeltaRule, ForwardMatchesNaiveReference) {
   for (DeltaDecay decay : kDecays) {
     for (bool with_s0 : {true, false}) {
       const Inputs in = make_inputs(make_sizes(2, 13, 2, 5, 3, decay), 11, -2.0, -0.01, with_s0);
-      const Outputs<double> got = forward<double>(in), want = naive_forward(in);
+      const Outputs<double> got = forward<double>(Form::recurrent, in), want = naive_forward(in);
       EXPECT_LE(test::relative_error(got.o, want.o), 1e-14);
       EXPECT_LE(test::relative_error(got.s_final, want.s_final), 1e-14);
     }
@@ -127,10 +87,10 @@ void check_backward(const DeltaRuleSizes& sizes, uint64_t seed) {
   const std::vector<double> r_o = random_values(in.tokens() * sizes.value_dim, seed + 10);
   const std::vector<double> r_s = random_values(in.state_numel(), seed + 11);
   auto loss = [&] {
-    const Outputs<double> out = forward<double>(in);
+    const Outputs<double> out = forward<double>(Form::recurrent, in);
     return test::weighted_sum(out.o, r_o) + test::weighted_sum(out.s_final, r_s);
   };
-  const Grads<double> d = backward<double>(in, r_o, r_s);
+  const Grads<double> d = backward<double>(Form::recurrent, in, r_o, r_s);
   const double worst = test::expect_gradients_match(loss, {{"q", &in.q, &d.dq},
                                                            {"k", &in.k, &d.dk},
                                                            {"v", &in.v, &d.dv},
@@ -142,8 +102,8 @@ void check_backward(const DeltaRuleSizes& sizes, uint64_t seed) {
   ::testing::Test::RecordProperty("worst_relative_error", worst_text);
 
   // A null ds_final is zeros.
-  const Grads<double> null_final = backward<double>(in, r_o, {});
-  const Grads<double> zero_final = backward<double>(in, r_o, std::vector<double>(in.state_numel(), 0.0));
+  const Grads<double> null_final = backward<double>(Form::recurrent, in, r_o, {});
+  const Grads<double> zero_final = backward<double>(Form::recurrent, in, r_o, std::vector<double>(in.state_numel(), 0.0));
   EXPECT_EQ(null_final.dq, zero_final.dq);
   EXPECT_EQ(null_final.dg, zero_final.dg);
   EXPECT_EQ(null_final.ds0, zero_final.ds0);
@@ -170,12 +130,12 @@ TEST(DeltaRule, PerChannelWithEqualChannelsEqualsPerHead) {
   channel.g.resize(scalar.g.size() * K);
   for (size_t r = 0; r < scalar.g.size(); ++r) std::fill_n(channel.g.begin() + r * K, K, scalar.g[r]);
 
-  const Outputs<double> fs = forward<double>(scalar), fc = forward<double>(channel);
+  const Outputs<double> fs = forward<double>(Form::recurrent, scalar), fc = forward<double>(Form::recurrent, channel);
   EXPECT_LE(test::relative_error(fc.o, fs.o), 1e-14);
   EXPECT_LE(test::relative_error(fc.s_final, fs.s_final), 1e-14);
 
   const std::vector<double> d_o = random_values(fs.o.size(), 52), ds_final = random_values(fs.s_final.size(), 53);
-  const Grads<double> bs = backward<double>(scalar, d_o, ds_final), bc = backward<double>(channel, d_o, ds_final);
+  const Grads<double> bs = backward<double>(Form::recurrent, scalar, d_o, ds_final), bc = backward<double>(Form::recurrent, channel, d_o, ds_final);
   EXPECT_LE(test::relative_error(bc.dq, bs.dq), 1e-14);
   EXPECT_LE(test::relative_error(bc.dk, bs.dk), 1e-14);
   EXPECT_LE(test::relative_error(bc.dv, bs.dv), 1e-14);
@@ -215,13 +175,13 @@ TEST(DeltaRule, PackedSegmentsEqualSeparateRuns) {
     sizes.num_segments = 5;
     const Inputs packed = make_inputs(sizes, 61, -2.0, -0.01, true, cu);
     const int64_t H = 2, K = 5, V = 3, KV = K * V, G = packed.g_width();
-    const Outputs<double> fp = forward<double>(packed);
+    const Outputs<double> fp = forward<double>(Form::recurrent, packed);
     const std::vector<double> d_o = random_values(fp.o.size(), 62), ds_final = random_values(fp.s_final.size(), 63);
-    const Grads<double> bp = backward<double>(packed, d_o, ds_final);
+    const Grads<double> bp = backward<double>(Form::recurrent, packed, d_o, ds_final);
     for (int64_t n = 0; n < sizes.num_segments; ++n) {
       const Inputs part = slice(packed, cu[n], cu[n + 1], n);
-      const Outputs<double> f = forward<double>(part);
-      const Grads<double> b = backward<double>(part, cut_rows(d_o, cu[n] * H, cu[n + 1] * H, V),
+      const Outputs<double> f = forward<double>(Form::recurrent, part);
+      const Grads<double> b = backward<double>(Form::recurrent, part, cut_rows(d_o, cu[n] * H, cu[n + 1] * H, V),
                                                cut_rows(ds_final, n * H, (n + 1) * H, KV));
       EXPECT_EQ(f.o, cut_rows(fp.o, cu[n] * H, cu[n + 1] * H, V)) << "segment " << n;
       EXPECT_EQ(f.s_final, cut_rows(fp.s_final, n * H, (n + 1) * H, KV)) << "segment " << n;
@@ -241,21 +201,21 @@ TEST(DeltaRule, SplitRunCarriesStateForwardAndBackward) {
   for (DeltaDecay decay : kDecays) {
     const int64_t T = 150, split = 77, H = 2, K = 5, V = 3, G = decay == DeltaDecay::per_key_channel ? K : 1;
     const Inputs whole = make_inputs(make_sizes(1, T, H, K, V, decay), 71, -2.0, -0.01, true);
-    const Outputs<double> fw = forward<double>(whole);
+    const Outputs<double> fw = forward<double>(Form::recurrent, whole);
     const std::vector<double> d_o = random_values(fw.o.size(), 72), ds_final = random_values(fw.s_final.size(), 73);
-    const Grads<double> bw = backward<double>(whole, d_o, ds_final);
+    const Grads<double> bw = backward<double>(Form::recurrent, whole, d_o, ds_final);
 
     const Inputs first = slice(whole, 0, split, 0);
-    const Outputs<double> f1 = forward<double>(first);
+    const Outputs<double> f1 = forward<double>(Form::recurrent, first);
     Inputs second = slice(whole, split, T, 0);
     second.s0 = f1.s_final;
-    const Outputs<double> f2 = forward<double>(second);
+    const Outputs<double> f2 = forward<double>(Form::recurrent, second);
     EXPECT_LE(test::relative_error(f2.s_final, fw.s_final), 1e-14);
     EXPECT_LE(test::relative_error(f1.o, cut_rows(fw.o, 0, split * H, V)), 1e-14);
     EXPECT_LE(test::relative_error(f2.o, cut_rows(fw.o, split * H, T * H, V)), 1e-14);
 
-    const Grads<double> b2 = backward<double>(second, cut_rows(d_o, split * H, T * H, V), ds_final);
-    const Grads<double> b1 = backward<double>(first, cut_rows(d_o, 0, split * H, V), b2.ds0);
+    const Grads<double> b2 = backward<double>(Form::recurrent, second, cut_rows(d_o, split * H, T * H, V), ds_final);
+    const Grads<double> b1 = backward<double>(Form::recurrent, first, cut_rows(d_o, 0, split * H, V), b2.ds0);
     EXPECT_LE(test::relative_error(b1.ds0, bw.ds0), 1e-13);
     EXPECT_LE(test::relative_error(b1.dq, cut_rows(bw.dq, 0, split * H, K)), 1e-13);
     EXPECT_LE(test::relative_error(b2.dk, cut_rows(bw.dk, split * H, T * H, K)), 1e-13);
@@ -278,18 +238,18 @@ TEST(DeltaRule, FloatAgreesWithDoubleIncludingStrongDecay) {
   for (const Case& c : {Case{150, -2.0, -0.01}, Case{40, -8.0, -3.0}}) {
     for (DeltaDecay decay : kDecays) {
       const Inputs in = make_inputs(make_sizes(2, c.T, 2, 5, 3, decay), 81, c.g_lo, c.g_hi, true);
-      const Outputs<double> fd = forward<double>(in);
-      const Outputs<float> ff = forward<float>(in);
+      const Outputs<double> fd = forward<double>(Form::recurrent, in);
+      const Outputs<float> ff = forward<float>(Form::recurrent, in);
       const std::vector<double> d_o = random_values(fd.o.size(), 82), ds_final = random_values(fd.s_final.size(), 83);
-      const Grads<double> bd = backward<double>(in, d_o, ds_final);
-      const Grads<float> bf = backward<float>(in, d_o, ds_final);
+      const Grads<double> bd = backward<double>(Form::recurrent, in, d_o, ds_final);
+      const Grads<float> bf = backward<float>(Form::recurrent, in, d_o, ds_final);
       const std::vector<std::pair<const std::vector<float>*, const std::vector<double>*>> pairs = {
           {&ff.o, &fd.o},   {&ff.s_final, &fd.s_final}, {&bf.dq, &bd.dq},       {&bf.dk, &bd.dk},
           {&bf.dv, &bd.dv}, {&bf.dg, &bd.dg},           {&bf.dbeta, &bd.dbeta}, {&bf.ds0, &bd.ds0}};
       if (c.g_hi <= -3.0) {  // strong decay: s0 no longer reaches the final state
         Inputs no_s0 = in;
         no_s0.s0.clear();
-        EXPECT_LE(test::relative_error(forward<double>(no_s0).s_final, fd.s_final), 1e-30);
+        EXPECT_LE(test::relative_error(forward<double>(Form::recurrent, no_s0).s_final, fd.s_final), 1e-30);
       }
       for (size_t p = 0; p < pairs.size(); ++p) {
         EXPECT_TRUE(all_finite(*pairs[p].first)) << "tensor " << p << " T=" << c.T;
@@ -303,22 +263,7 @@ TEST(DeltaRule, ThreadCountDoesNotChangeResults) {
   for (DeltaDecay decay : kDecays) {
     const Inputs in = make_inputs(make_sizes(3, 100, 3, 6, 4, decay), 91, -2.0, -0.01, true);
     const std::vector<double> d_o = random_values(in.tokens() * 4, 92), ds_final = random_values(in.state_numel(), 93);
-    Outputs<float> f[2];
-    Grads<float> b[2];
-    for (int threads : {1, 2}) {
-      test::with_threads(threads, [&] {
-        f[threads - 1] = forward<float>(in);
-        b[threads - 1] = backward<float>(in, d_o, ds_final);
-      });
-    }
-    EXPECT_EQ(f[0].o, f[1].o);
-    EXPECT_EQ(f[0].s_final, f[1].s_final);
-    EXPECT_EQ(b[0].dq, b[1].dq);
-    EXPECT_EQ(b[0].dk, b[1].dk);
-    EXPECT_EQ(b[0].dv, b[1].dv);
-    EXPECT_EQ(b[0].dg, b[1].dg);
-    EXPECT_EQ(b[0].dbeta, b[1].dbeta);
-    EXPECT_EQ(b[0].ds0, b[1].ds0);
+    test::expect_thread_count_independent(Form::recurrent, in, d_o, ds_final);
   }
 }
 
