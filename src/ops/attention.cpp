@@ -42,15 +42,18 @@ int64_t round_up_64_bytes(int64_t count, int64_t elem_bytes) {
 // Index arithmetic shared by forward and backward.
 struct Geometry {
   AttentionSizes s;
-  int64_t group, q_stride, kv_stride, offset, q_tiles, k_tiles, rows_max;
+  int64_t dv, group, q_stride, k_stride, out_stride, v_stride, offset, q_tiles, k_tiles, rows_max;
   explicit Geometry(const AttentionSizes& sizes) : s(sizes) {
     TRILLION_CHECK(s.batch > 0 && s.q_len > 0 && s.head_dim > 0 && s.kv_heads > 0 && s.q_heads > 0,
                    "bad attention sizes");
     TRILLION_CHECK(s.q_len <= s.kv_len, "attention q_len ", s.q_len, " > kv_len ", s.kv_len);
     TRILLION_CHECK(s.q_heads % s.kv_heads == 0, "q_heads ", s.q_heads, " not a multiple of kv_heads ", s.kv_heads);
+    dv = s.value_dim();
     group = s.q_heads / s.kv_heads;
     q_stride = s.q_heads * s.head_dim;
-    kv_stride = s.kv_heads * s.head_dim;
+    k_stride = s.kv_heads * s.head_dim;
+    out_stride = s.q_heads * dv;
+    v_stride = s.kv_heads * dv;
     offset = s.kv_len - s.q_len;
     q_tiles = (s.q_len + kQTile - 1) / kQTile;
     k_tiles = (s.kv_len + kKTile - 1) / kKTile;
@@ -58,20 +61,24 @@ struct Geometry {
   }
   // Keys [0, visible_end(t)) are visible to query position t.
   int64_t visible_end(int64_t t) const { return t + offset + 1; }
-  // Offset of element (b, t, head h, 0) in q-like and of (b, j, kv head, 0) in k-like tensors.
+  // Offsets of element (b, t, head h, 0) in q-like / out-like tensors and of (b, j, kv head, 0) in
+  // k-like / v-like tensors.
   int64_t q_index(int64_t b, int64_t t, int64_t h) const { return (b * s.q_len + t) * q_stride + h * s.head_dim; }
-  int64_t kv_index(int64_t b, int64_t j, int64_t kvh) const {
-    return (b * s.kv_len + j) * kv_stride + kvh * s.head_dim;
-  }
+  int64_t out_index(int64_t b, int64_t t, int64_t h) const { return (b * s.q_len + t) * out_stride + h * dv; }
+  int64_t k_index(int64_t b, int64_t j, int64_t kvh) const { return (b * s.kv_len + j) * k_stride + kvh * s.head_dim; }
+  int64_t v_index(int64_t b, int64_t j, int64_t kvh) const { return (b * s.kv_len + j) * v_stride + kvh * dv; }
   int64_t lse_index(int64_t b, int64_t h, int64_t t) const { return (b * s.q_heads + h) * s.q_len + t; }
 };
 
-// dst[rows = (t − t0)·group + g, head_dim] ← src[b, t, kvh·group + g, :] for t in [t0, t1).
+// dst[rows = (t − t0)·group + g, width] ← src[b, t, kvh·group + g, :] for t in [t0, t1), src having
+// rows of q_heads · width (q-like: width head_dim; out-like: width v_dim).
 template <class T>
-void gather_group_rows(T* dst, const T* src, const Geometry& geo, int64_t b, int64_t kvh, int64_t t0, int64_t t1) {
-  const int64_t chunk = geo.group * geo.s.head_dim;  // a group's heads are contiguous at one position
+void gather_group_rows(T* dst, const T* src, int64_t width, const Geometry& geo, int64_t b, int64_t kvh, int64_t t0,
+                       int64_t t1) {
+  const int64_t chunk = geo.group * width;  // a group's heads are contiguous at one position
   for (int64_t t = t0; t < t1; ++t)
-    std::memcpy(dst + (t - t0) * chunk, src + geo.q_index(b, t, kvh * geo.group), chunk * sizeof(T));
+    std::memcpy(dst + (t - t0) * chunk, src + ((b * geo.s.q_len + t) * geo.s.q_heads + kvh * geo.group) * width,
+                chunk * sizeof(T));
 }
 
 // Sets scores[r, c] = −inf where key j0 + c is not visible to row r's position t0 + r / group.
@@ -88,10 +95,10 @@ void mask_diagonal(T* scores, int64_t ld, int64_t rows, int64_t cols, const Geom
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& sizes) {
   const Geometry geo(sizes);
-  const int64_t d = sizes.head_dim;
+  const int64_t d = sizes.head_dim, dv = geo.dv;
   const int64_t rows_max = geo.rows_max;
-  // Per-thread workspace: q_rows [rows, d], acc [rows, d], scores [rows, kKTile], row_max, row_sum [rows].
-  const int64_t per_thread = round_up_64_bytes(2 * rows_max * d + rows_max * kKTile + 2 * rows_max, sizeof(T));
+  // Per-thread workspace: q_rows [rows, d], acc [rows, dv], scores [rows, kKTile], row_max, row_sum [rows].
+  const int64_t per_thread = round_up_64_bytes(rows_max * (d + dv) + rows_max * kKTile + 2 * rows_max, sizeof(T));
   Buffer<T> workspace(per_thread * num_threads());
   const int64_t items = sizes.batch * sizes.kv_heads * geo.q_tiles;
   const T scale = T(sizes.scale);
@@ -103,25 +110,25 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
     const int64_t kvh = (item / geo.q_tiles) % sizes.kv_heads;
     const int64_t b = item / (geo.q_tiles * sizes.kv_heads);
     T* q_rows = workspace.data() + per_thread * omp_get_thread_num();  // [rows, d]
-    T* acc = q_rows + rows_max * d;                                     // [rows, d]
-    T* scores = acc + rows_max * d;                                     // [rows, kKTile]
+    T* acc = q_rows + rows_max * d;                                     // [rows, dv]
+    T* scores = acc + rows_max * dv;                                    // [rows, kKTile]
     T* row_max = scores + rows_max * kKTile;                            // [rows]
     T* row_sum = row_max + rows_max;                                    // [rows]
 
     const int64_t t0 = qt * kQTile, t1 = std::min(t0 + kQTile, sizes.q_len);
     const int64_t rows = (t1 - t0) * geo.group;
-    gather_group_rows(q_rows, q, geo, b, kvh, t0, t1);
-    std::fill(acc, acc + rows * d, T(0));
+    gather_group_rows(q_rows, q, d, geo, b, kvh, t0, t1);
+    std::fill(acc, acc + rows * dv, T(0));
     std::fill(row_max, row_max + rows, neg_inf);
     std::fill(row_sum, row_sum + rows, T(0));
 
     const int64_t key_end = geo.visible_end(t1 - 1);  // keys beyond are hidden from every row
     for (int64_t j0 = 0; j0 < key_end; j0 += kKTile) {
       const int64_t cols = std::min(kKTile, key_end - j0);
-      const T* k_tile = k + geo.kv_index(b, j0, kvh);  // [cols, d], row stride kv_stride
-      const T* v_tile = v + geo.kv_index(b, j0, kvh);  // [cols, d]
+      const T* k_tile = k + geo.k_index(b, j0, kvh);  // [cols, d], row stride k_stride
+      const T* v_tile = v + geo.v_index(b, j0, kvh);  // [cols, dv], row stride v_stride
       // scores[rows, cols] = scale · q_rows k_tileᵀ
-      gemm<T>(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.kv_stride, T(0), scores, kKTile);
+      gemm<T>(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.k_stride, T(0), scores, kKTile);
       if (j0 + cols > geo.visible_end(t0)) mask_diagonal(scores, kKTile, rows, cols, geo, t0, j0);
       for (int64_t r = 0; r < rows; ++r) {
         T* row = scores + r * kKTile;
@@ -132,17 +139,17 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
         const T rescale = std::exp(row_max[r] - new_max);
         row_sum[r] = row_sum[r] * rescale + exp_shifted_sum(row, cols, new_max);
         row_max[r] = new_max;
-        T* acc_row = acc + r * d;
-        for (int64_t c = 0; c < d; ++c) acc_row[c] *= rescale;
+        T* acc_row = acc + r * dv;
+        for (int64_t c = 0; c < dv; ++c) acc_row[c] *= rescale;
       }
-      // acc[rows, d] += P v_tile
-      gemm<T>(false, false, rows, d, cols, T(1), scores, kKTile, v_tile, geo.kv_stride, T(1), acc, d);
+      // acc[rows, dv] += P v_tile
+      gemm<T>(false, false, rows, dv, cols, T(1), scores, kKTile, v_tile, geo.v_stride, T(1), acc, dv);
     }
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = t0 + r / geo.group, h = kvh * geo.group + r % geo.group;
       const T inv = T(1) / row_sum[r];
-      T* out_row = out + geo.q_index(b, t, h);
-      for (int64_t c = 0; c < d; ++c) out_row[c] = acc[r * d + c] * inv;
+      T* out_row = out + geo.out_index(b, t, h);
+      for (int64_t c = 0; c < dv; ++c) out_row[c] = acc[r * dv + c] * inv;
       lse[geo.lse_index(b, h, t)] = row_max[r] + std::log(row_sum[r]);
     }
   });
@@ -152,7 +159,7 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                         const T* lse, const AttentionSizes& sizes) {
   const Geometry geo(sizes);
-  const int64_t d = sizes.head_dim;
+  const int64_t d = sizes.head_dim, dvd = geo.dv;
   const int64_t rows_max = geo.rows_max;
   const T scale = T(sizes.scale);
 
@@ -161,19 +168,19 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   parallel_for(sizes.batch * sizes.q_len, [&](int64_t bt) {
     const int64_t b = bt / sizes.q_len, t = bt % sizes.q_len;
     for (int64_t h = 0; h < sizes.q_heads; ++h) {
-      const T* o_row = out + geo.q_index(b, t, h);
-      const T* do_row = dout + geo.q_index(b, t, h);
+      const T* o_row = out + geo.out_index(b, t, h);
+      const T* do_row = dout + geo.out_index(b, t, h);
       T dot = 0;
-      for (int64_t c = 0; c < d; ++c) dot += o_row[c] * do_row[c];
+      for (int64_t c = 0; c < dvd; ++c) dot += o_row[c] * do_row[c];
       row_dot[geo.lse_index(b, h, t)] = dot;
     }
     std::fill(dq + geo.q_index(b, t, 0), dq + geo.q_index(b, t, 0) + geo.q_stride, T(0));
   });
 
-  // Per-thread workspace: q_rows, dout_rows, dq_part [rows, d]; probs, dprobs [rows, kKTile];
-  // lse_rows, dot_rows [rows]; dk_acc, dv_acc [kKTile, d].
+  // Per-thread workspace: q_rows, dq_part [rows, d]; dout_rows [rows, dv]; probs, dprobs [rows, kKTile];
+  // lse_rows, dot_rows [rows]; dk_acc [kKTile, d]; dv_acc [kKTile, dv].
   const int64_t per_thread =
-      round_up_64_bytes(3 * rows_max * d + 2 * rows_max * kKTile + 2 * rows_max + 2 * kKTile * d, sizeof(T));
+      round_up_64_bytes(rows_max * (2 * d + dvd) + 2 * rows_max * kKTile + 2 * rows_max + kKTile * (d + dvd), sizeof(T));
   Buffer<T> workspace(per_thread * num_threads());
   // Turn counter per (batch, kv head, query tile): the number of key tiles whose dq contribution
   // has been added.
@@ -186,43 +193,43 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 #pragma omp parallel
   {
     T* q_rows = workspace.data() + per_thread * omp_get_thread_num();  // [rows, d]
-    T* dout_rows = q_rows + rows_max * d;                               // [rows, d]
-    T* dq_part = dout_rows + rows_max * d;                              // [rows, d]
+    T* dout_rows = q_rows + rows_max * d;                               // [rows, dv]
+    T* dq_part = dout_rows + rows_max * dvd;                            // [rows, d]
     T* probs = dq_part + rows_max * d;                                  // [rows, kKTile]: P, then dS
     T* dprobs = probs + rows_max * kKTile;                              // [rows, kKTile]
     T* lse_rows = dprobs + rows_max * kKTile;                           // [rows]
     T* dot_rows = lse_rows + rows_max;                                  // [rows]
     T* dk_acc = dot_rows + rows_max;                                    // [kKTile, d]
-    T* dv_acc = dk_acc + kKTile * d;                                    // [kKTile, d]
+    T* dv_acc = dk_acc + kKTile * d;                                    // [kKTile, dv]
     // Items are claimed in increasing order, which the dq turn order relies on.
     for (int64_t item = next_item.fetch_add(1); item < items; item = next_item.fetch_add(1)) {
       const int64_t kt = item % geo.k_tiles;
       const int64_t kvh = (item / geo.k_tiles) % sizes.kv_heads;
       const int64_t b = item / (geo.k_tiles * sizes.kv_heads);
       const int64_t j0 = kt * kKTile, cols = std::min(kKTile, sizes.kv_len - j0);
-      const T* k_tile = k + geo.kv_index(b, j0, kvh);  // [cols, d], row stride kv_stride
-      const T* v_tile = v + geo.kv_index(b, j0, kvh);  // [cols, d]
+      const T* k_tile = k + geo.k_index(b, j0, kvh);  // [cols, d], row stride k_stride
+      const T* v_tile = v + geo.v_index(b, j0, kvh);  // [cols, dv], row stride v_stride
       std::fill(dk_acc, dk_acc + cols * d, T(0));
-      std::fill(dv_acc, dv_acc + cols * d, T(0));
+      std::fill(dv_acc, dv_acc + cols * dvd, T(0));
       // First query position that sees key j0.
       const int64_t first_t = std::max<int64_t>(j0 - geo.offset, 0);
       for (int64_t qt = first_t / kQTile; qt < geo.q_tiles; ++qt) {
         const int64_t t0 = qt * kQTile, t1 = std::min(t0 + kQTile, sizes.q_len);
         const int64_t rows = (t1 - t0) * geo.group;
-        gather_group_rows(q_rows, q, geo, b, kvh, t0, t1);
-        gather_group_rows(dout_rows, dout, geo, b, kvh, t0, t1);
+        gather_group_rows(q_rows, q, d, geo, b, kvh, t0, t1);
+        gather_group_rows(dout_rows, dout, dvd, geo, b, kvh, t0, t1);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t idx = geo.lse_index(b, kvh * geo.group + r % geo.group, t0 + r / geo.group);
           lse_rows[r] = lse[idx];
           dot_rows[r] = row_dot[idx];
         }
         // probs[rows, cols] = exp(scale · q_rows k_tileᵀ − lse)
-        gemm<T>(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.kv_stride, T(0), probs, kKTile);
+        gemm<T>(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.k_stride, T(0), probs, kKTile);
         if (j0 + cols > geo.visible_end(t0)) mask_diagonal(probs, kKTile, rows, cols, geo, t0, j0);
         for (int64_t r = 0; r < rows; ++r) exp_shifted_sum(probs + r * kKTile, cols, lse_rows[r]);
-        // dv_acc[cols, d] += Pᵀ dout_rows;  dprobs[rows, cols] = dout_rows v_tileᵀ
-        gemm<T>(true, false, cols, d, rows, T(1), probs, kKTile, dout_rows, d, T(1), dv_acc, d);
-        gemm<T>(false, true, rows, cols, d, T(1), dout_rows, d, v_tile, geo.kv_stride, T(0), dprobs, kKTile);
+        // dv_acc[cols, dv] += Pᵀ dout_rows;  dprobs[rows, cols] = dout_rows v_tileᵀ
+        gemm<T>(true, false, cols, dvd, rows, T(1), probs, kKTile, dout_rows, dvd, T(1), dv_acc, dvd);
+        gemm<T>(false, true, rows, cols, dvd, T(1), dout_rows, dvd, v_tile, geo.v_stride, T(0), dprobs, kKTile);
         // dS = P ⊙ (dP − D), in probs
         for (int64_t r = 0; r < rows; ++r) {
           T* p = probs + r * kKTile;
@@ -232,7 +239,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         }
         // dk_acc[cols, d] += scale · dSᵀ q_rows;  dq_part[rows, d] = scale · dS k_tile
         gemm<T>(true, false, cols, d, rows, scale, probs, kKTile, q_rows, d, T(1), dk_acc, d);
-        gemm<T>(false, false, rows, d, cols, scale, probs, kKTile, k_tile, geo.kv_stride, T(0), dq_part, d);
+        gemm<T>(false, false, rows, d, cols, scale, probs, kKTile, k_tile, geo.k_stride, T(0), dq_part, d);
         std::atomic<int64_t>& turn = dq_turn[(b * sizes.kv_heads + kvh) * geo.q_tiles + qt];
         while (turn.load(std::memory_order_acquire) != kt) std::this_thread::yield();
         for (int64_t r = 0; r < rows; ++r) {
@@ -243,8 +250,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         turn.store(kt + 1, std::memory_order_release);
       }
       for (int64_t j = 0; j < cols; ++j) {
-        std::memcpy(dk + geo.kv_index(b, j0 + j, kvh), dk_acc + j * d, d * sizeof(T));
-        std::memcpy(dv + geo.kv_index(b, j0 + j, kvh), dv_acc + j * d, d * sizeof(T));
+        std::memcpy(dk + geo.k_index(b, j0 + j, kvh), dk_acc + j * d, d * sizeof(T));
+        std::memcpy(dv + geo.v_index(b, j0 + j, kvh), dv_acc + j * dvd, dvd * sizeof(T));
       }
     }
   }

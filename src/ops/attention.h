@@ -2,12 +2,13 @@
 // (FlashAttention-2 style): never a full [q_len, kv_len] score matrix.
 //
 // Layouts (row-major, one sequence per batch entry):
-//   q, out, dq: [batch, q_len, q_heads, head_dim]
-//   k, v, dk, dv: [batch, kv_len, kv_heads, head_dim]
+//   q, dq: [batch, q_len, q_heads, head_dim]      out, dout: [batch, q_len, q_heads, v_dim]
+//   k, dk: [batch, kv_len, kv_heads, head_dim]    v, dv: [batch, kv_len, kv_heads, v_dim]
 //   lse: [batch, q_heads, q_len] (saved by forward: log-sum-exp of the scaled scores of each row)
 // Query head h reads key/value head h / (q_heads / kv_heads). Causality is bottom-right aligned:
 // query i (0-based) sees keys j ≤ i + (kv_len − q_len), so q_len == kv_len is training and
-// q_len < kv_len is decoding against a KV cache. scale is usually head_dim^−½.
+// q_len < kv_len is decoding against a KV cache. scale is usually head_dim^−½. head_dim is the
+// query/key head dim; the value head dim may differ (MLA: 192 and 128).
 // Gradient rule: dq, dk, dv are written (=).
 #pragma once
 
@@ -21,8 +22,10 @@ struct AttentionSizes {
   int64_t kv_len = 0;
   int64_t q_heads = 0;
   int64_t kv_heads = 0;
-  int64_t head_dim = 0;
+  int64_t head_dim = 0;  // query/key head dim
   double scale = 0.0;
+  int64_t v_dim = 0;  // value (and output) head dim; 0 means head_dim
+  int64_t value_dim() const { return v_dim > 0 ? v_dim : head_dim; }
 };
 
 template <class T>

@@ -24,19 +24,21 @@ namespace {
 using test::relative_error;
 
 AttentionSizes make_sizes(int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads, int64_t kv_heads,
-                          int64_t head_dim) {
-  return {batch, q_len, kv_len, q_heads, kv_heads, head_dim, 1.0 / std::sqrt(double(head_dim))};
+                          int64_t head_dim, int64_t v_dim = 0) {
+  return {batch, q_len, kv_len, q_heads, kv_heads, head_dim, 1.0 / std::sqrt(double(head_dim)), v_dim};
 }
 
 // Inputs and outputs of one attention call; inputs are normal(0, amplitude²).
 template <class T>
 struct Problem {
   AttentionSizes s;
-  std::vector<T> q, k, v, dout;                // [b, q_len, q_heads, d] / [b, kv_len, kv_heads, d]
-  std::vector<T> out, lse, dq, dk, dv;         // outputs
+  std::vector<T> q, k, v, dout;  // q [b, q_len, q_heads, d], k [b, kv_len, kv_heads, d], v [.., dv], dout [.., dv]
+  std::vector<T> out, lse, dq, dk, dv;  // outputs
   Problem(const AttentionSizes& sizes, uint64_t seed, double amplitude = 1.0) : s(sizes) {
     const int64_t nq = s.batch * s.q_len * s.q_heads * s.head_dim;
     const int64_t nkv = s.batch * s.kv_len * s.kv_heads * s.head_dim;
+    const int64_t nout = s.batch * s.q_len * s.q_heads * s.value_dim();
+    const int64_t nv = s.batch * s.kv_len * s.kv_heads * s.value_dim();
     auto fill = [&](std::vector<T>& x, int64_t n, const char* name) {
       const CounterRng rng(seed, name);
       x.resize(n);
@@ -44,13 +46,13 @@ struct Problem {
     };
     fill(q, nq, "q");
     fill(k, nkv, "k");
-    fill(v, nkv, "v");
-    fill(dout, nq, "dout");
-    out.assign(nq, T(0));
+    fill(v, nv, "v");
+    fill(dout, nout, "dout");
+    out.assign(nout, T(0));
     dq.assign(nq, T(0));
     lse.assign(s.batch * s.q_heads * s.q_len, T(0));
     dk.assign(nkv, T(0));
-    dv.assign(nkv, T(0));
+    dv.assign(nv, T(0));
   }
   void run_tiled() {
     attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
@@ -91,6 +93,8 @@ const AttentionSizes kCases[] = {
     make_sizes(1, 20, 150, 8, 2, 16),   // decoding: q_len < kv_len
     make_sizes(2, 1, 77, 4, 4, 8),      // one new token against a cache
     make_sizes(1, 97, 200, 2, 1, 7),    // long cache, query tiles straddling key tiles
+    make_sizes(2, 70, 70, 4, 4, 12, 8),  // MLA-like: query/key head dim 12, value head dim 8
+    make_sizes(1, 9, 140, 4, 2, 5, 9),   // value head dim larger, decoding
 };
 
 TEST(Attention, DoubleMatchesReference) {
@@ -118,7 +122,8 @@ TEST(Attention, FloatMatchesDoubleReference) {
 
 // Central differences of L = Σ out ⊙ dout with respect to every element of q, k and v.
 TEST(Attention, BackwardMatchesFiniteDifferences) {
-  for (const AttentionSizes& s : {make_sizes(1, 5, 7, 4, 2, 3), make_sizes(1, 130, 133, 2, 1, 3)}) {
+  for (const AttentionSizes& s :
+       {make_sizes(1, 5, 7, 4, 2, 3), make_sizes(1, 130, 133, 2, 1, 3), make_sizes(1, 6, 6, 2, 2, 4, 3)}) {
     Problem<double> p(s, 3);
     p.run_tiled();
     auto loss = [&]() {
@@ -147,7 +152,7 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
 
 // 1, 2 and 3 threads (3 oversubscribes this machine's 2 cores, exercising the dq turn waits).
 TEST(Attention, ResultsDoNotDependOnThreadCount) {
-  const AttentionSizes s = make_sizes(2, 200, 230, 4, 2, 24);
+  const AttentionSizes s = make_sizes(2, 200, 230, 4, 2, 24, 20);
   const int saved_threads = omp_get_max_threads();
   omp_set_num_threads(1);
   Problem<float> one(s, 4);

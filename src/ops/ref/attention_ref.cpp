@@ -50,19 +50,20 @@ template <class T>
 void attention_ref_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& s) {
   check_sizes(s);
   const int64_t group = s.q_heads / s.kv_heads;
-  const int64_t q_stride = s.q_heads * s.head_dim;
-  const int64_t kv_stride = s.kv_heads * s.head_dim;
+  const int64_t dv = s.value_dim();
+  const int64_t q_stride = s.q_heads * s.head_dim, out_stride = s.q_heads * dv;
+  const int64_t kv_stride = s.kv_heads * s.head_dim, v_stride = s.kv_heads * dv;
   Buffer<T> probs(s.q_len * s.kv_len);  // [q_len, kv_len]
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.q_heads; ++h) {
       const int64_t kvh = h / group;
       const T* q_head = q + b * s.q_len * q_stride + h * s.head_dim;     // [q_len, head_dim], row stride q_stride
       const T* k_head = k + b * s.kv_len * kv_stride + kvh * s.head_dim; // [kv_len, head_dim]
-      const T* v_head = v + b * s.kv_len * kv_stride + kvh * s.head_dim; // [kv_len, head_dim]
-      T* out_head = out + b * s.q_len * q_stride + h * s.head_dim;       // [q_len, head_dim]
+      const T* v_head = v + b * s.kv_len * v_stride + kvh * dv;          // [kv_len, v_dim]
+      T* out_head = out + b * s.q_len * out_stride + h * dv;             // [q_len, v_dim]
       head_probabilities(probs.data(), lse + (b * s.q_heads + h) * s.q_len, q_head, k_head, s);
-      gemm<T>(false, false, s.q_len, s.head_dim, s.kv_len, T(1), probs.data(), s.kv_len, v_head, kv_stride, T(0),
-              out_head, q_stride);
+      gemm<T>(false, false, s.q_len, dv, s.kv_len, T(1), probs.data(), s.kv_len, v_head, v_stride, T(0),
+              out_head, out_stride);
     }
   }
 }
@@ -72,22 +73,25 @@ void attention_ref_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
                             const AttentionSizes& s) {
   check_sizes(s);
   const int64_t group = s.q_heads / s.kv_heads;
-  const int64_t q_stride = s.q_heads * s.head_dim;
-  const int64_t kv_stride = s.kv_heads * s.head_dim;
+  const int64_t dvd = s.value_dim();
+  const int64_t q_stride = s.q_heads * s.head_dim, out_stride = s.q_heads * dvd;
+  const int64_t kv_stride = s.kv_heads * s.head_dim, v_stride = s.kv_heads * dvd;
   Buffer<T> probs(s.q_len * s.kv_len);   // [q_len, kv_len]
   Buffer<T> dscores(s.q_len * s.kv_len); // [q_len, kv_len]: dP, then dS in place
-  for (int64_t i = 0; i < s.batch * s.kv_len * kv_stride; ++i) dk[i] = dv[i] = 0;
+  for (int64_t i = 0; i < s.batch * s.kv_len * kv_stride; ++i) dk[i] = 0;
+  for (int64_t i = 0; i < s.batch * s.kv_len * v_stride; ++i) dv[i] = 0;
   for (int64_t b = 0; b < s.batch; ++b) {
     for (int64_t h = 0; h < s.q_heads; ++h) {
       const int64_t kvh = h / group;
       const int64_t q_off = b * s.q_len * q_stride + h * s.head_dim;
       const int64_t kv_off = b * s.kv_len * kv_stride + kvh * s.head_dim;
+      const int64_t out_off = b * s.q_len * out_stride + h * dvd, v_off = b * s.kv_len * v_stride + kvh * dvd;
       head_probabilities<T>(probs.data(), nullptr, q + q_off, k + kv_off, s);
-      // dv[kv_len, head_dim] += Pᵀ dout
-      gemm<T>(true, false, s.kv_len, s.head_dim, s.q_len, T(1), probs.data(), s.kv_len, dout + q_off, q_stride,
-              T(1), dv + kv_off, kv_stride);
+      // dv[kv_len, v_dim] += Pᵀ dout
+      gemm<T>(true, false, s.kv_len, dvd, s.q_len, T(1), probs.data(), s.kv_len, dout + out_off, out_stride,
+              T(1), dv + v_off, v_stride);
       // dP[q_len, kv_len] = dout vᵀ
-      gemm<T>(false, true, s.q_len, s.kv_len, s.head_dim, T(1), dout + q_off, q_stride, v + kv_off, kv_stride,
+      gemm<T>(false, true, s.q_len, s.kv_len, dvd, T(1), dout + out_off, out_stride, v + v_off, v_stride,
               T(0), dscores.data(), s.kv_len);
       parallel_for(s.q_len, [&](int64_t i) {
         const T* p = probs.data() + i * s.kv_len;

@@ -4,7 +4,8 @@
 // or frugal (its workspace is two [q_len, kv_len] matrices).
 //
 // Layouts, causality and scale are those of ops/attention.h:
-//   q, out, dq: [batch, q_len, q_heads, head_dim];  k, v, dk, dv: [batch, kv_len, kv_heads, head_dim]
+//   q, dq: [batch, q_len, q_heads, head_dim];  k, dk: [batch, kv_len, kv_heads, head_dim]
+//   out, dout: [batch, q_len, q_heads, v_dim];  v, dv: [batch, kv_len, kv_heads, v_dim]
 //   lse: [batch, q_heads, q_len]
 // Forward writes lse like the tiled kernel; the reference backward does not read it (it recomputes
 // the probabilities from q and k), so nothing else is saved.
