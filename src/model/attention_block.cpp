@@ -18,8 +18,7 @@ AttentionBlockDims AttentionBlockDims::from_config(const ModelConfig& config) {
   dims.q_heads = config.num_attention_heads;
   dims.kv_heads = config.num_key_value_heads;
   dims.head_dim = config.head_dim;
-  dims.rotary_dim = config.rotary_dim();
-  dims.rope_theta = config.rope_theta;
+  dims.rope = config.rope_spec(config.rotary_dim(), false);
   const Family family = family_of(config.model_type);
   dims.input_norm = {config.rms_norm_eps, family.zero_centred_norms};
   dims.qk_norm = {config.rms_norm_eps, family.zero_centred_norms};
@@ -69,8 +68,8 @@ void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, 
     std::memcpy(p.q, p.q_raw, n * dims.q_width() * sizeof(T));
     std::memcpy(p.k, p.k_raw, n * dims.kv_width() * sizeof(T));
   }
-  rope_forward(p.q, positions, n, dims.q_heads, d, dims.rotary_dim, dims.rope_theta);
-  rope_forward(p.k, positions, n, dims.kv_heads, d, dims.rotary_dim, dims.rope_theta);
+  rope_forward(p.q, positions, n, dims.q_heads, d, 0, dims.rope);
+  rope_forward(p.k, positions, n, dims.kv_heads, d, 0, dims.rope);
 }
 
 }  // namespace
@@ -156,8 +155,8 @@ void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlo
   T* dk = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] summed over the query heads sharing each KV head
   T* dv = scratch.alloc<T>(n * kvw);  // [n, Hkv, d]
   attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
-  rope_backward(dq, positions, n, dims.q_heads, d, dims.rotary_dim, dims.rope_theta);
-  rope_backward(dk, positions, n, dims.kv_heads, d, dims.rotary_dim, dims.rope_theta);
+  rope_backward(dq, positions, n, dims.q_heads, d, 0, dims.rope);
+  rope_backward(dk, positions, n, dims.kv_heads, d, 0, dims.rope);
   T* dq_raw = dq;  // [n, Hq, d] gradient wrt the query before q_norm
   T* dk_raw = dk;  // [n, Hkv, d] gradient wrt the key before k_norm
   if (dims.has_qk_norm) {

@@ -16,6 +16,7 @@
 #include "core/memory.h"
 #include "memory/activation_store.h"
 #include "model/config.h"
+#include "ops/rope.h"
 #include "model/linear.h"
 #include "model/param_rows.h"
 #include "model/step.h"
@@ -32,8 +33,7 @@ struct AttentionBlockDims {
   int64_t q_heads = 0;     // Hq
   int64_t kv_heads = 0;    // Hkv
   int64_t head_dim = 0;    // d
-  int64_t rotary_dim = 0;  // first rotary_dim dims of each head are rotated
-  double rope_theta = 10000.0;
+  RopeSpec rope;  // on the first rope.rotary_dim dims of each head
   NormSpec input_norm;      // input_layernorm
   NormSpec qk_norm;         // q_norm / k_norm (per head)
   bool has_qk_norm = true;  // q_norm / k_norm present

@@ -38,6 +38,11 @@ class FieldReader {
     read_.insert(name);
     return json_.contains(name) && !json_.at(name).is_null();
   }
+  // Present with the value null (transformers' None), as opposed to absent.
+  bool is_null(const char* name) const {
+    read_.insert(name);
+    return json_.contains(name) && json_.at(name).is_null();
+  }
   // Fields present (not null) that nothing asked for.
   std::vector<std::string> unread() const {
     std::vector<std::string> names;
@@ -137,7 +142,7 @@ class FieldReader {
   mutable std::set<std::string> read_;
 };
 
-std::vector<LayerType> parse_layer_types(const FieldReader& fields, int64_t num_layers) {
+std::vector<LayerType> parse_layer_types(const FieldReader& fields, const Family& family, int64_t num_layers) {
   std::vector<LayerType> layer_types;
   if (fields.has("layer_types")) {
     const nlohmann::json& list = fields.at("layer_types");
@@ -148,7 +153,10 @@ std::vector<LayerType> parse_layer_types(const FieldReader& fields, int64_t num_
     for (size_t i = 0; i < list.size(); ++i) {
       const LayerType* match = nullptr;
       for (const LayerType& type : kLayerTypes)
-        if (list[i].is_string() && list[i].get<std::string>() == layer_type_name(type)) match = &type;
+        if (list[i].is_string() && (list[i].get<std::string>() == layer_type_name(type) ||
+                                    (type == LayerType::sparse_attention &&
+                                     list[i].get<std::string>() == family.sparse_attention_name)))
+          match = &type;
       if (match == nullptr)
         fields.fail_element("layer_types", i, str_cat("unknown layer type ", list[i].dump(), "; expected one of ",
                                                       allowed_layer_types()));
@@ -160,7 +168,8 @@ std::vector<LayerType> parse_layer_types(const FieldReader& fields, int64_t num_
     for (int64_t i = 0; i < num_layers; ++i)
       layer_types.push_back((i + 1) % interval == 0 ? LayerType::full_attention : LayerType::linear_attention);
   } else {
-    layer_types.assign(static_cast<size_t>(num_layers), LayerType::full_attention);
+    layer_types.assign(static_cast<size_t>(num_layers),
+                       family.sparse_layers_by_default ? LayerType::sparse_attention : LayerType::full_attention);
   }
   return layer_types;
 }
@@ -171,8 +180,23 @@ bool uses(const std::vector<LayerType>& layer_types, LayerType type) {
   return false;
 }
 
+// YaRN's settings inside a rope_parameters / rope_scaling dict.
+void parse_yarn(const FieldReader& sub, RopeScaling& y) {
+  y.factor = sub.positive_number("factor", y.factor);
+  y.original_max_position_embeddings =
+      sub.positive_number("original_max_position_embeddings", y.original_max_position_embeddings);
+  y.beta_fast = sub.positive_number("beta_fast", y.beta_fast);
+  y.beta_slow = sub.positive_number("beta_slow", y.beta_slow);
+  y.mscale = sub.number("mscale", y.mscale);
+  y.mscale_all_dim = sub.number("mscale_all_dim", y.mscale_all_dim);
+  y.attention_factor = sub.positive_number("attention_factor", y.attention_factor);
+  y.truncate = sub.boolean("truncate", y.truncate);
+  if (y.original_max_position_embeddings <= 0.0)
+    sub.fail_field("original_max_position_embeddings", "missing; expected a positive number (rope_type \"yarn\")");
+}
+
 // RoPE settings: transformers 5.x's `rope_parameters` dict and the older top-level fields; when
-// both give a value they must agree. Only the default (unscaled) RoPE is built.
+// both give a value they must agree. Plain RoPE and YaRN are built.
 void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c) {
   c.rope_theta = fields.positive_number("rope_theta", c.rope_theta);
   c.partial_rotary_factor = fields.positive_number("partial_rotary_factor", family.default_partial_rotary_factor);
@@ -187,8 +211,15 @@ void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c)
     const std::string source = str_cat(fields.source(), ": ", name);
     const FieldReader sub(params, source);
     const std::string type = sub.string(sub.alias({"rope_type", "type"}), "default");
-    if (type != "default")
-      fields.fail_field(name, str_cat("rope_type \"", type, "\": not built yet; expected \"default\""));
+    if (type != "default" && type != "yarn")
+      fields.fail_field(name, str_cat("rope_type \"", type, "\": not built yet; expected \"default\" or \"yarn\""));
+    if (type == "yarn") {
+      if (c.rope_scaling.type == "yarn" && given_by.count("yarn") != 0 && params != fields.at(given_by["yarn"].c_str()))
+        fields.fail_field(name, str_cat("differs from ", given_by["yarn"], "; expected one YaRN setting"));
+      c.rope_scaling.type = "yarn";
+      given_by["yarn"] = name;
+      parse_yarn(sub, c.rope_scaling);
+    }
     for (const auto& [key, top] : {std::pair{"rope_theta", &c.rope_theta},
                                    std::pair{"partial_rotary_factor", &c.partial_rotary_factor}}) {
       if (!sub.has(key)) continue;
@@ -200,11 +231,33 @@ void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c)
       *top = value;
     }
     for (const std::string& key : sub.unread())
-      fields.fail_field(name, str_cat("has \"", key, "\", which the default RoPE does not take; expected only ",
-                                      "rope_type, rope_theta, partial_rotary_factor"));
+      fields.fail_field(name, str_cat("has \"", key, "\", which rope_type \"", type, "\" does not take; expected only ",
+                                      type == "yarn" ? "rope_type, rope_theta, partial_rotary_factor, factor, "
+                                                       "original_max_position_embeddings, beta_fast, beta_slow, "
+                                                       "mscale, mscale_all_dim, attention_factor, truncate"
+                                                     : "rope_type, rope_theta, partial_rotary_factor"));
   }
   if (c.partial_rotary_factor > 1.0)
     fields.fail_field("partial_rotary_factor", str_cat("got ", c.partial_rotary_factor, "; expected a value in (0, 1]"));
+  if (c.rope_scaling.type == "yarn" && c.rope_scaling.factor == 0.0)  // transformers' rule for an absent factor
+    c.rope_scaling.factor =
+        static_cast<double>(c.max_position_embeddings) / c.rope_scaling.original_max_position_embeddings;
+}
+
+// Multi-head latent attention's dims (transformers' DeepseekV3Config / KimiLinearConfig defaults
+// when absent; q_lora_rank null means one q_proj).
+void parse_mla(const FieldReader& fields, const Family& family, ModelConfig& c) {
+  c.q_lora_rank = fields.is_null("q_lora_rank") ? 0 : fields.positive("q_lora_rank", family.default_q_lora_rank);
+  c.kv_lora_rank = fields.positive("kv_lora_rank", 512);
+  c.qk_nope_head_dim = fields.positive("qk_nope_head_dim", 128);
+  c.qk_rope_head_dim = fields.positive("qk_rope_head_dim", 64);
+  c.v_head_dim = fields.positive("v_head_dim", 128);
+  c.rope_interleave = family.mla_always_interleaved || fields.boolean("rope_interleave", true);
+  if (c.num_key_value_heads != c.num_attention_heads)
+    fields.fail_field("num_key_value_heads", str_cat("got ", c.num_key_value_heads, "; expected num_attention_heads = ",
+                                                     c.num_attention_heads, " (multi-head latent attention)"));
+  if (family.mla_rope && c.qk_rope_head_dim % 2 != 0)
+    fields.fail_field("qk_rope_head_dim", str_cat("got ", c.qk_rope_head_dim, "; expected an even number"));
 }
 
 // Kimi-Linear's names for its delta-attention layers (one head count and head dim for q, k and v)
@@ -379,6 +432,48 @@ int64_t ModelConfig::rotary_dim() const {
   return static_cast<int64_t>(std::floor(partial_rotary_factor * static_cast<double>(head_dim)));
 }
 
+namespace {
+// rope_parameters as transformers 5.x writes it.
+nlohmann::json rope_json(const ModelConfig& c) {
+  nlohmann::json rope = {{"rope_type", c.rope_scaling.type}, {"rope_theta", c.rope_theta},
+                         {"partial_rotary_factor", c.partial_rotary_factor}};
+  if (c.rope_scaling.type != "yarn") return rope;
+  const RopeScaling& y = c.rope_scaling;
+  rope.update({{"factor", y.factor}, {"original_max_position_embeddings", y.original_max_position_embeddings},
+               {"beta_fast", y.beta_fast}, {"beta_slow", y.beta_slow}, {"truncate", y.truncate}});
+  if (y.mscale != 0.0) rope["mscale"] = y.mscale;
+  if (y.mscale_all_dim != 0.0) rope["mscale_all_dim"] = y.mscale_all_dim;
+  if (y.attention_factor > 0.0) rope["attention_factor"] = y.attention_factor;
+  return rope;
+}
+
+// YaRN's magnitude correction 0.1 · m · ln(scale) + 1 (1 for scale ≤ 1).
+double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+}  // namespace
+
+RopeSpec ModelConfig::rope_spec(int64_t rotary_dim, bool interleaved) const {
+  RopeSpec rope;
+  rope.rotary_dim = rotary_dim;
+  rope.theta = rope_theta;
+  rope.interleaved = interleaved;
+  if (rope_scaling.type != "yarn") return rope;
+  const RopeScaling& y = rope_scaling;
+  rope.yarn = {y.factor, y.original_max_position_embeddings, y.beta_fast, y.beta_slow, y.truncate};
+  if (y.attention_factor > 0.0)
+    rope.attention_factor = y.attention_factor;
+  else if (y.mscale != 0.0 && y.mscale_all_dim != 0.0)
+    rope.attention_factor = yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
+  else
+    rope.attention_factor = yarn_mscale(y.factor, 1.0);
+  return rope;
+}
+
+double ModelConfig::yarn_softmax_factor() const {
+  if (rope_scaling.type == "default" || rope_scaling.mscale_all_dim == 0.0) return 1.0;
+  const double m = yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
+  return m * m;
+}
+
 ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string& source) {
   if (!json.is_object()) fail(source, ": config is ", json.type_name(), "; expected a JSON object");
   const FieldReader fields(json, source);
@@ -408,12 +503,13 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
       fields.positive(fields.alias({"max_position_embeddings", "model_max_length"}), c.max_position_embeddings);
   c.rms_norm_eps = fields.positive_number("rms_norm_eps", c.rms_norm_eps);
   parse_rope(fields, family, c);
+  if (family.mla) parse_mla(fields, family, c);
   c.initializer_range = fields.positive_number("initializer_range", c.initializer_range);
   c.tie_word_embeddings = fields.boolean("tie_word_embeddings", c.tie_word_embeddings);
   c.attention_bias = fields.boolean("attention_bias", c.attention_bias);
   c.use_qk_norm = family.always_qk_norm || fields.boolean("use_qk_norm", false);
   reject_unbuilt(fields);
-  c.layer_types = parse_layer_types(fields, c.num_hidden_layers);
+  c.layer_types = parse_layer_types(fields, family, c.num_hidden_layers);
 
   c.linear_num_key_heads = fields.non_negative("linear_num_key_heads", 0);
   c.linear_num_value_heads = fields.non_negative("linear_num_value_heads", 0);
@@ -465,8 +561,10 @@ ModelConfig ModelConfig::load(const std::string& path) {
 }
 
 nlohmann::json ModelConfig::to_json() const {
+  const Family family = family_of(model_type);
   nlohmann::json layer_names = nlohmann::json::array();
-  for (LayerType type : layer_types) layer_names.push_back(layer_type_name(type));
+  for (LayerType type : layer_types)
+    layer_names.push_back(type == LayerType::sparse_attention ? family.sparse_attention_name : layer_type_name(type));
   nlohmann::json json = {
       {"model_type", model_type},
       {"vocab_size", vocab_size},
@@ -478,8 +576,7 @@ nlohmann::json ModelConfig::to_json() const {
       {"head_dim", head_dim},
       {"max_position_embeddings", max_position_embeddings},
       {"rms_norm_eps", rms_norm_eps},
-      {"rope_parameters",
-       {{"rope_type", "default"}, {"rope_theta", rope_theta}, {"partial_rotary_factor", partial_rotary_factor}}},
+      {"rope_parameters", rope_json(*this)},
       {"initializer_range", initializer_range},
       {"tie_word_embeddings", tie_word_embeddings},
       {"attention_bias", attention_bias},
@@ -494,8 +591,13 @@ nlohmann::json ModelConfig::to_json() const {
       {"index_head_dim", index_head_dim},
       {"index_topk", index_topk},
   };
-  const Family family = family_of(model_type);
   if (!family.always_qk_norm) json["use_qk_norm"] = use_qk_norm;
+  if (family.mla) {
+    json["q_lora_rank"] = q_lora_rank > 0 ? nlohmann::json(q_lora_rank) : nlohmann::json(nullptr);
+    json.update({{"kv_lora_rank", kv_lora_rank}, {"qk_nope_head_dim", qk_nope_head_dim},
+                 {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim},
+                 {"rope_interleave", rope_interleave}});
+  }
   json[family.experts_field] = num_experts;  // the name transformers' config.json uses for this family
   if (num_experts == 0) return json;
   // The placement in the family's own fields, so transformers builds the same layers.

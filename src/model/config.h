@@ -17,6 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ops/rope.h"
+
 namespace trillion {
 
 enum class LayerType { full_attention, linear_attention, sparse_attention };
@@ -34,6 +36,18 @@ enum class AuxLossType {
 };
 const char* aux_loss_type_name(AuxLossType type);
 
+// RoPE scaling from `rope_parameters` / `rope_scaling` (transformers' names). "default" is plain
+// RoPE; "yarn" is YaRN as DeepSeek's configs use it (modeling_rope_utils._compute_yarn_parameters).
+struct RopeScaling {
+  std::string type = "default";  // "default" or "yarn"
+  double factor = 0.0;           // yarn: absent → max_position_embeddings / original_max_position_embeddings
+  double original_max_position_embeddings = 0.0;
+  double beta_fast = 32.0, beta_slow = 1.0;
+  double mscale = 0.0, mscale_all_dim = 0.0;  // 0: absent
+  double attention_factor = 0.0;              // 0: derived from factor, mscale, mscale_all_dim
+  bool truncate = true;
+};
+
 struct ModelConfig {
   std::string model_type = "qwen3";
   int64_t vocab_size = 0;
@@ -47,6 +61,7 @@ struct ModelConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
   double partial_rotary_factor = 1.0;  // family default (qwen3_next 0.25, glm4_moe 0.5) when absent
+  RopeScaling rope_scaling;
   double initializer_range = 0.02;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v projections with a bias (o_proj never has one)
@@ -74,10 +89,20 @@ struct ModelConfig {
   double router_z_loss_coef = 0.0;                         // engine field
   double moe_capacity_factor = 0.0;  // engine field: 0 = dropless; else capacity ⌈factor · T · k / E⌉
 
-  // Sparse attention (DeepSeek-V3.2 indexer), kept for later issues.
+  // Multi-head latent attention: the attention layers of deepseek_v3 / deepseek_v32 / kimi_linear.
+  int64_t q_lora_rank = 0;  // 0: one q_proj (transformers' null); else q_a_proj → q_a_layernorm → q_b_proj
+  int64_t kv_lora_rank = 0, qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = true;  // deepseek_v3's rope_interleave (deepseek_v32: always interleaved)
+
+  // Sparse attention (DeepSeek-V3.2 indexer).
   int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 2048;
 
   int64_t rotary_dim() const;  // partial_rotary_factor · head_dim, even
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }  // MLA
+  // The RoPE of `rotary_dim` dims (this config's theta, scaling and, when `interleaved`, pair layout).
+  RopeSpec rope_spec(int64_t rotary_dim, bool interleaved) const;
+  // DeepSeek's softmax-scale factor: mscale(factor, mscale_all_dim)² under YaRN with mscale_all_dim, else 1.
+  double yarn_softmax_factor() const;
   bool is_moe_layer(int64_t layer) const { return mlp_layer_types[layer] == FfnType::sparse; }
   // The aux-loss coefficient in effect (0 unless output_router_logits, as transformers).
   double aux_loss_coef() const { return output_router_logits ? router_aux_loss_coef : 0.0; }

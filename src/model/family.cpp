@@ -42,6 +42,11 @@ Family family_of(const std::string& model_type) {
     f.default_experts = 128, f.default_top_k = 8, f.default_expert_width = 1408;
     f.default_shared_experts = 1;
   } else if (model_type == "deepseek_v3" || model_type == "deepseek_v32") {  // DeepseekV3Config
+    f.mla = true;
+    f.mla_always_interleaved = model_type == "deepseek_v32";
+    if (model_type == "deepseek_v32") f.sparse_attention_name = "indexed_attention", f.sparse_layers_by_default = true;
+    f.yarn_softmax_mscale = true;
+    f.default_q_lora_rank = 1536;
     f.router = RouterScoring::sigmoid;
     f.default_norm_topk_prob = true;
     f.default_first_k_dense_replace = 3;
@@ -50,6 +55,8 @@ Family family_of(const std::string& model_type) {
     f.default_shared_experts = 1;
     f.default_routed_scaling_factor = 2.5;
   } else if (model_type == "kimi_linear") {  // KimiLinearConfig
+    f.mla = true;
+    f.mla_rope = false;
     f.router = RouterScoring::sigmoid;
     f.default_norm_topk_prob = true;
     f.default_first_k_dense_replace = 1;

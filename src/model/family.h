@@ -6,8 +6,9 @@
 //   qwen3_moe     x̂·w             q_norm/k_norm          softmax   mlp_only_layers + decoder_sparse_step
 //   qwen3_next    x̂·(1+w)         gated q_proj, q/k_norm softmax   mlp_only_layers + decoder_sparse_step
 //   glm4_moe      x̂·w             use_qk_norm, bias      sigmoid   first_k_dense_replace
-//   deepseek_v3/v32, kimi_linear  (parsed; their attention kinds are later issues)
-//                                                        sigmoid   first_k_dense_replace / mlp_layer_types
+//   deepseek_v3   x̂·w             MLA (RoPE, YaRN)       sigmoid   first_k_dense_replace
+//   deepseek_v32  x̂·w             MLA + indexer          sigmoid   first_k_dense_replace
+//   kimi_linear   x̂·w             KDA / MLA without RoPE sigmoid   mlp_layer_types
 #pragma once
 
 #include <string>
@@ -22,6 +23,13 @@ struct Family {
   bool zero_centred_norms = false;  // every RMSNorm except linear attention's gated one
   bool gated_attention = false;     // q_proj carries a sigmoid output gate per head
   bool always_qk_norm = false;      // q_norm / k_norm regardless of use_qk_norm
+  bool mla = false;                 // attention layers are multi-head latent attention
+  bool mla_rope = true;             // MLA rotates its rope part (kimi_linear: no position embedding)
+  bool mla_always_interleaved = false;  // deepseek_v32 ignores rope_interleave (always interleaved)
+  bool yarn_softmax_mscale = false;     // DeepSeek: softmax scale · mscale(factor, mscale_all_dim)²
+  int64_t default_q_lora_rank = 0;      // transformers' Config default (0: None, one q_proj)
+  const char* sparse_attention_name = "sparse_attention";  // in layer_types (deepseek_v32: indexed_attention)
+  bool sparse_layers_by_default = false;  // deepseek_v32: every layer sparse when layer_types is absent
   RouterScoring router = RouterScoring::softmax;
   bool qwen_moe_placement = false;  // else first_k_dense_replace / mlp_layer_types
   bool shared_expert_gated = false;  // qwen3_next: sigmoid(shared_expert_gate(x)) · shared_expert(x)

@@ -1,12 +1,13 @@
-// Rotary position embedding (rotate_half form), forward and backward, in place.
-// inv_freq[i] = base^(−2i/rotary_dim) as Hugging Face computes it; angles, cosines and sines are
+// Rotary position embedding (half-split or interleaved pairs, optional YaRN), forward and backward,
+// in place. inv_freq as transformers computes it (in double here); angles, cosines and sines are
 // computed in double per (token, pair) into a [tokens, rotary_dim/2] table before the rotation (no
 // allocation inside the parallel loops) and shared by all heads of the token. The backward is the
-// same rotation with the sine negated.
+// same map with the sine negated.
 #include "ops/rope.h"
 
+#include <algorithm>
 #include <cmath>
-#include <vector>
+#include <numbers>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -15,19 +16,17 @@
 namespace trillion {
 namespace {
 
-// Rotates x[tokens, heads, head_dim] by +θ (direction = 1) or −θ (direction = −1).
+// Rotates x[tokens, heads, head_stride] by +θ (direction = 1) or −θ (direction = −1).
 template <class T>
-void rotate(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim, int64_t rotary_dim,
-            double base, double direction) {
-  TRILLION_CHECK(rotary_dim >= 0 && rotary_dim <= head_dim && rotary_dim % 2 == 0, "rope rotary_dim ", rotary_dim,
-                 " must be even and at most head_dim ", head_dim);
-  const int64_t half = rotary_dim / 2;
+void rotate(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_stride, int64_t offset,
+            const RopeSpec& rope, double direction) {
+  const int64_t r = rope.rotary_dim;
+  TRILLION_CHECK(r >= 0 && r % 2 == 0 && offset >= 0 && offset + r <= head_stride, "rope rotary_dim ", r,
+                 " at offset ", offset, " must be even and inside head_stride ", head_stride);
+  const int64_t half = r / 2;
   if (half == 0) return;
-  std::vector<double> inv_freq(half);  // [half]
-  for (int64_t i = 0; i < half; ++i)
-    inv_freq[i] = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(rotary_dim));
-  // Angles, cosines and sines in double, rounded to T once; the table is filled before the rotation
-  // so the rotation loop allocates nothing.
+  const std::vector<double> inv_freq = rope_inv_freq(rope);  // [half]
+  // Angles, cosines and sines in double, rounded to T once.
   Buffer<T> cos_table(tokens * half);  // [tokens, half]
   Buffer<T> sin_table(tokens * half);  // [tokens, half], sign of `direction` folded in
   parallel_for(tokens, [&](int64_t t) {
@@ -35,41 +34,77 @@ void rotate(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64
     T* sin_theta = sin_table.data() + t * half;  // [half]
     for (int64_t i = 0; i < half; ++i) {
       const double theta = static_cast<double>(positions[t]) * inv_freq[i];
-      cos_theta[i] = static_cast<T>(std::cos(theta));
-      sin_theta[i] = static_cast<T>(direction * std::sin(theta));
+      cos_theta[i] = static_cast<T>(rope.attention_factor * std::cos(theta));
+      sin_theta[i] = static_cast<T>(direction * rope.attention_factor * std::sin(theta));
     }
   });
+  // Pair i is (span[i · a_step], span[i · a_step + b_gap]).
+  const int64_t a_step = rope.interleaved ? 2 : 1, b_gap = rope.interleaved ? 1 : half;
   parallel_for(tokens, [&](int64_t t) {
     const T* cos_theta = cos_table.data() + t * half;  // [half]
     const T* sin_theta = sin_table.data() + t * half;  // [half]
     for (int64_t h = 0; h < heads; ++h) {
-      T* head = x + (t * heads + h) * head_dim;  // [head_dim]
+      T* span = x + (t * heads + h) * head_stride + offset;  // [rotary_dim]
       for (int64_t i = 0; i < half; ++i) {
-        const T first = head[i], second = head[i + half];
-        head[i] = first * cos_theta[i] - second * sin_theta[i];
-        head[i + half] = second * cos_theta[i] + first * sin_theta[i];
+        T& a = span[i * a_step];
+        T& b = span[i * a_step + b_gap];
+        const T first = a, second = b;
+        a = first * cos_theta[i] - second * sin_theta[i];
+        b = second * cos_theta[i] + first * sin_theta[i];
       }
     }
   });
 }
 
+// YaRN's correction dim: the dim whose wavelength makes `rotations` turns over `positions`.
+double yarn_correction_dim(double rotations, double dim, double base, double positions) {
+  return dim * std::log(positions / (rotations * 2.0 * std::numbers::pi)) / (2.0 * std::log(base));
+}
+
 }  // namespace
 
-template <class T>
-void rope_forward(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
-                  int64_t rotary_dim, double base) {
-  rotate(x, positions, tokens, heads, head_dim, rotary_dim, base, 1.0);
+std::vector<double> rope_inv_freq(const RopeSpec& rope) {
+  const int64_t half = rope.rotary_dim / 2;
+  const double dim = static_cast<double>(rope.rotary_dim);
+  std::vector<double> inv_freq(half);  // [half]
+  for (int64_t i = 0; i < half; ++i) inv_freq[i] = 1.0 / std::pow(rope.theta, static_cast<double>(2 * i) / dim);
+  const YarnScaling& y = rope.yarn;
+  if (y.factor == 0.0 || half == 0) return inv_freq;
+  TRILLION_CHECK(y.factor > 0.0 && y.original_max_positions > 0.0, "bad YaRN factor ", y.factor,
+                 " or original_max_positions ", y.original_max_positions);
+  double low = yarn_correction_dim(y.beta_fast, dim, rope.theta, y.original_max_positions);
+  double high = yarn_correction_dim(y.beta_slow, dim, rope.theta, y.original_max_positions);
+  if (y.truncate) {
+    low = std::floor(low);
+    high = std::ceil(high);
+  }
+  low = std::max(low, 0.0);
+  high = std::min(high, dim - 1.0);
+  if (low == high) high += 0.001;  // as transformers: no zero-width ramp
+  for (int64_t i = 0; i < half; ++i) {
+    // ramp 0 → keep the frequency (extrapolate), 1 → divide it by factor (interpolate)
+    const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0);
+    const double keep = 1.0 - ramp;
+    inv_freq[i] = inv_freq[i] / y.factor * (1.0 - keep) + inv_freq[i] * keep;
+  }
+  return inv_freq;
 }
 
 template <class T>
-void rope_backward(T* dx, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_dim,
-                   int64_t rotary_dim, double base) {
-  rotate(dx, positions, tokens, heads, head_dim, rotary_dim, base, -1.0);
+void rope_forward(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_stride,
+                  int64_t offset, const RopeSpec& rope) {
+  rotate(x, positions, tokens, heads, head_stride, offset, rope, 1.0);
 }
 
-#define TRILLION_INSTANTIATE_ROPE(T)                                                                \
-  template void rope_forward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, double); \
-  template void rope_backward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, double);
+template <class T>
+void rope_backward(T* dx, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_stride,
+                   int64_t offset, const RopeSpec& rope) {
+  rotate(dx, positions, tokens, heads, head_stride, offset, rope, -1.0);
+}
+
+#define TRILLION_INSTANTIATE_ROPE(T)                                                                       \
+  template void rope_forward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, const RopeSpec&); \
+  template void rope_backward<T>(T*, const int32_t*, int64_t, int64_t, int64_t, int64_t, const RopeSpec&);
 TRILLION_INSTANTIATE_ROPE(float)
 TRILLION_INSTANTIATE_ROPE(double)
 #undef TRILLION_INSTANTIATE_ROPE
