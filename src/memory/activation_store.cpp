@@ -34,6 +34,12 @@ const char* activation_tag_name(ActivationTag tag) {
     case ActivationTag::la_normed: return "la_normed";
     case ActivationTag::la_f_low: return "la_f_low";
     case ActivationTag::la_g_low: return "la_g_low";
+    case ActivationTag::mla_q_a: return "mla_q_a";
+    case ActivationTag::mla_q_a_rstd: return "mla_q_a_rstd";
+    case ActivationTag::mla_q_latent: return "mla_q_latent";
+    case ActivationTag::mla_kv_a: return "mla_kv_a";
+    case ActivationTag::mla_kv_rstd: return "mla_kv_rstd";
+    case ActivationTag::mla_latent: return "mla_latent";
     case ActivationTag::ffn_input: return "ffn_input";
     case ActivationTag::ffn_norm_rstd: return "ffn_norm_rstd";
     case ActivationTag::ffn_norm_out: return "ffn_norm_out";

@@ -53,6 +53,13 @@ enum class ActivationTag : int {
   la_normed,     // [N, nv · dv]  gated-norm output (out_proj input)
   la_f_low,      // [N, D]        KDA: f_a_proj(h), the decay's low-rank input
   la_g_low,      // [N, D]        KDA: g_a_proj(h), the output gate's low-rank input
+  // Multi-head latent attention (with q, k [N, H, qk], v [N, H, v], attn_out [N, H · v], attn_lse):
+  mla_q_a,       // [N, r_q]      q_a_proj(h)
+  mla_q_a_rstd,  // [N]
+  mla_q_latent,  // [N, r_q]      q_a_layernorm output (the query latent)
+  mla_kv_a,      // [N, r_kv + rope] kv_a_proj_with_mqa(h): [c_raw | k_rot], k_rot after RoPE
+  mla_kv_rstd,   // [N]
+  mla_latent,    // [N, r_kv]     c = kv_a_layernorm(c_raw)
   ffn_input,      // [N, D]        residual stream entering the FFN sublayer
   ffn_norm_rstd,  // [N]
   ffn_norm_out,   // [N, D]        input of the dense MLP or the MoE

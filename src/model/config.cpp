@@ -182,14 +182,14 @@ bool uses(const std::vector<LayerType>& layer_types, LayerType type) {
 
 // YaRN's settings inside a rope_parameters / rope_scaling dict.
 void parse_yarn(const FieldReader& sub, RopeScaling& y) {
-  y.factor = sub.positive_number("factor", y.factor);
-  y.original_max_position_embeddings =
-      sub.positive_number("original_max_position_embeddings", y.original_max_position_embeddings);
+  if (sub.has("factor")) y.factor = sub.positive_number("factor", 1.0);
+  if (sub.has("original_max_position_embeddings"))
+    y.original_max_position_embeddings = sub.positive_number("original_max_position_embeddings", 1.0);
   y.beta_fast = sub.positive_number("beta_fast", y.beta_fast);
   y.beta_slow = sub.positive_number("beta_slow", y.beta_slow);
   y.mscale = sub.number("mscale", y.mscale);
   y.mscale_all_dim = sub.number("mscale_all_dim", y.mscale_all_dim);
-  y.attention_factor = sub.positive_number("attention_factor", y.attention_factor);
+  if (sub.has("attention_factor")) y.attention_factor = sub.positive_number("attention_factor", 1.0);
   y.truncate = sub.boolean("truncate", y.truncate);
   if (y.original_max_position_embeddings <= 0.0)
     sub.fail_field("original_max_position_embeddings", "missing; expected a positive number (rope_type \"yarn\")");
@@ -253,6 +253,9 @@ void parse_mla(const FieldReader& fields, const Family& family, ModelConfig& c) 
   c.qk_rope_head_dim = fields.positive("qk_rope_head_dim", 64);
   c.v_head_dim = fields.positive("v_head_dim", 128);
   c.rope_interleave = family.mla_always_interleaved || fields.boolean("rope_interleave", true);
+  if (fields.has("qk_head_dim") && fields.integer("qk_head_dim", 0) != c.qk_head_dim())
+    fields.fail_field("qk_head_dim", str_cat("got ", fields.integer("qk_head_dim", 0), "; expected qk_nope_head_dim + ",
+                                             "qk_rope_head_dim = ", c.qk_head_dim()));
   if (c.num_key_value_heads != c.num_attention_heads)
     fields.fail_field("num_key_value_heads", str_cat("got ", c.num_key_value_heads, "; expected num_attention_heads = ",
                                                      c.num_attention_heads, " (multi-head latent attention)"));

@@ -17,6 +17,8 @@ DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int la
     dims.mixer = KimiDeltaAttentionDims::from_config(config);
   } else if (config.layer_types[layer] == LayerType::linear_attention) {
     dims.mixer = GatedDeltaNetDims::from_config(config);  // qwen3_next (model.cpp's check_kinds_declared)
+  } else if (family_of(config.model_type).mla) {
+    dims.mixer = MlaDims::from_config(config);
   } else {
     dims.mixer = AttentionBlockDims::from_config(config);
   }

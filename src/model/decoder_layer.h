@@ -3,7 +3,8 @@
 //
 //   x ← x + Mixer(x)                     mixer kinds (their input norm inside): full attention,
 //                                        Gated DeltaNet (qwen3_next's linear_attention),
-//                                        Kimi Delta Attention (kimi_linear's)
+//                                        Kimi Delta Attention (kimi_linear's), multi-head latent
+//                                        attention (deepseek_v3's, kimi_linear's full_attention)
 //   x ← x + FFN(RMSNorm(x))              FFN kinds: dense SwiGLU MLP, mixture of experts
 //
 // A kind is its dims struct (from the config, naming its weights struct as Dims::Weights<T>), its
@@ -28,6 +29,7 @@
 #include "model/config.h"
 #include "model/gated_deltanet.h"
 #include "model/kimi_delta_attention.h"
+#include "model/mla.h"
 #include "model/mlp.h"
 #include "model/moe.h"
 #include "model/params.h"
@@ -36,7 +38,7 @@
 namespace trillion {
 
 // The registration lines: every mixer kind and every FFN kind.
-using MixerDims = std::variant<AttentionBlockDims, GatedDeltaNetDims, KimiDeltaAttentionDims>;
+using MixerDims = std::variant<AttentionBlockDims, GatedDeltaNetDims, KimiDeltaAttentionDims, MlaDims>;
 using FfnDims = std::variant<MlpDims, MoeDims>;
 
 // The weights variant of a dims variant: Kind::Weights<T> of each kind, in the same order.

@@ -22,17 +22,14 @@ std::string source_of(const ModelConfig& config) { return config.source.empty() 
 // sparse attention), naming the file: they can be neither built nor counted.
 void check_kinds_declared(const ModelConfig& config) {
   const std::string source = source_of(config);
-  const bool kimi = config.model_type == "kimi_linear";  // its full attention is MLA: not built yet
-  if (config.model_type != "qwen3" && config.model_type != "qwen3_next" && config.model_type != "qwen3_moe" &&
-      config.model_type != "glm4_moe" && !kimi)
-    fail(source, ": model_type ", config.model_type,
-         ": not built yet; expected qwen3, qwen3_moe, qwen3_next, glm4_moe or kimi_linear");
+  const bool kimi = config.model_type == "kimi_linear";
+  const bool linear_built = config.model_type == "qwen3_next" || kimi;
+  if (config.model_type == "deepseek_v32")
+    fail(source, ": model_type deepseek_v32: its lightning indexer is not built yet; expected qwen3, qwen3_moe, "
+                 "qwen3_next, glm4_moe, deepseek_v3 or kimi_linear");
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
     const LayerType type = config.layer_types[i];
-    const bool linear_built = config.model_type == "qwen3_next" || kimi;
-    const bool built = (type == LayerType::full_attention && !kimi) || (type == LayerType::linear_attention && linear_built);
-    if (kimi && type == LayerType::full_attention)
-      fail(source, ": layer_types[", i, "] = full_attention: kimi_linear's MLA is not built yet");
+    const bool built = type == LayerType::full_attention || (type == LayerType::linear_attention && linear_built);
     if (!built)
       fail(source, ": layer_types[", i, "] = ", layer_type_name(type), ": not built yet",
            type == LayerType::linear_attention
@@ -44,7 +41,7 @@ void check_kinds_declared(const ModelConfig& config) {
 // Rejects what the config can describe but the engine does not build yet.
 void check_buildable(const ModelConfig& config) {
   check_kinds_declared(config);
-  if (config.rotary_dim() <= 0 || config.rotary_dim() % 2 != 0)
+  if (!family_of(config.model_type).mla && (config.rotary_dim() <= 0 || config.rotary_dim() % 2 != 0))
     fail(source_of(config), ": field \"partial_rotary_factor\": gives rotary dimension ", config.rotary_dim(),
          " of head_dim ", config.head_dim,
          ": not built; expected partial_rotary_factor · head_dim to be a positive even number");

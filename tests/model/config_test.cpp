@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "io/test_files.h"
 
 namespace trillion {
@@ -237,7 +239,7 @@ TEST(ModelConfig, RopeParametersAsTransformers5WritesThem) {
                                 "rope_parameters.rope_theta = 5000; expected one value (or only one of them)");
   json.erase("rope_scaling");
   json["rope_parameters"]["factor"] = 4.0;
-  EXPECT_EQ(config_error(json), "configs/x.json: field \"rope_parameters\": has \"factor\", which the default RoPE "
+  EXPECT_EQ(config_error(json), "configs/x.json: field \"rope_parameters\": has \"factor\", which rope_type \"default\" "
                                 "does not take; expected only rope_type, rope_theta, partial_rotary_factor");
   // Family defaults when absent: qwen3_next rotates a quarter of each head, glm4_moe half.
   json = base_config();
@@ -354,6 +356,64 @@ TEST(ModelConfig, MoeFamilyDefaultsAndFamilyFieldNamesOnWrite) {
                                 "(glm4_moe): not built; expected \"sequence\" (or router_aux_loss_coef 0)");
   json["router_aux_loss_type"] = "sequence";
   EXPECT_EQ(ModelConfig::from_json(json, kSource).router_aux_loss_type, AuxLossType::sequence);
+}
+
+// DeepSeek's MLA fields, q_lora_rank null (one q_proj), YaRN from rope_parameters with the numbers
+// transformers derives (HF-FACTS section 3: factor 4, mscale = mscale_all_dim = 1 on qk_head_dim 12
+// gives the softmax scale 0.374260670390 and a cos/sin factor 1), and the round trip.
+TEST(ModelConfig, MlaFieldsAndYarn) {
+  nlohmann::json json = {{"model_type", "deepseek_v3"}, {"vocab_size", 100}, {"hidden_size", 32},
+                         {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"intermediate_size", 48},
+                         {"q_lora_rank", nullptr}, {"kv_lora_rank", 16}, {"qk_nope_head_dim", 8},
+                         {"qk_rope_head_dim", 4}, {"v_head_dim", 8}, {"qk_head_dim", 12}, {"rope_interleave", false},
+                         {"max_position_embeddings", 64}, {"first_k_dense_replace", 2}};
+  json["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}, {"factor", 4.0},
+                             {"original_max_position_embeddings", 16}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}};
+  const ModelConfig config = ModelConfig::from_json(json, kSource);
+  EXPECT_EQ(config.q_lora_rank, 0);
+  EXPECT_EQ(config.qk_head_dim(), 12);
+  EXPECT_FALSE(config.rope_interleave);
+  EXPECT_NEAR(std::pow(12.0, -0.5) * config.yarn_softmax_factor(), 0.374260670390, 1e-12);
+  const RopeSpec rope = config.rope_spec(4, false);
+  EXPECT_EQ(rope.attention_factor, 1.0);
+  EXPECT_EQ(rope.yarn.factor, 4.0);
+  EXPECT_EQ(rope.yarn.original_max_positions, 16.0);
+  EXPECT_NEAR(rope_inv_freq(rope)[1], 0.0025, 1e-15);  // transformers' float64 inv_freq [1, 0.0025]
+  const ModelConfig again = ModelConfig::from_json(config.to_json(), kSource);
+  EXPECT_EQ(again.to_json(), config.to_json());
+  EXPECT_TRUE(again.to_json()["q_lora_rank"].is_null());
+  // Absent MLA fields take DeepseekV3Config's defaults; mscale ≠ mscale_all_dim changes the cos/sin factor.
+  json.erase("q_lora_rank");
+  json.erase("qk_head_dim");
+  json["rope_parameters"]["mscale"] = 0.5;
+  const ModelConfig defaults = ModelConfig::from_json(json, kSource);
+  EXPECT_EQ(defaults.q_lora_rank, 1536);
+  EXPECT_NEAR(defaults.rope_spec(4, true).attention_factor, (0.05 * std::log(4.0) + 1) / (0.1 * std::log(4.0) + 1),
+              1e-15);
+  json["qk_head_dim"] = 10;
+  EXPECT_EQ(config_error(json), "configs/x.json: field \"qk_head_dim\": got 10; expected qk_nope_head_dim + "
+                                "qk_rope_head_dim = 12");
+  json.erase("qk_head_dim");
+  json["num_key_value_heads"] = 2;
+  EXPECT_EQ(config_error(json), "configs/x.json: field \"num_key_value_heads\": got 2; expected num_attention_heads "
+                                "= 4 (multi-head latent attention)");
+  json.erase("num_key_value_heads");
+  json["rope_parameters"].erase("original_max_position_embeddings");
+  EXPECT_EQ(config_error(json), "configs/x.json: rope_parameters: field \"original_max_position_embeddings\": "
+                                "missing; expected a positive number (rope_type \"yarn\")");
+}
+
+// deepseek_v32 names its sparse layers indexed_attention, and every layer is one when layer_types is absent.
+TEST(ModelConfig, DeepseekV32IndexedAttentionLayers) {
+  nlohmann::json json = {{"model_type", "deepseek_v32"}, {"vocab_size", 100}, {"hidden_size", 32},
+                         {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"intermediate_size", 48},
+                         {"index_n_heads", 2}, {"index_head_dim", 8}, {"index_topk", 4}};
+  const ModelConfig config = ModelConfig::from_json(json, kSource);
+  EXPECT_EQ(config.layer_types, std::vector<LayerType>(2, LayerType::sparse_attention));
+  EXPECT_TRUE(config.rope_interleave);
+  EXPECT_EQ(config.to_json()["layer_types"][0], "indexed_attention");
+  json["layer_types"] = {"indexed_attention", "sparse_attention"};
+  EXPECT_EQ(ModelConfig::from_json(json, kSource).layer_types, config.layer_types);
 }
 
 TEST(ModelConfig, UnknownModelType) {

@@ -294,15 +294,16 @@ TEST(Model, RejectsArchitecturesNotBuiltYet) {
     return "no error";
   };
   const std::string file = "tiny.json (test variant): ";
-  EXPECT_EQ(error({{"model_type", "deepseek_v32"}}),
-            file + "model_type deepseek_v32: not built yet; expected qwen3, qwen3_moe, qwen3_next, glm4_moe or kimi_linear");
-  // Kimi-Linear builds with KDA layers; its full-attention layers are MLA, not built yet.
-  EXPECT_EQ(error({{"model_type", "kimi_linear"}}), file + "layer_types[0] = full_attention: kimi_linear's MLA is not built yet");
+  EXPECT_EQ(error({{"model_type", "deepseek_v32"}, {"num_key_value_heads", 4}, {"index_n_heads", 2}, {"index_head_dim", 4}}),
+            file + "model_type deepseek_v32: its lightning indexer is not built yet; expected qwen3, qwen3_moe, "
+                   "qwen3_next, glm4_moe, deepseek_v3 or kimi_linear");
+  EXPECT_EQ(error({{"layer_types", {"sparse_attention", "full_attention"}}, {"index_n_heads", 2}, {"index_head_dim", 4}}),
+            file + "layer_types[0] = sparse_attention: not built yet");
   EXPECT_EQ(error({{"hidden_act", "gelu"}}), file + "field \"hidden_act\": \"gelu\": not built yet; expected \"silu\"");
-  EXPECT_EQ(error({{"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}}}}),
-            file + "field \"rope_scaling\": rope_type \"yarn\": not built yet; expected \"default\"");
-  EXPECT_EQ(error({{"rope_parameters", {{"rope_type", "yarn"}, {"factor", 4.0}}}}),
-            file + "field \"rope_parameters\": rope_type \"yarn\": not built yet; expected \"default\"");
+  EXPECT_EQ(error({{"rope_scaling", {{"type", "dynamic"}, {"factor", 4.0}}}}),
+            file + "field \"rope_scaling\": rope_type \"dynamic\": not built yet; expected \"default\" or \"yarn\"");
+  EXPECT_EQ(error({{"rope_parameters", {{"rope_type", "longrope"}, {"factor", 4.0}}}}),
+            file + "field \"rope_parameters\": rope_type \"longrope\": not built yet; expected \"default\" or \"yarn\"");
   // An odd rotary dimension parses (transformers' default GLM-4.5 config has one) but is not built.
   EXPECT_EQ(error({{"partial_rotary_factor", 0.25}}),
             file + "field \"partial_rotary_factor\": gives rotary dimension 1 of head_dim 4: not built; expected "

@@ -155,11 +155,13 @@ TEST_P(Parity, DecodingLogitsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::Values("tiny_qwen3", "tiny_qwen3_next", "tiny_qwen3_tied", "tiny_qwen3_moe",
                                                            "tiny_qwen3_next_moe", "tiny_glm4_moe",
-                                                           "tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda"),
+                                                           "tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda",
+                                                           "tiny_deepseek_v3", "tiny_deepseek_v3_yarn", "tiny_kimi_linear"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 INSTANTIATE_TEST_SUITE_P(MoeModels, FusedLayoutParity,
                          ::testing::Values("tiny_qwen3_moe", "tiny_qwen3_next_moe", "tiny_glm4_moe",
-                                           "tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda"),
+                                           "tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda", "tiny_deepseek_v3",
+                                           "tiny_deepseek_v3_yarn", "tiny_kimi_linear"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

@@ -19,7 +19,11 @@ Other helpers: `randomize` (every parameter random, the zero-centred norm offset
 e_score_correction_bias buffer included), `our_ce` (our loss convention), `aux_loss_fp64` (an
 independent float64 re-derivation of transformers' load_balancing_loss_func, pooled over layers),
 `routing_margins` (the gaps at every top-k / group selection boundary: ties there would make the
-fixture depend on torch's tie order).
+fixture depend on torch's tie order), `capture_indexers` / `indexer_scores_fp64` (DeepSeek-V3.2's lightning
+indexer scores, re-derived in float64 from the indexer's inputs, for its top-k boundary check).
+Families: qwen3, qwen3_moe, qwen3_next, kimi_linear (KDA + NoPE MLA), glm4_moe, deepseek_v3 (MLA, default
+and YaRN RoPE: modeling_rope_utils._compute_yarn_parameters, also replaced in ROPE_INIT_FUNCTIONS),
+deepseek_v32 (+ the indexer, still under @torch.no_grad), and loss (ForCausalLMLoss).
 """
 import importlib
 import inspect
@@ -34,7 +38,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 IGNORE = -100
 
-# family -> (module path, [attribute paths to recompile: "Class.method" or "function"])
+# YaRN (HF-FACTS section 3): _compute_yarn_parameters builds inv_freq in float32 (pos_freqs, the linear ramp).
+# The rotary modules look it up in the ROPE_INIT_FUNCTIONS dict, so that entry is replaced too ("D[key]"
+# paths name a dict item).
+ROPE_YARN = ("transformers.modeling_rope_utils", ["_compute_yarn_parameters", "ROPE_INIT_FUNCTIONS[yarn]"])
+
+# family -> (module path, [attribute paths to recompile: "Class.method", "function" or "DICT[key]"]), or a
+# list of such pairs (a family whose float32 sites span several modules)
 SITES = {
     "qwen3": ("transformers.models.qwen3.modeling_qwen3", [
         "Qwen3RMSNorm.forward",
@@ -80,6 +90,28 @@ SITES = {
         "recurrent_kimi_delta_attention",
         "eager_attention_forward",
     ]),
+    # DeepSeek-V3 (HF-FACTS section 3): RMSNorm (q_a / kv_a layernorms too), the default RoPE table and its
+    # forward, YaRN's table (rope_type "yarn"; its attention_factor and the MLA softmax mscale are Python
+    # floats), the sigmoid router (gate weight and e_score_correction_bias are created float32: .to(float64)
+    # fixes them) and eager attention. No aux loss.
+    "deepseek_v3": [("transformers.models.deepseek_v3.modeling_deepseek_v3", [
+        "DeepseekV3RMSNorm.forward",
+        "DeepseekV3RotaryEmbedding.compute_default_rope_parameters",
+        "DeepseekV3RotaryEmbedding.forward",
+        "DeepseekV3TopkRouter.forward",
+        "eager_attention_forward",
+    ]), ROPE_YARN],
+    # DeepSeek-V3.2 (HF-FACTS section 5): as deepseek_v3, plus the lightning indexer's `.float()` scores
+    # (DeepseekV32Indexer.forward; the rewrite keeps its @torch.no_grad, so the indexer parameters still
+    # get no gradient). Its k_norm is an nn.LayerNorm (float64 as is).
+    "deepseek_v32": [("transformers.models.deepseek_v32.modeling_deepseek_v32", [
+        "DeepseekV32RMSNorm.forward",
+        "DeepseekV32RotaryEmbedding.compute_default_rope_parameters",
+        "DeepseekV32RotaryEmbedding.forward",
+        "DeepseekV32Indexer.forward",
+        "DeepseekV32TopkRouter.forward",
+        "eager_attention_forward",
+    ]), ROPE_YARN],
     "glm4_moe": ("transformers.models.glm4_moe.modeling_glm4_moe", [
         "Glm4MoeRMSNorm.forward",
         "Glm4MoeRotaryEmbedding.compute_default_rope_parameters",
@@ -97,11 +129,16 @@ _REPLACEMENTS = [
 ]
 _FLOAT32_TEXT = re.compile(r"torch\.float32\b|torch\.float\b|\.float\(\)")  # (comments may name float16)
 
-_ORIGINALS = {}  # (owner, name) -> original attribute (as stored in owner.__dict__)
+_ORIGINALS = {}  # (id(owner), name) -> (owner, original attribute as stored in owner.__dict__ / the dict)
 PATCH_LOG = []   # human-readable list of what apply() replaced
 
 
 def _owner_and_name(module, path):
+    """"A.b.c" -> (module.A.b, "c"); "D[key]" -> (module.D (a dict), "key")."""
+    item = re.fullmatch(r"(.+)\[(.+)\]", path)
+    if item:
+        owner, name = _owner_and_name(module, item.group(1))
+        return getattr(owner, name), item.group(2)
     parts = path.split(".")
     owner = module
     for part in parts[:-1]:
@@ -109,8 +146,21 @@ def _owner_and_name(module, path):
     return owner, parts[-1]
 
 
+def _get(owner, name):
+    if isinstance(owner, dict):
+        return owner[name]
+    return owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+
+
+def _set(owner, name, value):
+    if isinstance(owner, dict):
+        owner[name] = value
+    else:
+        setattr(owner, name, value)
+
+
 def _recompile(module, owner, name):
-    raw = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    raw = _get(owner, name)
     func = raw.__func__ if isinstance(raw, staticmethod) else raw
     source = textwrap.dedent(inspect.getsource(func))  # getsource unwraps decorators, keeps their lines
     new = source
@@ -127,41 +177,45 @@ def _recompile(module, owner, name):
     return value, changed
 
 
+def _site_groups(family):
+    sites = SITES[family]
+    return sites if isinstance(sites, list) else [sites]
+
+
 def apply(*families):
     """Replace every float32 site of the given families (keys of SITES) by its float64 rewrite.
     Call before building a model: the RoPE inv_freq table is computed in __init__."""
     for family in families:
-        module_name, paths = SITES[family]
-        module = importlib.import_module(module_name)
-        for path in paths:
-            owner, name = _owner_and_name(module, path)
-            key = (owner, name)
-            if key not in _ORIGINALS:
-                _ORIGINALS[key] = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-            setattr(owner, name, _ORIGINALS[key])  # rewrite from the original, not a rewrite
-            value, changed = _recompile(module, owner, name)
-            setattr(owner, name, value)
-            PATCH_LOG.append(f"{module_name}.{path} ({changed} lines)")
+        for module_name, paths in _site_groups(family):
+            module = importlib.import_module(module_name)
+            for path in paths:
+                owner, name = _owner_and_name(module, path)
+                key = (id(owner), name)
+                if key not in _ORIGINALS:
+                    _ORIGINALS[key] = (owner, _get(owner, name))
+                _set(owner, name, _ORIGINALS[key][1])  # rewrite from the original, not a rewrite
+                value, changed = _recompile(module, owner, name)
+                _set(owner, name, value)
+                PATCH_LOG.append(f"{module_name}.{path} ({changed} lines)")
 
 
 def restore():
     """Put every original back (transformers as shipped)."""
-    for (owner, name), value in _ORIGINALS.items():
-        setattr(owner, name, value)
+    for (_, name), (owner, value) in _ORIGINALS.items():
+        _set(owner, name, value)
 
 
 def recompiled(module_name, path):
     """The float64 rewrite of one function, without installing it."""
     module = importlib.import_module(module_name)
     owner, name = _owner_and_name(module, path)
-    key = (owner, name)
-    original = _ORIGINALS.get(key, owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name))
-    saved = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-    setattr(owner, name, original)
+    original = _ORIGINALS.get((id(owner), name), (owner, _get(owner, name)))[1]
+    saved = _get(owner, name)
+    _set(owner, name, original)
     try:
         return _recompile(module, owner, name)[0]
     finally:
-        setattr(owner, name, saved)
+        _set(owner, name, saved)
 
 
 class Float32Leaks(TorchDispatchMode):
@@ -365,3 +419,51 @@ def capture_linear_attention(model):
                                                                             else None).detach(), out.detach())),
                 with_kwargs=True))
     return captured, handles
+
+
+# ---- DeepSeek-V3.2 lightning indexer ---------------------------------------------------------------
+
+def capture_indexers(model):
+    """Forward hooks on every DeepseekV32Indexer: list of (module, hidden_states, q_resid, (cos, sin),
+    selected indices [B, S, topk] int32), in layer order."""
+    captured, handles = [], []
+    for module in model.modules():
+        if type(module).__name__ == "DeepseekV32Indexer":
+            handles.append(module.register_forward_hook(
+                lambda m, args, out: captured.append((m, args[0].detach(), args[1].detach(),
+                                                      tuple(t.detach() for t in args[2]), out.detach()))))
+    return captured, handles
+
+
+def indexer_scores_fp64(m, x, q_resid, cos, sin):
+    """DeepseekV32Indexer's scores re-derived in float64, causal (t > s is -inf): [B, S, T]
+    I[b,s,t] = Σ_h w[b,s,h]·hi^-0.5 · relu(q[b,s,h]·k[b,t]·di^-0.5), q = wq_b(q_resid), k = LayerNorm(wk(x)),
+    half-split RoPE on the first qk_rope_head_dim dims of q and k (cos / sin [B, S, r] = cat(freqs, freqs))."""
+    P = dict(m.named_parameters())
+    B, S, _ = x.shape
+    hi, di, r = m.n_heads, m.head_dim, m.qk_rope_head_dim
+
+    def rope(t, c, s_):  # t [..., di]: rotate_half on t[..., :r]
+        rot, rest = t[..., :r], t[..., r:]
+        half = torch.cat([-rot[..., r // 2:], rot[..., : r // 2]], -1)
+        return torch.cat([rot * c + half * s_, rest], -1)
+
+    q = rope((q_resid @ P["wq_b.weight"].T).view(B, S, hi, di), cos[:, :, None], sin[:, :, None])
+    k = rope(F.layer_norm(x @ P["wk.weight"].T, (di,), P["k_norm.weight"], P["k_norm.bias"], m.k_norm.eps), cos, sin)
+    scores = torch.relu(torch.einsum("bshd,btd->bsht", q, k) * di ** -0.5)
+    w = (x @ P["weights_proj.weight"].T) * hi ** -0.5
+    index = torch.einsum("bsh,bsht->bst", w, scores)
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    return index.masked_fill(~causal, float("-inf"))
+
+
+def indexer_margin(index, topk):
+    """Smallest relative gap (k-th minus (k+1)-th largest, over the row's largest |score|) over the query rows
+    that see more than topk keys (row s sees s + 1 keys); inf if there is none."""
+    worst = float("inf")
+    for s in range(topk, index.shape[1]):
+        row = index[:, s, : s + 1]
+        top = torch.sort(row, -1, descending=True).values
+        gap = (top[:, topk - 1] - top[:, topk]) / row.abs().amax(-1).clamp_min(1e-300)
+        worst = min(worst, gap.min().item())
+    return worst

@@ -6,6 +6,7 @@ the library without Python.
 Environment: torch 2.15.0 (PyPI, 2.15.0+cu132, CPU), transformers 5.24.0, safetensors 0.8.0
 (tools/ref/requirements.txt). Rerun, from the repository root:
     /work/venv-ref/bin/python tools/ref/write_default_configs.py
+    /work/venv-ref/bin/python tools/ref/write_default_configs.py param_counts_mla.json   # one counts file
 
 Writes
     configs/models/qwen3_moe_default.json  Qwen3MoeConfig().save_pretrained(...)'s config.json, byte for byte
@@ -18,6 +19,14 @@ Writes
         e_score_correction_bias are not parameters; glm4_moe's MTP layer is not built by transformers).
     tests/fixtures/param_counts_linear_attention.json  the same for qwen3_next_default (Gated DeltaNet
         layers 3 of every 4; qwen3_next's MTP layer is not built either; A_log, dt_bias are parameters).
+    configs/models/deepseek_v3_default.json   DeepseekV3Config().save_pretrained(...)'s config.json, byte for byte
+    configs/models/deepseek_v32_default.json  DeepseekV32Config().save_pretrained(...)'s config.json
+    configs/models/kimi_linear_default.json   KimiLinearConfig().save_pretrained(...)'s config.json (as the
+        library constructs it: pad_token_id 163839 and its attribute_map names, e.g. num_experts,
+        moe_renormalize, model_max_length)
+    tests/fixtures/param_counts_mla.json  the same for the MLA families: deepseek_v3_default,
+        deepseek_v32_default (the lightning indexer's wq_b, wk, k_norm, weights_proj are parameters, though
+        transformers gives them no gradient), kimi_linear_default (KDA + NoPE MLA + MoE). No MTP layer is built.
 It also prints the parameters active per token (own formula, not written): every parameter except the
 routed experts, plus num_experts_per_tok of the routed experts of each MoE layer.
 """
@@ -27,7 +36,8 @@ import shutil
 import tempfile
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, Glm4MoeConfig, Qwen3MoeConfig, Qwen3NextConfig
+from transformers import (AutoConfig, AutoModelForCausalLM, DeepseekV3Config, DeepseekV32Config, Glm4MoeConfig,
+                          KimiLinearConfig, Qwen3MoeConfig, Qwen3NextConfig)
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 # counts file (under tests/fixtures/) -> {name: config class}; a separate file for the linear-attention
@@ -35,6 +45,8 @@ ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
 DEFAULTS = {
     "param_counts.json": {"qwen3_moe_default": Qwen3MoeConfig, "glm4_moe_default": Glm4MoeConfig},
     "param_counts_linear_attention.json": {"qwen3_next_default": Qwen3NextConfig},
+    "param_counts_mla.json": {"deepseek_v3_default": DeepseekV3Config, "deepseek_v32_default": DeepseekV32Config,
+                              "kimi_linear_default": KimiLinearConfig},
 }
 
 
@@ -49,8 +61,11 @@ def routed_expert_params(model):
     return total, layers
 
 
-def main():
+def main(files=None):
+    """files: counts file names (keys of DEFAULTS) to write; all of them by default."""
     for counts_file, defaults in DEFAULTS.items():
+        if files and counts_file not in files:
+            continue
         write_counts(counts_file, defaults)
 
 
@@ -81,4 +96,5 @@ def write_counts(counts_file, defaults):
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    main(sys.argv[1:])

@@ -37,7 +37,14 @@ Every fixture is tests/fixtures/models/<name>/:
                              the MoE layers, attention_mask None, before the coefficient
         loss    F64 []       lm_loss + router_aux_loss_coef * aux_loss (= lm_loss without an aux loss)
         grad.<name> F64      d loss / d parameter for every parameter, under its in-memory (state_dict)
-                             name: mlp.experts.gate_up_proj / down_proj for experts; no buffer has one
+                             name: mlp.experts.gate_up_proj / down_proj for experts; no buffer has one.
+                             deepseek_v32: the lightning indexer runs under @torch.no_grad, so its parameters
+                             (self_attn.indexer.{wq_b,wk,weights_proj}.weight, .k_norm.{weight,bias}) get no
+                             gradient (grad None) and have no grad.* entry
+        indexer_topk.<layer> F64 [2, 7, topk]  (deepseek_v32, every layer) the keys the indexer selected, sorted
+                             ascending per row; a row s that sees s + 1 <= topk keys selects all of them, and
+                             its other picks (future keys, masked by causality anyway, chosen in torch's tie
+                             order) are written as -1
 
 Model: AutoConfig.for_model(type, experts_implementation="eager", attn_implementation="eager", ...) ->
 AutoModelForCausalLM.from_config -> .to(float64) (the float32-created router weight and bias become
@@ -56,6 +63,14 @@ sigmoid-routed MoE with e_score_correction_bias in 1-3; no aux loss). from_pretr
 kimi fixture truncates forget_gate.dt_bias, mlp.gate.weight and e_score_correction_bias to float32
 (_keep_in_fp32_modules_strict; HF-FACTS 0.5): the reload check reports that drift (~1e-8), the fixture
 itself is the float64 model.
+MLA fixtures: tiny_deepseek_v3 (q LoRA, interleaved RoPE, dense layer 0, sigmoid-routed grouped MoE in 1-2),
+tiny_deepseek_v3_yarn (q_proj, half-split RoPE, YaRN factor 4 over 16 original positions: inv_freq, and the
+softmax scale qk_head_dim^-0.5 · mscale(4, mscale_all_dim)², cos / sin factor mscale/mscale_all_dim = 1),
+tiny_kimi_linear (KDA layers 0, 2; NoPE MLA with q_proj in 1, 3; dense MLP in 0, MoE in 1-3; the MLA's
+tensors keep their names in the Moonshot layout) and tiny_deepseek_v32 (indexed MLA in both layers,
+index_topk 4 < 7; dense 0, MoE 1). v32: every indexer's scores are re-derived in float64
+(hf_fp64.indexer_scores_fp64), HF's selection must be their top-k, and no query row that sees more than
+index_topk keys may have a near-tie at its k-th score (relative gap >= MIN_INDEX_GAP), else the next seed.
 """
 import json
 import os
@@ -80,6 +95,13 @@ ROPE = {"rope_type": "default", "rope_theta": 10000.0}
 QWEN3 = dict(vocab_size=64, hidden_size=16, intermediate_size=24, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=4, max_position_embeddings=64, rms_norm_eps=1e-6,
              rope_parameters=dict(ROPE), initializer_range=0.02, attention_bias=False, tie_word_embeddings=False)
+DEEPSEEK_V3 = dict(
+    vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=3,
+    first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8, n_shared_experts=1,
+    n_group=2, topk_group=1, num_experts_per_tok=2, norm_topk_prob=True, routed_scaling_factor=2.5, q_lora_rank=16,
+    kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4, v_head_dim=8, rope_interleave=True,
+    max_position_embeddings=64, rms_norm_eps=1e-6, rope_parameters=dict(ROPE), tie_word_embeddings=False)
+MIN_INDEX_GAP = 1e-9  # smallest allowed relative gap at the v32 indexer's top-k boundary
 FIXTURES = {
     # the dense fixtures: the dims of configs/models/tiny.json and tiny_qwen3_next.json
     "tiny_qwen3": ("qwen3", dict(QWEN3)),
@@ -131,6 +153,33 @@ FIXTURES = {
         n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.446, linear_num_heads=2,
         linear_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=64, rms_norm_eps=1e-5,
         pad_token_id=None, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
+    # HF-FACTS section 7's kimi_linear as given: KDA layers 0 and 2, NoPE MLA (q_proj: q_lora_rank None) 1 and 3
+    "tiny_kimi_linear": ("kimi_linear", dict(
+        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=4,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
+        qk_rope_head_dim=4, v_head_dim=8, num_local_experts=8, n_shared_experts=1, num_experts_per_tok=2,
+        n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.446, linear_num_heads=2,
+        linear_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=64, rms_norm_eps=1e-5,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
+    # HF-FACTS section 7's deepseek_v3: MLA with q LoRA, interleaved RoPE; dense layer 0, sigmoid-routed MoE
+    # with groups and e_score_correction_bias in 1-2
+    "tiny_deepseek_v3": ("deepseek_v3", dict(DEEPSEEK_V3)),
+    # the same with q_proj (q_lora_rank None), half-split RoPE and YaRN (factor 4 over 16 original positions)
+    "tiny_deepseek_v3_yarn": ("deepseek_v3", dict(
+        DEEPSEEK_V3, q_lora_rank=None, rope_interleave=False,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "mscale": 1.0, "mscale_all_dim": 1.0})),
+    # HF-FACTS section 7's deepseek_v32: 2 layers of indexed MLA (index_topk 4 < SEQ), MoE in layer 1
+    "tiny_deepseek_v32": ("deepseek_v32", dict(
+        vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
+        first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
+        n_shared_experts=1, n_group=2, topk_group=1, num_experts_per_tok=2, norm_topk_prob=True,
+        routed_scaling_factor=2.5, q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=4,
+        v_head_dim=8, index_topk=4, index_head_dim=8, index_n_heads=4, max_position_embeddings=64,
+        rms_norm_eps=1e-6, rope_parameters=dict(ROPE), tie_word_embeddings=False)),
 }
 AUX_FAMILIES = {"qwen3_moe", "qwen3_next"}  # transformers adds router_aux_loss_coef * aux to their loss
 
@@ -236,6 +285,40 @@ def reload_drift(path, logits_ref, tokens):
     return rel(logits, logits_ref), low
 
 
+def check_indexers(indexers):
+    """v32: each layer's indexer scores re-derived in float64 (hf_fp64.indexer_scores_fp64); HF's selection
+    must equal their top-k over the visible keys. Returns the smallest relative gap at the top-k boundary
+    over the query rows that see more than index_topk keys, and {layer: selected indices} as F64
+    [B, SEQ, topk] sorted ascending per row, where the picks of rows that see fewer than topk keys beyond
+    their visible keys (future keys, masked anyway, picked in torch's tie order) are written as -1."""
+    worst, selected = float("inf"), {}
+    for m, x, q_resid, (cos, sin), idx in indexers:
+        index = hf_fp64.indexer_scores_fp64(m, x.double(), q_resid.double(), cos.double(), sin.double())
+        topk = idx.shape[-1]
+        worst = min(worst, hf_fp64.indexer_margin(index, topk))
+        position = torch.arange(index.shape[1]).view(1, -1, 1)
+        hf = torch.where(idx.long() <= position, idx.long(), -1).sort(-1).values
+        mine = index.topk(topk, dim=-1).indices
+        mine = torch.where(torch.isinf(index.gather(-1, mine)), -1, mine).sort(-1).values
+        if hf_fp64.indexer_margin(index, topk) >= MIN_INDEX_GAP:
+            assert torch.equal(hf, mine), f"layer {m.layer_idx}: HF's indexer selection differs from the re-derivation"
+        selected[m.layer_idx] = hf.double().contiguous()
+    return worst, selected
+
+
+def rope_report(model):
+    """The rotary module's type and attention_scaling (YaRN's attention_factor on cos / sin), inv_freq, and the
+    attention softmax scale of the first softmax-attention layer (MLA: qk_head_dim^-0.5, times mscale² under
+    YaRN)."""
+    rotary = getattr(model.model, "rotary_emb", None)
+    scaling = next((layer.self_attn.scaling for layer in model.model.layers
+                    if hasattr(getattr(layer, "self_attn", None), "scaling")), None)
+    if rotary is None:
+        return {"rotary": None, "scaling": scaling}
+    return {"rope_type": rotary.rope_type, "attention_scaling": rotary.attention_scaling,
+            "inv_freq": rotary.inv_freq.tolist(), "scaling": scaling}
+
+
 def write_fixture(name):
     model_type, fields = FIXTURES[name]
     fields = dict(fields)
@@ -255,12 +338,20 @@ def write_fixture(name):
         tokens = torch.randint(0, V, (BATCH, SEQ), generator=generator)
         targets = torch.randint(0, V, (BATCH, SEQ), generator=generator)
         targets[1, 3] = hf_fp64.IGNORE
+        indexers, index_handles = hf_fp64.capture_indexers(model)
         with torch.no_grad():
             *_, captured, _ = forward(model, model_type, tokens, targets)
+        for h in index_handles:
+            h.remove()
         margins = hf_fp64.routing_margins(captured, model.config) if captured else None
-        if margins is None or min(margins["topk"], margins["group"]) >= MIN_GAP:
+        index_margin, selected = check_indexers(indexers)
+        routing_ok = margins is None or min(margins["topk"], margins["group"]) >= MIN_GAP
+        if routing_ok and index_margin >= MIN_INDEX_GAP:
             break
-        print(f"{name}: seed {seed} has a routing gap {min(margins['topk'], margins['group']):.2e}; next seed")
+        if not routing_ok:
+            print(f"{name}: seed {seed} has a routing gap {min(margins['topk'], margins['group']):.2e}; next seed")
+        else:
+            print(f"{name}: seed {seed} has an indexer top-k gap {index_margin:.2e} (relative); next seed")
         seed += 1
     if margins and "e_score_correction_bias" in str(list(dict(model.named_buffers()))):
         assert margins["bias_changed"] > 0, "the correction bias changes no selection: raise its scale"
@@ -275,7 +366,11 @@ def write_fixture(name):
         total.backward()
     assert not leaks.leaks, "float32 ops in the patched run:\n  " + "\n  ".join(leaks.leaks[:20])
     params = dict(model.named_parameters())  # tied lm_head.weight is not listed (it is embed_tokens)
-    assert all(p.grad is not None and p.grad.dtype == torch.float64 for p in params.values())
+    # v32's indexer runs under @torch.no_grad: exactly its parameters get no gradient (absent from grad.*)
+    no_grad = {n for n in params if ".self_attn.indexer." in n} if model_type == "deepseek_v32" else set()
+    assert all(p.grad is None for n, p in params.items() if n in no_grad), "an indexer parameter has a gradient"
+    assert all(p.grad is not None and p.grad.dtype == torch.float64 for n, p in params.items() if n not in no_grad)
+    params = {n: p for n, p in params.items() if n not in no_grad}
     checks = {}
     if aux is not None:
         mine = hf_fp64.aux_loss_fp64([c[3] for c in captured], model.config.num_experts,
@@ -337,6 +432,7 @@ def write_fixture(name):
     if aux is not None:
         fixture["aux_loss"] = aux.detach().double().reshape(())
     fixture.update({f"grad.{n}": p.grad.detach().contiguous() for n, p in params.items()})
+    fixture.update({f"indexer_topk.{layer}": idx for layer, idx in selected.items()})
     save_file(fixture, os.path.join(out_dir, "fixture.safetensors"),
               metadata={"producer": f"tools/ref/write_model_fixture.py: {type(model).__name__}, seed {seed}, "
                                     f"torch {torch.__version__}, transformers {transformers.__version__}"})
@@ -353,7 +449,8 @@ def write_fixture(name):
     report = {"name": name, "seed": seed, "loss": total.item(), "lm_loss": lm_loss.item(),
               "aux_loss": None if aux is None else aux.item(), "unpatched_minus_patched": drift,
               "unpatched_loss": total32.item(), "margins": margins, "checks": checks, "keys": counts,
-              "grads": len(params), "config_keys": keys,
+              "grads": len(params), "no_grad_params": len(no_grad), "config_keys": keys,
+              "indexer_margin": index_margin if selected else None, "rope": rope_report(model),
               "sizes": {os.path.relpath(os.path.join(d, f), out_dir): os.path.getsize(os.path.join(d, f))
                         for d, _, fs in os.walk(out_dir) for f in fs}}
     print(json.dumps(report, indent=1, default=str))

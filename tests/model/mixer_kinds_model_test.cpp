@@ -1,7 +1,8 @@
-// Linear-attention models end to end: Qwen3-Next hybrids (Gated DeltaNet and gated full attention
-// layers, MoE) and Kimi-Linear with Kimi Delta Attention layers: the whole model against finite
-// differences, and decoding with the carried conv windows and recurrent states against the
-// training forward.
+// Models of the mixer kinds beyond plain attention, end to end: Qwen3-Next hybrids (Gated DeltaNet
+// and gated full attention layers, MoE), Kimi-Linear with Kimi Delta Attention layers, and
+// multi-head latent attention (DeepSeek-V3 with YaRN RoPE; Kimi-Linear's NoPE MLA after a KDA
+// layer): the whole model against finite differences, and decoding (carried conv windows and
+// recurrent states; MLA's latent cache and weight-absorbed attention) against the training forward.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,11 +25,17 @@ namespace {
 // tiny_kimi_linear_kda.json: two KDA layers (2 heads of 4, conv 3), a dense then an MoE FFN
 // (sigmoid router with correction bias, shared expert), initializer_range 0.5 likewise.
 const char* const kHybrid = "tiny_qwen3_next_hybrid.json";
+// tiny_deepseek_v3.json: MLA with q LoRA rank 8, kv rank 6, nope 4, rope 4 (interleaved), v 3, 3
+// heads, attention biases, YaRN (factor 4 over 4 original positions: the ramp is not trivial,
+// mscale 0.8 ≠ mscale_all_dim 1, so both the cos/sin factor and the softmax factor differ from 1).
+// tiny_kimi_linear.json: a KDA layer then an MLA layer without RoPE, q_proj (no q LoRA), v 5 ≠ qk 6.
 const char* const kKimi = "tiny_kimi_linear_kda.json";
+const char* const kDeepseek = "tiny_deepseek_v3.json";
+const char* const kKimiMla = "tiny_kimi_linear.json";
 
-class LinearAttentionModel : public ::testing::TestWithParam<const char*> {};
+class MixerKindModel : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(LinearAttentionModel, GradientCheck) {
+TEST_P(MixerKindModel, GradientCheck) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path(GetParam()));
   GradientCheckOptions options;
   options.batch = 2;
@@ -43,7 +50,7 @@ TEST_P(LinearAttentionModel, GradientCheck) {
 // The decode path (conv window and recurrent state carried across steps) gives the logits the
 // training forward scores: Σ_t CE(decode logits_t, target_t) equals forward_loss, prefill equals
 // token by token.
-TEST_P(LinearAttentionModel, DecodingWithCarriedStatesEqualsTheForward) {
+TEST_P(MixerKindModel, DecodingWithCarriedStateEqualsTheForward) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path(GetParam()));
   Model<double> model(config);
   model.init_weights(3);
@@ -73,9 +80,13 @@ TEST_P(LinearAttentionModel, DecodingWithCarriedStatesEqualsTheForward) {
   EXPECT_LE(test::relative_error(last, stepwise_last), 1e-12);
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, LinearAttentionModel, ::testing::Values(kHybrid, kKimi),
+INSTANTIATE_TEST_SUITE_P(Configs, MixerKindModel, ::testing::Values(kHybrid, kKimi, kDeepseek, kKimiMla),
                          [](const ::testing::TestParamInfo<const char*>& info) {
-                           return std::string(info.param) == kHybrid ? "Qwen3NextHybrid" : "KimiLinearKda";
+                           const std::string name = info.param;
+                           return name == kHybrid ? "Qwen3NextHybrid"
+                                  : name == kKimi ? "KimiLinearKda"
+                                  : name == kDeepseek ? "DeepseekV3Yarn"
+                                                      : "KimiLinearMla";
                          });
 
 }  // namespace

@@ -1,0 +1,259 @@
+// Multi-head latent attention: forward (training and weight-absorbed decoding) and backward. See mla.h.
+#include "model/mla.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "model/family.h"
+#include "ops/attention.h"
+#include "ops/gemm.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace trillion {
+
+MlaDims MlaDims::from_config(const ModelConfig& config) {
+  const Family family = family_of(config.model_type);
+  MlaDims dims;
+  dims.hidden = config.hidden_size;
+  dims.heads = config.num_attention_heads;
+  dims.q_lora_rank = config.q_lora_rank;
+  dims.kv_lora_rank = config.kv_lora_rank;
+  dims.nope = config.qk_nope_head_dim;
+  dims.rope_dim = config.qk_rope_head_dim;
+  dims.v = config.v_head_dim;
+  dims.rotary = family.mla_rope;
+  dims.rope = config.rope_spec(config.qk_rope_head_dim, config.rope_interleave);
+  dims.scale = 1.0 / std::sqrt(double(dims.qk())) * (family.yarn_softmax_mscale ? config.yarn_softmax_factor() : 1.0);
+  dims.bias = config.attention_bias;
+  dims.input_norm = {config.rms_norm_eps, false};
+  dims.latent_norm = {1e-6, false};
+  dims.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
+  return dims;
+}
+
+namespace {
+
+// The query and the latent of n tokens from the normed input h[n, D] (no RoPE yet).
+template <class T>
+struct Latents {
+  T* q_a;       // [n, r_q]        q_a_proj(h) (q_lora_rank > 0)
+  T* q_a_rstd;  // [n]
+  T* q_latent;  // [n, r_q]        q_a_layernorm output
+  T* q;         // [n, H, qk]      query, [nope | rope] per head
+  T* kv_a;      // [n, r_kv + rope] kv_a_proj_with_mqa(h): [c_raw | k_rot]
+  T* kv_rstd;   // [n]
+  T* latent;    // [n, r_kv]       c = kv_a_layernorm(c_raw)
+};
+
+template <class T>
+void project_latents(const Latents<T>& p, const T* h, int64_t n, const MlaWeights<T>& w, const MlaDims& dims) {
+  const int64_t D = dims.hidden, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
+  if (rq == 0) {
+    linear(p.q, h, w.q_proj, n, D, dims.q_width(), /*accumulate=*/false);
+  } else {
+    linear(p.q_a, h, w.q_a_proj, n, D, rq, /*accumulate=*/false);
+    rmsnorm_forward(p.q_latent, p.q_a_rstd, p.q_a, w.q_a_norm, n, rq, dims.latent_norm.eps, false);
+    linear(p.q, p.q_latent, w.q_b_proj, n, rq, dims.q_width(), /*accumulate=*/false);
+  }
+  linear(p.kv_a, h, w.kv_a_proj, n, D, dims.kv_a_out(), /*accumulate=*/false);
+  // kv_a_layernorm over the first r_kv columns of each row (row stride r_kv + rope)
+  T* c_raw = p.latent;  // [n, r_kv] the latent's input, normalized in place
+  for (int64_t t = 0; t < n; ++t) std::memcpy(c_raw + t * rkv, p.kv_a + t * dims.kv_a_out(), rkv * sizeof(T));
+  rmsnorm_forward(p.latent, p.kv_rstd, c_raw, w.kv_a_norm, n, rkv, dims.latent_norm.eps, false);
+}
+
+// RoPE (DeepSeek) on the rope part of every query head and on the shared k_rot of kv_a[n, r_kv + rope].
+template <class T>
+void rotate_positions(T* q, T* kv_a, const int32_t* positions, int64_t n, const MlaDims& dims, bool backward) {
+  if (!dims.rotary) return;
+  const auto rotate = backward ? rope_backward<T> : rope_forward<T>;
+  rotate(q, positions, n, dims.heads, dims.qk(), dims.nope, dims.rope);
+  rotate(kv_a, positions, n, 1, dims.kv_a_out(), dims.kv_lora_rank, dims.rope);
+}
+
+// k[n, H, qk] = [k_nope | k_rot] and v[n, H, v] from kv[n, H, nope + v] = kv_b_proj(c) and kv_a's k_rot.
+template <class T>
+void expand_keys(T* k, T* v, const T* kv, const T* kv_a, int64_t n, const MlaDims& dims) {
+  const int64_t H = dims.heads, nope = dims.nope, r = dims.rope_dim, dv = dims.v, qk = dims.qk();
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t hd = 0; hd < H; ++hd) {
+      const T* row = kv + (t * H + hd) * (nope + dv);
+      std::memcpy(k + (t * H + hd) * qk, row, nope * sizeof(T));
+      std::memcpy(k + (t * H + hd) * qk + nope, kv_a + t * dims.kv_a_out() + dims.kv_lora_rank, r * sizeof(T));
+      std::memcpy(v + (t * H + hd) * dv, row + nope, dv * sizeof(T));
+    }
+}
+
+}  // namespace
+
+template <class T>
+void mixer_forward(T* x, const MlaWeights<T>& w, const MlaDims& dims, const LayerPass& pass, int layer,
+                   Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, D = dims.hidden, H = dims.heads;
+  const int64_t rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
+  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(pass.store, tag, layer, count, scratch); };
+  T* input = buffer(Tag::attn_input, n * D);  // [n, D]
+  std::memcpy(input, x, n * D * sizeof(T));
+  T* rstd = buffer(Tag::attn_norm_rstd, n);  // [n]
+  T* h = buffer(Tag::attn_norm_out, n * D);  // [n, D]
+  rmsnorm_forward(h, rstd, input, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
+
+  Latents<T> p{};
+  if (rq > 0) {
+    p.q_a = buffer(Tag::mla_q_a, n * rq);
+    p.q_a_rstd = buffer(Tag::mla_q_a_rstd, n);
+    p.q_latent = buffer(Tag::mla_q_latent, n * rq);
+  }
+  p.q = buffer(Tag::q, n * dims.q_width());
+  p.kv_a = buffer(Tag::mla_kv_a, n * dims.kv_a_out());
+  p.kv_rstd = buffer(Tag::mla_kv_rstd, n);
+  p.latent = buffer(Tag::mla_latent, n * rkv);
+  project_latents(p, h, n, w, dims);
+  rotate_positions(p.q, p.kv_a, pass.positions, n, dims, /*backward=*/false);
+
+  T* kv = scratch.alloc<T>(n * dims.kv_b_out());  // [n, H, nope + v]
+  linear(kv, p.latent, w.kv_b_proj, n, rkv, dims.kv_b_out(), /*accumulate=*/false);
+  T* k = buffer(Tag::k, n * dims.q_width());  // [n, H, qk]
+  T* v = buffer(Tag::v, n * dims.o_width());  // [n, H, v]
+  expand_keys(k, v, kv, p.kv_a, n, dims);
+
+  const AttentionSizes sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v};
+  T* out = buffer(Tag::attn_out, n * dims.o_width());  // [n, H, v]
+  T* lse = buffer(Tag::attn_lse, batch * H * seq);      // [batch, H, seq]
+  attention_forward(out, lse, p.q, k, v, sizes);
+  linear(x, out, w.o_proj, n, dims.o_width(), D, /*accumulate=*/true);  // residual: x[n, D] += o_proj(out)
+}
+
+template <class T>
+void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, const MlaDims& dims,
+                    const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, D = dims.hidden, H = dims.heads;
+  const int64_t rq = dims.q_lora_rank, rkv = dims.kv_lora_rank, nope = dims.nope, dv = dims.v, qk = dims.qk();
+  const T* input = store.get<T>(Tag::attn_input, layer, n * D);
+  const T* rstd = store.get<T>(Tag::attn_norm_rstd, layer, n);
+  const T* h = store.get<T>(Tag::attn_norm_out, layer, n * D);
+  const T* q = store.get<T>(Tag::q, layer, n * dims.q_width());
+  const T* kv_a = store.get<T>(Tag::mla_kv_a, layer, n * dims.kv_a_out());
+  const T* kv_rstd = store.get<T>(Tag::mla_kv_rstd, layer, n);
+  const T* latent = store.get<T>(Tag::mla_latent, layer, n * rkv);
+  const T* k = store.get<T>(Tag::k, layer, n * dims.q_width());
+  const T* v = store.get<T>(Tag::v, layer, n * dims.o_width());
+  const T* out = store.get<T>(Tag::attn_out, layer, n * dims.o_width());
+  const T* lse = store.get<T>(Tag::attn_lse, layer, batch * H * seq);
+
+  T* d_out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]; dx is the gradient wrt the sublayer output
+  linear_grad(d_out, grads.o_proj, dx, out, w.o_proj, n, dims.o_width(), D, /*accumulate_dx=*/false);
+  const AttentionSizes sizes{batch, seq, seq, H, H, qk, dims.scale, dv};
+  T* dq = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
+  T* dk = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
+  T* d_v = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]
+  attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
+
+  // Back through the key expansion: d_kv[n, H, nope + v] = [dk_nope | dv]; d_kv_a's k_rot part = Σ_heads dk_rot.
+  T* d_kv = scratch.alloc<T>(n * dims.kv_b_out());   // [n, H, nope + v]
+  T* d_kv_a = scratch.alloc<T>(n * dims.kv_a_out()); // [n, r_kv + rope]: [d c_raw | d k_rot]
+  for (int64_t t = 0; t < n; ++t) {
+    T* d_rot = d_kv_a + t * dims.kv_a_out() + rkv;  // [rope]
+    std::fill(d_rot, d_rot + dims.rope_dim, T(0));
+    for (int64_t hd = 0; hd < H; ++hd) {
+      const T* dk_row = dk + (t * H + hd) * qk;
+      std::memcpy(d_kv + (t * H + hd) * (nope + dv), dk_row, nope * sizeof(T));
+      std::memcpy(d_kv + (t * H + hd) * (nope + dv) + nope, d_v + (t * H + hd) * dv, dv * sizeof(T));
+      for (int64_t i = 0; i < dims.rope_dim; ++i) d_rot[i] += dk_row[nope + i];
+    }
+  }
+  rotate_positions(dq, d_kv_a, pass.positions, n, dims, /*backward=*/true);
+
+  // The latent: dc = d_kv · kv_b_proj, then kv_a_layernorm's backward into d_kv_a's first r_kv columns.
+  T* d_latent = scratch.alloc<T>(n * rkv);  // [n, r_kv]
+  linear_grad(d_latent, grads.kv_b_proj, d_kv, latent, w.kv_b_proj, n, rkv, dims.kv_b_out(), false);
+  T* c_raw = scratch.alloc<T>(n * rkv);    // [n, r_kv]
+  T* d_c_raw = scratch.alloc<T>(n * rkv);  // [n, r_kv]
+  for (int64_t t = 0; t < n; ++t) std::memcpy(c_raw + t * rkv, kv_a + t * dims.kv_a_out(), rkv * sizeof(T));
+  rmsnorm_backward(d_c_raw, grads.kv_a_norm, d_latent, c_raw, w.kv_a_norm, kv_rstd, n, rkv, false, false);
+  for (int64_t t = 0; t < n; ++t) std::memcpy(d_kv_a + t * dims.kv_a_out(), d_c_raw + t * rkv, rkv * sizeof(T));
+
+  // dh = the input gradients of the query and kv_a projections.
+  T* dh = scratch.alloc<T>(n * D);  // [n, D]
+  if (rq == 0) {
+    linear_grad(dh, grads.q_proj, dq, h, w.q_proj, n, D, dims.q_width(), /*accumulate_dx=*/false);
+  } else {
+    const T* q_a = store.get<T>(Tag::mla_q_a, layer, n * rq);
+    const T* q_a_rstd = store.get<T>(Tag::mla_q_a_rstd, layer, n);
+    const T* q_latent = store.get<T>(Tag::mla_q_latent, layer, n * rq);
+    T* d_q_latent = scratch.alloc<T>(n * rq);  // [n, r_q]
+    T* d_q_a = scratch.alloc<T>(n * rq);       // [n, r_q]
+    linear_grad(d_q_latent, grads.q_b_proj, dq, q_latent, w.q_b_proj, n, rq, dims.q_width(), false);
+    rmsnorm_backward(d_q_a, grads.q_a_norm, d_q_latent, q_a, w.q_a_norm, q_a_rstd, n, rq, false, false);
+    linear_grad(dh, grads.q_a_proj, d_q_a, h, w.q_a_proj, n, D, rq, /*accumulate_dx=*/false);
+  }
+  linear_grad(dh, grads.kv_a_proj, d_kv_a, h, w.kv_a_proj, n, D, dims.kv_a_out(), /*accumulate_dx=*/true);
+  // Residual: dx (gradient wrt the output) += gradient through the input norm.
+  rmsnorm_backward(dx, grads.input_norm, dh, input, w.input_norm, rstd, n, D, dims.input_norm.zero_centred,
+                   /*accumulate_dx=*/true);
+}
+
+template <class T>
+void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const MlaWeights<T>& w,
+                  const MlaDims& dims, Arena& scratch) {
+  const int64_t D = dims.hidden, H = dims.heads, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
+  const int64_t nope = dims.nope, r = dims.rope_dim, dv = dims.v, qk = dims.qk(), cw = dims.kv_a_out();
+  TRILLION_CHECK(past + n <= max_len, "MLA decode past ", past, " + n ", n, " > max_len ", max_len);
+  int32_t* positions = scratch.alloc<int32_t>(n);  // [n]
+  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(past + i);
+  T* rstd = scratch.alloc<T>(n);   // [n]
+  T* h = scratch.alloc<T>(n * D);  // [n, D]
+  rmsnorm_forward(h, rstd, x, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
+  Latents<T> p{};
+  if (rq > 0) {
+    p.q_a = scratch.alloc<T>(n * rq);
+    p.q_a_rstd = scratch.alloc<T>(n);
+    p.q_latent = scratch.alloc<T>(n * rq);
+  }
+  p.q = scratch.alloc<T>(n * dims.q_width());
+  p.kv_a = scratch.alloc<T>(n * cw);
+  p.kv_rstd = scratch.alloc<T>(n);
+  p.latent = scratch.alloc<T>(n * rkv);
+  project_latents(p, h, n, w, dims);
+  rotate_positions(p.q, p.kv_a, positions, n, dims, /*backward=*/false);
+  for (int64_t t = 0; t < n; ++t) {  // cache rows past..: [c | k_rot]
+    std::memcpy(cache + (past + t) * cw, p.latent + t * rkv, rkv * sizeof(T));
+    std::memcpy(cache + (past + t) * cw + rkv, p.kv_a + t * cw + rkv, r * sizeof(T));
+  }
+  const int64_t len = past + n;
+  T* values = scratch.alloc<T>(len * rkv);  // [len, r_kv]: the latents, contiguous
+  for (int64_t j = 0; j < len; ++j) std::memcpy(values + j * rkv, cache + j * cw, rkv * sizeof(T));
+
+  // Absorbed query q_abs[n, H, r_kv + rope] = [W_UK[h]ᵀ q_nope | q_rot] per head.
+  T* q_abs = scratch.alloc<T>(n * H * cw);
+  for (int64_t hd = 0; hd < H; ++hd) {
+    const T* w_uk = w.kv_b_proj.weight + hd * (nope + dv) * rkv;  // [nope, r_kv]
+    gemm<T>(false, false, n, rkv, nope, T(1), p.q + hd * qk, H * qk, w_uk, rkv, T(0), q_abs + hd * cw, H * cw);
+    for (int64_t t = 0; t < n; ++t)
+      std::memcpy(q_abs + (t * H + hd) * cw + rkv, p.q + (t * H + hd) * qk + nope, r * sizeof(T));
+  }
+  const AttentionSizes sizes{1, n, len, H, 1, cw, dims.scale, rkv};
+  T* out_latent = scratch.alloc<T>(n * H * rkv);  // [n, H, r_kv]
+  T* lse = scratch.alloc<T>(H * n);               // [1, H, n]
+  attention_forward(out_latent, lse, q_abs, cache, values, sizes);
+  T* out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v] = per head out_latent · W_UVᵀ
+  for (int64_t hd = 0; hd < H; ++hd) {
+    const T* w_uv = w.kv_b_proj.weight + (hd * (nope + dv) + nope) * rkv;  // [v, r_kv]
+    gemm<T>(false, true, n, dv, rkv, T(1), out_latent + hd * rkv, H * rkv, w_uv, rkv, T(0), out + hd * dv, H * dv);
+  }
+  linear(x, out, w.o_proj, n, dims.o_width(), D, /*accumulate=*/true);  // residual: x[n, D] += o_proj(out)
+}
+
+#define TRILLION_INSTANTIATE(T)                                                                                   \
+  template void mixer_forward<T>(T*, const MlaWeights<T>&, const MlaDims&, const LayerPass&, int, Arena&);        \
+  template void mixer_backward<T>(T*, const MlaWeights<T>&, const MlaWeights<T>&, const MlaDims&, const LayerPass&, \
+                                  const ActivationStore&, int, Arena&);                                           \
+  template void mixer_decode<T>(T*, int64_t, int64_t, int64_t, T*, const MlaWeights<T>&, const MlaDims&, Arena&);
+TRILLION_INSTANTIATE(float)
+TRILLION_INSTANTIATE(double)
+#undef TRILLION_INSTANTIATE
+
+}  // namespace trillion

@@ -1,0 +1,132 @@
+// Multi-head latent attention (MLA), the attention of DeepSeek-V3 / V3.2 and Kimi Linear, as
+// transformers' DeepseekV3Attention / KimiLinearAttention compute it (H heads, nope / rope / v the
+// qk_nope / qk_rope / v head dims, r_q / r_kv the q / kv LoRA ranks):
+//   h = RMSNorm(x)
+//   q = q_proj(h), or q_b_proj(RMSNorm_1e-6(q_a_proj(h)))       [n, H, nope + rope], per head [nope | rope]
+//   [c_raw | k_rot] = kv_a_proj_with_mqa(h)                       [n, r_kv + rope]
+//   c = RMSNorm_1e-6(c_raw)  (kv_a_layernorm)                     [n, r_kv]  the latent
+//   [k_nope | v] = kv_b_proj(c) per head                          [n, H, nope + v]
+//   RoPE on q's rope part and on the one shared k_rot (DeepSeek; interleaved or half-split, YaRN);
+//   Kimi Linear rotates nothing (NoPE)
+//   K = [k_nope | k_rot broadcast to every head],  o = causal attention(q, K, v)  (qk dim ≠ v dim)
+//   scale = (nope + rope)^−½ · mscale(factor, mscale_all_dim)² (DeepSeek under YaRN; else 1)
+//   x ← x + o_proj(o)
+// Biases (attention_bias) on q_a_proj, kv_a_proj_with_mqa and o_proj. num_key_value_heads must equal
+// num_attention_heads (transformers' MLA repeats nothing).
+// Decoding caches per token the latent and the rotated key, [c | k_rot] (r_kv + rope elements), never
+// expanded keys, and attends in the latent space (the weight-absorbed form): per head the query's
+// nope part becomes W_UKᵀ q_nope (W_UK: that head's k_nope rows of kv_b_proj), attention runs with one
+// key head [c | k_rot] and values c, and W_UV (its v rows) maps the result back; scores and outputs
+// are those of the expanded form.
+// Training forward saves through the ActivationStore (tags attn_input … attn_lse, mla_*).
+// Gradient rule: the residual gradient dx is accumulated (+=); parameter gradients accumulate (+=).
+#pragma once
+
+#include <cstdint>
+
+#include "core/memory.h"
+#include "memory/activation_store.h"
+#include "model/config.h"
+#include "model/linear.h"
+#include "model/param_rows.h"
+#include "model/step.h"
+#include "ops/rope.h"
+
+namespace trillion {
+
+template <class T>
+struct MlaWeights;
+
+struct MlaDims {
+  template <class T>
+  using Weights = MlaWeights<T>;
+  int64_t hidden = 0;       // D
+  int64_t heads = 0;        // H
+  int64_t q_lora_rank = 0;  // r_q; 0: one q_proj
+  int64_t kv_lora_rank = 0; // r_kv
+  int64_t nope = 0;         // qk_nope_head_dim
+  int64_t rope_dim = 0;     // qk_rope_head_dim
+  int64_t v = 0;            // v_head_dim
+  bool rotary = true;       // RoPE on the rope parts (false: Kimi Linear's NoPE)
+  RopeSpec rope;            // rope.rotary_dim = rope_dim
+  double scale = 0.0;       // softmax scale
+  bool bias = false;        // attention_bias
+  NormSpec input_norm;      // input_layernorm
+  NormSpec latent_norm;     // q_a_layernorm, kv_a_layernorm (eps 1e-6)
+  InitStds init;
+  static MlaDims from_config(const ModelConfig& config);
+  int64_t qk() const { return nope + rope_dim; }                    // query/key head dim
+  int64_t q_width() const { return heads * qk(); }                  // H·qk
+  int64_t kv_a_out() const { return kv_lora_rank + rope_dim; }      // rows of kv_a_proj_with_mqa
+  int64_t kv_b_out() const { return heads * (nope + v); }           // rows of kv_b_proj
+  int64_t o_width() const { return heads * v; }                     // H·v
+};
+
+// Pointers into a flat buffer (the parameters, or their gradients), Hugging Face shapes.
+template <class T>
+struct MlaWeights {
+  T* input_norm = nullptr;      // [D]
+  LinearWeights<T> q_proj;      // [H·qk, D] (q_lora_rank 0)
+  LinearWeights<T> q_a_proj;    // [r_q, D], bias [r_q]
+  T* q_a_norm = nullptr;        // [r_q]
+  LinearWeights<T> q_b_proj;    // [H·qk, r_q]
+  LinearWeights<T> kv_a_proj;   // [r_kv + rope, D], bias [r_kv + rope]
+  T* kv_a_norm = nullptr;       // [r_kv]
+  LinearWeights<T> kv_b_proj;   // [H·(nope + v), r_kv]
+  LinearWeights<T> o_proj;      // [D, H·v], bias [D]
+};
+
+// The mixer's tensors, declared once (model/param_rows.h): names below "model.layers.{l}.".
+template <class T, class Visit>
+void visit_params(MlaWeights<T>& w, const MlaDims& dims, Visit&& visit) {
+  const int64_t D = dims.hidden;
+  visit(w.input_norm, norm_row("input_layernorm.weight", D, dims.input_norm));
+  if (dims.q_lora_rank == 0) {
+    visit(w.q_proj.weight, weight_row("self_attn.q_proj.weight", {dims.q_width(), D}, dims.init.std_in));
+  } else {
+    visit(w.q_a_proj.weight, weight_row("self_attn.q_a_proj.weight", {dims.q_lora_rank, D}, dims.init.std_in));
+    if (dims.bias) visit(w.q_a_proj.bias, bias_row("self_attn.q_a_proj.bias", dims.q_lora_rank));
+    visit(w.q_a_norm, norm_row("self_attn.q_a_layernorm.weight", dims.q_lora_rank, dims.latent_norm));
+    visit(w.q_b_proj.weight,
+          weight_row("self_attn.q_b_proj.weight", {dims.q_width(), dims.q_lora_rank}, dims.init.std_in));
+  }
+  visit(w.kv_a_proj.weight,
+        weight_row("self_attn.kv_a_proj_with_mqa.weight", {dims.kv_a_out(), D}, dims.init.std_in));
+  if (dims.bias) visit(w.kv_a_proj.bias, bias_row("self_attn.kv_a_proj_with_mqa.bias", dims.kv_a_out()));
+  visit(w.kv_a_norm, norm_row("self_attn.kv_a_layernorm.weight", dims.kv_lora_rank, dims.latent_norm));
+  visit(w.kv_b_proj.weight,
+        weight_row("self_attn.kv_b_proj.weight", {dims.kv_b_out(), dims.kv_lora_rank}, dims.init.std_in));
+  visit(w.o_proj.weight, weight_row("self_attn.o_proj.weight", {D, dims.o_width()}, dims.init.std_out));
+  if (dims.bias) visit(w.o_proj.bias, bias_row("self_attn.o_proj.bias", D));
+}
+
+// Elements of one layer's decode cache for max_len positions: [c | k_rot] per position.
+inline int64_t cache_elements(const MlaDims& dims, int64_t max_len) { return max_len * dims.kv_a_out(); }
+
+// Training FLOPs per token (forward + backward): 6 · projection parameters, plus causal QKᵀ (qk dims)
+// and PV (v dims) over seq / 2 keys on average, backward twice the forward.
+inline double flops_per_token(const MlaDims& dims, int64_t seq) {
+  const double D = double(dims.hidden);
+  const double q = dims.q_lora_rank == 0 ? D * double(dims.q_width())
+                                         : double(dims.q_lora_rank) * (D + double(dims.q_width()));
+  const double projections = q + D * double(dims.kv_a_out()) + double(dims.kv_lora_rank * dims.kv_b_out()) +
+                             double(dims.o_width()) * D;
+  return 6.0 * projections + 3.0 * 2.0 * (double(seq) / 2.0) * double(dims.heads) * double(dims.qk() + dims.v);
+}
+
+// The mixer interface (model/attention_block.h documents it).
+template <class T>
+void mixer_forward(T* x, const MlaWeights<T>& w, const MlaDims& dims, const LayerPass& pass, int layer,
+                   Arena& scratch);
+
+template <class T>
+void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, const MlaDims& dims,
+                    const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch);
+
+// Decoding (batch 1): x[n, D] += sublayer(x) for n new tokens at positions past..past+n−1; their
+// [c | k_rot] rows are written to rows past.. of cache [max_len, r_kv + rope].
+template <class T>
+void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const MlaWeights<T>& w,
+                  const MlaDims& dims, Arena& scratch);
+
+}  // namespace trillion
