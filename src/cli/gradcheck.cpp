@@ -68,7 +68,20 @@ void register_gradcheck(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--step", args->options.step, "Finite-difference step (relative to max(1, |θ|))")
       ->capture_default_str();
-  cmd->callback([args] { run_gradcheck(*args); });
+  auto mode = std::make_shared<std::string>("sparse");
+  cmd->add_option("--indexer-mode", *mode, "Sparse attention layers: dense, warmup (both: dense attention) or sparse")
+      ->check(CLI::IsMember({"dense", "warmup", "sparse"}))
+      ->capture_default_str();
+  cmd->add_option("--indexer-loss-coef", args->options.indexer_loss_coef,
+                  "Indexer loss coefficient (its tensors are checked against it, the others without it)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->callback([args, mode] {
+    args->options.indexer_mode = *mode == "warmup" ? IndexerMode::warmup
+                                 : *mode == "dense" ? IndexerMode::dense
+                                                    : IndexerMode::sparse;
+    run_gradcheck(*args);
+  });
 }
 
 }  // namespace trillion

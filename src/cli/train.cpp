@@ -34,6 +34,13 @@ void register_train(CLI::App& app) {
                   "Aux-loss-free balancing of sigmoid routers: after each step b += rate · sign(mean load − load) "
                   "(0: off)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--indexer-mode", s.indexer_mode,
+                  "Sparse attention layers: warmup (dense attention, only the indexers learn), sparse (attention "
+                  "over the indexer's top-k, all learn), dense (dense attention, all learn)")
+      ->check(CLI::IsMember({"dense", "warmup", "sparse"}));
+  cmd->add_option("--indexer-loss-coef", s.indexer_loss_coef,
+                  "Coefficient of the indexers' KL loss against the main attention (0: off)")
+      ->check(CLI::NonNegativeNumber);
   // Settings of this process only.
   cmd->add_option("--stop-after", o.stop_after, "End this process after step K, with a checkpoint");
   cmd->add_option("--save-every", o.save_every, "Checkpoint every K steps (0: only at the end)");
@@ -44,7 +51,8 @@ void register_train(CLI::App& app) {
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
     for (const char* flag : {"steps", "seed", "dtype", "batch", "seq-len", "grad-accum", "lr", "min-lr-ratio", "warmup",
-                             "weight-decay", "beta1", "beta2", "eps", "clip", "moe-bias-rate"}) {
+                             "weight-decay", "beta1", "beta2", "eps", "clip", "moe-bias-rate", "indexer-mode",
+                             "indexer-loss-coef"}) {
       if (cmd->count(std::string("--") + flag) > 0) run.given.insert(flag);
     }
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;

@@ -40,6 +40,13 @@ const char* activation_tag_name(ActivationTag tag) {
     case ActivationTag::mla_kv_a: return "mla_kv_a";
     case ActivationTag::mla_kv_rstd: return "mla_kv_rstd";
     case ActivationTag::mla_latent: return "mla_latent";
+    case ActivationTag::attn_indices: return "attn_indices";
+    case ActivationTag::idx_k_raw: return "idx_k_raw";
+    case ActivationTag::idx_k_mean: return "idx_k_mean";
+    case ActivationTag::idx_k_rstd: return "idx_k_rstd";
+    case ActivationTag::idx_dq: return "idx_dq";
+    case ActivationTag::idx_dk: return "idx_dk";
+    case ActivationTag::idx_dw: return "idx_dw";
     case ActivationTag::ffn_input: return "ffn_input";
     case ActivationTag::ffn_norm_rstd: return "ffn_norm_rstd";
     case ActivationTag::ffn_norm_out: return "ffn_norm_out";

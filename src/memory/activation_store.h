@@ -60,6 +60,14 @@ enum class ActivationTag : int {
   mla_kv_a,      // [N, r_kv + rope] kv_a_proj_with_mqa(h): [c_raw | k_rot], k_rot after RoPE
   mla_kv_rstd,   // [N]
   mla_latent,    // [N, r_kv]     c = kv_a_layernorm(c_raw)
+  // Sparse attention (lightning indexer: H_I heads of d_I):
+  attn_indices,  // [N, topk] int32 the selected keys of each query (−1 padded)
+  idx_k_raw,     // [N, d_I]      indexer.wk(h), before its LayerNorm
+  idx_k_mean,    // [N]
+  idx_k_rstd,    // [N]
+  idx_dq,        // [N, H_I, d_I] indexer loss gradient wrt the indexer query (after RoPE)
+  idx_dk,        // [N, d_I]      … wrt the indexer key (after RoPE)
+  idx_dw,        // [N, H_I]      … wrt the head weights
   ffn_input,      // [N, D]        residual stream entering the FFN sublayer
   ffn_norm_rstd,  // [N]
   ffn_norm_out,   // [N, D]        input of the dense MLP or the MoE

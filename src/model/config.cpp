@@ -513,6 +513,9 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
   c.use_qk_norm = family.always_qk_norm || fields.boolean("use_qk_norm", false);
   reject_unbuilt(fields);
   c.layer_types = parse_layer_types(fields, family, c.num_hidden_layers);
+  if (family.mla && c.q_lora_rank == 0 && uses(c.layer_types, LayerType::sparse_attention))
+    fields.fail_field("q_lora_rank", "null; expected a positive integer (the indexer of sparse_attention layers reads "
+                                     "the query latent)");
 
   c.linear_num_key_heads = fields.non_negative("linear_num_key_heads", 0);
   c.linear_num_value_heads = fields.non_negative("linear_num_value_heads", 0);

@@ -18,7 +18,7 @@ DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int la
   } else if (config.layer_types[layer] == LayerType::linear_attention) {
     dims.mixer = GatedDeltaNetDims::from_config(config);  // qwen3_next (model.cpp's check_kinds_declared)
   } else if (family_of(config.model_type).mla) {
-    dims.mixer = MlaDims::from_config(config);
+    dims.mixer = MlaDims::from_config(config, config.layer_types[layer] == LayerType::sparse_attention);
   } else {
     dims.mixer = AttentionBlockDims::from_config(config);
   }

@@ -30,6 +30,7 @@ GradientCheckReport check_model_gradients(const ModelConfig& config, const Gradi
     fail("gradient check: --max-elements ", options.max_full_elements, ": expected a non-negative integer");
   Model<double> model(config);
   model.init_weights(options.seed);
+  if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
   const int64_t n = options.batch * options.seq, V = config.vocab_size;
   std::vector<int32_t> tokens(n), targets(n);  // [batch, seq]
   const CounterRng token_rng(options.seed, "gradcheck.tokens"), target_rng(options.seed, "gradcheck.targets");
@@ -47,8 +48,16 @@ GradientCheckReport check_model_gradients(const ModelConfig& config, const Gradi
   model.decisions().start_replay();  // perturbed passes keep the unperturbed routing
   const double* grads = model.grads();
   double* params = model.params();
-  const auto loss = [&] {
-    return model.forward_loss(tokens.data(), targets.data(), options.batch, options.seq).objective(scales);
+  // The objective a tensor's gradient is of: the indexer's detached loss counts for its own tensors only.
+  const auto loss_for = [&](const ParamSpec& spec) {
+    const bool indexer_tensor = spec.name.find(".self_attn.indexer.") != std::string::npos;
+    return [&, indexer_tensor] {
+      const StepResult r = model.forward_loss(tokens.data(), targets.data(), options.batch, options.seq);
+      double total = r.objective(scales);
+      for (const LossTerm& term : r.aux)
+        if (term.name == "indexer_loss" && !indexer_tensor) total -= term.coef * term.value * scales.aux;
+      return total;
+    };
   };
 
   GradientCheckReport report;
@@ -57,6 +66,7 @@ GradientCheckReport check_model_gradients(const ModelConfig& config, const Gradi
     if (!spec.trainable()) continue;  // buffers (the router correction bias) have no gradient
     TensorCheck check;
     check.name = spec.name;
+    const auto loss = loss_for(spec);
     double* theta = params + spec.offset;
     const double* grad = grads + spec.offset;
     const int64_t numel = spec.numel();

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/step.h"
 
 namespace trillion {
 
@@ -28,6 +29,11 @@ struct GradientCheckOptions {
   int64_t max_full_elements = 20000;
   int64_t directions = 4;
   double step = 1e-4;
+  // Sparse attention layers: the mode and the indexer loss of the checked objective. The indexer's
+  // inputs are detached, so its tensors are checked against the full objective and every other
+  // tensor against the objective without the indexer loss.
+  IndexerMode indexer_mode = IndexerMode::sparse;
+  double indexer_loss_coef = 1.0;
 };
 
 struct TensorCheck {

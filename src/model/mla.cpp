@@ -9,10 +9,11 @@
 #include "ops/gemm.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
+#include "ops/sparse_attention.h"
 
 namespace trillion {
 
-MlaDims MlaDims::from_config(const ModelConfig& config) {
+MlaDims MlaDims::from_config(const ModelConfig& config, bool sparse) {
   const Family family = family_of(config.model_type);
   MlaDims dims;
   dims.hidden = config.hidden_size;
@@ -29,6 +30,7 @@ MlaDims MlaDims::from_config(const ModelConfig& config) {
   dims.input_norm = {config.rms_norm_eps, false};
   dims.latent_norm = {1e-6, false};
   dims.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
+  if (sparse) dims.indexer = IndexerDims::from_config(config, /*from_latent=*/true);
   return dims;
 }
 
@@ -85,6 +87,15 @@ void expand_keys(T* k, T* v, const T* kv, const T* kv_a, int64_t n, const MlaDim
     }
 }
 
+// Whether this layer's attention runs over the indexer's selection in this pass.
+bool attends_sparsely(const MlaDims& dims, const LayerPass& pass) {
+  return dims.indexer.enabled() && (pass.indexer == nullptr || pass.indexer->mode == IndexerMode::sparse);
+}
+
+SparseAttentionSizes sparse_sizes(const AttentionSizes& s, int64_t topk) {
+  return {s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), topk, s.scale};
+}
+
 }  // namespace
 
 template <class T>
@@ -122,7 +133,14 @@ void mixer_forward(T* x, const MlaWeights<T>& w, const MlaDims& dims, const Laye
   const AttentionSizes sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v};
   T* out = buffer(Tag::attn_out, n * dims.o_width());  // [n, H, v]
   T* lse = buffer(Tag::attn_lse, batch * H * seq);      // [batch, H, seq]
-  attention_forward(out, lse, p.q, k, v, sizes);
+  IndexerOutputs<T> selected;
+  if (dims.indexer.enabled()) selected = indexer_forward(p.q_latent, h, w.indexer, dims.indexer, pass, layer, scratch);
+  if (attends_sparsely(dims, pass))
+    sparse_attention_forward(out, lse, p.q, k, v, selected.selection, sparse_sizes(sizes, dims.indexer.topk));
+  else
+    attention_forward(out, lse, p.q, k, v, sizes);
+  if (dims.indexer.enabled())
+    indexer_train(selected, p.q, k, lse, H, H, dims.qk(), dims.scale, dims.indexer, pass, layer, scratch);
   linear(x, out, w.o_proj, n, dims.o_width(), D, /*accumulate=*/true);  // residual: x[n, D] += o_proj(out)
 }
 
@@ -150,7 +168,12 @@ void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, c
   T* dq = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
   T* dk = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
   T* d_v = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]
-  attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
+  if (attends_sparsely(dims, pass)) {
+    const int32_t* selection = store.get<int32_t>(Tag::attn_indices, layer, n * dims.indexer.topk);
+    sparse_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
+  } else {
+    attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
+  }
 
   // Back through the key expansion: d_kv[n, H, nope + v] = [dk_nope | dv]; d_kv_a's k_rot part = Σ_heads dk_rot.
   T* d_kv = scratch.alloc<T>(n * dims.kv_b_out());   // [n, H, nope + v]
@@ -189,6 +212,7 @@ void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, c
     linear_grad(d_q_latent, grads.q_b_proj, dq, q_latent, w.q_b_proj, n, rq, dims.q_width(), false);
     rmsnorm_backward(d_q_a, grads.q_a_norm, d_q_latent, q_a, w.q_a_norm, q_a_rstd, n, rq, false, false);
     linear_grad(dh, grads.q_a_proj, d_q_a, h, w.q_a_proj, n, D, rq, /*accumulate_dx=*/false);
+    if (dims.indexer.enabled()) indexer_backward(q_latent, h, w.indexer, grads.indexer, dims.indexer, pass, store, layer, scratch);
   }
   linear_grad(dh, grads.kv_a_proj, d_kv_a, h, w.kv_a_proj, n, D, dims.kv_a_out(), /*accumulate_dx=*/true);
   // Residual: dx (gradient wrt the output) += gradient through the input norm.
@@ -238,7 +262,13 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
   const AttentionSizes sizes{1, n, len, H, 1, cw, dims.scale, rkv};
   T* out_latent = scratch.alloc<T>(n * H * rkv);  // [n, H, r_kv]
   T* lse = scratch.alloc<T>(H * n);               // [1, H, n]
-  attention_forward(out_latent, lse, q_abs, cache, values, sizes);
+  if (dims.indexer.enabled()) {
+    T* index_keys = cache + max_len * cw;  // [max_len, d_I]
+    const int32_t* selection = indexer_decode(p.q_latent, h, n, past, index_keys, w.indexer, dims.indexer, scratch);
+    sparse_attention_forward(out_latent, lse, q_abs, cache, values, selection, sparse_sizes(sizes, dims.indexer.topk));
+  } else {
+    attention_forward(out_latent, lse, q_abs, cache, values, sizes);
+  }
   T* out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v] = per head out_latent · W_UVᵀ
   for (int64_t hd = 0; hd < H; ++hd) {
     const T* w_uv = w.kv_b_proj.weight + (hd * (nope + dv) + nope) * rkv;  // [v, r_kv]

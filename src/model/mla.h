@@ -13,8 +13,11 @@
 //   x ← x + o_proj(o)
 // Biases (attention_bias) on q_a_proj, kv_a_proj_with_mqa and o_proj. num_key_value_heads must equal
 // num_attention_heads (transformers' MLA repeats nothing).
-// Decoding caches per token the latent and the rotated key, [c | k_rot] (r_kv + rope elements), never
-// expanded keys, and attends in the latent space (the weight-absorbed form): per head the query's
+// Sparse layers (deepseek_v32's indexed_attention) add a lightning indexer on the query latent
+// (model/lightning_indexer.h): attention then runs over its top-k keys per query (ops/sparse_attention.h),
+// or, in the indexer's warm-up, stays dense while the indexer learns.
+// Decoding caches per token the latent and the rotated key, [c | k_rot] (r_kv + rope elements; sparse
+// layers also the indexer key), never expanded keys, and attends in the latent space (the weight-absorbed form): per head the query's
 // nope part becomes W_UKᵀ q_nope (W_UK: that head's k_nope rows of kv_b_proj), attention runs with one
 // key head [c | k_rot] and values c, and W_UV (its v rows) maps the result back; scores and outputs
 // are those of the expanded form.
@@ -22,11 +25,13 @@
 // Gradient rule: the residual gradient dx is accumulated (+=); parameter gradients accumulate (+=).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/memory.h"
 #include "memory/activation_store.h"
 #include "model/config.h"
+#include "model/lightning_indexer.h"
 #include "model/linear.h"
 #include "model/param_rows.h"
 #include "model/step.h"
@@ -54,7 +59,8 @@ struct MlaDims {
   NormSpec input_norm;      // input_layernorm
   NormSpec latent_norm;     // q_a_layernorm, kv_a_layernorm (eps 1e-6)
   InitStds init;
-  static MlaDims from_config(const ModelConfig& config);
+  IndexerDims indexer;      // enabled on sparse layers
+  static MlaDims from_config(const ModelConfig& config, bool sparse);
   int64_t qk() const { return nope + rope_dim; }                    // query/key head dim
   int64_t q_width() const { return heads * qk(); }                  // H·qk
   int64_t kv_a_out() const { return kv_lora_rank + rope_dim; }      // rows of kv_a_proj_with_mqa
@@ -74,6 +80,7 @@ struct MlaWeights {
   T* kv_a_norm = nullptr;       // [r_kv]
   LinearWeights<T> kv_b_proj;   // [H·(nope + v), r_kv]
   LinearWeights<T> o_proj;      // [D, H·v], bias [D]
+  IndexerWeights<T> indexer;    // sparse layers
 };
 
 // The mixer's tensors, declared once (model/param_rows.h): names below "model.layers.{l}.".
@@ -98,20 +105,27 @@ void visit_params(MlaWeights<T>& w, const MlaDims& dims, Visit&& visit) {
         weight_row("self_attn.kv_b_proj.weight", {dims.kv_b_out(), dims.kv_lora_rank}, dims.init.std_in));
   visit(w.o_proj.weight, weight_row("self_attn.o_proj.weight", {D, dims.o_width()}, dims.init.std_out));
   if (dims.bias) visit(w.o_proj.bias, bias_row("self_attn.o_proj.bias", D));
+  visit_params(w.indexer, dims.indexer, visit);
 }
 
-// Elements of one layer's decode cache for max_len positions: [c | k_rot] per position.
-inline int64_t cache_elements(const MlaDims& dims, int64_t max_len) { return max_len * dims.kv_a_out(); }
+// Elements of one layer's decode cache for max_len positions: [c | k_rot] per position, then (sparse
+// layers) the indexer keys [max_len, d_I].
+inline int64_t cache_elements(const MlaDims& dims, int64_t max_len) {
+  return max_len * (dims.kv_a_out() + (dims.indexer.enabled() ? dims.indexer.head_dim : 0));
+}
 
 // Training FLOPs per token (forward + backward): 6 · projection parameters, plus causal QKᵀ (qk dims)
-// and PV (v dims) over seq / 2 keys on average, backward twice the forward.
+// and PV (v dims) over seq / 2 keys on average (at most top-k on sparse layers), backward twice the
+// forward, plus the indexer's.
 inline double flops_per_token(const MlaDims& dims, int64_t seq) {
   const double D = double(dims.hidden);
   const double q = dims.q_lora_rank == 0 ? D * double(dims.q_width())
                                          : double(dims.q_lora_rank) * (D + double(dims.q_width()));
   const double projections = q + D * double(dims.kv_a_out()) + double(dims.kv_lora_rank * dims.kv_b_out()) +
                              double(dims.o_width()) * D;
-  return 6.0 * projections + 3.0 * 2.0 * (double(seq) / 2.0) * double(dims.heads) * double(dims.qk() + dims.v);
+  const double keys = dims.indexer.enabled() ? std::min(double(seq) / 2.0, double(dims.indexer.topk)) : double(seq) / 2.0;
+  return 6.0 * projections + 3.0 * 2.0 * keys * double(dims.heads) * double(dims.qk() + dims.v) +
+         flops_per_token(dims.indexer, seq);
 }
 
 // The mixer interface (model/attention_block.h documents it).

@@ -2,6 +2,8 @@
 // and generation with a decode cache. Checkpoints are in weights.cpp.
 #include "model/model.h"
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstring>
 
@@ -24,17 +26,16 @@ void check_kinds_declared(const ModelConfig& config) {
   const std::string source = source_of(config);
   const bool kimi = config.model_type == "kimi_linear";
   const bool linear_built = config.model_type == "qwen3_next" || kimi;
-  if (config.model_type == "deepseek_v32")
-    fail(source, ": model_type deepseek_v32: its lightning indexer is not built yet; expected qwen3, qwen3_moe, "
-                 "qwen3_next, glm4_moe, deepseek_v3 or kimi_linear");
+  const bool mla = family_of(config.model_type).mla;
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
     const LayerType type = config.layer_types[i];
-    const bool built = type == LayerType::full_attention || (type == LayerType::linear_attention && linear_built);
+    const bool built = type == LayerType::full_attention || (type == LayerType::linear_attention && linear_built) ||
+                       (type == LayerType::sparse_attention && mla);
     if (!built)
       fail(source, ": layer_types[", i, "] = ", layer_type_name(type), ": not built yet",
            type == LayerType::linear_attention
                ? " for " + config.model_type + " (built: qwen3_next's Gated DeltaNet, kimi_linear's KDA)"
-               : std::string());
+               : " for " + config.model_type + " (built: on multi-head latent attention, as deepseek_v32)");
   }
 }
 
@@ -239,7 +240,7 @@ MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer,
 
 template <class T>
 StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
-                                   bool save_activations) {
+                                   bool save_activations, double aux_scale) {
   Impl& m = *this;
   TRILLION_CHECK(batch > 0 && seq > 0, "batch ", batch, " and seq ", seq, " must be positive");
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
@@ -257,6 +258,10 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   pass.store = save_activations ? &m.store : nullptr;
   pass.decisions = &m.decisions;
   pass.result = &result;
+  const int sparse = static_cast<int>(std::count(m.config.layer_types.begin(), m.config.layer_types.end(),
+                                                 LayerType::sparse_attention));
+  m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * aux_scale / sparse : 0.0;
+  pass.indexer = &m.indexer;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
   call(m.hooks.before_forward, 0);
@@ -280,13 +285,36 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   result.lm = lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
   call(m.hooks.after_forward, 0);
   m.add_router_losses(result, n);
+  m.add_indexer_loss(result);
   return result;
+}
+
+template <class T>
+void Model<T>::Impl::add_indexer_loss(StepResult& result) const {
+  if (result.indexer.empty()) return;
+  LossTerm term{"indexer_loss", 0.0, indexer.coef,
+                "KL(main attention summed over heads ‖ softmax(indexer scores)), mean over tokens and sparse layers"};
+  for (const IndexerLayerStats& s : result.indexer) term.value += s.loss / double(result.indexer.size());
+  result.aux.push_back(term);
+}
+
+template <class T>
+void Model<T>::set_indexer_training(IndexerMode mode, double coef) {
+  if (coef < 0.0) fail("indexer loss coefficient ", coef, " must be non-negative");
+  impl_->indexer.mode = mode;
+  impl_->indexer.coef = coef;
+}
+
+template <class T>
+int Model<T>::sparse_layers() const {
+  const std::vector<LayerType>& types = impl_->config.layer_types;
+  return static_cast<int>(std::count(types.begin(), types.end(), LayerType::sparse_attention));
 }
 
 // Forward only: nothing is saved, so its memory is one sublayer's, not every layer's.
 template <class T>
 StepResult Model<T>::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
-  StepResult result = impl_->forward(tokens, targets, batch, seq, /*save_activations=*/false);
+  StepResult result = impl_->forward(tokens, targets, batch, seq, /*save_activations=*/false, /*aux_scale=*/1.0);
   impl_->scratch.reset();
   return result;
 }
@@ -295,7 +323,7 @@ template <class T>
 StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                       const LossScales& scales) {
   Impl& m = *impl_;
-  const StepResult result = m.forward(tokens, targets, batch, seq, /*save_activations=*/true);
+  const StepResult result = m.forward(tokens, targets, batch, seq, /*save_activations=*/true, scales.aux);
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   T* params = m.params.data();
   T* grads = m.grads.data();
@@ -319,6 +347,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   pass.batch = batch;
   pass.seq = seq;
   pass.positions = m.positions.data();
+  pass.indexer = &m.indexer;
   for (int layer = static_cast<int>(m.config.num_hidden_layers) - 1; layer >= 0; --layer) {
     call(m.hooks.before_backward, 1 + layer);
     MoeBalanceGrad balance;

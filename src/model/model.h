@@ -62,6 +62,11 @@ class Model {
   DecisionLog& decisions();
   // Called around each FSDP unit (1 + layer) in forward and backward; identity by default.
   void set_unit_hooks(UnitHooks hooks);
+  // How sparse attention layers train (IndexerTraining: mode, indexer-loss coefficient). Default:
+  // sparse attention, no indexer loss (transformers' forward). The loss appears in StepResult.aux
+  // as "indexer_loss" (mean over sparse layers), its per-layer values in StepResult.indexer.
+  void set_indexer_training(IndexerMode mode, double coef);
+  int sparse_layers() const;
   // MoE layers' correction biases (sigmoid routers), for the aux-loss-free update: per MoE layer,
   // its layer index and a pointer to its [E] bias in params(). Empty without such layers.
   std::vector<std::pair<int, T*>> correction_biases();

@@ -22,6 +22,7 @@ struct Model<T>::Impl {
   ActivationStore store;  // saved activations of the current step
   DecisionLog decisions;
   UnitHooks hooks;
+  IndexerTraining indexer;  // sparse layers' mode and loss; grad_scale set per forward
   Arena scratch;          // temporaries of one sublayer at a time
   Buffer<T> hidden;       // [tokens, D] residual stream
   Buffer<T> hidden_grad;  // [tokens, D] its gradient
@@ -34,7 +35,12 @@ struct Model<T>::Impl {
   explicit Impl(const ModelConfig& c);
   // Forward and loss terms. save_activations: saves every activation the backward needs in `store`
   // (training); otherwise nothing is saved and temporaries live in `scratch` one sublayer at a time.
-  StepResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, bool save_activations);
+  // aux_scale: the step's scale of auxiliary terms (LossScales::aux), for losses whose gradients are
+  // formed in the forward (the indexer's).
+  StepResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, bool save_activations,
+                     double aux_scale);
+  // The indexer loss term of a forward from its per-layer values (appended to result.aux).
+  void add_indexer_loss(StepResult& result) const;
   // The router loss terms of a forward from its per-layer statistics (appended to result.aux).
   void add_router_losses(StepResult& result, int64_t tokens) const;
   // The balance-loss gradient handed to MoE layer `layer`'s backward.

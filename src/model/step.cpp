@@ -7,6 +7,15 @@
 
 namespace trillion {
 
+const char* indexer_mode_name(IndexerMode mode) {
+  switch (mode) {
+    case IndexerMode::dense: return "dense";
+    case IndexerMode::warmup: return "warmup";
+    case IndexerMode::sparse: return "sparse";
+  }
+  return "?";
+}
+
 double MoeLayerStats::max_over_mean() const {
   if (tokens_per_expert.empty()) return 0.0;
   int64_t total = 0, most = 0;
@@ -19,6 +28,12 @@ double StepResult::objective(const LossScales& scales) const {
   double total = lm.loss_sum * scales.lm;
   for (const LossTerm& term : aux) total += term.coef * term.value * scales.aux;
   return total;
+}
+
+const std::vector<int32_t>& DecisionLog::recorded(DecisionKind kind, int layer) const {
+  const auto it = decisions_.find({static_cast<int>(kind), layer});
+  TRILLION_CHECK(it != decisions_.end(), "no decision of kind ", static_cast<int>(kind), " for layer ", layer);
+  return it->second;
 }
 
 const int32_t* DecisionLog::decide(DecisionKind kind, int layer, int64_t count,

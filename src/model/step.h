@@ -1,7 +1,7 @@
 // What one forward (and backward) of the model reports and takes, beyond the activations:
 //   LossScales   how each loss term is normalized across the micro-batches of an optimizer step;
 //   StepResult   the named loss terms and per-MoE-layer statistics the trainer writes to metrics;
-//   DecisionLog  the discrete decisions taken in forward (routing now, top-k selection later),
+//   DecisionLog  the discrete decisions taken in forward (routing, sparse attention's selection),
 //                recorded once and replayed by gradcheck's perturbed passes and by recomputation,
 //                so finite differences never flip a decision and recompute never re-routes;
 //   UnitHooks    called before and after each FSDP unit's forward and backward (identity on one
@@ -48,15 +48,37 @@ struct MoeLayerStats {
   double max_over_mean() const;            // max load / mean load
 };
 
+// How sparse attention layers run in training and what their indexers learn from (REFERENCES.md):
+// dense and warmup run the main attention dense and train the indexer against it over every
+// visible key (warmup: DeepSeek-V3.2's first stage, where the trainer freezes everything but the
+// indexers; dense: everything trains, the baseline a sparse continuation is compared with);
+// sparse runs attention over the selection and trains the indexer over the selected set.
+enum class IndexerMode { dense, warmup, sparse };
+const char* indexer_mode_name(IndexerMode mode);
+
+struct IndexerTraining {
+  IndexerMode mode = IndexerMode::sparse;
+  double coef = 0.0;        // indexer-loss coefficient; 0: no indexer loss (inference semantics)
+  double grad_scale = 0.0;  // set per forward: coef · aux scale / sparse layers (each layer's share)
+};
+
+// One sparse layer's indexer in one training forward.
+struct IndexerLayerStats {
+  int layer = 0;
+  double loss = 0.0;           // mean over tokens of KL(p ‖ softmax(I))
+  double selected_mass = 0.0;  // mean over tokens of the main attention's mass on the selected keys
+};
+
 struct StepResult {
   CrossEntropyResult lm;            // CE sum and counted targets of this micro-batch
-  std::vector<LossTerm> aux;        // empty for a model without routers
+  std::vector<LossTerm> aux;        // empty for a model without routers or indexer loss
   std::vector<MoeLayerStats> moe;   // one per MoE layer, in layer order
+  std::vector<IndexerLayerStats> indexer;  // one per sparse layer when its loss is on
   // lm.loss_sum · scales.lm + Σ coef · value · scales.aux.
   double objective(const LossScales& scales) const;
 };
 
-enum class DecisionKind { routing };
+enum class DecisionKind { routing, selection };
 
 class DecisionLog {
  public:
@@ -66,6 +88,8 @@ class DecisionLog {
   void start_recording() { replaying_ = false, decisions_.clear(); }  // forget; the next passes record
   void start_replay() { replaying_ = true; }                            // keep replaying what was recorded
   bool replaying() const { return replaying_; }
+  // The decision (kind, layer) kept by the last recording forward (CHECK-fails if absent).
+  const std::vector<int32_t>& recorded(DecisionKind kind, int layer) const;
 
  private:
   bool replaying_ = false;
@@ -94,6 +118,7 @@ struct LayerPass {
   DecisionLog* decisions = nullptr;         // forward: null = decisions not kept (decoding)
   StepResult* result = nullptr;             // forward: statistics and loss values, or null
   const MoeBalanceGrad* balance = nullptr;  // backward of MoE layers
+  const IndexerTraining* indexer = nullptr;  // sparse layers: mode and loss (null: sparse, no loss)
 };
 
 }  // namespace trillion

@@ -85,6 +85,7 @@ nlohmann::json TrainerState::to_json() const {
         {"eps", s.eps},
         {"clip", s.clip}}},
       {"moe_bias_rate", s.moe_bias_rate},
+      {"indexer", {{"mode", s.indexer_mode}, {"loss_coef", s.indexer_loss_coef}}},
   };
 }
 
@@ -128,6 +129,16 @@ TrainerState TrainerState::load(const std::string& path) {
   s.clip = number_field(optimizer, "clip", optimizer_path);
   s.moe_bias_rate = json.contains("moe_bias_rate") ? number_field(json, "moe_bias_rate", path) : 0.0;  // older states
   if (!(s.moe_bias_rate >= 0.0)) fail(path, ": field 'moe_bias_rate' must be >= 0, got ", s.moe_bias_rate);
+  if (json.contains("indexer")) {  // older states have none: the defaults
+    const nlohmann::json& indexer = field(json, "indexer", path);
+    const std::string indexer_path = path + " indexer";
+    s.indexer_mode = string_field(indexer, "mode", indexer_path);
+    if (s.indexer_mode != "dense" && s.indexer_mode != "warmup" && s.indexer_mode != "sparse")
+      fail(indexer_path, ": field 'mode' must be dense, warmup or sparse, got ", s.indexer_mode);
+    s.indexer_loss_coef = number_field(indexer, "loss_coef", indexer_path);
+    if (!(s.indexer_loss_coef >= 0.0))
+      fail(indexer_path, ": field 'loss_coef' must be >= 0, got ", s.indexer_loss_coef);
+  }
   if (state.sampler_position < 0) {
     fail(path, ": field 'sampler_position' must be >= 0, got ", state.sampler_position);
   }

@@ -35,6 +35,8 @@ struct TrainSettings {
   double eps = 1e-8;
   double clip = 1.0;  // global grad-norm clip; ≤ 0 disables
   double moe_bias_rate = 0.0;  // aux-loss-free balancing: b += rate · sign(mean load − load); 0 = off
+  std::string indexer_mode = "sparse";  // sparse attention layers: "dense" | "warmup" | "sparse" (IndexerMode)
+  double indexer_loss_coef = 1.0;       // their indexers' KL loss (0: off)
 };
 
 struct TrainerState {

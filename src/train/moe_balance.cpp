@@ -11,9 +11,15 @@ void StepStats::add(const StepResult& micro_batch) {
   if (micro_batches_ == 0) {
     aux_ = micro_batch.aux;
     layers_ = micro_batch.moe;
+    indexer_ = micro_batch.indexer;
   } else {
-    TRILLION_CHECK(aux_.size() == micro_batch.aux.size() && layers_.size() == micro_batch.moe.size(),
-                   "micro-batches report different loss terms or MoE layers");
+    TRILLION_CHECK(aux_.size() == micro_batch.aux.size() && layers_.size() == micro_batch.moe.size() &&
+                       indexer_.size() == micro_batch.indexer.size(),
+                   "micro-batches report different loss terms, MoE layers or sparse layers");
+    for (size_t l = 0; l < indexer_.size(); ++l) {
+      indexer_[l].loss += micro_batch.indexer[l].loss;
+      indexer_[l].selected_mass += micro_batch.indexer[l].selected_mass;
+    }
     for (size_t i = 0; i < aux_.size(); ++i) aux_[i].value += micro_batch.aux[i].value;
     for (size_t l = 0; l < layers_.size(); ++l) {
       MoeLayerStats& sum = layers_[l];
@@ -37,8 +43,19 @@ double StepStats::aux_objective() const {
 }
 
 void StepStats::write_metrics(nlohmann::json& record) const {
-  if (layers_.empty()) return;
   for (const LossTerm& term : aux_) record[term.name] = term.value / double(micro_batches_);
+  if (!indexer_.empty()) {
+    double mass = 0.0;
+    nlohmann::json layers = nlohmann::json::array();
+    for (const IndexerLayerStats& s : indexer_) {
+      mass += s.selected_mass / double(micro_batches_ * int64_t(indexer_.size()));
+      layers.push_back({{"layer", s.layer}, {"indexer_loss", s.loss / double(micro_batches_)},
+                        {"selected_mass", s.selected_mass / double(micro_batches_)}});
+    }
+    record["indexer_selected_mass"] = mass;
+    record["sparse_layers"] = layers;
+  }
+  if (layers_.empty()) return;
   double worst = 0.0;
   int64_t dropped = 0;
   nlohmann::json layers = nlohmann::json::array();

@@ -18,9 +18,10 @@ class StepStats {
  public:
   void add(const StepResult& micro_batch);
   const std::vector<MoeLayerStats>& layers() const { return layers_; }
-  // metrics.jsonl fields: each aux term's mean ("aux_loss", …), "expert_load_max_over_mean" (the
-  // worst layer), "dropped_tokens", and "moe_layers": [{layer, tokens_per_expert, max_over_mean,
-  // dropped}]. Nothing for a model without MoE layers.
+  // metrics.jsonl fields: each aux term's mean ("aux_loss", "indexer_loss", …); with sparse layers
+  // "indexer_selected_mass" (mean over layers) and "sparse_layers": [{layer, indexer_loss,
+  // selected_mass}]; with MoE layers "expert_load_max_over_mean" (the worst layer),
+  // "dropped_tokens", and "moe_layers": [{layer, tokens_per_expert, max_over_mean, dropped}].
   void write_metrics(nlohmann::json& record) const;
   // Mean over the micro-batches of Σ coef · value.
   double aux_objective() const;
@@ -29,6 +30,7 @@ class StepStats {
   int64_t micro_batches_ = 0;
   std::vector<LossTerm> aux_;  // sums of the values
   std::vector<MoeLayerStats> layers_;
+  std::vector<IndexerLayerStats> indexer_;  // sums over the micro-batches
 };
 
 // bias[E] += rate · sign(mean(load) − load[e]) (sign 0 → 0).

@@ -2,6 +2,7 @@
 #include "train/optimizer.h"
 
 #include <cmath>
+#include <utility>
 
 #include "io/safetensors.h"
 
@@ -12,10 +13,20 @@ Optimizer<T>::Optimizer(const ParamTable& table)
     : table_(table), exp_avg_(table.trainable_size()), exp_avg_sq_(table.trainable_size()) {}
 
 template <class T>
+void Optimizer<T>::set_trainable(std::function<bool(const ParamSpec&)> filter) {
+  filter_ = std::move(filter);
+}
+
+template <class T>
+bool Optimizer<T>::updates(const ParamSpec& spec) const {
+  return spec.trainable() && (!filter_ || filter_(spec));
+}
+
+template <class T>
 double Optimizer<T>::global_grad_norm(const T* grads) const {
   double total = 0.0;
   for (const ParamSpec& spec : table_.entries()) {
-    if (spec.trainable()) total += sum_of_squares(grads + spec.offset, spec.numel());
+    if (updates(spec)) total += sum_of_squares(grads + spec.offset, spec.numel());
   }
   return std::sqrt(total);
 }
@@ -23,14 +34,14 @@ double Optimizer<T>::global_grad_norm(const T* grads) const {
 template <class T>
 void Optimizer<T>::scale_grads(T* grads, double factor) const {
   for (const ParamSpec& spec : table_.entries()) {
-    if (spec.trainable()) scale_in_place(grads + spec.offset, spec.numel(), factor);
+    if (updates(spec)) scale_in_place(grads + spec.offset, spec.numel(), factor);
   }
 }
 
 template <class T>
 void Optimizer<T>::step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper) {
   for (const ParamSpec& spec : table_.entries()) {
-    if (!spec.trainable()) continue;
+    if (!updates(spec)) continue;
     const int64_t at = spec.offset;
     adamw_step(params + at, exp_avg_.data() + at, exp_avg_sq_.data() + at, grads + at, spec.numel(), step, hyper,
                spec.weight_decay);

@@ -1,11 +1,13 @@
 // AdamW optimizer state for a model's parameter table: first and second moments (exp_avg,
 // exp_avg_sq) in flat buffers laid out like the parameters, weight decay per table entry (off for
 // norms, biases, A_log, dt_bias), non-trainable buffers skipped. Also the global gradient norm
-// and clipping over every trainable tensor, and the optimizer checkpoint
+// and clipping over every trainable tensor (or the subset set_trainable keeps: frozen tensors are
+// neither updated nor counted in the norm; their moments stay and are saved), and the optimizer checkpoint
 // (optimizer.safetensors: "<name>.exp_avg" and "<name>.exp_avg_sq" per parameter, in T's dtype).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "core/memory.h"
@@ -18,6 +20,8 @@ template <class T>
 class Optimizer {
  public:
   explicit Optimizer(const ParamTable& table);
+  // Only tensors for which filter(spec) holds are updated, clipped and counted (default: all).
+  void set_trainable(std::function<bool(const ParamSpec&)> filter);
 
   // √(Σ g²) over all trainable tensors, in table order (independent of the thread count).
   double global_grad_norm(const T* grads) const;
@@ -34,7 +38,9 @@ class Optimizer {
   const T* exp_avg_sq() const { return exp_avg_sq_.data(); }  // [table.trainable_size()]
 
  private:
+  bool updates(const ParamSpec& spec) const;
   const ParamTable& table_;
+  std::function<bool(const ParamSpec&)> filter_;  // empty: every trainable tensor
   Buffer<T> exp_avg_;     // [table.trainable_size()]
   Buffer<T> exp_avg_sq_;  // [table.trainable_size()]
 };

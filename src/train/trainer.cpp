@@ -73,6 +73,9 @@ TrainSettings resumed_settings(const TrainOptions& o, const TrainSettings& saved
   check("clip", "optimizer.clip", given.clip, saved.clip);
   check("moe-bias-rate", "moe_bias_rate", given.moe_bias_rate, saved.moe_bias_rate);
   TrainSettings settings = saved;
+  // The indexer stage may change on resume (warm-up, then the sparse stage, from one run).
+  if (o.given.count("indexer-mode") != 0) settings.indexer_mode = given.indexer_mode;
+  if (o.given.count("indexer-loss-coef") != 0) settings.indexer_loss_coef = given.indexer_loss_coef;
   if (o.given.count("steps") != 0 && given.steps != saved.steps) {
     std::fprintf(stderr, "note: --steps %lld differs from the resumed run's %lld; the LR schedule now spans %lld steps\n",
                  static_cast<long long>(given.steps), static_cast<long long>(saved.steps),
@@ -125,6 +128,18 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   model.zero_grads();
   Optimizer<T> optimizer(model.table());
   if (run.resumed) optimizer.load((fs::path(run.weights_dir) / "optimizer.safetensors").string());
+  const IndexerMode indexer_mode = s.indexer_mode == "warmup"  ? IndexerMode::warmup
+                                   : s.indexer_mode == "dense" ? IndexerMode::dense
+                                                               : IndexerMode::sparse;
+  model.set_indexer_training(indexer_mode, s.indexer_loss_coef);
+  if (model.sparse_layers() == 0 && (o.given.count("indexer-mode") != 0 || o.given.count("indexer-loss-coef") != 0))
+    fail("--indexer-mode / --indexer-loss-coef: the model has no sparse attention layers (deepseek_v32's "
+         "indexed_attention); expected neither");
+  if (indexer_mode == IndexerMode::warmup) {
+    if (!(s.indexer_loss_coef > 0.0)) fail("--indexer-mode warmup trains only the indexers: expected --indexer-loss-coef > 0");
+    // DeepSeek-V3.2's warm-up: every tensor but the indexers' stays as it is.
+    optimizer.set_trainable([](const ParamSpec& spec) { return spec.name.find(".self_attn.indexer.") != std::string::npos; });
+  }
 
   Sampler sampler(run.data.train.tokens, s.seq_len, s.seed);
   sampler.set_position(run.state.sampler_position);

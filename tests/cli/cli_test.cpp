@@ -36,7 +36,6 @@ TEST(Info, CountsEqualTransformersForTheDefaultConfigs) {
     const nlohmann::json counts =
         nlohmann::json::parse(read_file(std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/" + file));
     for (const auto& [name, entry] : counts.items()) {
-      if (name == "deepseek_v32_default") continue;  // the lightning indexer lands next (issue 7)
       const CommandResult r = run_cli(
           "info --json --config " + std::string(TRILLION_SOURCE_DIR) + "/" + entry.at("config").get<std::string>(),
           "OMP_NUM_THREADS=1", /*stdout_only=*/true);
@@ -50,18 +49,20 @@ TEST(Info, CountsEqualTransformersForTheDefaultConfigs) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 5);  // Qwen3MoeConfig, Glm4MoeConfig, Qwen3NextConfig, DeepseekV3Config, KimiLinearConfig
+  EXPECT_EQ(checked, 6);  // Qwen3MoeConfig, Glm4MoeConfig, Qwen3NextConfig, DeepseekV3Config, DeepseekV32Config,
+                          // KimiLinearConfig
 }
 
-// A layer kind that is not declared yet is not guessed at: DeepSeek-V3.2's indexer is an error.
+// A layer kind that is not declared yet is not guessed at: sparse attention on GQA attention is an error.
 TEST(Info, RefusesToCountKindsNotBuilt) {
   fs::create_directories(test_root());
   const fs::path path = test_root() / "deepseek.json";
-  write_text(path, R"({"model_type": "deepseek_v32", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
-                       "num_attention_heads": 4, "intermediate_size": 32, "index_n_heads": 2, "index_head_dim": 8})");
+  write_text(path, R"({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
+                       "num_attention_heads": 4, "intermediate_size": 32, "index_n_heads": 2, "index_head_dim": 8,
+                       "layer_types": ["full_attention", "sparse_attention"]})");
   const CommandResult r = run_cli("info --config " + path.string());
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("deepseek.json: model_type deepseek_v32: its lightning indexer is not built yet"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("deepseek.json: layer_types[1] = sparse_attention: not built yet for qwen3"), std::string::npos) << r.output;
 }
 
 TEST(BenchGemm, TinyRunReportsACorrectProduct) {

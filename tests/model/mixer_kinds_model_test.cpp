@@ -32,6 +32,8 @@ const char* const kHybrid = "tiny_qwen3_next_hybrid.json";
 const char* const kKimi = "tiny_kimi_linear_kda.json";
 const char* const kDeepseek = "tiny_deepseek_v3.json";
 const char* const kKimiMla = "tiny_kimi_linear.json";
+// tiny_deepseek_v32.json: two sparse MLA layers (indexer 2 heads of 6, top-3 of 7 keys), dense then MoE.
+const char* const kSparse = "tiny_deepseek_v32.json";
 
 class MixerKindModel : public ::testing::TestWithParam<const char*> {};
 
@@ -80,13 +82,84 @@ TEST_P(MixerKindModel, DecodingWithCarriedStateEqualsTheForward) {
   EXPECT_LE(test::relative_error(last, stepwise_last), 1e-12);
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, MixerKindModel, ::testing::Values(kHybrid, kKimi, kDeepseek, kKimiMla),
+// The indexer's warm-up (dense attention, the indexer learning over every visible key) and the dense
+// stage: the indexer's tensors against finite differences of its loss, the others of the LM loss.
+TEST(SparseAttentionModel, GradientCheckInTheDenseStages) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path(kSparse));
+  for (IndexerMode mode : {IndexerMode::warmup, IndexerMode::dense}) {
+    GradientCheckOptions options;
+    options.indexer_mode = mode;
+    options.indexer_loss_coef = 0.7;
+    GradientCheckReport report;
+    test::with_threads(1, [&] { report = check_model_gradients(config, options); });
+    ASSERT_TRUE(report.full);
+    int indexer_tensors = 0;
+    for (const TensorCheck& t : report.tensors) {
+      EXPECT_LE(t.rel_err, 1e-6) << indexer_mode_name(mode) << " " << t.name;
+      indexer_tensors += t.name.find(".self_attn.indexer.") != std::string::npos ? 1 : 0;
+    }
+    EXPECT_EQ(indexer_tensors, 10);  // 5 per sparse layer, each with a nonzero gradient (rel_err finite)
+  }
+}
+
+// The indexer loss is reported per sparse layer, lowers what the indexer is trained on, and does
+// not reach the model: with the loss off the model's gradients are the same, the indexer's zero.
+TEST(SparseAttentionModel, IndexerLossTrainsOnlyTheIndexer) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path(kSparse));
+  Model<double> model(config);
+  model.init_weights(4);
+  const int64_t batch = 2, seq = 7, n = batch * seq;
+  std::vector<int32_t> tokens(n), targets(n);
+  const CounterRng rng(6, "sparse_attention_model_test");
+  for (int64_t i = 0; i < n; ++i) {
+    tokens[i] = static_cast<int32_t>(rng.bits(i) % config.vocab_size);
+    targets[i] = static_cast<int32_t>(rng.bits(n + i) % config.vocab_size);
+  }
+  const LossScales scales{1.0 / double(n), 1.0};
+  const int64_t size = model.table().trainable_size();
+  std::vector<double> with_loss(size), without(size);
+  for (double coef : {1.0, 0.0}) {
+    model.set_indexer_training(IndexerMode::sparse, coef);
+    model.zero_grads();
+    const StepResult r = model.forward_backward(tokens.data(), targets.data(), batch, seq, scales);
+    std::copy(model.grads(), model.grads() + size, (coef > 0 ? with_loss : without).begin());
+    if (coef > 0) {
+      ASSERT_EQ(r.indexer.size(), 2u);
+      for (const IndexerLayerStats& s : r.indexer) {
+        EXPECT_GT(s.loss, 0.0);
+        EXPECT_DOUBLE_EQ(s.selected_mass, 1.0);  // sparse mode: p lives on the selection
+      }
+      ASSERT_EQ(r.aux.size(), 1u);
+      EXPECT_EQ(r.aux[0].name, "indexer_loss");
+      EXPECT_DOUBLE_EQ(r.aux[0].value, 0.5 * (r.indexer[0].loss + r.indexer[1].loss));
+    } else {
+      EXPECT_TRUE(r.indexer.empty());
+    }
+  }
+  for (const ParamSpec& spec : model.table().entries()) {
+    if (!spec.trainable()) continue;
+    const bool indexer = spec.name.find(".self_attn.indexer.") != std::string::npos;
+    for (int64_t i = 0; i < spec.numel(); ++i) {
+      if (indexer) {
+        ASSERT_EQ(without[spec.offset + i], 0.0) << spec.name;
+      } else {
+        ASSERT_EQ(with_loss[spec.offset + i], without[spec.offset + i]) << spec.name;
+      }
+    }
+  }
+  model.set_indexer_training(IndexerMode::warmup, 1.0);
+  const StepResult warm = model.forward_backward(tokens.data(), targets.data(), batch, seq, scales);
+  for (const IndexerLayerStats& s : warm.indexer) EXPECT_LT(s.selected_mass, 1.0);  // 3 of up to 7 keys
+}
+
+INSTANTIATE_TEST_SUITE_P(Configs, MixerKindModel, ::testing::Values(kHybrid, kKimi, kDeepseek, kKimiMla, kSparse),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            const std::string name = info.param;
                            return name == kHybrid ? "Qwen3NextHybrid"
                                   : name == kKimi ? "KimiLinearKda"
                                   : name == kDeepseek ? "DeepseekV3Yarn"
-                                                      : "KimiLinearMla";
+                                  : name == kKimiMla  ? "KimiLinearMla"
+                                                      : "DeepseekV32Sparse";
                          });
 
 }  // namespace

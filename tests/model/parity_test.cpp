@@ -98,13 +98,21 @@ TEST_P(Parity, LossAndEveryGradientMatchTransformers) {
     EXPECT_TRUE(result.aux.empty());
   }
 
-  // Every trainable parameter has a reference gradient, and the fixture holds no others.
+  // Every trainable parameter has a reference gradient, and the fixture holds no others, except the
+  // lightning indexer's (deepseek_v32): transformers runs it under no_grad and so do we (the LM loss
+  // does not reach it; its own loss is off here), so its gradient is exactly zero.
   int64_t grad_tensors = 0, trainable = 0;
   for (const auto& [name, info] : fixture_->tensors()) grad_tensors += name.rfind("grad.", 0) == 0 ? 1 : 0;
   double worst = 0.0;
   std::string worst_name;
   for (const ParamSpec& spec : model_->table().entries()) {
     if (!spec.trainable()) continue;
+    if (spec.name.find(".self_attn.indexer.") != std::string::npos) {
+      EXPECT_FALSE(fixture_->contains("grad." + spec.name)) << spec.name;
+      const double* grad = model_->grads() + spec.offset;
+      EXPECT_TRUE(std::all_of(grad, grad + spec.numel(), [](double g) { return g == 0.0; })) << spec.name;
+      continue;
+    }
     ++trainable;
     std::vector<double> expected(spec.numel());  // shape of the parameter
     fixture_->read("grad." + spec.name, spec.shape, expected.data());
@@ -126,6 +134,35 @@ TEST_P(FusedLayoutParity, LoadsTheSameWeights) {
   EXPECT_EQ(0, std::memcmp(fused.params(), model_->params(), model_->table().total_size() * sizeof(double)));
   const SafetensorsReader file(dir_ + "/fused/model.safetensors");
   EXPECT_TRUE(file.contains("model.layers.1.mlp.experts.gate_up_proj"));
+}
+
+// Sparse attention layers select the keys transformers' indexer selects (as sets: transformers
+// orders them by torch's top-k; the fixture holds them sorted, −1 for picks past the visible keys).
+class SparseParity : public Parity {};
+
+TEST_P(SparseParity, SelectsTheKeysTransformersSelects) {
+  model_->forward_loss(tokens_.data(), targets_.data(), kBatch, kSeq);
+  const int64_t topk = std::min<int64_t>(config_.index_topk, kSeq);
+  int layers = 0;
+  for (int layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    if (!fixture_->contains("indexer_topk." + std::to_string(layer))) continue;
+    ++layers;
+    std::vector<double> expected(kBatch * kSeq * topk);  // [batch, seq, topk]
+    fixture_->read("indexer_topk." + std::to_string(layer), {kBatch, kSeq, topk}, expected.data());
+    const std::vector<int32_t>& ours = model_->decisions().recorded(DecisionKind::selection, layer);
+    ASSERT_EQ(int64_t(ours.size()), kBatch * kSeq * config_.index_topk);
+    for (int64_t row = 0; row < kBatch * kSeq; ++row) {
+      std::vector<int32_t> want, got;
+      for (int64_t j = 0; j < topk; ++j)
+        if (expected[row * topk + j] >= 0) want.push_back(int32_t(expected[row * topk + j]));
+      for (int64_t j = 0; j < config_.index_topk; ++j)
+        if (ours[row * config_.index_topk + j] >= 0) got.push_back(ours[row * config_.index_topk + j]);
+      std::sort(want.begin(), want.end());
+      std::sort(got.begin(), got.end());
+      EXPECT_EQ(got, want) << "layer " << layer << " row " << row;
+    }
+  }
+  EXPECT_EQ(layers, config_.num_hidden_layers);
 }
 
 TEST_P(Parity, DecodingLogitsMatchTransformers) {
@@ -156,12 +193,15 @@ TEST_P(Parity, DecodingLogitsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Models, Parity, ::testing::Values("tiny_qwen3", "tiny_qwen3_next", "tiny_qwen3_tied", "tiny_qwen3_moe",
                                                            "tiny_qwen3_next_moe", "tiny_glm4_moe",
                                                            "tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda",
-                                                           "tiny_deepseek_v3", "tiny_deepseek_v3_yarn", "tiny_kimi_linear"),
+                                                           "tiny_deepseek_v3", "tiny_deepseek_v3_yarn", "tiny_kimi_linear",
+                                                           "tiny_deepseek_v32"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+INSTANTIATE_TEST_SUITE_P(SparseModels, SparseParity, ::testing::Values("tiny_deepseek_v32"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 INSTANTIATE_TEST_SUITE_P(MoeModels, FusedLayoutParity,
                          ::testing::Values("tiny_qwen3_moe", "tiny_qwen3_next_moe", "tiny_glm4_moe",
                                            "tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda", "tiny_deepseek_v3",
-                                           "tiny_deepseek_v3_yarn", "tiny_kimi_linear"),
+                                           "tiny_deepseek_v3_yarn", "tiny_kimi_linear", "tiny_deepseek_v32"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

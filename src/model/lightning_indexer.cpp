@@ -1,0 +1,158 @@
+// The lightning indexer of a sparse attention layer: projections, selection, the fused loss and
+// its backward through the projections. See lightning_indexer.h.
+#include "model/lightning_indexer.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "ops/indexer.h"
+#include "ops/norm.h"
+#include "ops/rope.h"
+
+namespace trillion {
+
+IndexerDims IndexerDims::from_config(const ModelConfig& config, bool from_latent) {
+  IndexerDims dims;
+  dims.heads = config.index_n_heads;
+  dims.head_dim = config.index_head_dim;
+  dims.topk = config.index_topk;
+  dims.hidden = config.hidden_size;
+  dims.from_latent = from_latent;
+  dims.q_in = from_latent ? config.q_lora_rank : config.hidden_size;
+  const int64_t rotary = from_latent ? config.qk_rope_head_dim : config.rotary_dim();
+  dims.rope = config.rope_spec(rotary, /*interleaved=*/false);
+  dims.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
+  return dims;
+}
+
+namespace {
+
+IndexerSizes sizes_of(const IndexerDims& dims, int64_t batch, int64_t q_len, int64_t kv_len) {
+  return {batch, q_len, kv_len, dims.heads, dims.head_dim, dims.topk, 1.0 / std::sqrt(double(dims.head_dim))};
+}
+
+// q[n, H_I, d_I], k_raw / k [n, d_I] with mean / rstd [n], w [n, H_I] of n tokens at `positions`.
+template <class T>
+void project(T* q, T* k_raw, T* k_mean, T* k_rstd, T* k, T* w_out, const T* q_in, const T* h,
+             const int32_t* positions, int64_t n, const IndexerWeights<T>& w, const IndexerDims& dims) {
+  const int64_t hd = dims.heads * dims.head_dim, D = dims.hidden;
+  linear(q, q_in, w.wq, n, dims.q_in, hd, /*accumulate=*/false);
+  rope_forward(q, positions, n, dims.heads, dims.head_dim, 0, dims.rope);
+  linear(k_raw, h, w.wk, n, D, dims.head_dim, /*accumulate=*/false);
+  layer_norm_forward(k, k_mean, k_rstd, k_raw, w.k_norm_weight, w.k_norm_bias, n, dims.head_dim, 1e-6);
+  rope_forward(k, positions, n, 1, dims.head_dim, 0, dims.rope);
+  linear(w_out, h, w.weights_proj, n, D, dims.heads, /*accumulate=*/false);
+  const T head_scale = T(1.0 / std::sqrt(double(dims.heads)));
+  for (int64_t i = 0; i < n * dims.heads; ++i) w_out[i] *= head_scale;
+}
+
+// The loss is computed whenever its coefficient is on (evaluation reports it too); its gradients are
+// kept only in training (pass.store set).
+bool loss_on(const LayerPass& pass) { return pass.indexer != nullptr && pass.indexer->coef > 0.0; }
+
+}  // namespace
+
+template <class T>
+IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeights<T>& w, const IndexerDims& dims,
+                                  const LayerPass& pass, int layer, Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, topk = dims.topk;
+  // wk's output and its LayerNorm statistics are saved for the loss's backward, else temporaries.
+  ActivationStore* keep = loss_on(pass) ? pass.store : nullptr;  // null: scratch
+  T* k_raw = save_or_scratch<T>(keep, Tag::idx_k_raw, layer, n * dims.head_dim, scratch);  // [n, d_I]
+  T* k_mean = save_or_scratch<T>(keep, Tag::idx_k_mean, layer, n, scratch);               // [n]
+  T* k_rstd = save_or_scratch<T>(keep, Tag::idx_k_rstd, layer, n, scratch);               // [n]
+  IndexerOutputs<T> out;
+  out.q = scratch.alloc<T>(n * dims.heads * dims.head_dim);
+  out.k = scratch.alloc<T>(n * dims.head_dim);
+  out.w = scratch.alloc<T>(n * dims.heads);
+  project(out.q, k_raw, k_mean, k_rstd, out.k, out.w, q_in, h, pass.positions, n, w, dims);
+  const IndexerSizes sizes = sizes_of(dims, batch, seq, seq);
+  int32_t* selection = save_or_scratch<int32_t>(pass.store, Tag::attn_indices, layer, n * topk, scratch);  // [n, topk]
+  const auto select = [&](int32_t* indices) { indexer_topk(indices, out.q, out.k, out.w, sizes); };
+  if (pass.decisions != nullptr) {
+    const int32_t* decided = pass.decisions->decide(DecisionKind::selection, layer, n * topk, select);
+    std::copy(decided, decided + n * topk, selection);
+  } else {
+    select(selection);
+  }
+  out.selection = selection;
+  return out;
+}
+
+template <class T>
+void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T* lse, int64_t heads, int64_t kv_heads,
+                   int64_t qk_dim, double scale, const IndexerDims& dims, const LayerPass& pass, int layer,
+                   Arena& scratch) {
+  using Tag = ActivationTag;
+  if (!loss_on(pass)) return;
+  const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq;
+  T* dq = save_or_scratch<T>(pass.store, Tag::idx_dq, layer, n * dims.heads * dims.head_dim, scratch);  // [n, H_I, d_I]
+  T* dk = save_or_scratch<T>(pass.store, Tag::idx_dk, layer, n * dims.head_dim, scratch);               // [n, d_I]
+  T* dw = save_or_scratch<T>(pass.store, Tag::idx_dw, layer, n * dims.heads, scratch);                  // [n, H_I]
+  const IndexerTarget target{q, k, lse, heads, kv_heads, qk_dim, scale};
+  const IndexerMode mode = pass.indexer->mode;
+  const IndexerLossResult r =
+      indexer_loss(dq, dk, dw, out.q, out.k, out.w, out.selection, target,
+                   mode == IndexerMode::sparse ? IndexerLossMode::kSparse : IndexerLossMode::kDense,
+                   pass.indexer->grad_scale, sizes_of(dims, batch, seq, seq));
+  if (pass.result != nullptr) pass.result->indexer.push_back({layer, r.loss, r.selected_mass});
+}
+
+template <class T>
+void indexer_backward(const T* q_in, const T* h, const IndexerWeights<T>& w, const IndexerWeights<T>& grads,
+                      const IndexerDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
+                      Arena& scratch) {
+  using Tag = ActivationTag;
+  if (!store.contains(Tag::idx_dq, layer)) return;  // the loss was off in this forward
+  const int64_t n = pass.batch * pass.seq, hd = dims.heads * dims.head_dim, D = dims.hidden, di = dims.head_dim;
+  T* dq = scratch.alloc<T>(n * hd);  // [n, H_I, d_I]
+  T* dk = scratch.alloc<T>(n * di);  // [n, d_I]
+  T* dw = scratch.alloc<T>(n * dims.heads);  // [n, H_I] wrt weights_proj's output
+  std::memcpy(dq, store.get<T>(Tag::idx_dq, layer, n * hd), n * hd * sizeof(T));
+  std::memcpy(dk, store.get<T>(Tag::idx_dk, layer, n * di), n * di * sizeof(T));
+  const T* dw_scaled = store.get<T>(Tag::idx_dw, layer, n * dims.heads);
+  const T head_scale = T(1.0 / std::sqrt(double(dims.heads)));
+  for (int64_t i = 0; i < n * dims.heads; ++i) dw[i] = dw_scaled[i] * head_scale;
+  rope_backward(dq, pass.positions, n, dims.heads, di, 0, dims.rope);
+  rope_backward(dk, pass.positions, n, 1, di, 0, dims.rope);
+  // Detached inputs: only the indexer's own tensors get gradients (null dx).
+  linear_grad<T>(nullptr, grads.wq, dq, q_in, w.wq, n, dims.q_in, hd, false);
+  T* dk_raw = scratch.alloc<T>(n * di);  // [n, d_I]
+  layer_norm_backward(dk_raw, grads.k_norm_weight, grads.k_norm_bias, dk, store.get<T>(Tag::idx_k_raw, layer, n * di),
+                      w.k_norm_weight, store.get<T>(Tag::idx_k_mean, layer, n), store.get<T>(Tag::idx_k_rstd, layer, n),
+                      n, di, /*accumulate_dx=*/false);
+  linear_grad<T>(nullptr, grads.wk, dk_raw, h, w.wk, n, D, di, false);
+  linear_grad<T>(nullptr, grads.weights_proj, dw, h, w.weights_proj, n, D, dims.heads, false);
+}
+
+template <class T>
+const int32_t* indexer_decode(const T* q_in, const T* h, int64_t n, int64_t past, T* k_cache,
+                              const IndexerWeights<T>& w, const IndexerDims& dims, Arena& scratch) {
+  int32_t* positions = scratch.alloc<int32_t>(n);  // [n]
+  for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(past + i);
+  T* q = scratch.alloc<T>(n * dims.heads * dims.head_dim);  // [n, H_I, d_I]
+  T* k_raw = scratch.alloc<T>(n * dims.head_dim);           // [n, d_I]
+  T* k_mean = scratch.alloc<T>(n);                          // [n]
+  T* k_rstd = scratch.alloc<T>(n);                          // [n]
+  T* w_out = scratch.alloc<T>(n * dims.heads);              // [n, H_I]
+  project(q, k_raw, k_mean, k_rstd, k_cache + past * dims.head_dim, w_out, q_in, h, positions, n, w, dims);
+  int32_t* selection = scratch.alloc<int32_t>(n * dims.topk);  // [n, topk]
+  indexer_topk(selection, q, k_cache, w_out, sizes_of(dims, 1, n, past + n));
+  return selection;
+}
+
+#define TRILLION_INSTANTIATE(T)                                                                                     \
+  template IndexerOutputs<T> indexer_forward<T>(const T*, const T*, const IndexerWeights<T>&, const IndexerDims&,   \
+                                                const LayerPass&, int, Arena&);                                     \
+  template void indexer_train<T>(const IndexerOutputs<T>&, const T*, const T*, const T*, int64_t, int64_t, int64_t, \
+                                 double, const IndexerDims&, const LayerPass&, int, Arena&);                        \
+  template void indexer_backward<T>(const T*, const T*, const IndexerWeights<T>&, const IndexerWeights<T>&,         \
+                                    const IndexerDims&, const LayerPass&, const ActivationStore&, int, Arena&);     \
+  template const int32_t* indexer_decode<T>(const T*, const T*, int64_t, int64_t, T*, const IndexerWeights<T>&,     \
+                                            const IndexerDims&, Arena&);
+TRILLION_INSTANTIATE(float)
+TRILLION_INSTANTIATE(double)
+#undef TRILLION_INSTANTIATE
+
+}  // namespace trillion

@@ -1,0 +1,580 @@
+// The lightning indexer's streamed top-k and its KL loss (forward and backward), see indexer.h.
+//
+// Score tiles: a work item owns one (batch, query block of kQueryBlock queries). For a key block
+// of kKeyBlock keys one gemm gives head_scores[rows = (query, head), keys] = scale · q kᵀ (the
+// rows (t, h) of q are contiguous, so the query block is one matrix); ReLU and the weighted head
+// sum (heads in increasing order) fold it into tile[query, key] = I. Keys a query cannot see are
+// never read: each query row uses only its first `visible` columns of a block.
+//
+// Top-k (streaming): each query keeps a candidate list of up to 2·topk + kKeyBlock candidates,
+// packed as integers whose order is "score descending, then key ascending". Keys arrive in
+// increasing order, so once the list has been compacted to its best topk (nth_element), a later
+// key can rank among the best only with a score strictly above the worst kept one; everything else
+// is dropped on sight (whole blocks at once by their maximum). The list is compacted again when it
+// holds more than 2·topk, and radix-sorted at the end. The order is total and strict, so the selection
+// is unique: the result equals a full sort and does not depend on the thread count.
+//
+// Loss, dense mode (two passes per query block): pass 1 streams the log-sum-exp of I over the
+// visible keys; pass 2 recomputes I and the main attention's P_h = exp(scale_t · q kᵀ − lse_h)
+// per key block (one gemm per kv-head group), accumulates KL and the selected mass (each query's
+// selection sorted ascending, walked by a cursor as key blocks advance), forms dI and the
+// gradients: dw and dq stay in the item, dk[keys of the block] gets the block's dSᵀ q. The dk
+// adds are ordered by query block: a per-(batch, key block) turn counter makes an item wait until
+// every earlier query block that sees the key block has added its part (items are claimed in
+// increasing order, so the one waited for is running or done). Hence dk is bitwise independent of
+// the thread count, with O(threads · block) workspace and no recompute.
+// Sparse mode: per query, the selected keys are gathered (indexer and main-attention keys), both
+// distributions live on S_t; items of kSparseQueryBlock queries keep their dk rows [queries, topk,
+// d] and scatter them into dk in item order under one turn counter (same argument).
+#include "ops/indexer.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <thread>
+#include <utility>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/parallel.h"
+#include "ops/gemm.h"
+#include "ops/vector_exp.h"
+
+namespace trillion {
+namespace {
+
+constexpr int64_t kQueryBlock = 64;        // queries per dense work item
+constexpr int64_t kKeyBlock = 256;         // keys per score tile
+constexpr int64_t kSparseQueryBlock = 16;  // queries per sparse-mode work item
+
+// Index arithmetic and size checks shared by the top-k and the loss.
+struct Geometry {
+  IndexerSizes s;
+  int64_t offset, q_blocks, k_blocks, rows_max;
+  explicit Geometry(const IndexerSizes& sizes) : s(sizes) {
+    TRILLION_CHECK(s.batch > 0 && s.q_len > 0 && s.heads > 0 && s.head_dim > 0 && s.topk > 0,
+                   "bad indexer sizes batch=", s.batch, " q_len=", s.q_len, " heads=", s.heads,
+                   " head_dim=", s.head_dim, " topk=", s.topk);
+    TRILLION_CHECK(s.q_len <= s.kv_len, "indexer q_len ", s.q_len, " > kv_len ", s.kv_len);
+    TRILLION_CHECK(s.kv_len <= std::numeric_limits<int32_t>::max(), "indexer kv_len ", s.kv_len, " exceeds int32");
+    offset = s.kv_len - s.q_len;
+    q_blocks = (s.q_len + kQueryBlock - 1) / kQueryBlock;
+    k_blocks = (s.kv_len + kKeyBlock - 1) / kKeyBlock;
+    rows_max = kQueryBlock * s.heads;
+  }
+  // Keys [0, visible_end(t)) are visible to query t.
+  int64_t visible_end(int64_t t) const { return t + offset + 1; }
+  // Keys of [j0, j0 + cols) visible to query t.
+  int64_t visible_in_block(int64_t t, int64_t j0, int64_t cols) const {
+    return std::clamp<int64_t>(visible_end(t) - j0, 0, cols);
+  }
+  const int32_t* index_row(const int32_t* indices, int64_t b, int64_t t) const {
+    return indices + (b * s.q_len + t) * s.topk;
+  }
+};
+
+template <class T>
+T relu(T x) {
+  return x < T(0) ? T(0) : x;  // NaN passes through, so a NaN input shows up in the score
+}
+
+// head_scores[(t − t0)·heads + h, c] ← scale · q[b, t, h] · k[b, j0 + c] and
+// tile[t − t0, c] ← Σ_h w[b, t, h] · ReLU(head_scores) for t in [t0, t1), c < cols (ld kKeyBlock both).
+// Entries beyond a query's visible keys are computed but must not be read.
+template <class T>
+void score_tile(T* tile, T* head_scores, const T* q, const T* k, const T* w, const Geometry& geo, int64_t b,
+                int64_t t0, int64_t t1, int64_t j0, int64_t cols) {
+  const int64_t heads = geo.s.heads, d = geo.s.head_dim;
+  const T* q_block = q + (b * geo.s.q_len + t0) * heads * d;  // [(t1 − t0)·heads, d]
+  const T* k_block = k + (b * geo.s.kv_len + j0) * d;         // [cols, d]
+  gemm<T>(false, true, (t1 - t0) * heads, cols, d, T(geo.s.scale), q_block, d, k_block, d, T(0), head_scores,
+          kKeyBlock);
+  for (int64_t t = t0; t < t1; ++t) {
+    T* row = tile + (t - t0) * kKeyBlock;  // [cols]
+    const T* w_row = w + (b * geo.s.q_len + t) * heads;
+    std::fill(row, row + cols, T(0));
+    for (int64_t h = 0; h < heads; ++h) {
+      const T* hs = head_scores + ((t - t0) * heads + h) * kKeyBlock;
+      const T wh = w_row[h];
+      for (int64_t c = 0; c < cols; ++c) row[c] += wh * relu(hs[c]);
+    }
+  }
+}
+
+// A candidate (score, key) packed into one unsigned integer whose descending order is the ranking
+// "score descending, then key ascending": the score's bits made order-preserving (−0 folded into
+// +0 first, so equal scores tie) above the bitwise complement of the key. Integer comparisons keep
+// selection and sorting cheap and branch-light. 64 bits for float scores, 128 for double.
+template <class T>
+struct PackedRank;
+template <>
+struct PackedRank<float> {
+  using Bits = uint32_t;
+  using Packed = uint64_t;
+};
+template <>
+struct PackedRank<double> {
+  using Bits = uint64_t;
+  using Packed = unsigned __int128;
+};
+
+template <class T>
+typename PackedRank<T>::Packed pack_rank(T score, int64_t key) {
+  using Bits = typename PackedRank<T>::Bits;
+  using Packed = typename PackedRank<T>::Packed;
+  constexpr Bits sign = Bits(1) << (8 * sizeof(Bits) - 1);
+  const Bits bits = std::bit_cast<Bits>(T(score + T(0)));
+  const Bits ordered = (bits & sign) != 0 ? ~bits : (bits | sign);
+  return (Packed(ordered) << 32) | Packed(~static_cast<uint32_t>(key));
+}
+
+template <class Packed>
+int32_t unpack_key(Packed packed) {
+  return static_cast<int32_t>(~static_cast<uint32_t>(packed));
+}
+
+// Sorts list[count] descending by an LSD radix sort over the bytes of Packed (8-bit digits; a
+// byte that every element shares is skipped, e.g. the high bytes of small complemented keys);
+// scratch[count] is overwritten. No data-dependent branches, unlike a comparison sort.
+template <class Packed>
+void radix_sort_descending(Packed* list, Packed* scratch, int64_t count) {
+  Packed* from = list;
+  Packed* to = scratch;
+  for (int shift = 0; shift < 8 * int(sizeof(Packed)); shift += 8) {
+    int64_t bucket_start[256] = {};  // histogram, then first output slot per digit
+    for (int64_t i = 0; i < count; ++i) ++bucket_start[255 - int((from[i] >> shift) & 0xFF)];
+    if (bucket_start[255 - int((from[0] >> shift) & 0xFF)] == count) continue;
+    int64_t next = 0;
+    for (int64_t& slot : bucket_start) next += std::exchange(slot, next);
+    for (int64_t i = 0; i < count; ++i) to[bucket_start[255 - int((from[i] >> shift) & 0xFF)]++] = from[i];
+    std::swap(from, to);
+  }
+  if (from != list) std::copy(from, from + count, list);
+}
+
+// One query's running top-k over the keys seen so far (keys arrive in increasing order).
+template <class T>
+struct RunningTopk {
+  using Packed = typename PackedRank<T>::Packed;
+  Packed* list;  // [2·topk + kKeyBlock]: candidates; at the end [topk] kept + [topk] sort scratch
+  int64_t count = 0;
+  int64_t topk = 0;
+  bool compacted = false;  // worst_kept is then the worst of the topk kept candidates
+  Packed worst_kept = 0;
+
+  void compact() {
+    std::nth_element(list, list + (topk - 1), list + count, std::greater<Packed>());
+    count = topk;
+    compacted = true;
+    worst_kept = list[topk - 1];
+  }
+  // Offers the visible scores of one key block, keys j0, j0 + 1, …; returns whether one was NaN
+  // (a block with a NaN is not offered: the caller fails a CHECK).
+  bool offer(const T* scores, int64_t visible, int64_t j0) {
+    bool nan = false;
+    for (int64_t c = 0; c < visible; ++c) nan |= std::isnan(scores[c]);
+    if (nan || visible == 0) return nan;
+    // Once the list is compacted only a candidate ranking before the worst kept one can enter
+    // (a later key with an equal score ranks after it); most blocks then hold none: the best
+    // candidate a block can offer is its largest score at its first key.
+    if (compacted && !(pack_rank(max_value(scores, visible), j0) > worst_kept)) return false;
+    if (count > 2 * topk) compact();
+    for (int64_t c = 0; c < visible; ++c) {
+      const Packed candidate = pack_rank(scores[c], j0 + c);
+      if (compacted && !(candidate > worst_kept)) continue;
+      list[count++] = candidate;
+    }
+    return false;
+  }
+  // out[topk] ← the best min(topk, count) keys in rank order, then −1.
+  void write(int32_t* out) {
+    if (count > topk) compact();
+    if (count > 0) radix_sort_descending(list, list + count, count);  // count ≤ topk: room for scratch
+    for (int64_t i = 0; i < count; ++i) out[i] = unpack_key(list[i]);
+    std::fill(out + count, out + topk, -1);
+  }
+};
+
+}  // namespace
+
+template <class T>
+void indexer_topk(int32_t* indices, const T* q, const T* k, const T* w, const IndexerSizes& sizes) {
+  const Geometry geo(sizes);
+  const int64_t capacity = 2 * sizes.topk + kKeyBlock;
+  // Per-thread workspace: head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock]; candidate
+  // lists [kQueryBlock, capacity].
+  const int64_t per_thread = geo.rows_max * kKeyBlock + kQueryBlock * kKeyBlock;
+  Buffer<T> workspace(per_thread * num_threads());
+  Buffer<typename PackedRank<T>::Packed> candidates(kQueryBlock * capacity * num_threads());
+  std::atomic<bool> found_nan{false};
+  const int64_t items = sizes.batch * geo.q_blocks;
+
+  parallel_for_dynamic(items, [&](int64_t item) {
+    // Late query blocks (most keys) first for load balance.
+    const int64_t qb = geo.q_blocks - 1 - item % geo.q_blocks, b = item / geo.q_blocks;
+    const int thread = omp_get_thread_num();
+    T* head_scores = workspace.data() + per_thread * thread;  // [rows_max, kKeyBlock]
+    T* tile = head_scores + geo.rows_max * kKeyBlock;         // [kQueryBlock, kKeyBlock]
+    const int64_t t0 = qb * kQueryBlock, t1 = std::min(t0 + kQueryBlock, sizes.q_len);
+    RunningTopk<T> running[kQueryBlock];
+    for (int64_t r = 0; r < t1 - t0; ++r) {
+      running[r].list = candidates.data() + (thread * kQueryBlock + r) * capacity;
+      running[r].topk = sizes.topk;
+    }
+    bool nan = false;
+    const int64_t key_end = geo.visible_end(t1 - 1);
+    for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+      const int64_t cols = std::min(kKeyBlock, key_end - j0);
+      score_tile(tile, head_scores, q, k, w, geo, b, t0, t1, j0, cols);
+      for (int64_t t = t0; t < t1; ++t)
+        nan |= running[t - t0].offer(tile + (t - t0) * kKeyBlock, geo.visible_in_block(t, j0, cols), j0);
+    }
+    if (nan) found_nan.store(true, std::memory_order_relaxed);
+    for (int64_t t = t0; t < t1; ++t) running[t - t0].write(indices + (b * sizes.q_len + t) * sizes.topk);
+  });
+  TRILLION_CHECK(!found_nan.load(), "indexer_topk: NaN score (q, k or w holds a NaN)");
+}
+
+namespace {
+
+// Sizes of the main attention target, checked against the indexer's.
+struct TargetGeometry {
+  IndexerTarget t;
+  int64_t group, q_stride, kv_stride;
+  TargetGeometry(const IndexerTarget& target, const IndexerSizes& s) : t(target) {
+    TRILLION_CHECK(t.heads > 0 && t.kv_heads > 0 && t.qk_dim > 0 && t.heads % t.kv_heads == 0,
+                   "bad indexer target heads=", t.heads, " kv_heads=", t.kv_heads, " qk_dim=", t.qk_dim);
+    TRILLION_CHECK(t.q != nullptr && t.k != nullptr && t.lse != nullptr, "indexer target tensors missing");
+    group = t.heads / t.kv_heads;
+    q_stride = t.heads * t.qk_dim;
+    kv_stride = t.kv_heads * t.qk_dim;
+  }
+};
+
+// Per-query results of one work item, summed over its queries in order.
+struct LossPartial {
+  double kl = 0.0;
+  double mass = 0.0;
+};
+
+// For one query row: given I (scores), softmax(I) (soft) and p over `n` keys, adds the KL terms
+// to kl and overwrites soft with dI = grad_scale · (softmax(I) − p).
+template <class T>
+double kl_and_dI(T* soft, const T* scores, const T* p, int64_t n, T lse_index, T grad_scale) {
+  double kl = 0.0;
+  for (int64_t c = 0; c < n; ++c) {
+    if (p[c] > T(0)) kl += static_cast<double>(p[c]) * (std::log(static_cast<double>(p[c])) - (scores[c] - lse_index));
+    soft[c] = grad_scale * (soft[c] - p[c]);
+  }
+  return kl;
+}
+
+// For one query row of heads rows head_scores[h, :n] (ld ld): dw_row[h] += Σ dI · ReLU(score), then
+// head_scores ← dS = dI · w · scale · 1[score > 0] for c < n and 0 for c in [n, cols).
+template <class T>
+void head_gradients(T* head_scores, int64_t ld, double* dw_row, const T* dI, const T* w_row, int64_t heads,
+                    int64_t n, int64_t cols, T scale) {
+  for (int64_t h = 0; h < heads; ++h) {
+    T* hs = head_scores + h * ld;
+    T dw_sum = 0;
+    const T factor = w_row[h] * scale;
+    for (int64_t c = 0; c < n; ++c) {
+      dw_sum += dI[c] * relu(hs[c]);
+      hs[c] = hs[c] > T(0) ? dI[c] * factor : T(0);
+    }
+    std::fill(hs + n, hs + cols, T(0));
+    dw_row[h] += dw_sum;
+  }
+}
+
+template <class T>
+LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, const int32_t* indices,
+                       const TargetGeometry& tg, double coef, const Geometry& geo) {
+  const IndexerSizes& s = geo.s;
+  const int64_t heads = s.heads, d = s.head_dim, qk = tg.t.qk_dim, group = tg.group;
+  const T* main_q = static_cast<const T*>(tg.t.q);
+  const T* main_k = static_cast<const T*>(tg.t.k);
+  const T* main_lse = static_cast<const T*>(tg.t.lse);
+  const T grad_scale = T(coef / double(s.batch * s.q_len)), scale = T(s.scale), main_scale = T(tg.t.scale);
+  const T inv_heads = T(1.0 / double(tg.t.heads));
+  const int64_t main_rows = kQueryBlock * group;
+  // Per-thread workspace (T): head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock] (I),
+  // probs [kQueryBlock, kKeyBlock] (p), main_logits [main_rows, kKeyBlock] (P_h, then softmax(I)
+  // and dI in its first kQueryBlock rows), main_q_rows [kv_heads, main_rows, qk], dq_acc [rows_max, d],
+  // dk_part [kKeyBlock, d], lse_index [kQueryBlock].
+  const int64_t per_thread = geo.rows_max * kKeyBlock + 2 * kQueryBlock * kKeyBlock + main_rows * kKeyBlock +
+                             tg.t.kv_heads * main_rows * qk + geo.rows_max * d + kKeyBlock * d + kQueryBlock;
+  Buffer<T> workspace(per_thread * num_threads());
+  // Per-thread dw_acc [rows_max] (double); selected keys sorted [kQueryBlock, topk] (int32).
+  Buffer<double> dw_workspace(geo.rows_max * num_threads());
+  Buffer<int32_t> selected_workspace(kQueryBlock * s.topk * num_threads());
+  const int64_t items = s.batch * geo.q_blocks;
+  Buffer<double> kl_partial(items), mass_partial(items);  // [items]
+  // dk turn per (batch, key block): the number of query blocks that have added their part.
+  std::unique_ptr<std::atomic<int64_t>[]> dk_turn(new std::atomic<int64_t>[s.batch * geo.k_blocks]);
+  for (int64_t i = 0; i < s.batch * geo.k_blocks; ++i) dk_turn[i].store(0);
+  std::fill(dk, dk + s.batch * s.kv_len * d, T(0));
+  std::atomic<int64_t> next_item{0};
+
+#pragma omp parallel
+  {
+    const int thread = omp_get_thread_num();
+    T* head_scores = workspace.data() + per_thread * thread;  // [rows_max, kKeyBlock]: scores, then dS
+    T* tile = head_scores + geo.rows_max * kKeyBlock;         // [kQueryBlock, kKeyBlock]: I
+    T* probs = tile + kQueryBlock * kKeyBlock;                // [kQueryBlock, kKeyBlock]: p
+    T* main_logits = probs + kQueryBlock * kKeyBlock;         // [main_rows, kKeyBlock]
+    T* main_q_rows = main_logits + main_rows * kKeyBlock;     // [kv_heads, main_rows, qk]
+    T* dq_acc = main_q_rows + tg.t.kv_heads * main_rows * qk; // [rows_max, d]
+    T* dk_part = dq_acc + geo.rows_max * d;                   // [kKeyBlock, d]
+    T* lse_index = dk_part + kKeyBlock * d;                   // [kQueryBlock]
+    double* dw_acc = dw_workspace.data() + geo.rows_max * thread;                 // [rows_max]
+    int32_t* selected = selected_workspace.data() + kQueryBlock * s.topk * thread;  // [kQueryBlock, topk]
+    // Items are claimed in increasing order, which the dk turn order relies on.
+    for (int64_t item = next_item.fetch_add(1); item < items; item = next_item.fetch_add(1)) {
+      const int64_t qb = item % geo.q_blocks, b = item / geo.q_blocks;
+      const int64_t t0 = qb * kQueryBlock, t1 = std::min(t0 + kQueryBlock, s.q_len), queries = t1 - t0;
+      const int64_t key_end = geo.visible_end(t1 - 1);
+      // Pass 1: lse_index[query] = log Σ_visible exp(I), online over key blocks.
+      T* row_max = probs;  // [queries] scratch for this pass
+      T* row_sum = probs + kQueryBlock;
+      std::fill(row_max, row_max + queries, -std::numeric_limits<T>::infinity());
+      std::fill(row_sum, row_sum + queries, T(0));
+      for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+        const int64_t cols = std::min(kKeyBlock, key_end - j0);
+        score_tile(tile, head_scores, q, k, w, geo, b, t0, t1, j0, cols);
+        for (int64_t r = 0; r < queries; ++r) {
+          const int64_t n = geo.visible_in_block(t0 + r, j0, cols);
+          if (n == 0) continue;
+          T* row = tile + r * kKeyBlock;
+          const T new_max = std::max(row_max[r], max_value(row, n));
+          row_sum[r] = row_sum[r] * std::exp(row_max[r] - new_max) + exp_shifted_sum(row, n, new_max);
+          row_max[r] = new_max;
+        }
+      }
+      for (int64_t r = 0; r < queries; ++r) lse_index[r] = row_max[r] + std::log(row_sum[r]);
+
+      // Pass 2 set-up: main query rows per kv head, sorted selections, accumulators.
+      for (int64_t kvh = 0; kvh < tg.t.kv_heads; ++kvh)
+        for (int64_t t = t0; t < t1; ++t)
+          std::memcpy(main_q_rows + (kvh * main_rows + (t - t0) * group) * qk,
+                      main_q + (b * s.q_len + t) * tg.q_stride + kvh * group * qk, group * qk * sizeof(T));
+      int64_t selected_count[kQueryBlock], cursor[kQueryBlock];
+      for (int64_t r = 0; r < queries; ++r) {
+        const int32_t* index_row = geo.index_row(indices, b, t0 + r);
+        int32_t* sel = selected + r * s.topk;
+        selected_count[r] = 0;
+        while (selected_count[r] < s.topk && index_row[selected_count[r]] >= 0) {
+          sel[selected_count[r]] = index_row[selected_count[r]];
+          ++selected_count[r];
+        }
+        std::sort(sel, sel + selected_count[r]);
+        cursor[r] = 0;
+      }
+      std::fill(dq_acc, dq_acc + queries * heads * d, T(0));
+      std::fill(dw_acc, dw_acc + queries * heads, 0.0);
+      double kl = 0.0, mass = 0.0;
+
+      // Pass 2: per key block, I and p again, then KL, selected mass, dI and the gradients.
+      for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+        const int64_t kb = j0 / kKeyBlock, cols = std::min(kKeyBlock, key_end - j0);
+        score_tile(tile, head_scores, q, k, w, geo, b, t0, t1, j0, cols);
+        std::fill(probs, probs + queries * kKeyBlock, T(0));
+        for (int64_t kvh = 0; kvh < tg.t.kv_heads; ++kvh) {
+          // main_logits[(t − t0)·group + g, c] = main_scale · q_main[t, kvh·group + g] · k_main[j0 + c, kvh]
+          gemm<T>(false, true, queries * group, cols, qk, main_scale, main_q_rows + kvh * main_rows * qk, qk,
+                  main_k + (b * s.kv_len + j0) * tg.kv_stride + kvh * qk, tg.kv_stride, T(0), main_logits,
+                  kKeyBlock);
+          for (int64_t r = 0; r < queries; ++r) {
+            const int64_t n = geo.visible_in_block(t0 + r, j0, cols);
+            T* p = probs + r * kKeyBlock;
+            for (int64_t g = 0; g < group; ++g) {
+              T* logits = main_logits + (r * group + g) * kKeyBlock;
+              exp_shifted_sum(logits, n, main_lse[(b * tg.t.heads + kvh * group + g) * s.q_len + t0 + r]);
+              for (int64_t c = 0; c < n; ++c) p[c] += logits[c];
+            }
+          }
+        }
+        T* dI = main_logits;  // [kQueryBlock, kKeyBlock] (main_rows ≥ kQueryBlock)
+        for (int64_t r = 0; r < queries; ++r) {
+          const int64_t n = geo.visible_in_block(t0 + r, j0, cols);
+          T* p = probs + r * kKeyBlock;
+          for (int64_t c = 0; c < n; ++c) p[c] *= inv_heads;
+          const int32_t* sel = selected + r * s.topk;
+          for (; cursor[r] < selected_count[r] && sel[cursor[r]] < j0 + cols; ++cursor[r])
+            mass += static_cast<double>(p[sel[cursor[r]] - j0]);
+          T* dI_row = dI + r * kKeyBlock;
+          const T* scores = tile + r * kKeyBlock;
+          std::copy(scores, scores + n, dI_row);
+          exp_shifted_sum(dI_row, n, lse_index[r]);
+          kl += kl_and_dI(dI_row, scores, p, n, lse_index[r], grad_scale);
+          head_gradients(head_scores + r * heads * kKeyBlock, kKeyBlock, dw_acc + r * heads, dI_row,
+                         w + (b * s.q_len + t0 + r) * heads, heads, n, cols, scale);
+        }
+        // dq_acc[rows, d] += dS k_block;  dk_part[cols, d] = dSᵀ q_block
+        const int64_t rows = queries * heads;
+        const T* k_block = k + (b * s.kv_len + j0) * d;
+        const T* q_block = q + (b * s.q_len + t0) * heads * d;
+        gemm<T>(false, false, rows, d, cols, T(1), head_scores, kKeyBlock, k_block, d, T(1), dq_acc, d);
+        gemm<T>(true, false, cols, d, rows, T(1), head_scores, kKeyBlock, q_block, d, T(0), dk_part, d);
+        const int64_t first_block = std::max<int64_t>(j0 - geo.offset, 0) / kQueryBlock;
+        std::atomic<int64_t>& turn = dk_turn[b * geo.k_blocks + kb];
+        while (turn.load(std::memory_order_acquire) != qb - first_block) std::this_thread::yield();
+        T* dk_rows = dk + (b * s.kv_len + j0) * d;
+        for (int64_t i = 0; i < cols * d; ++i) dk_rows[i] += dk_part[i];
+        turn.store(qb - first_block + 1, std::memory_order_release);
+      }
+      std::copy(dq_acc, dq_acc + queries * heads * d, dq + (b * s.q_len + t0) * heads * d);
+      for (int64_t i = 0; i < queries * heads; ++i) dw[(b * s.q_len + t0) * heads + i] = static_cast<T>(dw_acc[i]);
+      kl_partial[item] = kl;
+      mass_partial[item] = mass;
+    }
+  }
+  LossPartial total;
+  for (int64_t i = 0; i < items; ++i) total.kl += kl_partial[i], total.mass += mass_partial[i];
+  return total;
+}
+
+template <class T>
+LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, const int32_t* indices,
+                        const TargetGeometry& tg, double coef, const Geometry& geo) {
+  const IndexerSizes& s = geo.s;
+  const int64_t heads = s.heads, d = s.head_dim, qk = tg.t.qk_dim, group = tg.group, topk = s.topk;
+  const T* main_q = static_cast<const T*>(tg.t.q);
+  const T* main_k = static_cast<const T*>(tg.t.k);
+  const T* main_lse = static_cast<const T*>(tg.t.lse);
+  const T grad_scale = T(coef / double(s.batch * s.q_len)), scale = T(s.scale), main_scale = T(tg.t.scale);
+  const T inv_heads = T(1.0 / double(tg.t.heads));
+  // Per-thread workspace (T): k_selected [topk, d], head_scores [heads, topk], scores, soft, p [topk],
+  // main_k_selected [topk, qk], main_logits [group, topk], dk_rows [kSparseQueryBlock, topk, d].
+  const int64_t per_thread = topk * d + heads * topk + 3 * topk + topk * qk + group * topk +
+                             kSparseQueryBlock * topk * d;
+  Buffer<T> workspace(per_thread * num_threads());
+  Buffer<double> dw_workspace(heads * num_threads());  // [threads, heads]
+  const int64_t blocks_per_batch = (s.q_len + kSparseQueryBlock - 1) / kSparseQueryBlock;
+  const int64_t items = s.batch * blocks_per_batch;
+  Buffer<double> kl_partial(items), mass_partial(items);  // [items]
+  std::atomic<int64_t> next_item{0}, scatter_turn{0};
+  std::atomic<bool> bad_selection{false};
+  std::fill(dk, dk + s.batch * s.kv_len * d, T(0));
+
+#pragma omp parallel
+  {
+    const int thread = omp_get_thread_num();
+    T* k_selected = workspace.data() + per_thread * thread;  // [topk, d]
+    T* head_scores = k_selected + topk * d;                  // [heads, topk]: scores, then dS
+    T* scores = head_scores + heads * topk;                  // [topk]: I
+    T* soft = scores + topk;                                 // [topk]: softmax(I), then dI
+    T* p = soft + topk;                                      // [topk]
+    T* main_k_selected = p + topk;                           // [topk, qk]
+    T* main_logits = main_k_selected + topk * qk;            // [group, topk]
+    T* dk_rows = main_logits + group * topk;                 // [kSparseQueryBlock, topk, d]
+    double* dw_row = dw_workspace.data() + heads * thread;   // [heads]
+    int64_t counts[kSparseQueryBlock];
+    for (int64_t item = next_item.fetch_add(1); item < items; item = next_item.fetch_add(1)) {
+      const int64_t b = item / blocks_per_batch;
+      const int64_t t0 = (item % blocks_per_batch) * kSparseQueryBlock;
+      const int64_t t1 = std::min(t0 + kSparseQueryBlock, s.q_len);
+      double kl = 0.0, mass = 0.0;
+      for (int64_t t = t0; t < t1; ++t) {
+        const int32_t* index_row = geo.index_row(indices, b, t);
+        int64_t n = 0;
+        while (n < topk && index_row[n] >= 0 && index_row[n] < geo.visible_end(t)) ++n;
+        counts[t - t0] = n;
+        if (n == 0 || (n < topk && index_row[n] >= 0)) {
+          bad_selection.store(true, std::memory_order_relaxed);
+          counts[t - t0] = 0;
+          continue;
+        }
+        for (int64_t c = 0; c < n; ++c) {
+          std::memcpy(k_selected + c * d, k + (b * s.kv_len + index_row[c]) * d, d * sizeof(T));
+        }
+        const T* q_row = q + (b * s.q_len + t) * heads * d;  // [heads, d]
+        const T* w_row = w + (b * s.q_len + t) * heads;      // [heads]
+        gemm<T>(false, true, heads, n, d, scale, q_row, d, k_selected, d, T(0), head_scores, topk);
+        std::fill(scores, scores + n, T(0));
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t c = 0; c < n; ++c) scores[c] += w_row[h] * relu(head_scores[h * topk + c]);
+        std::copy(scores, scores + n, soft);
+        const T top = max_value(scores, n);
+        const T lse_index = top + std::log(exp_shifted_sum(soft, n, top));
+        std::copy(scores, scores + n, soft);
+        exp_shifted_sum(soft, n, lse_index);
+        // p over the selection, from the sparse attention's lse (itself over the selection).
+        std::fill(p, p + n, T(0));
+        for (int64_t kvh = 0; kvh < tg.t.kv_heads; ++kvh) {
+          for (int64_t c = 0; c < n; ++c)
+            std::memcpy(main_k_selected + c * qk, main_k + (b * s.kv_len + index_row[c]) * tg.kv_stride + kvh * qk,
+                        qk * sizeof(T));
+          gemm<T>(false, true, group, n, qk, main_scale, main_q + (b * s.q_len + t) * tg.q_stride + kvh * group * qk,
+                  qk, main_k_selected, qk, T(0), main_logits, topk);
+          for (int64_t g = 0; g < group; ++g) {
+            T* logits = main_logits + g * topk;
+            exp_shifted_sum(logits, n, main_lse[(b * tg.t.heads + kvh * group + g) * s.q_len + t]);
+            for (int64_t c = 0; c < n; ++c) p[c] += logits[c];
+          }
+        }
+        for (int64_t c = 0; c < n; ++c) {
+          p[c] *= inv_heads;
+          mass += static_cast<double>(p[c]);
+        }
+        kl += kl_and_dI(soft, scores, p, n, lse_index, grad_scale);
+        std::fill(dw_row, dw_row + heads, 0.0);
+        head_gradients(head_scores, topk, dw_row, soft, w_row, heads, n, n, scale);
+        for (int64_t h = 0; h < heads; ++h) dw[(b * s.q_len + t) * heads + h] = static_cast<T>(dw_row[h]);
+        // dq[t][heads, d] = dS k_selected;  dk_rows[t − t0][n, d] = dSᵀ q[t]
+        gemm<T>(false, false, heads, d, n, T(1), head_scores, topk, k_selected, d, T(0),
+                dq + (b * s.q_len + t) * heads * d, d);
+        gemm<T>(true, false, n, d, heads, T(1), head_scores, topk, q_row, d, T(0), dk_rows + (t - t0) * topk * d, d);
+      }
+      // Scatter the block's dk rows in (query, slot) order, after every earlier item.
+      while (scatter_turn.load(std::memory_order_acquire) != item) std::this_thread::yield();
+      for (int64_t t = t0; t < t1; ++t) {
+        const int32_t* index_row = geo.index_row(indices, b, t);
+        for (int64_t c = 0; c < counts[t - t0]; ++c) {
+          T* dk_row = dk + (b * s.kv_len + index_row[c]) * d;
+          const T* part = dk_rows + ((t - t0) * topk + c) * d;
+          for (int64_t i = 0; i < d; ++i) dk_row[i] += part[i];
+        }
+      }
+      scatter_turn.store(item + 1, std::memory_order_release);
+      kl_partial[item] = kl;
+      mass_partial[item] = mass;
+    }
+  }
+  TRILLION_CHECK(!bad_selection.load(), "indexer_loss (sparse): a selection row is empty, holds an invisible key, "
+                 "or is not a prefix of keys padded with -1");
+  LossPartial total;
+  for (int64_t i = 0; i < items; ++i) total.kl += kl_partial[i], total.mass += mass_partial[i];
+  return total;
+}
+
+}  // namespace
+
+template <class T>
+IndexerLossResult indexer_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, const int32_t* indices,
+                               const IndexerTarget& target, IndexerLossMode mode, double coef,
+                               const IndexerSizes& sizes) {
+  const Geometry geo(sizes);
+  const TargetGeometry tg(target, sizes);
+  const LossPartial total = mode == IndexerLossMode::kDense ? dense_loss(dq, dk, dw, q, k, w, indices, tg, coef, geo)
+                                                            : sparse_loss(dq, dk, dw, q, k, w, indices, tg, coef, geo);
+  const double queries = double(sizes.batch * sizes.q_len);
+  return {total.kl / queries, total.mass / queries};
+}
+
+#define TRILLION_INSTANTIATE_INDEXER(T)                                                                    \
+  template void indexer_topk<T>(int32_t*, const T*, const T*, const T*, const IndexerSizes&);             \
+  template IndexerLossResult indexer_loss<T>(T*, T*, T*, const T*, const T*, const T*, const int32_t*,     \
+                                             const IndexerTarget&, IndexerLossMode, double, const IndexerSizes&);
+TRILLION_INSTANTIATE_INDEXER(float)
+TRILLION_INSTANTIATE_INDEXER(double)
+#undef TRILLION_INSTANTIATE_INDEXER
+
+}  // namespace trillion

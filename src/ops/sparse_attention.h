@@ -1,0 +1,45 @@
+// Sparse attention over a per-query selected key set (DeepSeek-V3.2's DSA after the lightning
+// indexer): query t attends only to the keys indices[b, t, 0..count_t) with an online softmax, all
+// query heads of t sharing that one selection. Query/key head dim (qk_dim) and value head dim
+// (v_dim) may differ (MLA: 192 and 128). Never a [q_len, kv_len] matrix: per query, the selected
+// keys are gathered tile by tile.
+//
+// Layouts (row-major, one sequence per batch entry):
+//   q, dq: [batch, q_len, q_heads, qk_dim]        k, dk: [batch, kv_len, kv_heads, qk_dim]
+//   v, dv: [batch, kv_len, kv_heads, v_dim]        out, dout: [batch, q_len, q_heads, v_dim]
+//   lse: [batch, q_heads, q_len] (saved by forward: log-sum-exp of the scaled selected scores)
+//   indices: [batch, q_len, topk] int32 key positions; a row holds distinct keys, each visible to
+//     its query (j ≤ t + kv_len − q_len, bottom-right causal as in ops/attention.h), in any order,
+//     padded with −1 after its count (so a row is a prefix of valid keys then −1s). Every row has
+//     at least one valid key.
+// Query head h reads key/value head h / (q_heads / kv_heads). scale is usually qk_dim^−½.
+// Saved state: out, lse and the indices; never the probabilities.
+// Gradient rule: dq, dk, dv are written (=); dk/dv are scattered to the selected keys in a fixed
+// order, so results do not depend on the thread count.
+#pragma once
+
+#include <cstdint>
+
+namespace trillion {
+
+struct SparseAttentionSizes {
+  int64_t batch = 1;
+  int64_t q_len = 0;
+  int64_t kv_len = 0;
+  int64_t q_heads = 0;
+  int64_t kv_heads = 0;
+  int64_t qk_dim = 0;
+  int64_t v_dim = 0;
+  int64_t topk = 0;  // columns of indices
+  double scale = 0.0;
+};
+
+template <class T>
+void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* indices,
+                              const SparseAttentionSizes& sizes);
+
+template <class T>
+void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                               const T* out, const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes);
+
+}  // namespace trillion

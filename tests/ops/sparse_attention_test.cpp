@@ -1,0 +1,241 @@
+// Sparse attention over selected keys (ops/sparse_attention.h): against the tiled dense attention
+// (ops/attention.h) with the full causal selection, against the masked dense reference (ops/ref/)
+// with random selections, central finite differences in double, thread-count independence, and
+// the index checks.
+#include "ops/sparse_attention.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <utility>
+#include <vector>
+
+#include "core/rng.h"
+#include "ops/attention.h"
+#include "ops/finite_diff.h"
+#include "ops/ref/sparse_attention_ref.h"
+
+namespace trillion {
+namespace {
+
+using test::relative_error;
+
+SparseAttentionSizes make_sizes(int64_t batch, int64_t q_len, int64_t kv_len, int64_t q_heads, int64_t kv_heads,
+                                int64_t qk_dim, int64_t v_dim, int64_t topk) {
+  return {batch, q_len, kv_len, q_heads, kv_heads, qk_dim, v_dim, topk, 1.0 / std::sqrt(double(qk_dim))};
+}
+
+// indices[batch, q_len, topk]: each row holds distinct visible keys in random order, then −1.
+// A row takes min(topk, visible) keys, except every third row, which takes a random count in
+// [1, min(topk, visible)] (so rows with fewer keys than topk occur even when many are visible).
+std::vector<int32_t> random_indices(const SparseAttentionSizes& s, uint64_t seed) {
+  const CounterRng rng(seed, "indices");
+  uint64_t counter = 0;
+  std::vector<int32_t> indices(s.batch * s.q_len * s.topk, -1);
+  std::vector<int32_t> keys;
+  for (int64_t row = 0; row < s.batch * s.q_len; ++row) {
+    const int64_t visible = row % s.q_len + s.kv_len - s.q_len + 1;
+    int64_t count = std::min(s.topk, visible);
+    if (row % 3 == 2) count = 1 + int64_t(rng.uniform(counter++) * double(count));
+    keys.resize(visible);
+    std::iota(keys.begin(), keys.end(), 0);
+    for (int64_t c = 0; c < count; ++c) {  // partial Fisher–Yates: keys[0, count) is a random sample in order
+      const int64_t pick = c + int64_t(rng.uniform(counter++) * double(visible - c));
+      std::swap(keys[c], keys[pick]);
+      indices[row * s.topk + c] = keys[c];
+    }
+  }
+  return indices;
+}
+
+std::vector<int32_t> full_causal_indices(const SparseAttentionSizes& s) {
+  std::vector<int32_t> indices(s.batch * s.q_len * s.topk);
+  causal_all_indices(indices.data(), s.batch, s.q_len, s.kv_len, s.topk);
+  return indices;
+}
+
+// Inputs and outputs of one sparse attention call; inputs are normal(0, 1).
+template <class T>
+struct Problem {
+  SparseAttentionSizes s;
+  std::vector<int32_t> indices;          // [batch, q_len, topk]
+  std::vector<T> q, k, v, dout;          // [b, q_len, q_heads, qk_dim] / [b, kv_len, kv_heads, qk_dim | v_dim]
+  std::vector<T> out, lse, dq, dk, dv;   // outputs, shaped like dout, [b, q_heads, q_len], q, k, v
+  Problem(const SparseAttentionSizes& sizes, std::vector<int32_t> selection, uint64_t seed)
+      : s(sizes), indices(std::move(selection)) {
+    const int64_t nq = s.batch * s.q_len * s.q_heads * s.qk_dim;
+    const int64_t nout = s.batch * s.q_len * s.q_heads * s.v_dim;
+    const int64_t nk = s.batch * s.kv_len * s.kv_heads * s.qk_dim;
+    const int64_t nv = s.batch * s.kv_len * s.kv_heads * s.v_dim;
+    auto fill = [&](std::vector<T>& x, int64_t n, const char* name) {
+      const CounterRng rng(seed, name);
+      x.resize(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = T(rng.normal(i));
+    };
+    fill(q, nq, "q");
+    fill(k, nk, "k");
+    fill(v, nv, "v");
+    fill(dout, nout, "dout");
+    out.assign(nout, T(0));
+    lse.assign(s.batch * s.q_heads * s.q_len, T(0));
+    dq.assign(nq, T(0));
+    dk.assign(nk, T(0));
+    dv.assign(nv, T(0));
+  }
+  void run_sparse() {
+    sparse_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), indices.data(), s);
+    sparse_attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                              out.data(), lse.data(), indices.data(), s);
+  }
+  void run_reference() {
+    sparse_attention_ref_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), indices.data(), s);
+    sparse_attention_ref_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                  indices.data(), s);
+  }
+  // The engine's tiled dense causal attention (needs qk_dim == v_dim); ignores indices.
+  void run_dense() {
+    const AttentionSizes dense{s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.qk_dim, s.scale};
+    attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), dense);
+    attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), out.data(),
+                       lse.data(), dense);
+  }
+};
+
+// A problem of another scalar type with the same selection and inputs.
+template <class To, class From>
+Problem<To> convert(const Problem<From>& p) {
+  Problem<To> c(p.s, p.indices, 0);
+  c.q.assign(p.q.begin(), p.q.end());
+  c.k.assign(p.k.begin(), p.k.end());
+  c.v.assign(p.v.begin(), p.v.end());
+  c.dout.assign(p.dout.begin(), p.dout.end());
+  return c;
+}
+
+template <class A, class B>
+void expect_close(const Problem<A>& got, const Problem<B>& want, double tol) {
+  EXPECT_LE(relative_error(got.out, want.out), tol) << "out";
+  EXPECT_LE(relative_error(got.lse, want.lse), tol) << "lse";
+  EXPECT_LE(relative_error(got.dq, want.dq), tol) << "dq";
+  EXPECT_LE(relative_error(got.dk, want.dk), tol) << "dk";
+  EXPECT_LE(relative_error(got.dv, want.dv), tol) << "dv";
+}
+
+// Random-selection cases: odd sizes, GQA group 3, qk_dim != v_dim, topk below and above the
+// visible count, decoding (q_len < kv_len), batch 2, and selections longer than one key tile.
+const SparseAttentionSizes kRandomCases[] = {
+    make_sizes(2, 37, 37, 6, 2, 12, 8, 5),
+    make_sizes(1, 37, 37, 6, 2, 12, 8, 40),
+    make_sizes(2, 3, 20, 6, 2, 12, 8, 5),
+    make_sizes(1, 3, 20, 6, 2, 12, 8, 25),
+    make_sizes(1, 300, 310, 4, 2, 72, 36, 290),  // up to 290 keys: three key tiles; wide heads
+};
+
+TEST(SparseAttention, FullCausalSelectionMatchesDenseAttention) {
+  for (const SparseAttentionSizes& s : {make_sizes(1, 37, 37, 6, 2, 12, 12, 40), make_sizes(2, 3, 20, 6, 2, 12, 12, 23),
+                                        make_sizes(1, 200, 200, 4, 1, 16, 16, 200)}) {
+    Problem<double> sparse(s, full_causal_indices(s), 1), dense(s, {}, 1);
+    sparse.run_sparse();
+    dense.run_dense();
+    SCOPED_TRACE(testing::Message() << "q_len " << s.q_len << " kv_len " << s.kv_len << " topk " << s.topk);
+    expect_close(sparse, dense, 1e-10);
+  }
+}
+
+TEST(SparseAttention, DoubleMatchesMaskedReference) {
+  for (const SparseAttentionSizes& s : kRandomCases) {
+    const std::vector<int32_t> indices = random_indices(s, 2);
+    Problem<double> sparse(s, indices, 2), ref(s, indices, 2);
+    sparse.run_sparse();
+    ref.run_reference();
+    SCOPED_TRACE(testing::Message() << "q_len " << s.q_len << " kv_len " << s.kv_len << " topk " << s.topk);
+    expect_close(sparse, ref, 1e-10);
+  }
+}
+
+TEST(SparseAttention, FloatMatchesDoubleReference) {
+  for (const SparseAttentionSizes& s : kRandomCases) {
+    Problem<float> sparse(s, random_indices(s, 3), 3);
+    Problem<double> ref = convert<double>(sparse);
+    sparse.run_sparse();
+    ref.run_reference();
+    SCOPED_TRACE(testing::Message() << "q_len " << s.q_len << " kv_len " << s.kv_len << " topk " << s.topk);
+    expect_close(sparse, ref, 1e-4);
+  }
+}
+
+// Central differences of L = Σ out ⊙ dout with respect to every element of q, k and v, the
+// selection held fixed.
+TEST(SparseAttention, BackwardMatchesFiniteDifferences) {
+  for (const SparseAttentionSizes& s : {make_sizes(1, 7, 9, 4, 2, 5, 3, 4), make_sizes(2, 3, 8, 6, 2, 4, 5, 10)}) {
+    Problem<double> p(s, random_indices(s, 4), 4);
+    p.run_sparse();
+    auto loss = [&]() {
+      std::vector<double> out(p.out.size()), lse(p.lse.size());
+      sparse_attention_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), p.indices.data(), s);
+      return test::weighted_sum(out, p.dout);
+    };
+    SCOPED_TRACE(testing::Message() << "q_len " << s.q_len << " kv_len " << s.kv_len << " topk " << s.topk);
+    test::expect_gradients_match(loss, {{"q", &p.q, &p.dq}, {"k", &p.k, &p.dk}, {"v", &p.v, &p.dv}}, 1e-6);
+  }
+}
+
+// 1, 2 and 3 threads (3 oversubscribes a 2-core machine and leaves (batch, kv head) items uneven).
+TEST(SparseAttention, ResultsDoNotDependOnThreadCount) {
+  const SparseAttentionSizes s = make_sizes(2, 200, 230, 4, 2, 72, 16, 150);
+  const std::vector<int32_t> indices = random_indices(s, 5);
+  Problem<float> one(s, indices, 5);
+  test::with_threads(1, [&] { one.run_sparse(); });
+  for (int threads : {2, 3}) {
+    Problem<float> many(s, indices, 5);
+    test::with_threads(threads, [&] { many.run_sparse(); });
+    for (auto [a, b] : {std::pair{&one.out, &many.out}, {&one.lse, &many.lse}, {&one.dq, &many.dq},
+                        {&one.dk, &many.dk}, {&one.dv, &many.dv}})
+      EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << threads << " threads";
+  }
+}
+
+TEST(SparseAttentionDeathTest, InvalidIndicesFailChecks) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const SparseAttentionSizes s = make_sizes(1, 6, 10, 4, 2, 4, 4, 5);  // query t sees keys 0 .. t + 4
+  // Every row {0, 1, 2, −1, −1} except row t = 2 (sees keys 0 .. 6): {3, 0, 5, −1, −1}.
+  std::vector<int32_t> valid(s.q_len * s.topk, -1);  // [1, 6, 5]
+  for (int64_t t = 0; t < s.q_len; ++t)
+    for (int32_t c = 0; c < 3; ++c) valid[t * s.topk + c] = c;
+  valid[2 * s.topk + 0] = 3, valid[2 * s.topk + 2] = 5;
+  Problem<float> p(s, valid, 6);
+  auto forward_with = [&](int64_t column, int32_t key) {
+    p.indices = valid;
+    p.indices[2 * s.topk + column] = key;
+    sparse_attention_forward(p.out.data(), p.lse.data(), p.q.data(), p.k.data(), p.v.data(), p.indices.data(), s);
+  };
+  forward_with(2, 5);  // the valid selection itself passes
+  for (float x : p.lse) EXPECT_TRUE(std::isfinite(x));
+  EXPECT_DEATH(forward_with(2, 3), R"(indices\[0, 2, 2\] = 3 repeats a key)");
+  EXPECT_DEATH(forward_with(1, 7), R"(indices\[0, 2, 1\] = 7 is not a key visible to query 2)");
+  EXPECT_DEATH(forward_with(1, 10), "is not a key visible");
+  EXPECT_DEATH(forward_with(0, -2), "is not a key visible");
+  EXPECT_DEATH(forward_with(4, 1), R"(indices\[0, 2, 4\] = 1 follows -1 padding)");
+  EXPECT_DEATH(
+      {
+        p.indices = valid;
+        std::fill(p.indices.begin() + 4 * s.topk, p.indices.begin() + 5 * s.topk, -1);
+        sparse_attention_forward(p.out.data(), p.lse.data(), p.q.data(), p.k.data(), p.v.data(), p.indices.data(),
+                                 s);
+      },
+      R"(row \(0, 4\) selects no key)");
+  EXPECT_DEATH(
+      {
+        p.indices = valid;
+        p.indices[2 * s.topk + 1] = 3;
+        sparse_attention_backward(p.dq.data(), p.dk.data(), p.dv.data(), p.dout.data(), p.q.data(), p.k.data(),
+                                  p.v.data(), p.out.data(), p.lse.data(), p.indices.data(), s);
+      },
+      "repeats a key");
+}
+
+}  // namespace
+}  // namespace trillion
