@@ -9,10 +9,11 @@
 #include "ops/attention.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
+#include "ops/sparse_attention.h"
 
 namespace trillion {
 
-AttentionBlockDims AttentionBlockDims::from_config(const ModelConfig& config) {
+AttentionBlockDims AttentionBlockDims::from_config(const ModelConfig& config, bool sparse) {
   AttentionBlockDims dims;
   dims.hidden = config.hidden_size;
   dims.q_heads = config.num_attention_heads;
@@ -26,6 +27,7 @@ AttentionBlockDims AttentionBlockDims::from_config(const ModelConfig& config) {
   dims.bias = config.attention_bias;
   dims.gated = family.gated_attention;
   dims.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
+  if (sparse) dims.indexer = IndexerDims::from_config(config, /*from_latent=*/false);
   return dims;
 }
 
@@ -72,6 +74,15 @@ void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, 
   rope_forward(p.k, positions, n, dims.kv_heads, d, 0, dims.rope);
 }
 
+// Whether this layer's attention runs over the indexer's selection in this pass.
+bool attends_sparsely(const AttentionBlockDims& dims, const LayerPass& pass) {
+  return dims.indexer.enabled() && (pass.indexer == nullptr || pass.indexer->mode == IndexerMode::sparse);
+}
+
+SparseAttentionSizes sparse_sizes(const AttentionSizes& s, int64_t topk) {
+  return {s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), topk, s.scale};
+}
+
 }  // namespace
 
 template <class T>
@@ -104,7 +115,15 @@ void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlock
   AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
   T* out = buffer(Tag::attn_out, n * qw);                   // [n, Hq, d]
   T* lse = buffer(Tag::attn_lse, batch * dims.q_heads * seq);  // [batch, Hq, seq]
-  attention_forward(out, lse, p.q, p.k, p.v, sizes);
+  IndexerOutputs<T> selected;
+  if (dims.indexer.enabled()) selected = indexer_forward(h, h, w.indexer, dims.indexer, pass, layer, scratch);
+  if (attends_sparsely(dims, pass))
+    sparse_attention_forward(out, lse, p.q, p.k, p.v, selected.selection, sparse_sizes(sizes, dims.indexer.topk));
+  else
+    attention_forward(out, lse, p.q, p.k, p.v, sizes);
+  if (dims.indexer.enabled())
+    indexer_train(selected, p.q, p.k, lse, dims.q_heads, dims.kv_heads, dims.head_dim, sizes.scale, dims.indexer, pass,
+                  layer, scratch);
   const T* o_in = out;  // [n, Hq·d]
   if (dims.gated) {
     T* gated = buffer(Tag::o_proj_in, n * qw);  // [n, Hq·d] out · sigmoid(gate)
@@ -154,7 +173,12 @@ void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlo
   T* dq = scratch.alloc<T>(n * qw);   // [n, Hq, d]
   T* dk = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] summed over the query heads sharing each KV head
   T* dv = scratch.alloc<T>(n * kvw);  // [n, Hkv, d]
-  attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
+  if (attends_sparsely(dims, pass)) {
+    const int32_t* selection = store.get<int32_t>(Tag::attn_indices, layer, n * dims.indexer.topk);
+    sparse_attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
+  } else {
+    attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
+  }
   rope_backward(dq, positions, n, dims.q_heads, d, 0, dims.rope);
   rope_backward(dk, positions, n, dims.kv_heads, d, 0, dims.rope);
   T* dq_raw = dq;  // [n, Hq, d] gradient wrt the query before q_norm
@@ -182,6 +206,7 @@ void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlo
   }
   linear_grad(dh, grads.k_proj, dk_raw, h, w.k_proj, n, D, kvw, /*accumulate_dx=*/true);
   linear_grad(dh, grads.v_proj, dv, h, w.v_proj, n, D, kvw, /*accumulate_dx=*/true);
+  if (dims.indexer.enabled()) indexer_backward(h, h, w.indexer, grads.indexer, dims.indexer, pass, store, layer, scratch);
   // Residual: dx (gradient wrt the output) += gradient through the input norm.
   rmsnorm_backward(dx, grads.input_norm, dh, input, w.input_norm, rstd, n, D, dims.input_norm.zero_centred,
                    /*accumulate_dx=*/true);
@@ -212,7 +237,13 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
   AttentionSizes sizes{1, n, past + n, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
   T* out = scratch.alloc<T>(n * qw);               // [n, Hq, d]
   T* lse = scratch.alloc<T>(dims.q_heads * n);     // [1, Hq, n]
-  attention_forward(out, lse, p.q, k_cache, v_cache, sizes);
+  if (dims.indexer.enabled()) {
+    T* index_keys = cache + 2 * max_len * kvw;  // [max_len, d_I]
+    const int32_t* selection = indexer_decode(h, h, n, past, index_keys, w.indexer, dims.indexer, scratch);
+    sparse_attention_forward(out, lse, p.q, k_cache, v_cache, selection, sparse_sizes(sizes, dims.indexer.topk));
+  } else {
+    attention_forward(out, lse, p.q, k_cache, v_cache, sizes);
+  }
   const T* o_in = out;  // [n, Hq·d]
   if (dims.gated) {
     T* gated = scratch.alloc<T>(n * qw);  // [n, Hq·d] out · sigmoid(gate)

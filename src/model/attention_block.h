@@ -5,17 +5,24 @@
 //   o = causal GQA attention(q, k, v) with scale head_dim^−½
 //   qwen3_next: q_proj gives 2·d outputs per head (query, then gate) and o ← o · sigmoid(gate)
 //   x ← x + o·Woᵀ
+// Sparse layers (`sparse_attention` in layer_types of a family without MLA) add a lightning indexer
+// whose query is projected from h (model/lightning_indexer.h: tensors self_attn.indexer.wq [H_I·d_I, D],
+// .wk [d_I, D], .k_norm (weight, bias) [d_I], .weights_proj [H_I, D]; RoPE on the first rotary_dim
+// dims of its query and key): attention then runs over its top-k keys, the query heads of a KV head
+// sharing one selection, or stays dense in the indexer's warm-up.
 // Training forward saves through the ActivationStore (tags attn_input … o_proj_in), a forward-only
 // pass keeps them in scratch; decoding
 // runs n new tokens against a KV cache. Gradient rule: the residual gradient dx is accumulated
 // (+=) with the sublayer's input gradient; parameter gradients accumulate (+=).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/memory.h"
 #include "memory/activation_store.h"
 #include "model/config.h"
+#include "model/lightning_indexer.h"
 #include "ops/rope.h"
 #include "model/linear.h"
 #include "model/param_rows.h"
@@ -40,7 +47,8 @@ struct AttentionBlockDims {
   bool bias = false;        // q/k/v projections have a bias (attention_bias)
   bool gated = false;       // q_proj carries the sigmoid output gate
   InitStds init;
-  static AttentionBlockDims from_config(const ModelConfig& config);
+  IndexerDims indexer;  // enabled on sparse layers
+  static AttentionBlockDims from_config(const ModelConfig& config, bool sparse);
   int64_t q_width() const { return q_heads * head_dim; }                 // Hq·d
   int64_t kv_width() const { return kv_heads * head_dim; }               // Hkv·d
   int64_t q_proj_out() const { return (gated ? 2 : 1) * q_width(); }     // rows of q_proj.weight
@@ -56,6 +64,7 @@ struct AttentionBlockWeights {
   LinearWeights<T> o_proj;   // [D, Hq·d], no bias
   T* q_norm = nullptr;       // [d] (has_qk_norm)
   T* k_norm = nullptr;       // [d] (has_qk_norm)
+  IndexerWeights<T> indexer;  // sparse layers
 };
 
 // The mixer's tensors, declared once (model/param_rows.h): names below "model.layers.{l}.".
@@ -75,19 +84,24 @@ void visit_params(AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, V
     visit(w.q_norm, norm_row("self_attn.q_norm.weight", dims.head_dim, dims.qk_norm));
     visit(w.k_norm, norm_row("self_attn.k_norm.weight", dims.head_dim, dims.qk_norm));
   }
+  visit_params(w.indexer, dims.indexer, visit);
 }
 
-// Elements of one layer's decode cache for max_len positions (keys, then values).
+// Elements of one layer's decode cache for max_len positions (keys, then values, then on sparse
+// layers the indexer keys [max_len, d_I]).
 inline int64_t cache_elements(const AttentionBlockDims& dims, int64_t max_len) {
-  return 2 * max_len * dims.kv_width();
+  return max_len * (2 * dims.kv_width() + (dims.indexer.enabled() ? dims.indexer.head_dim : 0));
 }
 
 // Training FLOPs per token (forward + backward): 6 · projection parameters, plus causal QKᵀ and PV
 // over seq / 2 keys on average (2 FLOPs per multiply-add each; backward twice the forward).
+// Sparse layers attend to at most top-k keys and add the indexer's FLOPs.
 inline double flops_per_token(const AttentionBlockDims& dims, int64_t seq) {
   const double D = double(dims.hidden);
   const double projections = D * double(dims.q_proj_out() + 2 * dims.kv_width()) + double(dims.q_width()) * D;
-  return 6.0 * projections + 3.0 * 4.0 * (double(seq) / 2.0) * double(dims.q_heads) * double(dims.head_dim);
+  const double keys = dims.indexer.enabled() ? std::min(double(seq) / 2.0, double(dims.indexer.topk)) : double(seq) / 2.0;
+  return 6.0 * projections + 3.0 * 4.0 * keys * double(dims.q_heads) * double(dims.head_dim) +
+         flops_per_token(dims.indexer, seq);
 }
 
 // The mixer interface every mixer kind implements (model/decoder_layer.h dispatches on it).

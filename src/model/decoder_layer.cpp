@@ -20,7 +20,7 @@ DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int la
   } else if (family_of(config.model_type).mla) {
     dims.mixer = MlaDims::from_config(config, config.layer_types[layer] == LayerType::sparse_attention);
   } else {
-    dims.mixer = AttentionBlockDims::from_config(config);
+    dims.mixer = AttentionBlockDims::from_config(config, config.layer_types[layer] == LayerType::sparse_attention);
   }
   dims.ffn_norm = {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
   if (config.is_moe_layer(layer)) {

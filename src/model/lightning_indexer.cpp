@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "ops/indexer.h"
 #include "ops/norm.h"
 #include "ops/rope.h"
@@ -20,6 +21,9 @@ IndexerDims IndexerDims::from_config(const ModelConfig& config, bool from_latent
   dims.from_latent = from_latent;
   dims.q_in = from_latent ? config.q_lora_rank : config.hidden_size;
   const int64_t rotary = from_latent ? config.qk_rope_head_dim : config.rotary_dim();
+  if (rotary > dims.head_dim)
+    fail(config.source, ": field \"index_head_dim\": got ", dims.head_dim, "; expected at least the ", rotary,
+         " rotated dims of the indexer's query and key (", from_latent ? "qk_rope_head_dim" : "the rotary dim", ")");
   dims.rope = config.rope_spec(rotary, /*interleaved=*/false);
   dims.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
   return dims;

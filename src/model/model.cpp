@@ -26,16 +26,12 @@ void check_kinds_declared(const ModelConfig& config) {
   const std::string source = source_of(config);
   const bool kimi = config.model_type == "kimi_linear";
   const bool linear_built = config.model_type == "qwen3_next" || kimi;
-  const bool mla = family_of(config.model_type).mla;
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
     const LayerType type = config.layer_types[i];
-    const bool built = type == LayerType::full_attention || (type == LayerType::linear_attention && linear_built) ||
-                       (type == LayerType::sparse_attention && mla);
+    const bool built = type != LayerType::linear_attention || linear_built;
     if (!built)
       fail(source, ": layer_types[", i, "] = ", layer_type_name(type), ": not built yet",
-           type == LayerType::linear_attention
-               ? " for " + config.model_type + " (built: qwen3_next's Gated DeltaNet, kimi_linear's KDA)"
-               : " for " + config.model_type + " (built: on multi-head latent attention, as deepseek_v32)");
+           " for " + config.model_type + " (built: qwen3_next's Gated DeltaNet, kimi_linear's KDA)");
   }
 }
 

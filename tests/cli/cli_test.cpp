@@ -53,16 +53,17 @@ TEST(Info, CountsEqualTransformersForTheDefaultConfigs) {
                           // KimiLinearConfig
 }
 
-// A layer kind that is not declared yet is not guessed at: sparse attention on GQA attention is an error.
+// A layer kind that is not declared yet is not guessed at: linear attention outside its families is an error.
 TEST(Info, RefusesToCountKindsNotBuilt) {
   fs::create_directories(test_root());
   const fs::path path = test_root() / "deepseek.json";
   write_text(path, R"({"model_type": "qwen3", "vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2,
-                       "num_attention_heads": 4, "intermediate_size": 32, "index_n_heads": 2, "index_head_dim": 8,
-                       "layer_types": ["full_attention", "sparse_attention"]})");
+                       "num_attention_heads": 4, "intermediate_size": 32, "linear_num_key_heads": 2,
+                       "linear_num_value_heads": 2, "linear_key_head_dim": 4, "linear_value_head_dim": 4,
+                       "layer_types": ["full_attention", "linear_attention"]})");
   const CommandResult r = run_cli("info --config " + path.string());
   EXPECT_EQ(r.status, 1) << r.output;
-  EXPECT_NE(r.output.find("deepseek.json: layer_types[1] = sparse_attention: not built yet for qwen3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("deepseek.json: layer_types[1] = linear_attention: not built yet for qwen3"), std::string::npos) << r.output;
 }
 
 TEST(BenchGemm, TinyRunReportsACorrectProduct) {

@@ -34,6 +34,8 @@ const char* const kDeepseek = "tiny_deepseek_v3.json";
 const char* const kKimiMla = "tiny_kimi_linear.json";
 // tiny_deepseek_v32.json: two sparse MLA layers (indexer 2 heads of 6, top-3 of 7 keys), dense then MoE.
 const char* const kSparse = "tiny_deepseek_v32.json";
+// tiny_qwen3_sparse.json: a sparse GQA attention layer (indexer query from h: indexer.wq) then a full one.
+const char* const kSparseGqa = "tiny_qwen3_sparse.json";
 
 class MixerKindModel : public ::testing::TestWithParam<const char*> {};
 
@@ -85,8 +87,9 @@ TEST_P(MixerKindModel, DecodingWithCarriedStateEqualsTheForward) {
 // The indexer's warm-up (dense attention, the indexer learning over every visible key) and the dense
 // stage: the indexer's tensors against finite differences of its loss, the others of the LM loss.
 TEST(SparseAttentionModel, GradientCheckInTheDenseStages) {
-  const ModelConfig config = ModelConfig::load(testing::model_config_path(kSparse));
+  for (const char* name : {kSparse, kSparseGqa})
   for (IndexerMode mode : {IndexerMode::warmup, IndexerMode::dense}) {
+    const ModelConfig config = ModelConfig::load(testing::model_config_path(name));
     GradientCheckOptions options;
     options.indexer_mode = mode;
     options.indexer_loss_coef = 0.7;
@@ -98,7 +101,7 @@ TEST(SparseAttentionModel, GradientCheckInTheDenseStages) {
       EXPECT_LE(t.rel_err, 1e-6) << indexer_mode_name(mode) << " " << t.name;
       indexer_tensors += t.name.find(".self_attn.indexer.") != std::string::npos ? 1 : 0;
     }
-    EXPECT_EQ(indexer_tensors, 10);  // 5 per sparse layer, each with a nonzero gradient (rel_err finite)
+    EXPECT_EQ(indexer_tensors, name == kSparse ? 10 : 5);  // 5 per sparse layer, each with a nonzero gradient
   }
 }
 
@@ -152,14 +155,15 @@ TEST(SparseAttentionModel, IndexerLossTrainsOnlyTheIndexer) {
   for (const IndexerLayerStats& s : warm.indexer) EXPECT_LT(s.selected_mass, 1.0);  // 3 of up to 7 keys
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, MixerKindModel, ::testing::Values(kHybrid, kKimi, kDeepseek, kKimiMla, kSparse),
+INSTANTIATE_TEST_SUITE_P(Configs, MixerKindModel, ::testing::Values(kHybrid, kKimi, kDeepseek, kKimiMla, kSparse, kSparseGqa),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            const std::string name = info.param;
                            return name == kHybrid ? "Qwen3NextHybrid"
                                   : name == kKimi ? "KimiLinearKda"
                                   : name == kDeepseek ? "DeepseekV3Yarn"
                                   : name == kKimiMla  ? "KimiLinearMla"
-                                                      : "DeepseekV32Sparse";
+                                  : name == kSparse   ? "DeepseekV32Sparse"
+                                                      : "Qwen3SparseGqa";
                          });
 
 }  // namespace
