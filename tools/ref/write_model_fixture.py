@@ -66,7 +66,7 @@ itself is the float64 model.
 MLA fixtures: tiny_deepseek_v3 (q LoRA, interleaved RoPE, dense layer 0, sigmoid-routed grouped MoE in 1-2),
 tiny_deepseek_v3_yarn (q_proj, half-split RoPE, YaRN factor 4 over 16 original positions: inv_freq, and the
 softmax scale qk_head_dim^-0.5 · mscale(4, mscale_all_dim)², cos / sin factor mscale/mscale_all_dim = 1),
-tiny_kimi_linear (KDA layers 0, 2; NoPE MLA with q_proj in 1, 3; dense MLP in 0, MoE in 1-3; the MLA's
+tiny_kimi_linear (3:1 as Kimi Linear: KDA layers 0-2, NoPE MLA with q_proj in 3; dense MLP in 0, MoE in 1-3; the MLA's
 tensors keep their names in the Moonshot layout) and tiny_deepseek_v32 (indexed MLA in both layers,
 index_topk 4 < 7; dense 0, MoE 1). v32: every indexer's scores are re-derived in float64
 (hf_fp64.indexer_scores_fp64), HF's selection must be their top-k, and no query row that sees more than
@@ -153,10 +153,10 @@ FIXTURES = {
         n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.446, linear_num_heads=2,
         linear_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=64, rms_norm_eps=1e-5,
         pad_token_id=None, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
-    # HF-FACTS section 7's kimi_linear as given: KDA layers 0 and 2, NoPE MLA (q_proj: q_lora_rank None) 1 and 3
+    # HF-FACTS section 7's kimi_linear, 3:1 as Kimi Linear: KDA layers 0-2, NoPE MLA (q_proj: q_lora_rank None) 3
     "tiny_kimi_linear": ("kimi_linear", dict(
         vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=4,
-        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
         mlp_layer_types=["dense", "sparse", "sparse", "sparse"],
         num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=8,
         qk_rope_head_dim=4, v_head_dim=8, num_local_experts=8, n_shared_experts=1, num_experts_per_tok=2,
