@@ -11,15 +11,18 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "model/config_fields.h"
 #include "model/family.h"
 
 namespace trillion {
 namespace {
 
-// Fields that describe the file or the runtime, not the model: never listed as unread.
-constexpr const char* kMetadataFields[] = {"architectures", "dtype", "torch_dtype", "transformers_version",
-                                           "_name_or_path", "bos_token_id", "eos_token_id", "pad_token_id",
-                                           "use_cache", "output_attentions", "output_hidden_states", "return_dict"};
+using config_detail::FieldReader;
+using config_detail::parse_kimi_linear_attention;
+using config_detail::parse_mla;
+using config_detail::parse_rope;
+using config_detail::rope_json;
+
 constexpr LayerType kLayerTypes[] = {LayerType::full_attention, LayerType::linear_attention,
                                      LayerType::sparse_attention};
 
@@ -29,118 +32,6 @@ std::string allowed_layer_types() {
   return text;
 }
 
-// Typed access to the fields of one config object; every failure names the source and the field.
-class FieldReader {
- public:
-  FieldReader(const nlohmann::json& json, const std::string& source) : json_(json), source_(source) {}
-
-  bool has(const char* name) const {
-    read_.insert(name);
-    return json_.contains(name) && !json_.at(name).is_null();
-  }
-  // Present with the value null (transformers' None), as opposed to absent.
-  bool is_null(const char* name) const {
-    read_.insert(name);
-    return json_.contains(name) && json_.at(name).is_null();
-  }
-  // Fields present (not null) that nothing asked for.
-  std::vector<std::string> unread() const {
-    std::vector<std::string> names;
-    for (const auto& [name, value] : json_.items()) {
-      bool metadata = false;
-      for (const char* field : kMetadataFields) metadata = metadata || name == field;
-      if (!value.is_null() && !metadata && read_.count(name) == 0) names.push_back(name);
-    }
-    return names;
-  }
-  // The one of `names` present; several present must agree (aliases of one field).
-  const char* alias(std::initializer_list<const char*> names) const {
-    const char* found = nullptr;
-    for (const char* name : names) {
-      if (!has(name)) continue;
-      if (found != nullptr && json_.at(name) != json_.at(found))
-        fail_field(name, str_cat("got ", json_.at(name).dump(), "; expected it to equal ", found, " = ",
-                                 json_.at(found).dump()));
-      if (found == nullptr) found = name;
-    }
-    return found != nullptr ? found : *names.begin();
-  }
-
-  [[noreturn]] void fail_field(const std::string& name, const std::string& problem) const {
-    fail(source_, ": field \"", name, "\": ", problem);
-  }
-  [[noreturn]] void fail_element(const std::string& name, size_t index, const std::string& problem) const {
-    fail(source_, ": field \"", name, "\"[", index, "]: ", problem);
-  }
-
-  int64_t integer(const char* name, int64_t fallback) const {
-    if (!has(name)) return fallback;
-    const nlohmann::json& value = json_.at(name);
-    if (!value.is_number_integer()) fail_field(name, str_cat("got ", value.dump(), "; expected an integer"));
-    if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      fail_field(name, str_cat("got ", value.dump(), "; expected an integer below 2^63"));
-    return value.get<int64_t>();
-  }
-  int64_t required_positive(const char* name) const {
-    if (!has(name)) fail_field(name, "missing; expected a positive integer");
-    return positive(name, 0);
-  }
-  int64_t positive(const char* name, int64_t fallback) const {
-    int64_t value = integer(name, fallback);
-    if (has(name) && value <= 0) fail_field(name, str_cat("got ", value, "; expected a positive integer"));
-    return value;
-  }
-  int64_t non_negative(const char* name, int64_t fallback) const {
-    int64_t value = integer(name, fallback);
-    if (value < 0) fail_field(name, str_cat("got ", value, "; expected a non-negative integer"));
-    return value;
-  }
-  double number(const char* name, double fallback) const {
-    if (!has(name)) return fallback;
-    const nlohmann::json& value = json_.at(name);
-    if (!value.is_number()) fail_field(name, str_cat("got ", value.dump(), "; expected a number"));
-    return value.get<double>();
-  }
-  double positive_number(const char* name, double fallback) const {
-    double value = number(name, fallback);
-    if (!(value > 0.0) || !std::isfinite(value))
-      fail_field(name, str_cat("got ", value, "; expected a positive number"));
-    return value;
-  }
-  bool boolean(const char* name, bool fallback) const {
-    if (!has(name)) return fallback;
-    const nlohmann::json& value = json_.at(name);
-    if (!value.is_boolean()) fail_field(name, str_cat("got ", value.dump(), "; expected true or false"));
-    return value.get<bool>();
-  }
-  std::string string(const char* name, const std::string& fallback) const {
-    if (!has(name)) return fallback;
-    const nlohmann::json& value = json_.at(name);
-    if (!value.is_string()) fail_field(name, str_cat("got ", value.dump(), "; expected a string"));
-    return value.get<std::string>();
-  }
-  const nlohmann::json& at(const char* name) const {
-    read_.insert(name);
-    return json_.at(name);
-  }
-  std::vector<int64_t> integer_list(const char* name) const {
-    std::vector<int64_t> values;
-    if (!has(name)) return values;
-    const nlohmann::json& list = json_.at(name);
-    if (!list.is_array()) fail_field(name, str_cat("got ", list.dump(), "; expected an array of integers"));
-    for (size_t i = 0; i < list.size(); ++i) {
-      if (!list[i].is_number_integer()) fail_element(name, i, str_cat("got ", list[i].dump(), "; expected an integer"));
-      values.push_back(list[i].get<int64_t>());
-    }
-    return values;
-  }
-  const std::string& source() const { return source_; }
-
- private:
-  const nlohmann::json& json_;
-  const std::string& source_;
-  mutable std::set<std::string> read_;
-};
 
 std::vector<LayerType> parse_layer_types(const FieldReader& fields, const Family& family, int64_t num_layers) {
   std::vector<LayerType> layer_types;
@@ -178,130 +69,6 @@ bool uses(const std::vector<LayerType>& layer_types, LayerType type) {
   for (LayerType t : layer_types)
     if (t == type) return true;
   return false;
-}
-
-// YaRN's settings inside a rope_parameters / rope_scaling dict.
-void parse_yarn(const FieldReader& sub, RopeScaling& y) {
-  if (sub.has("factor")) y.factor = sub.positive_number("factor", 1.0);
-  if (sub.has("original_max_position_embeddings"))
-    y.original_max_position_embeddings = sub.positive_number("original_max_position_embeddings", 1.0);
-  y.beta_fast = sub.positive_number("beta_fast", y.beta_fast);
-  y.beta_slow = sub.positive_number("beta_slow", y.beta_slow);
-  y.mscale = sub.number("mscale", y.mscale);
-  y.mscale_all_dim = sub.number("mscale_all_dim", y.mscale_all_dim);
-  if (sub.has("attention_factor")) y.attention_factor = sub.positive_number("attention_factor", 1.0);
-  y.truncate = sub.boolean("truncate", y.truncate);
-  if (y.original_max_position_embeddings <= 0.0)
-    sub.fail_field("original_max_position_embeddings", "missing; expected a positive number (rope_type \"yarn\")");
-}
-
-// RoPE settings: transformers 5.x's `rope_parameters` dict and the older top-level fields; when
-// both give a value they must agree. Plain RoPE and YaRN are built.
-void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c) {
-  c.rope_theta = fields.positive_number("rope_theta", c.rope_theta);
-  c.partial_rotary_factor = fields.positive_number("partial_rotary_factor", family.default_partial_rotary_factor);
-  // Where each value came from: the first source that gave it; every later one must agree.
-  std::map<std::string, std::string> given_by;
-  for (const char* key : {"rope_theta", "partial_rotary_factor"})
-    if (fields.has(key)) given_by[key] = key;
-  for (const char* name : {"rope_scaling", "rope_parameters"}) {
-    if (!fields.has(name)) continue;
-    const nlohmann::json& params = fields.at(name);
-    if (!params.is_object()) fields.fail_field(name, str_cat("got ", params.dump(), "; expected an object"));
-    const std::string source = str_cat(fields.source(), ": ", name);
-    const FieldReader sub(params, source);
-    const std::string type = sub.string(sub.alias({"rope_type", "type"}), "default");
-    if (type != "default" && type != "yarn")
-      fields.fail_field(name, str_cat("rope_type \"", type, "\": not built yet; expected \"default\" or \"yarn\""));
-    if (type == "yarn") {
-      if (c.rope_scaling.type == "yarn" && given_by.count("yarn") != 0 && params != fields.at(given_by["yarn"].c_str()))
-        fields.fail_field(name, str_cat("differs from ", given_by["yarn"], "; expected one YaRN setting"));
-      c.rope_scaling.type = "yarn";
-      given_by["yarn"] = name;
-      parse_yarn(sub, c.rope_scaling);
-    }
-    for (const auto& [key, top] : {std::pair{"rope_theta", &c.rope_theta},
-                                   std::pair{"partial_rotary_factor", &c.partial_rotary_factor}}) {
-      if (!sub.has(key)) continue;
-      const double value = sub.positive_number(key, *top);
-      if (given_by.count(key) != 0 && value != *top)
-        fields.fail_field(given_by[key], str_cat("got ", *top, " but ", name, ".", key, " = ", value,
-                                                 "; expected one value (or only one of them)"));
-      if (given_by.count(key) == 0) given_by[key] = str_cat(name, ".", key);
-      *top = value;
-    }
-    for (const std::string& key : sub.unread())
-      fields.fail_field(name, str_cat("has \"", key, "\", which rope_type \"", type, "\" does not take; expected only ",
-                                      type == "yarn" ? "rope_type, rope_theta, partial_rotary_factor, factor, "
-                                                       "original_max_position_embeddings, beta_fast, beta_slow, "
-                                                       "mscale, mscale_all_dim, attention_factor, truncate"
-                                                     : "rope_type, rope_theta, partial_rotary_factor"));
-  }
-  if (c.partial_rotary_factor > 1.0)
-    fields.fail_field("partial_rotary_factor", str_cat("got ", c.partial_rotary_factor, "; expected a value in (0, 1]"));
-  if (c.rope_scaling.type == "yarn" && c.rope_scaling.factor == 0.0)  // transformers' rule for an absent factor
-    c.rope_scaling.factor =
-        static_cast<double>(c.max_position_embeddings) / c.rope_scaling.original_max_position_embeddings;
-}
-
-// Multi-head latent attention's dims (transformers' DeepseekV3Config / KimiLinearConfig defaults
-// when absent; q_lora_rank null means one q_proj).
-void parse_mla(const FieldReader& fields, const Family& family, ModelConfig& c) {
-  c.q_lora_rank = fields.is_null("q_lora_rank") ? 0 : fields.positive("q_lora_rank", family.default_q_lora_rank);
-  c.kv_lora_rank = fields.positive("kv_lora_rank", 512);
-  c.qk_nope_head_dim = fields.positive("qk_nope_head_dim", 128);
-  c.qk_rope_head_dim = fields.positive("qk_rope_head_dim", 64);
-  c.v_head_dim = fields.positive("v_head_dim", 128);
-  c.rope_interleave = family.mla_always_interleaved || fields.boolean("rope_interleave", true);
-  if (fields.has("qk_head_dim") && fields.integer("qk_head_dim", 0) != c.qk_head_dim())
-    fields.fail_field("qk_head_dim", str_cat("got ", fields.integer("qk_head_dim", 0), "; expected qk_nope_head_dim + ",
-                                             "qk_rope_head_dim = ", c.qk_head_dim()));
-  if (c.num_key_value_heads != c.num_attention_heads)
-    fields.fail_field("num_key_value_heads", str_cat("got ", c.num_key_value_heads, "; expected num_attention_heads = ",
-                                                     c.num_attention_heads, " (multi-head latent attention)"));
-  if (family.mla_rope && c.qk_rope_head_dim % 2 != 0)
-    fields.fail_field("qk_rope_head_dim", str_cat("got ", c.qk_rope_head_dim, "; expected an even number"));
-}
-
-// Kimi-Linear's names for its delta-attention layers (one head count and head dim for q, k and v)
-// and the checkpoint form `linear_attn_config` {full_attn_layers, kda_layers (1-indexed), head_dim,
-// num_heads, short_conv_kernel_size}, which overrides them and sets layer_types.
-// Returns the keys of linear_attn_config it did not read (listed with the config's unread fields).
-std::vector<std::string> parse_kimi_linear_attention(const FieldReader& fields, ModelConfig& c) {
-  std::vector<std::string> unread;
-  int64_t heads = fields.non_negative("linear_num_heads", 0), dim = fields.non_negative("linear_head_dim", 0);
-  c.linear_conv_kernel_dim = fields.positive("linear_conv_kernel_dim", c.linear_conv_kernel_dim);
-  if (fields.has("linear_attn_config")) {
-    const nlohmann::json& block = fields.at("linear_attn_config");
-    if (!block.is_object()) fields.fail_field("linear_attn_config", str_cat("got ", block.dump(), "; expected an object"));
-    const std::string source = str_cat(fields.source(), ": linear_attn_config");
-    const FieldReader sub(block, source);
-    heads = sub.positive("num_heads", heads);
-    dim = sub.positive("head_dim", dim);
-    c.linear_conv_kernel_dim = sub.positive("short_conv_kernel_size", c.linear_conv_kernel_dim);
-    const std::vector<int64_t> full = sub.integer_list("full_attn_layers"), kda = sub.integer_list("kda_layers");
-    if (!full.empty() || !kda.empty()) {
-      std::vector<int> seen(c.num_hidden_layers, 0);
-      for (const auto& [list, type] : {std::pair{&full, LayerType::full_attention},
-                                       std::pair{&kda, LayerType::linear_attention}}) {
-        for (int64_t one_based : *list) {
-          if (one_based < 1 || one_based > c.num_hidden_layers)
-            sub.fail_field(type == LayerType::full_attention ? "full_attn_layers" : "kda_layers",
-                           str_cat("has layer ", one_based, "; expected 1-indexed layers in [1, ", c.num_hidden_layers, "]"));
-          c.layer_types[one_based - 1] = type;
-          ++seen[one_based - 1];
-        }
-      }
-      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-        if (seen[l] != 1)
-          sub.fail_field("kda_layers", str_cat("layer ", l + 1, " is named ", seen[l], " times in full_attn_layers and ",
-                                               "kda_layers; expected each layer exactly once"));
-    }
-    for (const std::string& key : sub.unread()) unread.push_back("linear_attn_config." + key);
-  }
-  c.linear_num_key_heads = c.linear_num_value_heads = heads;
-  c.linear_key_head_dim = c.linear_value_head_dim = dim;
-  return unread;
 }
 
 // Which layers get an MoE FFN, by the family's rule (or Kimi's explicit `mlp_layer_types`).
@@ -431,51 +198,6 @@ const char* aux_loss_type_name(AuxLossType type) {
   return "?";
 }
 
-int64_t ModelConfig::rotary_dim() const {
-  return static_cast<int64_t>(std::floor(partial_rotary_factor * static_cast<double>(head_dim)));
-}
-
-namespace {
-// rope_parameters as transformers 5.x writes it.
-nlohmann::json rope_json(const ModelConfig& c) {
-  nlohmann::json rope = {{"rope_type", c.rope_scaling.type}, {"rope_theta", c.rope_theta},
-                         {"partial_rotary_factor", c.partial_rotary_factor}};
-  if (c.rope_scaling.type != "yarn") return rope;
-  const RopeScaling& y = c.rope_scaling;
-  rope.update({{"factor", y.factor}, {"original_max_position_embeddings", y.original_max_position_embeddings},
-               {"beta_fast", y.beta_fast}, {"beta_slow", y.beta_slow}, {"truncate", y.truncate}});
-  if (y.mscale != 0.0) rope["mscale"] = y.mscale;
-  if (y.mscale_all_dim != 0.0) rope["mscale_all_dim"] = y.mscale_all_dim;
-  if (y.attention_factor > 0.0) rope["attention_factor"] = y.attention_factor;
-  return rope;
-}
-
-// YaRN's magnitude correction 0.1 · m · ln(scale) + 1 (1 for scale ≤ 1).
-double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
-}  // namespace
-
-RopeSpec ModelConfig::rope_spec(int64_t rotary_dim, bool interleaved) const {
-  RopeSpec rope;
-  rope.rotary_dim = rotary_dim;
-  rope.theta = rope_theta;
-  rope.interleaved = interleaved;
-  if (rope_scaling.type != "yarn") return rope;
-  const RopeScaling& y = rope_scaling;
-  rope.yarn = {y.factor, y.original_max_position_embeddings, y.beta_fast, y.beta_slow, y.truncate};
-  if (y.attention_factor > 0.0)
-    rope.attention_factor = y.attention_factor;
-  else if (y.mscale != 0.0 && y.mscale_all_dim != 0.0)
-    rope.attention_factor = yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
-  else
-    rope.attention_factor = yarn_mscale(y.factor, 1.0);
-  return rope;
-}
-
-double ModelConfig::yarn_softmax_factor() const {
-  if (rope_scaling.type == "default" || rope_scaling.mscale_all_dim == 0.0) return 1.0;
-  const double m = yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
-  return m * m;
-}
 
 ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string& source) {
   if (!json.is_object()) fail(source, ": config is ", json.type_name(), "; expected a JSON object");

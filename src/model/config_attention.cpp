@@ -1,0 +1,190 @@
+// ModelConfig's attention settings (see config.h): RoPE with YaRN scaling from `rope_parameters` /
+// `rope_scaling`, multi-head latent attention's dims, Kimi-Linear's linear-attention names; and the
+// RoPE a layer builds from them.
+#include <map>
+#include <utility>
+
+#include "model/config_fields.h"
+
+namespace trillion {
+namespace config_detail {
+namespace {
+
+// YaRN's settings inside a rope_parameters / rope_scaling dict.
+void parse_yarn(const FieldReader& sub, RopeScaling& y) {
+  if (sub.has("factor")) y.factor = sub.positive_number("factor", 1.0);
+  if (sub.has("original_max_position_embeddings"))
+    y.original_max_position_embeddings = sub.positive_number("original_max_position_embeddings", 1.0);
+  y.beta_fast = sub.positive_number("beta_fast", y.beta_fast);
+  y.beta_slow = sub.positive_number("beta_slow", y.beta_slow);
+  y.mscale = sub.number("mscale", y.mscale);
+  y.mscale_all_dim = sub.number("mscale_all_dim", y.mscale_all_dim);
+  if (sub.has("attention_factor")) y.attention_factor = sub.positive_number("attention_factor", 1.0);
+  y.truncate = sub.boolean("truncate", y.truncate);
+  if (y.original_max_position_embeddings <= 0.0)
+    sub.fail_field("original_max_position_embeddings", "missing; expected a positive number (rope_type \"yarn\")");
+}
+
+}  // namespace
+
+// RoPE settings: transformers 5.x's `rope_parameters` dict and the older top-level fields; when
+// both give a value they must agree. Plain RoPE and YaRN are built.
+void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c) {
+  c.rope_theta = fields.positive_number("rope_theta", c.rope_theta);
+  c.partial_rotary_factor = fields.positive_number("partial_rotary_factor", family.default_partial_rotary_factor);
+  // Where each value came from: the first source that gave it; every later one must agree.
+  std::map<std::string, std::string> given_by;
+  for (const char* key : {"rope_theta", "partial_rotary_factor"})
+    if (fields.has(key)) given_by[key] = key;
+  for (const char* name : {"rope_scaling", "rope_parameters"}) {
+    if (!fields.has(name)) continue;
+    const nlohmann::json& params = fields.at(name);
+    if (!params.is_object()) fields.fail_field(name, str_cat("got ", params.dump(), "; expected an object"));
+    const std::string source = str_cat(fields.source(), ": ", name);
+    const FieldReader sub(params, source);
+    const std::string type = sub.string(sub.alias({"rope_type", "type"}), "default");
+    if (type != "default" && type != "yarn")
+      fields.fail_field(name, str_cat("rope_type \"", type, "\": not built yet; expected \"default\" or \"yarn\""));
+    if (type == "yarn") {
+      if (c.rope_scaling.type == "yarn" && given_by.count("yarn") != 0 && params != fields.at(given_by["yarn"].c_str()))
+        fields.fail_field(name, str_cat("differs from ", given_by["yarn"], "; expected one YaRN setting"));
+      c.rope_scaling.type = "yarn";
+      given_by["yarn"] = name;
+      parse_yarn(sub, c.rope_scaling);
+    }
+    for (const auto& [key, top] : {std::pair{"rope_theta", &c.rope_theta},
+                                   std::pair{"partial_rotary_factor", &c.partial_rotary_factor}}) {
+      if (!sub.has(key)) continue;
+      const double value = sub.positive_number(key, *top);
+      if (given_by.count(key) != 0 && value != *top)
+        fields.fail_field(given_by[key], str_cat("got ", *top, " but ", name, ".", key, " = ", value,
+                                                 "; expected one value (or only one of them)"));
+      if (given_by.count(key) == 0) given_by[key] = str_cat(name, ".", key);
+      *top = value;
+    }
+    for (const std::string& key : sub.unread())
+      fields.fail_field(name, str_cat("has \"", key, "\", which rope_type \"", type, "\" does not take; expected only ",
+                                      type == "yarn" ? "rope_type, rope_theta, partial_rotary_factor, factor, "
+                                                       "original_max_position_embeddings, beta_fast, beta_slow, "
+                                                       "mscale, mscale_all_dim, attention_factor, truncate"
+                                                     : "rope_type, rope_theta, partial_rotary_factor"));
+  }
+  if (c.partial_rotary_factor > 1.0)
+    fields.fail_field("partial_rotary_factor", str_cat("got ", c.partial_rotary_factor, "; expected a value in (0, 1]"));
+  if (c.rope_scaling.type == "yarn" && c.rope_scaling.factor == 0.0)  // transformers' rule for an absent factor
+    c.rope_scaling.factor =
+        static_cast<double>(c.max_position_embeddings) / c.rope_scaling.original_max_position_embeddings;
+}
+
+// Multi-head latent attention's dims (transformers' DeepseekV3Config / KimiLinearConfig defaults
+// when absent; q_lora_rank null means one q_proj).
+void parse_mla(const FieldReader& fields, const Family& family, ModelConfig& c) {
+  c.q_lora_rank = fields.is_null("q_lora_rank") ? 0 : fields.positive("q_lora_rank", family.default_q_lora_rank);
+  c.kv_lora_rank = fields.positive("kv_lora_rank", 512);
+  c.qk_nope_head_dim = fields.positive("qk_nope_head_dim", 128);
+  c.qk_rope_head_dim = fields.positive("qk_rope_head_dim", 64);
+  c.v_head_dim = fields.positive("v_head_dim", 128);
+  c.rope_interleave = family.mla_always_interleaved || fields.boolean("rope_interleave", true);
+  if (fields.has("qk_head_dim") && fields.integer("qk_head_dim", 0) != c.qk_head_dim())
+    fields.fail_field("qk_head_dim", str_cat("got ", fields.integer("qk_head_dim", 0), "; expected qk_nope_head_dim + ",
+                                             "qk_rope_head_dim = ", c.qk_head_dim()));
+  if (c.num_key_value_heads != c.num_attention_heads)
+    fields.fail_field("num_key_value_heads", str_cat("got ", c.num_key_value_heads, "; expected num_attention_heads = ",
+                                                     c.num_attention_heads, " (multi-head latent attention)"));
+  if (family.mla_rope && c.qk_rope_head_dim % 2 != 0)
+    fields.fail_field("qk_rope_head_dim", str_cat("got ", c.qk_rope_head_dim, "; expected an even number"));
+}
+
+// Kimi-Linear's names for its delta-attention layers (one head count and head dim for q, k and v)
+// and the checkpoint form `linear_attn_config` {full_attn_layers, kda_layers (1-indexed), head_dim,
+// num_heads, short_conv_kernel_size}, which overrides them and sets layer_types.
+// Returns the keys of linear_attn_config it did not read (listed with the config's unread fields).
+std::vector<std::string> parse_kimi_linear_attention(const FieldReader& fields, ModelConfig& c) {
+  std::vector<std::string> unread;
+  int64_t heads = fields.non_negative("linear_num_heads", 0), dim = fields.non_negative("linear_head_dim", 0);
+  c.linear_conv_kernel_dim = fields.positive("linear_conv_kernel_dim", c.linear_conv_kernel_dim);
+  if (fields.has("linear_attn_config")) {
+    const nlohmann::json& block = fields.at("linear_attn_config");
+    if (!block.is_object()) fields.fail_field("linear_attn_config", str_cat("got ", block.dump(), "; expected an object"));
+    const std::string source = str_cat(fields.source(), ": linear_attn_config");
+    const FieldReader sub(block, source);
+    heads = sub.positive("num_heads", heads);
+    dim = sub.positive("head_dim", dim);
+    c.linear_conv_kernel_dim = sub.positive("short_conv_kernel_size", c.linear_conv_kernel_dim);
+    const std::vector<int64_t> full = sub.integer_list("full_attn_layers"), kda = sub.integer_list("kda_layers");
+    if (!full.empty() || !kda.empty()) {
+      std::vector<int> seen(c.num_hidden_layers, 0);
+      for (const auto& [list, type] : {std::pair{&full, LayerType::full_attention},
+                                       std::pair{&kda, LayerType::linear_attention}}) {
+        for (int64_t one_based : *list) {
+          if (one_based < 1 || one_based > c.num_hidden_layers)
+            sub.fail_field(type == LayerType::full_attention ? "full_attn_layers" : "kda_layers",
+                           str_cat("has layer ", one_based, "; expected 1-indexed layers in [1, ", c.num_hidden_layers, "]"));
+          c.layer_types[one_based - 1] = type;
+          ++seen[one_based - 1];
+        }
+      }
+      for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+        if (seen[l] != 1)
+          sub.fail_field("kda_layers", str_cat("layer ", l + 1, " is named ", seen[l], " times in full_attn_layers and ",
+                                               "kda_layers; expected each layer exactly once"));
+    }
+    for (const std::string& key : sub.unread()) unread.push_back("linear_attn_config." + key);
+  }
+  c.linear_num_key_heads = c.linear_num_value_heads = heads;
+  c.linear_key_head_dim = c.linear_value_head_dim = dim;
+  return unread;
+}
+
+}  // namespace config_detail
+
+int64_t ModelConfig::rotary_dim() const {
+  return static_cast<int64_t>(std::floor(partial_rotary_factor * static_cast<double>(head_dim)));
+}
+
+namespace config_detail {
+
+nlohmann::json rope_json(const ModelConfig& c) {
+  nlohmann::json rope = {{"rope_type", c.rope_scaling.type}, {"rope_theta", c.rope_theta},
+                         {"partial_rotary_factor", c.partial_rotary_factor}};
+  if (c.rope_scaling.type != "yarn") return rope;
+  const RopeScaling& y = c.rope_scaling;
+  rope.update({{"factor", y.factor}, {"original_max_position_embeddings", y.original_max_position_embeddings},
+               {"beta_fast", y.beta_fast}, {"beta_slow", y.beta_slow}, {"truncate", y.truncate}});
+  if (y.mscale != 0.0) rope["mscale"] = y.mscale;
+  if (y.mscale_all_dim != 0.0) rope["mscale_all_dim"] = y.mscale_all_dim;
+  if (y.attention_factor > 0.0) rope["attention_factor"] = y.attention_factor;
+  return rope;
+}
+
+}  // namespace config_detail
+
+namespace {
+// YaRN's magnitude correction 0.1 · m · ln(scale) + 1 (1 for scale ≤ 1).
+double yarn_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; }
+}  // namespace
+
+RopeSpec ModelConfig::rope_spec(int64_t rotary_dim, bool interleaved) const {
+  RopeSpec rope;
+  rope.rotary_dim = rotary_dim;
+  rope.theta = rope_theta;
+  rope.interleaved = interleaved;
+  if (rope_scaling.type != "yarn") return rope;
+  const RopeScaling& y = rope_scaling;
+  rope.yarn = {y.factor, y.original_max_position_embeddings, y.beta_fast, y.beta_slow, y.truncate};
+  if (y.attention_factor > 0.0)
+    rope.attention_factor = y.attention_factor;
+  else if (y.mscale != 0.0 && y.mscale_all_dim != 0.0)
+    rope.attention_factor = yarn_mscale(y.factor, y.mscale) / yarn_mscale(y.factor, y.mscale_all_dim);
+  else
+    rope.attention_factor = yarn_mscale(y.factor, 1.0);
+  return rope;
+}
+
+double ModelConfig::yarn_softmax_factor() const {
+  if (rope_scaling.type == "default" || rope_scaling.mscale_all_dim == 0.0) return 1.0;
+  const double m = yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
+  return m * m;
+}
+
+}  // namespace trillion
