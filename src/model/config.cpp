@@ -323,8 +323,8 @@ nlohmann::json ModelConfig::to_json() const {
   if (family.mla) {
     json["q_lora_rank"] = q_lora_rank > 0 ? nlohmann::json(q_lora_rank) : nlohmann::json(nullptr);
     json.update({{"kv_lora_rank", kv_lora_rank}, {"qk_nope_head_dim", qk_nope_head_dim},
-                 {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim},
-                 {"rope_interleave", rope_interleave}});
+                 {"qk_rope_head_dim", qk_rope_head_dim}, {"v_head_dim", v_head_dim}});
+    if (!family.mla_always_interleaved) json["rope_interleave"] = rope_interleave;
   }
   json[family.experts_field] = num_experts;  // the name transformers' config.json uses for this family
   if (num_experts == 0) return json;

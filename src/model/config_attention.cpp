@@ -84,7 +84,8 @@ void parse_mla(const FieldReader& fields, const Family& family, ModelConfig& c) 
   c.qk_nope_head_dim = fields.positive("qk_nope_head_dim", 128);
   c.qk_rope_head_dim = fields.positive("qk_rope_head_dim", 64);
   c.v_head_dim = fields.positive("v_head_dim", 128);
-  c.rope_interleave = family.mla_always_interleaved || fields.boolean("rope_interleave", true);
+  const bool interleave = fields.boolean("rope_interleave", true);  // read either way: deepseek_v32 ignores it
+  c.rope_interleave = family.mla_always_interleaved || interleave;
   if (fields.has("qk_head_dim") && fields.integer("qk_head_dim", 0) != c.qk_head_dim())
     fields.fail_field("qk_head_dim", str_cat("got ", fields.integer("qk_head_dim", 0), "; expected qk_nope_head_dim + ",
                                              "qk_rope_head_dim = ", c.qk_head_dim()));

@@ -412,6 +412,11 @@ TEST(ModelConfig, DeepseekV32IndexedAttentionLayers) {
   EXPECT_EQ(config.layer_types, std::vector<LayerType>(2, LayerType::sparse_attention));
   EXPECT_TRUE(config.rope_interleave);
   EXPECT_EQ(config.to_json()["layer_types"][0], "indexed_attention");
+  EXPECT_FALSE(config.to_json().contains("rope_interleave"));  // always interleaved: not a v32 field
+  json["rope_interleave"] = false;  // ignored, as transformers ignores it, and read (no unread warning)
+  EXPECT_TRUE(ModelConfig::from_json(json, kSource).rope_interleave);
+  EXPECT_TRUE(ModelConfig::from_json(json, kSource).unread_fields.empty());
+  json.erase("rope_interleave");
   json["layer_types"] = {"indexed_attention", "sparse_attention"};
   EXPECT_EQ(ModelConfig::from_json(json, kSource).layer_types, config.layer_types);
 }
