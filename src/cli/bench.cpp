@@ -7,7 +7,11 @@
 //   trillion bench linear-attention [--json] [--tokens T] [--heads H] [--key-dim K] [--value-dim V]
 //                      [--decay per_head|per_key_channel|both] [--runs N] [--baseline-runs N]
 //                      [--gemm-size N] [--seed S]
-//   (--runs and --baseline-runs default to 10, the minimum for a measurement; fewer is a smoke test)
+//   trillion bench sparse-attention [--json] [--seq-len T] [--batch B] [--heads H] [--kv-heads K]
+//                      [--head-dim d] [--v-dim v] [--index-heads H_I] [--index-head-dim d_I] [--topk k]
+//                      [--mla-heads H] [--runs N] [--baseline-runs N] [--gemm-size N] [--seed S]
+//   (--runs and --baseline-runs default to 10, the minimum for a measurement; fewer is a smoke test;
+//   sparse-attention's plain baseline defaults to 2 runs, as it is slow at its default size)
 // With --json each measurement is one JSON line and the last line is the summary; without it the
 // same numbers are printed for people.
 #include <cstdio>
@@ -18,6 +22,7 @@
 #include "bench/attention_bench.h"
 #include "bench/linear_attention_bench.h"
 #include "bench/moe_bench.h"
+#include "bench/sparse_attention_bench.h"
 #include "bench/timing.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -164,6 +169,50 @@ void run_linear_attention(bool json, const LinearAttentionBenchOptions& options)
       summary.at("memory_ratio").get<double>());
 }
 
+void run_sparse_attention(bool json, const SparseAttentionBenchOptions& options) {
+  if (options.runs < 10)
+    std::fprintf(stderr, "bench sparse-attention: fewer than 10 runs (--runs %d): a smoke test, not a measurement\n",
+                 options.runs);
+  const nlohmann::json summary = run_sparse_attention_bench(options, [&](const nlohmann::json& j) {
+    if (json) {
+      print_json(j);
+      return;
+    }
+    std::printf("%-20s median %.4f s (min %.4f s, %d runs)", j.at("measurement").get<std::string>().c_str(),
+                j.at("median_s").get<double>(), j.at("min_s").get<double>(), j.at("runs").get<int>());
+    if (j.contains("gflops")) std::printf(", %.1f GFLOP/s", j.at("gflops").get<double>());
+    if (j.contains("peak_bytes")) std::printf(", peak %.1f MiB", j.at("peak_bytes").get<double>() / (1 << 20));
+    std::printf("\n");
+    if (j.contains("backward_s"))
+      std::printf("                     phases (median s): indexer top-k %.4f, forward %.4f, backward %.4f\n",
+                  j.at("indexer_topk_s").get<double>(), j.at("forward_s").get<double>(),
+                  j.at("backward_s").get<double>());
+  });
+  if (json) {
+    print_json(summary);
+    return;
+  }
+  std::printf(
+      "sparse-attention T=%lld H=%lld Hkv=%lld qk=%lld v=%lld H_I=%lld d_I=%lld topk=%lld batch=%lld on %d threads:\n"
+      "  speedup over dense %.2fx, plain / sparse %.2f, max relative error %.2e (%lld top-k rows differ)\n"
+      "  %.1f GFLOP/s = %.3f of the sgemm ceiling (%.1f GFLOP/s)\n"
+      "  indexer loss: dense mode %.4f s, sparse mode %.4f s\n"
+      "  peak memory: dense / sparse = %.2f\n",
+      summary.at("seq_len").get<long long>(), summary.at("heads").get<long long>(),
+      summary.at("kv_heads").get<long long>(), summary.at("head_dim").get<long long>(),
+      summary.at("v_dim").get<long long>(), summary.at("index_heads").get<long long>(),
+      summary.at("index_head_dim").get<long long>(), summary.at("topk").get<long long>(),
+      summary.at("batch").get<long long>(), num_threads(), summary.at("speedup").get<double>(),
+      summary.at("ratio_plain").get<double>(), summary.at("max_rel_err").get<double>(),
+      summary.at("topk_mismatch_rows").get<long long>(), summary.at("fused_gflops").get<double>(),
+      summary.at("ceiling_fraction").get<double>(), summary.at("ceiling_gflops").get<double>(),
+      summary.at("indexer_loss_dense_s").get<double>(), summary.at("indexer_loss_sparse_s").get<double>(),
+      summary.at("memory_ratio").get<double>());
+  if (summary.contains("mla_speedup"))
+    std::printf("  MLA (qk 192, v 128, %lld heads = kv heads): speedup over dense %.2fx\n",
+                summary.at("mla_heads").get<long long>(), summary.at("mla_speedup").get<double>());
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -243,6 +292,31 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   linear->add_option("--seed", linear_options->seed, "Seed of the inputs")->capture_default_str();
   linear->callback([linear_json, linear_options] { run_linear_attention(*linear_json, *linear_options); });
+
+  CLI::App* sparse = bench->add_subcommand(
+      "sparse-attention", "DeepSeek sparse attention (indexer top-k + sparse fwd+bwd) vs dense causal attention");
+  auto sparse_json = std::make_shared<bool>(false);
+  auto so = std::make_shared<SparseAttentionBenchOptions>();
+  sparse->add_flag("--json", *sparse_json, "JSON lines: one per measurement, then the summary");
+  sparse->add_option("--seq-len", so->seq_len, "Sequence length T")->capture_default_str();
+  sparse->add_option("--batch", so->batch, "Batch size")->capture_default_str();
+  sparse->add_option("--heads", so->heads, "Query heads")->capture_default_str();
+  sparse->add_option("--kv-heads", so->kv_heads, "Key/value heads")->capture_default_str();
+  sparse->add_option("--head-dim", so->head_dim, "Query/key head dimension")->capture_default_str();
+  sparse->add_option("--v-dim", so->v_dim, "Value head dimension (0: --head-dim)")->capture_default_str();
+  sparse->add_option("--index-heads", so->index_heads, "Indexer heads H_I")->capture_default_str();
+  sparse->add_option("--index-head-dim", so->index_head_dim, "Indexer head dimension d_I")->capture_default_str();
+  sparse->add_option("--topk", so->topk, "Keys selected per query")->capture_default_str();
+  sparse->add_option("--mla-heads", so->mla_heads, "Heads (= kv heads) of the MLA-shaped line (0 skips it)")
+      ->capture_default_str();
+  sparse->add_option("--runs", so->runs,
+                     "Timed runs of each path but the plain one (median reported; fewer than 10 is for smoke tests)")
+      ->capture_default_str();
+  sparse->add_option("--baseline-runs", so->baseline_runs, "Timed runs of the slow plain path (after its first)")
+      ->capture_default_str();
+  sparse->add_option("--gemm-size", so->gemm_size, "Size of the sgemm that sets the ceiling")->capture_default_str();
+  sparse->add_option("--seed", so->seed, "Seed of the inputs")->capture_default_str();
+  sparse->callback([sparse_json, so] { run_sparse_attention(*sparse_json, *so); });
 }
 
 }  // namespace trillion

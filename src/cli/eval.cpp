@@ -1,6 +1,8 @@
 // `trillion eval`: validation loss of a checkpoint on the val split of a tokenized data directory:
 // nats/token, perplexity, bits per byte, and the unigram baseline of the same split (fit on the
-// train tokens), printed for people and as a final JSON line.
+// train tokens), printed for people and as a final JSON line. Sparse attention layers attend as the
+// checkpoint was trained (its trainer_state's indexer mode: sparse over the top-k, or dense in the
+// warm-up and dense stages) unless --indexer-mode says otherwise.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -26,6 +28,7 @@ struct EvalOptions {
   int64_t seq_len = 0;  // 0: the checkpoint's training seq_len (256 without trainer state)
   int64_t batch = 8;
   int64_t max_batches = 0;  // 0: every window
+  std::string indexer_mode;  // "dense" | "warmup" | "sparse"; empty: the checkpoint's (sparse without state)
 };
 
 template <class T>
@@ -33,6 +36,7 @@ EvalResult evaluate_checkpoint(const ModelConfig& config, const std::string& wei
                                const EvalOptions& o) {
   Model<T> model(config);
   model.load_weights(weights_dir);
+  model.set_indexer_training(o.indexer_mode == "sparse" ? IndexerMode::sparse : IndexerMode::dense, 0.0);
   return evaluate_loss(model, data.val.tokens, o.seq_len, o.batch, o.max_batches);
 }
 
@@ -50,8 +54,10 @@ void run_eval(EvalOptions o) {
     }
     dtype = state.settings.dtype;
     if (o.seq_len == 0) o.seq_len = state.settings.seq_len;
+    if (o.indexer_mode.empty()) o.indexer_mode = state.settings.indexer_mode;
   }
   if (o.seq_len == 0) o.seq_len = 256;
+  if (o.indexer_mode.empty()) o.indexer_mode = "sparse";
   if (o.seq_len < 1 || o.seq_len > config.max_position_embeddings) {
     fail("--seq-len must be in [1, max_position_embeddings=", config.max_position_embeddings, "], got ", o.seq_len);
   }
@@ -83,7 +89,8 @@ void run_eval(EvalOptions o) {
                                   {"windows", r.windows},
                                   {"total_windows", r.total_windows},
                                   {"seq_len", o.seq_len},
-                                  {"dtype", dtype}};
+                                  {"dtype", dtype},
+                                  {"indexer_mode", o.indexer_mode}};
   std::printf("%s\n", summary.dump().c_str());
 }
 
@@ -97,6 +104,9 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--seq-len", options->seq_len, "Tokens per window (default: the checkpoint's training seq_len)");
   cmd->add_option("--batch", options->batch, "Windows per forward pass");
   cmd->add_option("--max-batches", options->max_batches, "Evaluate only the first N batches (0: all)");
+  cmd->add_option("--indexer-mode", options->indexer_mode,
+                  "Sparse attention layers: sparse (top-k) or dense / warmup (dense attention); default: as trained")
+      ->check(CLI::IsMember({"dense", "warmup", "sparse"}));
   cmd->callback([options] {
     run_eval(*options);
   });

@@ -8,11 +8,12 @@
 //
 // Top-k (streaming): each query keeps a candidate list of up to 2·topk + kKeyBlock candidates,
 // packed as integers whose order is "score descending, then key ascending". Keys arrive in
-// increasing order, so once the list has been compacted to its best topk (nth_element), a later
+// increasing order, so once the list has been compacted to its best topk (select_largest), a later
 // key can rank among the best only with a score strictly above the worst kept one; everything else
 // is dropped on sight (whole blocks at once by their maximum). The list is compacted again when it
 // holds more than 2·topk, and radix-sorted at the end. The order is total and strict, so the selection
-// is unique: the result equals a full sort and does not depend on the thread count.
+// is unique: the result equals a full sort and does not depend on the thread count. The selection
+// machinery (packing, quickselect, radix sort, running list) lives in ops/indexer_select.h.
 //
 // Loss, dense mode (two passes per query block): pass 1 streams the log-sum-exp of I over the
 // visible keys; pass 2 recomputes I and the main attention's P_h = exp(scale_t · q kᵀ − lse_h)
@@ -32,10 +33,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -45,10 +44,14 @@
 #include "core/memory.h"
 #include "core/parallel.h"
 #include "ops/gemm.h"
+#include "ops/indexer_select.h"
 #include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
+
+using indexer_select::PackedRank;
+using indexer_select::RunningTopk;
 
 constexpr int64_t kQueryBlock = 64;        // queries per dense work item
 constexpr int64_t kKeyBlock = 256;         // keys per score tile
@@ -108,99 +111,6 @@ void score_tile(T* tile, T* head_scores, const T* q, const T* k, const T* w, con
   }
 }
 
-// A candidate (score, key) packed into one unsigned integer whose descending order is the ranking
-// "score descending, then key ascending": the score's bits made order-preserving (−0 folded into
-// +0 first, so equal scores tie) above the bitwise complement of the key. Integer comparisons keep
-// selection and sorting cheap and branch-light. 64 bits for float scores, 128 for double.
-template <class T>
-struct PackedRank;
-template <>
-struct PackedRank<float> {
-  using Bits = uint32_t;
-  using Packed = uint64_t;
-};
-template <>
-struct PackedRank<double> {
-  using Bits = uint64_t;
-  using Packed = unsigned __int128;
-};
-
-template <class T>
-typename PackedRank<T>::Packed pack_rank(T score, int64_t key) {
-  using Bits = typename PackedRank<T>::Bits;
-  using Packed = typename PackedRank<T>::Packed;
-  constexpr Bits sign = Bits(1) << (8 * sizeof(Bits) - 1);
-  const Bits bits = std::bit_cast<Bits>(T(score + T(0)));
-  const Bits ordered = (bits & sign) != 0 ? ~bits : (bits | sign);
-  return (Packed(ordered) << 32) | Packed(~static_cast<uint32_t>(key));
-}
-
-template <class Packed>
-int32_t unpack_key(Packed packed) {
-  return static_cast<int32_t>(~static_cast<uint32_t>(packed));
-}
-
-// Sorts list[count] descending by an LSD radix sort over the bytes of Packed (8-bit digits; a
-// byte that every element shares is skipped, e.g. the high bytes of small complemented keys);
-// scratch[count] is overwritten. No data-dependent branches, unlike a comparison sort.
-template <class Packed>
-void radix_sort_descending(Packed* list, Packed* scratch, int64_t count) {
-  Packed* from = list;
-  Packed* to = scratch;
-  for (int shift = 0; shift < 8 * int(sizeof(Packed)); shift += 8) {
-    int64_t bucket_start[256] = {};  // histogram, then first output slot per digit
-    for (int64_t i = 0; i < count; ++i) ++bucket_start[255 - int((from[i] >> shift) & 0xFF)];
-    if (bucket_start[255 - int((from[0] >> shift) & 0xFF)] == count) continue;
-    int64_t next = 0;
-    for (int64_t& slot : bucket_start) next += std::exchange(slot, next);
-    for (int64_t i = 0; i < count; ++i) to[bucket_start[255 - int((from[i] >> shift) & 0xFF)]++] = from[i];
-    std::swap(from, to);
-  }
-  if (from != list) std::copy(from, from + count, list);
-}
-
-// One query's running top-k over the keys seen so far (keys arrive in increasing order).
-template <class T>
-struct RunningTopk {
-  using Packed = typename PackedRank<T>::Packed;
-  Packed* list;  // [2·topk + kKeyBlock]: candidates; at the end [topk] kept + [topk] sort scratch
-  int64_t count = 0;
-  int64_t topk = 0;
-  bool compacted = false;  // worst_kept is then the worst of the topk kept candidates
-  Packed worst_kept = 0;
-
-  void compact() {
-    std::nth_element(list, list + (topk - 1), list + count, std::greater<Packed>());
-    count = topk;
-    compacted = true;
-    worst_kept = list[topk - 1];
-  }
-  // Offers the visible scores of one key block, keys j0, j0 + 1, …; returns whether one was NaN
-  // (a block with a NaN is not offered: the caller fails a CHECK).
-  bool offer(const T* scores, int64_t visible, int64_t j0) {
-    bool nan = false;
-    for (int64_t c = 0; c < visible; ++c) nan |= std::isnan(scores[c]);
-    if (nan || visible == 0) return nan;
-    // Once the list is compacted only a candidate ranking before the worst kept one can enter
-    // (a later key with an equal score ranks after it); most blocks then hold none: the best
-    // candidate a block can offer is its largest score at its first key.
-    if (compacted && !(pack_rank(max_value(scores, visible), j0) > worst_kept)) return false;
-    if (count > 2 * topk) compact();
-    for (int64_t c = 0; c < visible; ++c) {
-      const Packed candidate = pack_rank(scores[c], j0 + c);
-      if (compacted && !(candidate > worst_kept)) continue;
-      list[count++] = candidate;
-    }
-    return false;
-  }
-  // out[topk] ← the best min(topk, count) keys in rank order, then −1.
-  void write(int32_t* out) {
-    if (count > topk) compact();
-    if (count > 0) radix_sort_descending(list, list + count, count);  // count ≤ topk: room for scratch
-    for (int64_t i = 0; i < count; ++i) out[i] = unpack_key(list[i]);
-    std::fill(out + count, out + topk, -1);
-  }
-};
 
 }  // namespace
 
@@ -209,10 +119,10 @@ void indexer_topk(int32_t* indices, const T* q, const T* k, const T* w, const In
   const Geometry geo(sizes);
   const int64_t capacity = 2 * sizes.topk + kKeyBlock;
   // Per-thread workspace: head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock]; candidate
-  // lists [kQueryBlock, capacity].
+  // lists [kQueryBlock, capacity] and the compaction's scratch [capacity].
   const int64_t per_thread = geo.rows_max * kKeyBlock + kQueryBlock * kKeyBlock;
   Buffer<T> workspace(per_thread * num_threads());
-  Buffer<typename PackedRank<T>::Packed> candidates(kQueryBlock * capacity * num_threads());
+  Buffer<typename PackedRank<T>::Packed> candidates((kQueryBlock + 1) * capacity * num_threads());
   std::atomic<bool> found_nan{false};
   const int64_t items = sizes.batch * geo.q_blocks;
 
@@ -225,7 +135,8 @@ void indexer_topk(int32_t* indices, const T* q, const T* k, const T* w, const In
     const int64_t t0 = qb * kQueryBlock, t1 = std::min(t0 + kQueryBlock, sizes.q_len);
     RunningTopk<T> running[kQueryBlock];
     for (int64_t r = 0; r < t1 - t0; ++r) {
-      running[r].list = candidates.data() + (thread * kQueryBlock + r) * capacity;
+      running[r].list = candidates.data() + (thread * (kQueryBlock + 1) + r) * capacity;
+      running[r].scratch = candidates.data() + (thread * (kQueryBlock + 1) + kQueryBlock) * capacity;
       running[r].topk = sizes.topk;
     }
     bool nan = false;

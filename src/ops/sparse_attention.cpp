@@ -1,14 +1,17 @@
 // Sparse attention over indexer-selected keys (DeepSeek-V3.2 DSA), see sparse_attention.h.
 //
 // Tiles: for one query position t and one key/value head, the `group` query heads that share that
-// head are the rows of one matrix (they are contiguous in q, out, dq and dout), and the selection
-// is processed kKeyTile keys at a time. Products that are dot products against the selected rows
-// (scores q·k, and dP = dout·v in backward) gather those rows into a contiguous tile and make one
-// single-threaded gemm() (ops/gemm.h) serve the whole group. Products that are weighted sums of
-// rows (P·v, dS·k, and the dk/dv scatters) run as add_weighted_rows: 64-byte vector accumulators
-// held in registers across the summed rows, which read the rows in place (measured at 8192 tokens,
-// top-k 512, 64-dim heads: faster than gathering them for a gemm of 4-row operands). Workspace is
-// a few tiles per thread; nothing is [q_len, kv_len]. Every selected key is visible by contract,
+// head are the rows of one small matrix (they are contiguous in q, out, dq and dout, and stay in
+// L1), and the selection is processed kKeyTile keys at a time. Every product reads the selected
+// key/value rows in place, never gathered: dot products against them (scores q·k, and dP = dout·v
+// in backward) run as row_dots, one 64-byte vector accumulator per (head, key) whose lanes are
+// summed (the head dims 64, 128 and 192 unrolled at compile time); weighted sums of rows (P·v,
+// dS·k, and the dk/dv scatters) run as add_weighted_rows, vector accumulators held in registers
+// across the summed rows. Measured at 8192 tokens, top-k 512, 8 query and 2 kv heads of 64: both
+// beat gathering the rows into a tile for an OpenBLAS gemm of 4-row operands, whose packing copy
+// cost as much as the gather (docs/benchmarks.md, "Sparse attention"; software prefetching of the
+// scattered rows a few keys ahead was tried and gained nothing measurable). Workspace is a few
+// tiles per thread; nothing is [q_len, kv_len]. Every selected key is visible by contract,
 // so there is no masking.
 //
 // Forward: one work item per (batch, query position), all kv heads in turn; online softmax over
@@ -16,7 +19,7 @@
 //
 // Backward, determinism: one work item per (batch, kv head). It owns dk and dv of its kv head and dq
 // of the query heads of its group, and walks the query positions t = 0, 1, … in order: D =
-// rowsum(dout ⊙ out), P = exp(scale · q·k − lse) recomputed on the gathered tiles, dS = P ⊙ (dP −
+// rowsum(dout ⊙ out), P = exp(scale · q·k − lse) recomputed tile by tile, dS = P ⊙ (dP −
 // D), dq of t written, and the dk/dv contributions added to the selected keys' rows in (t, column)
 // order. No two items write the same element and each item's order of additions is fixed (a
 // function of the sizes and indices only), so the results are bitwise independent of the thread
@@ -37,7 +40,6 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
-#include "ops/gemm.h"
 #include "ops/vector_exp.h"
 
 namespace trillion {
@@ -133,14 +135,6 @@ Buffer<int32_t> selected_counts(const int32_t* indices, const Geometry& geo) {
   return counts;
 }
 
-// dst[n, dim] ← src[b, selected[c], kvh, :] for c < n; src is [batch, kv_len, kv_heads, dim].
-template <class T>
-void gather_keys(T* dst, const T* src, const int32_t* selected, int64_t n, const Geometry& geo, int64_t b,
-                 int64_t kvh, int64_t dim) {
-  for (int64_t c = 0; c < n; ++c)
-    std::memcpy(dst + c * dim, src + geo.kv_index(b, selected[c], kvh, dim), dim * sizeof(T));
-}
-
 // 64 bytes of T as one GCC/Clang vector value (one AVX-512 register, two AVX2 ones).
 template <class T>
 struct Chunk {
@@ -153,6 +147,65 @@ struct Chunk {
   }
   static void store(T* p, const type& v) { std::memcpy(p, &v, sizeof(v)); }
 };
+
+// The sum of a chunk's lanes in a fixed tree (AVX-512 reduce; a plain loop otherwise).
+inline float lane_sum(const Chunk<float>::type& v) {
+#if defined(__AVX512F__)
+  __m512 x;
+  std::memcpy(&x, &v, sizeof(x));
+  return _mm512_reduce_add_ps(x);
+#else
+  float sum = 0;
+  for (int64_t i = 0; i < Chunk<float>::kLanes; ++i) sum += v[i];
+  return sum;
+#endif
+}
+inline double lane_sum(const Chunk<double>::type& v) {
+#if defined(__AVX512F__)
+  __m512d x;
+  std::memcpy(&x, &v, sizeof(x));
+  return _mm512_reduce_add_pd(x);
+#else
+  double sum = 0;
+  for (int64_t i = 0; i < Chunk<double>::kLanes; ++i) sum += v[i];
+  return sum;
+#endif
+}
+
+// dots[g · ld + c] ← scale · Σ_e a[g · dim + e] · row_of(c)[e] for g < rows, c < count: the rows
+// of a [rows, dim] (a few query heads, in L1) against rows read in place (no gather, no packing).
+// Per (g, c) one 64-byte accumulator over the full chunks, its lanes summed, then the scalar tail.
+// kChunks > 0 is dim's count of 64-byte chunks known at compile time (no tail; the loop unrolls),
+// 0 any dim.
+template <int64_t kChunks, class T, class RowOf>
+void row_dots_fixed(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t rows, const RowOf& row_of,
+                    int64_t count, int64_t dim, T scale) {
+  using V = Chunk<T>;
+  const int64_t full = kChunks > 0 ? kChunks * V::kLanes : dim / V::kLanes * V::kLanes;
+  for (int64_t c = 0; c < count; ++c) {
+    const T* row = row_of(c);  // [dim]
+    for (int64_t g = 0; g < rows; ++g) {
+      const T* a_row = a + g * dim;  // [dim]
+      typename V::type acc = {};
+      for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) acc += V::load(a_row + e0) * V::load(row + e0);
+      T sum = full > 0 ? lane_sum(acc) : T(0);
+      for (int64_t e = full; e < dim; ++e) sum += a_row[e] * row[e];
+      dots[g * ld + c] = scale * sum;
+    }
+  }
+}
+
+// row_dots_fixed with the head dims of the benchmark and model shapes (64, 128, 192 floats; half
+// as many doubles) specialized, any other dim generic. Same sums in the same order either way.
+template <class T, class RowOf>
+void row_dots(T* dots, int64_t ld, const T* a, int64_t rows, const RowOf& row_of, int64_t count, int64_t dim,
+              T scale) {
+  constexpr int64_t lanes = Chunk<T>::kLanes;
+  if (dim == 4 * lanes) row_dots_fixed<4>(dots, ld, a, rows, row_of, count, dim, scale);
+  else if (dim == 8 * lanes) row_dots_fixed<8>(dots, ld, a, rows, row_of, count, dim, scale);
+  else if (dim == 12 * lanes) row_dots_fixed<12>(dots, ld, a, rows, row_of, count, dim, scale);
+  else row_dots_fixed<0>(dots, ld, a, rows, row_of, count, dim, scale);
+}
 
 // dst[dim] += Σ_c weights[c · weight_stride] · row_of(c)[0, dim), c = 0 .. count − 1 in order. dst
 // is walked in 64-byte chunks held in a register across all c, so each row is read once per chunk
@@ -198,8 +251,8 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
   const Geometry geo(sizes);
   const Buffer<int32_t> counts = selected_counts(indices, geo);  // [batch, q_len]
   const int64_t group = geo.group, qk_dim = sizes.qk_dim, v_dim = sizes.v_dim;
-  // Per-thread workspace: k_tile [kKeyTile, qk_dim], scores [group, kKeyTile], row_max, row_sum [group].
-  const int64_t per_thread = round_up_64_bytes(kKeyTile * qk_dim + group * kKeyTile + 2 * group, sizeof(T));
+  // Per-thread workspace: scores [group, kKeyTile], row_max, row_sum [group].
+  const int64_t per_thread = round_up_64_bytes(group * kKeyTile + 2 * group, sizeof(T));
   Buffer<T> workspace(per_thread * num_threads());
   const T scale = T(sizes.scale);
 
@@ -207,8 +260,7 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
     const int64_t b = row / sizes.q_len, t = row % sizes.q_len;
     const int32_t* selected = indices + row * sizes.topk;  // [count] key positions
     const int64_t count = counts[row];
-    T* k_tile = workspace.data() + per_thread * omp_get_thread_num();  // [kKeyTile, qk_dim]
-    T* scores = k_tile + kKeyTile * qk_dim;                            // [group, kKeyTile]
+    T* scores = workspace.data() + per_thread * omp_get_thread_num();  // [group, kKeyTile]
     T* row_max = scores + group * kKeyTile;                            // [group]
     T* row_sum = row_max + group;                                      // [group]
     for (int64_t kvh = 0; kvh < sizes.kv_heads; ++kvh) {
@@ -219,9 +271,9 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
       std::fill(row_sum, row_sum + group, T(0));
       for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
         const int64_t n = std::min(kKeyTile, count - c0);
-        gather_keys(k_tile, k, selected + c0, n, geo, b, kvh, qk_dim);
-        // scores[group, n] = scale · q_rows k_tileᵀ
-        gemm<T>(false, true, group, n, qk_dim, scale, q_rows, qk_dim, k_tile, qk_dim, T(0), scores, kKeyTile);
+        // scores[group, n] = scale · q_rows · k[b, selected[c0 + c], kvh], read in place
+        auto k_row = [&](int64_t c) { return k + geo.kv_index(b, selected[c0 + c], kvh, qk_dim); };
+        row_dots(scores, kKeyTile, q_rows, group, k_row, n, qk_dim, scale);
         for (int64_t g = 0; g < group; ++g) {
           T* score_row = scores + g * kKeyTile;
           // The first tile's rescale is exp(−inf − finite) = 0 on the zero accumulator.
@@ -253,18 +305,14 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   const Geometry geo(sizes);
   const Buffer<int32_t> counts = selected_counts(indices, geo);  // [batch, q_len]
   const int64_t group = geo.group, qk_dim = sizes.qk_dim, v_dim = sizes.v_dim;
-  // Per-thread workspace: k_tile [kKeyTile, qk_dim], v_tile [kKeyTile, v_dim], probs, dprobs
-  // [group, kKeyTile], lse_rows, dot_rows [group].
-  const int64_t per_thread =
-      round_up_64_bytes(kKeyTile * (qk_dim + v_dim) + 2 * group * kKeyTile + 2 * group, sizeof(T));
+  // Per-thread workspace: probs, dprobs [group, kKeyTile], lse_rows, dot_rows [group].
+  const int64_t per_thread = round_up_64_bytes(2 * group * kKeyTile + 2 * group, sizeof(T));
   Buffer<T> workspace(per_thread * num_threads());
   const T scale = T(sizes.scale);
 
   parallel_for_dynamic(sizes.batch * sizes.kv_heads, [&](int64_t item) {
     const int64_t b = item / sizes.kv_heads, kvh = item % sizes.kv_heads;
-    T* k_tile = workspace.data() + per_thread * omp_get_thread_num();  // [kKeyTile, qk_dim]
-    T* v_tile = k_tile + kKeyTile * qk_dim;                            // [kKeyTile, v_dim]
-    T* probs = v_tile + kKeyTile * v_dim;                              // [group, kKeyTile]: P, then scale · dS
+    T* probs = workspace.data() + per_thread * omp_get_thread_num();  // [group, kKeyTile]: P, then scale · dS
     T* dprobs = probs + group * kKeyTile;                              // [group, kKeyTile]
     T* lse_rows = dprobs + group * kKeyTile;                           // [group]
     T* dot_rows = lse_rows + group;                                    // [group]
@@ -289,12 +337,13 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
       }
       for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
         const int64_t n = std::min(kKeyTile, count - c0);
-        gather_keys(k_tile, k, selected + c0, n, geo, b, kvh, qk_dim);
-        gather_keys(v_tile, v, selected + c0, n, geo, b, kvh, v_dim);
-        // probs[group, n] = exp(scale · q_rows k_tileᵀ − lse);  dprobs[group, n] = dout_rows v_tileᵀ
-        gemm<T>(false, true, group, n, qk_dim, scale, q_rows, qk_dim, k_tile, qk_dim, T(0), probs, kKeyTile);
+        // The selected keys' rows, read in place: k_row(c) [qk_dim], v_row(c) [v_dim].
+        auto k_row = [&](int64_t c) { return k + geo.kv_index(b, selected[c0 + c], kvh, qk_dim); };
+        auto v_row = [&](int64_t c) { return v + geo.kv_index(b, selected[c0 + c], kvh, v_dim); };
+        // probs[group, n] = exp(scale · q_rows · k_row − lse);  dprobs[group, n] = dout_rows · v_row
+        row_dots(probs, kKeyTile, q_rows, group, k_row, n, qk_dim, scale);
         for (int64_t g = 0; g < group; ++g) exp_shifted_sum(probs + g * kKeyTile, n, lse_rows[g]);
-        gemm<T>(false, true, group, n, v_dim, T(1), dout_rows, v_dim, v_tile, v_dim, T(0), dprobs, kKeyTile);
+        row_dots(dprobs, kKeyTile, dout_rows, group, v_row, n, v_dim, T(1));
         // dv[selected key c] += Σ_g P[g, c] dout_rows[g]
         auto dout_row = [&](int64_t g) { return dout_rows + g * v_dim; };
         for (int64_t c = 0; c < n; ++c)
@@ -307,8 +356,7 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
           const T dot = dot_rows[g];
           for (int64_t c = 0; c < n; ++c) p[c] = scale * (p[c] * (dp[c] - dot));
         }
-        // dq_rows[g] += Σ_c scale · dS[g, c] k_tile[c]
-        auto k_row = [&](int64_t c) { return k_tile + c * qk_dim; };
+        // dq_rows[g] += Σ_c scale · dS[g, c] k_row(c)
         for (int64_t g = 0; g < group; ++g)
           add_weighted_rows(dq_rows + g * qk_dim, probs + g * kKeyTile, 1, n, k_row, qk_dim);
         // dk[selected key c] += Σ_g scale · dS[g, c] q_rows[g]

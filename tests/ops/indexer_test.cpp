@@ -279,3 +279,20 @@ TEST(IndexerLoss, KlIsZeroWhenDistributionsAgree) {
 
 }  // namespace
 }  // namespace trillion
+
+namespace trillion {
+namespace {
+
+// Long rows against a mid-sized topk: every row's candidate list is compacted many times (the
+// quickselect's partition path, not only its short-range sort), in float (the vectorized
+// candidate append) and double.
+TEST(IndexerTopk, MatchesFullSortWithManyCompactions) {
+  const IndexerSizes s = make_sizes(1, 48, 1500, 100);
+  IndexerInputs<float> f(s, 7);
+  EXPECT_EQ(f.topk(), f.ref_topk());
+  IndexerInputs<double> d(s, 7);
+  EXPECT_EQ(d.topk(), d.ref_topk());
+}
+
+}  // namespace
+}  // namespace trillion

@@ -239,3 +239,26 @@ TEST(SparseAttentionDeathTest, InvalidIndicesFailChecks) {
 
 }  // namespace
 }  // namespace trillion
+
+namespace trillion {
+namespace {
+
+// The head dims with compile-time dot-product kernels (64, 128, 192 floats; 64 doubles), GQA and
+// MLA-like shapes, against the masked reference: float within float tolerance, double tightly.
+TEST(SparseAttention, SpecializedHeadDimsMatchReference) {
+  for (const SparseAttentionSizes& s : {make_sizes(1, 70, 70, 4, 2, 64, 128, 40),
+                                        make_sizes(1, 40, 45, 2, 2, 192, 128, 30)}) {
+    SCOPED_TRACE(testing::Message() << "qk " << s.qk_dim << " v " << s.v_dim);
+    const std::vector<int32_t> indices = random_indices(s, 6);
+    Problem<float> sparse(s, indices, 6);
+    Problem<double> ref = convert<double>(sparse), sparse_double = convert<double>(sparse);
+    sparse.run_sparse();
+    sparse_double.run_sparse();
+    ref.run_reference();
+    expect_close(sparse, ref, 1e-4);
+    expect_close(sparse_double, ref, 1e-10);
+  }
+}
+
+}  // namespace
+}  // namespace trillion

@@ -1,7 +1,8 @@
 // `trillion train` on a tiny DeepSeek-V3.2 model (two sparse MLA layers with lightning indexers):
 // the indexer warm-up changes the indexers' tensors and nothing else, its metrics carry the indexer
 // loss and the selected attention mass per sparse layer, the sparse stage then trains every tensor
-// from that checkpoint, and the indexer flags are refused on a model without sparse layers.
+// from that checkpoint, eval attends as the checkpoint was trained, and the indexer flags are
+// refused on a model without sparse layers.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -74,6 +75,17 @@ TEST(TrainIndexer, WarmupTrainsOnlyTheIndexersThenSparseTrainsAll) {
   EXPECT_EQ(indexer_tensors, 10);
   const nlohmann::json state = nlohmann::json::parse(read_text(warm / "checkpoint-000003" / "trainer_state.json"));
   EXPECT_EQ(state.at("indexer").at("mode"), "warmup");
+  // eval attends as the checkpoint was trained (dense in the warm-up) unless told otherwise.
+  const auto eval = [&](const std::string& extra) {
+    const CommandResult r = run_cli("eval --checkpoint " + warm.string() + " --data " + test_data().data_dir.string() +
+                                        " --seq-len 16" + extra, "OMP_NUM_THREADS=1", /*stdout_only=*/true);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return nlohmann::json::parse(r.output.substr(r.output.rfind('{')));
+  };
+  const nlohmann::json as_trained = eval(""), sparse_eval = eval(" --indexer-mode sparse");
+  EXPECT_EQ(as_trained.at("indexer_mode"), "warmup");
+  EXPECT_EQ(sparse_eval.at("indexer_mode"), "sparse");
+  EXPECT_NE(as_trained.at("val_loss"), sparse_eval.at("val_loss"));  // 5 of up to 16 keys
 
   const CommandResult s = run_cli("train --init " + (warm / "checkpoint-000003").string() + flags(sparse) +
                                   " --indexer-mode sparse");

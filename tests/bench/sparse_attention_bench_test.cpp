@@ -1,0 +1,119 @@
+// `trillion bench sparse-attention` at a tiny size: its accuracy (fused sparse path against the
+// plain one), its FLOP formulas, its JSON lines and its option checks, not its times.
+#include "bench/sparse_attention_bench.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace trillion {
+namespace {
+
+constexpr const char* kTinyArgs =
+    " --seq-len 96 --topk 16 --heads 4 --kv-heads 2 --head-dim 16 --index-heads 2 --index-head-dim 16"
+    " --runs 2 --baseline-runs 1 --gemm-size 64";
+
+// Exit status and stdout of a shell command.
+std::pair<int, std::string> run_command(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return {-1, ""};
+  std::string output;
+  char buffer[4096];
+  size_t n;
+  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
+  return {pclose(pipe), output};
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& output) {
+  std::vector<nlohmann::json> lines;
+  size_t begin = 0;
+  while (begin < output.size()) {
+    const size_t end = output.find('\n', begin);
+    lines.push_back(nlohmann::json::parse(output.substr(begin, end - begin)));
+    if (end == std::string::npos) break;
+    begin = end + 1;
+  }
+  return lines;
+}
+
+TEST(SparseAttentionBench, FlopFormulas) {
+  SparseAttentionBenchOptions o;
+  o.seq_len = 96;
+  o.topk = 16;
+  o.index_heads = 2;
+  o.index_head_dim = 16;
+  // N = Σ_t min(16, t + 1) = 136 + 80 · 16; V = 96 · 97 / 2
+  const double selected = 136.0 + 80.0 * 16.0, visible = 96.0 * 97.0 / 2.0;
+  EXPECT_DOUBLE_EQ(sparse_attention_bench_sparse_flops(o, 16, 16, 4),
+                   2.0 * visible * 32.0 + 6.0 * selected * 4.0 * 32.0);
+  EXPECT_DOUBLE_EQ(sparse_attention_bench_dense_flops(o, 16, 16, 4), 6.0 * visible * 4.0 * 32.0);
+}
+
+TEST(SparseAttentionBench, TinyRunReportsAccurateJson) {
+  const auto [status, output] =
+      run_command(std::string(TRILLION_BINARY) + " bench sparse-attention --json --mla-heads 2" + kTinyArgs);
+  ASSERT_EQ(status, 0) << output;
+  const std::vector<nlohmann::json> lines = json_lines(output);
+  ASSERT_EQ(lines.size(), 9u) << output;
+  const char* measurements[] = {"sgemm_ceiling",      "sparse",      "dense",   "plain", "indexer_loss_dense",
+                                "indexer_loss_sparse", "mla_sparse", "mla_dense"};
+  for (int m = 0; m < 8; ++m) {
+    EXPECT_EQ(lines[m].at("bench"), "sparse-attention");
+    EXPECT_EQ(lines[m].at("measurement"), measurements[m]);
+    EXPECT_GT(lines[m].at("median_s").get<double>(), 0.0) << measurements[m];
+    EXPECT_GT(lines[m].at("min_s").get<double>(), 0.0) << measurements[m];
+    EXPECT_EQ(lines[m].at("runs").get<int>(), m == 3 ? 1 : 2) << measurements[m];
+  }
+  for (int m = 1; m <= 3; ++m)
+    for (const char* field : {"peak_bytes", "workspace_bytes", "gflops"})
+      EXPECT_GT(lines[m].at(field).get<double>(), 0.0) << measurements[m] << " " << field;
+  const nlohmann::json& s = lines.back();
+  EXPECT_EQ(s.at("bench"), "sparse-attention");
+  EXPECT_LT(s.at("max_rel_err").get<double>(), 1e-4);
+  EXPECT_EQ(s.at("topk_mismatch_rows").get<int64_t>(), 0);
+  for (const char* field :
+       {"speedup", "ceiling_fraction", "ceiling_gflops", "fused_gflops", "fused_s", "baseline_s", "memory_ratio",
+        "fused_peak_bytes", "baseline_peak_bytes", "flops", "dense_flops", "plain_s", "plain_peak_bytes",
+        "ratio_plain", "indexer_loss_dense_s", "indexer_loss_sparse_s", "indexer_topk_s", "forward_s",
+        "backward_s", "mla_speedup", "mla_sparse_s", "mla_dense_s"})
+    EXPECT_GT(s.at(field).get<double>(), 0.0) << field;
+  EXPECT_DOUBLE_EQ(s.at("speedup").get<double>(), s.at("baseline_s").get<double>() / s.at("fused_s").get<double>());
+  EXPECT_DOUBLE_EQ(s.at("ratio_plain").get<double>(), s.at("plain_s").get<double>() / s.at("fused_s").get<double>());
+  EXPECT_NEAR(s.at("ceiling_fraction").get<double>(),
+              s.at("fused_gflops").get<double>() / s.at("ceiling_gflops").get<double>(), 1e-12);
+  EXPECT_DOUBLE_EQ(s.at("flops").get<double>(), 2.0 * 96 * 97 / 2 * 32 + 6.0 * (136 + 80 * 16) * 4 * 32);
+  EXPECT_EQ(s.at("seq_len").get<int64_t>(), 96);
+  EXPECT_EQ(s.at("topk").get<int64_t>(), 16);
+  EXPECT_EQ(s.at("heads").get<int64_t>(), 4);
+  EXPECT_EQ(s.at("kv_heads").get<int64_t>(), 2);
+  EXPECT_EQ(s.at("head_dim").get<int64_t>(), 16);
+  EXPECT_EQ(s.at("v_dim").get<int64_t>(), 16);
+  EXPECT_EQ(s.at("index_heads").get<int64_t>(), 2);
+  EXPECT_EQ(s.at("index_head_dim").get<int64_t>(), 16);
+  EXPECT_EQ(s.at("mla_heads").get<int64_t>(), 2);
+  EXPECT_EQ(s.at("ceiling_gemm_size").get<int64_t>(), 64);
+}
+
+TEST(SparseAttentionBench, TextOutputAndMlaSkipped) {
+  const auto [status, output] = run_command(std::string(TRILLION_BINARY) + " bench sparse-attention" + kTinyArgs +
+                                            " --mla-heads 0 --v-dim 8 2>&1");
+  ASSERT_EQ(status, 0) << output;
+  EXPECT_NE(output.find("speedup over dense"), std::string::npos) << output;
+  EXPECT_NE(output.find("fewer than 10 runs"), std::string::npos) << output;
+  EXPECT_NE(output.find("qk=16 v=8"), std::string::npos) << output;
+  EXPECT_EQ(output.find("MLA"), std::string::npos) << output;
+}
+
+TEST(SparseAttentionBench, RejectsHeadsNotDivisibleByKvHeads) {
+  const auto [status, output] =
+      run_command(std::string(TRILLION_BINARY) + " bench sparse-attention --seq-len 8 --heads 3 --kv-heads 2 2>&1");
+  EXPECT_NE(status, 0);
+  EXPECT_NE(output.find("--heads 3 must be a multiple of --kv-heads 2"), std::string::npos) << output;
+}
+
+}  // namespace
+}  // namespace trillion
