@@ -27,15 +27,6 @@ struct AttentionTensors {
         dv(s.batch * s.kv_len * s.kv_heads * s.head_dim) {}
 };
 
-// Bytes above the current fast-tier level at the peak of fn().
-template <class Fn>
-int64_t peak_extra_bytes(const Fn& fn) {
-  const int64_t before = MemoryStats::current(Tier::fast);
-  MemoryStats::reset_peak(Tier::fast);
-  fn();
-  return MemoryStats::peak(Tier::fast) - before;
-}
-
 }  // namespace
 
 nlohmann::json run_attention_bench(const AttentionBenchOptions& o,

@@ -143,15 +143,6 @@ class DeltaRuleRun {
   std::vector<double> forward_s_, backward_s_;
 };
 
-// Bytes above the current fast-tier level at the peak of fn().
-template <class Fn>
-int64_t peak_extra_bytes(const Fn& fn) {
-  const int64_t before = MemoryStats::current(Tier::fast);
-  MemoryStats::reset_peak(Tier::fast);
-  fn();
-  return MemoryStats::peak(Tier::fast) - before;
-}
-
 // One decay kind: emits its measurement lines and returns its summary.
 // The sizes every summary line carries.
 nlohmann::json size_fields(const LinearAttentionBenchOptions& o) {

@@ -36,15 +36,6 @@ int64_t bytes_of(std::initializer_list<int64_t> counts, int64_t elem_bytes) {
   return total;
 }
 
-// Bytes above the current fast-tier level at the peak of fn().
-template <class Fn>
-int64_t peak_extra_bytes(const Fn& fn) {
-  const int64_t before = MemoryStats::current(Tier::fast);
-  MemoryStats::reset_peak(Tier::fast);
-  fn();
-  return MemoryStats::peak(Tier::fast) - before;
-}
-
 // Seconds of one call of fn.
 template <class Fn>
 double seconds_of(const Fn& fn) {

@@ -1,6 +1,6 @@
 // Timing helpers for `trillion bench`: wall-clock seconds of a callable, median over runs after
-// warm-up, interleaved timing of two callables, and the sgemm problem that serves as the machine's
-// compute ceiling.
+// warm-up, interleaved timing of two callables, the fast tier's peak bytes of a call, and the sgemm
+// problem that serves as the machine's compute ceiling.
 #pragma once
 
 #include <cblas.h>
@@ -44,6 +44,15 @@ TimingResult time_median(const Fn& fn, int warmup, int runs) {
     seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
   return summarize(seconds);
+}
+
+// Bytes above the current fast-tier level at the peak of fn().
+template <class Fn>
+int64_t peak_extra_bytes(const Fn& fn) {
+  const int64_t before = MemoryStats::current(Tier::fast);
+  MemoryStats::reset_peak(Tier::fast);
+  fn();
+  return MemoryStats::peak(Tier::fast) - before;
 }
 
 // Times two callables alternately (a, b, a, b, ...) so that both see the same machine load; on a

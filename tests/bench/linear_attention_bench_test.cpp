@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "bench/bench_run.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -13,6 +15,9 @@
 
 namespace trillion {
 namespace {
+
+using test::json_lines;
+using test::run_command;
 
 constexpr const char* kTinyArgs =
     " --tokens 130 --heads 2 --key-dim 8 --value-dim 8 --runs 2 --baseline-runs 2 --gemm-size 64";
@@ -30,16 +35,6 @@ LinearAttentionBenchOptions tiny_options() {
   return o;
 }
 
-// Exit status and stdout of a shell command.
-std::pair<int, std::string> run_command(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  return {pclose(pipe), output};
-}
 
 void expect_kind_summary(const nlohmann::json& s, const std::string& decay) {
   SCOPED_TRACE(decay);
@@ -149,14 +144,7 @@ TEST(LinearAttentionBench, CliBothKindsLastLineIsCombinedSummary) {
   const auto [status, output] =
       run_command(std::string(TRILLION_BINARY) + " bench linear-attention --json" + kTinyArgs);
   ASSERT_EQ(status, 0) << output;
-  std::vector<nlohmann::json> lines;
-  size_t begin = 0;
-  while (begin < output.size()) {
-    const size_t end = output.find('\n', begin);
-    lines.push_back(nlohmann::json::parse(output.substr(begin, end - begin)));
-    if (end == std::string::npos) break;
-    begin = end + 1;
-  }
+  const std::vector<nlohmann::json> lines = json_lines(output);
   ASSERT_EQ(lines.size(), 9u) << output;
   const nlohmann::json& summary = lines.back();
   EXPECT_EQ(summary.at("bench"), "linear-attention");

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "bench/bench_run.h"
+
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -13,32 +15,14 @@
 namespace trillion {
 namespace {
 
+using test::json_lines;
+using test::run_command;
+
 constexpr const char* kTinyArgs =
     " --seq-len 96 --topk 16 --heads 4 --kv-heads 2 --head-dim 16 --index-heads 2 --index-head-dim 16"
     " --runs 2 --baseline-runs 1 --gemm-size 64";
 
-// Exit status and stdout of a shell command.
-std::pair<int, std::string> run_command(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::string output;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof buffer, pipe)) > 0) output.append(buffer, n);
-  return {pclose(pipe), output};
-}
 
-std::vector<nlohmann::json> json_lines(const std::string& output) {
-  std::vector<nlohmann::json> lines;
-  size_t begin = 0;
-  while (begin < output.size()) {
-    const size_t end = output.find('\n', begin);
-    lines.push_back(nlohmann::json::parse(output.substr(begin, end - begin)));
-    if (end == std::string::npos) break;
-    begin = end + 1;
-  }
-  return lines;
-}
 
 TEST(SparseAttentionBench, FlopFormulas) {
   SparseAttentionBenchOptions o;
