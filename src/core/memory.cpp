@@ -45,6 +45,13 @@ void MemoryStats::reset_peak(Tier tier) { g_peak[static_cast<int>(tier)].store(c
 int64_t peak_rss_bytes() { return read_status_kib("VmHWM"); }
 int64_t current_rss_bytes() { return read_status_kib("VmRSS"); }
 
+bool reset_peak_rss() {
+  std::FILE* file = std::fopen("/proc/self/clear_refs", "w");
+  if (file == nullptr) return false;
+  const bool written = std::fputs("5", file) >= 0;
+  return std::fclose(file) == 0 && written;
+}
+
 void* tier_alloc(int64_t bytes, Tier tier) {
   void* p = std::aligned_alloc(kAlign, round_up(bytes));
   TRILLION_CHECK(p != nullptr, "out of memory allocating ", bytes, " bytes in tier ", tier_name(tier));

@@ -34,6 +34,10 @@ class MemoryStats {
 // Peak and current resident set size of this process, from /proc/self/status (VmHWM, VmRSS).
 int64_t peak_rss_bytes();
 int64_t current_rss_bytes();
+// Resets the peak resident set size to the current one (writes "5" to /proc/self/clear_refs), so a
+// step's peak is its own and not start-up's; returns false where the kernel does not allow it (the
+// peak then stays the process's).
+bool reset_peak_rss();
 
 // Raw 64-byte-aligned, zero-filled allocation counted against a tier.
 void* tier_alloc(int64_t bytes, Tier tier);

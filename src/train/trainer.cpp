@@ -185,6 +185,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   for (int64_t step = start_step + 1; step <= end_step; ++step) {
     const Clock::time_point step_start = Clock::now();
     MemoryStats::reset_peak(Tier::fast);
+    reset_peak_rss();  // where allowed: the step's resident peak, not start-up's
     sampler.next_batch(inputs.data(), targets.data(), rows);
     const int64_t count = std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; });
     // A step whose micro-batches hold no counted target has no loss to follow: the weights stay.

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 namespace trillion {
 namespace {
 
@@ -37,6 +39,19 @@ TEST(Memory, ArenaResetsAndReusesBlocks) {
 TEST(Memory, PeakResidentSetIsReported) {
   EXPECT_GT(peak_rss_bytes(), 0);
   EXPECT_GE(peak_rss_bytes(), current_rss_bytes());
+}
+
+// A 256 MB touch raises the peak; after it is freed, the reset brings the peak back near the
+// current resident size, so the next step's peak is its own.
+TEST(Memory, PeakResidentSetResetsToCurrent) {
+  {
+    std::vector<char> big(256 << 20);
+    for (size_t i = 0; i < big.size(); i += 4096) big[i] = char(i);
+    EXPECT_GE(peak_rss_bytes(), current_rss_bytes());
+    EXPECT_GT(peak_rss_bytes(), int64_t(256) << 20);
+  }
+  if (!reset_peak_rss()) GTEST_SKIP() << "/proc/self/clear_refs is not writable here";
+  EXPECT_LT(peak_rss_bytes(), current_rss_bytes() + (int64_t(64) << 20));
 }
 
 }  // namespace
