@@ -1,16 +1,17 @@
 // Atomic file output and whole-file input (see atomic_file.h): the new contents go to
 // "<path>.tmp.<pid>", are fsync'ed, renamed over <path>, and the directory is fsync'ed so the
-// rename itself survives a crash. Every failure names the path and the system error.
+// rename itself survives a crash. Every step goes through file_output(); every failure names the
+// path and the system error and removes the temporary file.
 #include "io/atomic_file.h"
 
 #include <cerrno>
 #include <cstring>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "core/error.h"
 
@@ -19,57 +20,74 @@ namespace {
 
 std::string errno_text() { return std::strerror(errno); }
 
-// Writes all of `contents` to the open descriptor, retrying short writes and EINTR.
-void write_all(int fd, std::string_view contents, const std::string& path) {
-  const char* data = contents.data();
-  size_t left = contents.size();
-  while (left > 0) {
-    ssize_t written = ::write(fd, data, left);
-    if (written < 0) {
-      if (errno == EINTR) continue;
-      fail(path, ": cannot write: ", errno_text());
-    }
-    data += written;
-    left -= static_cast<size_t>(written);
-  }
+std::string parent_directory(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
+void sync_directory_through(FileOutput& output, const std::string& directory) {
+  const int error = output.sync_directory(directory);
+  // Some file systems refuse fsync on directories (EINVAL); the rename has still happened.
+  if (error != 0 && error != EINVAL) fail(directory, ": cannot fsync directory: ", std::strerror(error));
 }
 
 }  // namespace
 
-void sync_directory(const std::string& directory) {
-  int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) fail(directory, ": cannot open directory to sync it: ", errno_text());
-  int rc = ::fsync(fd);
-  int saved_errno = errno;
-  ::close(fd);
-  // Some file systems refuse fsync on directories (EINVAL); the rename has still happened.
-  if (rc != 0 && saved_errno != EINVAL) fail(directory, ": cannot fsync directory: ", std::strerror(saved_errno));
+void sync_directory(const std::string& directory) { sync_directory_through(file_output(), directory); }
+
+AtomicFileWriter::AtomicFileWriter(const std::string& path)
+    : path_(path), temp_path_(str_cat(path, ".tmp.", ::getpid())), output_(file_output()) {
+  const int error = output_.open_for_writing(temp_path_, &descriptor_);
+  if (error != 0) {
+    descriptor_ = -1;
+    fail(path_, ": cannot create temporary file ", temp_path_, ": ", std::strerror(error));
+  }
+  temp_exists_ = true;
+}
+
+AtomicFileWriter::~AtomicFileWriter() { abandon(); }
+
+void AtomicFileWriter::abandon() {
+  if (descriptor_ >= 0) output_.close_file(descriptor_);
+  descriptor_ = -1;
+  if (temp_exists_) output_.remove_file(temp_path_);
+  temp_exists_ = false;
+}
+
+void AtomicFileWriter::write(std::string_view bytes) {
+  TRILLION_CHECK(descriptor_ >= 0, path_, ": write after commit or after a failure");
+  const int error = write_all(output_, descriptor_, bytes.data(), bytes.size());
+  if (error != 0) {
+    abandon();
+    fail(path_, ": cannot write: ", std::strerror(error));
+  }
+}
+
+void AtomicFileWriter::commit() {
+  TRILLION_CHECK(descriptor_ >= 0, path_, ": commit after commit or after a failure");
+  int error = output_.sync_file(descriptor_);
+  if (error != 0) {
+    abandon();
+    fail(path_, ": cannot fsync ", temp_path_, ": ", std::strerror(error));
+  }
+  error = output_.close_file(std::exchange(descriptor_, -1));
+  if (error != 0) {
+    abandon();
+    fail(path_, ": cannot close ", temp_path_, ": ", std::strerror(error));
+  }
+  error = output_.rename_file(temp_path_, path_);
+  if (error != 0) {
+    abandon();
+    fail(path_, ": cannot rename ", temp_path_, " over it: ", std::strerror(error));
+  }
+  temp_exists_ = false;
+  sync_directory_through(output_, parent_directory(path_));
 }
 
 void write_file_atomic(const std::string& path, std::string_view contents) {
-  const std::string temp_path = str_cat(path, ".tmp.", ::getpid());
-  int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail(path, ": cannot create temporary file ", temp_path, ": ", errno_text());
-  try {
-    write_all(fd, contents, path);
-    if (::fsync(fd) != 0) fail(path, ": cannot fsync ", temp_path, ": ", errno_text());
-  } catch (...) {
-    ::close(fd);
-    ::unlink(temp_path.c_str());
-    throw;
-  }
-  if (::close(fd) != 0) {
-    std::string reason = errno_text();
-    ::unlink(temp_path.c_str());
-    fail(path, ": cannot close ", temp_path, ": ", reason);
-  }
-  if (::rename(temp_path.c_str(), path.c_str()) != 0) {
-    std::string reason = errno_text();
-    ::unlink(temp_path.c_str());
-    fail(path, ": cannot rename ", temp_path, " over it: ", reason);
-  }
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  sync_directory(parent.empty() ? std::string(".") : parent.string());
+  AtomicFileWriter file(path);
+  file.write(contents);
+  file.commit();
 }
 
 std::string read_file(const std::string& path) {

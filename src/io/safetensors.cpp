@@ -4,7 +4,8 @@
 // The reader parses and validates the header once, then reads each tensor with pread in chunks,
 // converting to the caller's float or double. The writer lays tensors out like the Python package
 // (larger element sizes first, then by name, so every tensor is aligned to its element size),
-// pads the header with spaces to a multiple of 8 bytes and writes the file atomically.
+// pads the header with spaces to a multiple of 8 bytes and streams the file atomically: the
+// tensors stay in the caller's memory and are converted chunk by chunk in one staging buffer.
 #include "io/safetensors.h"
 
 #include <fcntl.h>
@@ -14,11 +15,13 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <type_traits>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/memory.h"
 #include "io/atomic_file.h"
 #include "io/half_float.h"
 
@@ -309,14 +312,12 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
   if (entries_.count(name) != 0) fail("safetensors writer: tensor \"", name, "\" added twice");
   const int64_t numel = checked_numel(shape);
   if (numel < 0) fail("safetensors writer: tensor \"", name, "\": invalid shape ", shape_string(shape));
-  Entry entry{dtype, shape, std::vector<unsigned char>(static_cast<size_t>(numel * dtype_bytes(dtype)))};
-  encode_elements(dtype, data, numel, entry.bytes.data());
-  entries_.emplace(name, std::move(entry));
+  entries_.emplace(name, Entry{dtype, shape, numel, data, std::is_same_v<T, double>});
 }
 
 int64_t SafetensorsWriter::data_bytes() const {
   int64_t total = 0;
-  for (const auto& [name, entry] : entries_) total += static_cast<int64_t>(entry.bytes.size());
+  for (const auto& [name, entry] : entries_) total += entry.numel * dtype_bytes(entry.dtype);
   return total;
 }
 
@@ -330,24 +331,47 @@ void SafetensorsWriter::write(const std::string& path) const {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   int64_t offset = 0;
+  int64_t largest_tensor_bytes = 0;
   for (const auto* item : order) {
-    const int64_t bytes = static_cast<int64_t>(item->second.bytes.size());
+    const int64_t bytes = item->second.numel * dtype_bytes(item->second.dtype);
     header[item->first] = {{"dtype", dtype_name(item->second.dtype)},
                            {"shape", item->second.shape},
                            {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    largest_tensor_bytes = std::max(largest_tensor_bytes, bytes);
   }
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
 
-  std::string contents;
-  contents.reserve(8 + header_text.size() + static_cast<size_t>(offset));
+  AtomicFileWriter file(path);
+  const auto write_bytes = [&file](const void* bytes, int64_t count) {
+    file.write(std::string_view(static_cast<const char*>(bytes), static_cast<size_t>(count)));
+  };
   const uint64_t header_length = header_text.size();
-  contents.append(reinterpret_cast<const char*>(&header_length), 8);
-  contents += header_text;
-  for (const auto* item : order)
-    contents.append(reinterpret_cast<const char*>(item->second.bytes.data()), item->second.bytes.size());
-  write_file_atomic(path, contents);
+  write_bytes(&header_length, 8);
+  file.write(header_text);
+  // Holds a whole number of elements of every tensor that needs it: kStagingBytes is a multiple
+  // of 8, and a smaller buffer is the size of the largest tensor.
+  Buffer<unsigned char> staging(std::min(kStagingBytes, largest_tensor_bytes));
+  for (const auto* item : order) {
+    const Entry& entry = item->second;
+    const int64_t element_bytes = dtype_bytes(entry.dtype);
+    if (entry.dtype == (entry.data_is_double ? DType::F64 : DType::F32)) {  // stored as held
+      write_bytes(entry.data, entry.numel * element_bytes);
+      continue;
+    }
+    const int64_t chunk_elements = staging.size() / element_bytes;
+    for (int64_t first = 0; first < entry.numel; first += chunk_elements) {
+      const int64_t count = std::min(chunk_elements, entry.numel - first);
+      if (entry.data_is_double) {
+        encode_elements(entry.dtype, static_cast<const double*>(entry.data) + first, count, staging.data());
+      } else {
+        encode_elements(entry.dtype, static_cast<const float*>(entry.data) + first, count, staging.data());
+      }
+      write_bytes(staging.data(), count * element_bytes);
+    }
+  }
+  file.commit();
 }
 
 template void SafetensorsReader::read<float>(const std::string&, const std::vector<int64_t>&, float*) const;

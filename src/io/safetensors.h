@@ -5,7 +5,7 @@
 // Supported dtypes: F32, F64, BF16, F16 (converted to/from the caller's float or double).
 // Reading validates the header: JSON, dtypes, shapes vs byte sizes, offsets in range, sorted and
 // non-overlapping, file length; every error names the file and the tensor (trillion::Error).
-// Writing goes to a temporary file, fsync, rename (never a half-written file under the real name).
+// Writing streams to a temporary file, fsync, rename (never a half-written file under the real name).
 // Sharded checkpoints: `model.safetensors.index.json` with {"metadata": {"total_size": ..},
 // "weight_map": {name: shard file}}.
 #pragma once
@@ -56,9 +56,15 @@ class SafetensorsReader {
   std::map<std::string, std::string> metadata_;
 };
 
-// Collects tensors (copied and converted at add time) and writes them atomically.
+// Collects tensors and writes them atomically. add() keeps only a pointer to the caller's data,
+// which must stay alive and unchanged until write() returns: nothing is copied up front.
+// write() streams the header and then each tensor through an AtomicFileWriter, converting to the
+// stored dtype in a staging buffer of at most kStagingBytes (a tensor stored in its own
+// layout, F32 from float or F64 from double, is written straight from the caller's memory).
 class SafetensorsWriter {
  public:
+  static constexpr int64_t kStagingBytes = int64_t{1} << 20;
+
   template <class T>
   void add(const std::string& name, DType dtype, const std::vector<int64_t>& shape, const T* data);
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
@@ -69,7 +75,9 @@ class SafetensorsWriter {
   struct Entry {
     DType dtype;
     std::vector<int64_t> shape;
-    std::vector<unsigned char> bytes;
+    int64_t numel;
+    const void* data;  // the caller's float or double values
+    bool data_is_double;
   };
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;
@@ -96,7 +104,8 @@ class CheckpointReader {
 
 // Writes tensors in insertion order into shards of at most max_shard_bytes each
 // (model-00001-of-0000N.safetensors + model.safetensors.index.json), or a single
-// model.safetensors when everything fits in one.
+// model.safetensors when everything fits in one. Like SafetensorsWriter, it keeps pointers to the
+// caller's data, which must stay alive until write() returns.
 class CheckpointWriter {
  public:
   explicit CheckpointWriter(int64_t max_shard_bytes = int64_t{2} << 30) : max_shard_bytes_(max_shard_bytes) {}
