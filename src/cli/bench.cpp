@@ -10,6 +10,8 @@
 //   trillion bench sparse-attention [--json] [--seq-len T] [--batch B] [--heads H] [--kv-heads K]
 //                      [--head-dim d] [--v-dim v] [--index-heads H_I] [--index-head-dim d_I] [--topk k]
 //                      [--mla-heads H] [--runs N] [--baseline-runs N] [--gemm-size N] [--seed S]
+//   trillion bench loss [--json] [--tokens T] [--hidden H] [--vocab V] [--z-loss z] [--runs N]
+//                      [--baseline-runs N] [--gemm-size N]
 //   (--runs and --baseline-runs default to 10, the minimum for a measurement; fewer is a smoke test;
 //   sparse-attention's plain baseline defaults to 2 runs, as it is slow at its default size)
 // With --json each measurement is one JSON line and the last line is the summary; without it the
@@ -21,6 +23,7 @@
 
 #include "bench/attention_bench.h"
 #include "bench/linear_attention_bench.h"
+#include "bench/loss_bench.h"
 #include "bench/moe_bench.h"
 #include "bench/sparse_attention_bench.h"
 #include "bench/timing.h"
@@ -213,6 +216,29 @@ void run_sparse_attention(bool json, const SparseAttentionBenchOptions& options)
                 summary.at("mla_heads").get<long long>(), summary.at("mla_speedup").get<double>());
 }
 
+void run_loss(bool json, const LossBenchOptions& options) {
+  if (options.runs < 10 || options.baseline_runs < 10)
+    std::fprintf(stderr, "bench loss: fewer than 10 runs (--runs %d, --baseline-runs %d): a smoke test, "
+                 "not a measurement\n", options.runs, options.baseline_runs);
+  const nlohmann::json summary =
+      run_loss_bench(options, [&](const nlohmann::json& j) { json ? print_json(j) : print_measurement(j); });
+  if (json) {
+    print_json(summary);
+    return;
+  }
+  std::printf(
+      "loss tokens=%lld hidden=%lld vocab=%lld z-loss=%g on %d threads (fused row chunk %lld):\n"
+      "  speedup over plain %.2fx, recompute / fused %.2f, max relative error %.2e\n"
+      "  %.1f GFLOP/s = %.3f of the sgemm ceiling (%.1f GFLOP/s)\n"
+      "  peak extra memory: plain / fused = %.1f\n",
+      summary.at("tokens").get<long long>(), summary.at("hidden").get<long long>(),
+      summary.at("vocab").get<long long>(), summary.at("z_loss").get<double>(), num_threads(),
+      summary.at("fused_row_chunk").get<long long>(), summary.at("speedup").get<double>(),
+      summary.at("ratio_recompute").get<double>(), summary.at("max_rel_err").get<double>(),
+      summary.at("fused_gflops").get<double>(), summary.at("ceiling_fraction").get<double>(),
+      summary.at("ceiling_gflops").get<double>(), summary.at("memory_ratio").get<double>());
+}
+
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -317,6 +343,24 @@ void register_bench(CLI::App& app) {
   sparse->add_option("--gemm-size", so->gemm_size, "Size of the sgemm that sets the ceiling")->capture_default_str();
   sparse->add_option("--seed", so->seed, "Seed of the inputs")->capture_default_str();
   sparse->callback([sparse_json, so] { run_sparse_attention(*sparse_json, *so); });
+
+  CLI::App* loss = bench->add_subcommand(
+      "loss", "LM head cross-entropy with gradients in the forward vs recompute-in-backward and plain 3-gemm");
+  auto loss_json = std::make_shared<bool>(false);
+  auto lo = std::make_shared<LossBenchOptions>();
+  loss->add_flag("--json", *loss_json, "JSON lines: one per measurement, then the summary");
+  loss->add_option("--tokens", lo->tokens, "Tokens (rows of the hidden states)")->capture_default_str();
+  loss->add_option("--hidden", lo->hidden, "Hidden size")->capture_default_str();
+  loss->add_option("--vocab", lo->vocab, "Vocabulary size")->capture_default_str();
+  loss->add_option("--z-loss", lo->z_loss, "z-loss coefficient (fused and plain paths)")->capture_default_str();
+  loss->add_option("--runs", lo->runs,
+                   "Timed runs of the fused path (median reported; fewer than 10 is for smoke tests only)")
+      ->capture_default_str();
+  loss->add_option("--baseline-runs", lo->baseline_runs,
+                   "Timed runs of the recompute and plain paths (median reported; fewer than 10 is for smoke tests)")
+      ->capture_default_str();
+  loss->add_option("--gemm-size", lo->gemm_size, "Size of the sgemm that sets the ceiling")->capture_default_str();
+  loss->callback([loss_json, lo] { run_loss(*loss_json, *lo); });
 }
 
 }  // namespace trillion

@@ -41,6 +41,10 @@ void register_train(CLI::App& app) {
   cmd->add_option("--indexer-loss-coef", s.indexer_loss_coef,
                   "Coefficient of the indexers' KL loss against the main attention (0: off)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--loss-gradients", s.loss_gradients,
+                  "LM-head loss: in-forward (gradients formed chunk by chunk in the forward, 3 GEMM passes) or "
+                  "recompute (logits recomputed in the backward, 4 passes, least memory)")
+      ->check(CLI::IsMember({"in-forward", "recompute"}));
   // Settings of this process only.
   cmd->add_option("--stop-after", o.stop_after, "End this process after step K, with a checkpoint");
   cmd->add_option("--save-every", o.save_every, "Checkpoint every K steps (0: only at the end)");
@@ -52,7 +56,7 @@ void register_train(CLI::App& app) {
     TrainOptions& run = *options;
     for (const char* flag : {"steps", "seed", "dtype", "batch", "seq-len", "grad-accum", "lr", "min-lr-ratio", "warmup",
                              "weight-decay", "beta1", "beta2", "eps", "clip", "moe-bias-rate", "indexer-mode",
-                             "indexer-loss-coef"}) {
+                             "indexer-loss-coef", "loss-gradients"}) {
       if (cmd->count(std::string("--") + flag) > 0) run.given.insert(flag);
     }
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;

@@ -69,6 +69,7 @@ const char* activation_tag_name(ActivationTag tag) {
     case ActivationTag::final_norm_rstd: return "final_norm_rstd";
     case ActivationTag::final_norm_out: return "final_norm_out";
     case ActivationTag::loss_lse: return "loss_lse";
+    case ActivationTag::loss_dh: return "loss_dh";
     case ActivationTag::count_: break;
   }
   return "?";

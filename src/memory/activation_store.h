@@ -89,7 +89,8 @@ enum class ActivationTag : int {
   final_input,    // [N, D]        residual stream entering the final norm
   final_norm_rstd,// [N]
   final_norm_out, // [N, D]
-  loss_lse,       // [N]           LM-head log-sum-exp
+  loss_lse,       // [N]           LM-head log-sum-exp (loss gradients recomputed in the backward)
+  loss_dh,        // [N, D]        d objective / d final-norm output (loss gradients formed in the forward)
   count_          // number of tags (not a tag)
 };
 const char* activation_tag_name(ActivationTag tag);

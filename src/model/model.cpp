@@ -236,7 +236,7 @@ MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer,
 
 template <class T>
 StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
-                                   bool save_activations, double aux_scale) {
+                                   bool save_activations, const LossScales& scales) {
   Impl& m = *this;
   TRILLION_CHECK(batch > 0 && seq > 0, "batch ", batch, " and seq ", seq, " must be positive");
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
@@ -256,7 +256,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   pass.result = &result;
   const int sparse = static_cast<int>(std::count(m.config.layer_types.begin(), m.config.layer_types.end(),
                                                  LayerType::sparse_attention));
-  m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * aux_scale / sparse : 0.0;
+  m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse : 0.0;
   pass.indexer = &m.indexer;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
@@ -277,8 +277,16 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   T* rstd = buffer(ActivationTag::final_norm_rstd, n);   // [n]
   T* h = buffer(ActivationTag::final_norm_out, n * D);   // [n, D]
   rmsnorm_forward(h, rstd, final_input, m.final_norm(params), n, D, norm.eps, norm.zero_centred);
-  T* lse = buffer(ActivationTag::loss_lse, n);  // [n]
-  result.lm = lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
+  if (pass.store != nullptr && m.loss_gradients == LossGradients::in_forward) {
+    // The loss scale is known: the gradient wrt h is formed now, tile by tile, and the head's
+    // weight gradient accumulated (tied: into the embedding's, which embedding_backward adds to).
+    T* dh = buffer(ActivationTag::loss_dh, n * D);  // [n, D]
+    result.lm = lm_head_cross_entropy_forward_backward(dh, m.lm_head(m.grads.data()), static_cast<T*>(nullptr), h,
+                                                       m.lm_head(params), targets, scales.lm, 0.0, n, D, V);
+  } else {
+    T* lse = buffer(ActivationTag::loss_lse, n);  // [n]
+    result.lm = lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
+  }
   call(m.hooks.after_forward, 0);
   m.add_router_losses(result, n);
   m.add_indexer_loss(result);
@@ -302,6 +310,11 @@ void Model<T>::set_indexer_training(IndexerMode mode, double coef) {
 }
 
 template <class T>
+void Model<T>::set_loss_gradients(LossGradients mode) {
+  impl_->loss_gradients = mode;
+}
+
+template <class T>
 int Model<T>::sparse_layers() const {
   const std::vector<LayerType>& types = impl_->config.layer_types;
   return static_cast<int>(std::count(types.begin(), types.end(), LayerType::sparse_attention));
@@ -310,7 +323,7 @@ int Model<T>::sparse_layers() const {
 // Forward only: nothing is saved, so its memory is one sublayer's, not every layer's.
 template <class T>
 StepResult Model<T>::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
-  StepResult result = impl_->forward(tokens, targets, batch, seq, /*save_activations=*/false, /*aux_scale=*/1.0);
+  StepResult result = impl_->forward(tokens, targets, batch, seq, /*save_activations=*/false, LossScales{});
   impl_->scratch.reset();
   return result;
 }
@@ -319,7 +332,7 @@ template <class T>
 StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                       const LossScales& scales) {
   Impl& m = *impl_;
-  const StepResult result = m.forward(tokens, targets, batch, seq, /*save_activations=*/true, scales.aux);
+  const StepResult result = m.forward(tokens, targets, batch, seq, /*save_activations=*/true, scales);
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   T* params = m.params.data();
   T* grads = m.grads.data();
@@ -332,10 +345,17 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
     const T* final_input = m.store.template get<T>(ActivationTag::final_input, 0, n * D);
     const T* rstd = m.store.template get<T>(ActivationTag::final_norm_rstd, 0, n);
     const T* h = m.store.template get<T>(ActivationTag::final_norm_out, 0, n * D);
-    const T* lse = m.store.template get<T>(ActivationTag::loss_lse, 0, n);
-    T* dh = m.scratch.template alloc<T>(n * D);  // [n, D]
-    // Tied head: its dw lands in the embedding gradient, which embedding_backward adds to below.
-    lm_head_cross_entropy_backward(dh, m.lm_head(grads), h, m.lm_head(params), targets, lse, scales.lm, n, D, V);
+    const T* dh = nullptr;  // [n, D] gradient wrt the final norm's output
+    if (m.store.contains(ActivationTag::loss_dh, 0)) {
+      dh = m.store.template get<T>(ActivationTag::loss_dh, 0, n * D);  // formed in the forward
+    } else {
+      const T* lse = m.store.template get<T>(ActivationTag::loss_lse, 0, n);
+      T* recomputed = m.scratch.template alloc<T>(n * D);  // [n, D]
+      // Tied head: its dw lands in the embedding gradient, which embedding_backward adds to below.
+      lm_head_cross_entropy_backward(recomputed, m.lm_head(grads), h, m.lm_head(params), targets, lse, scales.lm, n,
+                                     D, V);
+      dh = recomputed;
+    }
     rmsnorm_backward(dx, m.final_norm(grads), dh, final_input, m.final_norm(params), rstd, n, D, norm.zero_centred,
                      /*accumulate_dx=*/false);
   }

@@ -66,6 +66,8 @@ class Model {
   // sparse attention, no indexer loss (transformers' forward). The loss appears in StepResult.aux
   // as "indexer_loss" (mean over sparse layers), its per-layer values in StepResult.indexer.
   void set_indexer_training(IndexerMode mode, double coef);
+  // How the LM head's loss forms its gradients in training (LossGradients; default in_forward).
+  void set_loss_gradients(LossGradients mode);
   int sparse_layers() const;
   // MoE layers' correction biases (sigmoid routers), for the aux-loss-free update: per MoE layer,
   // its layer index and a pointer to its [E] bias in params(). Empty without such layers.

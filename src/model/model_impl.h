@@ -23,6 +23,7 @@ struct Model<T>::Impl {
   DecisionLog decisions;
   UnitHooks hooks;
   IndexerTraining indexer;  // sparse layers' mode and loss; grad_scale set per forward
+  LossGradients loss_gradients = LossGradients::in_forward;
   Arena scratch;          // temporaries of one sublayer at a time
   Buffer<T> hidden;       // [tokens, D] residual stream
   Buffer<T> hidden_grad;  // [tokens, D] its gradient
@@ -35,10 +36,10 @@ struct Model<T>::Impl {
   explicit Impl(const ModelConfig& c);
   // Forward and loss terms. save_activations: saves every activation the backward needs in `store`
   // (training); otherwise nothing is saved and temporaries live in `scratch` one sublayer at a time.
-  // aux_scale: the step's scale of auxiliary terms (LossScales::aux), for losses whose gradients are
-  // formed in the forward (the indexer's).
+  // scales: the step's loss scales, for the losses whose gradients are formed in the forward (the
+  // LM head's in training unless loss_gradients is recompute; the indexer's).
   StepResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, bool save_activations,
-                     double aux_scale);
+                     const LossScales& scales);
   // The indexer loss term of a forward from its per-layer values (appended to result.aux).
   void add_indexer_loss(StepResult& result) const;
   // The router loss terms of a forward from its per-layer statistics (appended to result.aux).

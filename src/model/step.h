@@ -29,6 +29,13 @@ struct LossScales {
   double aux = 1.0;
 };
 
+// How the LM head + cross-entropy forms its gradients in training (the scale is known up front):
+//   in_forward  chunk by chunk during the forward, keeping each chunk's logits between the loss and
+//               its gradients (3 GEMM passes; the default; saves dh [N, D]);
+//   recompute   the forward keeps only lse [N] and the backward recomputes every logits tile
+//               (4 GEMM passes; the lowest memory).
+enum class LossGradients { in_forward, recompute };
+
 // One auxiliary loss term of a forward: its value (before the coefficient) and how it is formed.
 struct LossTerm {
   std::string name;           // "aux_loss", "router_z_loss"

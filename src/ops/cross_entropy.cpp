@@ -7,9 +7,15 @@
 // tile recomputes its logits, forms dlogits = scale · (softmax − onehot) and
 //   dw[tile rows] += dlogitsᵀ · h[chunk]   (the tile owns those rows of dw; chunks add in order),
 //   dh_partial[tile] = dlogits · w[tile]   (one partial per tile, summed in tile order afterwards).
+// Forward-backward: row chunks run in order, each with three parallel steps: the chunk's logits
+// [chunk_rows, vocab] (vocabulary tiles are the items), the softmax and dlogits in place (rows are the
+// items; a row's log-sum-exp sums its exps in vocabulary order), then the two gradient gemms as one
+// item list: dh[chunk, column block] = dlogits · w[:, column block] (the whole vocabulary in one gemm,
+// so no partials) and dw[tile rows] += dlogits[:, tile]ᵀ · h[chunk] (chunks add in order).
 // Every gemm runs single-threaded inside the OpenMP team and every sum has an order fixed by the
 // sizes and the tiling, so results do not depend on the thread count.
 #include "ops/cross_entropy.h"
+#include "ops/cross_entropy_rows.h"
 
 #include <omp.h>
 
@@ -49,7 +55,17 @@ void check_targets(const int32_t* targets, int64_t rows, int64_t vocab) {
                    " at row ", r, " outside [0, ", vocab, ") and not the ignore index");
 }
 
+// Columns of dh per gradient item of forward_backward.
+constexpr int64_t kDhColumnBlock = 256;
+
 }  // namespace
+
+int64_t forward_backward_row_chunk(int64_t rows, int64_t vocab, int64_t element_bytes,
+                                   const CrossEntropyTiling& tiling) {
+  TRILLION_CHECK(tiling.chunk_logits_bytes > 0 && tiling.row_chunk > 0, "cross-entropy tiling must be positive");
+  const int64_t rows_in_budget = tiling.chunk_logits_bytes / (vocab * element_bytes);
+  return std::clamp<int64_t>(std::min(rows_in_budget, rows), 1, tiling.row_chunk);
+}
 
 template <class T>
 CrossEntropyResult lm_head_cross_entropy_forward(T* lse, const T* h, const T* w, const int32_t* targets,
@@ -158,11 +174,70 @@ void lm_head_cross_entropy_backward(T* dh, T* dw, const T* h, const T* w, const 
   }
 }
 
+template <class T>
+CrossEntropyResult lm_head_cross_entropy_forward_backward(T* dh, T* dw, T* lse, const T* h, const T* w,
+                                                          const int32_t* targets, double scale, double z_loss_coef,
+                                                          int64_t rows, int64_t d, int64_t vocab,
+                                                          const CrossEntropyTiling& tiling) {
+  TRILLION_CHECK(rows >= 0 && d > 0 && vocab > 0, "cross-entropy sizes rows=", rows, " d=", d, " vocab=", vocab);
+  check_targets(targets, rows, vocab);
+  if (rows == 0) return {};
+  const Tiles tiles = make_tiles(rows, vocab, tiling);
+  const int64_t row_chunk = forward_backward_row_chunk(rows, vocab, static_cast<int64_t>(sizeof(T)), tiling);
+  const int64_t chunks = (rows + row_chunk - 1) / row_chunk;
+  const int64_t dh_blocks = (d + kDhColumnBlock - 1) / kDhColumnBlock;
+  // [row_chunk, vocab]: the chunk's logits, then exp(logit − row max), then dlogits.
+  Buffer<T> chunk_logits(row_chunk * vocab);
+  Buffer<double> row_lse(row_chunk), row_loss(row_chunk);  // [row_chunk] each; row_loss = lse − logit[target]
+  CrossEntropyResult result;
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t r0 = c * row_chunk;
+    const int64_t chunk_rows = std::min(row_chunk, rows - r0);
+    const T* h_chunk = h + r0 * d;  // [chunk_rows, d]
+    T* dlogits = chunk_logits.data();  // [chunk_rows, vocab]
+    parallel_for_dynamic(tiles.vocab_tiles, [&](int64_t t) {
+      const int64_t v0 = t * tiles.vocab_tile;
+      const int64_t tile_cols = std::min(tiles.vocab_tile, vocab - v0);
+      // logits[:, v0 : v0 + tile_cols] = h_chunk · w[v0 : v0 + tile_cols, d]ᵀ
+      gemm<T>(false, true, chunk_rows, tile_cols, d, T(1), h_chunk, d, w + v0 * d, d, T(0), dlogits + v0, vocab);
+    });
+    parallel_for(chunk_rows, [&](int64_t r) {
+      logits_row_to_gradient(dlogits + r * vocab, vocab, targets[r0 + r], scale, z_loss_coef, row_lse[r], row_loss[r]);
+    });
+    for (int64_t r = 0; r < chunk_rows; ++r) {
+      if (lse != nullptr) lse[r0 + r] = static_cast<T>(row_lse[r]);
+      if (targets[r0 + r] == kIgnoreIndex) continue;
+      result.loss_sum += row_loss[r];
+      result.z_loss_sum += row_lse[r] * row_lse[r];
+      ++result.count;
+    }
+    // Items [0, dh_blocks) are dh column blocks (the larger gemms, scheduled first), the rest dw tiles.
+    parallel_for_dynamic(dh_blocks + tiles.vocab_tiles, [&](int64_t item) {
+      if (item < dh_blocks) {
+        const int64_t j0 = item * kDhColumnBlock;
+        const int64_t block_cols = std::min(kDhColumnBlock, d - j0);
+        // dh[r0 : r0 + chunk_rows, j0 : j0 + block_cols] = dlogits · w[:, j0 : j0 + block_cols]
+        gemm<T>(false, false, chunk_rows, block_cols, vocab, T(1), dlogits, vocab, w + j0, d, T(0),
+                dh + r0 * d + j0, d);
+        return;
+      }
+      const int64_t v0 = (item - dh_blocks) * tiles.vocab_tile;
+      const int64_t tile_cols = std::min(tiles.vocab_tile, vocab - v0);
+      // dw[v0 : v0 + tile_cols, d] += dlogits[:, v0 : v0 + tile_cols]ᵀ · h_chunk
+      gemm<T>(true, false, tile_cols, d, chunk_rows, T(1), dlogits + v0, vocab, h_chunk, d, T(1), dw + v0 * d, d);
+    });
+  }
+  return result;
+}
+
 #define TRILLION_INSTANTIATE_CROSS_ENTROPY(T)                                                                    \
   template CrossEntropyResult lm_head_cross_entropy_forward<T>(T*, const T*, const T*, const int32_t*, int64_t, \
                                                                 int64_t, int64_t, const CrossEntropyTiling&);   \
   template void lm_head_cross_entropy_backward<T>(T*, T*, const T*, const T*, const int32_t*, const T*, double, \
-                                                  int64_t, int64_t, int64_t, const CrossEntropyTiling&);
+                                                  int64_t, int64_t, int64_t, const CrossEntropyTiling&);     \
+  template CrossEntropyResult lm_head_cross_entropy_forward_backward<T>(                                        \
+      T*, T*, T*, const T*, const T*, const int32_t*, double, double, int64_t, int64_t, int64_t,                \
+      const CrossEntropyTiling&);
 TRILLION_INSTANTIATE_CROSS_ENTROPY(float)
 TRILLION_INSTANTIATE_CROSS_ENTROPY(double)
 #undef TRILLION_INSTANTIATE_CROSS_ENTROPY

@@ -86,6 +86,7 @@ nlohmann::json TrainerState::to_json() const {
         {"clip", s.clip}}},
       {"moe_bias_rate", s.moe_bias_rate},
       {"indexer", {{"mode", s.indexer_mode}, {"loss_coef", s.indexer_loss_coef}}},
+      {"loss_gradients", s.loss_gradients},
   };
 }
 
@@ -129,6 +130,13 @@ TrainerState TrainerState::load(const std::string& path) {
   s.clip = number_field(optimizer, "clip", optimizer_path);
   s.moe_bias_rate = json.contains("moe_bias_rate") ? number_field(json, "moe_bias_rate", path) : 0.0;  // older states
   if (!(s.moe_bias_rate >= 0.0)) fail(path, ": field 'moe_bias_rate' must be >= 0, got ", s.moe_bias_rate);
+  if (json.contains("loss_gradients")) {  // older states: recomputed in the backward
+    s.loss_gradients = string_field(json, "loss_gradients", path);
+    if (s.loss_gradients != "in-forward" && s.loss_gradients != "recompute")
+      fail(path, ": field 'loss_gradients' must be in-forward or recompute, got ", s.loss_gradients);
+  } else {
+    s.loss_gradients = "recompute";
+  }
   if (json.contains("indexer")) {  // older states have none: the defaults
     const nlohmann::json& indexer = field(json, "indexer", path);
     const std::string indexer_path = path + " indexer";

@@ -37,6 +37,7 @@ struct TrainSettings {
   double moe_bias_rate = 0.0;  // aux-loss-free balancing: b += rate · sign(mean load − load); 0 = off
   std::string indexer_mode = "sparse";  // sparse attention layers: "dense" | "warmup" | "sparse" (IndexerMode)
   double indexer_loss_coef = 1.0;       // their indexers' KL loss (0: off)
+  std::string loss_gradients = "in-forward";  // LM-head loss: "in-forward" | "recompute" (LossGradients)
 };
 
 struct TrainerState {

@@ -72,6 +72,7 @@ TrainSettings resumed_settings(const TrainOptions& o, const TrainSettings& saved
   check("eps", "optimizer.eps", given.eps, saved.eps);
   check("clip", "optimizer.clip", given.clip, saved.clip);
   check("moe-bias-rate", "moe_bias_rate", given.moe_bias_rate, saved.moe_bias_rate);
+  check("loss-gradients", "loss_gradients", given.loss_gradients, saved.loss_gradients);
   TrainSettings settings = saved;
   // The indexer stage may change on resume (warm-up, then the sparse stage, from one run).
   if (o.given.count("indexer-mode") != 0) settings.indexer_mode = given.indexer_mode;
@@ -132,6 +133,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
                                    : s.indexer_mode == "dense" ? IndexerMode::dense
                                                                : IndexerMode::sparse;
   model.set_indexer_training(indexer_mode, s.indexer_loss_coef);
+  model.set_loss_gradients(s.loss_gradients == "recompute" ? LossGradients::recompute : LossGradients::in_forward);
   if (model.sparse_layers() == 0 && (o.given.count("indexer-mode") != 0 || o.given.count("indexer-loss-coef") != 0))
     fail("--indexer-mode / --indexer-loss-coef: the model has no sparse attention layers (deepseek_v32's "
          "indexed_attention); expected neither");

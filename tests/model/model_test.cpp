@@ -17,6 +17,7 @@
 #include "core/memory.h"
 #include "core/rng.h"
 #include "model/gradient_check.h"
+#include "ops/finite_diff.h"
 #include "test_configs.h"
 
 namespace trillion {
@@ -106,6 +107,31 @@ TEST(Model, FloatMatchesDouble) {
       }
       EXPECT_LE(max_diff / max_ref, 2e-5) << name << " " << s.name;
     }
+  }
+}
+
+// The LM loss's two ways of forming its gradients (in the forward, the default; recomputed in the
+// backward) give the same loss and gradients, tied head included; only recompute keeps no dh.
+TEST(Model, LossGradientsInForwardEqualRecomputed) {
+  for (const char* name : {"tiny.json", "tiny_deepseek_v32.json"}) {
+    const ModelConfig config = ModelConfig::load(testing::model_config_path(name));
+    Model<double> model(config);
+    model.init_weights(5);
+    const int64_t batch = 2, seq = 9, n = batch * seq, size = model.table().trainable_size();
+    const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "tokens");
+    std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "targets");
+    targets[3] = kIgnoreIndex;
+    std::vector<double> grads[2];
+    double loss[2];
+    int i = 0;
+    for (LossGradients mode : {LossGradients::in_forward, LossGradients::recompute}) {
+      model.set_loss_gradients(mode);
+      model.zero_grads();
+      loss[i] = model.forward_backward(tokens.data(), targets.data(), batch, seq, LossScales{1.0 / (n - 1)}).lm.loss_sum;
+      grads[i++].assign(model.grads(), model.grads() + size);
+    }
+    EXPECT_NEAR(loss[0], loss[1], 1e-13 * loss[1]) << name;
+    EXPECT_LE(test::relative_error(grads[0], grads[1]), 1e-12) << name;
   }
 }
 

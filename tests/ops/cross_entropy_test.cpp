@@ -1,6 +1,9 @@
 // Fused LM head + cross-entropy: backward against finite differences (several tilings, ignored
 // rows), forward and backward against the plain reference (float and double, large logits), float
-// against double, thread-count independence, and an all-ignored batch.
+// against double, thread-count independence, and an all-ignored batch. The forward-backward variant
+// (gradients formed during the forward, optional z-loss): against the plain 3-gemm reference and the
+// forward + backward pair, finite differences including the z-loss, bitwise thread independence and
+// dw accumulation.
 #include "ops/cross_entropy.h"
 
 #include <gtest/gtest.h>
@@ -121,6 +124,117 @@ TEST(CrossEntropy, FloatAgreesWithDoubleAndThreadCountDoesNotMatter) {
   EXPECT_LE(relative_error(dw_f[0], dw), 1e-5);
 }
 
+// Relative errors of forward_backward against lm_head_cross_entropy_plain (loss, z-loss sum, lse, dh,
+// dw) and, without z-loss, against the forward + backward pair (loss, lse, dh, dw). dw starts from
+// the same random values everywhere, so the accumulation (+=) is compared too.
+template <class T>
+std::vector<double> forward_backward_errors(int64_t rows, int64_t d, int64_t vocab, double z_loss_coef,
+                                            const CrossEntropyTiling& tiling) {
+  const std::vector<T> h = cast_values<T>(random_values(rows * d, 21, 2.0));
+  const std::vector<T> w = cast_values<T>(random_values(vocab * d, 22));
+  const std::vector<T> dw_prior = cast_values<T>(random_values(vocab * d, 23));
+  const std::vector<int32_t> targets = random_targets(rows, vocab, 24);
+  const double scale = 0.013;
+  std::vector<T> lse(rows), dh(rows * d, T(7)), dw = dw_prior;
+  std::vector<T> lse_plain(rows), dh_plain(rows * d), dw_plain = dw_prior;
+  const CrossEntropyResult fused = lm_head_cross_entropy_forward_backward<T>(
+      dh.data(), dw.data(), lse.data(), h.data(), w.data(), targets.data(), scale, z_loss_coef, rows, d, vocab, tiling);
+  const CrossEntropyResult plain =
+      lm_head_cross_entropy_plain<T>(dh_plain.data(), dw_plain.data(), lse_plain.data(), h.data(), w.data(),
+                                     targets.data(), scale, z_loss_coef, rows, d, vocab);
+  EXPECT_EQ(fused.count, plain.count);
+  EXPECT_GT(plain.z_loss_sum, 0.0);
+  std::vector<double> errors = {std::abs(fused.loss_sum - plain.loss_sum) / std::abs(plain.loss_sum),
+                                std::abs(fused.z_loss_sum - plain.z_loss_sum) / plain.z_loss_sum,
+                                relative_error(lse, lse_plain), relative_error(dh, dh_plain),
+                                relative_error(dw, dw_plain)};
+  if (z_loss_coef == 0.0) {
+    std::vector<T> lse_pair(rows), dh_pair(rows * d), dw_pair = dw_prior;
+    const CrossEntropyResult pair = lm_head_cross_entropy_forward<T>(lse_pair.data(), h.data(), w.data(),
+                                                                     targets.data(), rows, d, vocab, tiling);
+    lm_head_cross_entropy_backward<T>(dh_pair.data(), dw_pair.data(), h.data(), w.data(), targets.data(),
+                                      lse_pair.data(), scale, rows, d, vocab, tiling);
+    EXPECT_EQ(fused.count, pair.count);
+    errors.insert(errors.end(), {std::abs(fused.loss_sum - pair.loss_sum) / std::abs(pair.loss_sum),
+                                 relative_error(lse, lse_pair), relative_error(dh, dh_pair),
+                                 relative_error(dw, dw_pair)});
+  }
+  return errors;
+}
+
+TEST(CrossEntropy, ForwardBackwardMatchesPlainAndForwardBackwardPair) {
+  // Default tiling (2 row chunks, 3 vocabulary tiles, partial last ones; d = 300 gives a partial dh
+  // column block); small tiles; a chunk byte budget that cuts the row chunk to 3 rows.
+  const CrossEntropyTiling small{4, 8, 32}, budget_double{256, 8, 4, 3 * 37 * 8}, budget_float{256, 8, 4, 3 * 37 * 4};
+  for (double z : {0.0, 1e-2}) {
+    for (double err : forward_backward_errors<double>(300, 300, 2500, z, {})) EXPECT_LE(err, 1e-10) << z;
+    for (double err : forward_backward_errors<float>(300, 300, 2500, z, {})) EXPECT_LE(err, 1e-5) << z;
+    for (double err : forward_backward_errors<double>(13, 5, 37, z, small)) EXPECT_LE(err, 1e-10) << z;
+    for (double err : forward_backward_errors<float>(13, 5, 37, z, small)) EXPECT_LE(err, 1e-5) << z;
+    for (double err : forward_backward_errors<double>(13, 5, 37, z, budget_double)) EXPECT_LE(err, 1e-10) << z;
+    for (double err : forward_backward_errors<float>(13, 5, 37, z, budget_float)) EXPECT_LE(err, 1e-5) << z;
+  }
+  EXPECT_EQ(forward_backward_row_chunk(13, 37, 8, budget_double), 3);
+  EXPECT_EQ(forward_backward_row_chunk(4096, 131072, 4), 64);
+  EXPECT_EQ(forward_backward_row_chunk(10, 131072, 4), 10);
+}
+
+TEST(CrossEntropy, ForwardBackwardWithZLossMatchesFiniteDifferences) {
+  const int64_t rows = 13, d = 5, vocab = 37;
+  const std::vector<int32_t> targets = random_targets(rows, vocab, 25);
+  const double scale = 0.37, z_loss_coef = 0.2;
+  for (const CrossEntropyTiling tiling : {CrossEntropyTiling{4, 8, 32}, CrossEntropyTiling{256, 8, 4, 5 * vocab * 8}}) {
+    std::vector<double> h = random_values(rows * d, 26), w = random_values(vocab * d, 27);
+    auto objective = [&] {
+      std::vector<double> dh(rows * d), dw(vocab * d);
+      const CrossEntropyResult r = lm_head_cross_entropy_forward_backward<double>(
+          dh.data(), dw.data(), nullptr, h.data(), w.data(), targets.data(), scale, z_loss_coef, rows, d, vocab,
+          tiling);
+      return scale * (r.loss_sum + z_loss_coef * r.z_loss_sum);
+    };
+    std::vector<double> dh(rows * d, 9.0), dw(vocab * d, 0.0);
+    const CrossEntropyResult result = lm_head_cross_entropy_forward_backward<double>(
+        dh.data(), dw.data(), nullptr, h.data(), w.data(), targets.data(), scale, z_loss_coef, rows, d, vocab, tiling);
+    EXPECT_EQ(result.count, rows - 2);  // rows 3 and 8 are ignored
+    test::expect_gradients_match(objective, {{"h", &h, &dh}, {"w", &w, &dw}});
+    for (int64_t j = 0; j < d; ++j) EXPECT_EQ(dh[8 * d + j], 0.0) << "ignored row gets no gradient";
+  }
+}
+
+TEST(CrossEntropy, ForwardBackwardIsBitwiseIndependentOfThreadsAndAccumulatesDw) {
+  const int64_t rows = 150, d = 300, vocab = 2100;
+  const std::vector<float> h = cast_values<float>(random_values(rows * d, 28));
+  const std::vector<float> w = cast_values<float>(random_values(vocab * d, 29));
+  const std::vector<float> dw_prior = cast_values<float>(random_values(vocab * d, 30));
+  const std::vector<int32_t> targets = random_targets(rows, vocab, 31);
+  const CrossEntropyTiling tiling{64, 256, 32};  // 3 row chunks, 9 vocabulary tiles, 2 dh column blocks
+  std::vector<float> lse[3], dh[3], dw[3];
+  CrossEntropyResult result[3];
+  for (int threads : {1, 2, 3}) {
+    const int i = threads - 1;
+    lse[i].assign(rows, 0.f), dh[i].assign(rows * d, 0.f), dw[i] = dw_prior;
+    test::with_threads(threads, [&] {
+      result[i] = lm_head_cross_entropy_forward_backward<float>(dh[i].data(), dw[i].data(), lse[i].data(), h.data(),
+                                                                w.data(), targets.data(), 0.01, 1e-3, rows, d, vocab,
+                                                                tiling);
+    });
+  }
+  for (int i : {1, 2}) {
+    EXPECT_EQ(result[i].loss_sum, result[0].loss_sum);
+    EXPECT_EQ(result[i].z_loss_sum, result[0].z_loss_sum);
+    EXPECT_EQ(lse[i], lse[0]);
+    EXPECT_EQ(dh[i], dh[0]);
+    EXPECT_EQ(dw[i], dw[0]);
+  }
+  // dw += : the same call from zero, plus the prior, gives the same dw up to rounding.
+  std::vector<float> dh_zero(rows * d), dw_zero(vocab * d, 0.f);
+  lm_head_cross_entropy_forward_backward<float>(dh_zero.data(), dw_zero.data(), nullptr, h.data(), w.data(),
+                                                targets.data(), 0.01, 1e-3, rows, d, vocab, tiling);
+  EXPECT_EQ(dh_zero, dh[0]);
+  for (size_t j = 0; j < dw_zero.size(); ++j) dw_zero[j] += dw_prior[j];
+  EXPECT_LE(relative_error(dw[0], dw_zero), 1e-6);
+}
+
 TEST(CrossEntropy, AllIgnoredRowsGiveZeroLossAndGradient) {
   const int64_t rows = 9, d = 4, vocab = 50;
   const std::vector<double> h = random_values(rows * d, 11), w = random_values(vocab * d, 12);
@@ -133,6 +247,14 @@ TEST(CrossEntropy, AllIgnoredRowsGiveZeroLossAndGradient) {
   for (double value : lse) EXPECT_TRUE(std::isfinite(value));  // saved for ignored rows too
   lm_head_cross_entropy_backward<double>(dh.data(), dw.data(), h.data(), w.data(), targets.data(), lse.data(), 1.0,
                                          rows, d, vocab);
+  EXPECT_EQ(dh, std::vector<double>(rows * d, 0.0));
+  EXPECT_EQ(dw, std::vector<double>(vocab * d, 2.0));
+  std::fill(dh.begin(), dh.end(), 1.0);
+  const CrossEntropyResult fused = lm_head_cross_entropy_forward_backward<double>(
+      dh.data(), dw.data(), nullptr, h.data(), w.data(), targets.data(), 1.0, 0.5, rows, d, vocab);
+  EXPECT_EQ(fused.count, 0);
+  EXPECT_EQ(fused.loss_sum, 0.0);
+  EXPECT_EQ(fused.z_loss_sum, 0.0);
   EXPECT_EQ(dh, std::vector<double>(rows * d, 0.0));
   EXPECT_EQ(dw, std::vector<double>(vocab * d, 2.0));
 }

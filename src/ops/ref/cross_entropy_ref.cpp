@@ -1,5 +1,6 @@
 // Plain LM head + cross-entropy (see cross_entropy_ref.h): full logits, two-pass log-sum-exp per row
-// in double, full dlogits, then two gemms for the gradients.
+// in double, full dlogits, then two gemms for the gradients. The plain 3-gemm variant computes each
+// row's exps once in T (as the fused forward_backward does), so it is also a fair timing baseline.
 #include "ops/ref/cross_entropy_ref.h"
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "ops/cross_entropy_rows.h"
 #include "ops/gemm.h"
 
 namespace trillion {
@@ -54,11 +56,41 @@ void lm_head_cross_entropy_backward_ref(T* dh, T* dw, const T* h, const T* w, co
   gemm<T>(true, false, vocab, d, rows, T(1), dlogits.data(), vocab, h, d, T(1), dw, d);
 }
 
+template <class T>
+CrossEntropyResult lm_head_cross_entropy_plain(T* dh, T* dw, T* lse, const T* h, const T* w, const int32_t* targets,
+                                               double scale, double z_loss_coef, int64_t rows, int64_t d,
+                                               int64_t vocab) {
+  for (int64_t r = 0; r < rows; ++r)
+    TRILLION_CHECK(targets[r] == kIgnoreIndex || (targets[r] >= 0 && targets[r] < vocab), "target ", targets[r],
+                   " at row ", r);
+  if (rows == 0) return {};
+  Buffer<T> dlogits(rows * vocab);    // [rows, vocab]: logits, then exp(logit − row max), then dlogits
+  Buffer<double> row_lse(rows);       // [rows]
+  Buffer<double> row_loss(rows);      // [rows] lse − logit[target]
+  gemm<T>(false, true, rows, vocab, d, T(1), h, d, w, d, T(0), dlogits.data(), vocab);
+  parallel_for(rows, [&](int64_t r) {
+    logits_row_to_gradient(dlogits.data() + r * vocab, vocab, targets[r], scale, z_loss_coef, row_lse[r], row_loss[r]);
+  });
+  CrossEntropyResult result;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (lse != nullptr) lse[r] = static_cast<T>(row_lse[r]);
+    if (targets[r] == kIgnoreIndex) continue;
+    result.loss_sum += row_loss[r];
+    result.z_loss_sum += row_lse[r] * row_lse[r];
+    ++result.count;
+  }
+  gemm<T>(false, false, rows, d, vocab, T(1), dlogits.data(), vocab, w, d, T(0), dh, d);
+  gemm<T>(true, false, vocab, d, rows, T(1), dlogits.data(), vocab, h, d, T(1), dw, d);
+  return result;
+}
+
 #define TRILLION_INSTANTIATE_CROSS_ENTROPY_REF(T)                                                           \
   template CrossEntropyResult lm_head_cross_entropy_forward_ref<T>(T*, const T*, const T*, const int32_t*, \
                                                                     int64_t, int64_t, int64_t);            \
   template void lm_head_cross_entropy_backward_ref<T>(T*, T*, const T*, const T*, const int32_t*, const T*, \
-                                                      double, int64_t, int64_t, int64_t);
+                                                      double, int64_t, int64_t, int64_t);                   \
+  template CrossEntropyResult lm_head_cross_entropy_plain<T>(T*, T*, T*, const T*, const T*, const int32_t*,      \
+                                                             double, double, int64_t, int64_t, int64_t);
 TRILLION_INSTANTIATE_CROSS_ENTROPY_REF(float)
 TRILLION_INSTANTIATE_CROSS_ENTROPY_REF(double)
 #undef TRILLION_INSTANTIATE_CROSS_ENTROPY_REF
