@@ -36,7 +36,7 @@ EvalResult evaluate_checkpoint(const ModelConfig& config, const std::string& wei
                                const EvalOptions& o) {
   Model<T> model(config);
   model.load_weights(weights_dir);
-  model.set_indexer_training(o.indexer_mode == "sparse" ? IndexerMode::sparse : IndexerMode::dense, 0.0);
+  model.set_indexer_training(indexer_mode_from_name(o.indexer_mode), 0.0);  // warmup and dense attend densely
   return evaluate_loss(model, data.val.tokens, o.seq_len, o.batch, o.max_batches);
 }
 

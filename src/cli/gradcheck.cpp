@@ -77,9 +77,7 @@ void register_gradcheck(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->callback([args, mode] {
-    args->options.indexer_mode = *mode == "warmup" ? IndexerMode::warmup
-                                 : *mode == "dense" ? IndexerMode::dense
-                                                    : IndexerMode::sparse;
+    args->options.indexer_mode = indexer_mode_from_name(*mode);
     run_gradcheck(*args);
   });
 }

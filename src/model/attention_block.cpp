@@ -74,15 +74,6 @@ void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, 
   rope_forward(p.k, positions, n, dims.kv_heads, d, 0, dims.rope);
 }
 
-// Whether this layer's attention runs over the indexer's selection in this pass.
-bool attends_sparsely(const AttentionBlockDims& dims, const LayerPass& pass) {
-  return dims.indexer.enabled() && (pass.indexer == nullptr || pass.indexer->mode == IndexerMode::sparse);
-}
-
-SparseAttentionSizes sparse_sizes(const AttentionSizes& s, int64_t topk) {
-  return {s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), topk, s.scale};
-}
-
 }  // namespace
 
 template <class T>
@@ -117,7 +108,7 @@ void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlock
   T* lse = buffer(Tag::attn_lse, batch * dims.q_heads * seq);  // [batch, Hq, seq]
   IndexerOutputs<T> selected;
   if (dims.indexer.enabled()) selected = indexer_forward(h, h, w.indexer, dims.indexer, pass, layer, scratch);
-  if (attends_sparsely(dims, pass))
+  if (attends_sparsely(dims.indexer, pass))
     sparse_attention_forward(out, lse, p.q, p.k, p.v, selected.selection, sparse_sizes(sizes, dims.indexer.topk));
   else
     attention_forward(out, lse, p.q, p.k, p.v, sizes);
@@ -173,7 +164,7 @@ void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlo
   T* dq = scratch.alloc<T>(n * qw);   // [n, Hq, d]
   T* dk = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] summed over the query heads sharing each KV head
   T* dv = scratch.alloc<T>(n * kvw);  // [n, Hkv, d]
-  if (attends_sparsely(dims, pass)) {
+  if (attends_sparsely(dims.indexer, pass)) {
     const int32_t* selection = store.get<int32_t>(Tag::attn_indices, layer, n * dims.indexer.topk);
     sparse_attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
   } else {

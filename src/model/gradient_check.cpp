@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "model/lightning_indexer.h"
 #include "model/model.h"
 
 namespace trillion {
@@ -50,7 +51,7 @@ GradientCheckReport check_model_gradients(const ModelConfig& config, const Gradi
   double* params = model.params();
   // The objective a tensor's gradient is of: the indexer's detached loss counts for its own tensors only.
   const auto loss_for = [&](const ParamSpec& spec) {
-    const bool indexer_tensor = spec.name.find(".self_attn.indexer.") != std::string::npos;
+    const bool indexer_tensor = is_indexer_tensor(spec.name);
     return [&, indexer_tensor] {
       const StepResult r = model.forward_loss(tokens.data(), targets.data(), options.batch, options.seq);
       double total = r.objective(scales);

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/memory.h"
 #include "memory/activation_store.h"
@@ -26,7 +27,9 @@
 #include "model/linear.h"
 #include "model/param_rows.h"
 #include "model/step.h"
+#include "ops/attention.h"
 #include "ops/rope.h"
+#include "ops/sparse_attention.h"
 
 namespace trillion {
 
@@ -51,6 +54,18 @@ struct IndexerWeights {
   T* k_norm_bias = nullptr;       // [d_I]
   LinearWeights<T> weights_proj;  // [H_I, D]
 };
+
+// Whether a parameter (by its table name) is one of an indexer's: they learn only from its loss.
+inline bool is_indexer_tensor(const std::string& name) { return name.find(".self_attn.indexer.") != std::string::npos; }
+
+// Whether a layer with this indexer attends over its selection in this pass (sparse mode, the
+// default without IndexerTraining), and the sparse attention's sizes from the dense ones.
+inline bool attends_sparsely(const IndexerDims& dims, const LayerPass& pass) {
+  return dims.enabled() && (pass.indexer == nullptr || pass.indexer->mode == IndexerMode::sparse);
+}
+inline SparseAttentionSizes sparse_sizes(const AttentionSizes& s, int64_t topk) {
+  return {s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), topk, s.scale};
+}
 
 // Names below "model.layers.{l}.self_attn.indexer." (transformers' DeepseekV32Indexer).
 template <class T, class Visit>

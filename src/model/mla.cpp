@@ -87,15 +87,6 @@ void expand_keys(T* k, T* v, const T* kv, const T* kv_a, int64_t n, const MlaDim
     }
 }
 
-// Whether this layer's attention runs over the indexer's selection in this pass.
-bool attends_sparsely(const MlaDims& dims, const LayerPass& pass) {
-  return dims.indexer.enabled() && (pass.indexer == nullptr || pass.indexer->mode == IndexerMode::sparse);
-}
-
-SparseAttentionSizes sparse_sizes(const AttentionSizes& s, int64_t topk) {
-  return {s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), topk, s.scale};
-}
-
 }  // namespace
 
 template <class T>
@@ -135,7 +126,7 @@ void mixer_forward(T* x, const MlaWeights<T>& w, const MlaDims& dims, const Laye
   T* lse = buffer(Tag::attn_lse, batch * H * seq);      // [batch, H, seq]
   IndexerOutputs<T> selected;
   if (dims.indexer.enabled()) selected = indexer_forward(p.q_latent, h, w.indexer, dims.indexer, pass, layer, scratch);
-  if (attends_sparsely(dims, pass))
+  if (attends_sparsely(dims.indexer, pass))
     sparse_attention_forward(out, lse, p.q, k, v, selected.selection, sparse_sizes(sizes, dims.indexer.topk));
   else
     attention_forward(out, lse, p.q, k, v, sizes);
@@ -168,7 +159,7 @@ void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, c
   T* dq = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
   T* dk = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
   T* d_v = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]
-  if (attends_sparsely(dims, pass)) {
+  if (attends_sparsely(dims.indexer, pass)) {
     const int32_t* selection = store.get<int32_t>(Tag::attn_indices, layer, n * dims.indexer.topk);
     sparse_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
   } else {

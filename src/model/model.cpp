@@ -254,8 +254,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   pass.store = save_activations ? &m.store : nullptr;
   pass.decisions = &m.decisions;
   pass.result = &result;
-  const int sparse = static_cast<int>(std::count(m.config.layer_types.begin(), m.config.layer_types.end(),
-                                                 LayerType::sparse_attention));
+  const int sparse = m.sparse_layers();
   m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse : 0.0;
   pass.indexer = &m.indexer;
   T* params = m.params.data();
@@ -315,9 +314,13 @@ void Model<T>::set_loss_gradients(LossGradients mode) {
 }
 
 template <class T>
+int Model<T>::Impl::sparse_layers() const {
+  return static_cast<int>(std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention));
+}
+
+template <class T>
 int Model<T>::sparse_layers() const {
-  const std::vector<LayerType>& types = impl_->config.layer_types;
-  return static_cast<int>(std::count(types.begin(), types.end(), LayerType::sparse_attention));
+  return impl_->sparse_layers();
 }
 
 // Forward only: nothing is saved, so its memory is one sublayer's, not every layer's.

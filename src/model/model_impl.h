@@ -47,6 +47,7 @@ struct Model<T>::Impl {
   // The balance-loss gradient handed to MoE layer `layer`'s backward.
   MoeBalanceGrad balance_grad(const StepResult& result, int layer, int64_t tokens, double aux_scale) const;
   const MoeDims* first_moe() const;  // null without MoE layers
+  int sparse_layers() const;         // layers of type sparse_attention
   T* embedding(T* base) const { return base + table.find("model.embed_tokens.weight").offset; }
   T* final_norm(T* base) const { return base + table.find("model.norm.weight").offset; }
   // The LM head's weight [V, D]: the embedding table when tied.

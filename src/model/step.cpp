@@ -16,6 +16,12 @@ const char* indexer_mode_name(IndexerMode mode) {
   return "?";
 }
 
+IndexerMode indexer_mode_from_name(const std::string& name) {
+  for (IndexerMode mode : {IndexerMode::dense, IndexerMode::warmup, IndexerMode::sparse})
+    if (name == indexer_mode_name(mode)) return mode;
+  fail("indexer mode \"", name, "\": expected dense, warmup or sparse");
+}
+
 double MoeLayerStats::max_over_mean() const {
   if (tokens_per_expert.empty()) return 0.0;
   int64_t total = 0, most = 0;

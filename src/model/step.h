@@ -62,6 +62,8 @@ struct MoeLayerStats {
 // sparse runs attention over the selection and trains the indexer over the selected set.
 enum class IndexerMode { dense, warmup, sparse };
 const char* indexer_mode_name(IndexerMode mode);
+// The mode of a name indexer_mode_name gives ("dense", "warmup", "sparse"); anything else fails.
+IndexerMode indexer_mode_from_name(const std::string& name);
 
 struct IndexerTraining {
   IndexerMode mode = IndexerMode::sparse;

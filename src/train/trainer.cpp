@@ -16,6 +16,7 @@
 #include "data/shards.h"
 #include "io/atomic_file.h"
 #include "model/config.h"
+#include "model/lightning_indexer.h"
 #include "model/model.h"
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
@@ -129,9 +130,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   model.zero_grads();
   Optimizer<T> optimizer(model.table());
   if (run.resumed) optimizer.load((fs::path(run.weights_dir) / "optimizer.safetensors").string());
-  const IndexerMode indexer_mode = s.indexer_mode == "warmup"  ? IndexerMode::warmup
-                                   : s.indexer_mode == "dense" ? IndexerMode::dense
-                                                               : IndexerMode::sparse;
+  const IndexerMode indexer_mode = indexer_mode_from_name(s.indexer_mode);
   model.set_indexer_training(indexer_mode, s.indexer_loss_coef);
   model.set_loss_gradients(s.loss_gradients == "recompute" ? LossGradients::recompute : LossGradients::in_forward);
   if (model.sparse_layers() == 0 && (o.given.count("indexer-mode") != 0 || o.given.count("indexer-loss-coef") != 0))
@@ -140,7 +139,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   if (indexer_mode == IndexerMode::warmup) {
     if (!(s.indexer_loss_coef > 0.0)) fail("--indexer-mode warmup trains only the indexers: expected --indexer-loss-coef > 0");
     // DeepSeek-V3.2's warm-up: every tensor but the indexers' stays as it is.
-    optimizer.set_trainable([](const ParamSpec& spec) { return spec.name.find(".self_attn.indexer.") != std::string::npos; });
+    optimizer.set_trainable([](const ParamSpec& spec) { return is_indexer_tensor(spec.name); });
   }
 
   Sampler sampler(run.data.train.tokens, s.seq_len, s.seed);
