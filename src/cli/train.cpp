@@ -46,6 +46,16 @@ void register_train(CLI::App& app) {
                   "recompute (logits recomputed in the backward, 4 passes, least memory)")
       ->check(CLI::IsMember({"in-forward", "recompute"}));
   // Settings of this process only.
+  cmd->add_option("--recompute", o.recompute,
+                  "Saved activations recomputed before their layer's backward: none, selective (the FFN "
+                  "sublayer), full (the whole layer) or a comma-separated list of activation tags");
+  cmd->add_option("--swap", o.swap,
+                  "Saved activations swapped to a file during forward and prefetched during backward: none, "
+                  "selective (GEMM and attention outputs), full or a comma-separated list of activation tags");
+  cmd->add_option("--swap-dir", o.swap_dir, "Directory of the swap file, on local disk (default: --out)");
+  cmd->add_option("--policy-min-bytes", o.policy_min_bytes,
+                  "Saved tensors smaller than this are always kept (default 65536)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--stop-after", o.stop_after, "End this process after step K, with a checkpoint");
   cmd->add_option("--save-every", o.save_every, "Checkpoint every K steps (0: only at the end)");
   cmd->add_option("--eval-every", o.eval_every, "Validation loss every K steps (0: off)");

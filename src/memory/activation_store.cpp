@@ -1,105 +1,266 @@
-// ActivationStore: per-step storage of saved activations under static tags (kept resident until clear()).
+// ActivationStore: saved activations with their policy applied at the layer events (see the header).
 #include "memory/activation_store.h"
+
+#include <algorithm>
+#include <cstring>
 
 namespace trillion {
 
-const char* activation_tag_name(ActivationTag tag) {
-  switch (tag) {
-    case ActivationTag::attn_input: return "attn_input";
-    case ActivationTag::attn_norm_rstd: return "attn_norm_rstd";
-    case ActivationTag::attn_norm_out: return "attn_norm_out";
-    case ActivationTag::q_raw: return "q_raw";
-    case ActivationTag::q_rstd: return "q_rstd";
-    case ActivationTag::q: return "q";
-    case ActivationTag::gate: return "gate";
-    case ActivationTag::k_raw: return "k_raw";
-    case ActivationTag::k_rstd: return "k_rstd";
-    case ActivationTag::k: return "k";
-    case ActivationTag::v: return "v";
-    case ActivationTag::attn_out: return "attn_out";
-    case ActivationTag::attn_lse: return "attn_lse";
-    case ActivationTag::o_proj_in: return "o_proj_in";
-    case ActivationTag::la_conv_in: return "la_conv_in";
-    case ActivationTag::la_q_hat: return "la_q_hat";
-    case ActivationTag::la_q_inv: return "la_q_inv";
-    case ActivationTag::la_k_hat: return "la_k_hat";
-    case ActivationTag::la_k_inv: return "la_k_inv";
-    case ActivationTag::la_v: return "la_v";
-    case ActivationTag::la_z: return "la_z";
-    case ActivationTag::la_a: return "la_a";
-    case ActivationTag::la_g: return "la_g";
-    case ActivationTag::la_beta: return "la_beta";
-    case ActivationTag::la_core: return "la_core";
-    case ActivationTag::la_norm_rstd: return "la_norm_rstd";
-    case ActivationTag::la_normed: return "la_normed";
-    case ActivationTag::la_f_low: return "la_f_low";
-    case ActivationTag::la_g_low: return "la_g_low";
-    case ActivationTag::mla_q_a: return "mla_q_a";
-    case ActivationTag::mla_q_a_rstd: return "mla_q_a_rstd";
-    case ActivationTag::mla_q_latent: return "mla_q_latent";
-    case ActivationTag::mla_kv_a: return "mla_kv_a";
-    case ActivationTag::mla_kv_rstd: return "mla_kv_rstd";
-    case ActivationTag::mla_latent: return "mla_latent";
-    case ActivationTag::attn_indices: return "attn_indices";
-    case ActivationTag::idx_k_raw: return "idx_k_raw";
-    case ActivationTag::idx_k_mean: return "idx_k_mean";
-    case ActivationTag::idx_k_rstd: return "idx_k_rstd";
-    case ActivationTag::idx_dq: return "idx_dq";
-    case ActivationTag::idx_dk: return "idx_dk";
-    case ActivationTag::idx_dw: return "idx_dw";
-    case ActivationTag::ffn_input: return "ffn_input";
-    case ActivationTag::ffn_norm_rstd: return "ffn_norm_rstd";
-    case ActivationTag::ffn_norm_out: return "ffn_norm_out";
-    case ActivationTag::mlp_gate: return "mlp_gate";
-    case ActivationTag::mlp_up: return "mlp_up";
-    case ActivationTag::mlp_act: return "mlp_act";
-    case ActivationTag::router_logits: return "router_logits";
-    case ActivationTag::router_scores: return "router_scores";
-    case ActivationTag::router_index: return "router_index";
-    case ActivationTag::router_weight: return "router_weight";
-    case ActivationTag::expert_gate_up: return "expert_gate_up";
-    case ActivationTag::expert_act: return "expert_act";
-    case ActivationTag::expert_out: return "expert_out";
-    case ActivationTag::shared_gate: return "shared_gate";
-    case ActivationTag::shared_up: return "shared_up";
-    case ActivationTag::shared_act: return "shared_act";
-    case ActivationTag::shared_out: return "shared_out";
-    case ActivationTag::shared_gate_logit: return "shared_gate_logit";
-    case ActivationTag::final_input: return "final_input";
-    case ActivationTag::final_norm_rstd: return "final_norm_rstd";
-    case ActivationTag::final_norm_out: return "final_norm_out";
-    case ActivationTag::loss_lse: return "loss_lse";
-    case ActivationTag::loss_dh: return "loss_dh";
-    case ActivationTag::count_: break;
+const char* save_policy_name(SavePolicy policy) {
+  switch (policy) {
+    case SavePolicy::keep: return "keep";
+    case SavePolicy::recompute: return "recompute";
+    case SavePolicy::swap: return "swap";
   }
   return "?";
 }
 
-ActivationStore::ActivationStore(Tier tier) : arena_(tier) {}
-
-void* ActivationStore::save_bytes(ActivationTag tag, int layer, int64_t bytes) {
-  TRILLION_CHECK(tag != ActivationTag::count_, "count_ is not a tag");
-  const std::pair<int, int> key{static_cast<int>(tag), layer};
-  TRILLION_CHECK(entries_.count(key) == 0, "activation ", activation_tag_name(tag), " of layer ", layer,
-                 " saved twice in one step");
-  // The bytes stay in the arena until clear().
-  void* data = arena_.alloc_bytes(bytes);
-  entries_.emplace(key, Entry{data, bytes});
-  return data;
+const char* saved_type_name(SavedType type) {
+  switch (type) {
+    case SavedType::f32: return "float32";
+    case SavedType::f64: return "float64";
+    case SavedType::i32: return "int32";
+  }
+  return "?";
 }
 
-const void* ActivationStore::get_bytes(ActivationTag tag, int layer, int64_t bytes) const {
-  const auto it = entries_.find({static_cast<int>(tag), layer});
+ActivationStore::ActivationStore() : small_(Tier::fast, int64_t{4} << 20), throwaway_(Tier::fast) {}
+
+ActivationStore::~ActivationStore() { clear(); }
+
+void ActivationStore::set_policy(ActivationTag tag, SavePolicy policy) {
+  if (policy == SavePolicy::recompute && (tag == ActivationTag::attn_input || tag_sublayer(tag) == TagSublayer::head))
+    fail("activation ", activation_tag_name(tag), " cannot be recomputed: ",
+         tag == ActivationTag::attn_input ? "it is the layer's recompute checkpoint" : "the head is never re-run");
+  TRILLION_CHECK(entries_.empty(), "policies are set between steps");
+  if (policies_[static_cast<int>(tag)] != policy) pages_.trim();  // the new policy's peak may be lower
+  policies_[static_cast<int>(tag)] = policy;
+}
+
+bool ActivationStore::any_policy(SavePolicy policy) const {
+  for (SavePolicy p : policies_)
+    if (p == policy) return true;
+  return false;
+}
+
+void ActivationStore::set_swap_directory(const std::string& directory, bool buffered) {
+  TRILLION_CHECK(entries_.empty(), "the swap directory is set between steps");
+  swap_ = std::make_unique<SwapEngine>(directory, buffered ? SwapEngine::Io::buffered : SwapEngine::Io::automatic);
+}
+
+template <class F>
+void ActivationStore::for_layer(int layer, F&& f) {
+  for (auto it = entries_.lower_bound({layer, 0}); it != entries_.end() && it->first.first == layer; ++it)
+    f(static_cast<ActivationTag>(it->first.second), it->second);
+}
+
+void* ActivationStore::save_bytes(ActivationTag tag, int layer, SavedType type, const Shape& shape,
+                                  int64_t element_bytes) {
+  TRILLION_CHECK(tag != ActivationTag::count_, "count_ is not a tag");
+  const int64_t bytes = shape.numel() * element_bytes;
+  const Key key{layer, static_cast<int>(tag)};
+  const auto it = entries_.find(key);
+  if (recompute_layer_ >= 0) {
+    TRILLION_CHECK(layer == recompute_layer_ && it != entries_.end(), "recompute of layer ", recompute_layer_,
+                   " saved ", activation_tag_name(tag), " of layer ", layer, ", which its forward did not save");
+    Entry& e = it->second;
+    TRILLION_CHECK(e.bytes == bytes && e.type == type, "recompute saved ", activation_tag_name(tag), " of layer ", layer,
+                   " with another type or size than its forward");
+    if (e.state != State::dropped) return throwaway_.alloc_bytes(bytes);  // kept: never written twice
+    e.data = take_span(e.bytes);
+    e.held = true;
+    e.state = State::writing;
+    counters_.recomputed_bytes += e.bytes;
+    return e.data;
+  }
+  TRILLION_CHECK(it == entries_.end(), "activation ", activation_tag_name(tag), " of layer ", layer,
+                 " saved twice in one step");
+  Entry e;
+  e.bytes = bytes;
+  e.type = type;
+  e.shape = shape;
+  e.paged = bytes >= paged_min_bytes_ && bytes > 0;
+  if (e.paged) {
+    e.data = take_span(bytes);
+    e.held = true;
+  } else {
+    e.data = static_cast<char*>(small_.alloc_bytes(bytes));  // zero-filled and counted by the arena
+  }
+  counters_.saved_bytes += bytes;
+  return entries_.emplace(key, e).first->second.data;
+}
+
+const void* ActivationStore::get_bytes(ActivationTag tag, int layer, SavedType type, int64_t bytes) const {
+  const auto it = entries_.find({layer, static_cast<int>(tag)});
   TRILLION_CHECK(it != entries_.end(), "activation ", activation_tag_name(tag), " of layer ", layer,
                  " was not saved");
-  TRILLION_CHECK(it->second.bytes == bytes, "activation ", activation_tag_name(tag), " of layer ", layer, " has ",
-                 it->second.bytes, " bytes, expected ", bytes);
-  return it->second.data;
+  const Entry& e = it->second;
+  TRILLION_CHECK(e.type == type, "activation ", activation_tag_name(tag), " of layer ", layer, " is ",
+                 saved_type_name(e.type), ", read as ", saved_type_name(type));
+  TRILLION_CHECK(e.bytes == bytes, "activation ", activation_tag_name(tag), " of layer ", layer, " has ", e.bytes,
+                 " bytes, expected ", bytes);
+  TRILLION_CHECK(e.state == State::writing || e.state == State::complete, "activation ", activation_tag_name(tag),
+                 " of layer ", layer, " is not resident (",
+                 e.state == State::dropped ? "dropped for recompute" : "swapped out", ")");
+  return e.data;
+}
+
+Shape ActivationStore::shape(ActivationTag tag, int layer) const {
+  const auto it = entries_.find({layer, static_cast<int>(tag)});
+  TRILLION_CHECK(it != entries_.end(), "activation ", activation_tag_name(tag), " of layer ", layer, " was not saved");
+  return it->second.shape;
+}
+
+// Free pages first: while swap writes are in flight, the forward waits for the oldest rather than
+// map new pages, so the writer's lag never grows resident memory.
+char* ActivationStore::take_span(int64_t bytes) {
+  reclaim_written();
+  while (!pages_.fits_touched(bytes) && !writes_in_flight_.empty()) {
+    swap_->wait(writes_in_flight_.front()->ticket);
+    reclaim_written();
+  }
+  char* span = static_cast<char*>(pages_.alloc(bytes));
+  std::memset(span, 0, static_cast<size_t>(bytes));
+  MemoryStats::add(Tier::fast, bytes);
+  return span;
+}
+
+void ActivationStore::free_span(Entry& e) {
+  pages_.free(e.data, e.bytes);
+  MemoryStats::sub(Tier::fast, e.bytes);
+  e.data = nullptr;
+  e.held = false;
+}
+
+void ActivationStore::reclaim_written() {
+  size_t kept = 0;
+  for (Entry* e : writes_in_flight_) {
+    if (swap_->done(e->ticket)) {
+      free_span(*e);  // only the file's copy is left
+      MemoryStats::add(Tier::slow, e->bytes);
+    } else {
+      writes_in_flight_[kept++] = e;
+    }
+  }
+  writes_in_flight_.resize(kept);
+}
+
+void ActivationStore::end_forward(int layer) {
+  for_layer(layer, [&](ActivationTag tag, Entry& e) {
+    if (e.state != State::writing) return;
+    e.state = State::complete;
+    if (!e.paged) return;
+    switch (policy(tag)) {
+      case SavePolicy::keep: break;
+      case SavePolicy::recompute:
+        free_span(e);
+        e.state = State::dropped;
+        counters_.dropped_bytes += e.bytes;
+        break;
+      case SavePolicy::swap:
+        TRILLION_CHECK(swap_ != nullptr, "swap policy for ", activation_tag_name(tag), " without a swap directory");
+        e.swap_offset = swap_offset_;
+        swap_offset_ += PageArena::rounded(e.bytes);
+        e.ticket = swap_->write_out(e.data, e.bytes, e.swap_offset);
+        e.state = State::swapped_out;
+        writes_in_flight_.push_back(&e);
+        counters_.swapped_out_bytes += e.bytes;
+        if (swap_synchronous_) swap_->wait(e.ticket);
+        break;
+    }
+  });
+  if (swap_synchronous_ && swap_ != nullptr) reclaim_written();
+}
+
+bool ActivationStore::dropped(int layer, TagSublayer sublayer) const {
+  for (auto it = entries_.lower_bound({layer, 0}); it != entries_.end() && it->first.first == layer; ++it)
+    if (it->second.state == State::dropped && tag_sublayer(static_cast<ActivationTag>(it->first.second)) == sublayer)
+      return true;
+  return false;
+}
+
+bool ActivationStore::dropped(ActivationTag tag, int layer) const {
+  const auto it = entries_.find({layer, static_cast<int>(tag)});
+  return it != entries_.end() && it->second.state == State::dropped;
+}
+
+void ActivationStore::begin_recompute(int layer) {
+  TRILLION_CHECK(recompute_layer_ < 0, "recompute of layer ", layer, " inside that of layer ", recompute_layer_);
+  recompute_layer_ = layer;
+}
+
+void ActivationStore::end_recompute() {
+  for_layer(recompute_layer_, [&](ActivationTag, Entry& e) {
+    if (e.state == State::writing) e.state = State::complete;
+  });
+  recompute_layer_ = -1;
+  throwaway_.reset();
+}
+
+void ActivationStore::bring_back(Entry& e) {
+  if (e.state != State::swapped_out) return;
+  if (e.held) {  // its pages were not reused yet: they still hold the tensor
+    writes_in_flight_.erase(std::find(writes_in_flight_.begin(), writes_in_flight_.end(), &e));
+    e.state = State::complete;
+    counters_.swap_reused_bytes += e.bytes;
+    return;
+  }
+  e.data = take_span(e.bytes);
+  e.held = true;
+  e.ticket = swap_->read_in(e.data, e.bytes, e.swap_offset);
+  e.state = State::reading;
+  counters_.read_back_bytes += e.bytes;
+}
+
+void ActivationStore::begin_backward(int layer, int prefetch_layer) {
+  for_layer(layer, [&](ActivationTag, Entry& e) { bring_back(e); });
+  for_layer(layer, [&](ActivationTag, Entry& e) {
+    if (e.state != State::reading) return;
+    swap_->wait(e.ticket);
+    MemoryStats::sub(Tier::slow, e.bytes);
+    e.state = State::complete;
+  });
+  if (prefetch_layer >= 0) for_layer(prefetch_layer, [&](ActivationTag, Entry& e) { bring_back(e); });
+}
+
+void ActivationStore::end_backward(int layer) {
+  for_layer(layer, [&](ActivationTag, Entry& e) {
+    TRILLION_CHECK(e.state == State::complete || e.state == State::dropped, "end_backward of layer ", layer,
+                   " with its activations not resident");
+    if (!e.held) return;
+    if (e.ticket != 0) swap_->wait(e.ticket);  // a write of a reused entry may still read its span
+    free_span(e);
+  });
+  entries_.erase(entries_.lower_bound({layer, 0}), entries_.lower_bound({layer + 1, 0}));
 }
 
 void ActivationStore::clear() {
+  if (swap_ != nullptr) swap_->drain();
+  for (auto& [key, e] : entries_) {
+    if (e.held) MemoryStats::sub(Tier::fast, e.bytes);
+    const bool in_file = (e.state == State::swapped_out && !e.held) || e.state == State::reading;
+    if (in_file) MemoryStats::sub(Tier::slow, e.bytes);
+  }
+  writes_in_flight_.clear();
   entries_.clear();
-  arena_.reset();
+  pages_.reset();
+  small_.reset();
+  throwaway_.reset();
+  recompute_layer_ = -1;
+  swap_offset_ = 0;
+}
+
+int64_t ActivationStore::bytes_in_use() const {
+  int64_t bytes = small_.used_bytes();
+  for (const auto& [key, e] : entries_)
+    if (e.held) bytes += e.bytes;
+  return bytes;
+}
+
+StoreCounters ActivationStore::counters() const {
+  StoreCounters c = counters_;
+  if (swap_ != nullptr) c.swap_wait_seconds = swap_->wait_seconds();
+  return c;
 }
 
 }  // namespace trillion

@@ -1,134 +1,161 @@
-// ActivationStore: the one place where modules keep the activations their backward needs
-// (DESIGN.md: memory policy is applied in one place). Each saved tensor is keyed by a static tag
-// and a layer index; its storage comes from a per-step Arena, so its bytes are counted in
-// MemoryStats. clear() at the end of every step frees them all at once.
+// ActivationStore: the one place where modules keep the activations their backward needs, and where
+// the memory policy is applied (DESIGN.md: keep, recompute or swap per saved tensor). Each saved
+// tensor is an entry keyed by a static tag (memory/activation_tags.h) and a layer index (the head's
+// final norm and loss use layer L, the number of decoder layers), with its dtype and shape.
 //
-// Every saved tensor stays resident from forward to backward. Recompute (drop after forward,
-// rebuild from kept inputs before the layer's backward) and swap (offload to the slow tier during
-// forward, prefetch in reverse layer order) are later issues: a per-tag policy will plug in at
-// save_bytes() (what happens to the bytes after forward) and get_bytes() (how they come back),
-// without any change in the modules that call them.
+// The store sees each layer's life through events the layer loops send:
+//   end_forward(l)      l's entries are complete (the completion point: modules fill what save()
+//                       returned until their layer's forward ends); entries whose tag is swap are
+//                       queued for the slow tier (their pages are reused once written), those
+//                       whose tag is recompute are dropped (their pages reused at once);
+//   begin_recompute(l) … end_recompute()
+//                       the model re-runs the sublayers that own dropped entries; save() refills a
+//                       dropped entry in place and hands out a throwaway buffer for every other
+//                       (so kept tensors are never written twice);
+//   begin_backward(l, p) l's swapped entries are resident again (waiting if need be) and the
+//                       prefetch of layer p's is queued, to overlap l's backward (an entry whose
+//                       pages were not reused yet is taken back as it is, without reading);
+//   end_backward(l)     l's entries are consumed: their pages are free for the next saves.
+// Entries of 64 KiB and more live in page spans that are reused as soon as they are free
+// (PageArena), so resident memory follows what is live at once; smaller ones (statistics, tiny
+// models) stay until clear(), whatever their tag's policy. A change of policy trims the free pages.
+// Every byte an entry holds in the fast tier is counted in MemoryStats; the slow tier counts
+// what is in the swap file.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/tensor.h"
+#include "memory/activation_tags.h"
+#include "memory/page_arena.h"
+#include "memory/swap_engine.h"
 
 namespace trillion {
 
-// Every activation a module saves for its backward. Shapes: N = tokens (batch · seq), D = hidden,
-// Hq / Hkv = query / key-value heads, d = head dim, I = MLP width, E = routed experts, k = experts
-// per token, R = routed rows kept (≤ N · k), Is = shared expert width.
-enum class ActivationTag : int {
-  attn_input,     // [N, D]        residual stream entering the mixer sublayer (every mixer kind)
-  attn_norm_rstd, // [N]
-  attn_norm_out,  // [N, D]        input of q/k/v projections
-  q_raw,          // [N, Hq, d]    query before q_norm
-  q_rstd,         // [N · Hq]
-  q,              // [N, Hq, d]    query after q_norm and RoPE
-  gate,           // [N, Hq · d]   output gate (qwen3_next)
-  k_raw,          // [N, Hkv, d]   key before k_norm
-  k_rstd,         // [N · Hkv]
-  k,              // [N, Hkv, d]   key after k_norm and RoPE
-  v,              // [N, Hkv, d]
-  attn_out,       // [N, Hq · d]   attention output (before the gate)
-  attn_lse,       // [B, Hq, S]
-  o_proj_in,      // [N, Hq · d]   gated attention output (qwen3_next)
-  // Linear-attention mixers (Gated DeltaNet; Kimi Delta Attention: nk = nv = h, dk = dv = D):
-  la_conv_in,    // [N, Cc]       [q | k | v] before the conv (GDN: Cc = 2·nk·dk + nv·dv; KDA: 3·h·D)
-  la_q_hat,      // [N, nk, dk]   L2-normalized query (before the dk^−½ scale)
-  la_q_inv,      // [N · nk]      its inverse norms
-  la_k_hat,      // [N, nk, dk]   L2-normalized key
-  la_k_inv,      // [N · nk]
-  la_v,          // [N, nv, dv]   value after the conv
-  la_z,          // [N, nv, dv]   output gate input (GDN: z; KDA: g_b_proj(g_a_proj(h)))
-  la_a,          // [N, nv] (GDN) or [N, h·D] (KDA)  decay input (before the gate)
-  la_g,          // shape of la_a log decay
-  la_beta,       // [N, nv]
-  la_core,       // [N, nv, dv]   delta-rule output
-  la_norm_rstd,  // [N · nv]
-  la_normed,     // [N, nv · dv]  gated-norm output (out_proj input)
-  la_f_low,      // [N, D]        KDA: f_a_proj(h), the decay's low-rank input
-  la_g_low,      // [N, D]        KDA: g_a_proj(h), the output gate's low-rank input
-  // Multi-head latent attention (with q, k [N, H, qk], v [N, H, v], attn_out [N, H · v], attn_lse):
-  mla_q_a,       // [N, r_q]      q_a_proj(h)
-  mla_q_a_rstd,  // [N]
-  mla_q_latent,  // [N, r_q]      q_a_layernorm output (the query latent)
-  mla_kv_a,      // [N, r_kv + rope] kv_a_proj_with_mqa(h): [c_raw | k_rot], k_rot after RoPE
-  mla_kv_rstd,   // [N]
-  mla_latent,    // [N, r_kv]     c = kv_a_layernorm(c_raw)
-  // Sparse attention (lightning indexer: H_I heads of d_I):
-  attn_indices,  // [N, topk] int32 the selected keys of each query (−1 padded)
-  idx_k_raw,     // [N, d_I]      indexer.wk(h), before its LayerNorm
-  idx_k_mean,    // [N]
-  idx_k_rstd,    // [N]
-  idx_dq,        // [N, H_I, d_I] indexer loss gradient wrt the indexer query (after RoPE)
-  idx_dk,        // [N, d_I]      … wrt the indexer key (after RoPE)
-  idx_dw,        // [N, H_I]      … wrt the head weights
-  ffn_input,      // [N, D]        residual stream entering the FFN sublayer
-  ffn_norm_rstd,  // [N]
-  ffn_norm_out,   // [N, D]        input of the dense MLP or the MoE
-  mlp_gate,       // [N, I]
-  mlp_up,         // [N, I]
-  mlp_act,        // [N, I]        silu(gate) · up
-  router_logits,  // [N, E]
-  router_scores,  // [N, E]        softmax or sigmoid of the logits
-  router_index,   // [N, k] int32  the routing decision
-  router_weight,  // [N, k]        combine weights
-  expert_gate_up, // [R, 2I]       grouped gate/up output, pre-activation
-  expert_act,     // [R, I]
-  expert_out,     // [R, D]        expert outputs before weighting
-  shared_gate,    // [N, Is]
-  shared_up,      // [N, Is]
-  shared_act,     // [N, Is]
-  shared_out,     // [N, D]        shared expert output before its gate (qwen3_next)
-  shared_gate_logit, // [N]        shared_expert_gate(h) (qwen3_next)
-  final_input,    // [N, D]        residual stream entering the final norm
-  final_norm_rstd,// [N]
-  final_norm_out, // [N, D]
-  loss_lse,       // [N]           LM-head log-sum-exp (loss gradients recomputed in the backward)
-  loss_dh,        // [N, D]        d objective / d final-norm output (loss gradients formed in the forward)
-  count_          // number of tags (not a tag)
+enum class SavePolicy { keep, recompute, swap };
+const char* save_policy_name(SavePolicy policy);
+
+enum class SavedType { f32, f64, i32 };
+template <class T>
+constexpr SavedType saved_type_of();
+template <>
+constexpr SavedType saved_type_of<float>() { return SavedType::f32; }
+template <>
+constexpr SavedType saved_type_of<double>() { return SavedType::f64; }
+template <>
+constexpr SavedType saved_type_of<int32_t>() { return SavedType::i32; }
+const char* saved_type_name(SavedType type);
+
+// What the store has done since it was made (cumulative: callers take differences per step).
+struct StoreCounters {
+  int64_t saved_bytes = 0;        // saved in forward (every policy)
+  int64_t dropped_bytes = 0;      // dropped after forward for recompute
+  int64_t recomputed_bytes = 0;   // refilled by recompute
+  int64_t swapped_out_bytes = 0;  // written to the slow tier
+  int64_t read_back_bytes = 0;    // read back from it
+  int64_t swap_reused_bytes = 0;  // swapped out but still in memory when needed: used without a read
+  double swap_wait_seconds = 0.0;  // the main thread waiting on swap I/O
 };
-const char* activation_tag_name(ActivationTag tag);
 
 class ActivationStore {
  public:
-  explicit ActivationStore(Tier tier = Tier::fast);
+  // Entries below this size stay resident until clear() (tests lower it to reach tiny models').
+  static constexpr int64_t kPagedMinBytes = int64_t{64} << 10;
+  void set_paged_min_bytes(int64_t bytes) { paged_min_bytes_ = bytes; }
+
+  ActivationStore();
+  ~ActivationStore();
   ActivationStore(const ActivationStore&) = delete;
   ActivationStore& operator=(const ActivationStore&) = delete;
 
-  // Storage for (tag, layer), `count` elements of T, zero-filled; the caller writes it in forward.
-  // CHECK-fails if (tag, layer) is already saved in this step.
+  // The policy of every entry saved under `tag` from the next step on. attn_input (the layer's
+  // recompute checkpoint) and the head's tags cannot be recompute. swap needs set_swap_directory.
+  void set_policy(ActivationTag tag, SavePolicy policy);
+  SavePolicy policy(ActivationTag tag) const { return policies_[static_cast<int>(tag)]; }
+  bool any_policy(SavePolicy policy) const;
+  // Where the swap file goes (a directory on local disk); buffered: never O_DIRECT (tests).
+  void set_swap_directory(const std::string& directory, bool buffered = false);
+  const SwapEngine* swap_engine() const { return swap_.get(); }
+  // Synchronous swap: end_forward waits for its layer's writes and frees their pages at once, so
+  // every swapped tensor is read back (tests of the read path; normally writes overlap compute).
+  void set_swap_synchronous(bool synchronous) { swap_synchronous_ = synchronous; }
+
+  // Storage for (tag, layer), zero-filled; the caller writes it until end_forward(layer).
+  // CHECK-fails if (tag, layer) is already saved in this step (outside recompute).
+  template <class T>
+  T* save(ActivationTag tag, int layer, const Shape& shape) {
+    return static_cast<T*>(save_bytes(tag, layer, saved_type_of<T>(), shape, sizeof(T)));
+  }
   template <class T>
   T* save(ActivationTag tag, int layer, int64_t count) {
-    return static_cast<T*>(save_bytes(tag, layer, count * static_cast<int64_t>(sizeof(T))));
+    return save<T>(tag, layer, Shape{count});
   }
-  // The saved tensor; CHECK-fails if absent or of another size.
+  // The saved tensor; CHECK-fails if absent, of another type or size, or not resident.
   template <class T>
   const T* get(ActivationTag tag, int layer, int64_t count) const {
-    return static_cast<const T*>(get_bytes(tag, layer, count * static_cast<int64_t>(sizeof(T))));
+    return static_cast<const T*>(get_bytes(tag, layer, saved_type_of<T>(), count * static_cast<int64_t>(sizeof(T))));
   }
-  bool contains(ActivationTag tag, int layer) const { return entries_.count({static_cast<int>(tag), layer}) != 0; }
+  bool contains(ActivationTag tag, int layer) const { return entries_.count({layer, static_cast<int>(tag)}) != 0; }
+  Shape shape(ActivationTag tag, int layer) const;
 
-  // Frees every saved tensor (end of step).
+  // Layer events (see the file comment).
+  void end_forward(int layer);
+  // Whether any entry of `layer` produced by `sublayer` was dropped (and not yet refilled).
+  bool dropped(int layer, TagSublayer sublayer) const;
+  bool dropped(ActivationTag tag, int layer) const;
+  void begin_recompute(int layer);
+  void end_recompute();
+  void begin_backward(int layer, int prefetch_layer);
+  void end_backward(int layer);
+
+  // Frees every saved tensor (end of step; waits for swap I/O in flight).
   void clear();
-  int64_t bytes_in_use() const { return arena_.used_bytes(); }
+  int64_t bytes_in_use() const;  // fast-tier bytes the entries hold now
   int64_t num_saved() const { return static_cast<int64_t>(entries_.size()); }
+  StoreCounters counters() const;
 
  private:
+  enum class State { writing, complete, swapped_out, reading, dropped };
   struct Entry {
-    void* data;
-    int64_t bytes;
+    char* data = nullptr;
+    int64_t bytes = 0;
+    SavedType type = SavedType::f32;
+    Shape shape;
+    bool paged = false;        // in pages_ (follows its policy) or in small_
+    bool held = false;         // paged and data holds a span of pages_
+    State state = State::writing;
+    int64_t swap_offset = -1;  // in the swap file, once written
+    SwapEngine::Ticket ticket = 0;  // of the last swap job
   };
-  void* save_bytes(ActivationTag tag, int layer, int64_t bytes);
-  const void* get_bytes(ActivationTag tag, int layer, int64_t bytes) const;
+  using Key = std::pair<int, int>;  // (layer, tag): a layer's entries are contiguous
+  void* save_bytes(ActivationTag tag, int layer, SavedType type, const Shape& shape, int64_t element_bytes);
+  const void* get_bytes(ActivationTag tag, int layer, SavedType type, int64_t bytes) const;
+  char* take_span(int64_t bytes);  // a span of pages_, counted in the fast tier
+  void free_span(Entry& entry);     // the entry's span back to pages_
+  void reclaim_written();           // frees the spans whose swap writes are done
+  void bring_back(Entry& entry);    // a swapped-out entry: reused as it is, or a read queued
+  template <class F>
+  void for_layer(int layer, F&& f);
 
-  Arena arena_;
-  std::map<std::pair<int, int>, Entry> entries_;  // (tag, layer) → storage
+  SavePolicy policies_[kNumActivationTags] = {};
+  std::map<Key, Entry> entries_;
+  PageArena pages_;
+  Arena small_;
+  Arena throwaway_;  // what save() hands out for kept entries during recompute
+  int recompute_layer_ = -1;
+  int64_t paged_min_bytes_ = kPagedMinBytes;
+  bool swap_synchronous_ = false;
+  std::unique_ptr<SwapEngine> swap_;
+  int64_t swap_offset_ = 0;  // next free byte of the swap file in this step
+  std::vector<Entry*> writes_in_flight_;  // swapped out, span still held
+  StoreCounters counters_;
 };
 
 // Storage for an activation a module's backward needs: saved in `store` under (tag, layer), or, in
@@ -136,6 +163,10 @@ class ActivationStore {
 template <class T>
 T* save_or_scratch(ActivationStore* store, ActivationTag tag, int layer, int64_t count, Arena& scratch) {
   return store != nullptr ? store->save<T>(tag, layer, count) : scratch.alloc<T>(count);
+}
+template <class T>
+T* save_or_scratch(ActivationStore* store, ActivationTag tag, int layer, const Shape& shape, Arena& scratch) {
+  return store != nullptr ? store->save<T>(tag, layer, shape) : scratch.alloc<T>(shape.numel());
 }
 
 }  // namespace trillion

@@ -93,21 +93,33 @@ DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, bool
 
 
 template <class T>
-void decoder_layer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
-                           int layer, Arena& scratch) {
-  using Tag = ActivationTag;
+void mixer_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
+                            int layer, Arena& scratch) {
   scratch.reset();
   with_kind<T>(dims.mixer, [&](const auto& d, const auto& kind) { mixer_forward(x, kind, d, pass, layer, scratch); },
                w.mixer);
+}
+
+template <class T>
+void ffn_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
+                          int layer, Arena& scratch) {
+  using Tag = ActivationTag;
   scratch.reset();
   const int64_t n = pass.batch * pass.seq, D = dims.hidden;
-  T* input = save_or_scratch<T>(pass.store, Tag::ffn_input, layer, n * D, scratch);  // [n, D]
+  T* input = save_or_scratch<T>(pass.store, Tag::ffn_input, layer, Shape{n, D}, scratch);  // [n, D]
   std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = save_or_scratch<T>(pass.store, Tag::ffn_norm_rstd, layer, n, scratch);  // [n]
-  T* h = save_or_scratch<T>(pass.store, Tag::ffn_norm_out, layer, n * D, scratch);   // [n, D]
+  T* rstd = save_or_scratch<T>(pass.store, Tag::ffn_norm_rstd, layer, Shape{n}, scratch);  // [n]
+  T* h = save_or_scratch<T>(pass.store, Tag::ffn_norm_out, layer, Shape{n, D}, scratch);   // [n, D]
   rmsnorm_forward(h, rstd, input, w.ffn_norm, n, D, dims.ffn_norm.eps, dims.ffn_norm.zero_centred);
   with_kind<T>(dims.ffn, [&](const auto& d, const auto& kind) { ffn_forward(x, h, kind, d, pass, layer, scratch); },
                w.ffn);
+}
+
+template <class T>
+void decoder_layer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
+                           int layer, Arena& scratch) {
+  mixer_sublayer_forward(x, w, dims, pass, layer, scratch);
+  ffn_sublayer_forward(x, w, dims, pass, layer, scratch);
 }
 
 template <class T>
@@ -160,6 +172,10 @@ void decoder_layer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cac
   template DecoderLayerWeights<T> bind_decoder_layer<T>(const ParamTable&, T*, bool, const DecoderLayerDims&, int); \
   template void decoder_layer_forward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerDims&,             \
                                          const LayerPass&, int, Arena&);                                         \
+  template void mixer_sublayer_forward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerDims&,            \
+                                          const LayerPass&, int, Arena&);                                        \
+  template void ffn_sublayer_forward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerDims&,              \
+                                        const LayerPass&, int, Arena&);                                          \
   template void decoder_layer_backward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerWeights<T>&,      \
                                           const DecoderLayerDims&, const LayerPass&, const ActivationStore&, int, \
                                           Arena&);                                                               \

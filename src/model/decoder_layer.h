@@ -79,10 +79,17 @@ template <class T>
 DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, bool gradients,
                                           const DecoderLayerDims& dims, int layer);
 
-// x[batch·seq, D] ← layer(x).
+// x[batch·seq, D] ← layer(x): the mixer sublayer, then the FFN sublayer (each on its own too, as
+// recompute re-runs them: the mixer from attn_input, the FFN from ffn_input).
 template <class T>
 void decoder_layer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
                            int layer, Arena& scratch);
+template <class T>
+void mixer_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
+                            int layer, Arena& scratch);
+template <class T>
+void ffn_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
+                          int layer, Arena& scratch);
 
 // dx[batch·seq, D]: gradient wrt the layer output on entry, wrt its input on return; grads +=.
 template <class T>

@@ -264,28 +264,31 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
     call(m.hooks.before_forward, 1 + layer);
     decoder_layer_forward(x, m.layer_params[layer], m.layer_dims[layer], pass, layer, m.scratch);
+    if (pass.store != nullptr) pass.store->end_forward(layer);
     call(m.hooks.after_forward, 1 + layer);
   }
   m.scratch.reset();
-  const auto buffer = [&](ActivationTag tag, int64_t count) {
-    return save_or_scratch<T>(pass.store, tag, 0, count, m.scratch);
+  const int head = static_cast<int>(m.config.num_hidden_layers);  // the head's entries: layer L
+  const auto buffer = [&](ActivationTag tag, Shape shape) {
+    return save_or_scratch<T>(pass.store, tag, head, shape, m.scratch);
   };
   const NormSpec norm = final_norm_spec(m.config);
-  T* final_input = buffer(ActivationTag::final_input, n * D);  // [n, D]
+  T* final_input = buffer(ActivationTag::final_input, {n, D});  // [n, D]
   std::memcpy(final_input, x, n * D * sizeof(T));
-  T* rstd = buffer(ActivationTag::final_norm_rstd, n);   // [n]
-  T* h = buffer(ActivationTag::final_norm_out, n * D);   // [n, D]
+  T* rstd = buffer(ActivationTag::final_norm_rstd, {n});  // [n]
+  T* h = buffer(ActivationTag::final_norm_out, {n, D});   // [n, D]
   rmsnorm_forward(h, rstd, final_input, m.final_norm(params), n, D, norm.eps, norm.zero_centred);
   if (pass.store != nullptr && m.loss_gradients == LossGradients::in_forward) {
     // The loss scale is known: the gradient wrt h is formed now, tile by tile, and the head's
     // weight gradient accumulated (tied: into the embedding's, which embedding_backward adds to).
-    T* dh = buffer(ActivationTag::loss_dh, n * D);  // [n, D]
+    T* dh = buffer(ActivationTag::loss_dh, {n, D});  // [n, D]
     result.lm = lm_head_cross_entropy_forward_backward(dh, m.lm_head(m.grads.data()), static_cast<T*>(nullptr), h,
                                                        m.lm_head(params), targets, scales.lm, 0.0, n, D, V);
   } else {
-    T* lse = buffer(ActivationTag::loss_lse, n);  // [n]
+    T* lse = buffer(ActivationTag::loss_lse, {n});  // [n]
     result.lm = lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
   }
+  if (pass.store != nullptr) pass.store->end_forward(head);
   call(m.hooks.after_forward, 0);
   m.add_router_losses(result, n);
   m.add_indexer_loss(result);
@@ -341,18 +344,20 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   T* grads = m.grads.data();
   ensure_size(m.hidden_grad, n * D);
   T* dx = m.hidden_grad.data();  // [n, D] gradient of the residual stream
+  const int head = static_cast<int>(m.config.num_hidden_layers);
   call(m.hooks.before_backward, 0);
+  m.store.begin_backward(head, head - 1);
   {
     m.scratch.reset();
     const NormSpec norm = final_norm_spec(m.config);
-    const T* final_input = m.store.template get<T>(ActivationTag::final_input, 0, n * D);
-    const T* rstd = m.store.template get<T>(ActivationTag::final_norm_rstd, 0, n);
-    const T* h = m.store.template get<T>(ActivationTag::final_norm_out, 0, n * D);
+    const T* final_input = m.store.template get<T>(ActivationTag::final_input, head, n * D);
+    const T* rstd = m.store.template get<T>(ActivationTag::final_norm_rstd, head, n);
+    const T* h = m.store.template get<T>(ActivationTag::final_norm_out, head, n * D);
     const T* dh = nullptr;  // [n, D] gradient wrt the final norm's output
-    if (m.store.contains(ActivationTag::loss_dh, 0)) {
-      dh = m.store.template get<T>(ActivationTag::loss_dh, 0, n * D);  // formed in the forward
+    if (m.store.contains(ActivationTag::loss_dh, head)) {
+      dh = m.store.template get<T>(ActivationTag::loss_dh, head, n * D);  // formed in the forward
     } else {
-      const T* lse = m.store.template get<T>(ActivationTag::loss_lse, 0, n);
+      const T* lse = m.store.template get<T>(ActivationTag::loss_lse, head, n);
       T* recomputed = m.scratch.template alloc<T>(n * D);  // [n, D]
       // Tied head: its dw lands in the embedding gradient, which embedding_backward adds to below.
       lm_head_cross_entropy_backward(recomputed, m.lm_head(grads), h, m.lm_head(params), targets, lse, scales.lm, n,
@@ -362,6 +367,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
     rmsnorm_backward(dx, m.final_norm(grads), dh, final_input, m.final_norm(params), rstd, n, D, norm.zero_centred,
                      /*accumulate_dx=*/false);
   }
+  m.store.end_backward(head);
   LayerPass pass;
   pass.batch = batch;
   pass.seq = seq;
@@ -369,11 +375,14 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   pass.indexer = &m.indexer;
   for (int layer = static_cast<int>(m.config.num_hidden_layers) - 1; layer >= 0; --layer) {
     call(m.hooks.before_backward, 1 + layer);
+    m.store.begin_backward(layer, layer - 1);
+    m.recompute(layer, batch, seq);
     MoeBalanceGrad balance;
     if (m.layer_dims[layer].is_moe()) balance = m.balance_grad(result, layer, n, scales.aux);
     pass.balance = &balance;
     decoder_layer_backward(dx, m.layer_params[layer], m.layer_grads[layer], m.layer_dims[layer], pass, m.store, layer,
                            m.scratch);
+    m.store.end_backward(layer);
     call(m.hooks.after_backward, 1 + layer);
   }
   embedding_backward(m.embedding(grads), dx, tokens, n, D, V);
@@ -381,6 +390,40 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   m.store.clear();
   m.scratch.reset();
   return result;
+}
+
+template <class T>
+void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
+  const bool mixer = store.dropped(layer, TagSublayer::mixer) || store.dropped(ActivationTag::ffn_input, layer);
+  const bool ffn = store.dropped(layer, TagSublayer::ffn);
+  if (!mixer && !ffn) return;
+  const int64_t n = batch * seq, D = config.hidden_size;
+  ensure_size(recompute_hidden, n * D);
+  T* x = recompute_hidden.data();  // [n, D]
+  const ActivationTag start = mixer ? ActivationTag::attn_input : ActivationTag::ffn_input;
+  std::memcpy(x, store.template get<T>(start, layer, n * D), n * D * sizeof(T));
+  StepResult discarded;  // routing statistics and losses were reported by the forward
+  LayerPass pass;
+  pass.batch = batch;
+  pass.seq = seq;
+  pass.positions = positions.data();
+  pass.store = &store;
+  pass.decisions = &decisions;
+  pass.result = &discarded;
+  pass.indexer = &indexer;
+  const bool was_replaying = decisions.replaying();
+  decisions.start_replay();  // never re-route, never re-select
+  store.begin_recompute(layer);
+  if (mixer) mixer_sublayer_forward(x, layer_params[layer], layer_dims[layer], pass, layer, scratch);
+  if (ffn) ffn_sublayer_forward(x, layer_params[layer], layer_dims[layer], pass, layer, scratch);
+  store.end_recompute();
+  if (!was_replaying) decisions.stop_replay();
+  scratch.reset();
+}
+
+template <class T>
+ActivationStore& Model<T>::activations() {
+  return impl_->store;
 }
 
 template <class T>

@@ -17,6 +17,7 @@
 
 #include "model/config.h"
 #include "model/params.h"
+#include "memory/activation_store.h"
 #include "model/step.h"
 #include "ops/cross_entropy.h"
 
@@ -68,6 +69,9 @@ class Model {
   void set_indexer_training(IndexerMode mode, double coef);
   // How the LM head's loss forms its gradients in training (LossGradients; default in_forward).
   void set_loss_gradients(LossGradients mode);
+  // The saved activations of training steps: their policies (keep, recompute, swap per tag), the
+  // swap directory, and what the policies did (counters). Set between steps.
+  ActivationStore& activations();
   int sparse_layers() const;
   // MoE layers' correction biases (sigmoid routers), for the aux-loss-free update: per MoE layer,
   // its layer index and a pointer to its [E] bias in params(). Empty without such layers.

@@ -27,6 +27,7 @@ struct Model<T>::Impl {
   Arena scratch;          // temporaries of one sublayer at a time
   Buffer<T> hidden;       // [tokens, D] residual stream
   Buffer<T> hidden_grad;  // [tokens, D] its gradient
+  Buffer<T> recompute_hidden;  // [tokens, D] the residual stream of a layer being recomputed
   Buffer<int32_t> positions;  // [tokens]
   // Generation: one decode cache per layer (its kinds say how large).
   std::vector<Buffer<T>> caches;
@@ -40,6 +41,9 @@ struct Model<T>::Impl {
   // LM head's in training unless loss_gradients is recompute; the indexer's).
   StepResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, bool save_activations,
                      const LossScales& scales);
+  // Before the backward of `layer`: re-runs the sublayers whose saved tensors the store dropped
+  // (mixer from attn_input, FFN from ffn_input), decisions replayed, statistics discarded.
+  void recompute(int layer, int64_t batch, int64_t seq);
   // The indexer loss term of a forward from its per-layer values (appended to result.aux).
   void add_indexer_loss(StepResult& result) const;
   // The router loss terms of a forward from its per-layer statistics (appended to result.aux).

@@ -96,6 +96,7 @@ class DecisionLog {
   const int32_t* decide(DecisionKind kind, int layer, int64_t count, const std::function<void(int32_t*)>& decide);
   void start_recording() { replaying_ = false, decisions_.clear(); }  // forget; the next passes record
   void start_replay() { replaying_ = true; }                            // keep replaying what was recorded
+  void stop_replay() { replaying_ = false; }                            // record again, keeping what was
   bool replaying() const { return replaying_; }
   // The decision (kind, layer) kept by the last recording forward (CHECK-fails if absent).
   const std::vector<int32_t>& recorded(DecisionKind kind, int layer) const;

@@ -15,6 +15,7 @@
 #include "data/sampler.h"
 #include "data/shards.h"
 #include "io/atomic_file.h"
+#include "memory/save_policies.h"
 #include "model/config.h"
 #include "model/lightning_indexer.h"
 #include "model/model.h"
@@ -109,6 +110,19 @@ double measure_sgemm_rate(int64_t size) {
   return problem.flops() / std::max(timing.median_s, 1e-9);
 }
 
+// What the activation store did in one step (metrics field "memory"): bytes saved, dropped for and
+// refilled by recompute, written to and read back from the swap file, the main thread's wait on
+// swap I/O, and the slow tier's peak.
+nlohmann::json memory_record(const StoreCounters& before, const StoreCounters& after) {
+  return {{"saved_bytes", after.saved_bytes - before.saved_bytes},
+          {"recompute_dropped_bytes", after.dropped_bytes - before.dropped_bytes},
+          {"recomputed_bytes", after.recomputed_bytes - before.recomputed_bytes},
+          {"swapped_out_bytes", after.swapped_out_bytes - before.swapped_out_bytes},
+          {"swap_read_bytes", after.read_back_bytes - before.read_back_bytes},
+          {"swap_wait_s", after.swap_wait_seconds - before.swap_wait_seconds},
+          {"peak_slow_bytes", MemoryStats::peak(Tier::slow)}};
+}
+
 struct RunSetup {
   ModelConfig config;
   DataDir data;
@@ -141,6 +155,11 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     // DeepSeek-V3.2's warm-up: every tensor but the indexers' stays as it is.
     optimizer.set_trainable([](const ParamSpec& spec) { return is_indexer_tensor(spec.name); });
   }
+
+  ActivationStore& activations = model.activations();
+  if (o.swap != "none") activations.set_swap_directory(o.swap_dir.empty() ? out_dir : o.swap_dir);
+  apply_save_policies(activations, o.recompute, o.swap);
+  activations.set_paged_min_bytes(o.policy_min_bytes);
 
   Sampler sampler(run.data.train.tokens, s.seq_len, s.seed);
   sampler.set_position(run.state.sampler_position);
@@ -186,6 +205,8 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   for (int64_t step = start_step + 1; step <= end_step; ++step) {
     const Clock::time_point step_start = Clock::now();
     MemoryStats::reset_peak(Tier::fast);
+    MemoryStats::reset_peak(Tier::slow);
+    const StoreCounters counters_before = activations.counters();
     reset_peak_rss();  // where allowed: the step's resident peak, not start-up's
     sampler.next_batch(inputs.data(), targets.data(), rows);
     const int64_t count = std::count_if(targets.begin(), targets.end(), [](int32_t t) { return t != kIgnoreIndex; });
@@ -229,6 +250,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
                              {"elapsed_s", run.state.elapsed_s},
                              {"peak_bytes", peak_bytes},
                              {"peak_rss_bytes", peak_rss_bytes()}};
+    record["memory"] = memory_record(counters_before, activations.counters());
     if (skipped) record["skipped"] = "no counted targets in the step's micro-batches; weights unchanged";
     stats.write_metrics(record);
     ProgressLine progress{step, s.steps, loss, hyper.lr, grad_norm, tokens_per_s};

@@ -23,6 +23,7 @@
 #include <set>
 #include <string>
 
+#include "memory/activation_store.h"
 #include "train/checkpoint.h"
 
 namespace trillion {
@@ -41,6 +42,12 @@ struct TrainOptions {
   int64_t eval_batches = 8;     // batches of `batch` windows per evaluation
   int64_t log_every = 1;        // progress line every that many steps
   int64_t mfu_gemm_size = 2048;  // size of the sgemm that sets the MFU ceiling (see above)
+  // Memory policy of the saved activations (memory/save_policies.h); results are bitwise the same
+  // under every policy, so these are settings of the process, not of the run.
+  std::string recompute = "none";
+  std::string swap = "none";
+  std::string swap_dir;  // where the swap file goes (default: the output directory)
+  int64_t policy_min_bytes = ActivationStore::kPagedMinBytes;  // smaller saved tensors are always kept
 };
 
 // Runs (or resumes) a training run; throws trillion::Error on bad input.

@@ -81,5 +81,36 @@ TEST(TrainMoe, ResumeIsBitwiseIdentical) {
             read_text(interrupted / "checkpoint-000006" / "model.safetensors"));
 }
 
+// Recompute and swap change memory, never results: the same losses as keep-all, bitwise, with the
+// store's work in each step's "memory" record.
+TEST(TrainMoe, MemoryPoliciesKeepTheLosses) {
+  const fs::path keep = test_data().root / "moe_keep", policies = test_data().root / "moe_policies";
+  const std::string flags = " --steps 3 --policy-min-bytes 1";
+  ASSERT_EQ(run_cli("train " + moe_flags(keep) + flags).status, 0);
+  const CommandResult r =
+      run_cli("train " + moe_flags(policies) + flags + " --recompute selective --swap attn_out,q,k,v,attn_norm_out");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const std::vector<nlohmann::json> a = read_metrics(keep), b = read_metrics(policies);
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i]["loss"], b[i]["loss"]) << i;
+    EXPECT_EQ(a[i]["memory"]["recompute_dropped_bytes"], 0);
+    const nlohmann::json& m = b[i]["memory"];
+    EXPECT_GT(m["recompute_dropped_bytes"].get<int64_t>(), 0);
+    EXPECT_EQ(m["recomputed_bytes"], m["recompute_dropped_bytes"]);
+    EXPECT_GT(m["swapped_out_bytes"].get<int64_t>(), 0);
+    EXPECT_LE(m["swap_read_bytes"].get<int64_t>(), m["swapped_out_bytes"].get<int64_t>());
+    EXPECT_EQ(m["saved_bytes"], a[i]["memory"]["saved_bytes"]);
+  }
+  const CommandResult both = run_cli("train " + moe_flags(test_data().root / "moe_both") + " --steps 1 --recompute "
+                                     "selective --swap selective");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("a tensor is either recomputed or swapped"), std::string::npos) << both.output;
+  const CommandResult unknown = run_cli("train " + moe_flags(test_data().root / "moe_unknown") + " --steps 1 --swap qq");
+  EXPECT_NE(unknown.status, 0);
+  EXPECT_NE(unknown.output.find("unknown activation tag \"qq\""), std::string::npos) << unknown.output;
+}
+
 }  // namespace
 }  // namespace trillion::train_test

@@ -1,0 +1,75 @@
+// Presets and tag lists of --recompute / --swap (see the header).
+#include "memory/save_policies.h"
+
+#include <functional>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace trillion {
+namespace {
+
+std::vector<ActivationTag> tags_where(const std::function<bool(ActivationTag)>& keep) {
+  std::vector<ActivationTag> tags;
+  for (int i = 0; i < kNumActivationTags; ++i)
+    if (keep(static_cast<ActivationTag>(i))) tags.push_back(static_cast<ActivationTag>(i));
+  return tags;
+}
+
+// A comma-separated list of tag names ("none": empty); `option` names the flag in errors.
+std::vector<ActivationTag> tag_list(const std::string& spec, const char* option) {
+  std::vector<ActivationTag> tags;
+  std::stringstream in(spec);
+  std::string name;
+  while (std::getline(in, name, ',')) {
+    if (name.empty()) fail(option, " ", spec, ": empty tag name");
+    try {
+      tags.push_back(activation_tag_from_name(name));
+    } catch (const Error& e) {
+      fail(option, ": expected none, selective, full or a comma-separated list of activation tags; ", e.what());
+    }
+  }
+  return tags;
+}
+
+bool in_decoder_layer(ActivationTag tag) { return tag_sublayer(tag) != TagSublayer::head; }
+
+}  // namespace
+
+std::vector<ActivationTag> recompute_tags(const std::string& spec) {
+  if (spec == "none") return {};
+  if (spec == "selective")
+    return tags_where([](ActivationTag t) { return tag_sublayer(t) == TagSublayer::ffn && t != ActivationTag::ffn_input; });
+  if (spec == "full")
+    return tags_where([](ActivationTag t) { return in_decoder_layer(t) && t != ActivationTag::attn_input; });
+  return tag_list(spec, "--recompute");
+}
+
+std::vector<ActivationTag> swap_tags(const std::string& spec) {
+  if (spec == "none") return {};
+  if (spec == "selective")
+    return tags_where([](ActivationTag t) {
+      return in_decoder_layer(t) && (tag_kind(t) == TagKind::gemm || tag_kind(t) == TagKind::attention);
+    });
+  if (spec == "full") return tags_where(in_decoder_layer);
+  return tag_list(spec, "--swap");
+}
+
+void apply_save_policies(ActivationStore& store, const std::string& recompute, const std::string& swap) {
+  for (int i = 0; i < kNumActivationTags; ++i) store.set_policy(static_cast<ActivationTag>(i), SavePolicy::keep);
+  for (ActivationTag tag : recompute_tags(recompute)) {
+    try {
+      store.set_policy(tag, SavePolicy::recompute);
+    } catch (const Error& e) {
+      fail("--recompute ", recompute, ": ", e.what());
+    }
+  }
+  for (ActivationTag tag : swap_tags(swap)) {
+    if (store.policy(tag) == SavePolicy::recompute)
+      fail("--swap ", swap, " and --recompute ", recompute, " both name ", activation_tag_name(tag),
+           "; a tensor is either recomputed or swapped (name the tags of one of them)");
+    store.set_policy(tag, SavePolicy::swap);
+  }
+}
+
+}  // namespace trillion

@@ -1,0 +1,30 @@
+// The policies `--recompute` and `--swap` name: a preset or a comma-separated list of activation
+// tags (memory/activation_tags.h), applied to an activation store.
+//
+//   --recompute none       keep everything (the default)
+//               selective  the FFN sublayer's tensors except its input: the dense MLP or the MoE
+//                          (router, grouped GEMMs, shared expert) is re-run from ffn_input before
+//                          its backward (Megatron's `mlp` / `moe` recompute modules)
+//               full       every decoder-layer tensor except attn_input: the whole layer is re-run
+//   --swap      none       (the default)
+//               selective  the outputs of GEMMs, grouped GEMMs and attention kernels (tags of kind
+//                          gemm or attention): the tensors most expensive to recompute
+//               full       every decoder-layer tensor
+// The head's tensors (final norm, loss) are used as soon as the backward starts and are always
+// kept. A tag may not be both recomputed and swapped.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "memory/activation_store.h"
+
+namespace trillion {
+
+std::vector<ActivationTag> recompute_tags(const std::string& spec);
+std::vector<ActivationTag> swap_tags(const std::string& spec);
+// Sets every tag's policy from the two specs (tags named by neither are kept); fails naming the
+// option and the tag on an unknown name or a tag in both.
+void apply_save_policies(ActivationStore& store, const std::string& recompute, const std::string& swap);
+
+}  // namespace trillion

@@ -1,0 +1,113 @@
+// The activation store: typed, shaped storage per (tag, layer), bytes counted and freed; the layer
+// events applying recompute and swap policies (models against keep-all: tests/model/memory_policy_test.cpp).
+#include "memory/activation_store.h"
+
+#include <gtest/gtest.h>
+
+namespace trillion {
+namespace {
+
+TEST(ActivationStore, SavesPerTagAndLayerAndCountsBytes) {
+  ActivationStore store;
+  const int64_t before = MemoryStats::current(Tier::fast);
+  float* q0 = store.save<float>(ActivationTag::q, 0, 10);
+  float* q1 = store.save<float>(ActivationTag::q, 1, 10);
+  double* lse = store.save<double>(ActivationTag::attn_lse, 0, 3);
+  EXPECT_NE(q0, q1);
+  for (int i = 0; i < 10; ++i) EXPECT_EQ(q0[i], 0.0f);  // zero-filled
+  q1[4] = 2.5f;
+  lse[2] = -1.0;
+  EXPECT_EQ(store.get<float>(ActivationTag::q, 1, 10)[4], 2.5f);
+  EXPECT_EQ(store.get<double>(ActivationTag::attn_lse, 0, 3)[2], -1.0);
+  EXPECT_TRUE(store.contains(ActivationTag::q, 1));
+  EXPECT_FALSE(store.contains(ActivationTag::k, 0));
+  EXPECT_EQ(store.num_saved(), 3);
+  EXPECT_GE(store.bytes_in_use(), 2 * 40 + 24);
+  EXPECT_EQ(MemoryStats::current(Tier::fast), before + store.bytes_in_use());
+  store.clear();
+  EXPECT_EQ(store.num_saved(), 0);
+  EXPECT_EQ(store.bytes_in_use(), 0);
+  EXPECT_EQ(MemoryStats::current(Tier::fast), before);
+  EXPECT_FALSE(store.contains(ActivationTag::q, 0));
+}
+
+TEST(ActivationStore, EntriesHaveTypeAndShape) {
+  ActivationStore store;
+  store.save<float>(ActivationTag::expert_act, 2, Shape{3, 5});
+  EXPECT_EQ(store.shape(ActivationTag::expert_act, 2), (Shape{3, 5}));
+  EXPECT_DEATH(store.get<int32_t>(ActivationTag::expert_act, 2, 15), "expert_act of layer 2 is float32, read as int32");
+}
+
+// recompute: dropped at end_forward (pages free, get refuses), refilled zeroed during recompute,
+// kept entries handed a throwaway buffer; end_backward frees every byte.
+TEST(ActivationStore, RecomputePolicyDropsAndRefills) {
+  ActivationStore store;
+  store.set_paged_min_bytes(1);
+  store.set_policy(ActivationTag::mlp_act, SavePolicy::recompute);
+  const int64_t before = MemoryStats::current(Tier::fast);
+  float* act = store.save<float>(ActivationTag::mlp_act, 0, 1000);
+  float* kept = store.save<float>(ActivationTag::mlp_gate, 0, 1000);
+  act[7] = 1.5f;
+  kept[7] = 2.5f;
+  store.end_forward(0);
+  EXPECT_TRUE(store.dropped(ActivationTag::mlp_act, 0));
+  EXPECT_TRUE(store.dropped(0, TagSublayer::ffn));
+  EXPECT_FALSE(store.dropped(0, TagSublayer::mixer));
+  EXPECT_DEATH(store.get<float>(ActivationTag::mlp_act, 0, 1000), "not resident \\(dropped for recompute\\)");
+  store.begin_backward(0, -1);
+  store.begin_recompute(0);
+  float* refilled = store.save<float>(ActivationTag::mlp_act, 0, 1000);
+  EXPECT_EQ(refilled[7], 0.0f);  // zero-filled again
+  refilled[7] = 1.5f;
+  float* throwaway = store.save<float>(ActivationTag::mlp_gate, 0, 1000);
+  EXPECT_NE(throwaway, kept);
+  throwaway[7] = -1.0f;
+  EXPECT_DEATH(store.save<float>(ActivationTag::mlp_up, 0, 1000), "which its forward did not save");
+  store.end_recompute();
+  EXPECT_EQ(store.get<float>(ActivationTag::mlp_act, 0, 1000)[7], 1.5f);
+  EXPECT_EQ(store.get<float>(ActivationTag::mlp_gate, 0, 1000)[7], 2.5f);  // never written twice
+  EXPECT_EQ(store.counters().dropped_bytes, 4000);
+  EXPECT_EQ(store.counters().recomputed_bytes, 4000);
+  store.end_backward(0);
+  EXPECT_EQ(store.bytes_in_use(), 0);
+  EXPECT_EQ(MemoryStats::current(Tier::fast), before);
+  store.clear();
+}
+
+TEST(ActivationStore, SwapPolicyWritesAndReadsBack) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the swap engine runs a thread
+  ActivationStore store;
+  store.set_paged_min_bytes(1);
+  store.set_swap_directory(::testing::TempDir());
+  store.set_swap_synchronous(true);
+  store.set_policy(ActivationTag::expert_out, SavePolicy::swap);
+  for (int layer = 0; layer < 2; ++layer) {
+    float* out = store.save<float>(ActivationTag::expert_out, layer, 5000);
+    for (int i = 0; i < 5000; ++i) out[i] = float(i + layer);
+    store.end_forward(layer);
+  }
+  EXPECT_EQ(MemoryStats::current(Tier::slow), 2 * 20000);
+  EXPECT_DEATH(store.get<float>(ActivationTag::expert_out, 1, 5000), "not resident \\(swapped out\\)");
+  for (int layer = 1; layer >= 0; --layer) {
+    store.begin_backward(layer, layer - 1);
+    const float* out = store.get<float>(ActivationTag::expert_out, layer, 5000);
+    for (int i = 0; i < 5000; ++i) ASSERT_EQ(out[i], float(i + layer));
+    store.end_backward(layer);
+  }
+  EXPECT_EQ(store.counters().swapped_out_bytes, 40000);
+  EXPECT_EQ(store.counters().read_back_bytes, 40000);
+  EXPECT_EQ(MemoryStats::current(Tier::slow), 0);
+  EXPECT_THROW(store.set_policy(ActivationTag::attn_input, SavePolicy::recompute), Error);
+  EXPECT_THROW(store.set_policy(ActivationTag::final_norm_out, SavePolicy::recompute), Error);
+}
+
+TEST(ActivationStoreDeathTest, MissingOrMisSizedActivationAborts) {
+  ActivationStore store;
+  store.save<float>(ActivationTag::v, 2, 8);
+  EXPECT_DEATH(store.get<float>(ActivationTag::v, 3, 8), "activation v of layer 3 was not saved");
+  EXPECT_DEATH(store.get<float>(ActivationTag::v, 2, 9), "activation v of layer 2 has 32 bytes");
+  EXPECT_DEATH(store.save<float>(ActivationTag::v, 2, 8), "saved twice");
+}
+
+}  // namespace
+}  // namespace trillion
