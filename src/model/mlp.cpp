@@ -23,9 +23,9 @@ void mlp_forward(T* y, const T* h, int64_t n, const MlpWeights<T>& w, const MlpD
                  ActivationStore* store, int layer, Arena& scratch) {
   const int64_t D = dims.hidden, I = dims.intermediate;
   const MlpTags tags = tags_of(dims);
-  T* gate = save_or_scratch<T>(store, tags.gate, layer, n * I, scratch);  // [n, I]
-  T* up = save_or_scratch<T>(store, tags.up, layer, n * I, scratch);      // [n, I]
-  T* act = save_or_scratch<T>(store, tags.act, layer, n * I, scratch);    // [n, I] silu(gate) · up
+  T* gate = save_or_scratch<T>(store, tags.gate, layer, Shape{n, I}, scratch);  // [n, I]
+  T* up = save_or_scratch<T>(store, tags.up, layer, Shape{n, I}, scratch);      // [n, I]
+  T* act = save_or_scratch<T>(store, tags.act, layer, Shape{n, I}, scratch);    // [n, I] silu(gate) · up
   linear(gate, h, w.gate_proj, n, D, I, /*accumulate=*/false);
   linear(up, h, w.up_proj, n, D, I, /*accumulate=*/false);
   swiglu_forward(act, gate, up, n * I);

@@ -91,17 +91,17 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   DecisionLog not_kept;  // decoding: the decision is taken and dropped
   DecisionLog& decisions = pass.decisions != nullptr ? *pass.decisions : not_kept;
   const int64_t n = batch * seq, D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
-  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
-  T* logits = buffer(Tag::router_logits, n * E);  // [n, E]
+  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
+  T* logits = buffer(Tag::router_logits, {n, E});  // [n, E]
   linear(logits, h, w.router, n, D, E, /*accumulate=*/false);
-  T* scores = buffer(Tag::router_scores, n * E);  // [n, E]
+  T* scores = buffer(Tag::router_scores, {n, E});  // [n, E]
   router_scores_forward(scores, logits, n, dims.router);
-  int32_t* index = save_or_scratch<int32_t>(store, Tag::router_index, layer, n * k, scratch);  // [n, k]
+  int32_t* index = save_or_scratch<int32_t>(store, Tag::router_index, layer, Shape{n, k}, scratch);  // [n, k]
   const int32_t* decided = decisions.decide(DecisionKind::routing, layer, n * k, [&](int32_t* out) {
     router_select(out, scores, w.correction_bias, n, dims.router);
   });
   std::copy(decided, decided + n * k, index);
-  T* weight = buffer(Tag::router_weight, n * k);  // [n, k]
+  T* weight = buffer(Tag::router_weight, {n, k});  // [n, k]
   router_weights_forward(weight, scores, index, n, dims.router);
 
   // Capacity applies where routing is recorded (training, evaluation); decoding is dropless, so a
@@ -109,16 +109,16 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   MoePlan plan;
   moe_plan_build(plan, index, n, k, E, pass.decisions != nullptr ? dims.capacity(n) : 0);
   const int64_t rows = plan.rows();
-  T* gate_up_out = buffer(Tag::expert_gate_up, rows * 2 * I);  // [rows, 2I]
-  T* act = buffer(Tag::expert_act, rows * I);                  // [rows, I]
-  T* expert_out = buffer(Tag::expert_out, rows * D);           // [rows, D]
+  T* gate_up_out = buffer(Tag::expert_gate_up, {rows, 2 * I});  // [rows, 2I]
+  T* act = buffer(Tag::expert_act, {rows, I});                  // [rows, I]
+  T* expert_out = buffer(Tag::expert_out, {rows, D});           // [rows, D]
   const MoeExpertDims expert_dims{D, I, E};
   moe_experts_forward(y, gate_up_out, act, expert_out, h, w.gate_up, w.down, weight, plan, expert_dims);
 
   if (dims.shared.intermediate > 0) {
     if (dims.shared_gated) {
-      T* out = buffer(Tag::shared_out, n * D);        // [n, D]
-      T* logit = buffer(Tag::shared_gate_logit, n);   // [n]
+      T* out = buffer(Tag::shared_out, {n, D});        // [n, D]
+      T* logit = buffer(Tag::shared_gate_logit, {n});   // [n]
       mlp_forward(out, h, n, w.shared, dims.shared, /*accumulate=*/false, store, layer, scratch);
       linear(logit, h, w.shared_gate, n, D, 1, /*accumulate=*/false);
       add_gated(y, out, logit, n, D);
