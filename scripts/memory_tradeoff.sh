@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # The memory trade-off of the activation policies on one model: for keep-all, selective and full
 # recompute, selective and full swap, trains STEPS steps (default 12) of CONFIG (default the MoE
-# demo, batch 16 x 128) and prints, from steps 3 on, the median tokens/s, the fast tier's peak
-# bytes, the peak resident memory (VmHWM, reset each step), and what the store did in the last
-# step. Every run's loss is printed too: the policies must not change it.
+# demo, batch 16 x 128) and prints, from step 3 on, the median tokens/s, the fast tier's peak bytes
+# (MemoryStats) and the dry run's planned peak, the peak resident memory (VmHWM, reset each step),
+# and what the store did in the last step. Then the budget run: --memory-budget set to keep-all's
+# measured peak minus half its activation bytes. Every run's loss is printed too: the policies must
+# not change it.
 # Environment: CONFIG, DATA (default data/fortunes-8192, made by scripts/demo.sh), STEPS, THREADS (2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,29 +14,42 @@ data=${DATA:-data/fortunes-8192}
 steps=${STEPS:-12}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-echo "| policy | tokens/s | time vs keep | fast peak MiB | peak RSS MiB | saved MiB | dropped MiB | swapped MiB | read back MiB | swap wait s | loss |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
-keep_rate=""
-for policy in "none none" "selective none" "full none" "none selective" "none full"; do
-  set -- $policy
+
+# run NAME FLAGS...: trains, then prints the table row; the keep-all row also writes $out/keep.json.
+run() {
+  local name=$1
+  shift
   rm -rf "$out/run"
   OMP_NUM_THREADS=${THREADS:-2} build/trillion train --config "$config" --data "$data" --out "$out/run" \
     --steps "$steps" --batch 16 --seq-len 128 --lr 3e-3 --seed 1 --log-every 1000 --mfu-gemm-size 256 \
-    --recompute "$1" --swap "$2" --swap-dir "$out" 2>/dev/null
-  keep_rate=$(python3 - "$out/run/metrics.jsonl" "$1" "$2" "$keep_rate" <<'PY'
-import json, statistics, sys
-rows = [json.loads(line) for line in open(sys.argv[1])][2:]
+    --swap-dir "$out" "$@" 2>/dev/null
+  python3 - "$out" "$name" <<'PY'
+import json, os, statistics, sys
+out, name = sys.argv[1], sys.argv[2]
+rows = [json.loads(line) for line in open(os.path.join(out, "run", "metrics.jsonl"))][2:]
 rate = statistics.median(r["tokens_per_s"] for r in rows)
-keep = float(sys.argv[4]) if sys.argv[4] else rate
+peak = max(r["peak_bytes"] for r in rows)
+rss = max(r["peak_rss_bytes"] for r in rows)
 m = rows[-1]["memory"]
-mib = lambda b: f"{b / 2**20:.0f}"
-name = "keep-all" if sys.argv[2] == sys.argv[3] == "none" else (
-    f"recompute {sys.argv[2]}" if sys.argv[3] == "none" else f"swap {sys.argv[3]}")
-print(f"| {name} | {rate:.0f} | {keep / rate:.2f} | {mib(max(r['peak_bytes'] for r in rows))} | "
-      f"{mib(max(r['peak_rss_bytes'] for r in rows))} | {mib(m['saved_bytes'])} | {mib(m['recompute_dropped_bytes'])} | "
-      f"{mib(m['swapped_out_bytes'])} | {mib(m['swap_read_bytes'])} | {m['swap_wait_s']:.3f} | {rows[-1]['loss']:.6f} |",
-      file=sys.stderr)
-print(keep)
+keep_path = os.path.join(out, "keep.json")
+if name == "keep-all":
+    json.dump({"rate": rate, "peak": peak, "rss": rss, "saved": m["saved_bytes"]}, open(keep_path, "w"))
+keep = json.load(open(keep_path))
+mib = lambda b: f"{b / 2**20:.1f}"
+label = name if name != "budget" else f"budget {mib(m['budget_bytes'])} MiB: {m['policy']}"
+print(f"| {label} | {rate:.0f} | {keep['rate'] / rate:.2f} | {mib(peak)} | {mib(m['planned_peak_bytes'])} "
+      f"({m['planned_peak_bytes'] / peak - 1:+.1%}) | {mib(rss)} ({mib(rss - keep['rss'])}) | {mib(m['saved_bytes'])} | "
+      f"{mib(m['recompute_dropped_bytes'])} | {mib(m['swapped_out_bytes'])} | {mib(m['swap_read_bytes'])} | "
+      f"{m['swap_wait_s']:.3f} | {rows[-1]['loss']:.6f} |")
 PY
-  )
-done 2>&1
+}
+
+echo "| policy | tokens/s | time vs keep | fast peak MiB | planned MiB | peak RSS MiB (vs keep) | saved MiB | dropped MiB | swapped MiB | read back MiB | swap wait s | loss |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+run keep-all
+run "recompute selective" --recompute selective
+run "recompute full" --recompute full
+run "swap selective" --swap selective
+run "swap full" --swap full
+budget=$(python3 -c "import json; k = json.load(open('$out/keep.json')); print(k['peak'] - k['saved'] // 2)")
+run budget --memory-budget "$budget"

@@ -53,6 +53,12 @@ void register_train(CLI::App& app) {
                   "Saved activations swapped to a file during forward and prefetched during backward: none, "
                   "selective (GEMM and attention outputs), full or a comma-separated list of activation tags");
   cmd->add_option("--swap-dir", o.swap_dir, "Directory of the swap file, on local disk (default: --out)");
+  cmd->add_flag("--swap-bf16", o.swap_bf16,
+                "Store swapped float32 tensors as bfloat16: half the disk traffic, lossy (off by default)");
+  cmd->add_option("--memory-budget", o.memory_budget,
+                  "Fast-tier budget (e.g. 2G): the cheapest recompute / swap policy whose planned peak fits, or "
+                  "an error naming the smallest budget it could meet");
+  cmd->add_flag("--dry-run", o.dry_run, "Print the memory plan of a step (JSON on stdout) and train nothing");
   cmd->add_option("--policy-min-bytes", o.policy_min_bytes,
                   "Saved tensors smaller than this are always kept (default 65536)")
       ->check(CLI::PositiveNumber);

@@ -88,6 +88,7 @@ void* Arena::alloc_bytes(int64_t bytes) {
   char* p = blocks_[current_block_].data + offset_;
   offset_ += bytes;
   used_ += bytes;
+  peak_ = used_ > peak_ ? used_ : peak_;
   std::memset(p, 0, bytes);
   MemoryStats::add(tier_, bytes);
   return p;

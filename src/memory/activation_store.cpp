@@ -37,12 +37,6 @@ void ActivationStore::set_policy(ActivationTag tag, SavePolicy policy) {
   policies_[static_cast<int>(tag)] = policy;
 }
 
-bool ActivationStore::any_policy(SavePolicy policy) const {
-  for (SavePolicy p : policies_)
-    if (p == policy) return true;
-  return false;
-}
-
 void ActivationStore::set_swap_directory(const std::string& directory, bool buffered) {
   TRILLION_CHECK(entries_.empty(), "the swap directory is set between steps");
   swap_ = std::make_unique<SwapEngine>(directory, buffered ? SwapEngine::Io::buffered : SwapEngine::Io::automatic);
@@ -105,6 +99,13 @@ const void* ActivationStore::get_bytes(ActivationTag tag, int layer, SavedType t
   return e.data;
 }
 
+std::vector<ActivationStore::EntryInfo> ActivationStore::entries(int layer) const {
+  std::vector<EntryInfo> infos;
+  for (auto it = entries_.lower_bound({layer, 0}); it != entries_.end() && it->first.first == layer; ++it)
+    infos.push_back({static_cast<ActivationTag>(it->first.second), it->second.type, it->second.shape, it->second.bytes});
+  return infos;
+}
+
 Shape ActivationStore::shape(ActivationTag tag, int layer) const {
   const auto it = entries_.find({layer, static_cast<int>(tag)});
   TRILLION_CHECK(it != entries_.end(), "activation ", activation_tag_name(tag), " of layer ", layer, " was not saved");
@@ -137,7 +138,7 @@ void ActivationStore::reclaim_written() {
   for (Entry* e : writes_in_flight_) {
     if (swap_->done(e->ticket)) {
       free_span(*e);  // only the file's copy is left
-      MemoryStats::add(Tier::slow, e->bytes);
+      MemoryStats::add(Tier::slow, SwapEngine::file_bytes(e->bytes, e->swap_bf16));
     } else {
       writes_in_flight_[kept++] = e;
     }
@@ -145,7 +146,11 @@ void ActivationStore::reclaim_written() {
   writes_in_flight_.resize(kept);
 }
 
+// The writer may be one layer behind, never more (the memory plan counts on it): the writes still in
+// flight from earlier layers are waited for before this layer's are queued.
 void ActivationStore::end_forward(int layer) {
+  for (Entry* e : writes_in_flight_) swap_->wait(e->ticket);
+  if (!writes_in_flight_.empty()) reclaim_written();
   for_layer(layer, [&](ActivationTag tag, Entry& e) {
     if (e.state != State::writing) return;
     e.state = State::complete;
@@ -160,8 +165,9 @@ void ActivationStore::end_forward(int layer) {
       case SavePolicy::swap:
         TRILLION_CHECK(swap_ != nullptr, "swap policy for ", activation_tag_name(tag), " without a swap directory");
         e.swap_offset = swap_offset_;
-        swap_offset_ += PageArena::rounded(e.bytes);
-        e.ticket = swap_->write_out(e.data, e.bytes, e.swap_offset);
+        e.swap_bf16 = swap_bf16_ && e.type == SavedType::f32;
+        swap_offset_ += SwapEngine::file_bytes(e.bytes, e.swap_bf16);
+        e.ticket = swap_->write_out(e.data, e.bytes, e.swap_offset, e.swap_bf16);
         e.state = State::swapped_out;
         writes_in_flight_.push_back(&e);
         counters_.swapped_out_bytes += e.bytes;
@@ -207,7 +213,7 @@ void ActivationStore::bring_back(Entry& e) {
   }
   e.data = take_span(e.bytes);
   e.held = true;
-  e.ticket = swap_->read_in(e.data, e.bytes, e.swap_offset);
+  e.ticket = swap_->read_in(e.data, e.bytes, e.swap_offset, e.swap_bf16);
   e.state = State::reading;
   counters_.read_back_bytes += e.bytes;
 }
@@ -217,7 +223,7 @@ void ActivationStore::begin_backward(int layer, int prefetch_layer) {
   for_layer(layer, [&](ActivationTag, Entry& e) {
     if (e.state != State::reading) return;
     swap_->wait(e.ticket);
-    MemoryStats::sub(Tier::slow, e.bytes);
+    MemoryStats::sub(Tier::slow, SwapEngine::file_bytes(e.bytes, e.swap_bf16));
     e.state = State::complete;
   });
   if (prefetch_layer >= 0) for_layer(prefetch_layer, [&](ActivationTag, Entry& e) { bring_back(e); });
@@ -239,7 +245,7 @@ void ActivationStore::clear() {
   for (auto& [key, e] : entries_) {
     if (e.held) MemoryStats::sub(Tier::fast, e.bytes);
     const bool in_file = (e.state == State::swapped_out && !e.held) || e.state == State::reading;
-    if (in_file) MemoryStats::sub(Tier::slow, e.bytes);
+    if (in_file) MemoryStats::sub(Tier::slow, SwapEngine::file_bytes(e.bytes, e.swap_bf16));
   }
   writes_in_flight_.clear();
   entries_.clear();

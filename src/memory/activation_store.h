@@ -6,8 +6,10 @@
 // The store sees each layer's life through events the layer loops send:
 //   end_forward(l)      l's entries are complete (the completion point: modules fill what save()
 //                       returned until their layer's forward ends); entries whose tag is swap are
-//                       queued for the slow tier (their pages are reused once written), those
-//                       whose tag is recompute are dropped (their pages reused at once);
+//                       queued for the slow tier (their pages are reused once written; the
+//                       writes of earlier layers are waited for first, so the writer is at most
+//                       one layer behind), those whose tag is recompute are dropped (their pages
+//                       reused at once);
 //   begin_recompute(l) … end_recompute()
 //                       the model re-runs the sublayers that own dropped entries; save() refills a
 //                       dropped entry in place and hands out a throwaway buffer for every other
@@ -79,13 +81,14 @@ class ActivationStore {
   // recompute checkpoint) and the head's tags cannot be recompute. swap needs set_swap_directory.
   void set_policy(ActivationTag tag, SavePolicy policy);
   SavePolicy policy(ActivationTag tag) const { return policies_[static_cast<int>(tag)]; }
-  bool any_policy(SavePolicy policy) const;
   // Where the swap file goes (a directory on local disk); buffered: never O_DIRECT (tests).
   void set_swap_directory(const std::string& directory, bool buffered = false);
   const SwapEngine* swap_engine() const { return swap_.get(); }
   // Synchronous swap: end_forward waits for its layer's writes and frees their pages at once, so
   // every swapped tensor is read back (tests of the read path; normally writes overlap compute).
   void set_swap_synchronous(bool synchronous) { swap_synchronous_ = synchronous; }
+  // Lossy swap: float32 tensors go to the file as bfloat16 (half the bytes; off by default).
+  void set_swap_bf16(bool bf16) { swap_bf16_ = bf16; }
 
   // Storage for (tag, layer), zero-filled; the caller writes it until end_forward(layer).
   // CHECK-fails if (tag, layer) is already saved in this step (outside recompute).
@@ -104,6 +107,14 @@ class ActivationStore {
   }
   bool contains(ActivationTag tag, int layer) const { return entries_.count({layer, static_cast<int>(tag)}) != 0; }
   Shape shape(ActivationTag tag, int layer) const;
+  struct EntryInfo {
+    ActivationTag tag;
+    SavedType type;
+    Shape shape;
+    int64_t bytes;
+  };
+  // The entries saved under `layer` in this step, in tag order (for the memory plan's tests).
+  std::vector<EntryInfo> entries(int layer) const;
 
   // Layer events (see the file comment).
   void end_forward(int layer);
@@ -132,6 +143,7 @@ class ActivationStore {
     bool held = false;         // paged and data holds a span of pages_
     State state = State::writing;
     int64_t swap_offset = -1;  // in the swap file, once written
+    bool swap_bf16 = false;    // written as bfloat16
     SwapEngine::Ticket ticket = 0;  // of the last swap job
   };
   using Key = std::pair<int, int>;  // (layer, tag): a layer's entries are contiguous
@@ -152,6 +164,7 @@ class ActivationStore {
   int recompute_layer_ = -1;
   int64_t paged_min_bytes_ = kPagedMinBytes;
   bool swap_synchronous_ = false;
+  bool swap_bf16_ = false;
   std::unique_ptr<SwapEngine> swap_;
   int64_t swap_offset_ = 0;  // next free byte of the swap file in this step
   std::vector<Entry*> writes_in_flight_;  // swapped out, span still held

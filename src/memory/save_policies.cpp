@@ -1,6 +1,7 @@
 // Presets and tag lists of --recompute / --swap (see the header).
 #include "memory/save_policies.h"
 
+#include <algorithm>
 #include <functional>
 #include <sstream>
 
@@ -55,7 +56,16 @@ std::vector<ActivationTag> swap_tags(const std::string& spec) {
   return tag_list(spec, "--swap");
 }
 
+void check_disjoint_policies(const std::string& recompute, const std::string& swap) {
+  const std::vector<ActivationTag> recomputed = recompute_tags(recompute);
+  for (ActivationTag tag : swap_tags(swap))
+    if (std::find(recomputed.begin(), recomputed.end(), tag) != recomputed.end())
+      fail("--swap ", swap, " and --recompute ", recompute, " both name ", activation_tag_name(tag),
+           "; a tensor is either recomputed or swapped (name the tags of one of them)");
+}
+
 void apply_save_policies(ActivationStore& store, const std::string& recompute, const std::string& swap) {
+  check_disjoint_policies(recompute, swap);
   for (int i = 0; i < kNumActivationTags; ++i) store.set_policy(static_cast<ActivationTag>(i), SavePolicy::keep);
   for (ActivationTag tag : recompute_tags(recompute)) {
     try {
@@ -64,12 +74,7 @@ void apply_save_policies(ActivationStore& store, const std::string& recompute, c
       fail("--recompute ", recompute, ": ", e.what());
     }
   }
-  for (ActivationTag tag : swap_tags(swap)) {
-    if (store.policy(tag) == SavePolicy::recompute)
-      fail("--swap ", swap, " and --recompute ", recompute, " both name ", activation_tag_name(tag),
-           "; a tensor is either recomputed or swapped (name the tags of one of them)");
-    store.set_policy(tag, SavePolicy::swap);
-  }
+  for (ActivationTag tag : swap_tags(swap)) store.set_policy(tag, SavePolicy::swap);
 }
 
 }  // namespace trillion

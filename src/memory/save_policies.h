@@ -23,6 +23,8 @@ namespace trillion {
 
 std::vector<ActivationTag> recompute_tags(const std::string& spec);
 std::vector<ActivationTag> swap_tags(const std::string& spec);
+// Fails if a tag is named by both (the same message apply_save_policies gives).
+void check_disjoint_policies(const std::string& recompute, const std::string& swap);
 // Sets every tag's policy from the two specs (tags named by neither are kept); fails naming the
 // option and the tag on an unknown name or a tag in both.
 void apply_save_policies(ActivationStore& store, const std::string& recompute, const std::string& swap);

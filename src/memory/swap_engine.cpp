@@ -5,12 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <vector>
 
 #include "core/error.h"
+#include "core/memory.h"
+#include "io/half_float.h"
 #include "memory/page_arena.h"
 
 namespace trillion {
@@ -47,18 +50,19 @@ SwapEngine::~SwapEngine() {
   changed_.notify_all();
   worker_.join();
   close(fd_);
+  if (staging_ != nullptr) MemoryStats::sub(Tier::fast, kStagingBytes);
 }
 
-SwapEngine::Ticket SwapEngine::write_out(void* span, int64_t bytes, int64_t offset) {
+SwapEngine::Ticket SwapEngine::write_out(void* span, int64_t bytes, int64_t offset, bool bf16) {
   std::lock_guard<std::mutex> lock(mutex_);
-  queue_.push_back({true, static_cast<char*>(span), bytes, offset});
+  queue_.push_back({true, static_cast<char*>(span), bytes, offset, bf16});
   changed_.notify_all();
   return ++queued_;
 }
 
-SwapEngine::Ticket SwapEngine::read_in(void* span, int64_t bytes, int64_t offset) {
+SwapEngine::Ticket SwapEngine::read_in(void* span, int64_t bytes, int64_t offset, bool bf16) {
   std::lock_guard<std::mutex> lock(mutex_);
-  queue_.push_back({false, static_cast<char*>(span), bytes, offset});
+  queue_.push_back({false, static_cast<char*>(span), bytes, offset, bf16});
   changed_.notify_all();
   return ++queued_;
 }
@@ -122,26 +126,55 @@ void SwapEngine::run() {
   }
 }
 
-// Whole-span pwrite / pread (short transfers continue; an error or end of file fails), then the
-// page-cache bookkeeping of the file comment.
-void SwapEngine::execute(const Job& job) {
-  const int64_t bytes = PageArena::rounded(job.bytes);
-  const char* what = job.write ? "write" : "read";
+int64_t SwapEngine::file_bytes(int64_t bytes, bool bf16) {
+  if (!bf16) return PageArena::rounded(bytes);
+  const int64_t floats = bytes / 4, per_chunk = kStagingBytes / 2;  // bf16 values per staging chunk
+  const int64_t full = floats / per_chunk, rest = floats % per_chunk;
+  return full * kStagingBytes + PageArena::rounded(rest * 2);
+}
+
+// pwrite / pread of whole pages (short transfers continue; an error or end of file fails), then the
+// page-cache upkeep of the file comment.
+void SwapEngine::transfer(bool write, char* data, int64_t bytes, int64_t offset) {
+  bytes = PageArena::rounded(bytes);
+  const char* what = write ? "write" : "read";
   for (int64_t done = 0; done < bytes;) {
-    const ssize_t n = job.write ? pwrite(fd_, job.span + done, static_cast<size_t>(bytes - done), job.offset + done)
-                                : pread(fd_, job.span + done, static_cast<size_t>(bytes - done), job.offset + done);
+    const ssize_t n = write ? pwrite(fd_, data + done, static_cast<size_t>(bytes - done), offset + done)
+                            : pread(fd_, data + done, static_cast<size_t>(bytes - done), offset + done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0)
-      fail("swap file in ", directory_, ": ", what, " of ", bytes, " bytes at offset ", job.offset, " failed: ",
+      fail("swap file in ", directory_, ": ", what, " of ", bytes, " bytes at offset ", offset, " failed: ",
            n < 0 ? std::strerror(errno) : "unexpected end of file");
     done += n;
   }
   if (!direct_) {
-    if (job.write && sync_file_range(fd_, job.offset, bytes,
-                                     SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
-      fail("swap file in ", directory_, ": syncing ", bytes, " bytes at offset ", job.offset, " failed: ",
-           std::strerror(errno));
-    posix_fadvise(fd_, job.offset, bytes, POSIX_FADV_DONTNEED);  // advisory: the bytes are already safe
+    if (write && sync_file_range(fd_, offset, bytes,
+                                 SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER) != 0)
+      fail("swap file in ", directory_, ": syncing ", bytes, " bytes at offset ", offset, " failed: ", std::strerror(errno));
+    posix_fadvise(fd_, offset, bytes, POSIX_FADV_DONTNEED);  // advisory: the bytes are already safe
+  }
+}
+
+// Raw: the span itself. bf16: chunk by chunk through the staging buffer (its tail zero-padded to a page).
+void SwapEngine::execute(const Job& job) {
+  if (!job.bf16) return transfer(job.write, job.span, job.bytes, job.offset);
+  if (staging_ == nullptr) {
+    staging_ = static_cast<char*>(staging_pages_.alloc(kStagingBytes));
+    MemoryStats::add(Tier::fast, kStagingBytes);
+  }
+  auto* values = reinterpret_cast<float*>(job.span);
+  auto* staged = reinterpret_cast<uint16_t*>(staging_);
+  const int64_t floats = job.bytes / 4, per_chunk = kStagingBytes / 2;
+  for (int64_t first = 0, offset = job.offset; first < floats; first += per_chunk, offset += kStagingBytes) {
+    const int64_t count = std::min(per_chunk, floats - first);
+    if (job.write) {
+      for (int64_t i = 0; i < count; ++i) staged[i] = bf16_from_double(values[first + i]);
+      std::memset(staged + count, 0, static_cast<size_t>(PageArena::rounded(count * 2) - count * 2));
+      transfer(true, staging_, count * 2, offset);
+    } else {
+      transfer(false, staging_, count * 2, offset);
+      for (int64_t i = 0; i < count; ++i) values[first + i] = static_cast<float>(bf16_to_double(staged[i]));
+    }
   }
 }
 

@@ -9,6 +9,9 @@
 // bytes leave memory: the file's pages are not cached, and the caller reuses the tensor's own pages
 // once done() says the write is complete.
 //
+// On request a float32 tensor is stored as bfloat16 (lossy: rounded to nearest even; half the bytes
+// and the disk time), converted through a 1 MiB staging buffer by the worker.
+//
 // Spans must be page-aligned and cover whole pages (PageArena's); offsets are the caller's. Jobs
 // run in the order they are queued; an I/O error (a full disk) fails every later wait with a
 // message naming the file, the bytes and the offset, so a failed swap is an error, never a wrong
@@ -22,6 +25,8 @@
 #include <string>
 #include <thread>
 
+#include "memory/page_arena.h"
+
 namespace trillion {
 
 class SwapEngine {
@@ -33,10 +38,14 @@ class SwapEngine {
   SwapEngine& operator=(const SwapEngine&) = delete;
 
   using Ticket = int64_t;
-  // Copies span[0, bytes) to the file at `offset`; the span must stay untouched until done().
-  Ticket write_out(void* span, int64_t bytes, int64_t offset);
-  // Reads the file's [offset, offset + bytes) back into the span.
-  Ticket read_in(void* span, int64_t bytes, int64_t offset);
+  // Copies span[0, bytes) to the file at `offset` (bf16: the span's floats as bfloat16); the span
+  // must stay untouched until done().
+  Ticket write_out(void* span, int64_t bytes, int64_t offset, bool bf16 = false);
+  // Reads what write_out wrote at `offset` back into the span.
+  Ticket read_in(void* span, int64_t bytes, int64_t offset, bool bf16 = false);
+  // The file bytes a tensor of `bytes` takes (whole pages; bf16: half, per staging chunk).
+  static int64_t file_bytes(int64_t bytes, bool bf16);
+  static constexpr int64_t kStagingBytes = int64_t{1} << 20;
   // Whether the job is done (never blocks).
   bool done(Ticket ticket) const;
   // Blocks until the job is done (time counted in wait_seconds); fails if any job so far failed.
@@ -56,9 +65,11 @@ class SwapEngine {
     char* span;
     int64_t bytes;
     int64_t offset;
+    bool bf16;
   };
   void run();
   void execute(const Job& job);
+  void transfer(bool write, char* data, int64_t bytes, int64_t offset);  // whole pages, then page-cache upkeep
 
   std::string directory_;
   int fd_ = -1;
@@ -71,6 +82,8 @@ class SwapEngine {
   bool stopping_ = false;
   int64_t bytes_written_ = 0, bytes_read_ = 0;
   double wait_seconds_ = 0.0;  // main thread only
+  char* staging_ = nullptr;    // [kStagingBytes], page-aligned, made by the first bf16 job (worker only)
+  PageArena staging_pages_{kStagingBytes};
   std::thread worker_;
 };
 

@@ -1,6 +1,7 @@
 // Attention sublayer: forward (training and decoding) and backward. See attention_block.h.
 #include "model/attention_block.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -242,6 +243,55 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
     o_in = gated;
   }
   linear(x, o_in, w.o_proj, n, qw, D, /*accumulate=*/true);  // residual: x[n, D] += o_in · o_projᵀ
+}
+
+// mixer_forward's saves, in its order, then the indexer's (sparse layers).
+std::vector<SavedSize> saved_sizes(const AttentionBlockDims& dims, const StepShape& shape) {
+  using Tag = ActivationTag;
+  const int64_t n = shape.tokens(), e = shape.element_bytes, D = dims.hidden;
+  const int64_t qw = dims.q_width(), kvw = dims.kv_width();
+  std::vector<SavedSize> sizes{{Tag::attn_input, n * D * e}, {Tag::attn_norm_rstd, n * e},
+                               {Tag::attn_norm_out, n * D * e}, {Tag::q_raw, n * qw * e},
+                               {Tag::q_rstd, n * dims.q_heads * e}, {Tag::q, n * qw * e}};
+  if (dims.gated) sizes.push_back({Tag::gate, n * qw * e});
+  sizes.insert(sizes.end(), {{Tag::k_raw, n * kvw * e}, {Tag::k_rstd, n * dims.kv_heads * e},
+                             {Tag::k, n * kvw * e}, {Tag::v, n * kvw * e}, {Tag::attn_out, n * qw * e},
+                             {Tag::attn_lse, n * dims.q_heads * e}});
+  if (dims.gated) sizes.push_back({Tag::o_proj_in, n * qw * e});
+  for (const SavedSize& s : saved_sizes(dims.indexer, shape)) sizes.push_back(s);
+  return sizes;
+}
+
+// Nothing is freed within either pass; each holds at one of its kernel calls the scratch allocated
+// so far and that kernel's temporaries. Forward: (gated) the q_proj output, with RoPE's tables, then
+// the indexer's forward, or its scratch with the attention's temporaries. Backward: d_o_in, (gated)
+// d_out and d_gate, dq, dk, dv with the attention's temporaries or RoPE's tables; (q/k norms) dq_raw
+// and dk_raw with their norms' partials; dh and (gated) d_q_and_gate with the indexer's backward,
+// then with its scratch and the input norm's partials.
+int64_t workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape) {
+  const int64_t n = shape.tokens(), e = shape.element_bytes, d = dims.head_dim;
+  const int64_t q = arena_rounded(n * dims.q_width() * e), kv = arena_rounded(n * dims.kv_width() * e);
+  const int64_t q_and_gate = dims.gated ? arena_rounded(n * dims.q_proj_out() * e) : 0;
+  const int64_t rope = rope_workspace_bytes(n, dims.rope.rotary_dim, e);
+  const AttentionSizes sizes{shape.batch, shape.seq, shape.seq, dims.q_heads, dims.kv_heads, d, 0.0};
+  const int64_t forward =
+      q_and_gate + std::max({rope, forward_workspace_bytes(dims.indexer, shape, dims.q_heads, dims.kv_heads, d),
+                             forward_scratch_bytes(dims.indexer, shape) +
+                                 main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/false)});
+  const int64_t attention = q + (dims.gated ? 2 * q : 0) + q + 2 * kv;  // d_o_in … dv
+  const int64_t norms = dims.has_qk_norm ? q + kv : 0;                  // dq_raw, dk_raw
+  const int64_t norm_partials =
+      dims.has_qk_norm ? std::max(rmsnorm_backward_workspace_bytes(n * dims.q_heads, d, true),
+                                  rmsnorm_backward_workspace_bytes(n * dims.kv_heads, d, true))
+                       : 0;
+  const int64_t inputs = attention + norms + arena_rounded(n * dims.hidden * e) + q_and_gate;  // … dh, d_q_and_gate
+  const int64_t backward = std::max(
+      {attention + std::max(main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/true), rope),
+       attention + norms + norm_partials,
+       inputs + std::max(backward_workspace_bytes(dims.indexer, shape),
+                         backward_scratch_bytes(dims.indexer, shape) +
+                             rmsnorm_backward_workspace_bytes(n, dims.hidden, true))});
+  return std::max(forward, backward);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                \

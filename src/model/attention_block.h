@@ -16,6 +16,9 @@
 // (+=) with the sublayer's input gradient; parameter gradients accumulate (+=).
 #pragma once
 
+#include <vector>
+
+#include "model/memory_sizes.h"
 #include <algorithm>
 #include <cstdint>
 
@@ -127,5 +130,10 @@ void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlo
 template <class T>
 void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const AttentionBlockWeights<T>& w,
                   const AttentionBlockDims& dims, Arena& scratch);
+
+// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
+// saves, and the most scratch its forward or backward holds at once.
+std::vector<SavedSize> saved_sizes(const AttentionBlockDims& dims, const StepShape& shape);
+int64_t workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape);
 
 }  // namespace trillion

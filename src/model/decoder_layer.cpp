@@ -2,6 +2,7 @@
 // and the two sublayers chained with the FFN's input norm and residual. See decoder_layer.h.
 #include "model/decoder_layer.h"
 
+#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -38,6 +39,26 @@ DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int la
 double DecoderLayerDims::flops_per_token(int64_t seq) const {
   const auto of_kind = [&](const auto& d) { return trillion::flops_per_token(d, seq); };
   return std::visit(of_kind, mixer) + std::visit(of_kind, ffn);
+}
+
+std::vector<SavedSize> DecoderLayerDims::saved_sizes(const StepShape& shape) const {
+  const auto of_kind = [&](const auto& d) { return trillion::saved_sizes(d, shape); };
+  std::vector<SavedSize> sizes = std::visit(of_kind, mixer);
+  const int64_t n = shape.tokens(), e = shape.element_bytes;
+  sizes.push_back({ActivationTag::ffn_input, n * hidden * e});
+  sizes.push_back({ActivationTag::ffn_norm_rstd, n * e});
+  sizes.push_back({ActivationTag::ffn_norm_out, n * hidden * e});
+  for (const SavedSize& s : std::visit(of_kind, ffn)) sizes.push_back(s);
+  return sizes;
+}
+
+// The FFN's backward runs with dh [n, D] already in the scratch (decoder_layer_backward), and the FFN
+// norm's backward after it with the FFN's scratch still held (bounded by its whole workspace).
+int64_t DecoderLayerDims::workspace_bytes(const StepShape& shape) const {
+  const auto of_kind = [&](const auto& d) { return trillion::workspace_bytes(d, shape); };
+  const int64_t dh = arena_rounded(shape.tokens() * hidden * shape.element_bytes);
+  const int64_t ffn_norm = rmsnorm_backward_workspace_bytes(shape.tokens(), hidden, /*has_dw=*/true);
+  return std::max(std::visit(of_kind, mixer), dh + std::visit(of_kind, ffn) + ffn_norm);
 }
 
 int64_t DecoderLayerDims::decode_cache_elements(int64_t max_len) const {

@@ -57,6 +57,11 @@ struct DecoderLayerDims {
   static DecoderLayerDims from_config(const ModelConfig& config, int layer);
   bool is_moe() const { return std::holds_alternative<MoeDims>(ffn); }
   double flops_per_token(int64_t seq) const;        // training, forward + backward
+  // The memory plan's sizes of the layer (model/memory_sizes.h): its mixer's and FFN's saved
+  // tensors and the FFN sublayer's own (ffn_input, its norm), and the most scratch either
+  // sublayer's forward or backward holds at once.
+  std::vector<SavedSize> saved_sizes(const StepShape& shape) const;
+  int64_t workspace_bytes(const StepShape& shape) const;
   int64_t decode_cache_elements(int64_t max_len) const;
 };
 

@@ -1,6 +1,7 @@
 // Gated DeltaNet mixer: forward, backward and decoding. See gated_deltanet.h.
 #include "model/gated_deltanet.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -275,6 +276,42 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
   T* normed = scratch.alloc<T>(n * nv * dv);  // [n, nv · dv]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.norm, n * nv, dv, d.norm_eps, GateActivation::silu);
   linear(x, normed, w.out_proj, n, nv * dv, D, /*accumulate=*/true);
+}
+
+std::vector<SavedSize> saved_sizes(const GatedDeltaNetDims& d, const StepShape& shape) {
+  using Tag = ActivationTag;
+  const int64_t n = shape.tokens(), e = shape.element_bytes, nk = d.key_heads, dk = d.key_dim;
+  const int64_t nv = d.value_heads, dv = d.value_dim;
+  return {{Tag::attn_input, n * d.hidden * e},  {Tag::attn_norm_rstd, n * e},
+          {Tag::attn_norm_out, n * d.hidden * e}, {Tag::la_conv_in, n * d.conv_channels() * e},
+          {Tag::la_z, n * nv * dv * e},         {Tag::la_a, n * nv * e},
+          {Tag::la_q_hat, n * nk * dk * e},     {Tag::la_q_inv, n * nk * e},
+          {Tag::la_k_hat, n * nk * dk * e},     {Tag::la_k_inv, n * nk * e},
+          {Tag::la_v, n * nv * dv * e},         {Tag::la_g, n * nv * e},
+          {Tag::la_beta, n * nv * e},           {Tag::la_core, n * nv * dv * e},
+          {Tag::la_norm_rstd, n * nv * e},      {Tag::la_normed, n * nv * dv * e}};
+}
+
+// Forward: b, q_rep, k_rep (core_buffers), qkvz, ba, conv_out, q_raw, k_raw (prepare_core), then the
+// delta rule's scratch. Backward, at each kernel with temporaries: the delta rule after d_normed,
+// d_core, dz, dv_heads [n, nv·dv], q_rep, k_rep, dq_rep, dk_rep [n, nv·dk], d_conv_out [n, Ck], dg,
+// dbeta [n, nv]; the conv after da, db [n, nv], dq_hat, dk_hat, dq_raw, dk_raw [n, nk·dk],
+// d_conv_in [n, Ck]; the input norm after d_qkvz, d_ba, dh.
+int64_t workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
+  const int64_t n = shape.tokens(), e = shape.element_bytes;
+  const auto rounded = [&](int64_t count) { return arena_rounded(count * e); };
+  const int64_t nk = d.key_heads, dk = d.key_dim, nv = d.value_heads, dv = d.value_dim, Ck = d.conv_channels();
+  const int64_t forward = rounded(n * nv) + 2 * rounded(n * nv * dk) + rounded(n * d.qkvz_rows()) +
+                          rounded(n * 2 * nv) + rounded(n * Ck) + 2 * rounded(n * nk * dk) +
+                          delta_rule_chunk_forward_workspace_bytes(dk, dv, e, shape.threads);
+  const int64_t at_delta = 4 * rounded(n * nv * dv) + 4 * rounded(n * nv * dk) + rounded(n * Ck) + 2 * rounded(n * nv);
+  const int64_t at_conv = at_delta + 2 * rounded(n * nv) + 4 * rounded(n * nk * dk) + rounded(n * Ck);
+  const int64_t at_norm = at_conv + rounded(n * d.qkvz_rows()) + rounded(n * 2 * nv) + rounded(n * d.hidden);
+  const int64_t backward =
+      std::max({at_delta + delta_rule_chunk_backward_workspace_bytes(dk, dv, shape.seq, e, shape.threads),
+                at_conv + conv1d_silu_backward_workspace_bytes(n, Ck, e),
+                at_norm + rmsnorm_backward_workspace_bytes(n, d.hidden, /*has_dw=*/true)});
+  return std::max(forward, backward);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                  \

@@ -19,6 +19,9 @@
 // Gradient rule: dx accumulates (+=) the sublayer's input gradient; parameter gradients (+=).
 #pragma once
 
+#include <vector>
+
+#include "model/memory_sizes.h"
 #include <cstdint>
 
 #include "core/memory.h"
@@ -103,5 +106,10 @@ void mixer_backward(T* dx, const GatedDeltaNetWeights<T>& w, const GatedDeltaNet
 template <class T>
 void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const GatedDeltaNetWeights<T>& w,
                   const GatedDeltaNetDims& dims, Arena& scratch);
+
+// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
+// saves, and the most scratch its forward or backward holds at once.
+std::vector<SavedSize> saved_sizes(const GatedDeltaNetDims& dims, const StepShape& shape);
+int64_t workspace_bytes(const GatedDeltaNetDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -1,6 +1,7 @@
 // Kimi Delta Attention mixer: forward, backward and decoding. See kimi_delta_attention.h.
 #include "model/kimi_delta_attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -211,6 +212,39 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
   T* normed = scratch.alloc<T>(n * W);     // [n, h·D]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.o_norm, n * h, D, d.norm_eps, GateActivation::sigmoid);
   linear(x, normed, w.o_proj, n, W, H, /*accumulate=*/true);
+}
+
+std::vector<SavedSize> saved_sizes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
+  using Tag = ActivationTag;
+  const int64_t n = shape.tokens(), e = shape.element_bytes, W = d.width(), D = d.head_dim, h = d.heads;
+  return {{Tag::attn_input, n * d.hidden * e},  {Tag::attn_norm_rstd, n * e},
+          {Tag::attn_norm_out, n * d.hidden * e}, {Tag::la_conv_in, n * 3 * W * e},
+          {Tag::la_q_hat, n * W * e},           {Tag::la_q_inv, n * h * e},
+          {Tag::la_k_hat, n * W * e},           {Tag::la_k_inv, n * h * e},
+          {Tag::la_v, n * W * e},               {Tag::la_f_low, n * D * e},
+          {Tag::la_a, n * W * e},               {Tag::la_g, n * W * e},
+          {Tag::la_beta, n * h * e},            {Tag::la_g_low, n * D * e},
+          {Tag::la_z, n * W * e},               {Tag::la_core, n * W * e},
+          {Tag::la_norm_rstd, n * h * e},       {Tag::la_normed, n * W * e}};
+}
+
+// Forward: q_scaled, proj, q_raw, k_raw [n, h·D] and conv_out [n, 3·h·D], then the delta rule's
+// scratch. Backward, at each kernel with temporaries: the delta rule after d_normed, d_core, dz,
+// q_scaled, dq, dk, dv, dg [n, h·D], dx_hat [n, hidden], d_low [n, D], dbeta [n, h]; the conv after
+// da, d_raw [n, h·D], d_conv_out, d_conv_in [n, 3·h·D]; the input norm after d_proj [n, h·D].
+int64_t workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
+  const int64_t n = shape.tokens(), e = shape.element_bytes, W = d.width(), D = d.head_dim;
+  const auto rounded = [&](int64_t count) { return arena_rounded(count * e); };
+  const int64_t forward =
+      4 * rounded(n * W) + rounded(n * 3 * W) + delta_rule_chunk_forward_workspace_bytes(D, D, e, shape.threads);
+  const int64_t at_delta = 8 * rounded(n * W) + rounded(n * d.hidden) + rounded(n * D) + rounded(n * d.heads);
+  const int64_t at_conv = at_delta + 2 * rounded(n * W) + 2 * rounded(n * 3 * W);
+  const int64_t at_norm = at_conv + rounded(n * W);
+  const int64_t backward =
+      std::max({at_delta + delta_rule_chunk_backward_workspace_bytes(D, D, shape.seq, e, shape.threads),
+                at_conv + conv1d_silu_backward_workspace_bytes(n, 3 * W, e),
+                at_norm + rmsnorm_backward_workspace_bytes(n, d.hidden, /*has_dw=*/true)});
+  return std::max(forward, backward);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                   \

@@ -2,6 +2,7 @@
 // its backward through the projections. See lightning_indexer.h.
 #include "model/lightning_indexer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -53,6 +54,12 @@ void project(T* q, T* k_raw, T* k_mean, T* k_rstd, T* k, T* w_out, const T* q_in
 // The loss is computed whenever its coefficient is on (evaluation reports it too); its gradients are
 // kept only in training (pass.store set).
 bool loss_on(const LayerPass& pass) { return pass.indexer != nullptr && pass.indexer->coef > 0.0; }
+// The same of a training step's shape (its forward always has the model's IndexerTraining).
+bool loss_on(const StepShape& shape) { return shape.indexer.coef > 0.0; }
+// The loss's mode in a pass of this indexer mode: over the selection (sparse), else every visible key.
+IndexerLossMode loss_mode(IndexerMode mode) {
+  return mode == IndexerMode::sparse ? IndexerLossMode::kSparse : IndexerLossMode::kDense;
+}
 
 }  // namespace
 
@@ -95,11 +102,9 @@ void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T
   T* dk = save_or_scratch<T>(pass.store, Tag::idx_dk, layer, n * dims.head_dim, scratch);               // [n, d_I]
   T* dw = save_or_scratch<T>(pass.store, Tag::idx_dw, layer, n * dims.heads, scratch);                  // [n, H_I]
   const IndexerTarget target{q, k, lse, heads, kv_heads, qk_dim, scale};
-  const IndexerMode mode = pass.indexer->mode;
-  const IndexerLossResult r =
-      indexer_loss(dq, dk, dw, out.q, out.k, out.w, out.selection, target,
-                   mode == IndexerMode::sparse ? IndexerLossMode::kSparse : IndexerLossMode::kDense,
-                   pass.indexer->grad_scale, sizes_of(dims, batch, seq, seq));
+  const IndexerLossResult r = indexer_loss(dq, dk, dw, out.q, out.k, out.w, out.selection, target,
+                                           loss_mode(pass.indexer->mode), pass.indexer->grad_scale,
+                                           sizes_of(dims, batch, seq, seq));
   if (pass.result != nullptr) pass.result->indexer.push_back({layer, r.loss, r.selected_mass});
 }
 
@@ -144,6 +149,77 @@ const int32_t* indexer_decode(const T* q_in, const T* h, int64_t n, int64_t past
   int32_t* selection = scratch.alloc<int32_t>(n * dims.topk);  // [n, topk]
   indexer_topk(selection, q, k_cache, w_out, sizes_of(dims, 1, n, past + n));
   return selection;
+}
+
+// Saved: the selection always; with the loss on, wk's output with its LayerNorm statistics and the
+// loss's gradients wrt q_I, k_I, w_I.
+std::vector<SavedSize> saved_sizes(const IndexerDims& dims, const StepShape& shape) {
+  using Tag = ActivationTag;
+  if (!dims.enabled()) return {};
+  const int64_t n = shape.tokens(), e = shape.element_bytes, hd = dims.heads * dims.head_dim;
+  std::vector<SavedSize> sizes{{Tag::attn_indices, n * dims.topk * int64_t(sizeof(int32_t))}};
+  if (loss_on(shape))
+    sizes.insert(sizes.end(), {{Tag::idx_k_raw, n * dims.head_dim * e},
+                               {Tag::idx_k_mean, n * e},
+                               {Tag::idx_k_rstd, n * e},
+                               {Tag::idx_dq, n * hd * e},
+                               {Tag::idx_dk, n * dims.head_dim * e},
+                               {Tag::idx_dw, n * dims.heads * e}});
+  return sizes;
+}
+
+// q_I, k_I, w_I, and (loss off) wk's output with its statistics; the selection and the loss's
+// gradients are saved.
+int64_t forward_scratch_bytes(const IndexerDims& dims, const StepShape& shape) {
+  if (!dims.enabled()) return 0;
+  const int64_t n = shape.tokens(), e = shape.element_bytes, hd = dims.heads * dims.head_dim;
+  const int64_t k_raw = loss_on(shape) ? 0 : arena_rounded(n * dims.head_dim * e) + 2 * arena_rounded(n * e);
+  return k_raw + arena_rounded(n * hd * e) + arena_rounded(n * dims.head_dim * e) + arena_rounded(n * dims.heads * e);
+}
+
+// The forward's scratch with the largest of its kernels' temporaries: RoPE's tables, the top-k's, and
+// (loss on) the loss's.
+int64_t forward_workspace_bytes(const IndexerDims& dims, const StepShape& shape, int64_t heads, int64_t kv_heads,
+                                int64_t qk_dim) {
+  if (!dims.enabled()) return 0;
+  const int64_t e = shape.element_bytes;
+  const IndexerSizes sizes = sizes_of(dims, shape.batch, shape.seq, shape.seq);
+  int64_t kernels = std::max(rope_workspace_bytes(shape.tokens(), dims.rope.rotary_dim, e),
+                             indexer_topk_workspace_bytes(sizes, shape.threads, e));
+  if (loss_on(shape)) {
+    const IndexerTarget target{nullptr, nullptr, nullptr, heads, kv_heads, qk_dim, 0.0};  // sizes only
+    kernels = std::max(kernels, indexer_loss_workspace_bytes(target, loss_mode(shape.indexer.mode), sizes,
+                                                             shape.threads, e));
+  }
+  return forward_scratch_bytes(dims, shape) + kernels;
+}
+
+// Loss on: dq, dk, dw, then dk_raw.
+int64_t backward_scratch_bytes(const IndexerDims& dims, const StepShape& shape) {
+  if (!dims.enabled() || !loss_on(shape)) return 0;
+  const int64_t n = shape.tokens(), e = shape.element_bytes, di = dims.head_dim;
+  return arena_rounded(n * dims.heads * di * e) + 2 * arena_rounded(n * di * e) + arena_rounded(n * dims.heads * e);
+}
+
+// Loss on: dq, dk, dw with RoPE's tables; then all its scratch with the key LayerNorm's partials.
+int64_t backward_workspace_bytes(const IndexerDims& dims, const StepShape& shape) {
+  if (!dims.enabled() || !loss_on(shape)) return 0;
+  const int64_t n = shape.tokens(), e = shape.element_bytes, di = dims.head_dim;
+  const int64_t scratch = backward_scratch_bytes(dims, shape), before_dk_raw = scratch - arena_rounded(n * di * e);
+  return std::max(before_dk_raw + rope_workspace_bytes(n, dims.rope.rotary_dim, e),
+                  scratch + layer_norm_backward_workspace_bytes(n, di, true, true));
+}
+
+int64_t main_attention_workspace_bytes(const IndexerDims& dims, const AttentionSizes& sizes, const StepShape& shape,
+                                       bool backward) {
+  const int64_t e = shape.element_bytes;
+  if (attends_sparsely(dims, shape)) {
+    const SparseAttentionSizes sparse = sparse_sizes(sizes, dims.topk);
+    return backward ? sparse_attention_backward_workspace_bytes(sparse, shape.threads, e)
+                    : sparse_attention_forward_workspace_bytes(sparse, shape.threads, e);
+  }
+  return backward ? attention_backward_workspace_bytes(sizes, shape.threads, e)
+                  : attention_forward_workspace_bytes(sizes, shape.threads, e);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                     \

@@ -18,6 +18,9 @@
 // statistics, and the gradients wrt q_I, k_I, w_I when the loss is on.
 #pragma once
 
+#include <vector>
+
+#include "model/memory_sizes.h"
 #include <cstdint>
 #include <string>
 
@@ -62,6 +65,10 @@ inline bool is_indexer_tensor(const std::string& name) { return name.find(".self
 // default without IndexerTraining), and the sparse attention's sizes from the dense ones.
 inline bool attends_sparsely(const IndexerDims& dims, const LayerPass& pass) {
   return dims.enabled() && (pass.indexer == nullptr || pass.indexer->mode == IndexerMode::sparse);
+}
+// The same in a training step of this shape.
+inline bool attends_sparsely(const IndexerDims& dims, const StepShape& shape) {
+  return dims.enabled() && shape.indexer.mode == IndexerMode::sparse;
 }
 inline SparseAttentionSizes sparse_sizes(const AttentionSizes& s, int64_t topk) {
   return {s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), topk, s.scale};
@@ -124,5 +131,22 @@ void indexer_backward(const T* q_in, const T* h, const IndexerWeights<T>& w, con
 template <class T>
 const int32_t* indexer_decode(const T* q_in, const T* h, int64_t n, int64_t past, T* k_cache,
                               const IndexerWeights<T>& w, const IndexerDims& dims, Arena& scratch);
+
+// The memory plan's sizes of this part (model/memory_sizes.h), each 0 without an indexer: the tensors
+// its training forward saves; the scratch indexer_forward and indexer_backward leave in the mixer's
+// arena (the mixer's later kernels run on top of it); the most its forward (indexer_forward, then
+// indexer_train against a main attention of heads, kv_heads and qk_dim) and its backward hold at
+// once beyond the saved tensors, its kernels' temporaries included, which the mixer adds to its own
+// scratch at that point.
+std::vector<SavedSize> saved_sizes(const IndexerDims& dims, const StepShape& shape);
+int64_t forward_scratch_bytes(const IndexerDims& dims, const StepShape& shape);
+int64_t backward_scratch_bytes(const IndexerDims& dims, const StepShape& shape);
+int64_t forward_workspace_bytes(const IndexerDims& dims, const StepShape& shape, int64_t heads, int64_t kv_heads,
+                                int64_t qk_dim);
+int64_t backward_workspace_bytes(const IndexerDims& dims, const StepShape& shape);
+// The temporaries of the layer's main attention (sizes) in a training step's forward or backward:
+// over the selection when the layer attends sparsely, else dense (ops/sparse_attention.h, ops/attention.h).
+int64_t main_attention_workspace_bytes(const IndexerDims& dims, const AttentionSizes& sizes, const StepShape& shape,
+                                       bool backward);
 
 }  // namespace trillion

@@ -1,6 +1,7 @@
 // Multi-head latent attention: forward (training and weight-absorbed decoding) and backward. See mla.h.
 #include "model/mla.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -266,6 +267,54 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
     gemm<T>(false, true, n, dv, rkv, T(1), out_latent + hd * rkv, H * rkv, w_uv, rkv, T(0), out + hd * dv, H * dv);
   }
   linear(x, out, w.o_proj, n, dims.o_width(), D, /*accumulate=*/true);  // residual: x[n, D] += o_proj(out)
+}
+
+// mixer_forward's saves, in its order, then the indexer's (sparse layers).
+std::vector<SavedSize> saved_sizes(const MlaDims& dims, const StepShape& shape) {
+  using Tag = ActivationTag;
+  const int64_t n = shape.tokens(), e = shape.element_bytes, D = dims.hidden, rq = dims.q_lora_rank;
+  std::vector<SavedSize> sizes{{Tag::attn_input, n * D * e}, {Tag::attn_norm_rstd, n * e},
+                               {Tag::attn_norm_out, n * D * e}};
+  if (rq > 0)
+    sizes.insert(sizes.end(), {{Tag::mla_q_a, n * rq * e}, {Tag::mla_q_a_rstd, n * e}, {Tag::mla_q_latent, n * rq * e}});
+  sizes.insert(sizes.end(), {{Tag::q, n * dims.q_width() * e}, {Tag::mla_kv_a, n * dims.kv_a_out() * e},
+                             {Tag::mla_kv_rstd, n * e}, {Tag::mla_latent, n * dims.kv_lora_rank * e},
+                             {Tag::k, n * dims.q_width() * e}, {Tag::v, n * dims.o_width() * e},
+                             {Tag::attn_out, n * dims.o_width() * e}, {Tag::attn_lse, n * dims.heads * e}});
+  for (const SavedSize& s : saved_sizes(dims.indexer, shape)) sizes.push_back(s);
+  return sizes;
+}
+
+// Nothing is freed within either pass; each holds at one of its kernel calls the scratch allocated
+// so far and that kernel's temporaries. Forward: (DeepSeek) RoPE's tables; kv_b_proj's output with
+// the indexer's forward, or with its scratch and the attention's temporaries. Backward: d_out, dq,
+// dk, d_v with the attention's temporaries; d_kv, d_kv_a with RoPE's tables; d_latent, c_raw,
+// d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with q_a_layernorm's
+// partials or the indexer's backward, then with its scratch and the input norm's partials.
+int64_t workspace_bytes(const MlaDims& dims, const StepShape& shape) {
+  const int64_t n = shape.tokens(), e = shape.element_bytes, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
+  const int64_t kv = arena_rounded(n * dims.kv_b_out() * e), qk = arena_rounded(n * dims.q_width() * e);
+  const int64_t o = arena_rounded(n * dims.o_width() * e), latent = arena_rounded(n * rkv * e);
+  const int64_t rope = dims.rotary ? rope_workspace_bytes(n, dims.rope.rotary_dim, e) : 0;
+  const AttentionSizes sizes{shape.batch, shape.seq, shape.seq, dims.heads, dims.heads, dims.qk(), 0.0, dims.v};
+  const int64_t forward = std::max(
+      rope, kv + std::max(forward_workspace_bytes(dims.indexer, shape, dims.heads, dims.heads, dims.qk()),
+                          forward_scratch_bytes(dims.indexer, shape) +
+                              main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/false)));
+  const int64_t attention = 2 * o + 2 * qk;                                        // d_out, dq, dk, d_v
+  const int64_t keys = attention + kv + arena_rounded(n * dims.kv_a_out() * e);    // … d_kv, d_kv_a
+  const int64_t latents = keys + 3 * latent;                                       // … d_latent, c_raw, d_c_raw
+  const int64_t inputs = latents + arena_rounded(n * dims.hidden * e) + (rq > 0 ? 2 * arena_rounded(n * rq * e) : 0);
+  const int64_t q_lora = rq > 0 ? std::max(rmsnorm_backward_workspace_bytes(n, rq, true),
+                                           backward_workspace_bytes(dims.indexer, shape))
+                                : 0;
+  const int64_t input_norm = (rq > 0 ? backward_scratch_bytes(dims.indexer, shape) : 0) +
+                             rmsnorm_backward_workspace_bytes(n, dims.hidden, true);
+  const int64_t backward =
+      std::max({attention + main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/true),
+                keys + rope, latents + rmsnorm_backward_workspace_bytes(n, rkv, true),
+                inputs + std::max(q_lora, input_norm)});
+  return std::max(forward, backward);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                   \

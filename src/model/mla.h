@@ -25,6 +25,9 @@
 // Gradient rule: the residual gradient dx is accumulated (+=); parameter gradients accumulate (+=).
 #pragma once
 
+#include <vector>
+
+#include "model/memory_sizes.h"
 #include <algorithm>
 #include <cstdint>
 
@@ -142,5 +145,10 @@ void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, c
 template <class T>
 void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const MlaWeights<T>& w,
                   const MlaDims& dims, Arena& scratch);
+
+// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
+// saves, and the most scratch its forward or backward holds at once.
+std::vector<SavedSize> saved_sizes(const MlaDims& dims, const StepShape& shape);
+int64_t workspace_bytes(const MlaDims& dims, const StepShape& shape);
 
 }  // namespace trillion

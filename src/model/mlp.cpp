@@ -49,6 +49,17 @@ void mlp_backward(T* dh, const T* dy, const T* h, int64_t n, const MlpWeights<T>
   linear_grad(dh, grads.up_proj, d_up, h, w.up_proj, n, D, I, /*accumulate_dx=*/true);
 }
 
+std::vector<SavedSize> saved_sizes(const MlpDims& dims, const StepShape& shape) {
+  const MlpTags tags = tags_of(dims);
+  const int64_t bytes = shape.tokens() * dims.intermediate * shape.element_bytes;  // [n, I] each
+  return {{tags.gate, bytes}, {tags.up, bytes}, {tags.act, bytes}};
+}
+
+// Training forward: nothing in scratch (its three tensors are saved); backward: d_act, d_gate, d_up [n, I].
+int64_t workspace_bytes(const MlpDims& dims, const StepShape& shape) {
+  return 3 * arena_rounded(shape.tokens() * dims.intermediate * shape.element_bytes);
+}
+
 #define TRILLION_INSTANTIATE(T)                                                                              \
   template void mlp_forward<T>(T*, const T*, int64_t, const MlpWeights<T>&, const MlpDims&, bool,             \
                                ActivationStore*, int, Arena&);                                                \

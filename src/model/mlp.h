@@ -5,6 +5,9 @@
 // Gradient rule: dh accumulates (+=); parameter gradients accumulate (+=).
 #pragma once
 
+#include <vector>
+
+#include "model/memory_sizes.h"
 #include <cstdint>
 #include <string>
 
@@ -73,5 +76,10 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MlpWeights<T>& w, const 
                   const MlpDims& dims, const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
   mlp_backward(dh, dy, h, pass.batch * pass.seq, w, grads, dims, store, layer, scratch);
 }
+
+// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
+// saves, and the most scratch its forward or backward holds at once.
+std::vector<SavedSize> saved_sizes(const MlpDims& dims, const StepShape& shape);
+int64_t workspace_bytes(const MlpDims& dims, const StepShape& shape);
 
 }  // namespace trillion

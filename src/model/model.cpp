@@ -100,6 +100,8 @@ ParamCounts count_parameters(const ModelConfig& config) {
   counts.expert = table.num_elements(ParamGroup::expert);
   counts.buffer = table.num_elements(ParamGroup::buffer);
   counts.total = counts.dense + counts.expert;
+  counts.storage = table.total_size();
+  counts.trainable_storage = table.trainable_size();
   counts.active = counts.dense;
   if (config.num_experts > 0)
     counts.active += counts.expert / config.num_experts * config.num_experts_per_tok;
@@ -424,6 +426,15 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
 template <class T>
 ActivationStore& Model<T>::activations() {
   return impl_->store;
+}
+template <class T>
+int64_t Model<T>::workspace_peak_bytes() const {
+  return impl_->scratch.peak_bytes();
+}
+template <class T>
+void Model<T>::reset_workspace_peak() {
+  impl_->scratch.reset();
+  impl_->scratch.reset_peak();
 }
 
 template <class T>

@@ -29,6 +29,8 @@ namespace trillion {
 // uses: dense ones and k / E of the routed experts.
 struct ParamCounts {
   int64_t total = 0, active = 0, dense = 0, expert = 0, buffer = 0;
+  int64_t storage = 0;            // elements of the parameter buffer (padding included)
+  int64_t trainable_storage = 0;  // elements of the gradient buffer (and of each AdamW moment)
 };
 ParamCounts count_parameters(const ModelConfig& config);
 
@@ -72,6 +74,10 @@ class Model {
   // The saved activations of training steps: their policies (keep, recompute, swap per tag), the
   // swap directory, and what the policies did (counters). Set between steps.
   ActivationStore& activations();
+  // The most bytes the layers' scratch arena held at once since reset_workspace_peak(), which
+  // empties it: call it between units (a hook), where nothing lives in it.
+  int64_t workspace_peak_bytes() const;
+  void reset_workspace_peak();
   int sparse_layers() const;
   // MoE layers' correction biases (sigmoid routers), for the aux-loss-free update: per MoE layer,
   // its layer index and a pointer to its [E] bias in params(). Empty without such layers.

@@ -1,6 +1,7 @@
 // The MoE FFN kind: router, routed experts, shared expert(s), balance-loss gradients. See moe.h.
 #include "model/moe.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -196,6 +197,53 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   });
   mlp_backward(dh, d_out, h, n, w.shared, grads.shared, dims.shared, store, layer, scratch);
   linear_grad(dh, grads.shared_gate, d_logit, h, w.shared_gate, n, D, 1, /*accumulate_dx=*/true);
+}
+
+// The routed rows R at their bound: N · k dropless; with a capacity each expert keeps at most
+// `capacity` slots, so R = Σ_e min(slots_e, capacity) ≤ min(N · k, E · capacity).
+std::vector<SavedSize> saved_sizes(const MoeDims& dims, const StepShape& shape) {
+  using Tag = ActivationTag;
+  const int64_t n = shape.tokens(), e = shape.element_bytes, D = dims.hidden, E = dims.experts(), k = dims.top_k();
+  const int64_t I = dims.width, capacity = dims.capacity(n);
+  const int64_t rows = capacity > 0 ? std::min(n * k, E * capacity) : n * k;
+  std::vector<SavedSize> sizes = {{Tag::router_logits, n * E * e},
+                                  {Tag::router_scores, n * E * e},
+                                  {Tag::router_index, n * k * int64_t(sizeof(int32_t))},
+                                  {Tag::router_weight, n * k * e},
+                                  {Tag::expert_gate_up, rows * 2 * I * e},
+                                  {Tag::expert_act, rows * I * e},
+                                  {Tag::expert_out, rows * D * e}};
+  if (dims.shared.intermediate == 0) return sizes;
+  if (dims.shared_gated) {
+    sizes.push_back({Tag::shared_out, n * D * e});
+    sizes.push_back({Tag::shared_gate_logit, n * e});
+  }
+  for (const SavedSize& s : saved_sizes(dims.shared, shape)) sizes.push_back(s);
+  return sizes;
+}
+
+// Training forward: nothing in scratch (everything it allocates is saved), so the largest of its
+// kernels' temporaries: router_select's, the experts', and the routing statistics'. Backward, at
+// each kernel with temporaries: the experts' after dweight [n, k]; the sequence loss's after dscores
+// [n, E]; the z-loss's after dlogits [n, E]; then the shared expert's (gated: after d_out [n, D] and
+// d_logit [n]).
+int64_t workspace_bytes(const MoeDims& dims, const StepShape& shape) {
+  const int64_t n = shape.tokens(), e = shape.element_bytes, E = dims.experts(), k = dims.top_k();
+  const MoeExpertDims expert_dims{dims.hidden, dims.width, E};
+  const bool sequence = dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0, z = dims.z_coef != 0.0;
+  const int64_t sequence_bytes = sequence ? sequence_aux_loss_workspace_bytes(shape.batch, shape.seq, E) : 0;
+  const int64_t z_bytes = z ? router_z_loss_workspace_bytes(n) : 0;
+  const int64_t forward = std::max({router_select_workspace_bytes(n, dims.router, e, shape.threads),
+                                    moe_experts_forward_workspace_bytes(expert_dims, e, shape.threads),
+                                    expert_load_workspace_bytes(n, E), sequence_bytes, z_bytes});
+  const int64_t dweight = arena_rounded(n * k * e), dscores = arena_rounded(n * E * e);
+  int64_t backward = std::max({dweight + moe_experts_backward_workspace_bytes(n, k, expert_dims, e, shape.threads),
+                               dweight + dscores + sequence_bytes, dweight + 2 * dscores + z_bytes});
+  if (dims.shared.intermediate > 0) {
+    const int64_t gated = dims.shared_gated ? arena_rounded(n * dims.hidden * e) + arena_rounded(n * e) : 0;
+    backward = std::max(backward, dweight + 2 * dscores + gated + workspace_bytes(dims.shared, shape));
+  }
+  return std::max(forward, backward);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                 \

@@ -18,6 +18,7 @@
 // Gradient rule: dh accumulates (+=); parameter gradients accumulate (+=).
 #pragma once
 
+#include "model/memory_sizes.h"
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -110,5 +111,10 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
 template <class T>
 void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const MoeWeights<T>& grads,
                   const MoeDims& dims, const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch);
+
+// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
+// saves, and the most scratch its forward or backward holds at once.
+std::vector<SavedSize> saved_sizes(const MoeDims& dims, const StepShape& shape);
+int64_t workspace_bytes(const MoeDims& dims, const StepShape& shape);
 
 }  // namespace trillion

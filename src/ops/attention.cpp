@@ -90,15 +90,39 @@ void mask_diagonal(T* scores, int64_t ld, int64_t rows, int64_t cols, const Geom
   }
 }
 
+// Elements of one thread's forward workspace: q_rows [rows, d], acc [rows, dv], scores [rows, kKTile],
+// row_max, row_sum [rows].
+int64_t forward_per_thread(const Geometry& geo, int64_t elem_bytes) {
+  const int64_t rows = geo.rows_max;
+  return round_up_64_bytes(rows * (geo.s.head_dim + geo.dv) + rows * kKTile + 2 * rows, elem_bytes);
+}
+
+// Elements of one thread's backward workspace: q_rows, dq_part [rows, d]; dout_rows [rows, dv]; probs,
+// dprobs [rows, kKTile]; lse_rows, dot_rows [rows]; dk_acc [kKTile, d]; dv_acc [kKTile, dv].
+int64_t backward_per_thread(const Geometry& geo, int64_t elem_bytes) {
+  const int64_t rows = geo.rows_max, d = geo.s.head_dim;
+  return round_up_64_bytes(rows * (2 * d + geo.dv) + 2 * rows * kKTile + 2 * rows + kKTile * (d + geo.dv), elem_bytes);
+}
+
+// Elements of the backward's row_dot [batch, q_heads, q_len].
+int64_t row_dot_count(const AttentionSizes& s) { return s.batch * s.q_heads * s.q_len; }
+
 }  // namespace
+
+int64_t attention_forward_workspace_bytes(const AttentionSizes& sizes, int threads, int64_t element_bytes) {
+  return forward_per_thread(Geometry(sizes), element_bytes) * threads * element_bytes;
+}
+
+int64_t attention_backward_workspace_bytes(const AttentionSizes& sizes, int threads, int64_t element_bytes) {
+  return (row_dot_count(sizes) + backward_per_thread(Geometry(sizes), element_bytes) * threads) * element_bytes;
+}
 
 template <class T>
 void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& sizes) {
   const Geometry geo(sizes);
   const int64_t d = sizes.head_dim, dv = geo.dv;
   const int64_t rows_max = geo.rows_max;
-  // Per-thread workspace: q_rows [rows, d], acc [rows, dv], scores [rows, kKTile], row_max, row_sum [rows].
-  const int64_t per_thread = round_up_64_bytes(rows_max * (d + dv) + rows_max * kKTile + 2 * rows_max, sizeof(T));
+  const int64_t per_thread = forward_per_thread(geo, sizeof(T));  // layout below
   Buffer<T> workspace(per_thread * num_threads());
   const int64_t items = sizes.batch * sizes.kv_heads * geo.q_tiles;
   const T scale = T(sizes.scale);
@@ -164,7 +188,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   const T scale = T(sizes.scale);
 
   // row_dot[batch, q_heads, q_len] = rowsum(dout ⊙ out); dq starts at zero.
-  Buffer<T> row_dot(sizes.batch * sizes.q_heads * sizes.q_len);
+  Buffer<T> row_dot(row_dot_count(sizes));
   parallel_for(sizes.batch * sizes.q_len, [&](int64_t bt) {
     const int64_t b = bt / sizes.q_len, t = bt % sizes.q_len;
     for (int64_t h = 0; h < sizes.q_heads; ++h) {
@@ -177,10 +201,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
     std::fill(dq + geo.q_index(b, t, 0), dq + geo.q_index(b, t, 0) + geo.q_stride, T(0));
   });
 
-  // Per-thread workspace: q_rows, dq_part [rows, d]; dout_rows [rows, dv]; probs, dprobs [rows, kKTile];
-  // lse_rows, dot_rows [rows]; dk_acc [kKTile, d]; dv_acc [kKTile, dv].
-  const int64_t per_thread =
-      round_up_64_bytes(rows_max * (2 * d + dvd) + 2 * rows_max * kKTile + 2 * rows_max + kKTile * (d + dvd), sizeof(T));
+  const int64_t per_thread = backward_per_thread(geo, sizeof(T));  // layout below
   Buffer<T> workspace(per_thread * num_threads());
   // Turn counter per (batch, kv head, query tile): the number of key tiles whose dq contribution
   // has been added.

@@ -35,4 +35,10 @@ template <class T>
 void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                         const T* lse, const AttentionSizes& sizes);
 
+// The bytes of attention_forward's and attention_backward's temporaries (Buffers) with `threads`
+// OpenMP threads and element_bytes = sizeof(T), for the memory plan: the forward's per-thread
+// tiles; the backward's per-thread tiles and row_dot [batch, q_heads, q_len].
+int64_t attention_forward_workspace_bytes(const AttentionSizes& sizes, int threads, int64_t element_bytes);
+int64_t attention_backward_workspace_bytes(const AttentionSizes& sizes, int threads, int64_t element_bytes);
+
 }  // namespace trillion

@@ -60,6 +60,10 @@ void conv1d_silu_forward(T* y, const T* x, const T* w, const int32_t* cu_seqlens
   });
 }
 
+int64_t conv1d_silu_backward_workspace_bytes(int64_t tokens, int64_t channels, int64_t element_bytes) {
+  return tokens * channels * element_bytes;  // da
+}
+
 template <class T>
 void conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const int32_t* cu_seqlens,
                           const Conv1dSizes& s) {

@@ -67,6 +67,23 @@ int64_t forward_backward_row_chunk(int64_t rows, int64_t vocab, int64_t element_
   return std::clamp<int64_t>(std::min(rows_in_budget, rows), 1, tiling.row_chunk);
 }
 
+int64_t forward_backward_workspace_bytes(int64_t rows, int64_t vocab, int64_t element_bytes,
+                                         const CrossEntropyTiling& tiling) {
+  if (rows == 0) return 0;
+  const int64_t row_chunk = forward_backward_row_chunk(rows, vocab, element_bytes, tiling);
+  return row_chunk * vocab * element_bytes + 2 * row_chunk * int64_t(sizeof(double));  // chunk_logits, row_lse, row_loss
+}
+
+int64_t forward_then_backward_workspace_bytes(int64_t rows, int64_t d, int64_t vocab, int64_t element_bytes,
+                                              int threads, const CrossEntropyTiling& tiling) {
+  if (rows == 0) return 0;
+  const Tiles tiles = make_tiles(rows, vocab, tiling);
+  const int64_t tile = threads * tiles.row_chunk * tiles.vocab_tile * element_bytes;  // scratch
+  const int64_t forward = tile + rows * int64_t(sizeof(double)) + threads * 3 * tiles.row_chunk * int64_t(sizeof(double));
+  const int64_t backward = tile + tiles.vocab_tiles * tiles.row_chunk * d * element_bytes;  // + dh_partial
+  return std::max(forward, backward);
+}
+
 template <class T>
 CrossEntropyResult lm_head_cross_entropy_forward(T* lse, const T* h, const T* w, const int32_t* targets,
                                                  int64_t rows, int64_t d, int64_t vocab,

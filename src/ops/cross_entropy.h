@@ -52,6 +52,13 @@ void lm_head_cross_entropy_backward(T* dh, T* dw, const T* h, const T* w, const 
 int64_t forward_backward_row_chunk(int64_t rows, int64_t vocab, int64_t element_bytes,
                                    const CrossEntropyTiling& tiling = {});
 
+// The bytes of the temporaries each call allocates (its Buffers, counted in the fast tier), for the
+// memory plan: forward_backward's, and the larger of forward's and backward's, at `threads` threads.
+int64_t forward_backward_workspace_bytes(int64_t rows, int64_t vocab, int64_t element_bytes,
+                                         const CrossEntropyTiling& tiling = {});
+int64_t forward_then_backward_workspace_bytes(int64_t rows, int64_t d, int64_t vocab, int64_t element_bytes,
+                                              int threads, const CrossEntropyTiling& tiling = {});
+
 // Loss and gradients in one call. The objective is scale · Σ_counted [(lse − logit[target]) + z_loss_coef · lse²]
 // (PaLM z-loss; z_loss_coef = 0 turns it off), so with p = softmax(logits)
 //   dlogits = scale · (p · (1 + 2 · z_loss_coef · lse) − onehot(target)) for counted rows, 0 for ignored;

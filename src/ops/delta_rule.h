@@ -94,4 +94,12 @@ void delta_rule_chunk_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0, con
                                const T* q, const T* k, const T* v, const T* g, const T* beta, const T* s0,
                                const int32_t* cu_seqlens, const DeltaRuleSizes& sizes);
 
+// The bytes of delta_rule_chunk_forward's and delta_rule_chunk_backward's temporaries (their
+// per-thread scratch of T at `threads` threads; the backward's grows with the longest segment, T
+// without cu_seqlens), for the memory plan.
+int64_t delta_rule_chunk_forward_workspace_bytes(int64_t key_dim, int64_t value_dim, int64_t element_bytes,
+                                                 int threads);
+int64_t delta_rule_chunk_backward_workspace_bytes(int64_t key_dim, int64_t value_dim, int64_t longest_segment,
+                                                  int64_t element_bytes, int threads);
+
 }  // namespace trillion

@@ -29,14 +29,18 @@ namespace trillion {
 
 using namespace delta_rule_detail;  // this file's own machinery (delta_rule_chunk_work.h)
 
+int64_t delta_rule_chunk_forward_workspace_bytes(int64_t key_dim, int64_t value_dim, int64_t element_bytes,
+                                                 int threads) {
+  return threads * forward_per_thread(key_dim, value_dim) * element_bytes;
+}
+
 template <class T>
 void delta_rule_chunk_forward(T* o, T* s_final, const T* q, const T* k, const T* v, const T* g, const T* beta,
                               const T* s0, const int32_t* cu_seqlens, const DeltaRuleSizes& sizes) {
   check_and_longest_segment(cu_seqlens, sizes);
   const int64_t K = sizes.key_dim, V = sizes.value_dim, KV = K * V, H = sizes.heads;
   const int64_t segments = segment_count(cu_seqlens, sizes);
-  // Per thread: state [K, V], then the chunk work arrays.
-  const int64_t per_thread = KV + ChunkWork<T>::numel(K, V);
+  const int64_t per_thread = forward_per_thread(K, V);  // state [K, V], then the chunk work arrays
   Buffer<T> scratch(num_threads() * per_thread);
   parallel_for(segments * H, [&](int64_t item) {
     const int64_t n = item / H, h = item % H;

@@ -7,6 +7,11 @@ namespace trillion {
 
 using namespace delta_rule_detail;  // this file's own machinery (delta_rule_chunk_work.h)
 
+int64_t delta_rule_chunk_backward_workspace_bytes(int64_t key_dim, int64_t value_dim, int64_t longest_segment,
+                                                  int64_t element_bytes, int threads) {
+  return threads * backward_per_thread(key_dim, value_dim, longest_segment) * element_bytes;
+}
+
 template <class T>
 void delta_rule_chunk_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0, const T* d_o, const T* ds_final,
                                const T* q, const T* k, const T* v, const T* g, const T* beta, const T* s0,
@@ -14,10 +19,9 @@ void delta_rule_chunk_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0, con
   const int64_t longest = check_and_longest_segment(cu_seqlens, sizes);
   const int64_t K = sizes.key_dim, V = sizes.value_dim, KV = K * V, H = sizes.heads;
   const int64_t segments = segment_count(cu_seqlens, sizes);
-  const int64_t max_chunks = std::max<int64_t>(1, (longest + C - 1) / C);
+  const int64_t max_chunks = backward_chunks(longest);
   const bool per_channel = sizes.decay == DeltaDecay::per_key_channel;
-  // Per thread: chunk-start states [max_chunks, K, V], dS [K, V], dS_prev [K, V], work, grads.
-  const int64_t per_thread = (max_chunks + 2) * KV + ChunkWork<T>::numel(K, V) + ChunkGrads<T>::numel(K, V);
+  const int64_t per_thread = backward_per_thread(K, V, longest);  // states, dS, dS_prev, work, grads
   Buffer<T> scratch(num_threads() * per_thread);
   parallel_for(segments * H, [&](int64_t item) {
     const int64_t n = item / H, h = item % H;

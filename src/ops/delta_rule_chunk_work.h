@@ -349,5 +349,17 @@ struct ChunkGrads {
         pQ(db + C), pKr(pQ + C * K), pKc(pKr + C * K), tmp2(pKc + C * K) {}
 };
 
+// Per-thread scratch elements of the chunked forward (state [K, V], then ChunkWork) and of the
+// backward (chunk-start states [backward_chunks, K, V], dS, dS_prev [K, V], ChunkWork, ChunkGrads);
+// the counts do not depend on T.
+inline int64_t backward_chunks(int64_t longest_segment) {
+  return std::max<int64_t>(1, (longest_segment + C - 1) / C);
+}
+inline int64_t forward_per_thread(int64_t K, int64_t V) { return K * V + ChunkWork<float>::numel(K, V); }
+inline int64_t backward_per_thread(int64_t K, int64_t V, int64_t longest_segment) {
+  return (backward_chunks(longest_segment) + 2) * K * V + ChunkWork<float>::numel(K, V) +
+         ChunkGrads<float>::numel(K, V);
+}
+
 
 }  // namespace trillion::delta_rule_detail

@@ -111,18 +111,31 @@ void score_tile(T* tile, T* head_scores, const T* q, const T* k, const T* w, con
   }
 }
 
+// Elements of one thread's top-k workspace (T): head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock].
+int64_t topk_per_thread(const Geometry& geo) { return geo.rows_max * kKeyBlock + kQueryBlock * kKeyBlock; }
+
+// Candidates of one thread (packed): lists [kQueryBlock, capacity] and the compaction's scratch
+// [capacity], capacity = 2·topk + kKeyBlock.
+int64_t topk_candidates_per_thread(const IndexerSizes& s) { return (kQueryBlock + 1) * (2 * s.topk + kKeyBlock); }
+
+// A packed candidate (the score's bits, then the key) takes two T's bytes.
+static_assert(sizeof(PackedRank<float>::Packed) == 2 * sizeof(float) &&
+              sizeof(PackedRank<double>::Packed) == 2 * sizeof(double));
 
 }  // namespace
+
+int64_t indexer_topk_workspace_bytes(const IndexerSizes& sizes, int threads, int64_t element_bytes) {
+  const Geometry geo(sizes);
+  return (topk_per_thread(geo) + 2 * topk_candidates_per_thread(sizes)) * threads * element_bytes;  // packed: 2 T
+}
 
 template <class T>
 void indexer_topk(int32_t* indices, const T* q, const T* k, const T* w, const IndexerSizes& sizes) {
   const Geometry geo(sizes);
   const int64_t capacity = 2 * sizes.topk + kKeyBlock;
-  // Per-thread workspace: head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock]; candidate
-  // lists [kQueryBlock, capacity] and the compaction's scratch [capacity].
-  const int64_t per_thread = geo.rows_max * kKeyBlock + kQueryBlock * kKeyBlock;
+  const int64_t per_thread = topk_per_thread(geo);  // layout below
   Buffer<T> workspace(per_thread * num_threads());
-  Buffer<typename PackedRank<T>::Packed> candidates((kQueryBlock + 1) * capacity * num_threads());
+  Buffer<typename PackedRank<T>::Packed> candidates(topk_candidates_per_thread(sizes) * num_threads());
   std::atomic<bool> found_nan{false};
   const int64_t items = sizes.batch * geo.q_blocks;
 
@@ -205,6 +218,39 @@ void head_gradients(T* head_scores, int64_t ld, double* dw_row, const T* dI, con
   }
 }
 
+// Element counts of a loss's Buffers: per thread, its workspace (T), double accumulators and int32
+// keys; and its work items, each with two double partial sums (KL and selected mass).
+struct LossBuffers {
+  int64_t per_thread = 0, doubles_per_thread = 0, ints_per_thread = 0, items = 0;
+};
+
+// Dense mode. Workspace: head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock] (I), probs
+// [kQueryBlock, kKeyBlock] (p), main_logits [main_rows, kKeyBlock] (P_h, then softmax(I) and dI in its
+// first kQueryBlock rows), main_q_rows [kv_heads, main_rows, qk], dq_acc [rows_max, d], dk_part
+// [kKeyBlock, d], lse_index [kQueryBlock] (main_rows = kQueryBlock · group); dw_acc [rows_max]
+// (double); the selected keys sorted [kQueryBlock, topk] (int32); one item per query block.
+LossBuffers dense_buffers(const Geometry& geo, const IndexerTarget& t) {
+  const int64_t main_rows = kQueryBlock * (t.heads / t.kv_heads), d = geo.s.head_dim;
+  return {geo.rows_max * kKeyBlock + 2 * kQueryBlock * kKeyBlock + main_rows * kKeyBlock +
+              t.kv_heads * main_rows * t.qk_dim + geo.rows_max * d + kKeyBlock * d + kQueryBlock,
+          geo.rows_max, kQueryBlock * geo.s.topk, geo.s.batch * geo.q_blocks};
+}
+
+// Query blocks per batch entry of the sparse loss (one item each).
+int64_t sparse_blocks_per_batch(const Geometry& geo) {
+  return (geo.s.q_len + kSparseQueryBlock - 1) / kSparseQueryBlock;
+}
+
+// Sparse mode. Workspace: k_selected [topk, d], head_scores [heads, topk], scores, soft, p [topk],
+// main_k_selected [topk, qk], main_logits [group, topk], dk_rows [kSparseQueryBlock, topk, d]; dw_row
+// [heads] (double); no int32 keys.
+LossBuffers sparse_buffers(const Geometry& geo, const IndexerTarget& t) {
+  const int64_t topk = geo.s.topk, d = geo.s.head_dim;
+  return {topk * d + geo.s.heads * topk + 3 * topk + topk * t.qk_dim + (t.heads / t.kv_heads) * topk +
+              kSparseQueryBlock * topk * d,
+          geo.s.heads, 0, geo.s.batch * sparse_blocks_per_batch(geo)};
+}
+
 template <class T>
 LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, const int32_t* indices,
                        const TargetGeometry& tg, double coef, const Geometry& geo) {
@@ -216,17 +262,11 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
   const T grad_scale = T(coef / double(s.batch * s.q_len)), scale = T(s.scale), main_scale = T(tg.t.scale);
   const T inv_heads = T(1.0 / double(tg.t.heads));
   const int64_t main_rows = kQueryBlock * group;
-  // Per-thread workspace (T): head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock] (I),
-  // probs [kQueryBlock, kKeyBlock] (p), main_logits [main_rows, kKeyBlock] (P_h, then softmax(I)
-  // and dI in its first kQueryBlock rows), main_q_rows [kv_heads, main_rows, qk], dq_acc [rows_max, d],
-  // dk_part [kKeyBlock, d], lse_index [kQueryBlock].
-  const int64_t per_thread = geo.rows_max * kKeyBlock + 2 * kQueryBlock * kKeyBlock + main_rows * kKeyBlock +
-                             tg.t.kv_heads * main_rows * qk + geo.rows_max * d + kKeyBlock * d + kQueryBlock;
+  const LossBuffers buffers = dense_buffers(geo, tg.t);  // layouts below
+  const int64_t per_thread = buffers.per_thread, items = buffers.items;
   Buffer<T> workspace(per_thread * num_threads());
-  // Per-thread dw_acc [rows_max] (double); selected keys sorted [kQueryBlock, topk] (int32).
-  Buffer<double> dw_workspace(geo.rows_max * num_threads());
-  Buffer<int32_t> selected_workspace(kQueryBlock * s.topk * num_threads());
-  const int64_t items = s.batch * geo.q_blocks;
+  Buffer<double> dw_workspace(buffers.doubles_per_thread * num_threads());
+  Buffer<int32_t> selected_workspace(buffers.ints_per_thread * num_threads());
   Buffer<double> kl_partial(items), mass_partial(items);  // [items]
   // dk turn per (batch, key block): the number of query blocks that have added their part.
   std::unique_ptr<std::atomic<int64_t>[]> dk_turn(new std::atomic<int64_t>[s.batch * geo.k_blocks]);
@@ -362,14 +402,11 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
   const T* main_lse = static_cast<const T*>(tg.t.lse);
   const T grad_scale = T(coef / double(s.batch * s.q_len)), scale = T(s.scale), main_scale = T(tg.t.scale);
   const T inv_heads = T(1.0 / double(tg.t.heads));
-  // Per-thread workspace (T): k_selected [topk, d], head_scores [heads, topk], scores, soft, p [topk],
-  // main_k_selected [topk, qk], main_logits [group, topk], dk_rows [kSparseQueryBlock, topk, d].
-  const int64_t per_thread = topk * d + heads * topk + 3 * topk + topk * qk + group * topk +
-                             kSparseQueryBlock * topk * d;
+  const LossBuffers buffers = sparse_buffers(geo, tg.t);  // layouts below
+  const int64_t per_thread = buffers.per_thread, items = buffers.items;
   Buffer<T> workspace(per_thread * num_threads());
-  Buffer<double> dw_workspace(heads * num_threads());  // [threads, heads]
-  const int64_t blocks_per_batch = (s.q_len + kSparseQueryBlock - 1) / kSparseQueryBlock;
-  const int64_t items = s.batch * blocks_per_batch;
+  Buffer<double> dw_workspace(buffers.doubles_per_thread * num_threads());  // [threads, heads]
+  const int64_t blocks_per_batch = sparse_blocks_per_batch(geo);
   Buffer<double> kl_partial(items), mass_partial(items);  // [items]
   std::atomic<int64_t> next_item{0}, scatter_turn{0};
   std::atomic<bool> bad_selection{false};
@@ -467,6 +504,15 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
 }
 
 }  // namespace
+
+int64_t indexer_loss_workspace_bytes(const IndexerTarget& target, IndexerLossMode mode, const IndexerSizes& sizes,
+                                     int threads, int64_t element_bytes) {
+  const Geometry geo(sizes);
+  const LossBuffers b = mode == IndexerLossMode::kDense ? dense_buffers(geo, target) : sparse_buffers(geo, target);
+  const int64_t per_thread = b.per_thread * element_bytes + b.doubles_per_thread * int64_t(sizeof(double)) +
+                             b.ints_per_thread * int64_t(sizeof(int32_t));
+  return per_thread * threads + 2 * b.items * int64_t(sizeof(double));
+}
 
 template <class T>
 IndexerLossResult indexer_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, const int32_t* indices,

@@ -70,4 +70,12 @@ IndexerLossResult indexer_loss(T* dq, T* dk, T* dw, const T* q, const T* k, cons
                                const IndexerTarget& target, IndexerLossMode mode, double coef,
                                const IndexerSizes& sizes);
 
+// The bytes of indexer_topk's and indexer_loss's temporaries (Buffers) with `threads` OpenMP threads
+// and element_bytes = sizeof(T), for the memory plan (of the target only its sizes are read): the
+// top-k's per-thread score tiles and candidate lists; the loss's per-thread tiles and accumulators
+// and its per-item partial sums.
+int64_t indexer_topk_workspace_bytes(const IndexerSizes& sizes, int threads, int64_t element_bytes);
+int64_t indexer_loss_workspace_bytes(const IndexerTarget& target, IndexerLossMode mode, const IndexerSizes& sizes,
+                                     int threads, int64_t element_bytes);
+
 }  // namespace trillion

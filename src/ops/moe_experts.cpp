@@ -50,6 +50,18 @@ int64_t per_thread_count(int64_t count, int64_t elem_bytes) {
   return (count + per_line - 1) / per_line * per_line;
 }
 
+// Per-thread workspace elements: forward x_tile [kForwardTile, H]; backward x_tile [M, H],
+// d_out [M, H], d_act [M, I], d_gu [M, 2I] (M = kBackwardTile).
+int64_t forward_per_thread(int64_t hidden, int64_t elem_bytes) {
+  return per_thread_count(kForwardTile * hidden, elem_bytes);
+}
+int64_t backward_per_thread(int64_t hidden, int64_t inter, int64_t elem_bytes) {
+  return per_thread_count(kBackwardTile * (2 * hidden + 3 * inter), elem_bytes);
+}
+
+// Tokens per backward chunk (about kChunkRows slots).
+int64_t chunk_tokens_of(int64_t top_k) { return std::max<int64_t>(1, kChunkRows / top_k); }
+
 void check_plan(const MoePlan& plan, const MoeExpertDims& dims) {
   TRILLION_CHECK(dims.hidden > 0 && dims.intermediate > 0 && dims.experts > 0, "moe experts dims H=", dims.hidden,
                  " I=", dims.intermediate, " E=", dims.experts);
@@ -97,6 +109,16 @@ T dot(const T* a, const T* b, int64_t n) {
 }
 
 }  // namespace
+
+int64_t moe_experts_forward_workspace_bytes(const MoeExpertDims& dims, int64_t element_bytes, int threads) {
+  return threads * forward_per_thread(dims.hidden, element_bytes) * element_bytes;  // x_tile
+}
+
+int64_t moe_experts_backward_workspace_bytes(int64_t tokens, int64_t top_k, const MoeExpertDims& dims,
+                                             int64_t element_bytes, int threads) {
+  const int64_t dx_part = std::min(chunk_tokens_of(top_k), tokens) * top_k * dims.hidden;
+  return (dx_part + threads * backward_per_thread(dims.hidden, dims.intermediate, element_bytes)) * element_bytes;
+}
 
 int64_t MoePlan::total_dropped() const { return std::accumulate(dropped.begin(), dropped.end(), int64_t{0}); }
 
@@ -148,8 +170,7 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x
       item_expert.push_back(e);
       item_row.push_back(r0);
     }
-  // Per-thread workspace: x_tile [kForwardTile, H].
-  const int64_t per_thread = per_thread_count(kForwardTile * H, sizeof(T));
+  const int64_t per_thread = forward_per_thread(H, sizeof(T));  // x_tile
   Buffer<T> workspace(per_thread * num_threads());
 
   parallel_for_dynamic(static_cast<int64_t>(item_expert.size()), [&](int64_t item) {
@@ -188,7 +209,7 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
   const int64_t M = kBackwardTile;
   // Token chunks of about kChunkRows slots. An expert's rows are token ascending, so its rows of
   // chunk c are one range [first[c·E + e], first[(c+1)·E + e]).
-  const int64_t chunk_tokens = std::max<int64_t>(1, kChunkRows / k);
+  const int64_t chunk_tokens = chunk_tokens_of(k);
   const int64_t chunks = (N + chunk_tokens - 1) / chunk_tokens;
   std::vector<int64_t> first((chunks + 1) * E);  // [chunks + 1, E]
   for (int64_t c = 0; c <= chunks; ++c)
@@ -207,8 +228,7 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
   Buffer<T> dx_part(max_chunk_rows * H);                         // [chunk rows, H]: d loss / d x of each row
   std::vector<int32_t> part_row(std::min(chunk_tokens, N) * k);  // [chunk slots]: the dx_part row of each slot
   std::vector<int64_t> base(E), order;                           // [E]: first dx_part row of each expert
-  // Per-thread workspace: x_tile [M, H], d_out [M, H], d_act [M, I], d_gu [M, 2I].
-  const int64_t per_thread = per_thread_count(M * (2 * H + 3 * I), sizeof(T));
+  const int64_t per_thread = backward_per_thread(H, I, sizeof(T));  // x_tile, d_out, d_act, d_gu
   Buffer<T> workspace(per_thread * num_threads());
 
   for (int64_t c = 0; c < chunks; ++c) {

@@ -62,4 +62,11 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
                           const T* act, const T* expert_out, const T* gate_up, const T* down, const T* weight,
                           const MoePlan& plan, const MoeExpertDims& dims);
 
+// The bytes of moe_experts_forward's and moe_experts_backward's temporaries (Buffers of T: the
+// per-thread tiles at `threads` threads; the backward's dx_part at its dropless bound, one chunk of
+// min(N, 8192 / k) tokens · k rows), for the memory plan.
+int64_t moe_experts_forward_workspace_bytes(const MoeExpertDims& dims, int64_t element_bytes, int threads);
+int64_t moe_experts_backward_workspace_bytes(int64_t tokens, int64_t top_k, const MoeExpertDims& dims,
+                                             int64_t element_bytes, int threads);
+
 }  // namespace trillion

@@ -129,6 +129,16 @@ void router_scores_backward(T* dlogits, const T* dscores, const T* scores, int64
   });
 }
 
+int64_t router_select_workspace_bytes(int64_t tokens, const RouterDims& dims, int64_t element_bytes, int threads) {
+  const int64_t E = dims.experts, select = topk_rows_workspace_bytes(E, dims.top_k, threads);
+  if (dims.scoring == RouterScoring::softmax) return select;
+  int64_t groups = 0;  // group_scores, group_index and their top-k, freed before the final top-k
+  if (dims.topk_group < dims.n_group)
+    groups = tokens * dims.n_group * element_bytes + tokens * dims.topk_group * int64_t(sizeof(int32_t)) +
+             topk_rows_workspace_bytes(dims.n_group, dims.topk_group, threads);
+  return tokens * E * element_bytes + std::max(groups, select);  // biased
+}
+
 template <class T>
 void router_select(int32_t* index, const T* scores, const T* bias, int64_t tokens, const RouterDims& dims) {
   check_dims(dims);
@@ -198,6 +208,10 @@ void router_weights_backward(T* dscores, const T* dweight, const T* scores, cons
   });
 }
 
+int64_t expert_load_workspace_bytes(int64_t tokens, int64_t experts) {
+  return (tokens + kTokenBlock - 1) / kTokenBlock * experts * int64_t(sizeof(double));  // partial
+}
+
 template <class T>
 void expert_load(int64_t* counts, double* prob_sums, const T* scores, const int32_t* index, int64_t tokens,
                  const RouterDims& dims) {
@@ -218,6 +232,8 @@ void expert_load(int64_t* counts, double* prob_sums, const T* scores, const int3
   for (int64_t b = 0; b < blocks; ++b)
     for (int64_t e = 0; e < E; ++e) prob_sums[e] += partial[b * E + e];
 }
+
+int64_t router_z_loss_workspace_bytes(int64_t tokens) { return tokens * int64_t(sizeof(double)); }  // lse
 
 template <class T>
 double router_z_loss(T* dlogits, const T* logits, int64_t tokens, int64_t experts, double scale) {
@@ -241,6 +257,10 @@ double router_z_loss(T* dlogits, const T* logits, int64_t tokens, int64_t expert
   });
   const double total = deterministic_sum(tokens, [&](int64_t t) { return lse[t] * lse[t]; });
   return total / static_cast<double>(tokens);
+}
+
+int64_t sequence_aux_loss_workspace_bytes(int64_t batch, int64_t seq, int64_t experts) {
+  return (batch * experts + batch * seq) * int64_t(sizeof(double));  // f, term
 }
 
 template <class T>

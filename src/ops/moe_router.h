@@ -62,6 +62,10 @@ void router_scores_backward(T* dlogits, const T* dscores, const T* scores, int64
 // index[N, k] ← the routing decision; bias[E] (sigmoid's e_score_correction_bias) may be null.
 template <class T>
 void router_select(int32_t* index, const T* scores, const T* bias, int64_t tokens, const RouterDims& dims);
+// The bytes of router_select's temporaries at `threads` threads, for the memory plan (sigmoid: the
+// biased scores [N, E] of T, with the group scores and choices while groups are kept; every
+// top-k's own, ops/topk.h).
+int64_t router_select_workspace_bytes(int64_t tokens, const RouterDims& dims, int64_t element_bytes, int threads);
 
 // weight[N, k] ← gathered, optionally renormalized and scaled scores.
 template <class T>
@@ -75,11 +79,15 @@ void router_weights_backward(T* dscores, const T* dweight, const T* scores, cons
 template <class T>
 void expert_load(int64_t* counts, double* prob_sums, const T* scores, const int32_t* index, int64_t tokens,
                  const RouterDims& dims);
+// The bytes of expert_load's temporaries (its per-block partials [⌈N / 64⌉, E] in double).
+int64_t expert_load_workspace_bytes(int64_t tokens, int64_t experts);
 
 // Returns mean_t logsumexp(logits_t)² (0 for no tokens); if dlogits is non-null,
 // dlogits[N, E] += scale · its gradient.
 template <class T>
 double router_z_loss(T* dlogits, const T* logits, int64_t tokens, int64_t experts, double scale);
+// The bytes of router_z_loss's temporaries (lse [N] in double).
+int64_t router_z_loss_workspace_bytes(int64_t tokens);
 
 // Returns the sequence-wise loss (above) of tokens = batch · seq rows; if dscores is non-null,
 // dscores[N, E] += scale · its gradient (index is a constant). The count behind f_i is of (t, slot)
@@ -87,5 +95,7 @@ double router_z_loss(T* dlogits, const T* logits, int64_t tokens, int64_t expert
 template <class T>
 double sequence_aux_loss(T* dscores, const T* scores, const int32_t* index, int64_t batch, int64_t seq,
                          const RouterDims& dims, double scale);
+// The bytes of sequence_aux_loss's temporaries (f [B, E] and term [N] in double).
+int64_t sequence_aux_loss_workspace_bytes(int64_t batch, int64_t seq, int64_t experts);
 
 }  // namespace trillion

@@ -33,6 +33,14 @@ void rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int64_t rows, int64_
   });
 }
 
+int64_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t d, bool has_dw) {
+  return has_dw ? (rows + kRowBlock - 1) / kRowBlock * d * int64_t(sizeof(double)) : 0;
+}
+
+int64_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t d, bool has_dw, bool has_db) {
+  return rmsnorm_backward_workspace_bytes(rows, d, has_dw) + rmsnorm_backward_workspace_bytes(rows, d, has_db);
+}
+
 template <class T>
 void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, int64_t rows, int64_t d,
                       bool zero_centred, bool accumulate_dx) {

@@ -21,6 +21,11 @@ template <class T>
 void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, int64_t rows, int64_t d,
                       bool zero_centred, bool accumulate_dx);
 
+// The bytes of rmsnorm_backward's and layer_norm_backward's temporaries (per-block partials of the
+// weight and bias gradients in double), for the memory plan; forwards have none.
+int64_t rmsnorm_backward_workspace_bytes(int64_t rows, int64_t d, bool has_dw);
+int64_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t d, bool has_dw, bool has_db);
+
 // y[rows, d], mean[rows], rstd[rows] (saved) from x[rows, d], w[d], b[d].
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t rows, int64_t d,

@@ -40,6 +40,12 @@ struct RopeSpec {
 // inv_freq[rotary_dim / 2] of the spec, in double.
 std::vector<double> rope_inv_freq(const RopeSpec& rope);
 
+// The bytes of rope_forward's and rope_backward's temporaries (cos and sin tables of T), for the
+// memory plan.
+inline int64_t rope_workspace_bytes(int64_t tokens, int64_t rotary_dim, int64_t element_bytes) {
+  return 2 * tokens * (rotary_dim / 2) * element_bytes;
+}
+
 // x[tokens, heads, head_stride]: dims [offset, offset + rotary_dim) of each head rotated in place.
 template <class T>
 void rope_forward(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_stride,

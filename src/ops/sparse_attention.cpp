@@ -107,12 +107,16 @@ int32_t scan_row(const int32_t* row, int64_t topk, int64_t visible_end, uint8_t*
   return count == 0 ? int32_t(kNoKey) : count;
 }
 
+// Elements of selected_counts' counts [batch, q_len] and of its marks [threads, kv_len].
+int64_t counts_count(const SparseAttentionSizes& s) { return s.batch * s.q_len; }
+int64_t marks_count(const SparseAttentionSizes& s, int threads) { return int64_t(threads) * s.kv_len; }
+
 // Validates every row of indices; returns the key counts [batch, q_len].
 Buffer<int32_t> selected_counts(const int32_t* indices, const Geometry& geo) {
   const SparseAttentionSizes& s = geo.s;
-  const int64_t rows = s.batch * s.q_len;
-  Buffer<int32_t> counts(rows);                              // [batch, q_len]
-  Buffer<uint8_t> marks(int64_t(num_threads()) * s.kv_len);  // [threads, kv_len]
+  const int64_t rows = counts_count(s);
+  Buffer<int32_t> counts(rows);                           // [batch, q_len]
+  Buffer<uint8_t> marks(marks_count(s, num_threads()));  // [threads, kv_len]
   parallel_for(rows, [&](int64_t r) {
     int64_t unused_column = 0;
     counts[r] = scan_row(indices + r * s.topk, s.topk, geo.visible_end(r % s.q_len),
@@ -133,6 +137,22 @@ Buffer<int32_t> selected_counts(const int32_t* indices, const Geometry& geo) {
                    " follows -1 padding");
   }
   return counts;
+}
+
+// Elements of one thread's forward workspace: scores [group, kKeyTile], row_max, row_sum [group].
+int64_t forward_per_thread(const Geometry& geo, int64_t elem_bytes) {
+  return round_up_64_bytes(geo.group * kKeyTile + 2 * geo.group, elem_bytes);
+}
+
+// Elements of one thread's backward workspace: probs, dprobs [group, kKeyTile], lse_rows, dot_rows [group].
+int64_t backward_per_thread(const Geometry& geo, int64_t elem_bytes) {
+  return round_up_64_bytes(2 * geo.group * kKeyTile + 2 * geo.group, elem_bytes);
+}
+
+// A kernel's peak bytes of Buffers: the counts, with the marks, then the per-thread workspace.
+int64_t kernel_bytes(const SparseAttentionSizes& s, int threads, int64_t per_thread, int64_t element_bytes) {
+  return counts_count(s) * int64_t(sizeof(int32_t)) +
+         std::max(marks_count(s, threads) * int64_t(sizeof(uint8_t)), per_thread * threads * element_bytes);
 }
 
 // 64 bytes of T as one GCC/Clang vector value (one AVX-512 register, two AVX2 ones).
@@ -245,14 +265,23 @@ void add_weighted_rows(T* __restrict dst, const T* __restrict weights, int64_t w
 
 }  // namespace
 
+int64_t sparse_attention_forward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
+                                                 int64_t element_bytes) {
+  return kernel_bytes(sizes, threads, forward_per_thread(Geometry(sizes), element_bytes), element_bytes);
+}
+
+int64_t sparse_attention_backward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
+                                                  int64_t element_bytes) {
+  return kernel_bytes(sizes, threads, backward_per_thread(Geometry(sizes), element_bytes), element_bytes);
+}
+
 template <class T>
 void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* indices,
                               const SparseAttentionSizes& sizes) {
   const Geometry geo(sizes);
   const Buffer<int32_t> counts = selected_counts(indices, geo);  // [batch, q_len]
   const int64_t group = geo.group, qk_dim = sizes.qk_dim, v_dim = sizes.v_dim;
-  // Per-thread workspace: scores [group, kKeyTile], row_max, row_sum [group].
-  const int64_t per_thread = round_up_64_bytes(group * kKeyTile + 2 * group, sizeof(T));
+  const int64_t per_thread = forward_per_thread(geo, sizeof(T));  // layout below
   Buffer<T> workspace(per_thread * num_threads());
   const T scale = T(sizes.scale);
 
@@ -305,8 +334,7 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   const Geometry geo(sizes);
   const Buffer<int32_t> counts = selected_counts(indices, geo);  // [batch, q_len]
   const int64_t group = geo.group, qk_dim = sizes.qk_dim, v_dim = sizes.v_dim;
-  // Per-thread workspace: probs, dprobs [group, kKeyTile], lse_rows, dot_rows [group].
-  const int64_t per_thread = round_up_64_bytes(2 * group * kKeyTile + 2 * group, sizeof(T));
+  const int64_t per_thread = backward_per_thread(geo, sizeof(T));  // layout below
   Buffer<T> workspace(per_thread * num_threads());
   const T scale = T(sizes.scale);
 

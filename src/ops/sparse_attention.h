@@ -42,4 +42,13 @@ template <class T>
 void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
                                const T* out, const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes);
 
+// The most bytes of temporaries (Buffers) sparse_attention_forward / _backward hold at once with
+// `threads` OpenMP threads and element_bytes = sizeof(T), for the memory plan: the key counts
+// [batch, q_len] (int32) throughout, with first the validation's marks [threads, kv_len] (bytes),
+// then the per-thread tiles.
+int64_t sparse_attention_forward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
+                                                 int64_t element_bytes);
+int64_t sparse_attention_backward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
+                                                  int64_t element_bytes);
+
 }  // namespace trillion

@@ -66,6 +66,10 @@ void topk_row_select(int32_t* out, const T* row, int64_t n, int64_t k, int32_t* 
 
 }  // namespace
 
+int64_t topk_rows_workspace_bytes(int64_t n, int64_t k, int threads) {
+  return k <= kInsertionMaxK ? 0 : threads * n * int64_t(sizeof(int32_t));
+}
+
 template <class T>
 void topk_rows(int32_t* indices, const T* scores, int64_t rows, int64_t n, int64_t k) {
   TRILLION_CHECK(rows >= 0 && n >= 1 && k >= 1 && k <= n, "topk sizes rows=", rows, " n=", n, " k=", k);

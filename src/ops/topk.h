@@ -12,5 +12,8 @@ namespace trillion {
 // indices[rows, k] ← positions of the k largest entries of each row of scores[rows, n]; 1 ≤ k ≤ n.
 template <class T>
 void topk_rows(int32_t* indices, const T* scores, int64_t rows, int64_t n, int64_t k);
+// The bytes of topk_rows' temporaries (per-thread positions [threads, n] of int32 when k is beyond
+// the insertion kernel's), for the memory plan.
+int64_t topk_rows_workspace_bytes(int64_t n, int64_t k, int threads);
 
 }  // namespace trillion

@@ -12,10 +12,12 @@
 #include "bench/timing.h"
 #include "core/error.h"
 #include "core/memory.h"
+#include "core/parallel.h"
 #include "data/sampler.h"
 #include "data/shards.h"
 #include "io/atomic_file.h"
 #include "memory/save_policies.h"
+#include "train/memory_plan.h"
 #include "model/config.h"
 #include "model/lightning_indexer.h"
 #include "model/model.h"
@@ -123,6 +125,53 @@ nlohmann::json memory_record(const StoreCounters& before, const StoreCounters& a
           {"peak_slow_bytes", MemoryStats::peak(Tier::slow)}};
 }
 
+// train_tokens: the training split's size (0 before the data is known: a dry run).
+StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens) {
+  StepMemoryShape shape;
+  shape.batch = s.batch;
+  shape.seq = s.seq_len;
+  shape.element_bytes = s.dtype == "float64" ? 8 : 4;
+  shape.indexer.mode = indexer_mode_from_name(s.indexer_mode);
+  shape.indexer.coef = s.indexer_loss_coef;
+  shape.loss = s.loss_gradients == "recompute" ? LossGradients::recompute : LossGradients::in_forward;
+  shape.threads = num_threads();
+  shape.policy_min_bytes = o.policy_min_bytes;
+  shape.swap_bf16 = o.swap_bf16;
+  shape.sampler_windows = train_tokens > 0 ? (train_tokens - 1) / s.seq_len : 0;
+  return shape;
+}
+
+// The policy the run uses and its plan: --recompute / --swap as given, or, with --memory-budget and
+// neither given, the cheapest candidate that fits; a given policy over the budget is an error.
+MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
+                          int64_t train_tokens) {
+  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens);
+  const bool chosen_by_user = o.recompute != "none" || o.swap != "none";
+  if (o.memory_budget.empty() || chosen_by_user) {
+    MemoryPlan plan = plan_memory(config, shape, MemoryPolicy{o.recompute, o.swap});
+    if (!o.memory_budget.empty() && plan.peak_fast > parse_bytes(o.memory_budget, "--memory-budget"))
+      fail("--memory-budget ", o.memory_budget, ": the planned peak of ", plan.policy.name(), " is ", plan.peak_fast,
+           " bytes; expected a larger budget, or leave --recompute / --swap to the budget");
+    return plan;
+  }
+  return choose_policy(config, shape, parse_bytes(o.memory_budget, "--memory-budget"));
+}
+
+// --dry-run: the plan of the chosen policy (JSON on stdout, lines on stderr) and every candidate's peak.
+void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
+                       int64_t train_tokens) {
+  const MemoryPlan plan = memory_plan_of(o, config, s, train_tokens);
+  nlohmann::json json = plan.to_json();
+  nlohmann::json candidates = nlohmann::json::array();
+  for (const MemoryPolicy& policy : budget_candidates()) {
+    const MemoryPlan other = plan_memory(config, step_memory_shape(o, s, train_tokens), policy);
+    candidates.push_back({{"policy", policy.name()}, {"peak_fast", other.peak_fast}, {"peak_slow", other.peak_slow}});
+  }
+  json["candidates"] = candidates;
+  std::printf("%s\n", json.dump(2).c_str());
+  std::fprintf(stderr, "%s\n", plan.describe().c_str());
+}
+
 struct RunSetup {
   ModelConfig config;
   DataDir data;
@@ -135,6 +184,8 @@ template <class T>
 void train_loop(const TrainOptions& o, RunSetup& run) {
   const TrainSettings& s = run.state.settings;
   const std::string& out_dir = o.out_dir;
+  // Before anything large is allocated.
+  const MemoryPlan plan = memory_plan_of(o, run.config, s, static_cast<int64_t>(run.data.train.tokens.size()));
   Model<T> model(run.config);
   if (run.weights_dir.empty()) {
     model.init_weights(s.seed);
@@ -157,9 +208,12 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   }
 
   ActivationStore& activations = model.activations();
-  if (o.swap != "none") activations.set_swap_directory(o.swap_dir.empty() ? out_dir : o.swap_dir);
-  apply_save_policies(activations, o.recompute, o.swap);
+  if (plan.policy.swap != "none") activations.set_swap_directory(o.swap_dir.empty() ? out_dir : o.swap_dir);
+  apply_save_policies(activations, plan.policy.recompute, plan.policy.swap);
   activations.set_paged_min_bytes(o.policy_min_bytes);
+  activations.set_swap_bf16(o.swap_bf16);
+  if (!o.memory_budget.empty()) std::fprintf(stderr, "%s\n", plan.describe().c_str());
+  const int64_t budget = o.memory_budget.empty() ? 0 : parse_bytes(o.memory_budget, "--memory-budget");
 
   Sampler sampler(run.data.train.tokens, s.seq_len, s.seed);
   sampler.set_position(run.state.sampler_position);
@@ -251,6 +305,11 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
                              {"peak_bytes", peak_bytes},
                              {"peak_rss_bytes", peak_rss_bytes()}};
     record["memory"] = memory_record(counters_before, activations.counters());
+    record["memory"]["policy"] = plan.policy.name();
+    if (activations.swap_engine() != nullptr)
+      record["memory"]["swap_io"] = activations.swap_engine()->direct_io() ? "O_DIRECT" : "buffered, synced, fadvised";
+    record["memory"]["planned_peak_bytes"] = plan.peak_fast;
+    if (budget > 0) record["memory"]["budget_bytes"] = budget;
     if (skipped) record["skipped"] = "no counted targets in the step's micro-batches; weights unchanged";
     stats.write_metrics(record);
     ProgressLine progress{step, s.steps, loss, hyper.lr, grad_norm, tokens_per_s};
@@ -363,6 +422,16 @@ RunSetup prepare_run(TrainOptions& o) {
 }  // namespace
 
 void run_training(TrainOptions options) {
+  if (options.dry_run) {
+    if (options.config_path.empty()) fail("--dry-run needs --config MODEL.json");
+    validate_settings(options.settings);
+    const ModelConfig config = ModelConfig::load(options.config_path);
+    // With --data, the sampler's share is counted too.
+    const int64_t train_tokens = options.data_dir.empty() ? 0
+        : static_cast<int64_t>(open_data_dir(options.data_dir, config.vocab_size).train.tokens.size());
+    print_memory_plan(options, config, options.settings, train_tokens);
+    return;
+  }
   RunSetup run = prepare_run(options);
   if (run.state.settings.dtype == "float64") {
     train_loop<double>(options, run);

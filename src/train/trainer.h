@@ -47,10 +47,17 @@ struct TrainOptions {
   std::string recompute = "none";
   std::string swap = "none";
   std::string swap_dir;  // where the swap file goes (default: the output directory)
+  bool swap_bf16 = false;  // swapped float32 tensors stored as bfloat16 (lossy)
   int64_t policy_min_bytes = ActivationStore::kPagedMinBytes;  // smaller saved tensors are always kept
+  // The fast tier's budget ("2G"; empty: none): the cheapest policy whose planned peak fits is
+  // taken (train/memory_plan.h), or the run stops before training naming the smallest it could meet.
+  std::string memory_budget;
+  bool dry_run = false;  // print the memory plan (stdout: JSON; stderr: lines) and train nothing
+                         // (needs --config; --data adds the sampler's share)
 };
 
-// Runs (or resumes) a training run; throws trillion::Error on bad input.
+// Runs (or resumes) a training run; throws trillion::Error on bad input. With dry_run, prints the
+// memory plan of the run's step instead (only --config and the step's settings are needed).
 void run_training(TrainOptions options);
 
 }  // namespace trillion

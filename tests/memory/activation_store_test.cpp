@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "io/half_float.h"
+
 namespace trillion {
 namespace {
 
@@ -86,7 +88,7 @@ TEST(ActivationStore, SwapPolicyWritesAndReadsBack) {
     for (int i = 0; i < 5000; ++i) out[i] = float(i + layer);
     store.end_forward(layer);
   }
-  EXPECT_EQ(MemoryStats::current(Tier::slow), 2 * 20000);
+  EXPECT_EQ(MemoryStats::current(Tier::slow), 2 * PageArena::rounded(20000));  // the file's bytes
   EXPECT_DEATH(store.get<float>(ActivationTag::expert_out, 1, 5000), "not resident \\(swapped out\\)");
   for (int layer = 1; layer >= 0; --layer) {
     store.begin_backward(layer, layer - 1);
@@ -99,6 +101,34 @@ TEST(ActivationStore, SwapPolicyWritesAndReadsBack) {
   EXPECT_EQ(MemoryStats::current(Tier::slow), 0);
   EXPECT_THROW(store.set_policy(ActivationTag::attn_input, SavePolicy::recompute), Error);
   EXPECT_THROW(store.set_policy(ActivationTag::final_norm_out, SavePolicy::recompute), Error);
+}
+
+// --swap-bf16: float32 tensors come back rounded to bfloat16, int32 ones exactly.
+TEST(ActivationStore, Bf16SwapIsLossyForFloatsOnly) {
+  ActivationStore store;
+  store.set_paged_min_bytes(1);
+  store.set_swap_directory(::testing::TempDir());
+  store.set_swap_synchronous(true);
+  store.set_swap_bf16(true);
+  store.set_policy(ActivationTag::expert_out, SavePolicy::swap);
+  store.set_policy(ActivationTag::router_index, SavePolicy::swap);
+  float* out = store.save<float>(ActivationTag::expert_out, 0, 3000);
+  int32_t* index = store.save<int32_t>(ActivationTag::router_index, 0, 3000);
+  for (int i = 0; i < 3000; ++i) out[i] = 1.0f + float(i) / 4096.0f, index[i] = 100000 + i;
+  store.end_forward(0);
+  EXPECT_EQ(MemoryStats::current(Tier::slow), PageArena::rounded(3000 * 2) + PageArena::rounded(3000 * 4));
+  store.begin_backward(0, -1);
+  const float* back = store.get<float>(ActivationTag::expert_out, 0, 3000);
+  const int32_t* index_back = store.get<int32_t>(ActivationTag::router_index, 0, 3000);
+  int rounded = 0;
+  for (int i = 0; i < 3000; ++i) {
+    const float expected = static_cast<float>(bf16_to_double(bf16_from_double(1.0f + float(i) / 4096.0f)));
+    ASSERT_EQ(back[i], expected) << i;
+    rounded += back[i] != 1.0f + float(i) / 4096.0f ? 1 : 0;
+    ASSERT_EQ(index_back[i], 100000 + i);
+  }
+  EXPECT_GT(rounded, 0);  // lossy indeed
+  store.end_backward(0);
 }
 
 TEST(ActivationStoreDeathTest, MissingOrMisSizedActivationAborts) {

@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 #include <sys/resource.h>
 
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
+#include "io/half_float.h"
 #include "memory/page_arena.h"
 
 namespace trillion {
@@ -39,6 +42,24 @@ void round_trip(SwapEngine::Io io) {
 
 TEST(SwapEngine, RoundTripDirect) { round_trip(SwapEngine::Io::automatic); }
 TEST(SwapEngine, RoundTripBuffered) { round_trip(SwapEngine::Io::buffered); }
+
+// bf16 (asked for, lossy): floats come back rounded to bfloat16 exactly as the checkpoint encoder
+// rounds them, across staging chunks; the file holds half the bytes.
+TEST(SwapEngine, Bf16RoundTripRoundsToNearestEven) {
+  SwapEngine engine(::testing::TempDir());
+  PageArena arena;
+  const int64_t floats = SwapEngine::kStagingBytes / 2 + 1000;  // one full chunk and a partial one
+  const int64_t bytes = floats * 4;
+  auto* values = static_cast<float*>(arena.alloc(bytes));
+  for (int64_t i = 0; i < floats; ++i) values[i] = std::sin(0.001f * float(i)) * 3.0f + 1e-3f * float(i % 7);
+  std::vector<float> expected(floats);
+  for (int64_t i = 0; i < floats; ++i) expected[i] = static_cast<float>(bf16_to_double(bf16_from_double(values[i])));
+  EXPECT_EQ(SwapEngine::file_bytes(bytes, true), SwapEngine::kStagingBytes + PageArena::rounded(1000 * 2));
+  engine.wait(engine.write_out(values, bytes, 0, /*bf16=*/true));
+  std::memset(values, 0, bytes);
+  engine.wait(engine.read_in(values, bytes, 0, /*bf16=*/true));
+  for (int64_t i = 0; i < floats; ++i) ASSERT_EQ(values[i], expected[i]) << i;
+}
 
 TEST(SwapEngine, AWriteThatFailsIsAnErrorNamingTheFile) {
   SwapEngine engine(::testing::TempDir(), SwapEngine::Io::buffered);

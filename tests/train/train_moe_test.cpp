@@ -112,5 +112,49 @@ TEST(TrainMoe, MemoryPoliciesKeepTheLosses) {
   EXPECT_NE(unknown.output.find("unknown activation tag \"qq\""), std::string::npos) << unknown.output;
 }
 
+// --dry-run prints the plan without training; --memory-budget picks the cheapest policy that fits
+// (here the budget of full recompute: something cheaper may fit too) and the run's fast-tier peak
+// stays under it; a budget nothing meets is refused before training, naming the smallest.
+TEST(TrainMoe, MemoryBudgetAndDryRun) {
+  const std::string step = " --config " + moe_config().string() + " --data " + test_data().data_dir.string() +
+                           " --batch 2 --seq-len 16 --policy-min-bytes 1";
+  const CommandResult dry = run_cli("train" + step + " --dry-run", "OMP_NUM_THREADS=1", /*stdout_only=*/true);
+  ASSERT_EQ(dry.status, 0) << dry.output;
+  const nlohmann::json plan = nlohmann::json::parse(dry.output);
+  EXPECT_EQ(plan["policy"]["name"], "keep-all");
+  const int64_t keep_peak = plan["fast"]["peak"];
+  EXPECT_EQ(keep_peak, plan["fast"]["parameters"].get<int64_t>() + plan["fast"]["gradients"].get<int64_t>() +
+                           plan["fast"]["optimizer_state"].get<int64_t>() + plan["fast"]["model_buffers"].get<int64_t>() +
+                           plan["fast"]["activations_at_peak"].get<int64_t>() +
+                           plan["fast"]["workspace_at_peak"].get<int64_t>());
+  ASSERT_EQ(plan["candidates"].size(), 6u);
+  int64_t full_peak = 0, smallest = keep_peak;
+  for (const nlohmann::json& c : plan["candidates"]) {
+    if (c["policy"] == "recompute full") full_peak = c["peak_fast"];
+    smallest = std::min(smallest, c["peak_fast"].get<int64_t>());
+  }
+  ASSERT_GT(full_peak, 0);
+  ASSERT_LT(full_peak, keep_peak);
+
+  const fs::path out = test_data().root / "moe_budget";
+  const CommandResult r = run_cli("train " + moe_flags(out) + " --steps 2 --policy-min-bytes 1 --memory-budget " +
+                                  std::to_string(full_peak));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("memory plan ("), std::string::npos) << r.output;
+  for (const nlohmann::json& m : read_metrics(out)) {
+    EXPECT_NE(m["memory"]["policy"], "keep-all");
+    EXPECT_EQ(m["memory"]["budget_bytes"], full_peak);
+    EXPECT_LE(m["memory"]["planned_peak_bytes"].get<int64_t>(), full_peak);
+    EXPECT_LE(m["peak_bytes"].get<int64_t>(), full_peak) << "the step stayed under the budget: " << m.dump();
+  }
+  const CommandResult tight = run_cli("train " + moe_flags(test_data().root / "moe_tight") +
+                                      " --steps 1 --policy-min-bytes 1 --memory-budget " + std::to_string(smallest - 1));
+  EXPECT_NE(tight.status, 0);
+  EXPECT_NE(tight.output.find("no policy fits; the smallest peak is " + std::to_string(smallest) + " bytes"),
+            std::string::npos)
+      << tight.output;
+  EXPECT_FALSE(fs::exists(test_data().root / "moe_tight" / "metrics.jsonl"));
+}
+
 }  // namespace
 }  // namespace trillion::train_test

@@ -1,0 +1,38 @@
+// What the memory plan asks of each layer kind, from shapes alone (no data, nothing allocated):
+//   saved_sizes(dims, shape)      the tensors one training forward of the kind saves in the
+//                                 activation store, tag by tag, in bytes (exactly what save() is
+//                                 asked for; MoE: the routed rows at their bound, N · k);
+//   workspace_bytes(dims, shape)  the most fast-tier bytes the kind's forward or backward holds at
+//                                 once beyond what it saves: the layer's scratch arena (each
+//                                 allocation rounded up to 64 bytes, as the Arena does) and the
+//                                 temporaries its kernels allocate (Buffers, per thread where they
+//                                 are per thread; each kernel states its own next to its code).
+// Each kind defines both next to its forward and backward; tests/model/memory_sizes_test.cpp holds
+// them to the real store and scratch arena for every layer kind.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "memory/activation_tags.h"
+#include "model/step.h"
+
+namespace trillion {
+
+struct StepShape {
+  int64_t batch = 0, seq = 0;
+  int64_t element_bytes = 4;  // sizeof(T): 4 for float, 8 for double
+  int threads = 1;            // OpenMP threads: kernels keep per-thread workspaces
+  IndexerTraining indexer;    // sparse layers' mode and loss (coef > 0: the indexer loss is on)
+  int64_t tokens() const { return batch * seq; }
+};
+
+struct SavedSize {
+  ActivationTag tag;
+  int64_t bytes;
+};
+
+// `bytes` rounded up as the Arena rounds each allocation (64 bytes; an empty one takes 64).
+inline int64_t arena_rounded(int64_t bytes) { return bytes > 0 ? (bytes + 63) / 64 * 64 : 64; }
+
+}  // namespace trillion

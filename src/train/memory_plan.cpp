@@ -1,0 +1,226 @@
+// The shape-only memory plan of a training step and the budget's choice of policies (see the header).
+#include "train/memory_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <set>
+
+#include "core/error.h"
+#include "memory/save_policies.h"
+#include "memory/swap_engine.h"
+#include "model/decoder_layer.h"
+#include "model/memory_sizes.h"
+#include "model/model.h"
+#include "ops/cross_entropy.h"
+#include "ops/embedding.h"
+#include "ops/norm.h"
+
+namespace trillion {
+namespace {
+
+// One decoder layer's saved bytes as the store will hold them under the policy.
+struct LayerBytes {
+  int64_t all = 0;        // every saved tensor, as counted while resident
+  int64_t kept = 0;       // resident from its forward to its backward
+  int64_t dropped = 0;    // dropped for recompute
+  int64_t swapped = 0;    // written to the slow tier
+  int64_t throwaway = 0;  // copies handed out for kept tensors while its sublayers are re-run
+  int64_t file = 0;       // the swapped tensors' bytes in the swap file
+  int64_t workspace = 0;
+};
+
+// As the store counts them: paged entries by their bytes, small ones by the arena's rounding.
+LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, const std::set<ActivationTag>& recompute,
+                       const std::set<ActivationTag>& swap, int64_t min_paged, bool swap_bf16) {
+  LayerBytes b;
+  const std::vector<SavedSize> sizes = dims.saved_sizes(step);
+  bool rerun_mixer = false, rerun_ffn = false;
+  for (const SavedSize& s : sizes) {  // which sublayers Model::recompute re-runs
+    const bool paged = s.bytes >= min_paged && s.bytes > 0;
+    if (!paged || !recompute.count(s.tag)) continue;
+    if (tag_sublayer(s.tag) == TagSublayer::mixer || s.tag == ActivationTag::ffn_input) rerun_mixer = true;
+    if (tag_sublayer(s.tag) == TagSublayer::ffn) rerun_ffn = true;
+  }
+  for (const SavedSize& s : sizes) {
+    const bool paged = s.bytes >= min_paged && s.bytes > 0;
+    const int64_t counted = paged ? s.bytes : arena_rounded(s.bytes);
+    b.all += counted;
+    if (paged && recompute.count(s.tag)) {
+      b.dropped += counted;
+      continue;
+    }
+    if (paged && swap.count(s.tag)) {
+      b.swapped += counted;
+      const bool float32 = step.element_bytes == 4 && s.tag != ActivationTag::router_index && s.tag != ActivationTag::attn_indices;
+      b.file += SwapEngine::file_bytes(s.bytes, swap_bf16 && float32);
+    } else {
+      b.kept += counted;
+    }
+    const bool rerun = tag_sublayer(s.tag) == TagSublayer::mixer ? rerun_mixer : rerun_ffn;
+    if (rerun) b.throwaway += arena_rounded(s.bytes);
+  }
+  b.workspace = dims.workspace_bytes(step);
+  return b;
+}
+
+int64_t sum_kept(const std::vector<LayerBytes>& layers, size_t below) {
+  int64_t total = 0;
+  for (size_t j = 0; j < below; ++j) total += layers[j].kept;
+  return total;
+}
+
+}  // namespace
+
+std::string MemoryPolicy::name() const {
+  if (recompute == "none" && swap == "none") return "keep-all";
+  std::string text;
+  if (recompute != "none") text = "recompute " + recompute;
+  if (swap != "none") text += (text.empty() ? "" : " + ") + std::string("swap ") + swap;
+  return text;
+}
+
+MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, const MemoryPolicy& policy) {
+  check_disjoint_policies(policy.recompute, policy.swap);
+  const std::vector<ActivationTag> recompute_list = recompute_tags(policy.recompute);
+  const std::vector<ActivationTag> swap_list = swap_tags(policy.swap);
+  const std::set<ActivationTag> recompute(recompute_list.begin(), recompute_list.end());
+  const std::set<ActivationTag> swap(swap_list.begin(), swap_list.end());
+  const ParamCounts counts = count_parameters(config);
+  const int64_t e = shape.element_bytes, n = shape.batch * shape.seq, D = config.hidden_size, V = config.vocab_size;
+  StepShape step;
+  step.batch = shape.batch;
+  step.seq = shape.seq;
+  step.element_bytes = e;
+  step.threads = shape.threads;
+  step.indexer = shape.indexer;
+  const bool has_sparse = std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention) > 0;
+  if (!has_sparse) step.indexer.coef = 0.0;
+
+  MemoryPlan plan;
+  plan.policy = policy;
+  plan.parameters = counts.storage * e;
+  plan.gradients = counts.trainable_storage * e;
+  plan.optimizer_state = 2 * counts.trainable_storage * e;  // AdamW's two moments
+  std::vector<LayerBytes> layers;
+  bool any_dropped = false;
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    layers.push_back(layer_bytes(DecoderLayerDims::from_config(config, l), step, recompute, swap,
+                                 shape.policy_min_bytes, shape.swap_bf16));
+    plan.activations_saved += layers.back().all;
+    plan.peak_slow += layers.back().file;
+    any_dropped = any_dropped || layers.back().dropped > 0;
+  }
+  // hidden, its gradient, positions; the recompute copy; the sampler; the bf16 swap's staging buffer.
+  plan.model_buffers = 2 * n * D * e + n * 4 + (any_dropped ? n * D * e : 0) + shape.sampler_windows * 8 +
+                       (shape.swap_bf16 && plan.peak_slow > 0 ? SwapEngine::kStagingBytes : 0);
+
+  // The head: final_input, final_norm_rstd, final_norm_out, and loss_dh or loss_lse.
+  const auto head_entry = [&](int64_t bytes) { return bytes >= shape.policy_min_bytes ? bytes : arena_rounded(bytes); };
+  const bool in_forward = shape.loss == LossGradients::in_forward;
+  const int64_t head = head_entry(n * D * e) * 2 + head_entry(n * e) + (in_forward ? head_entry(n * D * e) : head_entry(n * e));
+  plan.activations_saved += head;
+  const int64_t loss_forward = in_forward ? forward_backward_workspace_bytes(n, V, e)
+                                          : forward_then_backward_workspace_bytes(n, D, V, e, shape.threads);
+  // The head's backward: (recompute: dh [n, D] in the scratch and the loss's tiles again), then the
+  // final norm's backward.
+  const int64_t norm_backward = rmsnorm_backward_workspace_bytes(n, D, true);
+  const int64_t loss_backward =
+      in_forward ? norm_backward : arena_rounded(n * D * e) + std::max(loss_forward, norm_backward);
+
+  const int L = static_cast<int>(layers.size());
+  const auto consider = [&](int64_t activations, int64_t workspace, const std::string& where) {
+    if (activations + workspace > plan.activations_at_peak + plan.workspace_at_peak || plan.peak_at.empty()) {
+      plan.activations_at_peak = activations;
+      plan.workspace_at_peak = workspace;
+      plan.peak_at = where;
+    }
+  };
+  for (int l = 0; l < L; ++l) {
+    const int64_t writing = l > 0 ? layers[l - 1].swapped : 0;  // the writer one layer behind
+    consider(sum_kept(layers, l) + writing + layers[l].all, layers[l].workspace, "forward of layer " + std::to_string(l));
+  }
+  const int64_t last_writing = L > 0 ? layers[L - 1].swapped : 0;
+  consider(sum_kept(layers, L) + last_writing + head, loss_forward, "the loss");
+  consider(sum_kept(layers, L) + last_writing + head, loss_backward, "the loss's backward");
+  for (int l = L - 1; l >= 0; --l) {
+    const int64_t prefetch = l > 0 ? layers[l - 1].swapped : 0;
+    consider(sum_kept(layers, l) + layers[l].all + layers[l].throwaway + prefetch, layers[l].workspace,
+             "backward of layer " + std::to_string(l));
+  }
+  consider(0, embedding_backward_workspace_bytes(n, V), "the embedding's backward");
+  plan.peak_fast = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +
+                   plan.activations_at_peak + plan.workspace_at_peak;
+  return plan;
+}
+
+nlohmann::json MemoryPlan::to_json() const {
+  return {{"policy", {{"recompute", policy.recompute}, {"swap", policy.swap}, {"name", policy.name()}}},
+          {"fast", {{"parameters", parameters},
+                    {"gradients", gradients},
+                    {"optimizer_state", optimizer_state},
+                    {"model_buffers", model_buffers},
+                    {"activations_at_peak", activations_at_peak},
+                    {"workspace_at_peak", workspace_at_peak},
+                    {"peak", peak_fast},
+                    {"peak_at", peak_at}}},
+          {"slow", {{"peak", peak_slow}}},
+          {"activations_saved", activations_saved}};
+}
+
+std::string MemoryPlan::describe() const {
+  const auto mib = [](int64_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof(text), "%.1f MiB", double(bytes) / double(1 << 20));
+    return std::string(text);
+  };
+  return "memory plan (" + policy.name() + "): fast tier peak " + mib(peak_fast) + " at " + peak_at +
+         "\n  parameters " + mib(parameters) + ", gradients " + mib(gradients) + ", optimizer state " +
+         mib(optimizer_state) + ", model buffers " + mib(model_buffers) + "\n  activations " +
+         mib(activations_at_peak) + " of " + mib(activations_saved) + " saved, workspace " + mib(workspace_at_peak) +
+         "\n  slow tier (swap file) " + mib(peak_slow);
+}
+
+std::vector<MemoryPolicy> budget_candidates() {
+  return {{"none", "none"},      {"none", "selective"}, {"none", "full"},
+          {"selective", "none"}, {"full", "none"},      {"full", "attn_input"}};
+}
+
+MemoryPlan choose_policy(const ModelConfig& config, const StepMemoryShape& shape, int64_t budget) {
+  MemoryPlan smallest;
+  for (const MemoryPolicy& policy : budget_candidates()) {
+    const MemoryPlan plan = plan_memory(config, shape, policy);
+    if (plan.peak_fast <= budget) return plan;
+    if (smallest.peak_at.empty() || plan.peak_fast < smallest.peak_fast) smallest = plan;
+  }
+  fail("--memory-budget ", budget, " bytes: no policy fits; the smallest peak is ", smallest.peak_fast, " bytes (",
+       smallest.policy.name(), ", at ", smallest.peak_at, "); expected a budget of at least that");
+}
+
+int64_t parse_bytes(const std::string& text, const char* option) {
+  size_t end = 0;
+  double value = 0.0;
+  try {
+    value = std::stod(text, &end);
+  } catch (const std::exception&) {
+    end = 0;
+  }
+  std::string suffix = text.substr(end);
+  for (const char* tail : {"iB", "B"})
+    if (suffix.size() >= std::string(tail).size() && suffix.compare(suffix.size() - std::string(tail).size(),
+                                                                    std::string::npos, tail) == 0) {
+      suffix.resize(suffix.size() - std::string(tail).size());
+      break;
+    }
+  const std::string units = "KMGT";
+  double scale = 1.0;
+  if (suffix.size() == 1 && units.find(suffix[0]) != std::string::npos)
+    scale = std::pow(1024.0, double(units.find(suffix[0]) + 1));
+  else if (!suffix.empty())
+    end = 0;
+  if (end == 0 || !(value > 0.0) || !std::isfinite(value * scale) || value * scale > 9.0e18)
+    fail(option, " ", text, ": expected a positive size in bytes, optionally with K, M, G or T (powers of 1024)");
+  return static_cast<int64_t>(value * scale);
+}
+
+}  // namespace trillion

@@ -1,0 +1,76 @@
+// The memory plan of a training step, from shapes alone (nothing is allocated, no data is read):
+// the fast-tier bytes of parameters, gradients, AdamW state, the model's buffers, the saved
+// activations under a policy (keep / recompute / swap per tag, memory/save_policies.h) and the
+// workspaces of the kernels, followed through the step's events as the activation store applies
+// them (DESIGN.md: a shape-only dry run of a step gives the plan `--memory-budget` uses):
+//   forward of layer l   the kept tensors of layers < l (the swapped ones of l − 1 still writing),
+//                        all of l's, its workspace;
+//   the loss             every layer's kept tensors, the head's, the loss's chunk of logits;
+//   backward of layer l  the kept tensors of layers < l, all of l's (refilled, read back), the
+//                        throwaway copies of a re-run sublayer, layer l − 1's prefetch, workspace.
+// The peak is the largest of these. Each layer kind reports its saved tensors and workspace
+// (model/memory_sizes.h), the loss its chunk (ops/cross_entropy.h).
+//
+// `--memory-budget` tries the policies from the cheapest on (measured on the MoE demo, docs/benchmarks.md:
+// keep-all, swap selective, swap full, recompute selective, recompute full, recompute full with the
+// layer inputs swapped) and takes the first whose peak fits, or names the smallest budget any of them meets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+#include "model/step.h"
+
+namespace trillion {
+
+struct MemoryPolicy {
+  std::string recompute = "none";
+  std::string swap = "none";
+  std::string name() const;  // "keep-all", "recompute full", "swap selective", "recompute full + swap attn_input"
+};
+
+struct StepMemoryShape {
+  int64_t batch = 0, seq = 0;
+  int64_t element_bytes = 4;  // float32 or float64 parameters and compute
+  IndexerTraining indexer;    // sparse layers' mode and loss
+  LossGradients loss = LossGradients::in_forward;
+  int threads = 1;                         // the loss's tiles are per thread
+  int64_t policy_min_bytes = 64 << 10;     // smaller saved tensors are always kept
+  bool swap_bf16 = false;                  // swapped float32 tensors stored as bfloat16
+  int64_t sampler_windows = 0;             // the data sampler's permutation (int64 each; 0: no data yet)
+};
+
+struct MemoryPlan {
+  MemoryPolicy policy;
+  // Fast tier, bytes.
+  int64_t parameters = 0, gradients = 0, optimizer_state = 0;
+  int64_t model_buffers = 0;       // residual stream and its gradient, positions, the recompute copy,
+                                   // the sampler's permutation, the bf16 swap's staging buffer
+  int64_t activations_saved = 0;   // every tensor the forward saves (before any policy)
+  int64_t activations_at_peak = 0;
+  int64_t workspace_at_peak = 0;
+  int64_t peak_fast = 0;
+  std::string peak_at;             // "forward of layer 3", "the loss", "backward of layer 0", …
+  // Slow tier: the swap file's bytes at most (every swapped tensor of a step).
+  int64_t peak_slow = 0;
+  nlohmann::json to_json() const;
+  std::string describe() const;  // a few lines for people
+};
+
+MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, const MemoryPolicy& policy);
+
+// The policies `--memory-budget` tries, cheapest first.
+std::vector<MemoryPolicy> budget_candidates();
+// The first candidate whose peak fits `budget` bytes; fails naming the budget, the smallest peak of
+// any candidate (and its policy) otherwise.
+MemoryPlan choose_policy(const ModelConfig& config, const StepMemoryShape& shape, int64_t budget);
+
+// "2G", "512M", "1.5GiB", "300000" (suffixes K, M, G, T, powers of 1024, optional "iB" / "B");
+// `option` names the flag in errors.
+int64_t parse_bytes(const std::string& text, const char* option);
+
+}  // namespace trillion

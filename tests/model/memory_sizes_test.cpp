@@ -1,0 +1,128 @@
+// The memory plan's shape-only sizes against the real store and the fast tier, for every layer
+// kind that has landed: each layer's saved tensors (tag by tag, bytes exactly: the mixer's and the
+// FFN sublayer's), and its workspace estimate an upper bound, not a loose one, of what its forward
+// and backward hold beyond the saved tensors (MemoryStats' peak in the unit: scratch arena and the
+// kernels' own temporaries).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/parallel.h"
+#include "core/rng.h"
+#include "model/decoder_layer.h"
+#include "model/model.h"
+#include "ops/finite_diff.h"
+#include "test_configs.h"
+
+namespace trillion {
+namespace {
+
+using SizeMap = std::map<std::string, int64_t>;  // tag name → bytes
+
+SizeMap by_tag(const std::vector<SavedSize>& sizes) {
+  SizeMap map;
+  for (const SavedSize& s : sizes) {
+    EXPECT_EQ(map.count(activation_tag_name(s.tag)), 0u) << activation_tag_name(s.tag) << " listed twice";
+    map[activation_tag_name(s.tag)] = s.bytes;
+  }
+  return map;
+}
+
+std::string describe(const SizeMap& map) {
+  std::string text;
+  for (const auto& [tag, bytes] : map) text += tag + "=" + std::to_string(bytes) + " ";
+  return text;
+}
+
+template <class T>
+void check_sizes(const std::string& config_name, IndexerMode mode, double indexer_coef, int64_t batch, int64_t seq) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path(config_name));
+  Model<T> model(config);
+  model.init_weights(5);
+  if (model.sparse_layers() > 0) model.set_indexer_training(mode, indexer_coef);
+  StepShape shape;
+  shape.batch = batch;
+  shape.seq = seq;
+  shape.element_bytes = sizeof(T);
+  shape.threads = num_threads();
+  shape.indexer.mode = mode;
+  shape.indexer.coef = model.sparse_layers() > 0 ? indexer_coef : 0.0;
+  const int layers = static_cast<int>(config.num_hidden_layers);
+  std::vector<SizeMap> saved(layers);
+  std::vector<int64_t> forward_peak(layers), backward_peak(layers);
+  int64_t base = 0;  // the fast tier's bytes when the unit starts
+  const auto start_unit = [&](int) {
+    model.reset_workspace_peak();
+    base = MemoryStats::current(Tier::fast);
+    MemoryStats::reset_peak(Tier::fast);
+  };
+  UnitHooks hooks;
+  hooks.before_forward = start_unit;
+  hooks.after_forward = [&](int unit) {
+    if (unit == 0) return;
+    SizeMap& map = saved[unit - 1];
+    int64_t saved_bytes = 0;  // as the store counts them: small entries rounded by its arena
+    for (const ActivationStore::EntryInfo& e : model.activations().entries(unit - 1)) {
+      map[activation_tag_name(e.tag)] = e.bytes;
+      saved_bytes += e.bytes >= ActivationStore::kPagedMinBytes ? e.bytes : arena_rounded(e.bytes);
+    }
+    forward_peak[unit - 1] = MemoryStats::peak(Tier::fast) - base - saved_bytes;
+  };
+  hooks.before_backward = start_unit;
+  hooks.after_backward = [&](int unit) {
+    if (unit > 0) backward_peak[unit - 1] = MemoryStats::peak(Tier::fast) - base;
+  };
+  model.set_unit_hooks(hooks);
+  const int64_t n = batch * seq;
+  const CounterRng rng(8, "memory_sizes_test");
+  std::vector<int32_t> tokens(n), targets(n);
+  for (int64_t i = 0; i < n; ++i) {
+    tokens[i] = static_cast<int32_t>(rng.bits(i) % config.vocab_size);
+    targets[i] = static_cast<int32_t>(rng.bits(n + i) % config.vocab_size);
+  }
+  model.forward_backward(tokens.data(), targets.data(), batch, seq, LossScales{1.0 / double(n), 1.0});
+  for (int layer = 0; layer < layers; ++layer) {
+    const DecoderLayerDims dims = DecoderLayerDims::from_config(config, layer);
+    const std::string where = config_name + " layer " + std::to_string(layer) + " " + indexer_mode_name(mode) +
+                              " batch " + std::to_string(batch) + " seq " + std::to_string(seq);
+    const SizeMap expected = by_tag(dims.saved_sizes(shape));
+    EXPECT_EQ(expected, saved[layer]) << where << "\n  estimated: " << describe(expected)
+                                      << "\n  saved:     " << describe(saved[layer]);
+    const int64_t measured = std::max(forward_peak[layer], backward_peak[layer]);
+    const int64_t estimate = dims.workspace_bytes(shape);
+    EXPECT_GE(estimate, measured) << where << " forward peak " << forward_peak[layer] << " backward peak "
+                                  << backward_peak[layer];
+    EXPECT_LE(estimate, measured + measured / 4 + (int64_t{64} << 10))
+        << where << " forward peak " << forward_peak[layer] << " backward peak " << backward_peak[layer];
+  }
+}
+
+class MemorySizes : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MemorySizes, MatchTheStoreAndTheScratchArena) {
+  test::with_threads(2, [&] {
+    for (const auto& [batch, seq] : std::vector<std::pair<int64_t, int64_t>>{{2, 9}, {1, 33}}) {
+      check_sizes<float>(GetParam(), IndexerMode::sparse, 0.5, batch, seq);
+      check_sizes<double>(GetParam(), IndexerMode::sparse, 0.0, batch, seq);
+      check_sizes<float>(GetParam(), IndexerMode::warmup, 1.0, batch, seq);
+      check_sizes<float>(GetParam(), IndexerMode::dense, 0.5, batch, seq);
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(LayerKinds, MemorySizes,
+                         ::testing::Values("tiny.json", "tiny_qwen3_moe.json", "tiny_glm4_moe.json",
+                                           "tiny_qwen3_next_hybrid.json", "tiny_qwen3_next_moe.json",
+                                           "tiny_kimi_linear_kda.json", "tiny_kimi_linear.json",
+                                           "tiny_deepseek_v3.json", "tiny_deepseek_v32.json",
+                                           "tiny_qwen3_sparse.json"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           return name.substr(0, name.find('.'));
+                         });
+
+}  // namespace
+}  // namespace trillion

@@ -1,0 +1,132 @@
+// The shape-only memory plan against a real step: for every layer kind and every policy the budget
+// tries, the planned fast-tier peak is an upper bound of MemoryStats' measured peak of a step
+// (parameters, gradients, AdamW state, buffers, activations, workspaces) within 20 %; the budget
+// takes the cheapest policy that fits or names the smallest budget; sizes parse as users write them.
+#include "train/memory_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/rng.h"
+#include "memory/save_policies.h"
+#include "model/model.h"
+#include "ops/finite_diff.h"
+#include "model/test_configs.h"
+#include "train/optimizer.h"
+
+namespace trillion {
+namespace {
+
+// MemoryStats' fast-tier peak of one training step from nothing: model, optimizer, one forward_backward.
+template <class T>
+int64_t measured_peak(const ModelConfig& config, const StepMemoryShape& shape, const MemoryPolicy& policy) {
+  const int64_t before = MemoryStats::current(Tier::fast);
+  MemoryStats::reset_peak(Tier::fast);
+  int64_t peak = 0;
+  {
+    Model<T> model(config);
+    model.init_weights(2);
+    if (model.sparse_layers() > 0) model.set_indexer_training(shape.indexer.mode, shape.indexer.coef);
+    model.set_loss_gradients(shape.loss);
+    Optimizer<T> optimizer(model.table());
+    ActivationStore& store = model.activations();
+    store.set_paged_min_bytes(shape.policy_min_bytes);
+    if (policy.swap != "none") store.set_swap_directory(::testing::TempDir());
+    apply_save_policies(store, policy.recompute, policy.swap);
+    const int64_t n = shape.batch * shape.seq;
+    const CounterRng rng(4, "memory_plan_test");
+    std::vector<int32_t> tokens(n), targets(n);
+    for (int64_t i = 0; i < n; ++i) {
+      tokens[i] = static_cast<int32_t>(rng.bits(i) % config.vocab_size);
+      targets[i] = static_cast<int32_t>(rng.bits(n + i) % config.vocab_size);
+    }
+    model.forward_backward(tokens.data(), targets.data(), shape.batch, shape.seq, LossScales{1.0 / double(n), 1.0});
+    peak = MemoryStats::peak(Tier::fast) - before;
+  }
+  return peak;
+}
+
+class MemoryPlanTest : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(MemoryPlanTest, PlannedPeakBoundsTheMeasuredOne) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path(GetParam()));
+  test::with_threads(2, [&] {
+    for (LossGradients loss : {LossGradients::in_forward, LossGradients::recompute}) {
+      StepMemoryShape shape;
+      shape.batch = 4;
+      shape.seq = 32;
+      shape.indexer.mode = IndexerMode::sparse;
+      shape.indexer.coef = 0.5;
+      shape.loss = loss;
+      shape.threads = 2;
+      shape.policy_min_bytes = 1;  // the tiny models' tensors follow their policy
+      for (const MemoryPolicy& policy : budget_candidates()) {
+        const MemoryPlan plan = plan_memory(config, shape, policy);
+        const int64_t measured = measured_peak<float>(config, shape, policy);
+        EXPECT_GE(plan.peak_fast, measured) << GetParam() << " " << policy.name() << "\n" << plan.describe();
+        // Within 20 %: a layer's workspace is its forward's or its backward's, whichever is larger,
+        // and counted at every point of the layer (the indexer's top-k buffers in its backward too).
+        // Under swap the plan counts the writer one layer behind, its bound; how much sooner the
+        // writes end is up to the disk, so only the bound is checked there.
+        if (policy.swap == "none")
+          EXPECT_LE(plan.peak_fast, measured + measured / 5) << GetParam() << " " << policy.name() << "\n"
+                                                             << plan.describe();
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(LayerKinds, MemoryPlanTest,
+                         ::testing::Values("tiny.json", "tiny_qwen3_moe.json", "tiny_glm4_moe.json",
+                                           "tiny_qwen3_next_hybrid.json", "tiny_kimi_linear.json",
+                                           "tiny_deepseek_v3.json", "tiny_deepseek_v32.json", "tiny_qwen3_sparse.json"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string name = info.param;
+                           return name.substr(0, name.find('.'));
+                         });
+
+TEST(MemoryPlan, BudgetTakesTheCheapestPolicyThatFits) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_qwen3_moe.json"));
+  StepMemoryShape shape;
+  shape.batch = 4;
+  shape.seq = 32;
+  shape.policy_min_bytes = 1;
+  const MemoryPlan keep = plan_memory(config, shape, {});
+  EXPECT_EQ(choose_policy(config, shape, keep.peak_fast).policy.name(), "keep-all");
+  const MemoryPlan full = plan_memory(config, shape, {"full", "none"});
+  ASSERT_LT(full.peak_fast, keep.peak_fast);
+  const MemoryPlan chosen = choose_policy(config, shape, full.peak_fast);
+  EXPECT_LE(chosen.peak_fast, full.peak_fast);
+  // Nothing cheaper than the chosen candidate fits.
+  for (const MemoryPolicy& policy : budget_candidates()) {
+    if (policy.name() == chosen.policy.name()) break;
+    EXPECT_GT(plan_memory(config, shape, policy).peak_fast, full.peak_fast) << policy.name();
+  }
+  int64_t smallest = keep.peak_fast;
+  for (const MemoryPolicy& policy : budget_candidates()) smallest = std::min(smallest, plan_memory(config, shape, policy).peak_fast);
+  try {
+    choose_policy(config, shape, smallest - 1);
+    ADD_FAILURE() << "a budget below every candidate's peak was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the smallest peak is " + std::to_string(smallest) + " bytes"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(MemoryPlan, ParsesSizes) {
+  EXPECT_EQ(parse_bytes("300000", "--memory-budget"), 300000);
+  EXPECT_EQ(parse_bytes("2G", "--memory-budget"), int64_t{2} << 30);
+  EXPECT_EQ(parse_bytes("512MiB", "--memory-budget"), int64_t{512} << 20);
+  EXPECT_EQ(parse_bytes("1.5K", "--memory-budget"), 1536);
+  EXPECT_EQ(parse_bytes("64KB", "--memory-budget"), 65536);
+  for (const char* bad : {"", "G", "-1G", "2X", "1e30T", "0"})
+    EXPECT_THROW(parse_bytes(bad, "--memory-budget"), Error) << bad;
+}
+
+}  // namespace
+}  // namespace trillion
