@@ -126,6 +126,10 @@ class ActivationStore {
   void begin_backward(int layer, int prefetch_layer);
   void end_backward(int layer);
 
+  // Gives the pages no entry holds back to the operating system: called when the forward ends, so
+  // the pages recompute and swap freed do not stay resident through the loss and the backward's
+  // first layers (keep-all frees none, so it costs nothing there).
+  void release_free_pages() { pages_.release_free(); }
   // Frees every saved tensor (end of step; waits for swap I/O in flight).
   void clear();
   int64_t bytes_in_use() const;  // fast-tier bytes the entries hold now

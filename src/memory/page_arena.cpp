@@ -121,6 +121,15 @@ void PageArena::trim() {
   }
 }
 
+void PageArena::release_free() {
+  for (const auto& [span, bytes] : free_by_address_) {
+    char* end = std::min(span + bytes, block_of(span).touched_end);  // pages above were never touched
+    if (end <= span) continue;
+    const int rc = madvise(span, static_cast<size_t>(end - span), MADV_DONTNEED);
+    TRILLION_CHECK(rc == 0, "madvise(MADV_DONTNEED) of ", end - span, " bytes failed: ", std::strerror(errno));
+  }
+}
+
 int64_t PageArena::mapped_bytes() const {
   int64_t total = 0;
   for (const Block& b : blocks_) total += b.bytes;

@@ -37,6 +37,8 @@ class PageArena {
   void reset();
   // Gives every page back to the operating system (nothing may be in use).
   void trim();
+  // Gives the pages of the free spans back (they fault in again, zeroed, when next handed out).
+  void release_free();
   int64_t mapped_bytes() const;
   int64_t used_bytes() const { return used_; }
 

@@ -270,6 +270,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     call(m.hooks.after_forward, 1 + layer);
   }
   m.scratch.reset();
+  if (pass.store != nullptr) pass.store->release_free_pages();
   const int head = static_cast<int>(m.config.num_hidden_layers);  // the head's entries: layer L
   const auto buffer = [&](ActivationTag tag, Shape shape) {
     return save_or_scratch<T>(pass.store, tag, head, shape, m.scratch);

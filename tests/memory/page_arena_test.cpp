@@ -59,5 +59,23 @@ TEST(PageArena, TrimReturnsResidentMemory) {
   EXPECT_FALSE(arena.fits_touched(PageArena::page_bytes()));
 }
 
+// release_free() gives back the free spans' pages only: the live span keeps its contents.
+TEST(PageArena, ReleaseFreeKeepsLiveSpans) {
+  const int64_t bytes = int64_t{32} << 20;
+  PageArena arena(2 * bytes);
+  char* live = static_cast<char*>(arena.alloc(bytes));
+  char* freed = static_cast<char*>(arena.alloc(bytes));
+  std::memset(live, 3, bytes);
+  std::memset(freed, 4, bytes);
+  arena.free(freed, bytes);
+  const int64_t before = current_rss_bytes();
+  arena.release_free();
+  EXPECT_LE(current_rss_bytes(), before - bytes * 9 / 10);
+  EXPECT_EQ(live[bytes - 1], 3);
+  char* again = static_cast<char*>(arena.alloc(bytes));
+  EXPECT_EQ(again, freed);
+  EXPECT_EQ(again[12345], 0);  // released pages read as zeros
+}
+
 }  // namespace
 }  // namespace trillion
