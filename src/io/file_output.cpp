@@ -3,9 +3,12 @@
 // that tests use to make the k-th open, write, fsync, close, rename or directory sync fail.
 #include "io/file_output.h"
 
-#include <cerrno>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
 
 #include <algorithm>
 #include <atomic>
@@ -31,6 +34,8 @@ const char* file_operation_name(FileOperation operation) {
     case FileOperation::rename: return "rename";
     case FileOperation::sync_directory: return "sync_directory";
     case FileOperation::remove: return "remove";
+    case FileOperation::make_directory: return "make_directory";
+    case FileOperation::exchange: return "exchange";
   }
   return "?";
 }
@@ -76,6 +81,12 @@ int PosixFileOutput::sync_directory(const std::string& directory) {
 }
 
 int PosixFileOutput::remove_file(const std::string& path) { return error_of(::unlink(path.c_str())); }
+
+int PosixFileOutput::make_directory(const std::string& path) { return error_of(::mkdir(path.c_str(), 0755)); }
+
+int PosixFileOutput::exchange(const std::string& a, const std::string& b) {
+  return error_of(::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE));
+}
 
 PosixFileOutput& posix_file_output() {
   static PosixFileOutput instance;
@@ -147,6 +158,16 @@ int FaultInjectingFileOutput::sync_directory(const std::string& directory) {
 int FaultInjectingFileOutput::remove_file(const std::string& path) {
   if (const int error = injected_error(FileOperation::remove)) return error;
   return target_.remove_file(path);
+}
+
+int FaultInjectingFileOutput::make_directory(const std::string& path) {
+  if (const int error = injected_error(FileOperation::make_directory)) return error;
+  return target_.make_directory(path);
+}
+
+int FaultInjectingFileOutput::exchange(const std::string& a, const std::string& b) {
+  if (const int error = injected_error(FileOperation::exchange)) return error;
+  return target_.exchange(a, b);
 }
 
 }  // namespace trillion

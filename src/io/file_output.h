@@ -1,5 +1,5 @@
 // The one door through which trillion writes files: create a file, write bytes, fsync it, close
-// it, rename it, fsync a directory, remove a file. Everything that must survive a crash (atomic
+// it, rename it, fsync a directory, remove a file, create a directory, exchange two paths. Everything that must survive a crash (atomic
 // files, safetensors, checkpoints) goes through the process-wide FileOutput, so a test can swap
 // in one that fails:
 //   - PosixFileOutput: the real system calls (the default);
@@ -22,8 +22,8 @@
 namespace trillion {
 
 // The kinds of operation a FileOutput performs (what fault injection counts and fails).
-enum class FileOperation { open, write, fsync, close, rename, sync_directory, remove };
-constexpr int kNumFileOperations = 7;
+enum class FileOperation { open, write, fsync, close, rename, sync_directory, remove, make_directory, exchange };
+constexpr int kNumFileOperations = 9;
 const char* file_operation_name(FileOperation operation);  // "open", "write", …, "sync_directory"
 
 // Every operation returns 0 on success or the errno value of its failure.
@@ -41,6 +41,9 @@ class FileOutput {
   // fsyncs a directory so that renames and creations inside it are durable.
   virtual int sync_directory(const std::string& directory) = 0;
   virtual int remove_file(const std::string& path) = 0;
+  virtual int make_directory(const std::string& path) = 0;  // mode 0755; EEXIST if it exists
+  // Swaps two existing paths atomically (renameat2 RENAME_EXCHANGE).
+  virtual int exchange(const std::string& a, const std::string& b) = 0;
 };
 
 // Writes all of `data`, retrying short writes and EINTR; returns 0 or the errno of the failure.
@@ -56,6 +59,8 @@ class PosixFileOutput : public FileOutput {
   int rename_file(const std::string& from, const std::string& to) override;
   int sync_directory(const std::string& directory) override;
   int remove_file(const std::string& path) override;
+  int make_directory(const std::string& path) override;
+  int exchange(const std::string& a, const std::string& b) override;
 };
 
 // The process-wide instance every file writer uses: the PosixFileOutput unless a
@@ -97,6 +102,8 @@ class FaultInjectingFileOutput : public FileOutput {
   int rename_file(const std::string& from, const std::string& to) override;
   int sync_directory(const std::string& directory) override;
   int remove_file(const std::string& path) override;
+  int make_directory(const std::string& path) override;
+  int exchange(const std::string& a, const std::string& b) override;
 
  private:
   static size_t index(FileOperation operation) { return static_cast<size_t>(operation); }

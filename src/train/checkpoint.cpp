@@ -2,7 +2,6 @@
 // (see checkpoint.h).
 #include "train/checkpoint.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +12,7 @@
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/file_output.h"
 
 namespace trillion {
 namespace fs = std::filesystem;
@@ -190,25 +190,32 @@ std::string write_checkpoint(const std::string& out_dir, int64_t step,
   const std::string name = checkpoint_name(step);
   const fs::path final_dir = fs::path(out_dir) / name;
   const fs::path temp_dir = fs::path(out_dir) / ("." + name + ".tmp." + std::to_string(::getpid()));
-  fs::remove_all(temp_dir);
-  fs::create_directories(temp_dir);
-  write_contents(temp_dir.string());
-  sync_directory(temp_dir.string());
+  fs::remove_all(temp_dir);  // a leftover of an interrupted run of this process id
+  FileOutput& output = file_output();
+  if (const int error = output.make_directory(temp_dir.string()))
+    fail(temp_dir.string(), ": cannot create the checkpoint directory: ", std::strerror(error));
+  try {
+    write_contents(temp_dir.string());
+    sync_directory(temp_dir.string());
+  } catch (...) {
+    fs::remove_all(temp_dir);  // nothing half-written stays behind; the previous checkpoint is untouched
+    throw;
+  }
   // A checkpoint of the same step from an earlier run (a run resumed from an older checkpoint) is
-  // swapped with the new one in one atomic renameat2(RENAME_EXCHANGE), so `latest` never names a
-  // missing directory; the old contents, now under the temporary name, are removed afterwards.
+  // swapped with the new one in one atomic exchange (renameat2 RENAME_EXCHANGE), so `latest` never
+  // names a missing directory; the old contents, now under the temporary name, are removed before
+  // `latest` is written, so a failure there leaves nothing behind.
   const bool replaced = fs::exists(final_dir);
-  if (replaced) {
-    if (::renameat2(AT_FDCWD, temp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0) {
-      fail(final_dir.string(), ": cannot exchange it with the new checkpoint ", temp_dir.string(), ": ",
-           std::strerror(errno));
-    }
-  } else {
-    fs::rename(temp_dir, final_dir);
+  const int error = replaced ? output.exchange(temp_dir.string(), final_dir.string())
+                             : output.rename_file(temp_dir.string(), final_dir.string());
+  if (error != 0) {
+    fs::remove_all(temp_dir);
+    fail(final_dir.string(), replaced ? ": cannot exchange it with the new checkpoint " : ": cannot rename ",
+         temp_dir.string(), replaced ? ": " : " to it: ", std::strerror(error));
   }
   sync_directory(out_dir);
+  if (replaced) fs::remove_all(temp_dir);  // the old contents: the name they had holds the new ones
   write_file_atomic((fs::path(out_dir) / "latest").string(), name + "\n");
-  if (replaced) fs::remove_all(temp_dir);
   return final_dir.string();
 }
 

@@ -73,7 +73,9 @@ std::string resolve_weights_dir(const std::string& directory);
 // Creates OUT/checkpoint-<step>/ atomically: `write_contents(temp_dir)` writes the files into a
 // temporary directory, which is then renamed into place (or, when a checkpoint of that step already
 // exists, exchanged with it by one renameat2(RENAME_EXCHANGE), the old one removed afterwards);
-// OUT/latest is updated last. Returns the checkpoint directory.
+// OUT/latest is updated last. The directory's creation, rename and exchange go through the
+// file-output interface (io/file_output.h) like every file; on a failure the temporary directory is
+// removed and the error names the path. Returns the checkpoint directory.
 std::string write_checkpoint(const std::string& out_dir, int64_t step,
                              const std::function<void(const std::string& temp_dir)>& write_contents);
 

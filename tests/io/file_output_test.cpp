@@ -155,7 +155,9 @@ std::string expected_complaint(FileOperation operation) {
     case FileOperation::close: return ": cannot close ";
     case FileOperation::rename: return ": cannot rename ";
     case FileOperation::sync_directory: return ": cannot fsync directory: ";
-    case FileOperation::remove: break;
+    case FileOperation::remove:
+    case FileOperation::make_directory:
+    case FileOperation::exchange: break;
   }
   return "?";
 }
