@@ -84,29 +84,29 @@ void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlock
   const int32_t* positions = pass.positions;
   const int64_t batch = pass.batch, seq = pass.seq;
   ActivationStore* store = pass.store;
-  const int64_t n = batch * seq, D = dims.hidden, qw = dims.q_width(), kvw = dims.kv_width();
+  const int64_t n = batch * seq, D = dims.hidden, d = dims.head_dim, qw = dims.q_width();
   // Saved for the backward, or (store == nullptr: forward only) temporaries of this sublayer.
-  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
-  T* input = buffer(Tag::attn_input, n * D);  // [n, D]
+  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
+  T* input = buffer(Tag::attn_input, {n, D});  // [n, D]
   std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = buffer(Tag::attn_norm_rstd, n);    // [n]
-  T* h = buffer(Tag::attn_norm_out, n * D);    // [n, D]
+  T* rstd = buffer(Tag::attn_norm_rstd, {n});  // [n]
+  T* h = buffer(Tag::attn_norm_out, {n, D});   // [n, D]
   rmsnorm_forward(h, rstd, input, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
 
   Projections<T> p;
-  p.q_raw = buffer(Tag::q_raw, n * qw);
-  p.q_rstd = buffer(Tag::q_rstd, n * dims.q_heads);
-  p.q = buffer(Tag::q, n * qw);
-  p.gate = dims.gated ? buffer(Tag::gate, n * qw) : nullptr;
-  p.k_raw = buffer(Tag::k_raw, n * kvw);
-  p.k_rstd = buffer(Tag::k_rstd, n * dims.kv_heads);
-  p.k = buffer(Tag::k, n * kvw);
-  p.v = buffer(Tag::v, n * kvw);
+  p.q_raw = buffer(Tag::q_raw, {n, dims.q_heads, d});          // [n, Hq, d]
+  p.q_rstd = buffer(Tag::q_rstd, {n * dims.q_heads});          // [n · Hq]
+  p.q = buffer(Tag::q, {n, dims.q_heads, d});                  // [n, Hq, d]
+  p.gate = dims.gated ? buffer(Tag::gate, {n, qw}) : nullptr;  // [n, Hq·d]
+  p.k_raw = buffer(Tag::k_raw, {n, dims.kv_heads, d});         // [n, Hkv, d]
+  p.k_rstd = buffer(Tag::k_rstd, {n * dims.kv_heads});         // [n · Hkv]
+  p.k = buffer(Tag::k, {n, dims.kv_heads, d});                 // [n, Hkv, d]
+  p.v = buffer(Tag::v, {n, dims.kv_heads, d});                 // [n, Hkv, d]
   project_qkv(p, h, positions, n, w, dims, scratch);
 
   AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
-  T* out = buffer(Tag::attn_out, n * qw);                   // [n, Hq, d]
-  T* lse = buffer(Tag::attn_lse, batch * dims.q_heads * seq);  // [batch, Hq, seq]
+  T* out = buffer(Tag::attn_out, {n, qw});                     // [n, Hq·d]
+  T* lse = buffer(Tag::attn_lse, {batch, dims.q_heads, seq});  // [batch, Hq, seq]
   IndexerOutputs<T> selected;
   if (dims.indexer.enabled()) selected = indexer_forward(h, h, w.indexer, dims.indexer, pass, layer, scratch);
   if (attends_sparsely(dims.indexer, pass))
@@ -118,7 +118,7 @@ void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlock
                   layer, scratch);
   const T* o_in = out;  // [n, Hq·d]
   if (dims.gated) {
-    T* gated = buffer(Tag::o_proj_in, n * qw);  // [n, Hq·d] out · sigmoid(gate)
+    T* gated = buffer(Tag::o_proj_in, {n, qw});  // [n, Hq·d] out · sigmoid(gate)
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }

@@ -123,19 +123,19 @@ template <class T>
 Core<T> core_buffers(int64_t n, const GatedDeltaNetDims& d, ActivationStore* store, int layer, Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t nk = d.key_heads, dk = d.key_dim, nv = d.value_heads, dv = d.value_dim;
-  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
+  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
   Core<T> c;
-  c.conv_in = buffer(Tag::la_conv_in, n * d.conv_channels());
-  c.z = buffer(Tag::la_z, n * nv * dv);
+  c.conv_in = buffer(Tag::la_conv_in, {n, d.conv_channels()});  // [n, Cc]
+  c.z = buffer(Tag::la_z, {n, nv, dv});                         // [n, nv, dv]
   c.b = scratch.alloc<T>(n * nv);
-  c.a = buffer(Tag::la_a, n * nv);
-  c.q_hat = buffer(Tag::la_q_hat, n * nk * dk);
-  c.q_inv = buffer(Tag::la_q_inv, n * nk);
-  c.k_hat = buffer(Tag::la_k_hat, n * nk * dk);
-  c.k_inv = buffer(Tag::la_k_inv, n * nk);
-  c.v = buffer(Tag::la_v, n * nv * dv);
-  c.g = buffer(Tag::la_g, n * nv);
-  c.beta = buffer(Tag::la_beta, n * nv);
+  c.a = buffer(Tag::la_a, {n, nv});              // [n, nv]
+  c.q_hat = buffer(Tag::la_q_hat, {n, nk, dk});  // [n, nk, dk]
+  c.q_inv = buffer(Tag::la_q_inv, {n * nk});     // [n · nk]
+  c.k_hat = buffer(Tag::la_k_hat, {n, nk, dk});  // [n, nk, dk]
+  c.k_inv = buffer(Tag::la_k_inv, {n * nk});     // [n · nk]
+  c.v = buffer(Tag::la_v, {n, nv, dv});          // [n, nv, dv]
+  c.g = buffer(Tag::la_g, {n, nv});              // [n, nv]
+  c.beta = buffer(Tag::la_beta, {n, nv});        // [n, nv]
   c.q_rep = scratch.alloc<T>(n * nv * dk);
   c.k_rep = scratch.alloc<T>(n * nv * dk);
   return c;
@@ -149,22 +149,22 @@ void mixer_forward(T* x, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDi
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, D = d.hidden, nv = d.value_heads, dv = d.value_dim;
   ActivationStore* store = pass.store;
-  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
-  T* input = buffer(Tag::attn_input, n * D);  // [n, D]
+  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
+  T* input = buffer(Tag::attn_input, {n, D});  // [n, D]
   std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = buffer(Tag::attn_norm_rstd, n);   // [n]
-  T* h = buffer(Tag::attn_norm_out, n * D);   // [n, D]
+  T* rstd = buffer(Tag::attn_norm_rstd, {n});   // [n]
+  T* h = buffer(Tag::attn_norm_out, {n, D});   // [n, D]
   rmsnorm_forward(h, rstd, input, w.input_norm, n, D, d.input_norm.eps, d.input_norm.zero_centred);
   const Core<T> c = core_buffers<T>(n, d, store, layer, scratch);
   const Conv1dSizes conv_sizes{pass.batch, pass.seq, d.conv_channels(), d.conv_width, 0};
   prepare_core(c, h, n, w, d, scratch,
                [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, nullptr, conv_sizes); });
-  T* core = buffer(Tag::la_core, n * nv * dv);  // [n, nv, dv]
+  T* core = buffer(Tag::la_core, {n, nv, dv});  // [n, nv, dv]
   const DeltaRuleSizes sizes{pass.batch, pass.seq, nv, d.key_dim, dv, 0, DeltaDecay::per_head};
   delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_rep, c.k_rep, c.v, c.g, c.beta,
                            static_cast<const T*>(nullptr), nullptr, sizes);
-  T* norm_rstd = buffer(Tag::la_norm_rstd, n * nv);  // [n · nv]
-  T* normed = buffer(Tag::la_normed, n * nv * dv);   // [n, nv · dv]
+  T* norm_rstd = buffer(Tag::la_norm_rstd, {n * nv});  // [n · nv]
+  T* normed = buffer(Tag::la_normed, {n, nv * dv});   // [n, nv · dv]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.norm, n * nv, dv, d.norm_eps, GateActivation::silu);
   linear(x, normed, w.out_proj, n, nv * dv, D, /*accumulate=*/true);  // residual
 }

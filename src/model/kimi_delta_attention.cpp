@@ -38,20 +38,20 @@ KdaInputs<T> kda_buffers(int64_t n, const KimiDeltaAttentionDims& d, ActivationS
                          Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t W = d.width(), D = d.head_dim, h = d.heads;
-  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
+  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
   KdaInputs<T> c;
-  c.conv_in = buffer(Tag::la_conv_in, n * 3 * W);
-  c.q_hat = buffer(Tag::la_q_hat, n * W);
-  c.q_inv = buffer(Tag::la_q_inv, n * h);
-  c.k_hat = buffer(Tag::la_k_hat, n * W);
-  c.k_inv = buffer(Tag::la_k_inv, n * h);
-  c.v = buffer(Tag::la_v, n * W);
-  c.f_low = buffer(Tag::la_f_low, n * D);
-  c.a = buffer(Tag::la_a, n * W);
-  c.g = buffer(Tag::la_g, n * W);
-  c.beta = buffer(Tag::la_beta, n * h);
-  c.g_low = buffer(Tag::la_g_low, n * D);
-  c.z = buffer(Tag::la_z, n * W);
+  c.conv_in = buffer(Tag::la_conv_in, {n, 3 * W});  // [n, 3·h·D]
+  c.q_hat = buffer(Tag::la_q_hat, {n, h, D});       // [n, h, D]
+  c.q_inv = buffer(Tag::la_q_inv, {n * h});         // [n · h]
+  c.k_hat = buffer(Tag::la_k_hat, {n, h, D});       // [n, h, D]
+  c.k_inv = buffer(Tag::la_k_inv, {n * h});         // [n · h]
+  c.v = buffer(Tag::la_v, {n, h, D});               // [n, h, D]
+  c.f_low = buffer(Tag::la_f_low, {n, D});          // [n, D]
+  c.a = buffer(Tag::la_a, {n, W});                  // [n, h·D]
+  c.g = buffer(Tag::la_g, {n, W});                  // [n, h·D]
+  c.beta = buffer(Tag::la_beta, {n, h});            // [n, h]
+  c.g_low = buffer(Tag::la_g_low, {n, D});          // [n, D]
+  c.z = buffer(Tag::la_z, {n, h, D});               // [n, h, D]
   c.q_scaled = scratch.alloc<T>(n * W);
   return c;
 }
@@ -94,22 +94,22 @@ void mixer_forward(T* x, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaA
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
   ActivationStore* store = pass.store;
-  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(store, tag, layer, count, scratch); };
-  T* input = buffer(Tag::attn_input, n * H);  // [n, hidden]
+  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
+  T* input = buffer(Tag::attn_input, {n, H});  // [n, hidden]
   std::memcpy(input, x, n * H * sizeof(T));
-  T* rstd = buffer(Tag::attn_norm_rstd, n);   // [n]
-  T* x_hat = buffer(Tag::attn_norm_out, n * H);  // [n, hidden]
+  T* rstd = buffer(Tag::attn_norm_rstd, {n});   // [n]
+  T* x_hat = buffer(Tag::attn_norm_out, {n, H});  // [n, hidden]
   rmsnorm_forward(x_hat, rstd, input, w.input_norm, n, H, d.input_norm.eps, d.input_norm.zero_centred);
   const KdaInputs<T> c = kda_buffers<T>(n, d, store, layer, scratch);
   const Conv1dSizes conv_sizes{pass.batch, pass.seq, 3 * W, d.conv_width, 0};
   prepare_inputs(c, x_hat, n, w, d, scratch,
                  [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, nullptr, conv_sizes); });
-  T* core = buffer(Tag::la_core, n * W);  // [n, h, D]
+  T* core = buffer(Tag::la_core, {n, h, D});  // [n, h, D]
   const DeltaRuleSizes sizes{pass.batch, pass.seq, h, D, D, 0, DeltaDecay::per_key_channel};
   delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_scaled, c.k_hat, c.v, c.g, c.beta,
                            static_cast<const T*>(nullptr), nullptr, sizes);
-  T* norm_rstd = buffer(Tag::la_norm_rstd, n * h);  // [n · h]
-  T* normed = buffer(Tag::la_normed, n * W);        // [n, h·D]
+  T* norm_rstd = buffer(Tag::la_norm_rstd, {n * h});  // [n · h]
+  T* normed = buffer(Tag::la_normed, {n, W});        // [n, h·D]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.o_norm, n * h, D, d.norm_eps, GateActivation::sigmoid);
   linear(x, normed, w.o_proj, n, W, H, /*accumulate=*/true);  // residual
 }

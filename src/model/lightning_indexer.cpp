@@ -70,16 +70,16 @@ IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeight
   const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, topk = dims.topk;
   // wk's output and its LayerNorm statistics are saved for the loss's backward, else temporaries.
   ActivationStore* keep = loss_on(pass) ? pass.store : nullptr;  // null: scratch
-  T* k_raw = save_or_scratch<T>(keep, Tag::idx_k_raw, layer, n * dims.head_dim, scratch);  // [n, d_I]
-  T* k_mean = save_or_scratch<T>(keep, Tag::idx_k_mean, layer, n, scratch);               // [n]
-  T* k_rstd = save_or_scratch<T>(keep, Tag::idx_k_rstd, layer, n, scratch);               // [n]
+  T* k_raw = save_or_scratch<T>(keep, Tag::idx_k_raw, layer, Shape{n, dims.head_dim}, scratch);  // [n, d_I]
+  T* k_mean = save_or_scratch<T>(keep, Tag::idx_k_mean, layer, Shape{n}, scratch);                // [n]
+  T* k_rstd = save_or_scratch<T>(keep, Tag::idx_k_rstd, layer, Shape{n}, scratch);                // [n]
   IndexerOutputs<T> out;
   out.q = scratch.alloc<T>(n * dims.heads * dims.head_dim);
   out.k = scratch.alloc<T>(n * dims.head_dim);
   out.w = scratch.alloc<T>(n * dims.heads);
   project(out.q, k_raw, k_mean, k_rstd, out.k, out.w, q_in, h, pass.positions, n, w, dims);
   const IndexerSizes sizes = sizes_of(dims, batch, seq, seq);
-  int32_t* selection = save_or_scratch<int32_t>(pass.store, Tag::attn_indices, layer, n * topk, scratch);  // [n, topk]
+  int32_t* selection = save_or_scratch<int32_t>(pass.store, Tag::attn_indices, layer, Shape{n, topk}, scratch);  // [n, topk]
   const auto select = [&](int32_t* indices) { indexer_topk(indices, out.q, out.k, out.w, sizes); };
   if (pass.decisions != nullptr) {
     const int32_t* decided = pass.decisions->decide(DecisionKind::selection, layer, n * topk, select);
@@ -98,9 +98,9 @@ void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T
   using Tag = ActivationTag;
   if (!loss_on(pass)) return;
   const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq;
-  T* dq = save_or_scratch<T>(pass.store, Tag::idx_dq, layer, n * dims.heads * dims.head_dim, scratch);  // [n, H_I, d_I]
-  T* dk = save_or_scratch<T>(pass.store, Tag::idx_dk, layer, n * dims.head_dim, scratch);               // [n, d_I]
-  T* dw = save_or_scratch<T>(pass.store, Tag::idx_dw, layer, n * dims.heads, scratch);                  // [n, H_I]
+  T* dq = save_or_scratch<T>(pass.store, Tag::idx_dq, layer, Shape{n, dims.heads, dims.head_dim}, scratch);  // [n, H_I, d_I]
+  T* dk = save_or_scratch<T>(pass.store, Tag::idx_dk, layer, Shape{n, dims.head_dim}, scratch);              // [n, d_I]
+  T* dw = save_or_scratch<T>(pass.store, Tag::idx_dw, layer, Shape{n, dims.heads}, scratch);                 // [n, H_I]
   const IndexerTarget target{q, k, lse, heads, kv_heads, qk_dim, scale};
   const IndexerLossResult r = indexer_loss(dq, dk, dw, out.q, out.k, out.w, out.selection, target,
                                            loss_mode(pass.indexer->mode), pass.indexer->grad_scale,

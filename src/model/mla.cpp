@@ -96,35 +96,37 @@ void mixer_forward(T* x, const MlaWeights<T>& w, const MlaDims& dims, const Laye
   using Tag = ActivationTag;
   const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, D = dims.hidden, H = dims.heads;
   const int64_t rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
-  const auto buffer = [&](Tag tag, int64_t count) { return save_or_scratch<T>(pass.store, tag, layer, count, scratch); };
-  T* input = buffer(Tag::attn_input, n * D);  // [n, D]
+  const auto buffer = [&](Tag tag, const Shape& shape) {
+    return save_or_scratch<T>(pass.store, tag, layer, shape, scratch);
+  };
+  T* input = buffer(Tag::attn_input, {n, D});  // [n, D]
   std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = buffer(Tag::attn_norm_rstd, n);  // [n]
-  T* h = buffer(Tag::attn_norm_out, n * D);  // [n, D]
+  T* rstd = buffer(Tag::attn_norm_rstd, {n});  // [n]
+  T* h = buffer(Tag::attn_norm_out, {n, D});  // [n, D]
   rmsnorm_forward(h, rstd, input, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
 
   Latents<T> p{};
   if (rq > 0) {
-    p.q_a = buffer(Tag::mla_q_a, n * rq);
-    p.q_a_rstd = buffer(Tag::mla_q_a_rstd, n);
-    p.q_latent = buffer(Tag::mla_q_latent, n * rq);
+    p.q_a = buffer(Tag::mla_q_a, {n, rq});            // [n, r_q]
+    p.q_a_rstd = buffer(Tag::mla_q_a_rstd, {n});      // [n]
+    p.q_latent = buffer(Tag::mla_q_latent, {n, rq});  // [n, r_q]
   }
-  p.q = buffer(Tag::q, n * dims.q_width());
-  p.kv_a = buffer(Tag::mla_kv_a, n * dims.kv_a_out());
-  p.kv_rstd = buffer(Tag::mla_kv_rstd, n);
-  p.latent = buffer(Tag::mla_latent, n * rkv);
+  p.q = buffer(Tag::q, {n, H, dims.qk()});               // [n, H, qk]
+  p.kv_a = buffer(Tag::mla_kv_a, {n, dims.kv_a_out()});  // [n, r_kv + rope]
+  p.kv_rstd = buffer(Tag::mla_kv_rstd, {n});             // [n]
+  p.latent = buffer(Tag::mla_latent, {n, rkv});          // [n, r_kv]
   project_latents(p, h, n, w, dims);
   rotate_positions(p.q, p.kv_a, pass.positions, n, dims, /*backward=*/false);
 
   T* kv = scratch.alloc<T>(n * dims.kv_b_out());  // [n, H, nope + v]
   linear(kv, p.latent, w.kv_b_proj, n, rkv, dims.kv_b_out(), /*accumulate=*/false);
-  T* k = buffer(Tag::k, n * dims.q_width());  // [n, H, qk]
-  T* v = buffer(Tag::v, n * dims.o_width());  // [n, H, v]
+  T* k = buffer(Tag::k, {n, H, dims.qk()});  // [n, H, qk]
+  T* v = buffer(Tag::v, {n, H, dims.v});     // [n, H, v]
   expand_keys(k, v, kv, p.kv_a, n, dims);
 
   const AttentionSizes sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v};
-  T* out = buffer(Tag::attn_out, n * dims.o_width());  // [n, H, v]
-  T* lse = buffer(Tag::attn_lse, batch * H * seq);      // [batch, H, seq]
+  T* out = buffer(Tag::attn_out, {n, dims.o_width()});  // [n, H·v]
+  T* lse = buffer(Tag::attn_lse, {batch, H, seq});      // [batch, H, seq]
   IndexerOutputs<T> selected;
   if (dims.indexer.enabled()) selected = indexer_forward(p.q_latent, h, w.indexer, dims.indexer, pass, layer, scratch);
   if (attends_sparsely(dims.indexer, pass))

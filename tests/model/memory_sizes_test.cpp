@@ -65,8 +65,17 @@ void check_sizes(const std::string& config_name, IndexerMode mode, double indexe
     if (unit == 0) return;
     SizeMap& map = saved[unit - 1];
     int64_t saved_bytes = 0;  // as the store counts them: small entries rounded by its arena
+    using Tag = ActivationTag;  // entries carry their real shapes: the ranks of the main tensors
+    static const std::map<Tag, int> kRank = {
+        {Tag::q_raw, 3},      {Tag::q, 3},        {Tag::k_raw, 3},        {Tag::k, 3},
+        {Tag::v, 3},          {Tag::attn_out, 2}, {Tag::la_q_hat, 3},     {Tag::la_k_hat, 3},
+        {Tag::la_conv_in, 2}, {Tag::mla_kv_a, 2}, {Tag::attn_indices, 2}, {Tag::ffn_norm_out, 2},
+        {Tag::expert_gate_up, 2}};
     for (const ActivationStore::EntryInfo& e : model.activations().entries(unit - 1)) {
       map[activation_tag_name(e.tag)] = e.bytes;
+      if (const auto it = kRank.find(e.tag); it != kRank.end()) {
+        EXPECT_EQ(e.shape.rank(), it->second) << activation_tag_name(e.tag) << " layer " << unit - 1;
+      }
       saved_bytes += e.bytes >= ActivationStore::kPagedMinBytes ? e.bytes : arena_rounded(e.bytes);
     }
     forward_peak[unit - 1] = MemoryStats::peak(Tier::fast) - base - saved_bytes;
