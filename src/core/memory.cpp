@@ -72,8 +72,10 @@ Arena::~Arena() {
   for (Block& b : blocks_) std::free(b.data);
 }
 
+int64_t Arena::rounded(int64_t bytes) { return round_up(bytes > 0 ? bytes : kAlign); }
+
 void* Arena::alloc_bytes(int64_t bytes) {
-  bytes = round_up(bytes > 0 ? bytes : kAlign);
+  bytes = rounded(bytes);
   while (current_block_ < blocks_.size() && offset_ + bytes > blocks_[current_block_].bytes) {
     ++current_block_;
     offset_ = 0;
@@ -88,7 +90,6 @@ void* Arena::alloc_bytes(int64_t bytes) {
   char* p = blocks_[current_block_].data + offset_;
   offset_ += bytes;
   used_ += bytes;
-  peak_ = used_ > peak_ ? used_ : peak_;
   std::memset(p, 0, bytes);
   MemoryStats::add(tier_, bytes);
   return p;

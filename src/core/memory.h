@@ -110,9 +110,8 @@ class Arena {
   void* alloc_bytes(int64_t bytes);
   void reset();
   int64_t used_bytes() const { return used_; }
-  // The most bytes in use at once since the last reset_peak() (workspace measurements).
-  int64_t peak_bytes() const { return peak_; }
-  void reset_peak() { peak_ = used_; }
+  // `bytes` as alloc() takes them: rounded up to 64 bytes, an empty allocation taking 64.
+  static int64_t rounded(int64_t bytes);
 
  private:
   struct Block {
@@ -125,7 +124,6 @@ class Arena {
   size_t current_block_ = 0;
   int64_t offset_ = 0;  // in blocks_[current_block_]
   int64_t used_ = 0;
-  int64_t peak_ = 0;
 };
 
 }  // namespace trillion

@@ -73,7 +73,7 @@ void* ActivationStore::save_bytes(ActivationTag tag, int layer, SavedType type, 
   e.bytes = bytes;
   e.type = type;
   e.shape = shape;
-  e.paged = bytes >= paged_min_bytes_ && bytes > 0;
+  e.paged = is_paged(bytes, paged_min_bytes_);
   if (e.paged) {
     e.data = take_span(bytes);
     e.held = true;
@@ -178,9 +178,9 @@ void ActivationStore::end_forward(int layer) {
   if (swap_synchronous_ && swap_ != nullptr) reclaim_written();
 }
 
-bool ActivationStore::dropped(int layer, TagSublayer sublayer) const {
+bool ActivationStore::reruns(int layer, TagSublayer sublayer) const {
   for (auto it = entries_.lower_bound({layer, 0}); it != entries_.end() && it->first.first == layer; ++it)
-    if (it->second.state == State::dropped && tag_sublayer(static_cast<ActivationTag>(it->first.second)) == sublayer)
+    if (it->second.state == State::dropped && recompute_reruns(static_cast<ActivationTag>(it->first.second), sublayer))
       return true;
   return false;
 }

@@ -71,6 +71,12 @@ class ActivationStore {
   // Entries below this size stay resident until clear() (tests lower it to reach tiny models').
   static constexpr int64_t kPagedMinBytes = int64_t{64} << 10;
   void set_paged_min_bytes(int64_t bytes) { paged_min_bytes_ = bytes; }
+  // Whether an entry of `bytes` is paged (follows its policy) under that threshold, and the
+  // fast-tier bytes it holds: its own when paged, the small arena's rounding of them otherwise.
+  static bool is_paged(int64_t bytes, int64_t min_bytes) { return bytes >= min_bytes && bytes > 0; }
+  static int64_t held_bytes(int64_t bytes, int64_t min_bytes) {
+    return is_paged(bytes, min_bytes) ? bytes : Arena::rounded(bytes);
+  }
 
   ActivationStore();
   ~ActivationStore();
@@ -118,8 +124,9 @@ class ActivationStore {
 
   // Layer events (see the file comment).
   void end_forward(int layer);
-  // Whether any entry of `layer` produced by `sublayer` was dropped (and not yet refilled).
-  bool dropped(int layer, TagSublayer sublayer) const;
+  // Whether recompute must re-run `sublayer` of `layer`: some dropped entry (not yet refilled)
+  // asks for it (recompute_reruns).
+  bool reruns(int layer, TagSublayer sublayer) const;
   bool dropped(ActivationTag tag, int layer) const;
   void begin_recompute(int layer);
   void end_recompute();

@@ -100,6 +100,11 @@ const char* activation_tag_name(ActivationTag tag);
 // The tag of a name activation_tag_name gives; fails with the list of names otherwise.
 ActivationTag activation_tag_from_name(const std::string& name);
 TagSublayer tag_sublayer(ActivationTag tag);
+// Whether recompute re-runs `sublayer` when `tag` was dropped: its own sublayer, and the mixer for
+// ffn_input too (the mixer's output is the FFN's input).
+inline bool recompute_reruns(ActivationTag tag, TagSublayer sublayer) {
+  return tag_sublayer(tag) == sublayer || (sublayer == TagSublayer::mixer && tag == ActivationTag::ffn_input);
+}
 TagKind tag_kind(ActivationTag tag);
 constexpr int kNumActivationTags = static_cast<int>(ActivationTag::count_);
 

@@ -54,7 +54,6 @@ class SwapEngine {
   void drain();
 
   bool direct_io() const { return direct_; }
-  const std::string& directory() const { return directory_; }
   int64_t bytes_written() const;
   int64_t bytes_read() const;
   double wait_seconds() const { return wait_seconds_; }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/memory.h"
 #include "memory/activation_tags.h"
 #include "model/step.h"
 
@@ -32,7 +33,7 @@ struct SavedSize {
   int64_t bytes;
 };
 
-// `bytes` rounded up as the Arena rounds each allocation (64 bytes; an empty one takes 64).
-inline int64_t arena_rounded(int64_t bytes) { return bytes > 0 ? (bytes + 63) / 64 * 64 : 64; }
+// `bytes` as the scratch Arena takes them (Arena::rounded).
+inline int64_t arena_rounded(int64_t bytes) { return Arena::rounded(bytes); }
 
 }  // namespace trillion

@@ -397,8 +397,8 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
 
 template <class T>
 void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
-  const bool mixer = store.dropped(layer, TagSublayer::mixer) || store.dropped(ActivationTag::ffn_input, layer);
-  const bool ffn = store.dropped(layer, TagSublayer::ffn);
+  const bool mixer = store.reruns(layer, TagSublayer::mixer);
+  const bool ffn = store.reruns(layer, TagSublayer::ffn);
   if (!mixer && !ffn) return;
   const int64_t n = batch * seq, D = config.hidden_size;
   ensure_size(recompute_hidden, n * D);
@@ -429,13 +429,8 @@ ActivationStore& Model<T>::activations() {
   return impl_->store;
 }
 template <class T>
-int64_t Model<T>::workspace_peak_bytes() const {
-  return impl_->scratch.peak_bytes();
-}
-template <class T>
-void Model<T>::reset_workspace_peak() {
+void Model<T>::reset_workspace() {
   impl_->scratch.reset();
-  impl_->scratch.reset_peak();
 }
 
 template <class T>

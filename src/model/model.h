@@ -74,10 +74,9 @@ class Model {
   // The saved activations of training steps: their policies (keep, recompute, swap per tag), the
   // swap directory, and what the policies did (counters). Set between steps.
   ActivationStore& activations();
-  // The most bytes the layers' scratch arena held at once since reset_workspace_peak(), which
-  // empties it: call it between units (a hook), where nothing lives in it.
-  int64_t workspace_peak_bytes() const;
-  void reset_workspace_peak();
+  // Empties the layers' scratch arena (so that a measurement starts from nothing): call it
+  // between units (a hook), where nothing lives in it.
+  void reset_workspace();
   int sparse_layers() const;
   // MoE layers' correction biases (sigmoid routers), for the aux-loss-free update: per MoE layer,
   // its layer index and a pointer to its [E] bias in params(). Empty without such layers.

@@ -37,14 +37,13 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
   const std::vector<SavedSize> sizes = dims.saved_sizes(step);
   bool rerun_mixer = false, rerun_ffn = false;
   for (const SavedSize& s : sizes) {  // which sublayers Model::recompute re-runs
-    const bool paged = s.bytes >= min_paged && s.bytes > 0;
-    if (!paged || !recompute.count(s.tag)) continue;
-    if (tag_sublayer(s.tag) == TagSublayer::mixer || s.tag == ActivationTag::ffn_input) rerun_mixer = true;
-    if (tag_sublayer(s.tag) == TagSublayer::ffn) rerun_ffn = true;
+    if (!ActivationStore::is_paged(s.bytes, min_paged) || !recompute.count(s.tag)) continue;
+    rerun_mixer = rerun_mixer || recompute_reruns(s.tag, TagSublayer::mixer);
+    rerun_ffn = rerun_ffn || recompute_reruns(s.tag, TagSublayer::ffn);
   }
   for (const SavedSize& s : sizes) {
-    const bool paged = s.bytes >= min_paged && s.bytes > 0;
-    const int64_t counted = paged ? s.bytes : arena_rounded(s.bytes);
+    const bool paged = ActivationStore::is_paged(s.bytes, min_paged);
+    const int64_t counted = ActivationStore::held_bytes(s.bytes, min_paged);
     b.all += counted;
     if (paged && recompute.count(s.tag)) {
       b.dropped += counted;
@@ -52,7 +51,7 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
     }
     if (paged && swap.count(s.tag)) {
       b.swapped += counted;
-      const bool float32 = step.element_bytes == 4 && s.tag != ActivationTag::router_index && s.tag != ActivationTag::attn_indices;
+      const bool float32 = step.element_bytes == 4 && tag_kind(s.tag) != TagKind::decision;  // decisions: int32
       b.file += SwapEngine::file_bytes(s.bytes, swap_bf16 && float32);
     } else {
       b.kept += counted;
@@ -116,7 +115,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
                        (shape.swap_bf16 && plan.peak_slow > 0 ? SwapEngine::kStagingBytes : 0);
 
   // The head: final_input, final_norm_rstd, final_norm_out, and loss_dh or loss_lse.
-  const auto head_entry = [&](int64_t bytes) { return bytes >= shape.policy_min_bytes ? bytes : arena_rounded(bytes); };
+  const auto head_entry = [&](int64_t bytes) { return ActivationStore::held_bytes(bytes, shape.policy_min_bytes); };
   const bool in_forward = shape.loss == LossGradients::in_forward;
   const int64_t head = head_entry(n * D * e) * 2 + head_entry(n * e) + (in_forward ? head_entry(n * D * e) : head_entry(n * e));
   plan.activations_saved += head;

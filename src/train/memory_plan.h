@@ -22,6 +22,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "memory/activation_store.h"
 #include "model/config.h"
 #include "model/step.h"
 
@@ -39,7 +40,7 @@ struct StepMemoryShape {
   IndexerTraining indexer;    // sparse layers' mode and loss
   LossGradients loss = LossGradients::in_forward;
   int threads = 1;                         // the loss's tiles are per thread
-  int64_t policy_min_bytes = 64 << 10;     // smaller saved tensors are always kept
+  int64_t policy_min_bytes = ActivationStore::kPagedMinBytes;  // smaller saved tensors are always kept
   bool swap_bf16 = false;                  // swapped float32 tensors stored as bfloat16
   int64_t sampler_windows = 0;             // the data sampler's permutation (int64 each; 0: no data yet)
 };

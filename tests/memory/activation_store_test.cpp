@@ -53,8 +53,8 @@ TEST(ActivationStore, RecomputePolicyDropsAndRefills) {
   kept[7] = 2.5f;
   store.end_forward(0);
   EXPECT_TRUE(store.dropped(ActivationTag::mlp_act, 0));
-  EXPECT_TRUE(store.dropped(0, TagSublayer::ffn));
-  EXPECT_FALSE(store.dropped(0, TagSublayer::mixer));
+  EXPECT_TRUE(store.reruns(0, TagSublayer::ffn));
+  EXPECT_FALSE(store.reruns(0, TagSublayer::mixer));
   EXPECT_DEATH(store.get<float>(ActivationTag::mlp_act, 0, 1000), "not resident \\(dropped for recompute\\)");
   store.begin_backward(0, -1);
   store.begin_recompute(0);

@@ -114,17 +114,8 @@ TEST_P(MemoryPolicy, RecomputeAndSwapAreBitwiseKeepAll) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(LayerKinds, MemoryPolicy,
-                         ::testing::Values("tiny.json", "tiny_qwen3_moe.json", "tiny_glm4_moe.json",
-                                           "tiny_qwen3_next_hybrid.json", "tiny_qwen3_next_moe.json",
-                                           "tiny_kimi_linear_kda.json", "tiny_kimi_linear.json",
-                                           "tiny_deepseek_v3.json", "tiny_deepseek_v32.json",
-                                           "tiny_qwen3_sparse.json"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           std::string name = info.param;
-                           name = name.substr(0, name.find('.'));
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(LayerKinds, MemoryPolicy, ::testing::ValuesIn(testing::kLayerKindConfigs),
+                         testing::config_test_name);
 
 }  // namespace
 }  // namespace trillion

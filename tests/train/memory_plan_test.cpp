@@ -84,10 +84,7 @@ INSTANTIATE_TEST_SUITE_P(LayerKinds, MemoryPlanTest,
                          ::testing::Values("tiny.json", "tiny_qwen3_moe.json", "tiny_glm4_moe.json",
                                            "tiny_qwen3_next_hybrid.json", "tiny_kimi_linear.json",
                                            "tiny_deepseek_v3.json", "tiny_deepseek_v32.json", "tiny_qwen3_sparse.json"),
-                         [](const ::testing::TestParamInfo<const char*>& info) {
-                           std::string name = info.param;
-                           return name.substr(0, name.find('.'));
-                         });
+                         testing::config_test_name);
 
 TEST(MemoryPlan, BudgetTakesTheCheapestPolicyThatFits) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_qwen3_moe.json"));
