@@ -48,6 +48,14 @@ void ActivationStore::for_layer(int layer, F&& f) {
     f(static_cast<ActivationTag>(it->first.second), it->second);
 }
 
+template <class F>
+void ActivationStore::for_part(int layer, TagSublayer part, F&& f) {
+  const bool checkpoint = part == TagSublayer::ffn && reruns(layer, TagSublayer::mixer);
+  for_layer(layer, [&](ActivationTag tag, Entry& e) {
+    if (tag_sublayer(tag) == part || (checkpoint && tag == ActivationTag::attn_input)) f(tag, e);
+  });
+}
+
 void* ActivationStore::save_bytes(ActivationTag tag, int layer, SavedType type, const Shape& shape,
                                   int64_t element_bytes) {
   TRILLION_CHECK(tag != ActivationTag::count_, "count_ is not a tag");
@@ -95,7 +103,10 @@ const void* ActivationStore::get_bytes(ActivationTag tag, int layer, SavedType t
                  " bytes, expected ", bytes);
   TRILLION_CHECK(e.state == State::writing || e.state == State::complete, "activation ", activation_tag_name(tag),
                  " of layer ", layer, " is not resident (",
-                 e.state == State::dropped ? "dropped for recompute" : "swapped out", ")");
+                 e.state == State::dropped    ? "dropped for recompute"
+                 : e.state == State::consumed ? "consumed by its backward"
+                                              : "swapped out",
+                 ")");
   return e.data;
 }
 
@@ -146,16 +157,16 @@ void ActivationStore::reclaim_written() {
   writes_in_flight_.resize(kept);
 }
 
-// The writer may be one layer behind, never more (the memory plan counts on it): the writes still in
-// flight from earlier layers are waited for before this layer's are queued.
-void ActivationStore::end_forward(int layer) {
+// The writer may be one part behind, never more (the memory plan counts on it): the writes still in
+// flight from earlier parts are waited for before this part's are queued.
+void ActivationStore::end_forward(int layer, TagSublayer part, bool backward_next) {
   for (Entry* e : writes_in_flight_) swap_->wait(e->ticket);
   if (!writes_in_flight_.empty()) reclaim_written();
   for_layer(layer, [&](ActivationTag tag, Entry& e) {
-    if (e.state != State::writing) return;
+    if (tag_sublayer(tag) != part || e.state != State::writing) return;
     e.state = State::complete;
     if (!e.paged) return;
-    switch (policy(tag)) {
+    switch (backward_next && policy(tag) == SavePolicy::swap ? SavePolicy::keep : policy(tag)) {
       case SavePolicy::keep: break;
       case SavePolicy::recompute:
         free_span(e);
@@ -218,26 +229,34 @@ void ActivationStore::bring_back(Entry& e) {
   counters_.read_back_bytes += e.bytes;
 }
 
-void ActivationStore::begin_backward(int layer, int prefetch_layer) {
-  for_layer(layer, [&](ActivationTag, Entry& e) { bring_back(e); });
-  for_layer(layer, [&](ActivationTag, Entry& e) {
+void ActivationStore::begin_backward(int layer, TagSublayer part) {
+  for_part(layer, part, [&](ActivationTag, Entry& e) { bring_back(e); });
+  for_part(layer, part, [&](ActivationTag, Entry& e) {
     if (e.state != State::reading) return;
     swap_->wait(e.ticket);
     MemoryStats::sub(Tier::slow, SwapEngine::file_bytes(e.bytes, e.swap_bf16));
     e.state = State::complete;
   });
-  if (prefetch_layer >= 0) for_layer(prefetch_layer, [&](ActivationTag, Entry& e) { bring_back(e); });
+  // The next part in backward order: a layer's mixer after its FFN, then the FFN of the layer below.
+  if (part == TagSublayer::ffn) {
+    for_part(layer, TagSublayer::mixer, [&](ActivationTag, Entry& e) { bring_back(e); });
+  } else if (layer > 0) {
+    for_part(layer - 1, TagSublayer::ffn, [&](ActivationTag, Entry& e) { bring_back(e); });
+  }
 }
 
-void ActivationStore::end_backward(int layer) {
-  for_layer(layer, [&](ActivationTag, Entry& e) {
+void ActivationStore::end_backward(int layer, TagSublayer part) {
+  for_layer(layer, [&](ActivationTag tag, Entry& e) {
+    if (tag_sublayer(tag) != part) return;
     TRILLION_CHECK(e.state == State::complete || e.state == State::dropped, "end_backward of layer ", layer,
-                   " with its activations not resident");
-    if (!e.held) return;
-    if (e.ticket != 0) swap_->wait(e.ticket);  // a write of a reused entry may still read its span
-    free_span(e);
+                   " with its activation ", activation_tag_name(tag), " not resident");
+    if (e.held) {
+      if (e.ticket != 0) swap_->wait(e.ticket);  // a write of a reused entry may still read its span
+      free_span(e);
+    }
+    e.state = State::consumed;
   });
-  entries_.erase(entries_.lower_bound({layer, 0}), entries_.lower_bound({layer + 1, 0}));
+  if (part != TagSublayer::ffn) entries_.erase(entries_.lower_bound({layer, 0}), entries_.lower_bound({layer + 1, 0}));
 }
 
 void ActivationStore::clear() {

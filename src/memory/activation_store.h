@@ -3,21 +3,29 @@
 // tensor is an entry keyed by a static tag (memory/activation_tags.h) and a layer index (the head's
 // final norm and loss use layer L, the number of decoder layers), with its dtype and shape.
 //
-// The store sees each layer's life through events the layer loops send:
-//   end_forward(l)      l's entries are complete (the completion point: modules fill what save()
-//                       returned until their layer's forward ends); entries whose tag is swap are
-//                       queued for the slow tier (their pages are reused once written; the
-//                       writes of earlier layers are waited for first, so the writer is at most
-//                       one layer behind), those whose tag is recompute are dropped (their pages
-//                       reused at once);
+// The store sees each layer's life through events the layer loops send, per part: a decoder
+// layer's mixer sublayer and its FFN sublayer (the tags' TagSublayer), the head (layer L) as one.
+//   end_forward(l, part, backward_next)
+//                       the part's entries are complete (the completion point: modules fill what
+//                       save() returned until their part's forward ends); entries whose tag is swap
+//                       are queued for the slow tier (their pages are reused once written; the
+//                       writes of earlier parts are waited for first, so the writer is at most one
+//                       part behind), those whose tag is recompute are dropped (their pages reused
+//                       at once). backward_next: l's backward is the next to run (the last decoder
+//                       layer, the head), so its swap entries stay resident: their write and read
+//                       would overlap nothing (as Transformer Engine offloads at most L − 1 layers);
 //   begin_recompute(l) … end_recompute()
 //                       the model re-runs the sublayers that own dropped entries; save() refills a
 //                       dropped entry in place and hands out a throwaway buffer for every other
 //                       (so kept tensors are never written twice);
-//   begin_backward(l, p) l's swapped entries are resident again (waiting if need be) and the
-//                       prefetch of layer p's is queued, to overlap l's backward (an entry whose
-//                       pages were not reused yet is taken back as it is, without reading);
-//   end_backward(l)     l's entries are consumed: their pages are free for the next saves.
+//   begin_backward(l, part) … end_backward(l, part)
+//                       one part of the backward: a decoder layer's FFN part (with its recompute
+//                       before it), then its mixer part. begin
+//                       makes the part's entries resident (waiting if need be; the FFN part also
+//                       gets the recompute checkpoint when the mixer is re-run) and queues the
+//                       prefetch of the next part's, to overlap this part's compute (an entry whose
+//                       pages were not reused yet is taken back as it is, without reading); end
+//                       frees the part's entries, so their pages take the next part's prefetch.
 // Entries of 64 KiB and more live in page spans that are reused as soon as they are free
 // (PageArena), so resident memory follows what is live at once; smaller ones (statistics, tiny
 // models) stay until clear(), whatever their tag's policy. A change of policy trims the free pages.
@@ -122,16 +130,17 @@ class ActivationStore {
   // The entries saved under `layer` in this step, in tag order (for the memory plan's tests).
   std::vector<EntryInfo> entries(int layer) const;
 
-  // Layer events (see the file comment).
-  void end_forward(int layer);
+  // Layer events (see the file comment). `part` is TagSublayer::mixer or ffn for a decoder layer,
+  // head for layer L.
+  void end_forward(int layer, TagSublayer part, bool backward_next = false);
   // Whether recompute must re-run `sublayer` of `layer`: some dropped entry (not yet refilled)
   // asks for it (recompute_reruns).
   bool reruns(int layer, TagSublayer sublayer) const;
   bool dropped(ActivationTag tag, int layer) const;
   void begin_recompute(int layer);
   void end_recompute();
-  void begin_backward(int layer, int prefetch_layer);
-  void end_backward(int layer);
+  void begin_backward(int layer, TagSublayer part);
+  void end_backward(int layer, TagSublayer part);
 
   // Gives the pages no entry holds back to the operating system: called when the forward ends, so
   // the pages recompute and swap freed do not stay resident through the loss and the backward's
@@ -144,7 +153,7 @@ class ActivationStore {
   StoreCounters counters() const;
 
  private:
-  enum class State { writing, complete, swapped_out, reading, dropped };
+  enum class State { writing, complete, swapped_out, reading, dropped, consumed };
   struct Entry {
     char* data = nullptr;
     int64_t bytes = 0;
@@ -166,6 +175,10 @@ class ActivationStore {
   void bring_back(Entry& entry);    // a swapped-out entry: reused as it is, or a read queued
   template <class F>
   void for_layer(int layer, F&& f);
+  // Calls f on each entry of `part` of `layer`: its sublayer's, plus attn_input for the FFN part
+  // when the mixer is re-run (recompute, before the FFN's backward, starts from it).
+  template <class F>
+  void for_part(int layer, TagSublayer part, F&& f);
 
   SavePolicy policies_[kNumActivationTags] = {};
   std::map<Key, Entry> entries_;

@@ -52,7 +52,7 @@ std::vector<SavedSize> DecoderLayerDims::saved_sizes(const StepShape& shape) con
   return sizes;
 }
 
-// The FFN's backward runs with dh [n, D] already in the scratch (decoder_layer_backward), and the FFN
+// The FFN's backward runs with dh [n, D] already in the scratch (ffn_sublayer_backward), and the FFN
 // norm's backward after it with the FFN's scratch still held (bounded by its whole workspace).
 int64_t DecoderLayerDims::workspace_bytes(const StepShape& shape) const {
   const auto of_kind = [&](const auto& d) { return trillion::workspace_bytes(d, shape); };
@@ -137,22 +137,15 @@ void ffn_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLa
 }
 
 template <class T>
-void decoder_layer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
-                           int layer, Arena& scratch) {
-  mixer_sublayer_forward(x, w, dims, pass, layer, scratch);
-  ffn_sublayer_forward(x, w, dims, pass, layer, scratch);
-}
-
-template <class T>
-void decoder_layer_backward(T* dx, const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
-                            const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
-                            Arena& scratch) {
+void ffn_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
+                           const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
+                           Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, D = dims.hidden;
   scratch.reset();
-  const T* input = store.get<T>(Tag::ffn_input, layer, n * D);
-  const T* rstd = store.get<T>(Tag::ffn_norm_rstd, layer, n);
-  const T* h = store.get<T>(Tag::ffn_norm_out, layer, n * D);
+  const T* input = store.get<T>(Tag::ffn_input, layer, n * D);  // [n, D]
+  const T* rstd = store.get<T>(Tag::ffn_norm_rstd, layer, n);   // [n]
+  const T* h = store.get<T>(Tag::ffn_norm_out, layer, n * D);   // [n, D]
   T* dh = scratch.alloc<T>(n * D);  // [n, D] gradient wrt the FFN's normed input (zero-filled)
   with_kind<T>(
       dims.ffn,
@@ -162,6 +155,13 @@ void decoder_layer_backward(T* dx, const DecoderLayerWeights<T>& w, const Decode
       w.ffn, grads.ffn);
   rmsnorm_backward(dx, grads.ffn_norm, dh, input, w.ffn_norm, rstd, n, D, dims.ffn_norm.zero_centred,
                    /*accumulate_dx=*/true);
+  scratch.reset();
+}
+
+template <class T>
+void mixer_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
+                             const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store,
+                             int layer, Arena& scratch) {
   scratch.reset();
   with_kind<T>(
       dims.mixer,
@@ -191,15 +191,16 @@ void decoder_layer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cac
 
 #define TRILLION_INSTANTIATE(T)                                                                                  \
   template DecoderLayerWeights<T> bind_decoder_layer<T>(const ParamTable&, T*, bool, const DecoderLayerDims&, int); \
-  template void decoder_layer_forward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerDims&,             \
-                                         const LayerPass&, int, Arena&);                                         \
   template void mixer_sublayer_forward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerDims&,            \
                                           const LayerPass&, int, Arena&);                                        \
   template void ffn_sublayer_forward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerDims&,              \
                                         const LayerPass&, int, Arena&);                                          \
-  template void decoder_layer_backward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerWeights<T>&,      \
-                                          const DecoderLayerDims&, const LayerPass&, const ActivationStore&, int, \
-                                          Arena&);                                                               \
+  template void ffn_sublayer_backward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerWeights<T>&,       \
+                                         const DecoderLayerDims&, const LayerPass&, const ActivationStore&, int,  \
+                                         Arena&);                                                                \
+  template void mixer_sublayer_backward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerWeights<T>&,     \
+                                           const DecoderLayerDims&, const LayerPass&, const ActivationStore&, int, \
+                                           Arena&);                                                              \
   template void decoder_layer_decode<T>(T*, int64_t, int64_t, int64_t, T*, const DecoderLayerWeights<T>&,        \
                                         const DecoderLayerDims&, Arena&);
 TRILLION_INSTANTIATE(float)

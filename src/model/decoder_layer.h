@@ -84,11 +84,8 @@ template <class T>
 DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, bool gradients,
                                           const DecoderLayerDims& dims, int layer);
 
-// x[batch·seq, D] ← layer(x): the mixer sublayer, then the FFN sublayer (each on its own too, as
-// recompute re-runs them: the mixer from attn_input, the FFN from ffn_input).
-template <class T>
-void decoder_layer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
-                           int layer, Arena& scratch);
+// x[batch·seq, D] ← layer(x): the mixer sublayer, then the FFN sublayer, each on its own (the store
+// ends each one's forward; recompute re-runs the mixer from attn_input, the FFN from ffn_input).
 template <class T>
 void mixer_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
                             int layer, Arena& scratch);
@@ -96,11 +93,17 @@ template <class T>
 void ffn_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
                           int layer, Arena& scratch);
 
-// dx[batch·seq, D]: gradient wrt the layer output on entry, wrt its input on return; grads +=.
+// The layer's backward in its two parts, the FFN sublayer's then the mixer sublayer's (the store
+// frees the FFN's entries in between): dx[batch·seq, D] is the gradient wrt the sublayer's output on
+// entry, wrt its input on return; grads +=.
 template <class T>
-void decoder_layer_backward(T* dx, const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
-                            const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
-                            Arena& scratch);
+void ffn_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
+                           const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
+                           Arena& scratch);
+template <class T>
+void mixer_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
+                             const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store,
+                             int layer, Arena& scratch);
 
 // Decoding (batch 1): x[n, D] ← layer(x) for n new tokens after `past` cached ones; `cache` holds
 // decode_cache_elements(max_len) elements.

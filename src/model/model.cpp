@@ -265,8 +265,11 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   embedding_forward(x, m.embedding(params), tokens, n, D, V);
   for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
     call(m.hooks.before_forward, 1 + layer);
-    decoder_layer_forward(x, m.layer_params[layer], m.layer_dims[layer], pass, layer, m.scratch);
-    if (pass.store != nullptr) pass.store->end_forward(layer);
+    const bool last = layer + 1 == m.config.num_hidden_layers;  // its backward comes right after the head
+    mixer_sublayer_forward(x, m.layer_params[layer], m.layer_dims[layer], pass, layer, m.scratch);
+    if (pass.store != nullptr) pass.store->end_forward(layer, TagSublayer::mixer, /*backward_next=*/last);
+    ffn_sublayer_forward(x, m.layer_params[layer], m.layer_dims[layer], pass, layer, m.scratch);
+    if (pass.store != nullptr) pass.store->end_forward(layer, TagSublayer::ffn, /*backward_next=*/last);
     call(m.hooks.after_forward, 1 + layer);
   }
   m.scratch.reset();
@@ -291,7 +294,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     T* lse = buffer(ActivationTag::loss_lse, {n});  // [n]
     result.lm = lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
   }
-  if (pass.store != nullptr) pass.store->end_forward(head);
+  if (pass.store != nullptr) pass.store->end_forward(head, TagSublayer::head, /*backward_next=*/true);
   call(m.hooks.after_forward, 0);
   m.add_router_losses(result, n);
   m.add_indexer_loss(result);
@@ -349,7 +352,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   T* dx = m.hidden_grad.data();  // [n, D] gradient of the residual stream
   const int head = static_cast<int>(m.config.num_hidden_layers);
   call(m.hooks.before_backward, 0);
-  m.store.begin_backward(head, head - 1);
+  m.store.begin_backward(head, TagSublayer::head);
   {
     m.scratch.reset();
     const NormSpec norm = final_norm_spec(m.config);
@@ -370,7 +373,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
     rmsnorm_backward(dx, m.final_norm(grads), dh, final_input, m.final_norm(params), rstd, n, D, norm.zero_centred,
                      /*accumulate_dx=*/false);
   }
-  m.store.end_backward(head);
+  m.store.end_backward(head, TagSublayer::head);
   LayerPass pass;
   pass.batch = batch;
   pass.seq = seq;
@@ -378,14 +381,18 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   pass.indexer = &m.indexer;
   for (int layer = static_cast<int>(m.config.num_hidden_layers) - 1; layer >= 0; --layer) {
     call(m.hooks.before_backward, 1 + layer);
-    m.store.begin_backward(layer, layer - 1);
+    m.store.begin_backward(layer, TagSublayer::ffn);
     m.recompute(layer, batch, seq);
     MoeBalanceGrad balance;
     if (m.layer_dims[layer].is_moe()) balance = m.balance_grad(result, layer, n, scales.aux);
     pass.balance = &balance;
-    decoder_layer_backward(dx, m.layer_params[layer], m.layer_grads[layer], m.layer_dims[layer], pass, m.store, layer,
-                           m.scratch);
-    m.store.end_backward(layer);
+    ffn_sublayer_backward(dx, m.layer_params[layer], m.layer_grads[layer], m.layer_dims[layer], pass, m.store, layer,
+                          m.scratch);
+    m.store.end_backward(layer, TagSublayer::ffn);
+    m.store.begin_backward(layer, TagSublayer::mixer);
+    mixer_sublayer_backward(dx, m.layer_params[layer], m.layer_grads[layer], m.layer_dims[layer], pass, m.store, layer,
+                            m.scratch);
+    m.store.end_backward(layer, TagSublayer::mixer);
     call(m.hooks.after_backward, 1 + layer);
   }
   embedding_backward(m.embedding(grads), dx, tokens, n, D, V);

@@ -19,20 +19,26 @@
 namespace trillion {
 namespace {
 
-// One decoder layer's saved bytes as the store will hold them under the policy.
+// One decoder layer's saved bytes as the store will hold them under the policy, per part (indexed
+// by TagSublayer: mixer, ffn).
 struct LayerBytes {
-  int64_t all = 0;        // every saved tensor, as counted while resident
-  int64_t kept = 0;       // resident from its forward to its backward
-  int64_t dropped = 0;    // dropped for recompute
-  int64_t swapped = 0;    // written to the slow tier
-  int64_t throwaway = 0;  // copies handed out for kept tensors while its sublayers are re-run
-  int64_t file = 0;       // the swapped tensors' bytes in the swap file
+  int64_t all[2] = {};      // every saved tensor, as counted while resident
+  int64_t kept[2] = {};     // resident from its forward to its backward
+  int64_t swapped[2] = {};  // written to the slow tier
+  int64_t paged_ffn = 0;    // freed when the FFN part of the backward ends
+  int64_t first = 0;        // swapped, read back for the backward's first part (FFN + checkpoint)
+  int64_t dropped = 0;      // dropped for recompute
+  int64_t throwaway = 0;    // copies handed out for kept tensors while its sublayers are re-run
+  int64_t file = 0;         // the swapped tensors' bytes in the swap file
   int64_t workspace = 0;
+  int64_t total() const { return all[0] + all[1]; }
+  int64_t total_kept() const { return kept[0] + kept[1]; }
 };
 
-// As the store counts them: paged entries by their bytes, small ones by the arena's rounding.
+// As the store counts them: paged entries by their bytes, small ones by the arena's rounding. Swap
+// tags of the last layer stay resident (ActivationStore::end_forward, backward_next): `swaps` false.
 LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, const std::set<ActivationTag>& recompute,
-                       const std::set<ActivationTag>& swap, int64_t min_paged, bool swap_bf16) {
+                       const std::set<ActivationTag>& swap, bool swaps, int64_t min_paged, bool swap_bf16) {
   LayerBytes b;
   const std::vector<SavedSize> sizes = dims.saved_sizes(step);
   bool rerun_mixer = false, rerun_ffn = false;
@@ -43,21 +49,23 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
   }
   for (const SavedSize& s : sizes) {
     const bool paged = ActivationStore::is_paged(s.bytes, min_paged);
+    const bool ffn = tag_sublayer(s.tag) == TagSublayer::ffn;
     const int64_t counted = ActivationStore::held_bytes(s.bytes, min_paged);
-    b.all += counted;
+    b.all[ffn] += counted;
+    if (paged && ffn) b.paged_ffn += counted;
     if (paged && recompute.count(s.tag)) {
-      b.dropped += counted;
+      b.dropped += counted;  // refilled in place by recompute
       continue;
     }
-    if (paged && swap.count(s.tag)) {
-      b.swapped += counted;
+    if (ffn ? rerun_ffn : rerun_mixer) b.throwaway += arena_rounded(s.bytes);
+    if (paged && swaps && swap.count(s.tag)) {
+      b.swapped[ffn] += counted;
+      if (ffn || (rerun_mixer && s.tag == ActivationTag::attn_input)) b.first += counted;
       const bool float32 = step.element_bytes == 4 && tag_kind(s.tag) != TagKind::decision;  // decisions: int32
       b.file += SwapEngine::file_bytes(s.bytes, swap_bf16 && float32);
     } else {
-      b.kept += counted;
+      b.kept[ffn] += counted;
     }
-    const bool rerun = tag_sublayer(s.tag) == TagSublayer::mixer ? rerun_mixer : rerun_ffn;
-    if (rerun) b.throwaway += arena_rounded(s.bytes);
   }
   b.workspace = dims.workspace_bytes(step);
   return b;
@@ -65,7 +73,7 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
 
 int64_t sum_kept(const std::vector<LayerBytes>& layers, size_t below) {
   int64_t total = 0;
-  for (size_t j = 0; j < below; ++j) total += layers[j].kept;
+  for (size_t j = 0; j < below; ++j) total += layers[j].total_kept();
   return total;
 }
 
@@ -104,9 +112,10 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   std::vector<LayerBytes> layers;
   bool any_dropped = false;
   for (int l = 0; l < config.num_hidden_layers; ++l) {
-    layers.push_back(layer_bytes(DecoderLayerDims::from_config(config, l), step, recompute, swap,
+    const bool swaps = l + 1 < config.num_hidden_layers;
+    layers.push_back(layer_bytes(DecoderLayerDims::from_config(config, l), step, recompute, swap, swaps,
                                  shape.policy_min_bytes, shape.swap_bf16));
-    plan.activations_saved += layers.back().all;
+    plan.activations_saved += layers.back().total();
     plan.peak_slow += layers.back().file;
     any_dropped = any_dropped || layers.back().dropped > 0;
   }
@@ -135,17 +144,25 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
       plan.peak_at = where;
     }
   };
+  // The forward of each part, with the writes of the part before still in flight (the writer at
+  // most one part behind); the last layer's swap tags stay resident, so none are in flight at the head.
   for (int l = 0; l < L; ++l) {
-    const int64_t writing = l > 0 ? layers[l - 1].swapped : 0;  // the writer one layer behind
-    consider(sum_kept(layers, l) + writing + layers[l].all, layers[l].workspace, "forward of layer " + std::to_string(l));
+    const std::string where = "forward of layer " + std::to_string(l);
+    const int64_t writing = l > 0 ? layers[l - 1].swapped[1] : 0;
+    const LayerBytes& b = layers[l];
+    consider(sum_kept(layers, l) + writing + b.all[0], b.workspace, where + ", mixer");
+    consider(sum_kept(layers, l) + b.kept[0] + b.swapped[0] + b.all[1], b.workspace, where + ", FFN");
   }
-  const int64_t last_writing = L > 0 ? layers[L - 1].swapped : 0;
-  consider(sum_kept(layers, L) + last_writing + head, loss_forward, "the loss");
-  consider(sum_kept(layers, L) + last_writing + head, loss_backward, "the loss's backward");
+  consider(sum_kept(layers, L) + head, loss_forward, "the loss");
+  consider(sum_kept(layers, L) + head, loss_backward, "the loss's backward");
+  // A layer's backward: its FFN part with the whole layer resident (its mixer's entries prefetched),
+  // then its mixer part with the FFN's entries freed and the layer below's first part prefetched.
   for (int l = L - 1; l >= 0; --l) {
-    const int64_t prefetch = l > 0 ? layers[l - 1].swapped : 0;
-    consider(sum_kept(layers, l) + layers[l].all + layers[l].throwaway + prefetch, layers[l].workspace,
-             "backward of layer " + std::to_string(l));
+    const std::string where = "backward of layer " + std::to_string(l);
+    const LayerBytes& b = layers[l];
+    consider(sum_kept(layers, l) + b.total() + b.throwaway, b.workspace, where + ", FFN");
+    const int64_t prefetch = l > 0 ? layers[l - 1].first : 0;
+    consider(sum_kept(layers, l) + b.total() - b.paged_ffn + prefetch, b.workspace, where + ", mixer");
   }
   consider(0, embedding_backward_workspace_bytes(n, V), "the embedding's backward");
   plan.peak_fast = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +

@@ -9,6 +9,14 @@
 namespace trillion {
 namespace {
 
+// Pages even the tests' small entries, and swaps to the test's temporary directory with every write
+// waited for, so each swapped entry is read back.
+void swap_every_entry_synchronously(ActivationStore& store) {
+  store.set_paged_min_bytes(1);
+  store.set_swap_directory(::testing::TempDir());
+  store.set_swap_synchronous(true);
+}
+
 TEST(ActivationStore, SavesPerTagAndLayerAndCountsBytes) {
   ActivationStore store;
   const int64_t before = MemoryStats::current(Tier::fast);
@@ -51,12 +59,12 @@ TEST(ActivationStore, RecomputePolicyDropsAndRefills) {
   float* kept = store.save<float>(ActivationTag::mlp_gate, 0, 1000);
   act[7] = 1.5f;
   kept[7] = 2.5f;
-  store.end_forward(0);
+  store.end_forward(0, TagSublayer::ffn);
   EXPECT_TRUE(store.dropped(ActivationTag::mlp_act, 0));
   EXPECT_TRUE(store.reruns(0, TagSublayer::ffn));
   EXPECT_FALSE(store.reruns(0, TagSublayer::mixer));
   EXPECT_DEATH(store.get<float>(ActivationTag::mlp_act, 0, 1000), "not resident \\(dropped for recompute\\)");
-  store.begin_backward(0, -1);
+  store.begin_backward(0, TagSublayer::ffn);
   store.begin_recompute(0);
   float* refilled = store.save<float>(ActivationTag::mlp_act, 0, 1000);
   EXPECT_EQ(refilled[7], 0.0f);  // zero-filled again
@@ -70,8 +78,12 @@ TEST(ActivationStore, RecomputePolicyDropsAndRefills) {
   EXPECT_EQ(store.get<float>(ActivationTag::mlp_gate, 0, 1000)[7], 2.5f);  // never written twice
   EXPECT_EQ(store.counters().dropped_bytes, 4000);
   EXPECT_EQ(store.counters().recomputed_bytes, 4000);
-  store.end_backward(0);
+  store.end_backward(0, TagSublayer::ffn);
   EXPECT_EQ(store.bytes_in_use(), 0);
+  EXPECT_DEATH(store.get<float>(ActivationTag::mlp_act, 0, 1000), "not resident \\(consumed by its backward\\)");
+  store.begin_backward(0, TagSublayer::mixer);
+  store.end_backward(0, TagSublayer::mixer);
+  EXPECT_FALSE(store.contains(ActivationTag::mlp_act, 0));
   EXPECT_EQ(MemoryStats::current(Tier::fast), before);
   store.clear();
 }
@@ -79,22 +91,22 @@ TEST(ActivationStore, RecomputePolicyDropsAndRefills) {
 TEST(ActivationStore, SwapPolicyWritesAndReadsBack) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the swap engine runs a thread
   ActivationStore store;
-  store.set_paged_min_bytes(1);
-  store.set_swap_directory(::testing::TempDir());
-  store.set_swap_synchronous(true);
+  swap_every_entry_synchronously(store);
   store.set_policy(ActivationTag::expert_out, SavePolicy::swap);
   for (int layer = 0; layer < 2; ++layer) {
     float* out = store.save<float>(ActivationTag::expert_out, layer, 5000);
     for (int i = 0; i < 5000; ++i) out[i] = float(i + layer);
-    store.end_forward(layer);
+    store.end_forward(layer, TagSublayer::ffn);
   }
   EXPECT_EQ(MemoryStats::current(Tier::slow), 2 * PageArena::rounded(20000));  // the file's bytes
   EXPECT_DEATH(store.get<float>(ActivationTag::expert_out, 1, 5000), "not resident \\(swapped out\\)");
   for (int layer = 1; layer >= 0; --layer) {
-    store.begin_backward(layer, layer - 1);
+    store.begin_backward(layer, TagSublayer::ffn);
     const float* out = store.get<float>(ActivationTag::expert_out, layer, 5000);
     for (int i = 0; i < 5000; ++i) ASSERT_EQ(out[i], float(i + layer));
-    store.end_backward(layer);
+    store.end_backward(layer, TagSublayer::ffn);
+    store.begin_backward(layer, TagSublayer::mixer);
+    store.end_backward(layer, TagSublayer::mixer);
   }
   EXPECT_EQ(store.counters().swapped_out_bytes, 40000);
   EXPECT_EQ(store.counters().read_back_bytes, 40000);
@@ -106,18 +118,16 @@ TEST(ActivationStore, SwapPolicyWritesAndReadsBack) {
 // --swap-bf16: float32 tensors come back rounded to bfloat16, int32 ones exactly.
 TEST(ActivationStore, Bf16SwapIsLossyForFloatsOnly) {
   ActivationStore store;
-  store.set_paged_min_bytes(1);
-  store.set_swap_directory(::testing::TempDir());
-  store.set_swap_synchronous(true);
+  swap_every_entry_synchronously(store);
   store.set_swap_bf16(true);
   store.set_policy(ActivationTag::expert_out, SavePolicy::swap);
   store.set_policy(ActivationTag::router_index, SavePolicy::swap);
   float* out = store.save<float>(ActivationTag::expert_out, 0, 3000);
   int32_t* index = store.save<int32_t>(ActivationTag::router_index, 0, 3000);
   for (int i = 0; i < 3000; ++i) out[i] = 1.0f + float(i) / 4096.0f, index[i] = 100000 + i;
-  store.end_forward(0);
+  store.end_forward(0, TagSublayer::ffn);
   EXPECT_EQ(MemoryStats::current(Tier::slow), PageArena::rounded(3000 * 2) + PageArena::rounded(3000 * 4));
-  store.begin_backward(0, -1);
+  store.begin_backward(0, TagSublayer::ffn);
   const float* back = store.get<float>(ActivationTag::expert_out, 0, 3000);
   const int32_t* index_back = store.get<int32_t>(ActivationTag::router_index, 0, 3000);
   int rounded = 0;
@@ -128,7 +138,78 @@ TEST(ActivationStore, Bf16SwapIsLossyForFloatsOnly) {
     ASSERT_EQ(index_back[i], 100000 + i);
   }
   EXPECT_GT(rounded, 0);  // lossy indeed
-  store.end_backward(0);
+  store.end_backward(0, TagSublayer::ffn);
+}
+
+// The backward in parts: a layer's FFN part reads its FFN entries back and prefetches its mixer's;
+// the mixer part prefetches the FFN entries of the layer below (not yet its mixer's); each part's
+// end frees its own entries. A layer whose backward comes next (backward_next) is never swapped.
+TEST(ActivationStore, BackwardPartsPrefetchTheNextPartOnly) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");  // the swap engine runs a thread
+  ActivationStore store;
+  swap_every_entry_synchronously(store);
+  store.set_policy(ActivationTag::q, SavePolicy::swap);
+  store.set_policy(ActivationTag::expert_out, SavePolicy::swap);
+  const int64_t before = MemoryStats::current(Tier::fast);
+  for (int layer = 0; layer < 3; ++layer) {
+    float* q = store.save<float>(ActivationTag::q, layer, 1000);           // mixer: 4000 bytes
+    float* out = store.save<float>(ActivationTag::expert_out, layer, 2000);  // FFN: 8000 bytes
+    q[3] = float(layer), out[5] = float(10 + layer);
+    store.end_forward(layer, TagSublayer::mixer, /*backward_next=*/layer == 2);
+    store.end_forward(layer, TagSublayer::ffn, /*backward_next=*/layer == 2);
+  }
+  EXPECT_EQ(store.counters().swapped_out_bytes, 2 * 12000);  // layer 2 stays resident
+  EXPECT_EQ(store.get<float>(ActivationTag::q, 2, 1000)[3], 2.0f);
+  EXPECT_EQ(MemoryStats::current(Tier::fast), before + 12000);
+  store.begin_backward(2, TagSublayer::ffn);
+  store.end_backward(2, TagSublayer::ffn);
+  EXPECT_EQ(MemoryStats::current(Tier::fast), before + 4000);  // the FFN's entries are freed
+  store.begin_backward(2, TagSublayer::mixer);  // prefetches layer 1's FFN entries, not its mixer's
+  EXPECT_EQ(store.counters().read_back_bytes, 8000);
+  store.end_backward(2, TagSublayer::mixer);
+  EXPECT_FALSE(store.contains(ActivationTag::q, 2));
+  store.begin_backward(1, TagSublayer::ffn);  // its FFN entries are in; its mixer's are prefetched
+  EXPECT_EQ(store.get<float>(ActivationTag::expert_out, 1, 2000)[5], 11.0f);
+  EXPECT_EQ(store.counters().read_back_bytes, 12000);
+  EXPECT_DEATH(store.get<float>(ActivationTag::q, 0, 1000), "not resident \\(swapped out\\)");
+  store.end_backward(1, TagSublayer::ffn);
+  EXPECT_DEATH(store.get<float>(ActivationTag::expert_out, 1, 2000), "consumed by its backward");
+  store.begin_backward(1, TagSublayer::mixer);
+  EXPECT_EQ(store.get<float>(ActivationTag::q, 1, 1000)[3], 1.0f);
+  store.end_backward(1, TagSublayer::mixer);
+  store.begin_backward(0, TagSublayer::ffn);
+  store.end_backward(0, TagSublayer::ffn);
+  store.begin_backward(0, TagSublayer::mixer);
+  EXPECT_EQ(store.get<float>(ActivationTag::q, 0, 1000)[3], 0.0f);
+  store.end_backward(0, TagSublayer::mixer);
+  EXPECT_EQ(store.counters().read_back_bytes, 24000);
+  EXPECT_EQ(MemoryStats::current(Tier::fast), before);
+  EXPECT_EQ(MemoryStats::current(Tier::slow), 0);
+}
+
+// Recompute of the mixer starts from attn_input, before the FFN's backward: a swapped attn_input
+// comes back with the FFN part (and with the prefetch of the layer below's FFN part).
+TEST(ActivationStore, RecomputeCheckpointComesBackWithTheFfnPart) {
+  ActivationStore store;
+  swap_every_entry_synchronously(store);
+  store.set_policy(ActivationTag::attn_input, SavePolicy::swap);
+  store.set_policy(ActivationTag::q, SavePolicy::recompute);
+  for (int layer = 0; layer < 2; ++layer) {
+    store.save<float>(ActivationTag::attn_input, layer, 1000)[1] = float(layer + 1);
+    store.save<float>(ActivationTag::q, layer, 1000);
+    store.end_forward(layer, TagSublayer::mixer);
+  }
+  EXPECT_TRUE(store.reruns(1, TagSublayer::mixer));
+  store.begin_backward(1, TagSublayer::ffn);
+  EXPECT_EQ(store.get<float>(ActivationTag::attn_input, 1, 1000)[1], 2.0f);
+  store.end_backward(1, TagSublayer::ffn);
+  store.begin_backward(1, TagSublayer::mixer);
+  EXPECT_EQ(store.counters().read_back_bytes, 8000);  // layer 0's checkpoint is prefetched
+  store.end_backward(1, TagSublayer::mixer);
+  store.begin_backward(0, TagSublayer::ffn);
+  EXPECT_EQ(store.get<float>(ActivationTag::attn_input, 0, 1000)[1], 1.0f);
+  store.end_backward(0, TagSublayer::ffn);
+  store.clear();
 }
 
 TEST(ActivationStoreDeathTest, MissingOrMisSizedActivationAborts) {

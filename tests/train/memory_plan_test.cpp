@@ -72,9 +72,10 @@ TEST_P(MemoryPlanTest, PlannedPeakBoundsTheMeasuredOne) {
         // and counted at every point of the layer (the indexer's top-k buffers in its backward too).
         // Under swap the plan counts the writer one layer behind, its bound; how much sooner the
         // writes end is up to the disk, so only the bound is checked there.
-        if (policy.swap == "none")
+        if (policy.swap == "none") {
           EXPECT_LE(plan.peak_fast, measured + measured / 5) << GetParam() << " " << policy.name() << "\n"
                                                              << plan.describe();
+        }
       }
     }
   });
