@@ -12,6 +12,7 @@
 #include "core/rng.h"
 #include "ops/attention.h"
 #include "ops/ref/attention_ref.h"
+#include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
@@ -40,7 +41,8 @@ nlohmann::json run_attention_bench(const AttentionBenchOptions& o,
   const AttentionSizes s{o.batch, o.seq_len, o.seq_len, o.heads, o.kv_heads, o.head_dim,
                          1.0 / std::sqrt(double(o.head_dim))};
   nlohmann::json sizes = {{"batch", o.batch},       {"seq_len", o.seq_len},   {"heads", o.heads},
-                          {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim}, {"threads", num_threads()}};
+                          {"kv_heads", o.kv_heads}, {"head_dim", o.head_dim}, {"threads", num_threads()},
+                          {"vector_isa", vector_isa_name(vector_isa())}};
 
   const int64_t q_count = s.batch * s.q_len * s.q_heads * s.head_dim;
   const int64_t kv_count = s.batch * s.kv_len * s.kv_heads * s.head_dim;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "ops/simd_intrinsics.h"
 #include "ops/vector_exp.h"
 
 namespace trillion::indexer_select {

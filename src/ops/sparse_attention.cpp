@@ -40,6 +40,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "ops/simd_intrinsics.h"
 #include "ops/vector_exp.h"
 
 namespace trillion {

@@ -16,7 +16,6 @@
 #include "core/rng.h"
 #include "ops/finite_diff.h"
 #include "ops/ref/attention_ref.h"
-#include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
@@ -183,34 +182,6 @@ TEST(Attention, LargeLogitsStayFiniteAndAccurate) {
   expect_close(tiled, ref, 1e-4);
 }
 
-TEST(VectorExp, MatchesStdExpAndUnderflowsToZero) {
-  std::vector<float> xf;
-  std::vector<double> xd;
-  for (int i = 0; i < 1000; ++i) xd.push_back(-120.0 + 0.1337 * i);
-  xd.push_back(-INFINITY);
-  xd.push_back(-800.0);
-  xf.assign(xd.begin(), xd.end());
-  std::vector<float> ef = xf;
-  std::vector<double> ed = xd;
-  const float sum_f = exp_shifted_sum(ef.data(), int64_t(ef.size()), 2.0f);
-  const double sum_d = exp_shifted_sum(ed.data(), int64_t(ed.size()), 2.0);
-  double want_sum = 0;
-  for (size_t i = 0; i < xd.size(); ++i) {
-    const double want = std::exp(xd[i] - 2.0);
-    want_sum += want;
-    EXPECT_NEAR(ed[i], want, 4e-16 * want) << xd[i];
-    if (xd[i] - 2.0 > -87.0) {
-      EXPECT_NEAR(ef[i], std::exp(xf[i] - 2.0f), 3e-7 * want) << xf[i];
-    }
-  }
-  EXPECT_EQ(ef[1000], 0.0f);
-  EXPECT_EQ(ed[1001], 0.0);
-  EXPECT_NEAR(sum_d, want_sum, 1e-14 * want_sum);
-  EXPECT_NEAR(sum_f, want_sum, 1e-6 * want_sum);
-  EXPECT_EQ(max_value(xd.data(), int64_t(xd.size())), xd[999]);
-  EXPECT_EQ(max_value(xf.data(), 3), xf[2]);
-}
-
 TEST(AttentionBench, TinyRunReportsAccurateJson) {
   const std::string command = std::string(TRILLION_BINARY) +
                               " bench attention --json --seq-len 64 --heads 4 --kv-heads 2 --head-dim 16 "
@@ -233,6 +204,30 @@ TEST(AttentionBench, TinyRunReportsAccurateJson) {
   EXPECT_EQ(summary.at("heads").get<int64_t>(), 4);
   EXPECT_EQ(summary.at("kv_heads").get<int64_t>(), 2);
   EXPECT_EQ(summary.at("head_dim").get<int64_t>(), 16);
+}
+
+// TRILLION_ISA picks the vector kernels' instruction set for the whole process, and a bad value is
+// refused with the expected ones named.
+TEST(AttentionBench, VectorIsaOverride) {
+  const auto run = [](const std::string& isa) {
+    const std::string command = "TRILLION_ISA=" + isa + " " + std::string(TRILLION_BINARY) +
+                                " bench attention --json --seq-len 32 --heads 2 --kv-heads 1 --head-dim 16 --runs 1 "
+                                "--baseline-runs 1 --gemm-size 64 2>&1";
+    FILE* pipe = popen(command.c_str(), "r");
+    std::string output;
+    char buffer[4096];
+    while (pipe != nullptr && std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
+    const int status = pipe != nullptr ? pclose(pipe) : -1;
+    return std::make_pair(status, output);
+  };
+  const auto [status, output] = run("avx2");
+  ASSERT_EQ(status, 0) << output;
+  const nlohmann::json summary = nlohmann::json::parse(output.substr(output.rfind("\n{") + 1));
+  EXPECT_EQ(summary.at("vector_isa"), "avx2");
+  EXPECT_LT(summary.at("max_rel_err").get<double>(), 1e-4);
+  const auto [bad_status, bad_output] = run("sse2");
+  EXPECT_NE(bad_status, 0);
+  EXPECT_NE(bad_output.find("TRILLION_ISA=sse2: expected avx2 or avx512"), std::string::npos) << bad_output;
 }
 
 TEST(AttentionBench, RejectsHeadsNotDivisibleByKvHeads) {
