@@ -131,4 +131,12 @@ class SgemmProblem {
   Buffer<float> a_, b_, c_;  // [size, size] each
 };
 
+// The MFU ceiling: the rate (FLOP/s) of `trillion bench gemm`'s problem, a float32 sgemm of size³
+// (2048 by default), median of 5 timed runs after one warm-up, at this process's thread count.
+inline double measure_sgemm_rate(int64_t size) {
+  SgemmProblem problem(size);
+  const TimingResult timing = time_median([&] { problem.run(); }, /*warmup=*/1, /*runs=*/5);
+  return problem.flops() / std::max(timing.median_s, 1e-9);
+}
+
 }  // namespace trillion

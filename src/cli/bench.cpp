@@ -12,6 +12,8 @@
 //                      [--mla-heads H] [--runs N] [--baseline-runs N] [--gemm-size N] [--seed S]
 //   trillion bench loss [--json] [--tokens T] [--hidden H] [--vocab V] [--z-loss z] [--runs N]
 //                      [--baseline-runs N] [--gemm-size N]
+//   trillion bench step --config MODEL.json [--json] [--batch B] [--seq-len T] [--steps N]
+//                      [--warmup N] [--seed S] [--gemm-size N]
 //   (--runs and --baseline-runs default to 10, the minimum for a measurement; fewer is a smoke test;
 //   sparse-attention's plain baseline defaults to 2 runs, as it is slow at its default size)
 // With --json each measurement is one JSON line and the last line is the summary; without it the
@@ -26,6 +28,7 @@
 #include "bench/loss_bench.h"
 #include "bench/moe_bench.h"
 #include "bench/sparse_attention_bench.h"
+#include "bench/step_bench.h"
 #include "bench/timing.h"
 #include "cli/commands.h"
 #include "core/error.h"
@@ -216,6 +219,30 @@ void run_sparse_attention(bool json, const SparseAttentionBenchOptions& options)
                 summary.at("mla_heads").get<long long>(), summary.at("mla_speedup").get<double>());
 }
 
+void run_step(bool json, const StepBenchOptions& options) {
+  if (options.steps < 10)
+    std::fprintf(stderr, "bench step: fewer than 10 steps (--steps %d): a smoke test, not a measurement\n",
+                 options.steps);
+  const nlohmann::json summary = run_step_bench(options);
+  if (json) {
+    print_json(summary);
+    return;
+  }
+  std::printf("step %s, batch %lld x %lld, %d threads (%s): median %.4f s (min %.4f s, %d steps), %.0f tokens/s\n"
+              "  MFU %.3f of the sgemm rate (%.1f GFLOP/s at %lld³)\n  per step:",
+              summary.at("config").get<std::string>().c_str(), summary.at("batch").get<long long>(),
+              summary.at("seq_len").get<long long>(), summary.at("threads").get<int>(),
+              summary.at("vector_isa").get<std::string>().c_str(), summary.at("step_s").get<double>(),
+              summary.at("min_step_s").get<double>(), summary.at("steps").get<int>(),
+              summary.at("tokens_per_s").get<double>(), summary.at("mfu").get<double>(),
+              summary.at("sgemm_gflops").get<double>(), summary.at("ceiling_gemm_size").get<long long>());
+  const double mean = summary.at("mean_step_s").get<double>();
+  for (const auto& [name, seconds] : summary.at("phases_s").items())
+    std::printf(" %s %.1f%%", name.c_str(), 100.0 * seconds.get<double>() / mean);
+  std::printf(" idle %.1f%% (sum %.1f%% of the step)\n", 100.0 * summary.at("idle_s").get<double>() / mean,
+              100.0 * summary.at("coverage").get<double>());
+}
+
 void run_loss(bool json, const LossBenchOptions& options) {
   if (options.runs < 10 || options.baseline_runs < 10)
     std::fprintf(stderr, "bench loss: fewer than 10 runs (--runs %d, --baseline-runs %d): a smoke test, "
@@ -361,6 +388,21 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   loss->add_option("--gemm-size", lo->gemm_size, "Size of the sgemm that sets the ceiling")->capture_default_str();
   loss->callback([loss_json, lo] { run_loss(*loss_json, *lo); });
+
+  CLI::App* step = bench->add_subcommand(
+      "step", "Whole training steps of a model config (forward, backward, AdamW) with the time per phase");
+  auto step_json = std::make_shared<bool>(false);
+  auto st = std::make_shared<StepBenchOptions>();
+  step->add_option("--config", st->config, "Model config.json")->required();
+  step->add_flag("--json", *step_json, "One JSON line: the summary");
+  step->add_option("--batch", st->batch, "Sequences per step")->capture_default_str();
+  step->add_option("--seq-len", st->seq_len, "Tokens per sequence")->capture_default_str();
+  step->add_option("--steps", st->steps, "Timed steps (median reported; fewer than 10 is for smoke tests only)")
+      ->capture_default_str();
+  step->add_option("--warmup", st->warmup, "Untimed steps first")->capture_default_str();
+  step->add_option("--seed", st->seed, "Seed of the weights and tokens")->capture_default_str();
+  step->add_option("--gemm-size", st->gemm_size, "Size of the sgemm that sets the MFU ceiling")->capture_default_str();
+  step->callback([step_json, st] { run_step(*step_json, *st); });
 }
 
 }  // namespace trillion

@@ -8,22 +8,43 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/phase_clock.h"
+
 namespace trillion {
 
 inline int num_threads() { return omp_get_max_threads(); }
 
+// Runs body() once on every thread of the OpenMP team (omp_get_thread_num() tells them apart),
+// timed by the phase clock (core/phase_clock.h). body must not throw.
+template <class Body>
+void parallel_region(const Body& body) {
+  RegionClock clock;
+  clock.region_begin();
+#pragma omp parallel
+  {
+    clock.thread_enter();
+    body();
+    clock.thread_leave();
+  }
+  clock.region_end();
+}
+
 // Runs body(i) for i in [0, n) on the OpenMP team, static schedule. body must not throw.
 template <class Body>
 void parallel_for(int64_t n, const Body& body) {
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) body(i);
+  parallel_region([&] {
+#pragma omp for schedule(static) nowait
+    for (int64_t i = 0; i < n; ++i) body(i);
+  });
 }
 
 // Like parallel_for, for uneven items (dynamic schedule; each item's result is still independent).
 template <class Body>
 void parallel_for_dynamic(int64_t n, const Body& body) {
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t i = 0; i < n; ++i) body(i);
+  parallel_region([&] {
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t i = 0; i < n; ++i) body(i);
+  });
 }
 
 // Sum of f(i) for i in [0, n), in double, with a reduction order that is fixed by n alone:

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "core/phase_clock.h"
 #include "model/family.h"
 #include "ops/norm.h"
 
@@ -116,6 +117,7 @@ DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, bool
 template <class T>
 void mixer_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
                             int layer, Arena& scratch) {
+  PhaseScope scope(Phase::attention);
   scratch.reset();
   with_kind<T>(dims.mixer, [&](const auto& d, const auto& kind) { mixer_forward(x, kind, d, pass, layer, scratch); },
                w.mixer);
@@ -124,6 +126,7 @@ void mixer_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const Decoder
 template <class T>
 void ffn_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
                           int layer, Arena& scratch) {
+  PhaseScope scope(Phase::elementwise);  // the MLP's and MoE's own scopes inside
   using Tag = ActivationTag;
   scratch.reset();
   const int64_t n = pass.batch * pass.seq, D = dims.hidden;
@@ -140,6 +143,7 @@ template <class T>
 void ffn_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
                            const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
                            Arena& scratch) {
+  PhaseScope scope(Phase::elementwise);  // the MLP's and MoE's own scopes inside
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, D = dims.hidden;
   scratch.reset();
@@ -162,6 +166,7 @@ template <class T>
 void mixer_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const DecoderLayerWeights<T>& grads,
                              const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store,
                              int layer, Arena& scratch) {
+  PhaseScope scope(Phase::attention);
   scratch.reset();
   with_kind<T>(
       dims.mixer,

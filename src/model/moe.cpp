@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/phase_clock.h"
 #include "model/family.h"
 #include "ops/moe_experts.h"
 
@@ -85,6 +86,7 @@ void add_gated(T* y, const T* out, const T* logit, int64_t n, int64_t D) {
 template <class T>
 void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, const LayerPass& pass, int layer,
                  Arena& scratch) {
+  PhaseScope scope(Phase::moe);
   using Tag = ActivationTag;
   const int64_t batch = pass.batch, seq = pass.seq;
   ActivationStore* store = pass.store;
@@ -144,6 +146,7 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
 template <class T>
 void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const MoeWeights<T>& grads,
                   const MoeDims& dims, const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
+  PhaseScope scope(Phase::moe);
   using Tag = ActivationTag;
   TRILLION_CHECK(pass.balance != nullptr, "MoE backward of layer ", layer, " without its balance gradient");
   const MoeBalanceGrad& balance = *pass.balance;

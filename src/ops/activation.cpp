@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
+#include "core/phase_clock.h"
 
 namespace trillion {
 namespace {
@@ -18,12 +19,14 @@ T sigmoid(T z) {
 
 template <class T>
 void swiglu_forward(T* out, const T* gate, const T* up, int64_t count) {
+  PhaseScope scope(Phase::elementwise);
   // out[count] = gate · σ(gate) · up
   parallel_for(count, [&](int64_t i) { out[i] = gate[i] * sigmoid(gate[i]) * up[i]; });
 }
 
 template <class T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count) {
+  PhaseScope scope(Phase::elementwise);
   // d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g)))
   parallel_for(count, [&](int64_t i) {
     const T s = sigmoid(gate[i]);
@@ -35,12 +38,14 @@ void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up
 
 template <class T>
 void sigmoid_gate_forward(T* out, const T* x, const T* gate, int64_t count) {
+  PhaseScope scope(Phase::elementwise);
   // out[count] = x · σ(gate)
   parallel_for(count, [&](int64_t i) { out[i] = x[i] * sigmoid(gate[i]); });
 }
 
 template <class T>
 void sigmoid_gate_backward(T* dx, T* dgate, const T* dout, const T* x, const T* gate, int64_t count) {
+  PhaseScope scope(Phase::elementwise);
   parallel_for(count, [&](int64_t i) {
     const T s = sigmoid(gate[i]);
     dx[i] = dout[i] * s;

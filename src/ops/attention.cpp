@@ -211,8 +211,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   std::atomic<int64_t> next_item{0};
   const int64_t items = sizes.batch * sizes.kv_heads * geo.k_tiles;
 
-#pragma omp parallel
-  {
+  parallel_region([&] {
     T* q_rows = workspace.data() + per_thread * omp_get_thread_num();  // [rows, d]
     T* dout_rows = q_rows + rows_max * d;                               // [rows, dv]
     T* dq_part = dout_rows + rows_max * dvd;                            // [rows, d]
@@ -275,7 +274,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         std::memcpy(dv + geo.v_index(b, j0 + j, kvh), dv_acc + j * dvd, dvd * sizeof(T));
       }
     }
-  }
+  });
 }
 
 template void attention_forward<float>(float*, float*, const float*, const float*, const float*,

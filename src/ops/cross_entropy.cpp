@@ -15,6 +15,7 @@
 // Every gemm runs single-threaded inside the OpenMP team and every sum has an order fixed by the
 // sizes and the tiling, so results do not depend on the thread count.
 #include "ops/cross_entropy.h"
+#include "core/phase_clock.h"
 #include "ops/cross_entropy_rows.h"
 
 #include <omp.h>
@@ -88,6 +89,7 @@ template <class T>
 CrossEntropyResult lm_head_cross_entropy_forward(T* lse, const T* h, const T* w, const int32_t* targets,
                                                  int64_t rows, int64_t d, int64_t vocab,
                                                  const CrossEntropyTiling& tiling) {
+  PhaseScope scope(Phase::loss);
   TRILLION_CHECK(rows >= 0 && d > 0 && vocab > 0, "cross-entropy sizes rows=", rows, " d=", d, " vocab=", vocab);
   check_targets(targets, rows, vocab);
   if (rows == 0) return {};
@@ -143,6 +145,7 @@ template <class T>
 void lm_head_cross_entropy_backward(T* dh, T* dw, const T* h, const T* w, const int32_t* targets, const T* lse,
                                     double scale, int64_t rows, int64_t d, int64_t vocab,
                                     const CrossEntropyTiling& tiling) {
+  PhaseScope scope(Phase::loss);
   TRILLION_CHECK(rows >= 0 && d > 0 && vocab > 0, "cross-entropy sizes rows=", rows, " d=", d, " vocab=", vocab);
   check_targets(targets, rows, vocab);
   if (rows == 0) return;
@@ -196,6 +199,7 @@ CrossEntropyResult lm_head_cross_entropy_forward_backward(T* dh, T* dw, T* lse, 
                                                           const int32_t* targets, double scale, double z_loss_coef,
                                                           int64_t rows, int64_t d, int64_t vocab,
                                                           const CrossEntropyTiling& tiling) {
+  PhaseScope scope(Phase::loss);
   TRILLION_CHECK(rows >= 0 && d > 0 && vocab > 0, "cross-entropy sizes rows=", rows, " d=", d, " vocab=", vocab);
   check_targets(targets, rows, vocab);
   if (rows == 0) return {};

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/phase_clock.h"
 
 namespace trillion {
 namespace {
@@ -22,6 +23,7 @@ void check_tokens(const int32_t* tokens, int64_t n, int64_t vocab) {
 
 template <class T>
 void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t n, int64_t d, int64_t vocab) {
+  PhaseScope scope(Phase::elementwise);
   check_tokens(tokens, n, vocab);
   // out[n, d] ← table[vocab, d] rows
   parallel_for(n, [&](int64_t i) {
@@ -31,6 +33,7 @@ void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t n,
 
 template <class T>
 void embedding_backward(T* dtable, const T* dout, const int32_t* tokens, int64_t n, int64_t d, int64_t vocab) {
+  PhaseScope scope(Phase::elementwise);
   check_tokens(tokens, n, vocab);
   // Stable counting sort of positions by token id: positions of id v are
   // order[first[v] .. first[v + 1]) in increasing position.

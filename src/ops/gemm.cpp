@@ -4,10 +4,12 @@
 #include "ops/gemm.h"
 
 #include <cblas.h>
+#include <omp.h>
 
 #include <limits>
 
 #include "core/error.h"
+#include "core/phase_clock.h"
 
 namespace trillion {
 namespace {
@@ -33,6 +35,7 @@ void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, doub
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
           const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+  PhaseScope scope(Phase::gemm, /*team_scope=*/!omp_in_parallel());  // OpenBLAS runs on the team
   TRILLION_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm sizes m=", m, " n=", n, " k=", k);
   if (m == 0 || n == 0) return;
   // Stored shapes: a is [m, k] (or [k, m] transposed), b is [k, n] (or [n, k]), c is [m, n].

@@ -274,8 +274,7 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
   std::fill(dk, dk + s.batch * s.kv_len * d, T(0));
   std::atomic<int64_t> next_item{0};
 
-#pragma omp parallel
-  {
+  parallel_region([&] {
     const int thread = omp_get_thread_num();
     T* head_scores = workspace.data() + per_thread * thread;  // [rows_max, kKeyBlock]: scores, then dS
     T* tile = head_scores + geo.rows_max * kKeyBlock;         // [kQueryBlock, kKeyBlock]: I
@@ -386,7 +385,7 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
       kl_partial[item] = kl;
       mass_partial[item] = mass;
     }
-  }
+  });
   LossPartial total;
   for (int64_t i = 0; i < items; ++i) total.kl += kl_partial[i], total.mass += mass_partial[i];
   return total;
@@ -412,8 +411,7 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
   std::atomic<bool> bad_selection{false};
   std::fill(dk, dk + s.batch * s.kv_len * d, T(0));
 
-#pragma omp parallel
-  {
+  parallel_region([&] {
     const int thread = omp_get_thread_num();
     T* k_selected = workspace.data() + per_thread * thread;  // [topk, d]
     T* head_scores = k_selected + topk * d;                  // [heads, topk]: scores, then dS
@@ -495,7 +493,7 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
       kl_partial[item] = kl;
       mass_partial[item] = mass;
     }
-  }
+  });
   TRILLION_CHECK(!bad_selection.load(), "indexer_loss (sparse): a selection row is empty, holds an invisible key, "
                  "or is not a prefix of keys padded with -1");
   LossPartial total;

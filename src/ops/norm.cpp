@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/phase_clock.h"
 
 namespace trillion {
 namespace {
@@ -20,6 +21,7 @@ constexpr int64_t kRowBlock = 64;
 
 template <class T>
 void rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int64_t rows, int64_t d, double eps, bool zero_centred) {
+  PhaseScope scope(Phase::elementwise);
   TRILLION_CHECK(d > 0 && rows >= 0, "rmsnorm sizes rows=", rows, " d=", d);
   const T weight_offset = zero_centred ? T(1) : T(0);
   parallel_for(rows, [&](int64_t r) {
@@ -44,6 +46,7 @@ int64_t layer_norm_backward_workspace_bytes(int64_t rows, int64_t d, bool has_dw
 template <class T>
 void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T* rstd, int64_t rows, int64_t d,
                       bool zero_centred, bool accumulate_dx) {
+  PhaseScope scope(Phase::elementwise);
   TRILLION_CHECK(d > 0 && rows >= 0, "rmsnorm sizes rows=", rows, " d=", d);
   const T weight_offset = zero_centred ? T(1) : T(0);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
@@ -85,6 +88,7 @@ void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T
 template <class T>
 void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T* b, int64_t rows, int64_t d,
                         double eps) {
+  PhaseScope scope(Phase::elementwise);
   TRILLION_CHECK(d > 0 && rows >= 0, "layer_norm sizes rows=", rows, " d=", d);
   parallel_for(rows, [&](int64_t r) {
     const T* xr = x + r * d;  // [d]
@@ -104,6 +108,7 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T*
 template <class T>
 void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* w, const T* mean, const T* rstd,
                          int64_t rows, int64_t d, bool accumulate_dx) {
+  PhaseScope scope(Phase::elementwise);
   TRILLION_CHECK(d > 0 && rows >= 0, "layer_norm sizes rows=", rows, " d=", d);
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   // Per-block partial weight and bias gradients, [blocks, d] each, in double.

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/phase_clock.h"
 
 namespace trillion {
 namespace {
@@ -93,12 +94,14 @@ std::vector<double> rope_inv_freq(const RopeSpec& rope) {
 template <class T>
 void rope_forward(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_stride,
                   int64_t offset, const RopeSpec& rope) {
+  PhaseScope scope(Phase::elementwise);
   rotate(x, positions, tokens, heads, head_stride, offset, rope, 1.0);
 }
 
 template <class T>
 void rope_backward(T* dx, const int32_t* positions, int64_t tokens, int64_t heads, int64_t head_stride,
                    int64_t offset, const RopeSpec& rope) {
+  PhaseScope scope(Phase::elementwise);
   rotate(dx, positions, tokens, heads, head_stride, offset, rope, -1.0);
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "core/phase_clock.h"
 #include "io/safetensors.h"
 
 namespace trillion {
@@ -24,6 +25,7 @@ bool Optimizer<T>::updates(const ParamSpec& spec) const {
 
 template <class T>
 double Optimizer<T>::global_grad_norm(const T* grads) const {
+  PhaseScope scope(Phase::optimizer);
   double total = 0.0;
   for (const ParamSpec& spec : table_.entries()) {
     if (updates(spec)) total += sum_of_squares(grads + spec.offset, spec.numel());
@@ -34,18 +36,29 @@ double Optimizer<T>::global_grad_norm(const T* grads) const {
 template <class T>
 void Optimizer<T>::scale_grads(T* grads, double factor) const {
   for (const ParamSpec& spec : table_.entries()) {
+  PhaseScope scope(Phase::optimizer);
     if (updates(spec)) scale_in_place(grads + spec.offset, spec.numel(), factor);
   }
 }
 
 template <class T>
 void Optimizer<T>::step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper) {
+  PhaseScope scope(Phase::optimizer);
   for (const ParamSpec& spec : table_.entries()) {
     if (!updates(spec)) continue;
     const int64_t at = spec.offset;
     adamw_step(params + at, exp_avg_.data() + at, exp_avg_sq_.data() + at, grads + at, spec.numel(), step, hyper,
                spec.weight_decay);
   }
+}
+
+template <class T>
+double Optimizer<T>::clip_and_step(T* params, T* grads, int64_t step, const AdamWHyper& hyper, double max_norm) {
+  const double norm = global_grad_norm(grads);
+  const double factor = clip_factor(norm, max_norm);
+  if (factor < 1.0) scale_grads(grads, factor);
+  this->step(params, grads, step, hyper);
+  return norm;
 }
 
 template <class T>

@@ -29,6 +29,9 @@ class Optimizer {
   void scale_grads(T* grads, double factor) const;
   // One AdamW update of every trainable tensor; step is 1-based (bias correction).
   void step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper);
+  // A training step's update: the global norm, clipping to max_norm (≤ 0: none), step(); returns
+  // the norm before clipping.
+  double clip_and_step(T* params, T* grads, int64_t step, const AdamWHyper& hyper, double max_norm);
 
   void save(const std::string& path) const;
   // Restores the moments; every tensor must be present with its parameter's shape.

@@ -104,14 +104,6 @@ void check_same_config(const ModelConfig& given, const std::string& given_path, 
   fail(given_path, ": differs from the checkpoint's ", saved_path);
 }
 
-// The MFU ceiling: the rate (FLOP/s) of `trillion bench gemm`'s problem, a float32 sgemm of
-// size³ (2048 by default), median of 5 timed runs after one warm-up, at this process's thread count.
-double measure_sgemm_rate(int64_t size) {
-  SgemmProblem problem(size);
-  const TimingResult timing = time_median([&] { problem.run(); }, /*warmup=*/1, /*runs=*/5);
-  return problem.flops() / std::max(timing.median_s, 1e-9);
-}
-
 // What the activation store did in one step (metrics field "memory"): bytes saved, dropped for and
 // refilled by recompute, written to and read back from the swap file, the main thread's wait on
 // swap I/O, and the slow tier's peak.
@@ -277,10 +269,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
         loss_sum += result.lm.loss_sum;
         stats.add(result);
       }
-      grad_norm = optimizer.global_grad_norm(model.grads());
-      const double factor = clip_factor(grad_norm, s.clip);
-      if (factor < 1.0) optimizer.scale_grads(model.grads(), factor);
-      optimizer.step(model.params(), model.grads(), step, hyper);
+      grad_norm = optimizer.clip_and_step(model.params(), model.grads(), step, hyper, s.clip);
       model.zero_grads();
       for (const auto& hook : after_step) hook(stats);
     }

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_run.h"
 #include "core/rng.h"
 #include "ops/finite_diff.h"
 #include "ops/ref/attention_ref.h"
@@ -210,15 +211,9 @@ TEST(AttentionBench, TinyRunReportsAccurateJson) {
 // refused with the expected ones named.
 TEST(AttentionBench, VectorIsaOverride) {
   const auto run = [](const std::string& isa) {
-    const std::string command = "TRILLION_ISA=" + isa + " " + std::string(TRILLION_BINARY) +
-                                " bench attention --json --seq-len 32 --heads 2 --kv-heads 1 --head-dim 16 --runs 1 "
-                                "--baseline-runs 1 --gemm-size 64 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    std::string output;
-    char buffer[4096];
-    while (pipe != nullptr && std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
-    const int status = pipe != nullptr ? pclose(pipe) : -1;
-    return std::make_pair(status, output);
+    return test::run_command("TRILLION_ISA=" + isa + " " + std::string(TRILLION_BINARY) +
+                             " bench attention --json --seq-len 32 --heads 2 --kv-heads 1 --head-dim 16 --runs 1 "
+                             "--baseline-runs 1 --gemm-size 64 2>&1");
   };
   const auto [status, output] = run("avx2");
   ASSERT_EQ(status, 0) << output;
