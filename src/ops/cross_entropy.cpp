@@ -17,6 +17,7 @@
 #include "ops/cross_entropy.h"
 #include "core/phase_clock.h"
 #include "ops/cross_entropy_rows.h"
+#include "ops/vector_exp.h"
 
 #include <omp.h>
 
@@ -115,16 +116,15 @@ CrossEntropyResult lm_head_cross_entropy_forward(T* lse, const T* h, const T* w,
       // logits[chunk_rows, tile_cols] = h[r0 : r0 + chunk_rows, d] · w[v0 : v0 + tile_cols, d]ᵀ
       gemm<T>(false, true, chunk_rows, tile_cols, d, T(1), h + r0 * d, d, w + v0 * d, d, T(0), logits, tile_cols);
       for (int64_t r = 0; r < chunk_rows; ++r) {
-        const T* row = logits + r * tile_cols;  // [tile_cols]
-        T tile_max = row[0];
-        for (int64_t j = 1; j < tile_cols; ++j) tile_max = std::max(tile_max, row[j]);
-        double tile_sum = 0.0;
-        for (int64_t j = 0; j < tile_cols; ++j) tile_sum += static_cast<double>(std::exp(row[j] - tile_max));
+        T* row = logits + r * tile_cols;  // [tile_cols]: the logits, then their exps
+        const int32_t target = targets[r0 + r];
+        if (target >= v0 && target < v0 + tile_cols) target_logit[r] = row[target - v0];
+        // As logits_row_to_gradient sums a whole row (ops/cross_entropy_rows.h): one tile gives its bits.
+        const T tile_max = max_value(row, tile_cols);
+        const double tile_sum = static_cast<double>(exp_shifted_sum(row, tile_cols, tile_max));
         const double new_max = std::max(run_max[r], static_cast<double>(tile_max));
         run_sum[r] = run_sum[r] * std::exp(run_max[r] - new_max) + tile_sum * std::exp(tile_max - new_max);
         run_max[r] = new_max;
-        const int32_t target = targets[r0 + r];
-        if (target >= v0 && target < v0 + tile_cols) target_logit[r] = row[target - v0];
       }
     }
     for (int64_t r = 0; r < chunk_rows; ++r) {
@@ -171,8 +171,8 @@ void lm_head_cross_entropy_backward(T* dh, T* dw, const T* h, const T* w, const 
           std::fill(row, row + tile_cols, T(0));
           continue;
         }
-        const T row_lse = lse[r0 + r];
-        for (int64_t j = 0; j < tile_cols; ++j) row[j] = weight * std::exp(row[j] - row_lse);
+        exp_shifted_sum(row, tile_cols, lse[r0 + r]);  // softmax (the sum is not needed)
+        for (int64_t j = 0; j < tile_cols; ++j) row[j] *= weight;
         if (target >= v0 && target < v0 + tile_cols) row[target - v0] -= weight;
       }
       // dw[v0 : v0 + tile_cols, d] += dlogitsᵀ · h_chunk

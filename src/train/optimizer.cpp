@@ -35,8 +35,8 @@ double Optimizer<T>::global_grad_norm(const T* grads) const {
 
 template <class T>
 void Optimizer<T>::scale_grads(T* grads, double factor) const {
-  for (const ParamSpec& spec : table_.entries()) {
   PhaseScope scope(Phase::optimizer);
+  for (const ParamSpec& spec : table_.entries()) {
     if (updates(spec)) scale_in_place(grads + spec.offset, spec.numel(), factor);
   }
 }
