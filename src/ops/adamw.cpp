@@ -1,6 +1,6 @@
 // AdamW step (torch.optim.AdamW semantics: decoupled decay, bias correction) and the pieces of
-// global gradient-norm clipping. Element updates are independent; the sum of squares goes through
-// deterministic_sum, whose order is fixed by the element count alone.
+// global gradient-norm clipping, each one parallel pass over blocks of the spans. Element updates
+// are independent; the sum of squares adds per-block partial sums in block order, fixed by the spans.
 #include "ops/adamw.h"
 
 #include <algorithm>
@@ -11,38 +11,71 @@
 
 namespace trillion {
 
+namespace {
+
+// Blocks of at most kBlock elements, never crossing a span: the parallel items of both passes.
+struct Block {
+  int64_t begin, end;  // elements [begin, end) of the flat buffers
+  bool decay;
+};
+constexpr int64_t kBlock = int64_t{1} << 15;
+
+std::vector<Block> blocks_of(const std::vector<AdamWSpan>& spans) {
+  std::vector<Block> blocks;
+  for (const AdamWSpan& s : spans)
+    for (int64_t b = s.offset; b < s.offset + s.count; b += kBlock)
+      blocks.push_back({b, std::min(b + kBlock, s.offset + s.count), s.decay});
+  return blocks;
+}
+
+}  // namespace
+
 template <class T>
-void adamw_step(T* p, T* m, T* v, const T* g, int64_t n, int64_t step, const AdamWHyper& hyper, bool decay) {
+void adamw_step(T* p, T* m, T* v, const T* g, const std::vector<AdamWSpan>& spans, int64_t step,
+                const AdamWHyper& hyper, double grad_scale) {
   TRILLION_CHECK(step >= 1, "adamw step must be 1-based, got ", step);
   const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
-  const double decay_factor = decay ? 1.0 - hyper.lr * hyper.weight_decay : 1.0;
   const double step_size = hyper.lr / bias1;
   const double sqrt_bias2 = std::sqrt(bias2);
-  // p, m, v, g: [n]
-  parallel_for(n, [&](int64_t i) {
-    const double grad = g[i];
-    const double m_new = hyper.beta1 * m[i] + (1.0 - hyper.beta1) * grad;
-    const double v_new = hyper.beta2 * v[i] + (1.0 - hyper.beta2) * grad * grad;
-    m[i] = static_cast<T>(m_new);
-    v[i] = static_cast<T>(v_new);
-    const double denom = std::sqrt(static_cast<double>(v[i])) / sqrt_bias2 + hyper.eps;
-    p[i] = static_cast<T>(p[i] * decay_factor - step_size * static_cast<double>(m[i]) / denom);
+  // In T, as torch.optim.AdamW computes a float32 tensor's update (the loop vectorizes).
+  const T beta1 = static_cast<T>(hyper.beta1), beta2 = static_cast<T>(hyper.beta2);
+  const T one_minus_beta1 = static_cast<T>(1.0 - hyper.beta1), one_minus_beta2 = static_cast<T>(1.0 - hyper.beta2);
+  const T scale = static_cast<T>(grad_scale), eps = static_cast<T>(hyper.eps);
+  const T step_t = static_cast<T>(step_size), inv_sqrt_bias2 = static_cast<T>(1.0 / sqrt_bias2);
+  const std::vector<Block> blocks = blocks_of(spans);
+  parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
+    const Block& block = blocks[b];
+    const T decay_factor = static_cast<T>(block.decay ? 1.0 - hyper.lr * hyper.weight_decay : 1.0);
+    for (int64_t i = block.begin; i < block.end; ++i) {  // p, m, v, g: element i of each
+      const T grad = g[i] * scale;
+      const T m_new = beta1 * m[i] + one_minus_beta1 * grad;
+      const T v_new = beta2 * v[i] + one_minus_beta2 * grad * grad;
+      m[i] = m_new;
+      v[i] = v_new;
+      p[i] = p[i] * decay_factor - step_t * m_new / (std::sqrt(v_new) * inv_sqrt_bias2 + eps);
+    }
   });
 }
 
 template <class T>
-double sum_of_squares(const T* g, int64_t n) {
-  return deterministic_sum(n, [&](int64_t i) {
-    const double x = g[i];
-    return x * x;
+double sum_of_squares(const T* g, const std::vector<AdamWSpan>& spans) {
+  const std::vector<Block> blocks = blocks_of(spans);
+  std::vector<double> partial(blocks.size());  // [blocks]
+  parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
+    // Eight running sums (element i of the block into lane i mod 8: the loop vectorizes without
+    // reassociation), then a fixed tree.
+    double lane[8] = {};
+    const int64_t begin = blocks[b].begin, end = blocks[b].end;
+    int64_t i = begin;
+    for (; i + 8 <= end; i += 8)
+      for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(g[i + j]) * static_cast<double>(g[i + j]);
+    for (; i < end; ++i) lane[(i - begin) % 8] += static_cast<double>(g[i]) * static_cast<double>(g[i]);
+    partial[b] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
   });
-}
-
-template <class T>
-void scale_in_place(T* g, int64_t n, double factor) {
-  const T f = static_cast<T>(factor);
-  parallel_for(n, [&](int64_t i) { g[i] *= f; });
+  double total = 0.0;
+  for (double s : partial) total += s;
+  return total;
 }
 
 double clip_factor(double global_norm, double max_norm) {
@@ -50,10 +83,10 @@ double clip_factor(double global_norm, double max_norm) {
   return std::min(1.0, max_norm / (global_norm + 1e-6));
 }
 
-#define TRILLION_INSTANTIATE_ADAMW(T)                                                               \
-  template void adamw_step<T>(T*, T*, T*, const T*, int64_t, int64_t, const AdamWHyper&, bool);     \
-  template double sum_of_squares<T>(const T*, int64_t);                                             \
-  template void scale_in_place<T>(T*, int64_t, double);
+#define TRILLION_INSTANTIATE_ADAMW(T)                                                                   \
+  template void adamw_step<T>(T*, T*, T*, const T*, const std::vector<AdamWSpan>&, int64_t, const AdamWHyper&, \
+                              double);                                                                  \
+  template double sum_of_squares<T>(const T*, const std::vector<AdamWSpan>&);
 TRILLION_INSTANTIATE_ADAMW(float)
 TRILLION_INSTANTIATE_ADAMW(double)
 #undef TRILLION_INSTANTIATE_ADAMW

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace trillion {
 
@@ -16,17 +17,24 @@ struct AdamWHyper {
   double weight_decay = 0.1;
 };
 
-// One step over n elements; step is 1-based (for bias correction); decay turns weight decay on.
-template <class T>
-void adamw_step(T* p, T* m, T* v, const T* g, int64_t n, int64_t step, const AdamWHyper& hyper, bool decay);
+// A run of elements of flat parameter, moment and gradient buffers sharing a weight-decay flag (one
+// tensor, or neighbouring tensors merged).
+struct AdamWSpan {
+  int64_t offset = 0;
+  int64_t count = 0;
+  bool decay = false;
+};
 
-// Σ g² in double with a thread-count-independent order.
+// One step over every span at once (one parallel pass over fixed blocks of the spans); each
+// gradient is multiplied by grad_scale first (global-norm clipping fused into the update); step is
+// 1-based (for bias correction).
 template <class T>
-double sum_of_squares(const T* g, int64_t n);
+void adamw_step(T* p, T* m, T* v, const T* g, const std::vector<AdamWSpan>& spans, int64_t step,
+                const AdamWHyper& hyper, double grad_scale = 1.0);
 
-// g *= factor.
+// Σ g² over the spans in double, in an order fixed by the spans alone (not the thread count).
 template <class T>
-void scale_in_place(T* g, int64_t n, double factor);
+double sum_of_squares(const T* g, const std::vector<AdamWSpan>& spans);
 
 // Clip factor for global-norm clipping: min(1, max_norm / (norm + 1e-6)); max_norm ≤ 0 disables.
 double clip_factor(double global_norm, double max_norm);

@@ -11,11 +11,14 @@ namespace trillion {
 // Moments for the trainable groups only: they are the prefix [0, trainable_size()) of the layout.
 template <class T>
 Optimizer<T>::Optimizer(const ParamTable& table)
-    : table_(table), exp_avg_(table.trainable_size()), exp_avg_sq_(table.trainable_size()) {}
+    : table_(table), exp_avg_(table.trainable_size()), exp_avg_sq_(table.trainable_size()) {
+  spans_ = spans_of_updated();
+}
 
 template <class T>
 void Optimizer<T>::set_trainable(std::function<bool(const ParamSpec&)> filter) {
   filter_ = std::move(filter);
+  spans_ = spans_of_updated();
 }
 
 template <class T>
@@ -23,41 +26,39 @@ bool Optimizer<T>::updates(const ParamSpec& spec) const {
   return spec.trainable() && (!filter_ || filter_(spec));
 }
 
+// The updated tensors as spans, neighbours with the same weight-decay flag merged.
+template <class T>
+std::vector<AdamWSpan> Optimizer<T>::spans_of_updated() const {
+  std::vector<AdamWSpan> spans;
+  for (const ParamSpec& spec : table_.entries()) {
+    if (!updates(spec) || spec.numel() == 0) continue;
+    AdamWSpan* last = spans.empty() ? nullptr : &spans.back();
+    if (last != nullptr && last->offset + last->count == spec.offset && last->decay == spec.weight_decay) {
+      last->count += spec.numel();
+    } else {
+      spans.push_back({spec.offset, spec.numel(), spec.weight_decay});
+    }
+  }
+  return spans;
+}
+
 template <class T>
 double Optimizer<T>::global_grad_norm(const T* grads) const {
   PhaseScope scope(Phase::optimizer);
-  double total = 0.0;
-  for (const ParamSpec& spec : table_.entries()) {
-    if (updates(spec)) total += sum_of_squares(grads + spec.offset, spec.numel());
-  }
-  return std::sqrt(total);
+  return std::sqrt(sum_of_squares(grads, spans_));
 }
 
 template <class T>
-void Optimizer<T>::scale_grads(T* grads, double factor) const {
+void Optimizer<T>::step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper, double grad_scale) {
   PhaseScope scope(Phase::optimizer);
-  for (const ParamSpec& spec : table_.entries()) {
-    if (updates(spec)) scale_in_place(grads + spec.offset, spec.numel(), factor);
-  }
+  adamw_step(params, exp_avg_.data(), exp_avg_sq_.data(), grads, spans_, step, hyper, grad_scale);
 }
 
 template <class T>
-void Optimizer<T>::step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper) {
-  PhaseScope scope(Phase::optimizer);
-  for (const ParamSpec& spec : table_.entries()) {
-    if (!updates(spec)) continue;
-    const int64_t at = spec.offset;
-    adamw_step(params + at, exp_avg_.data() + at, exp_avg_sq_.data() + at, grads + at, spec.numel(), step, hyper,
-               spec.weight_decay);
-  }
-}
-
-template <class T>
-double Optimizer<T>::clip_and_step(T* params, T* grads, int64_t step, const AdamWHyper& hyper, double max_norm) {
+double Optimizer<T>::clip_and_step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper,
+                                   double max_norm) {
   const double norm = global_grad_norm(grads);
-  const double factor = clip_factor(norm, max_norm);
-  if (factor < 1.0) scale_grads(grads, factor);
-  this->step(params, grads, step, hyper);
+  this->step(params, grads, step, hyper, clip_factor(norm, max_norm));
   return norm;
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "core/memory.h"
 #include "model/params.h"
@@ -23,15 +24,14 @@ class Optimizer {
   // Only tensors for which filter(spec) holds are updated, clipped and counted (default: all).
   void set_trainable(std::function<bool(const ParamSpec&)> filter);
 
-  // √(Σ g²) over all trainable tensors, in table order (independent of the thread count).
+  // √(Σ g²) over all trainable tensors (independent of the thread count).
   double global_grad_norm(const T* grads) const;
-  // Scales every trainable gradient by `factor`.
-  void scale_grads(T* grads, double factor) const;
-  // One AdamW update of every trainable tensor; step is 1-based (bias correction).
-  void step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper);
-  // A training step's update: the global norm, clipping to max_norm (≤ 0: none), step(); returns
-  // the norm before clipping.
-  double clip_and_step(T* params, T* grads, int64_t step, const AdamWHyper& hyper, double max_norm);
+  // One AdamW update of every trainable tensor in one parallel pass, with the gradients multiplied
+  // by grad_scale; step is 1-based (bias correction).
+  void step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper, double grad_scale = 1.0);
+  // A training step's update: the global norm, then step() with the gradients clipped to max_norm
+  // (≤ 0: none) inside the update, leaving `grads` as they are; returns the norm before clipping.
+  double clip_and_step(T* params, const T* grads, int64_t step, const AdamWHyper& hyper, double max_norm);
 
   void save(const std::string& path) const;
   // Restores the moments; every tensor must be present with its parameter's shape.
@@ -42,8 +42,10 @@ class Optimizer {
 
  private:
   bool updates(const ParamSpec& spec) const;
+  std::vector<AdamWSpan> spans_of_updated() const;
   const ParamTable& table_;
   std::function<bool(const ParamSpec&)> filter_;  // empty: every trainable tensor
+  std::vector<AdamWSpan> spans_;                   // the tensors step() updates
   Buffer<T> exp_avg_;     // [table.trainable_size()]
   Buffer<T> exp_avg_sq_;  // [table.trainable_size()]
 };

@@ -1,5 +1,5 @@
 // AdamW against a hand-computed update (two steps: bias correction, decay off and on), gradient
-// clipping, and the thread-count independence of the sum of squares.
+// clipping fused into the update over spans, and the thread-count independence of the sum of squares.
 #include "ops/adamw.h"
 
 #include <gtest/gtest.h>
@@ -38,10 +38,11 @@ void check_two_steps(bool decay, double tolerance) {
   std::vector<T> p = test::cast_values<T>(p0), m(p0.size()), v(p0.size());
   const std::vector<T> g1t = test::cast_values<T>(g1), g2t = test::cast_values<T>(g2);
   const int64_t n = static_cast<int64_t>(p0.size());
-  adamw_step<T>(p.data(), m.data(), v.data(), g1t.data(), n, 1, hyper, decay);
+  const std::vector<AdamWSpan> spans = {{0, n, decay}};
+  adamw_step<T>(p.data(), m.data(), v.data(), g1t.data(), spans, 1, hyper);
   // After step 1 the bias-corrected update is lr · sign(g) (up to eps) for a nonzero gradient.
   EXPECT_NEAR(static_cast<double>(p[0]), p0[0] * (decay ? 1 - 0.003 : 1.0) - 0.01, 1e-6);
-  adamw_step<T>(p.data(), m.data(), v.data(), g2t.data(), n, 2, hyper, decay);
+  adamw_step<T>(p.data(), m.data(), v.data(), g2t.data(), spans, 2, hyper);
   for (int64_t i = 0; i < n; ++i)
     EXPECT_NEAR(static_cast<double>(p[i]), hand_two_steps(p0[i], g1[i], g2[i], hyper, decay), tolerance)
         << "element " << i << " decay " << decay;
@@ -63,24 +64,39 @@ TEST(AdamW, ClipFactor) {
   EXPECT_EQ(clip_factor(100.0, -1.0), 1.0);  // disabled
 }
 
-TEST(AdamW, GlobalNormClippingOverTensors) {
-  std::vector<float> a = {3.0f, 0.0f}, b = {0.0f, 4.0f, 0.0f};
-  const double norm = std::sqrt(sum_of_squares<float>(a.data(), 2) + sum_of_squares<float>(b.data(), 3));
+// Two tensors with a gap between them (a buffer the optimizer skips): the norm covers the spans
+// only, and a step with the gradients scaled inside equals a step on pre-scaled gradients.
+TEST(AdamW, GlobalNormClippingOverSpans) {
+  const std::vector<double> g = {3.0, 0.0, 100.0, 0.0, 4.0, 0.0};  // [a | buffer | b]
+  const std::vector<AdamWSpan> spans = {{0, 2, true}, {3, 3, false}};
+  const double norm = std::sqrt(sum_of_squares<double>(g.data(), spans));
   EXPECT_DOUBLE_EQ(norm, 5.0);
   const double factor = clip_factor(norm, 1.0);
-  scale_in_place<float>(a.data(), 2, factor);
-  scale_in_place<float>(b.data(), 3, factor);
-  const double clipped = std::sqrt(sum_of_squares<float>(a.data(), 2) + sum_of_squares<float>(b.data(), 3));
-  EXPECT_NEAR(clipped, 1.0, 1e-6);
-  EXPECT_NEAR(a[0], 0.6f, 1e-6);
+  std::vector<double> scaled = g;
+  for (double& x : scaled) x *= factor;
+  AdamWHyper hyper;
+  hyper.lr = 0.01;
+  std::vector<double> p_fused(6, 0.5), m_fused(6), v_fused(6), p_plain(6, 0.5), m_plain(6), v_plain(6);
+  adamw_step<double>(p_fused.data(), m_fused.data(), v_fused.data(), g.data(), spans, 1, hyper, factor);
+  adamw_step<double>(p_plain.data(), m_plain.data(), v_plain.data(), scaled.data(), spans, 1, hyper);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_NEAR(m_fused[i], m_plain[i], 1e-16) << i;
+    EXPECT_NEAR(p_fused[i], p_plain[i], 1e-15) << i;
+  }
+  EXPECT_NEAR(m_fused[0], 0.1 * 3.0 * factor, 1e-16);  // (1 − β1) · the clipped gradient
+  EXPECT_EQ(p_fused[2], 0.5);  // the gap is not touched
+  EXPECT_EQ(m_fused[2], 0.0);
+  EXPECT_LT(p_fused[0], 0.5 * (1 - hyper.lr * hyper.weight_decay));  // decay on, then the update
 }
 
+// Many blocks, the last one partial, across spans: the same bits on 1 and 2 threads.
 TEST(AdamW, SumOfSquaresIsThreadCountIndependent) {
-  const int64_t n = 100003;  // many blocks, the last one partial
+  const int64_t n = 100003;
   const std::vector<float> g = test::cast_values<float>(test::random_values(n, 1, 3.0));
+  const std::vector<AdamWSpan> spans = {{0, 40000, true}, {40000, n - 40000, false}};
   double one = 0, two = 0, plain = 0;
-  test::with_threads(1, [&] { one = sum_of_squares<float>(g.data(), n); });
-  test::with_threads(2, [&] { two = sum_of_squares<float>(g.data(), n); });
+  test::with_threads(1, [&] { one = sum_of_squares<float>(g.data(), spans); });
+  test::with_threads(2, [&] { two = sum_of_squares<float>(g.data(), spans); });
   for (float x : g) plain += static_cast<double>(x) * x;
   EXPECT_EQ(one, two);
   EXPECT_NEAR(one, plain, 1e-12 * plain);

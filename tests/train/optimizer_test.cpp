@@ -74,9 +74,9 @@ TEST(Optimizer, MomentsAfterOneStep) {
   EXPECT_LT(table.trainable_size(), table.total_size());
 }
 
-TEST(Optimizer, GlobalNormAndScalingSkipBuffers) {
+TEST(Optimizer, GlobalNormAndClippingSkipBuffers) {
   const ParamTable table = make_table();
-  const Optimizer<double> optimizer(table);
+  Optimizer<double> optimizer(table);
   std::vector<double> grads = random_values(table.total_size(), 4);
   double expected = 0.0;
   for (const ParamSpec& spec : table.entries()) {
@@ -84,12 +84,20 @@ TEST(Optimizer, GlobalNormAndScalingSkipBuffers) {
     for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) expected += grads[i] * grads[i];
   }
   EXPECT_NEAR(optimizer.global_grad_norm(grads.data()), std::sqrt(expected), 1e-12);
+  // Clipping to half the norm inside the update equals a plain step on halved gradients; the
+  // gradients themselves are left as they are, and the buffer is not updated.
+  const std::vector<double> params0 = random_values(table.total_size(), 6);
+  std::vector<double> clipped = params0, plain = params0, halved = grads;
+  for (double& g : halved) g *= 0.5 / (1.0 + 1e-6 / std::sqrt(expected));  // clip_factor's form
   const std::vector<double> before = grads;
-  optimizer.scale_grads(grads.data(), 0.5);
+  EXPECT_NEAR(optimizer.clip_and_step(clipped.data(), grads.data(), 1, AdamWHyper{}, 0.5 * std::sqrt(expected)),
+              std::sqrt(expected), 1e-12);
+  EXPECT_EQ(grads, before);
+  Optimizer<double> reference(table);
+  reference.step(plain.data(), halved.data(), 1, AdamWHyper{});
+  for (int64_t i = 0; i < table.trainable_size(); ++i) ASSERT_NEAR(clipped[i], plain[i], 1e-14) << i;
   const ParamSpec& buffer = table.find("model.layers.0.mlp.gate.e_score_correction_bias");
-  EXPECT_EQ(grads[buffer.offset], before[buffer.offset]);
-  const ParamSpec& weight = table.find("model.layers.0.mlp.up_proj.weight");
-  EXPECT_EQ(grads[weight.offset + 3], 0.5 * before[weight.offset + 3]);
+  EXPECT_EQ(clipped[buffer.offset], params0[buffer.offset]);
 }
 
 TEST(Optimizer, CheckpointRoundTripIsBitwise) {
