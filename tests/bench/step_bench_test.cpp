@@ -10,10 +10,10 @@
 namespace trillion {
 namespace {
 
-nlohmann::json step_summary(const std::string& config) {
+nlohmann::json step_summary(const std::string& config, const std::string& sizes = "--batch 2 --seq-len 16 --steps 3") {
   const std::string command = std::string(TRILLION_BINARY) + " bench step --json --config " +
-                              std::string(TRILLION_SOURCE_DIR) + "/configs/models/" + config +
-                              " --batch 2 --seq-len 16 --steps 3 --warmup 1 --gemm-size 64 2>/dev/null";
+                              std::string(TRILLION_SOURCE_DIR) + "/configs/models/" + config + " " + sizes +
+                              " --warmup 1 --gemm-size 64 2>/dev/null";
   const auto [status, output] = test::run_command(command);
   EXPECT_EQ(status, 0) << output;
   const std::vector<nlohmann::json> lines = test::json_lines(output);
@@ -46,6 +46,17 @@ TEST(StepBench, TinyRunsReportStepsAndTheirPhases) {
     // The phases and idle add up to the step time measured around it (issue 9 asks 5 %).
     EXPECT_NEAR(s.at("coverage").get<double>(), 1.0, 0.05) << config;
     EXPECT_LT(s.at("worst_step_coverage_error").get<double>(), 0.05) << config;
+  }
+}
+
+// The demo configs scripts/step_vs_torch.sh compares with PyTorch, one short step each.
+TEST(StepBench, EveryDemoConfigSteps) {
+  for (const char* config : {"demo.json", "demo_moe.json", "demo_hybrid.json", "demo_kda.json", "demo_mla.json"}) {
+    const nlohmann::json s = step_summary(config, "--batch 1 --seq-len 8 --steps 1");
+    ASSERT_FALSE(s.is_null()) << config;
+    EXPECT_TRUE(std::isfinite(s.at("last_loss").get<double>())) << config;
+    EXPECT_NEAR(s.at("first_loss").get<double>(), std::log(8192.0), 0.5) << config;  // ≈ ln V at init
+    EXPECT_NEAR(s.at("coverage").get<double>(), 1.0, 0.05) << config;
   }
 }
 
