@@ -1,12 +1,26 @@
 // `trillion`: the command-line entry point. Subcommands live in src/cli/*.cpp (commands.h);
-// bad input surfaces here as one "error: ..." line and exit status 1.
+// bad input surfaces here as one "error: ..." line and exit status 1, and so does a CPU that lacks
+// an instruction set the build uses.
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <vector>
 
 #include "cli/commands.h"
+#include "core/cpu_features.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
+  const std::vector<std::string> missing = trillion::missing_cpu_features();
+  if (!missing.empty()) {
+    std::string names;
+    for (const std::string& name : missing) names += (names.empty() ? "" : ", ") + name;
+    std::fprintf(stderr,
+                 "error: this build of trillion uses %s, which this CPU lacks; build with "
+                 "-DTRILLION_NATIVE=OFF (AVX2 + FMA, any x86-64-v3 machine) or on this machine\n",
+                 names.c_str());
+    return 1;
+  }
   CLI::App app{"trillion: train and fine-tune sparse MoE language models with hybrid attention"};
   app.require_subcommand(1);
   trillion::register_tokenize(app);
