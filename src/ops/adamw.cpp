@@ -47,13 +47,21 @@ void adamw_step(T* p, T* m, T* v, const T* g, const std::vector<AdamWSpan>& span
   parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
     const Block& block = blocks[b];
     const T decay_factor = static_cast<T>(block.decay ? 1.0 - hyper.lr * hyper.weight_decay : 1.0);
-    for (int64_t i = block.begin; i < block.end; ++i) {  // p, m, v, g: element i of each
-      const T grad = g[i] * scale;
-      const T m_new = beta1 * m[i] + one_minus_beta1 * grad;
-      const T v_new = beta2 * v[i] + one_minus_beta2 * grad * grad;
-      m[i] = m_new;
-      v[i] = v_new;
-      p[i] = p[i] * decay_factor - step_t * m_new / (std::sqrt(v_new) * inv_sqrt_bias2 + eps);
+    // Local restrict pointers and constants: the stores cannot alias what the loop reads, so it
+    // vectorizes (through the lambda's captures the compiler must assume they might).
+    T* __restrict pb = p + block.begin;
+    T* __restrict mb = m + block.begin;
+    T* __restrict vb = v + block.begin;
+    const T* __restrict gb = g + block.begin;
+    const T b1 = beta1, b2 = beta2, c1 = one_minus_beta1, c2 = one_minus_beta2, s = scale, lr = step_t;
+    const T inv = inv_sqrt_bias2, e = eps;
+    for (int64_t i = 0; i < block.end - block.begin; ++i) {  // p, m, v, g: element i of the block
+      const T grad = gb[i] * s;
+      const T m_new = b1 * mb[i] + c1 * grad;
+      const T v_new = b2 * vb[i] + c2 * grad * grad;
+      mb[i] = m_new;
+      vb[i] = v_new;
+      pb[i] = pb[i] * decay_factor - lr * m_new / (std::sqrt(v_new) * inv + e);
     }
   });
 }
