@@ -1,55 +1,87 @@
 // SwiGLU and sigmoid-gate activations, forward and backward; elementwise, so any split of the
-// elements over threads gives the same results.
+// elements over threads gives the same results. σ(z) = 1 / (1 + exp(−z)) with the exps in blocks
+// through the vector kernel.
 #include "ops/activation.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/parallel.h"
 #include "core/phase_clock.h"
+#include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
 
-template <class T>
-T sigmoid(T z) {
-  return T(1) / (T(1) + std::exp(-z));
+// Elements per parallel item: each item's exps go through the vector kernel at once.
+constexpr int64_t kBlock = 4096;
+
+template <class Body>
+void for_blocks(int64_t count, const Body& body) {
+  parallel_for((count + kBlock - 1) / kBlock, [&](int64_t b) {
+    const int64_t begin = b * kBlock;
+    body(begin, std::min(kBlock, count - begin));
+  });
 }
 
 }  // namespace
 
 template <class T>
+void swiglu_span(T* out, const T* gate, const T* up, int64_t count) {
+  // out[count] = gate · up / (1 + exp(−gate)) = silu(gate) · up
+  for (int64_t c = 0; c < count; ++c) out[c] = -gate[c];
+  exp_shifted_sum(out, count, T(0));
+  for (int64_t c = 0; c < count; ++c) out[c] = gate[c] * up[c] / (T(1) + out[c]);
+}
+
+template <class T>
+void swiglu_span_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count) {
+  // s = σ(gate): d gate = dout · up · s · (1 + gate · (1 − s)),  d up = dout · gate · s
+  for (int64_t c = 0; c < count; ++c) dgate[c] = -gate[c];
+  exp_shifted_sum(dgate, count, T(0));
+  for (int64_t c = 0; c < count; ++c) {
+    const T s = T(1) / (T(1) + dgate[c]);
+    const T g = gate[c], u = up[c], d = dout[c];
+    dgate[c] = d * u * s * (T(1) + g * (T(1) - s));
+    dup[c] = d * g * s;
+  }
+}
+
+template <class T>
 void swiglu_forward(T* out, const T* gate, const T* up, int64_t count) {
   PhaseScope scope(Phase::elementwise);
-  // out[count] = gate · σ(gate) · up
-  parallel_for(count, [&](int64_t i) { out[i] = gate[i] * sigmoid(gate[i]) * up[i]; });
+  for_blocks(count, [&](int64_t i, int64_t n) { swiglu_span(out + i, gate + i, up + i, n); });
 }
 
 template <class T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count) {
   PhaseScope scope(Phase::elementwise);
-  // d silu(g)/dg = σ(g) · (1 + g · (1 − σ(g)))
-  parallel_for(count, [&](int64_t i) {
-    const T s = sigmoid(gate[i]);
-    const T silu = gate[i] * s;
-    dgate[i] = dout[i] * up[i] * s * (T(1) + gate[i] * (T(1) - s));
-    dup[i] = dout[i] * silu;
-  });
+  for_blocks(count, [&](int64_t i, int64_t n) { swiglu_span_backward(dgate + i, dup + i, dout + i, gate + i, up + i, n); });
 }
 
 template <class T>
 void sigmoid_gate_forward(T* out, const T* x, const T* gate, int64_t count) {
   PhaseScope scope(Phase::elementwise);
-  // out[count] = x · σ(gate)
-  parallel_for(count, [&](int64_t i) { out[i] = x[i] * sigmoid(gate[i]); });
+  // out[count] = x / (1 + exp(−gate)) = x · σ(gate)
+  for_blocks(count, [&](int64_t i, int64_t n) {
+    for (int64_t c = i; c < i + n; ++c) out[c] = -gate[c];
+    exp_shifted_sum(out + i, n, T(0));
+    for (int64_t c = i; c < i + n; ++c) out[c] = x[c] / (T(1) + out[c]);
+  });
 }
 
 template <class T>
 void sigmoid_gate_backward(T* dx, T* dgate, const T* dout, const T* x, const T* gate, int64_t count) {
   PhaseScope scope(Phase::elementwise);
-  parallel_for(count, [&](int64_t i) {
-    const T s = sigmoid(gate[i]);
-    dx[i] = dout[i] * s;
-    dgate[i] = dout[i] * x[i] * s * (T(1) - s);
+  // s = σ(gate): dx = dout · s,  d gate = dout · x · s · (1 − s)
+  for_blocks(count, [&](int64_t i, int64_t n) {
+    for (int64_t c = i; c < i + n; ++c) dgate[c] = -gate[c];
+    exp_shifted_sum(dgate + i, n, T(0));
+    for (int64_t c = i; c < i + n; ++c) {
+      const T s = T(1) / (T(1) + dgate[c]);
+      dx[c] = dout[c] * s;
+      dgate[c] = dout[c] * x[c] * s * (T(1) - s);
+    }
   });
 }
 
@@ -57,7 +89,9 @@ void sigmoid_gate_backward(T* dx, T* dgate, const T* dout, const T* x, const T* 
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                              \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);               \
   template void sigmoid_gate_forward<T>(T*, const T*, const T*, int64_t);                        \
-  template void sigmoid_gate_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);
+  template void sigmoid_gate_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                \
+  template void swiglu_span<T>(T*, const T*, const T*, int64_t);                                 \
+  template void swiglu_span_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);
 TRILLION_INSTANTIATE_ACTIVATION(float)
 TRILLION_INSTANTIATE_ACTIVATION(double)
 #undef TRILLION_INSTANTIATE_ACTIVATION

@@ -12,6 +12,12 @@ template <class T>
 void swiglu_forward(T* out, const T* gate, const T* up, int64_t count);
 template <class T>
 void swiglu_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count);
+// The same on the calling thread (the MoE experts run one per permuted row inside their items).
+// Every exp goes through the vector kernel (ops/vector_exp.h): out is first exp(−gate), dgate too.
+template <class T>
+void swiglu_span(T* out, const T* gate, const T* up, int64_t count);
+template <class T>
+void swiglu_span_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count);
 
 template <class T>
 void sigmoid_gate_forward(T* out, const T* x, const T* gate, int64_t count);

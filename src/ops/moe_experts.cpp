@@ -31,8 +31,8 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "ops/activation.h"
 #include "ops/gemm.h"
-#include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
@@ -70,28 +70,6 @@ void check_plan(const MoePlan& plan, const MoeExpertDims& dims) {
   TRILLION_CHECK(static_cast<int64_t>(plan.slot_row.size()) == plan.tokens * plan.top_k &&
                      static_cast<int64_t>(plan.row_slot.size()) == plan.rows(),
                  "moe plan is inconsistent: ", plan.slot_row.size(), " slots, ", plan.row_slot.size(), " rows");
-}
-
-// act[I] = silu(gate) · up for one permuted row gu[2I] = [gate | up].
-template <class T>
-void swiglu_row(T* act, const T* gu, int64_t inter) {
-  for (int64_t c = 0; c < inter; ++c) act[c] = -gu[c];
-  exp_shifted_sum(act, inter, T(0));  // act = exp(−gate)
-  for (int64_t c = 0; c < inter; ++c) act[c] = gu[c] * gu[inter + c] / (T(1) + act[c]);
-}
-
-// d_gu[2I] = [d_gate | d_up] of one row from d_act[I] and the saved gu[2I]:
-//   s = σ(gate),  d_gate = d_act · up · s · (1 + gate · (1 − s)),  d_up = d_act · gate · s.
-template <class T>
-void swiglu_row_backward(T* d_gu, const T* d_act, const T* gu, int64_t inter) {
-  for (int64_t c = 0; c < inter; ++c) d_gu[c] = -gu[c];
-  exp_shifted_sum(d_gu, inter, T(0));  // d_gu[:I] = exp(−gate)
-  for (int64_t c = 0; c < inter; ++c) {
-    const T s = T(1) / (T(1) + d_gu[c]);
-    const T g = gu[c], u = gu[inter + c], d = d_act[c];
-    d_gu[c] = d * u * s * (T(1) + g * (T(1) - s));
-    d_gu[inter + c] = d * g * s;
-  }
 }
 
 // Σ a[i] · b[i] in 16 interleaved partial sums (vectorizable), combined in a fixed order.
@@ -182,7 +160,10 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x
     T* a = act + r0 * I;               // [m, I]
     // gu[m, 2I] = x_tile[m, H] · gate_up[e][2I, H]ᵀ
     gemm<T>(false, true, m, 2 * I, H, T(1), x_tile, H, gate_up + e * 2 * I * H, H, T(0), gu, 2 * I);
-    for (int64_t i = 0; i < m; ++i) swiglu_row(a + i * I, gu + i * 2 * I, I);
+    for (int64_t i = 0; i < m; ++i) {
+      const T* row = gu + i * 2 * I;  // [2I] = [gate | up]
+      swiglu_span(a + i * I, row, row + I, I);
+    }
     // expert_out[m, H] = a[m, I] · down[e][H, I]ᵀ
     gemm<T>(false, true, m, H, I, T(1), a, I, down + e * H * I, I, T(0), expert_out + r0 * H, H);
   });
@@ -266,8 +247,10 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
         }
         // d_act[m, I] = d_out[m, H] · down[e][H, I]
         gemm<T>(false, false, m, I, H, T(1), d_out, H, down_e, I, T(0), d_act, I);
-        for (int64_t i = 0; i < m; ++i)
-          swiglu_row_backward(d_gu + i * 2 * I, d_act + i * I, gate_up_out + (r0 + i) * 2 * I, I);
+        for (int64_t i = 0; i < m; ++i) {
+          const T* row = gate_up_out + (r0 + i) * 2 * I;  // [2I] = [gate | up]
+          swiglu_span_backward(d_gu + i * 2 * I, d_gu + i * 2 * I + I, d_act + i * I, row, row + I, I);
+        }
         // dx_rows[m, H] = d_gu[m, 2I] · gate_up[e][2I, H]
         gemm<T>(false, false, m, H, 2 * I, T(1), d_gu, 2 * I, gate_up_e, H, T(0), dx_rows, H);
         // dgate_up[e][2I, H] += d_gu[m, 2I]ᵀ · x_tile[m, H];  ddown[e][H, I] += d_out[m, H]ᵀ · act[m, I]
