@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/lane_sum.h"
 #include "core/parallel.h"
 
 namespace trillion {
@@ -71,15 +72,10 @@ double sum_of_squares(const T* g, const std::vector<AdamWSpan>& spans) {
   const std::vector<Block> blocks = blocks_of(spans);
   std::vector<double> partial(blocks.size());  // [blocks]
   parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
-    // Eight running sums (element i of the block into lane i mod 8: the loop vectorizes without
-    // reassociation), then a fixed tree.
-    double lane[8] = {};
-    const int64_t begin = blocks[b].begin, end = blocks[b].end;
-    int64_t i = begin;
-    for (; i + 8 <= end; i += 8)
-      for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(g[i + j]) * static_cast<double>(g[i + j]);
-    for (; i < end; ++i) lane[(i - begin) % 8] += static_cast<double>(g[i]) * static_cast<double>(g[i]);
-    partial[b] = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+    const T* __restrict gb = g + blocks[b].begin;  // [block length]
+    partial[b] = lane_sum(blocks[b].end - blocks[b].begin, [&](int64_t i) {
+      return static_cast<double>(gb[i]) * static_cast<double>(gb[i]);
+    });
   });
   double total = 0.0;
   for (double s : partial) total += s;

@@ -1,13 +1,15 @@
 // RMSNorm (plain and zero-centred: weight used as 1 + w) and LayerNorm with bias, forward and
-// backward. Rows are independent items; sums over a row run in double in index order. The weight
-// (and bias) gradients are summed over fixed blocks of kRowBlock rows (one partial per block), then
-// the partials in block order, so they do not depend on the thread count.
+// backward. Rows are independent items; RMSNorm's sums over a row run in double in eight lanes
+// (core/lane_sum.h), LayerNorm's in index order. The weight (and bias) gradients are summed over
+// fixed blocks of kRowBlock rows (one partial per block), then the partials in block order, so they
+// do not depend on the thread count.
 #include "ops/norm.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
+#include "core/lane_sum.h"
 #include "core/memory.h"
 #include "core/parallel.h"
 #include "core/phase_clock.h"
@@ -27,8 +29,7 @@ void rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int64_t rows, int64_
   parallel_for(rows, [&](int64_t r) {
     const T* xr = x + r * d;  // [d]
     T* yr = y + r * d;        // [d]
-    double sum_sq = 0.0;
-    for (int64_t j = 0; j < d; ++j) sum_sq += static_cast<double>(xr[j]) * xr[j];
+    const double sum_sq = lane_sum(d, [&](int64_t j) { return static_cast<double>(xr[j]) * xr[j]; });
     const T inv = static_cast<T>(1.0 / std::sqrt(sum_sq / static_cast<double>(d) + eps));
     rstd[r] = inv;
     for (int64_t j = 0; j < d; ++j) yr[j] = (xr[j] * inv) * (weight_offset + w[j]);
@@ -61,11 +62,10 @@ void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T
       T* dxr = dx + r * d;        // [d]
       const double inv = rstd[r];
       // With g = dy · weight and x̂ = x · rstd: dx = rstd · (g − x̂ · mean(g · x̂)).
-      double dot = 0.0;
-      for (int64_t j = 0; j < d; ++j) {
+      const double dot = lane_sum(d, [&](int64_t j) {
         const double g = static_cast<double>(dyr[j]) * (weight_offset + w[j]);
-        dot += g * xr[j] * inv;
-      }
+        return g * xr[j] * inv;
+      });
       const double mean_dot = dot / static_cast<double>(d);
       for (int64_t j = 0; j < d; ++j) {
         const double xhat = xr[j] * inv;
