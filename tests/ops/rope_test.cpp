@@ -64,8 +64,11 @@ void check_forward_formula(const RopeSpec& rope, int64_t stride, int64_t offset)
   const std::vector<double> inv_freq =
       rope.yarn.factor > 0 ? yarn_inv_freq_formula(rope) : rope_inv_freq(spec(rope.rotary_dim, rope.theta));
   const int64_t half = rope.rotary_dim / 2;
-  for (int64_t i = 0; i < half; ++i)
-    if (rope.yarn.factor == 0) EXPECT_NEAR(inv_freq[i], std::pow(rope.theta, -2.0 * i / rope.rotary_dim), 1e-15);
+  for (int64_t i = 0; i < half; ++i) {
+    if (rope.yarn.factor == 0) {
+      EXPECT_NEAR(inv_freq[i], std::pow(rope.theta, -2.0 * i / rope.rotary_dim), 1e-15);
+    }
+  }
   const double m = rope.attention_factor;
   for (int64_t t = 0; t < kTokens; ++t)
     for (int64_t h = 0; h < kHeads; ++h) {
@@ -79,8 +82,11 @@ void check_forward_formula(const RopeSpec& rope, int64_t stride, int64_t offset)
         EXPECT_NEAR(y[b], m * (x[b] * std::cos(theta) + x[a] * std::sin(theta)), 1e-12);
         rotated[a - o] = rotated[b - o] = true;
       }
-      for (int64_t i = 0; i < stride; ++i)
-        if (!rotated[i]) EXPECT_EQ(y[o + i], x[o + i]) << "pass-through dim " << i;
+      for (int64_t i = 0; i < stride; ++i) {
+        if (!rotated[i]) {
+          EXPECT_EQ(y[o + i], x[o + i]) << "pass-through dim " << i;
+        }
+      }
     }
 }
 
