@@ -21,7 +21,7 @@ namespace trillion {
 enum class Phase : int {
   gemm,       // matrix products (cblas), dense and grouped
   attention,  // the mixers' own kernels: attention, sparse attention, indexer, delta rule, conv, gates
-  moe,        // routing, permute, combine (the experts' GEMMs are gemm, their SwiGLU element-wise)
+  moe,        // routing, permute, combine, the experts' SwiGLU (their GEMMs are gemm)
   elementwise,  // norms, RoPE, activations, residual adds, embedding, copies
   loss,       // the LM head's cross-entropy outside its GEMMs
   optimizer,  // gradient norm, clipping, AdamW

@@ -1,7 +1,7 @@
 // The one door through which trillion writes files: create a file, write bytes, fsync it, close
-// it, rename it, fsync a directory, remove a file, create a directory, exchange two paths. Everything that must survive a crash (atomic
-// files, safetensors, checkpoints) goes through the process-wide FileOutput, so a test can swap
-// in one that fails:
+// it, rename it, fsync a directory, remove a file, create a directory, exchange two paths.
+// Everything that must survive a crash (atomic files, safetensors, checkpoints) goes through the
+// process-wide FileOutput, so a test can swap in one that fails:
 //   - PosixFileOutput: the real system calls (the default);
 //   - FaultInjectingFileOutput: forwards to another FileOutput, counts every operation by kind
 //     and makes the k-th one of a kind fail with a chosen errno (ENOSPC, EIO), or makes every

@@ -20,12 +20,12 @@
 //                       (so kept tensors are never written twice);
 //   begin_backward(l, part) … end_backward(l, part)
 //                       one part of the backward: a decoder layer's FFN part (with its recompute
-//                       before it), then its mixer part. begin
-//                       makes the part's entries resident (waiting if need be; the FFN part also
-//                       gets the recompute checkpoint when the mixer is re-run) and queues the
-//                       prefetch of the next part's, to overlap this part's compute (an entry whose
-//                       pages were not reused yet is taken back as it is, without reading); end
-//                       frees the part's entries, so their pages take the next part's prefetch.
+//                       before it), then its mixer part. begin makes the part's entries resident
+//                       (waiting if need be; the FFN part also gets the recompute checkpoint when
+//                       the mixer is re-run) and queues the prefetch of the next part's, to overlap
+//                       this part's compute (an entry whose pages were not reused yet is taken back
+//                       as it is, without reading); end frees the part's entries, so their pages
+//                       take the next part's prefetch.
 // Entries of 64 KiB and more live in page spans that are reused as soon as they are free
 // (PageArena), so resident memory follows what is live at once; smaller ones (statistics, tiny
 // models) stay until clear(), whatever their tag's policy. A change of policy trims the free pages.

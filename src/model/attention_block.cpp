@@ -270,8 +270,8 @@ std::vector<SavedSize> saved_sizes(const AttentionBlockDims& dims, const StepSha
 // then with its scratch and the input norm's partials.
 int64_t workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, d = dims.head_dim;
-  const int64_t q = arena_rounded(n * dims.q_width() * e), kv = arena_rounded(n * dims.kv_width() * e);
-  const int64_t q_and_gate = dims.gated ? arena_rounded(n * dims.q_proj_out() * e) : 0;
+  const int64_t q = Arena::rounded(n * dims.q_width() * e), kv = Arena::rounded(n * dims.kv_width() * e);
+  const int64_t q_and_gate = dims.gated ? Arena::rounded(n * dims.q_proj_out() * e) : 0;
   const int64_t rope = rope_workspace_bytes(n, dims.rope.rotary_dim, e);
   const AttentionSizes sizes{shape.batch, shape.seq, shape.seq, dims.q_heads, dims.kv_heads, d, 0.0};
   const int64_t forward =
@@ -284,7 +284,7 @@ int64_t workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape) 
       dims.has_qk_norm ? std::max(rmsnorm_backward_workspace_bytes(n * dims.q_heads, d, true),
                                   rmsnorm_backward_workspace_bytes(n * dims.kv_heads, d, true))
                        : 0;
-  const int64_t inputs = attention + norms + arena_rounded(n * dims.hidden * e) + q_and_gate;  // … dh, d_q_and_gate
+  const int64_t inputs = attention + norms + Arena::rounded(n * dims.hidden * e) + q_and_gate;  // … dh, d_q_and_gate
   const int64_t backward = std::max(
       {attention + std::max(main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/true), rope),
        attention + norms + norm_partials,

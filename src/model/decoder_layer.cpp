@@ -57,7 +57,7 @@ std::vector<SavedSize> DecoderLayerDims::saved_sizes(const StepShape& shape) con
 // norm's backward after it with the FFN's scratch still held (bounded by its whole workspace).
 int64_t DecoderLayerDims::workspace_bytes(const StepShape& shape) const {
   const auto of_kind = [&](const auto& d) { return trillion::workspace_bytes(d, shape); };
-  const int64_t dh = arena_rounded(shape.tokens() * hidden * shape.element_bytes);
+  const int64_t dh = Arena::rounded(shape.tokens() * hidden * shape.element_bytes);
   const int64_t ffn_norm = rmsnorm_backward_workspace_bytes(shape.tokens(), hidden, /*has_dw=*/true);
   return std::max(std::visit(of_kind, mixer), dh + std::visit(of_kind, ffn) + ffn_norm);
 }

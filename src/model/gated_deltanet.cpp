@@ -299,7 +299,7 @@ std::vector<SavedSize> saved_sizes(const GatedDeltaNetDims& d, const StepShape& 
 // d_conv_in [n, Ck]; the input norm after d_qkvz, d_ba, dh.
 int64_t workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes;
-  const auto rounded = [&](int64_t count) { return arena_rounded(count * e); };
+  const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
   const int64_t nk = d.key_heads, dk = d.key_dim, nv = d.value_heads, dv = d.value_dim, Ck = d.conv_channels();
   const int64_t forward = rounded(n * nv) + 2 * rounded(n * nv * dk) + rounded(n * d.qkvz_rows()) +
                           rounded(n * 2 * nv) + rounded(n * Ck) + 2 * rounded(n * nk * dk) +

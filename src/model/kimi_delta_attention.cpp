@@ -234,7 +234,7 @@ std::vector<SavedSize> saved_sizes(const KimiDeltaAttentionDims& d, const StepSh
 // da, d_raw [n, h·D], d_conv_out, d_conv_in [n, 3·h·D]; the input norm after d_proj [n, h·D].
 int64_t workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, W = d.width(), D = d.head_dim;
-  const auto rounded = [&](int64_t count) { return arena_rounded(count * e); };
+  const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
   const int64_t forward =
       4 * rounded(n * W) + rounded(n * 3 * W) + delta_rule_chunk_forward_workspace_bytes(D, D, e, shape.threads);
   const int64_t at_delta = 8 * rounded(n * W) + rounded(n * d.hidden) + rounded(n * D) + rounded(n * d.heads);

@@ -173,8 +173,8 @@ std::vector<SavedSize> saved_sizes(const IndexerDims& dims, const StepShape& sha
 int64_t forward_scratch_bytes(const IndexerDims& dims, const StepShape& shape) {
   if (!dims.enabled()) return 0;
   const int64_t n = shape.tokens(), e = shape.element_bytes, hd = dims.heads * dims.head_dim;
-  const int64_t k_raw = loss_on(shape) ? 0 : arena_rounded(n * dims.head_dim * e) + 2 * arena_rounded(n * e);
-  return k_raw + arena_rounded(n * hd * e) + arena_rounded(n * dims.head_dim * e) + arena_rounded(n * dims.heads * e);
+  const int64_t k_raw = loss_on(shape) ? 0 : Arena::rounded(n * dims.head_dim * e) + 2 * Arena::rounded(n * e);
+  return k_raw + Arena::rounded(n * hd * e) + Arena::rounded(n * dims.head_dim * e) + Arena::rounded(n * dims.heads * e);
 }
 
 // The forward's scratch with the largest of its kernels' temporaries: RoPE's tables, the top-k's, and
@@ -198,14 +198,14 @@ int64_t forward_workspace_bytes(const IndexerDims& dims, const StepShape& shape,
 int64_t backward_scratch_bytes(const IndexerDims& dims, const StepShape& shape) {
   if (!dims.enabled() || !loss_on(shape)) return 0;
   const int64_t n = shape.tokens(), e = shape.element_bytes, di = dims.head_dim;
-  return arena_rounded(n * dims.heads * di * e) + 2 * arena_rounded(n * di * e) + arena_rounded(n * dims.heads * e);
+  return Arena::rounded(n * dims.heads * di * e) + 2 * Arena::rounded(n * di * e) + Arena::rounded(n * dims.heads * e);
 }
 
 // Loss on: dq, dk, dw with RoPE's tables; then all its scratch with the key LayerNorm's partials.
 int64_t backward_workspace_bytes(const IndexerDims& dims, const StepShape& shape) {
   if (!dims.enabled() || !loss_on(shape)) return 0;
   const int64_t n = shape.tokens(), e = shape.element_bytes, di = dims.head_dim;
-  const int64_t scratch = backward_scratch_bytes(dims, shape), before_dk_raw = scratch - arena_rounded(n * di * e);
+  const int64_t scratch = backward_scratch_bytes(dims, shape), before_dk_raw = scratch - Arena::rounded(n * di * e);
   return std::max(before_dk_raw + rope_workspace_bytes(n, dims.rope.rotary_dim, e),
                   scratch + layer_norm_backward_workspace_bytes(n, di, true, true));
 }

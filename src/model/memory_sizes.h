@@ -33,7 +33,4 @@ struct SavedSize {
   int64_t bytes;
 };
 
-// `bytes` as the scratch Arena takes them (Arena::rounded).
-inline int64_t arena_rounded(int64_t bytes) { return Arena::rounded(bytes); }
-
 }  // namespace trillion

@@ -295,8 +295,8 @@ std::vector<SavedSize> saved_sizes(const MlaDims& dims, const StepShape& shape) 
 // partials or the indexer's backward, then with its scratch and the input norm's partials.
 int64_t workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
-  const int64_t kv = arena_rounded(n * dims.kv_b_out() * e), qk = arena_rounded(n * dims.q_width() * e);
-  const int64_t o = arena_rounded(n * dims.o_width() * e), latent = arena_rounded(n * rkv * e);
+  const int64_t kv = Arena::rounded(n * dims.kv_b_out() * e), qk = Arena::rounded(n * dims.q_width() * e);
+  const int64_t o = Arena::rounded(n * dims.o_width() * e), latent = Arena::rounded(n * rkv * e);
   const int64_t rope = dims.rotary ? rope_workspace_bytes(n, dims.rope.rotary_dim, e) : 0;
   const AttentionSizes sizes{shape.batch, shape.seq, shape.seq, dims.heads, dims.heads, dims.qk(), 0.0, dims.v};
   const int64_t forward = std::max(
@@ -304,9 +304,9 @@ int64_t workspace_bytes(const MlaDims& dims, const StepShape& shape) {
                           forward_scratch_bytes(dims.indexer, shape) +
                               main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/false)));
   const int64_t attention = 2 * o + 2 * qk;                                        // d_out, dq, dk, d_v
-  const int64_t keys = attention + kv + arena_rounded(n * dims.kv_a_out() * e);    // … d_kv, d_kv_a
+  const int64_t keys = attention + kv + Arena::rounded(n * dims.kv_a_out() * e);    // … d_kv, d_kv_a
   const int64_t latents = keys + 3 * latent;                                       // … d_latent, c_raw, d_c_raw
-  const int64_t inputs = latents + arena_rounded(n * dims.hidden * e) + (rq > 0 ? 2 * arena_rounded(n * rq * e) : 0);
+  const int64_t inputs = latents + Arena::rounded(n * dims.hidden * e) + (rq > 0 ? 2 * Arena::rounded(n * rq * e) : 0);
   const int64_t q_lora = rq > 0 ? std::max(rmsnorm_backward_workspace_bytes(n, rq, true),
                                            backward_workspace_bytes(dims.indexer, shape))
                                 : 0;

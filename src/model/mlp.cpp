@@ -57,7 +57,7 @@ std::vector<SavedSize> saved_sizes(const MlpDims& dims, const StepShape& shape) 
 
 // Training forward: nothing in scratch (its three tensors are saved); backward: d_act, d_gate, d_up [n, I].
 int64_t workspace_bytes(const MlpDims& dims, const StepShape& shape) {
-  return 3 * arena_rounded(shape.tokens() * dims.intermediate * shape.element_bytes);
+  return 3 * Arena::rounded(shape.tokens() * dims.intermediate * shape.element_bytes);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                              \

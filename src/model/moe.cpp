@@ -239,11 +239,11 @@ int64_t workspace_bytes(const MoeDims& dims, const StepShape& shape) {
   const int64_t forward = std::max({router_select_workspace_bytes(n, dims.router, e, shape.threads),
                                     moe_experts_forward_workspace_bytes(expert_dims, e, shape.threads),
                                     expert_load_workspace_bytes(n, E), sequence_bytes, z_bytes});
-  const int64_t dweight = arena_rounded(n * k * e), dscores = arena_rounded(n * E * e);
+  const int64_t dweight = Arena::rounded(n * k * e), dscores = Arena::rounded(n * E * e);
   int64_t backward = std::max({dweight + moe_experts_backward_workspace_bytes(n, k, expert_dims, e, shape.threads),
                                dweight + dscores + sequence_bytes, dweight + 2 * dscores + z_bytes});
   if (dims.shared.intermediate > 0) {
-    const int64_t gated = dims.shared_gated ? arena_rounded(n * dims.hidden * e) + arena_rounded(n * e) : 0;
+    const int64_t gated = dims.shared_gated ? Arena::rounded(n * dims.hidden * e) + Arena::rounded(n * e) : 0;
     backward = std::max(backward, dweight + 2 * dscores + gated + workspace_bytes(dims.shared, shape));
   }
   return std::max(forward, backward);

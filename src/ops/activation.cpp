@@ -24,21 +24,26 @@ void for_blocks(int64_t count, const Body& body) {
   });
 }
 
+// out[0, n) = exp(−z[0, n)) through the vector kernel.
+template <class T>
+void exp_negated(T* out, const T* z, int64_t n) {
+  for (int64_t c = 0; c < n; ++c) out[c] = -z[c];
+  exp_shifted_sum(out, n, T(0));
+}
+
 }  // namespace
 
 template <class T>
 void swiglu_span(T* out, const T* gate, const T* up, int64_t count) {
   // out[count] = gate · up / (1 + exp(−gate)) = silu(gate) · up
-  for (int64_t c = 0; c < count; ++c) out[c] = -gate[c];
-  exp_shifted_sum(out, count, T(0));
+  exp_negated(out, gate, count);
   for (int64_t c = 0; c < count; ++c) out[c] = gate[c] * up[c] / (T(1) + out[c]);
 }
 
 template <class T>
 void swiglu_span_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count) {
   // s = σ(gate): d gate = dout · up · s · (1 + gate · (1 − s)),  d up = dout · gate · s
-  for (int64_t c = 0; c < count; ++c) dgate[c] = -gate[c];
-  exp_shifted_sum(dgate, count, T(0));
+  exp_negated(dgate, gate, count);
   for (int64_t c = 0; c < count; ++c) {
     const T s = T(1) / (T(1) + dgate[c]);
     const T g = gate[c], u = up[c], d = dout[c];
@@ -64,8 +69,7 @@ void sigmoid_gate_forward(T* out, const T* x, const T* gate, int64_t count) {
   PhaseScope scope(Phase::elementwise);
   // out[count] = x / (1 + exp(−gate)) = x · σ(gate)
   for_blocks(count, [&](int64_t i, int64_t n) {
-    for (int64_t c = i; c < i + n; ++c) out[c] = -gate[c];
-    exp_shifted_sum(out + i, n, T(0));
+    exp_negated(out + i, gate + i, n);
     for (int64_t c = i; c < i + n; ++c) out[c] = x[c] / (T(1) + out[c]);
   });
 }
@@ -75,8 +79,7 @@ void sigmoid_gate_backward(T* dx, T* dgate, const T* dout, const T* x, const T* 
   PhaseScope scope(Phase::elementwise);
   // s = σ(gate): dx = dout · s,  d gate = dout · x · s · (1 − s)
   for_blocks(count, [&](int64_t i, int64_t n) {
-    for (int64_t c = i; c < i + n; ++c) dgate[c] = -gate[c];
-    exp_shifted_sum(dgate + i, n, T(0));
+    exp_negated(dgate + i, gate + i, n);
     for (int64_t c = i; c < i + n; ++c) {
       const T s = T(1) / (T(1) + dgate[c]);
       dx[c] = dout[c] * s;
@@ -89,7 +92,7 @@ void sigmoid_gate_backward(T* dx, T* dgate, const T* dout, const T* x, const T* 
   template void swiglu_forward<T>(T*, const T*, const T*, int64_t);                              \
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);               \
   template void sigmoid_gate_forward<T>(T*, const T*, const T*, int64_t);                        \
-  template void sigmoid_gate_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);                \
+  template void sigmoid_gate_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);         \
   template void swiglu_span<T>(T*, const T*, const T*, int64_t);                                 \
   template void swiglu_span_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);
 TRILLION_INSTANTIATE_ACTIVATION(float)

@@ -38,24 +38,22 @@ void adamw_step(T* p, T* m, T* v, const T* g, const std::vector<AdamWSpan>& span
   const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(step));
   const double step_size = hyper.lr / bias1;
-  const double sqrt_bias2 = std::sqrt(bias2);
-  // In T, as torch.optim.AdamW computes a float32 tensor's update (the loop vectorizes).
-  const T beta1 = static_cast<T>(hyper.beta1), beta2 = static_cast<T>(hyper.beta2);
-  const T one_minus_beta1 = static_cast<T>(1.0 - hyper.beta1), one_minus_beta2 = static_cast<T>(1.0 - hyper.beta2);
-  const T scale = static_cast<T>(grad_scale), eps = static_cast<T>(hyper.eps);
-  const T step_t = static_cast<T>(step_size), inv_sqrt_bias2 = static_cast<T>(1.0 / sqrt_bias2);
+  const double inv_sqrt_bias2 = 1.0 / std::sqrt(bias2);
   const std::vector<Block> blocks = blocks_of(spans);
   parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
     const Block& block = blocks[b];
-    const T decay_factor = static_cast<T>(block.decay ? 1.0 - hyper.lr * hyper.weight_decay : 1.0);
-    // Local restrict pointers and constants: the stores cannot alias what the loop reads, so it
-    // vectorizes (through the lambda's captures the compiler must assume they might).
+    // In T, as torch.optim.AdamW computes a float32 tensor's update. Local restrict pointers and
+    // constants: the stores cannot alias what the loop reads, so it vectorizes (through the lambda's
+    // by-reference captures the compiler must assume they might).
     T* __restrict pb = p + block.begin;
     T* __restrict mb = m + block.begin;
     T* __restrict vb = v + block.begin;
     const T* __restrict gb = g + block.begin;
-    const T b1 = beta1, b2 = beta2, c1 = one_minus_beta1, c2 = one_minus_beta2, s = scale, lr = step_t;
-    const T inv = inv_sqrt_bias2, e = eps;
+    const T b1 = static_cast<T>(hyper.beta1), b2 = static_cast<T>(hyper.beta2);
+    const T c1 = static_cast<T>(1.0 - hyper.beta1), c2 = static_cast<T>(1.0 - hyper.beta2);
+    const T s = static_cast<T>(grad_scale), lr = static_cast<T>(step_size), e = static_cast<T>(hyper.eps);
+    const T inv = static_cast<T>(inv_sqrt_bias2);
+    const T decay_factor = static_cast<T>(block.decay ? 1.0 - hyper.lr * hyper.weight_decay : 1.0);
     for (int64_t i = 0; i < block.end - block.begin; ++i) {  // p, m, v, g: element i of the block
       const T grad = gb[i] * s;
       const T m_new = b1 * mb[i] + c1 * grad;

@@ -15,9 +15,6 @@
 // Every gemm runs single-threaded inside the OpenMP team and every sum has an order fixed by the
 // sizes and the tiling, so results do not depend on the thread count.
 #include "ops/cross_entropy.h"
-#include "core/phase_clock.h"
-#include "ops/cross_entropy_rows.h"
-#include "ops/vector_exp.h"
 
 #include <omp.h>
 
@@ -28,7 +25,10 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/phase_clock.h"
+#include "ops/cross_entropy_rows.h"
 #include "ops/gemm.h"
+#include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {

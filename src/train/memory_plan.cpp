@@ -57,7 +57,7 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
       b.dropped += counted;  // refilled in place by recompute
       continue;
     }
-    if (ffn ? rerun_ffn : rerun_mixer) b.throwaway += arena_rounded(s.bytes);
+    if (ffn ? rerun_ffn : rerun_mixer) b.throwaway += Arena::rounded(s.bytes);
     if (paged && swaps && swap.count(s.tag)) {
       b.swapped[ffn] += counted;
       if (ffn || (rerun_mixer && s.tag == ActivationTag::attn_input)) b.first += counted;
@@ -134,7 +134,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   // final norm's backward.
   const int64_t norm_backward = rmsnorm_backward_workspace_bytes(n, D, true);
   const int64_t loss_backward =
-      in_forward ? norm_backward : arena_rounded(n * D * e) + std::max(loss_forward, norm_backward);
+      in_forward ? norm_backward : Arena::rounded(n * D * e) + std::max(loss_forward, norm_backward);
 
   const int L = static_cast<int>(layers.size());
   const auto consider = [&](int64_t activations, int64_t workspace, const std::string& where) {

@@ -17,12 +17,12 @@
 #include "data/shards.h"
 #include "io/atomic_file.h"
 #include "memory/save_policies.h"
-#include "train/memory_plan.h"
 #include "model/config.h"
 #include "model/lightning_indexer.h"
 #include "model/model.h"
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
+#include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/moe_balance.h"
 #include "train/optimizer.h"
@@ -155,8 +155,9 @@ void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const T
   const MemoryPlan plan = memory_plan_of(o, config, s, train_tokens);
   nlohmann::json json = plan.to_json();
   nlohmann::json candidates = nlohmann::json::array();
+  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens);
   for (const MemoryPolicy& policy : budget_candidates()) {
-    const MemoryPlan other = plan_memory(config, step_memory_shape(o, s, train_tokens), policy);
+    const MemoryPlan other = plan_memory(config, shape, policy);
     candidates.push_back({{"policy", policy.name()}, {"peak_fast", other.peak_fast}, {"peak_slow", other.peak_slow}});
   }
   json["candidates"] = candidates;
