@@ -1,8 +1,8 @@
 // Rotary position embedding (half-split or interleaved pairs, optional YaRN), forward and backward,
 // in place. inv_freq as transformers computes it (in double here); angles, cosines and sines are
-// computed in double per (token, pair) into a [tokens, rotary_dim/2] table before the rotation (no
-// allocation inside the parallel loops) and shared by all heads of the token. The backward is the
-// same map with the sine negated.
+// computed in double per (position, pair) into a table of at most [tokens, rotary_dim/2] before the
+// rotation (no allocation inside the parallel loops) and shared by all heads and all tokens at the
+// position. The backward is the same map with the sine negated.
 #include "ops/rope.h"
 
 #include <algorithm>
@@ -27,14 +27,22 @@ void rotate(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64
   const int64_t half = r / 2;
   if (half == 0) return;
   const std::vector<double> inv_freq = rope_inv_freq(rope);  // [half]
+  // Table rows: one per position value when every position lies in [0, tokens) (the rows of a batch
+  // repeat the same positions, so they share rows), else one per token. A row's values depend only on
+  // its position, so both give the same bits.
+  const auto [lowest, highest] = std::minmax_element(positions, positions + tokens);
+  const bool by_position = tokens > 0 && *lowest >= 0 && *highest < tokens;
+  const int64_t rows = by_position ? static_cast<int64_t>(*highest) + 1 : tokens;
+  const auto row_of = [&](int64_t t) { return by_position ? static_cast<int64_t>(positions[t]) : t; };
   // Angles, cosines and sines in double, rounded to T once.
-  Buffer<T> cos_table(tokens * half);  // [tokens, half]
-  Buffer<T> sin_table(tokens * half);  // [tokens, half], sign of `direction` folded in
-  parallel_for(tokens, [&](int64_t t) {
-    T* cos_theta = cos_table.data() + t * half;  // [half]
-    T* sin_theta = sin_table.data() + t * half;  // [half]
+  Buffer<T> cos_table(rows * half);  // [rows, half]
+  Buffer<T> sin_table(rows * half);  // [rows, half], sign of `direction` folded in
+  parallel_for(rows, [&](int64_t row) {
+    T* cos_theta = cos_table.data() + row * half;  // [half]
+    T* sin_theta = sin_table.data() + row * half;  // [half]
+    const double position = by_position ? static_cast<double>(row) : static_cast<double>(positions[row]);
     for (int64_t i = 0; i < half; ++i) {
-      const double theta = static_cast<double>(positions[t]) * inv_freq[i];
+      const double theta = position * inv_freq[i];
       cos_theta[i] = static_cast<T>(rope.attention_factor * std::cos(theta));
       sin_theta[i] = static_cast<T>(direction * rope.attention_factor * std::sin(theta));
     }
@@ -42,8 +50,8 @@ void rotate(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64
   // Pair i is (span[i · a_step], span[i · a_step + b_gap]).
   const int64_t a_step = rope.interleaved ? 2 : 1, b_gap = rope.interleaved ? 1 : half;
   parallel_for(tokens, [&](int64_t t) {
-    const T* cos_theta = cos_table.data() + t * half;  // [half]
-    const T* sin_theta = sin_table.data() + t * half;  // [half]
+    const T* cos_theta = cos_table.data() + row_of(t) * half;  // [half]
+    const T* sin_theta = sin_table.data() + row_of(t) * half;  // [half]
     for (int64_t h = 0; h < heads; ++h) {
       T* span = x + (t * heads + h) * head_stride + offset;  // [rotary_dim]
       for (int64_t i = 0; i < half; ++i) {

@@ -1,7 +1,7 @@
 // Rotary embedding: forward against the formula of rope.h (full and partial rotary, half-split and
 // interleaved pairs, a span at an offset, YaRN's attention factor), YaRN's inv_freq against the
 // transformers formula written out here, backward against finite differences, backward ∘ forward =
-// identity without YaRN, float against double.
+// identity without YaRN, float against double, tables shared by position against per-token tables.
 #include "ops/rope.h"
 
 #include <gtest/gtest.h>
@@ -147,6 +147,26 @@ TEST(Rope, BackwardInvertsForwardAndFloatAgreesWithDouble) {
     EXPECT_LE(test::relative_error(yf, y), 1e-6);
     rope_backward<double>(y.data(), kPositions.data(), kTokens, kHeads, kHeadDim, 1, rope);
     EXPECT_LE(test::relative_error(y, x), 1e-14);
+  }
+}
+
+// Positions inside [0, tokens) share table rows by position (a batch repeating its positions); each
+// token rotated alone takes the per-token table. Both must give the same bits, forward and backward.
+TEST(Rope, SharedPositionRowsGiveTheBitsOfPerTokenRows) {
+  const std::vector<int32_t> packed = {2, 0, 1, 2, 0, 1, 5, 3};  // two rows of a batch, then a tail
+  const int64_t tokens = static_cast<int64_t>(packed.size());
+  const RopeSpec rope = yarn_spec(8, false);
+  for (const bool backward : {false, true}) {
+    const auto rotate = backward ? rope_backward<float> : rope_forward<float>;
+    const std::vector<float> x = test::cast_values<float>(random_values(tokens * kHeads * kHeadDim, 5));
+    std::vector<float> together = x;
+    rotate(together.data(), packed.data(), tokens, kHeads, kHeadDim, 2, rope);
+    std::vector<float> alone = x;
+    for (int64_t t = 0; t < tokens; ++t) {
+      rotate(alone.data() + t * kHeads * kHeadDim, packed.data() + t, 1, kHeads, kHeadDim, 2, rope);
+    }
+    EXPECT_EQ(together, alone) << (backward ? "backward" : "forward");
+    EXPECT_NE(together, x);
   }
 }
 
