@@ -309,7 +309,7 @@ int64_t workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
   const int64_t at_norm = at_conv + rounded(n * d.qkvz_rows()) + rounded(n * 2 * nv) + rounded(n * d.hidden);
   const int64_t backward =
       std::max({at_delta + delta_rule_chunk_backward_workspace_bytes(dk, dv, shape.seq, e, shape.threads),
-                at_conv + conv1d_silu_backward_workspace_bytes(n, Ck, e),
+                at_conv + conv1d_silu_backward_workspace_bytes(n, Ck, d.conv_width, e),
                 at_norm + rmsnorm_backward_workspace_bytes(n, d.hidden, /*has_dw=*/true)});
   return std::max(forward, backward);
 }

@@ -242,7 +242,7 @@ int64_t workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape)
   const int64_t at_norm = at_conv + rounded(n * W);
   const int64_t backward =
       std::max({at_delta + delta_rule_chunk_backward_workspace_bytes(D, D, shape.seq, e, shape.threads),
-                at_conv + conv1d_silu_backward_workspace_bytes(n, 3 * W, e),
+                at_conv + conv1d_silu_backward_workspace_bytes(n, 3 * W, d.conv_width, e),
                 at_norm + rmsnorm_backward_workspace_bytes(n, d.hidden, /*has_dw=*/true)});
   return std::max(forward, backward);
 }

@@ -34,6 +34,12 @@ void exp_negated(T* out, const T* z, int64_t n) {
 }  // namespace
 
 template <class T>
+void sigmoid_span(T* s, const T* z, int64_t n) {
+  exp_negated(s, z, n);
+  for (int64_t c = 0; c < n; ++c) s[c] = T(1) / (T(1) + s[c]);
+}
+
+template <class T>
 void swiglu_span(T* out, const T* gate, const T* up, int64_t count) {
   // out[count] = gate · up / (1 + exp(−gate)) = silu(gate) · up
   exp_negated(out, gate, count);
@@ -93,6 +99,7 @@ void sigmoid_gate_backward(T* dx, T* dgate, const T* dout, const T* x, const T* 
   template void swiglu_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);               \
   template void sigmoid_gate_forward<T>(T*, const T*, const T*, int64_t);                        \
   template void sigmoid_gate_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);         \
+  template void sigmoid_span<T>(T*, const T*, int64_t);                                          \
   template void swiglu_span<T>(T*, const T*, const T*, int64_t);                                 \
   template void swiglu_span_backward<T>(T*, T*, const T*, const T*, const T*, int64_t);
 TRILLION_INSTANTIATE_ACTIVATION(float)

@@ -19,6 +19,10 @@ void swiglu_span(T* out, const T* gate, const T* up, int64_t count);
 template <class T>
 void swiglu_span_backward(T* dgate, T* dup, const T* dout, const T* gate, const T* up, int64_t count);
 
+// s[0, n) = σ(z[0, n)) on the calling thread, the exps through the vector kernel; s may be z.
+template <class T>
+void sigmoid_span(T* s, const T* z, int64_t n);
+
 template <class T>
 void sigmoid_gate_forward(T* out, const T* x, const T* gate, int64_t count);
 template <class T>

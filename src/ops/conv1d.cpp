@@ -1,20 +1,20 @@
 // Causal depthwise conv1d + SiLU: forward, backward and decode. See conv1d.h.
 #include "ops/conv1d.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "ops/activation.h"
 
 namespace trillion {
 namespace {
 
-template <class T>
-T sigmoid(T a) {
-  return T(1) / (T(1) + std::exp(-a));
-}
+constexpr int64_t kChannelBlock = 16;  // channels per thread task of the dw sum
+constexpr int64_t kSigmoidChunk = 64;  // channels whose σ is computed at once (on the stack)
 
 // The first token of each token's segment, [B · T] (row starts, or cu_seqlens), checked.
 std::vector<int64_t> segment_starts(const int32_t* cu_seqlens, const Conv1dSizes& s) {
@@ -47,6 +47,17 @@ void pre_activation(T* a, const T* x, const T* w, int64_t p, int64_t first, int6
   }
 }
 
+// a[C] ← a · σ(a).
+template <class T>
+void silu_in_place(T* a, int64_t C) {
+  for (int64_t c0 = 0; c0 < C; c0 += kSigmoidChunk) {
+    const int64_t m = std::min(kSigmoidChunk, C - c0);
+    T sig[kSigmoidChunk];  // [m] σ(a)
+    sigmoid_span(sig, a + c0, m);
+    for (int64_t c = 0; c < m; ++c) a[c0 + c] *= sig[c];
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -56,12 +67,13 @@ void conv1d_silu_forward(T* y, const T* x, const T* w, const int32_t* cu_seqlens
   parallel_for(s.batch * s.seq_len, [&](int64_t p) {
     T* out = y + p * C;  // [C]
     pre_activation(out, x, w, p, start[p], C, W);
-    for (int64_t c = 0; c < C; ++c) out[c] = out[c] * sigmoid(out[c]);
+    silu_in_place(out, C);
   });
 }
 
-int64_t conv1d_silu_backward_workspace_bytes(int64_t tokens, int64_t channels, int64_t element_bytes) {
-  return tokens * channels * element_bytes;  // da
+int64_t conv1d_silu_backward_workspace_bytes(int64_t tokens, int64_t channels, int64_t width, int64_t element_bytes) {
+  const int64_t block_sums = (channels + kChannelBlock - 1) / kChannelBlock * width * kChannelBlock;
+  return (tokens * channels + block_sums) * element_bytes;  // da, the dw block sums
 }
 
 template <class T>
@@ -73,9 +85,13 @@ void conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, con
   parallel_for(P, [&](int64_t p) {
     T* d = da.data() + p * C;  // [C]
     pre_activation(d, x, w, p, start[p], C, W);
-    for (int64_t c = 0; c < C; ++c) {
-      const T sig = sigmoid(d[c]);
-      d[c] = dy[p * C + c] * sig * (T(1) + d[c] * (T(1) - sig));  // silu'(a) = σ(a)(1 + a(1 − σ(a)))
+    for (int64_t c0 = 0; c0 < C; c0 += kSigmoidChunk) {
+      const int64_t m = std::min(kSigmoidChunk, C - c0);
+      T sig[kSigmoidChunk];  // [m] σ(a)
+      sigmoid_span(sig, d + c0, m);
+      for (int64_t c = 0; c < m; ++c) {  // silu'(a) = σ(a)(1 + a(1 − σ(a)))
+        d[c0 + c] = dy[p * C + c0 + c] * sig[c] * (T(1) + d[c0 + c] * (T(1) - sig[c]));
+      }
     }
   });
   // dx[p] = Σ_j w[:, j] · da[p + W − 1 − j], over outputs of the same segment (gather: owner computes).
@@ -90,16 +106,26 @@ void conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, con
     }
   });
   if (dw == nullptr) return;
-  // dw[c, j] += Σ_p da[p, c] · x[p − W + 1 + j, c], each channel summed by one thread in token order.
-  parallel_for(C, [&](int64_t c) {
-    for (int64_t j = 0; j < W; ++j) {
-      T sum = T(0);
-      for (int64_t p = 0; p < P; ++p) {
+  // dw[c, j] += Σ_p da[p, c] · x[p − W + 1 + j, c], each channel summed by one thread in token order;
+  // threads take blocks of channels and walk the tokens row by row (contiguous in c).
+  const int64_t blocks = (C + kChannelBlock - 1) / kChannelBlock;
+  Buffer<T> sums(blocks * W * kChannelBlock);  // [blocks, W, kChannelBlock]
+  parallel_for(blocks, [&](int64_t block) {
+    const int64_t c0 = block * kChannelBlock, width = std::min(kChannelBlock, C - c0);
+    T* sum = sums.data() + block * W * kChannelBlock;  // [W, kChannelBlock]
+    std::fill(sum, sum + W * kChannelBlock, T(0));
+    for (int64_t p = 0; p < P; ++p) {
+      const T* d = da.data() + p * C + c0;  // [width]
+      for (int64_t j = 0; j < W; ++j) {
         const int64_t src = p - W + 1 + j;
-        if (src >= start[p]) sum += da[p * C + c] * x[src * C + c];
+        if (src < start[p]) continue;
+        const T* in = x + src * C + c0;  // [width]
+        T* acc = sum + j * kChannelBlock;  // [width]
+        for (int64_t c = 0; c < width; ++c) acc[c] += d[c] * in[c];
       }
-      dw[c * W + j] += sum;
     }
+    for (int64_t c = 0; c < width; ++c)
+      for (int64_t j = 0; j < W; ++j) dw[(c0 + c) * W + j] += sum[j * kChannelBlock + c];
   });
 }
 
@@ -115,8 +141,9 @@ void conv1d_silu_decode(T* y, T* history, const T* x, const T* w, int64_t n, con
       for (int64_t c = 0; c < C; ++c) {
         T a = w[c * W + W - 1] * in[c];
         for (int64_t j = 0; j + 1 < W; ++j) a += w[c * W + j] * window[j * C + c];
-        out[c] = a * sigmoid(a);
+        out[c] = a;
       }
+      silu_in_place(out, C);
       for (int64_t j = 0; j + 2 < W; ++j)  // shift the window by one token
         for (int64_t c = 0; c < C; ++c) window[j * C + c] = window[(j + 1) * C + c];
       if (W > 1)

@@ -36,8 +36,8 @@ template <class T>
 void conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const int32_t* cu_seqlens,
                           const Conv1dSizes& sizes);
 // The bytes of conv1d_silu_backward's temporaries (the pre-activation gradient [tokens, channels]
-// of T), for the memory plan; the forward and decode have none.
-int64_t conv1d_silu_backward_workspace_bytes(int64_t tokens, int64_t channels, int64_t element_bytes);
+// and the dw sums of channel blocks, of T), for the memory plan; the forward and decode have none.
+int64_t conv1d_silu_backward_workspace_bytes(int64_t tokens, int64_t channels, int64_t width, int64_t element_bytes);
 
 // Decoding, batch rows of n new tokens each: y[B, n, C] from x[B, n, C] after the window
 // history[B, W − 1, C], which is advanced in place to the last W − 1 inputs.

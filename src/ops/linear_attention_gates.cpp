@@ -1,10 +1,12 @@
 // L2 norm, decay gate and gated RMSNorm of the linear-attention layers. See linear_attention_gates.h.
 #include "ops/linear_attention_gates.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/activation.h"
 
 namespace trillion {
 namespace {
@@ -19,10 +21,11 @@ T softplus(T x) {
   return x > T(20) ? x : std::log1p(std::exp(x));
 }
 
-// act(z) and d act / dz.
+constexpr int64_t kColumnBlock = 16;  // columns per thread task of the gated norm's dw sum
+
+// act(z) and d act / dz, from z and s = σ(z).
 template <class T>
-void activation(T z, GateActivation act, T& value, T& slope) {
-  const T s = sigmoid(z);
+void activation(T z, T s, GateActivation act, T& value, T& slope) {
   if (act == GateActivation::sigmoid) {
     value = s;
     slope = s * (T(1) - s);
@@ -97,15 +100,18 @@ template <class T>
 void gated_rmsnorm_forward(T* y, T* rstd, const T* x, const T* z, const T* w, int64_t rows, int64_t d, double eps,
                            GateActivation act) {
   parallel_for(rows, [&](int64_t r) {
-    const T* in = x + r * d;  // [d]
+    const T* in = x + r * d;    // [d]
+    const T* gate = z + r * d;  // [d]
+    T* out = y + r * d;         // [d] σ(z), then the output
     double sum = 0.0;
     for (int64_t i = 0; i < d; ++i) sum += double(in[i]) * double(in[i]);
     const T inv = static_cast<T>(1.0 / std::sqrt(sum / double(d) + eps));
     rstd[r] = inv;
+    sigmoid_span(out, gate, d);
     for (int64_t i = 0; i < d; ++i) {
       T value, slope;
-      activation(z[r * d + i], act, value, slope);
-      y[r * d + i] = w[i] * in[i] * inv * value;
+      activation(gate[i], out[i], act, value, slope);
+      out[i] = w[i] * in[i] * inv * value;
     }
   });
 }
@@ -117,31 +123,41 @@ void gated_rmsnorm_backward(T* dx, T* dz, T* dw, const T* dy, const T* x, const 
   // dx = rstd · (w dh − n · mean(n · w dh)); dw += Σ_rows dh · n.
   parallel_for(rows, [&](int64_t r) {
     const T inv = rstd[r];
+    const T* gate = z + r * d;  // [d]
+    T* value_of = dx + r * d;   // [d] σ(z), then act(z), then dx
+    sigmoid_span(value_of, gate, d);
     double dot = 0.0;
     for (int64_t i = 0; i < d; ++i) {
       T value, slope;
-      activation(z[r * d + i], act, value, slope);
+      activation(gate[i], value_of[i], act, value, slope);
       const T n = x[r * d + i] * inv;
       const T dh = dy[r * d + i] * value;
       dz[r * d + i] = dy[r * d + i] * w[i] * n * slope;
       dot += double(n) * double(w[i] * dh);
+      value_of[i] = value;
     }
     const T mean = static_cast<T>(dot / double(d));
     for (int64_t i = 0; i < d; ++i) {
-      T value, slope;
-      activation(z[r * d + i], act, value, slope);
       const T n = x[r * d + i] * inv;
-      dx[r * d + i] = inv * (w[i] * dy[r * d + i] * value - n * mean);
+      dx[r * d + i] = inv * (w[i] * dy[r * d + i] * value_of[i] - n * mean);
     }
   });
-  parallel_for(d, [&](int64_t i) {
-    T sum = T(0);
+  // Each column summed by one thread in row order; threads take blocks of columns and walk the rows
+  // (contiguous in the column), recomputing act(z) on the block.
+  parallel_for((d + kColumnBlock - 1) / kColumnBlock, [&](int64_t block) {
+    const int64_t i0 = block * kColumnBlock, width = std::min(kColumnBlock, d - i0);
+    T sum[kColumnBlock] = {};  // [width]
+    T sig[kColumnBlock];       // [width] σ(z) of the row's block
     for (int64_t r = 0; r < rows; ++r) {
-      T value, slope;
-      activation(z[r * d + i], act, value, slope);
-      sum += dy[r * d + i] * value * x[r * d + i] * rstd[r];
+      const int64_t o = r * d + i0;
+      sigmoid_span(sig, z + o, width);
+      for (int64_t i = 0; i < width; ++i) {
+        T value, slope;
+        activation(z[o + i], sig[i], act, value, slope);
+        sum[i] += dy[o + i] * value * x[o + i] * rstd[r];
+      }
     }
-    dw[i] += sum;
+    for (int64_t i = 0; i < width; ++i) dw[i0 + i] += sum[i];
   });
 }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "ops/finite_diff.h"
@@ -33,14 +34,15 @@ std::vector<double> plain_conv(const std::vector<double>& x, const std::vector<d
 }
 
 TEST(Conv1dSilu, ForwardMatchesTheFormulaAndBackwardMatchesFiniteDifferences) {
-  for (const int64_t W : {1, 4}) {
-    const int64_t B = 2, T = 11, C = 5;
+  // C = 70: several channel blocks of the dw sum and σ chunks, the last of each partial.
+  for (const auto& [W, C] : {std::pair<int64_t, int64_t>{1, 5}, {4, 5}, {4, 70}}) {
+    const int64_t B = 2, T = 11;
     const Conv1dSizes sizes{B, T, C, W, 0};
     std::vector<double> x = random_values(B * T * C, 1), w = random_values(C * W, 2);
     const std::vector<double> r = random_values(B * T * C, 3);  // loss = Σ y ⊙ r
     std::vector<double> y(B * T * C);
     conv1d_silu_forward(y.data(), x.data(), w.data(), nullptr, sizes);
-    EXPECT_LE(test::relative_error(y, plain_conv(x, w, B, T, C, W)), 1e-15) << "W " << W;
+    EXPECT_LE(test::relative_error(y, plain_conv(x, w, B, T, C, W)), 1e-15) << "W " << W << " C " << C;
     std::vector<double> dx(x.size()), dw(w.size(), 0.0);
     conv1d_silu_backward(dx.data(), dw.data(), r.data(), x.data(), w.data(), nullptr, sizes);
     const auto loss = [&] { return test::weighted_sum(plain_conv(x, w, B, T, C, W), r); };

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "ops/finite_diff.h"
@@ -63,8 +64,10 @@ TEST(DecayGate, MatchesTheFormulaAndFiniteDifferences) {
 }
 
 TEST(GatedRmsNorm, BothGatesMatchTheFormulaAndFiniteDifferences) {
-  for (const GateActivation act : {GateActivation::silu, GateActivation::sigmoid}) {
-    const int64_t rows = 5, d = 6;
+  // d = 37: several column blocks of the dw sum, the last partial.
+  for (const auto& [act, d] : {std::pair{GateActivation::silu, int64_t{6}}, {GateActivation::sigmoid, int64_t{6}},
+                               {GateActivation::silu, int64_t{37}}}) {
+    const int64_t rows = 5;
     std::vector<double> x = random_values(rows * d, 7), z = random_values(rows * d, 8, 3.0);
     std::vector<double> w = random_values(d, 9);
     const std::vector<double> r = random_values(rows * d, 10);
