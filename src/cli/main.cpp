@@ -1,6 +1,7 @@
 // `trillion`: the command-line entry point. Subcommands live in src/cli/*.cpp (commands.h);
 // bad input surfaces here as one "error: ..." line and exit status 1, and so does a CPU that lacks
-// an instruction set the build uses.
+// an instruction set the build uses. Under mpirun every rank runs this; an error on one rank is
+// printed with its rank and ends all of them (ProcessGroup::abort_all), never a hang.
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -9,6 +10,19 @@
 #include "cli/commands.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "parallel/process_group.h"
+
+namespace {
+
+// One "error: ..." line and exit status 1; under MPI every rank ends.
+int report_error(const char* message) {
+  const trillion::ProcessGroup& world = trillion::ProcessGroup::world();
+  if (world.uses_mpi()) world.abort_all(message, 1);
+  std::fprintf(stderr, "error: %s\n", message);
+  return 1;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   const std::vector<std::string> missing = trillion::missing_cpu_features();
@@ -21,6 +35,7 @@ int main(int argc, char** argv) {
                  names.c_str());
     return 1;
   }
+  trillion::ProcessGroup::world();  // joins MPI's world when launched by mpirun
   CLI::App app{"trillion: train and fine-tune sparse MoE language models with hybrid attention"};
   app.require_subcommand(1);
   trillion::register_tokenize(app);
@@ -33,15 +48,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  } catch (const trillion::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    const int code = app.exit(e);  // --help, or a bad flag (the same on every rank)
+    trillion::finalize_processes();
+    return code;
   } catch (const std::exception& e) {
-    // Anything else that escapes a command (a std::filesystem_error names the operation and the
-    // paths, std::bad_alloc says memory ran out) is still one "error: ..." line and exit status 1.
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    // A trillion::Error, or anything else that escapes a command (a std::filesystem_error names
+    // the operation and the paths, std::bad_alloc says memory ran out).
+    return report_error(e.what());
   }
+  trillion::finalize_processes();
   return 0;
 }

@@ -144,6 +144,12 @@ template <class T>
 DecisionLog& Model<T>::decisions() { return impl_->decisions; }
 template <class T>
 void Model<T>::set_unit_hooks(UnitHooks hooks) { impl_->hooks = std::move(hooks); }
+template <class T>
+void Model<T>::set_statistics_reduction(StatisticsReduction reduction) {
+  TRILLION_CHECK(reduction.ranks >= 1 && (reduction.ranks == 1 || reduction.sum), "statistics reduction over ",
+                 reduction.ranks, " ranks needs a sum");
+  impl_->reduction = std::move(reduction);
+}
 
 template <class T>
 std::vector<std::pair<int, T*>> Model<T>::correction_biases() {
@@ -160,6 +166,33 @@ const MoeDims* Model<T>::Impl::first_moe() const {
   for (const DecoderLayerDims& dims : layer_dims)
     if (const auto* moe = std::get_if<MoeDims>(&dims.ffn)) return moe;
   return nullptr;
+}
+
+template <class T>
+void Model<T>::Impl::reduce_statistics(StepResult& result) const {
+  std::vector<double> packed;  // every layer's counts, score sums, dropped slots and means, in order
+  for (const MoeLayerStats& s : result.moe) {
+    for (const int64_t count : s.tokens_per_expert) packed.push_back(double(count));
+    packed.insert(packed.end(), s.prob_sums.begin(), s.prob_sums.end());
+    packed.insert(packed.end(), {double(s.dropped), s.sequence_aux, s.z_loss});
+  }
+  for (const IndexerLayerStats& s : result.indexer) packed.insert(packed.end(), {s.loss, s.selected_mass});
+  if (packed.empty()) return;
+  reduction.sum(packed.data(), static_cast<int64_t>(packed.size()));
+  const double ranks = double(reduction.ranks);
+  const double* next = packed.data();
+  const auto take_count = [&] { return static_cast<int64_t>(std::llround(*next++)); };  // sums of integers, exact
+  for (MoeLayerStats& s : result.moe) {
+    for (int64_t& count : s.tokens_per_expert) count = take_count();
+    for (double& sum : s.prob_sums) sum = *next++;
+    s.dropped = take_count();
+    s.sequence_aux = *next++ / ranks;
+    s.z_loss = *next++ / ranks;
+  }
+  for (IndexerLayerStats& s : result.indexer) {
+    s.loss = *next++ / ranks;
+    s.selected_mass = *next++ / ranks;
+  }
 }
 
 // Pooled (transformers' Qwen): f_e = Σ_l count_le / (L·N), P_e = Σ_l Σ_t p_lte / (L·N), E Σ f_e P_e.
@@ -205,12 +238,12 @@ void Model<T>::Impl::add_router_losses(StepResult& result, int64_t tokens) const
 
 template <class T>
 MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer, int64_t tokens,
-                                            double aux_scale) const {
+                                            double aux_scale, int ranks) const {
   const MoeDims& moe = std::get<MoeDims>(layer_dims[layer].ffn);
   const int64_t E = moe.experts(), k = moe.top_k();
   const double L = double(result.moe.size()), N = double(tokens), coef = moe.aux_coef * aux_scale;
   MoeBalanceGrad grad;
-  grad.z_scale = moe.z_coef * aux_scale;
+  grad.z_scale = moe.z_coef * aux_scale / ranks;  // a mean over this rank's share
   if (coef == 0.0) return grad;
   const MoeLayerStats* own = nullptr;
   for (const MoeLayerStats& s : result.moe) own = s.layer == layer ? &s : own;
@@ -230,7 +263,7 @@ MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer,
         grad.per_expert[e] = coef * double(E) * (double(own->tokens_per_expert[e]) / (N * double(k))) / N;
       break;
     case AuxLossType::sequence:
-      grad.sequence_scale = coef;
+      grad.sequence_scale = coef / ranks;  // a mean over this rank's sequences
       break;
   }
   return grad;
@@ -257,7 +290,8 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   pass.decisions = &m.decisions;
   pass.result = &result;
   const int sparse = m.sparse_layers();
-  m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse : 0.0;
+  const int ranks = save_activations ? m.reduction.ranks : 1;  // shares the statistics are over
+  m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse / ranks : 0.0;
   pass.indexer = &m.indexer;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
@@ -296,7 +330,8 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   }
   if (pass.store != nullptr) pass.store->end_forward(head, TagSublayer::head, /*backward_next=*/true);
   call(m.hooks.after_forward, 0);
-  m.add_router_losses(result, n);
+  if (ranks > 1) m.reduce_statistics(result);
+  m.add_router_losses(result, n * ranks);
   m.add_indexer_loss(result);
   return result;
 }
@@ -384,7 +419,9 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
     m.store.begin_backward(layer, TagSublayer::ffn);
     m.recompute(layer, batch, seq);
     MoeBalanceGrad balance;
-    if (m.layer_dims[layer].is_moe()) balance = m.balance_grad(result, layer, n, scales.aux);
+    if (m.layer_dims[layer].is_moe()) {
+      balance = m.balance_grad(result, layer, n * m.reduction.ranks, scales.aux, m.reduction.ranks);
+    }
     pass.balance = &balance;
     ffn_sublayer_backward(dx, m.layer_params[layer], m.layer_grads[layer], m.layer_dims[layer], pass, m.store, layer,
                           m.scratch);

@@ -65,6 +65,9 @@ class Model {
   DecisionLog& decisions();
   // Called around each FSDP unit (1 + layer) in forward and backward; identity by default.
   void set_unit_hooks(UnitHooks hooks);
+  // Data parallelism: forward_backward's statistics over all ranks (step.h); forward_loss keeps
+  // its own batch's (evaluation runs the same batches on every rank).
+  void set_statistics_reduction(StatisticsReduction reduction);
   // How sparse attention layers train (IndexerTraining: mode, indexer-loss coefficient). Default:
   // sparse attention, no indexer loss (transformers' forward). The loss appears in StepResult.aux
   // as "indexer_loss" (mean over sparse layers), its per-layer values in StepResult.indexer.

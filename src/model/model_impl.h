@@ -22,6 +22,7 @@ struct Model<T>::Impl {
   ActivationStore store;  // saved activations of the current step
   DecisionLog decisions;
   UnitHooks hooks;
+  StatisticsReduction reduction;  // training forwards: statistics over the data-parallel ranks
   IndexerTraining indexer;  // sparse layers' mode and loss; grad_scale set per forward
   LossGradients loss_gradients = LossGradients::in_forward;
   Arena scratch;          // temporaries of one sublayer at a time
@@ -46,10 +47,14 @@ struct Model<T>::Impl {
   void recompute(int layer, int64_t batch, int64_t seq);
   // The indexer loss term of a forward from its per-layer values (appended to result.aux).
   void add_indexer_loss(StepResult& result) const;
-  // The router loss terms of a forward from its per-layer statistics (appended to result.aux).
+  // Sums and averages a training forward's statistics over the ranks (StatisticsReduction).
+  void reduce_statistics(StepResult& result) const;
+  // The router loss terms of a forward from its per-layer statistics (appended to result.aux);
+  // tokens: of the whole batch the statistics cover.
   void add_router_losses(StepResult& result, int64_t tokens) const;
-  // The balance-loss gradient handed to MoE layer `layer`'s backward.
-  MoeBalanceGrad balance_grad(const StepResult& result, int layer, int64_t tokens, double aux_scale) const;
+  // The balance-loss gradient handed to MoE layer `layer`'s backward; tokens as above, ranks the
+  // number of equal shares the per-token means average over.
+  MoeBalanceGrad balance_grad(const StepResult& result, int layer, int64_t tokens, double aux_scale, int ranks) const;
   const MoeDims* first_moe() const;  // null without MoE layers
   int sparse_layers() const;         // layers of type sparse_attention
   T* embedding(T* base) const { return base + table.find("model.embed_tokens.weight").offset; }

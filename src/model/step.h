@@ -6,6 +6,8 @@
 //                so finite differences never flip a decision and recompute never re-routes;
 //   UnitHooks    called before and after each FSDP unit's forward and backward (identity on one
 //                rank; FSDP's gather/free plug in here);
+//   StatisticsReduction  how a training forward's routing statistics and loss values become those
+//                of the whole data-parallel batch (identity on one rank);
 //   LayerPass    what the layer loops hand every layer kind in forward and backward.
 #pragma once
 
@@ -108,6 +110,17 @@ class DecisionLog {
 
 struct UnitHooks {
   std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
+};
+
+// Every rank runs each training forward on its equal share of the batch. The MoE layers' expert
+// counts and score sums (and dropped slots) are summed over the ranks, so the router losses, their
+// gradients and the bias update see the whole batch's load; the per-token and per-sequence means
+// (sequence-wise balance loss, z-loss, the indexers' loss and selected mass) are averaged, which is
+// the batch's mean since the shares are equal, and their gradients scaled by 1 / ranks. `sum` adds
+// `count` doubles in place over the ranks. One rank (the default): nothing to do.
+struct StatisticsReduction {
+  int ranks = 1;
+  std::function<void(double* values, int64_t count)> sum;
 };
 
 class ActivationStore;

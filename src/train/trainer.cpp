@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <type_traits>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "model/config.h"
 #include "model/lightning_indexer.h"
 #include "model/model.h"
+#include "parallel/process_group.h"
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
 #include "train/memory_plan.h"
@@ -41,6 +43,11 @@ void validate_settings(const TrainSettings& s) {
   if (s.steps < 1) fail("--steps must be ≥ 1, got ", s.steps);
   if (s.dtype != "float32" && s.dtype != "float64") fail("--dtype must be float32 or float64, got ", s.dtype);
   if (s.batch < 1) fail("--batch must be ≥ 1, got ", s.batch);
+  const int ranks = ProcessGroup::world().size();
+  if (s.batch % ranks != 0) {
+    fail("--batch ", s.batch, " must be divisible by the ", ranks, " ranks (each trains batch / ranks rows of every ",
+         "micro-batch)");
+  }
   if (s.seq_len < 1) fail("--seq-len must be ≥ 1, got ", s.seq_len);
   if (s.grad_accum < 1) fail("--grad-accum must be ≥ 1, got ", s.grad_accum);
   if (!(s.lr > 0)) fail("--lr must be > 0, got ", s.lr);
@@ -120,7 +127,7 @@ nlohmann::json memory_record(const StoreCounters& before, const StoreCounters& a
 // train_tokens: the training split's size (0 before the data is known: a dry run).
 StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens) {
   StepMemoryShape shape;
-  shape.batch = s.batch;
+  shape.batch = s.batch / ProcessGroup::world().size();  // this rank's rows
   shape.seq = s.seq_len;
   shape.element_bytes = s.dtype == "float64" ? 8 : 4;
   shape.indexer.mode = indexer_mode_from_name(s.indexer_mode);
@@ -177,6 +184,11 @@ template <class T>
 void train_loop(const TrainOptions& o, RunSetup& run) {
   const TrainSettings& s = run.state.settings;
   const std::string& out_dir = o.out_dir;
+  // Data parallelism: every rank draws the whole global batch (the same windows: the sampler's
+  // position is global), trains its rows of each micro-batch, and the gradients are summed over
+  // the ranks before the optimizer step; rank 0 writes metrics, progress and checkpoints.
+  const ProcessGroup& world = ProcessGroup::world();
+  const int64_t ranks = world.size(), local_batch = s.batch / ranks;
   // Before anything large is allocated.
   const MemoryPlan plan = memory_plan_of(o, run.config, s, static_cast<int64_t>(run.data.train.tokens.size()));
   Model<T> model(run.config);
@@ -186,6 +198,10 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     model.load_weights(run.weights_dir);
   }
   model.zero_grads();
+  if (ranks > 1) {
+    model.set_statistics_reduction(
+        {world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }});
+  }
   Optimizer<T> optimizer(model.table());
   if (run.resumed) optimizer.load((fs::path(run.weights_dir) / "optimizer.safetensors").string());
   const IndexerMode indexer_mode = indexer_mode_from_name(s.indexer_mode);
@@ -212,7 +228,8 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   sampler.set_position(run.state.sampler_position);
   const LrSchedule schedule{s.lr, s.min_lr_ratio, s.warmup, s.steps};
   AdamWHyper hyper{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay};
-  MetricsLog metrics(out_dir, run.state.step);
+  std::optional<MetricsLog> metrics;
+  if (world.is_root()) metrics.emplace(out_dir, run.state.step);
 
   const int64_t start_step = run.state.step;
   const int64_t end_step = o.stop_after > 0 ? std::min(o.stop_after, s.steps) : s.steps;
@@ -237,6 +254,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   std::vector<int32_t> inputs(rows * s.seq_len), targets(rows * s.seq_len);  // [grad_accum·batch, seq_len] each
 
   auto save = [&](int64_t step) {
+    if (!world.is_root()) return;  // the weights are the same on every rank
     const std::string dir = write_checkpoint(out_dir, step, [&](const std::string& temp_dir) {
       model.save_weights(temp_dir);
       write_file_atomic((fs::path(temp_dir) / "config.json").string(), run.config.to_json().dump(2) + "\n");
@@ -249,6 +267,37 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
 
   const Clock::time_point run_start = Clock::now();
   const double elapsed_before = run.state.elapsed_s;
+
+  // Rank 0's part of a step's end: MFU, the validation loss, the metrics line, the progress line.
+  auto report = [&](int64_t step, double loss, double grad_norm, double tokens_per_s, nlohmann::json& record) {
+    ProgressLine progress{step, s.steps, loss, hyper.lr, grad_norm, tokens_per_s};
+    if (flops_per_token > 0 && gemm_rate > 0) {
+      // The machine's ceiling: each rank's process measures its own (at its thread count).
+      const auto mfu_at = [&](double rate) { return flops_per_token * tokens_per_s / (rate * double(ranks)); };
+      progress.mfu = mfu_at(gemm_rate);
+      if (progress.mfu > 1.0 && !ceiling_remeasured) {  // start-up ran on a busy machine: measure once more
+        gemm_rate = std::max(gemm_rate, measure_sgemm_rate(o.mfu_gemm_size));
+        ceiling_remeasured = true;
+        progress.mfu = mfu_at(gemm_rate);
+      }
+      progress.mfu_ceiling_stale = progress.mfu > 1.0;
+      if (progress.mfu_ceiling_stale) record["mfu_ceiling_stale"] = true;
+      record["mfu"] = progress.mfu;
+    }
+    if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {
+      const EvalResult eval = evaluate_loss(model, run.data.val.tokens, s.seq_len, s.batch, o.eval_batches);
+      progress.val_loss = eval.loss();
+      record["val_loss"] = eval.loss();
+      record["val_tokens"] = eval.target_count;
+    }
+    metrics->append(record);
+    const double mean_step_s = seconds_since(run_start) / static_cast<double>(step - start_step);
+    progress.eta_s = mean_step_s * static_cast<double>(end_step - step);
+    if (step % std::max<int64_t>(o.log_every, 1) == 0 || step == end_step) {
+      std::fprintf(stderr, "%s\n", format_progress(progress).c_str());
+    }
+  };
+
   for (int64_t step = start_step + 1; step <= end_step; ++step) {
     const Clock::time_point step_start = Clock::now();
     MemoryStats::reset_peak(Tier::fast);
@@ -265,10 +314,15 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     hyper.lr = schedule.at(step);
     if (!skipped) {
       for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
-        const int64_t at = micro * s.batch * s.seq_len;
-        const StepResult result = model.forward_backward(inputs.data() + at, targets.data() + at, s.batch, s.seq_len, scales);
+        const int64_t at = (micro * s.batch + world.rank() * local_batch) * s.seq_len;  // this rank's rows
+        const StepResult result =
+            model.forward_backward(inputs.data() + at, targets.data() + at, local_batch, s.seq_len, scales);
         loss_sum += result.lm.loss_sum;
         stats.add(result);
+      }
+      if (ranks > 1) {
+        world.all_reduce_sum(model.grads(), model.table().trainable_size());
+        loss_sum = world.all_reduce_sum(loss_sum);
       }
       grad_norm = optimizer.clip_and_step(model.params(), model.grads(), step, hyper, s.clip);
       model.zero_grads();
@@ -302,30 +356,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     if (budget > 0) record["memory"]["budget_bytes"] = budget;
     if (skipped) record["skipped"] = "no counted targets in the step's micro-batches; weights unchanged";
     stats.write_metrics(record);
-    ProgressLine progress{step, s.steps, loss, hyper.lr, grad_norm, tokens_per_s};
-    if (flops_per_token > 0 && gemm_rate > 0) {
-      progress.mfu = flops_per_token * tokens_per_s / gemm_rate;
-      if (progress.mfu > 1.0 && !ceiling_remeasured) {  // start-up ran on a busy machine: measure once more
-        gemm_rate = std::max(gemm_rate, measure_sgemm_rate(o.mfu_gemm_size));
-        ceiling_remeasured = true;
-        progress.mfu = flops_per_token * tokens_per_s / gemm_rate;
-      }
-      progress.mfu_ceiling_stale = progress.mfu > 1.0;
-      if (progress.mfu_ceiling_stale) record["mfu_ceiling_stale"] = true;
-      record["mfu"] = progress.mfu;
-    }
-    if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {
-      const EvalResult eval = evaluate_loss(model, run.data.val.tokens, s.seq_len, s.batch, o.eval_batches);
-      progress.val_loss = eval.loss();
-      record["val_loss"] = eval.loss();
-      record["val_tokens"] = eval.target_count;
-    }
-    metrics.append(record);
-    const double mean_step_s = seconds_since(run_start) / static_cast<double>(step - start_step);
-    progress.eta_s = mean_step_s * static_cast<double>(end_step - step);
-    if (step % std::max<int64_t>(o.log_every, 1) == 0 || step == end_step) {
-      std::fprintf(stderr, "%s\n", format_progress(progress).c_str());
-    }
+    if (world.is_root()) report(step, loss, grad_norm, tokens_per_s, record);
     if (step == end_step || (o.save_every > 0 && step % o.save_every == 0)) save(step);
   }
 }
@@ -405,7 +436,7 @@ RunSetup prepare_run(TrainOptions& o) {
   run.state.tokenizer_hash = run.data.train.tokenizer_hash;
   run.state.train_checksum = run.data.train.checksum;
   run.state.data_dir = fs::absolute(o.data_dir).lexically_normal().string();
-  fs::create_directories(o.out_dir);
+  if (ProcessGroup::world().is_root()) fs::create_directories(o.out_dir);
   return run;
 }
 

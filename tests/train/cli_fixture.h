@@ -30,16 +30,12 @@ struct CommandResult {
   std::string output;  // stdout and stderr together
 };
 
-// Runs `env TRILLION_BINARY args` through the shell; stderr is captured too unless stdout_only.
-// One OpenMP thread unless `env` says otherwise: the tiny models gain nothing from more, and on a
-// loaded machine idle-spinning threads slow such runs down many times.
 // Two OpenMP threads that sleep rather than spin while waiting (same results, far less CPU burnt on
 // a busy machine).
 inline const std::string kTwoThreads = "OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive";
 
-inline CommandResult run_cli(const std::string& args, const std::string& env = "OMP_NUM_THREADS=1",
-                             bool stdout_only = false) {
-  const std::string command = env + " " + TRILLION_BINARY + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1");
+// Runs a shell command line and collects its stdout (and what the line redirects into it).
+inline CommandResult run_shell(const std::string& command) {
   CommandResult result;
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -49,6 +45,14 @@ inline CommandResult run_cli(const std::string& args, const std::string& env = "
   const int status = pclose(pipe);
   result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return result;
+}
+
+// Runs `env TRILLION_BINARY args` through the shell; stderr is captured too unless stdout_only.
+// One OpenMP thread unless `env` says otherwise: the tiny models gain nothing from more, and on a
+// loaded machine idle-spinning threads slow such runs down many times.
+inline CommandResult run_cli(const std::string& args, const std::string& env = "OMP_NUM_THREADS=1",
+                             bool stdout_only = false) {
+  return run_shell(env + " " + TRILLION_BINARY + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1"));
 }
 
 inline std::string read_text(const fs::path& path) {

@@ -1,0 +1,49 @@
+// ProcessGroup: the ranks a collective runs over (DESIGN.md, "Distributed = MPI").
+//
+// A process started by mpirun (OpenMPI, or any launcher that sets PMI/PMIx variables) joins MPI's
+// world on first use of ProcessGroup::world(); a process started without one is a group of one
+// rank whose collectives return at once without MPI, so a single rank runs the same code path and
+// the tests and tools that never touch MPI need no launcher. Collectives are blocking sums (more
+// come with FSDP and expert parallelism); counts above what one MPI call takes are sent in pieces,
+// in a fixed order, so results depend only on the inputs and the number of ranks.
+//
+// Errors: a rank that fails calls abort_all, which prints the rank and the cause and ends every
+// rank (MPI_Abort) instead of leaving the others waiting in a collective.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace trillion {
+
+class ProcessGroup {
+ public:
+  // MPI's world when launched by mpirun, else a group of one (initialized once, on first use).
+  static ProcessGroup& world();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  bool is_root() const { return rank_ == 0; }
+  // "rank 1 of 4" (for messages).
+  std::string describe() const;
+
+  // In place: values[i] = Σ over the ranks of their values[i].
+  void all_reduce_sum(double* values, int64_t count) const;
+  void all_reduce_sum(float* values, int64_t count) const;
+  int64_t all_reduce_sum(int64_t value) const;
+  double all_reduce_sum(double value) const;
+
+  // Under MPI: prints "error: rank R of N: message" and ends every rank with `code` (MPI_Abort).
+  [[noreturn]] void abort_all(const std::string& message, int code) const;
+  bool uses_mpi() const { return uses_mpi_; }
+
+ private:
+  ProcessGroup() = default;
+  bool uses_mpi_ = false;
+  int rank_ = 0, size_ = 1;
+};
+
+// MPI_Finalize when the world joined MPI (call once, at a normal exit of main).
+void finalize_processes();
+
+}  // namespace trillion
