@@ -39,6 +39,23 @@ void sum_in_pieces(T* values, int64_t count, MPI_Datatype type) {
   }
 }
 
+template <class T>
+MPI_Datatype mpi_type();
+template <>
+MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <>
+MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+
+// MPI's int counts of a split (one collective moves at most INT_MAX elements per rank).
+std::vector<int> int_counts(const std::vector<int64_t>& counts) {
+  std::vector<int> out;
+  for (const int64_t c : counts) {
+    TRILLION_CHECK(c >= 0 && c <= INT_MAX, "a collective piece of ", c, " elements exceeds MPI's int count");
+    out.push_back(static_cast<int>(c));
+  }
+  return out;
+}
+
 }  // namespace
 
 ProcessGroup& ProcessGroup::world() {
@@ -79,6 +96,39 @@ double ProcessGroup::all_reduce_sum(double value) const {
   all_reduce_sum(&value, 1);
   return value;
 }
+
+template <class T>
+void ProcessGroup::reduce_scatter_sum(const T* send, T* recv, const std::vector<int64_t>& counts) const {
+  TRILLION_CHECK(static_cast<int>(counts.size()) == size_, counts.size(), " counts for ", size_, " ranks");
+  if (size_ == 1) {
+    std::copy(send, send + counts[0], recv);
+    return;
+  }
+  const std::vector<int> ints = int_counts(counts);
+  check_mpi(MPI_Reduce_scatter(send, recv, ints.data(), mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD), "MPI_Reduce_scatter");
+}
+
+template <class T>
+void ProcessGroup::all_gather(const T* send, T* recv, const std::vector<int64_t>& counts,
+                              const std::vector<int64_t>& displs) const {
+  TRILLION_CHECK(static_cast<int>(counts.size()) == size_ && displs.size() == counts.size(), counts.size(),
+                 " counts for ", size_, " ranks");
+  if (size_ == 1) {
+    std::copy(send, send + counts[0], recv + displs[0]);
+    return;
+  }
+  const std::vector<int> ints = int_counts(counts), offsets = int_counts(displs);
+  check_mpi(MPI_Allgatherv(send, ints[rank_], mpi_type<T>(), recv, ints.data(), offsets.data(), mpi_type<T>(),
+                           MPI_COMM_WORLD),
+            "MPI_Allgatherv");
+}
+
+template void ProcessGroup::reduce_scatter_sum<float>(const float*, float*, const std::vector<int64_t>&) const;
+template void ProcessGroup::reduce_scatter_sum<double>(const double*, double*, const std::vector<int64_t>&) const;
+template void ProcessGroup::all_gather<float>(const float*, float*, const std::vector<int64_t>&,
+                                              const std::vector<int64_t>&) const;
+template void ProcessGroup::all_gather<double>(const double*, double*, const std::vector<int64_t>&,
+                                               const std::vector<int64_t>&) const;
 
 void ProcessGroup::abort_all(const std::string& message, int code) const {
   TRILLION_CHECK(uses_mpi_, "abort_all outside MPI");

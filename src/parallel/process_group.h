@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace trillion {
 
@@ -32,6 +33,14 @@ class ProcessGroup {
   void all_reduce_sum(float* values, int64_t count) const;
   int64_t all_reduce_sum(int64_t value) const;
   double all_reduce_sum(double value) const;
+
+  // Rank r's counts[r] elements of the sum over the ranks of send[Σ counts] (the pieces in rank
+  // order) land in recv[counts[rank]]; recv may not overlap send.
+  template <class T>
+  void reduce_scatter_sum(const T* send, T* recv, const std::vector<int64_t>& counts) const;
+  // recv[Σ counts] ← every rank's send[counts[its rank]] at displs[its rank].
+  template <class T>
+  void all_gather(const T* send, T* recv, const std::vector<int64_t>& counts, const std::vector<int64_t>& displs) const;
 
   // Under MPI: prints "error: rank R of N: message" and ends every rank with `code` (MPI_Abort).
   [[noreturn]] void abort_all(const std::string& message, int code) const;

@@ -184,9 +184,12 @@ template <class T>
 void train_loop(const TrainOptions& o, RunSetup& run) {
   const TrainSettings& s = run.state.settings;
   const std::string& out_dir = o.out_dir;
-  // Data parallelism: every rank draws the whole global batch (the same windows: the sampler's
-  // position is global), trains its rows of each micro-batch, and the gradients are summed over
-  // the ranks before the optimizer step; rank 0 writes metrics, progress and checkpoints.
+  // Data parallelism with sharded optimizer state (FSDP's reduce-scatter and all-gather): every
+  // rank draws the whole global batch (the same windows: the sampler's position is global) and
+  // trains its rows of each micro-batch; the gradients are reduce-scattered into each rank's shard
+  // (parallel/shard_layout.h), each rank's AdamW updates its shard of the parameters, and the shards
+  // are all-gathered back into every rank's parameters. Rank 0 writes metrics, progress and
+  // checkpoints. One rank: its shard is the whole of the flat buffers (no copies, no collectives).
   const ProcessGroup& world = ProcessGroup::world();
   const int64_t ranks = world.size(), local_batch = s.batch / ranks;
   // Before anything large is allocated.
@@ -202,8 +205,14 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     model.set_statistics_reduction(
         {world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }});
   }
-  Optimizer<T> optimizer(model.table());
+  Optimizer<T> optimizer(model.table(), world);
+  const ShardLayout& layout = optimizer.layout();
+  Buffer<T> shard_params(ranks > 1 ? layout.shard_size() : 0);  // [shard_size] this rank's master copy
+  Buffer<T> shard_grads(ranks > 1 ? layout.shard_size() : 0);   // [shard_size]
+  T* step_params = ranks > 1 ? shard_params.data() : model.params();
+  T* step_grads = ranks > 1 ? shard_grads.data() : model.grads();
   if (run.resumed) optimizer.load((fs::path(run.weights_dir) / "optimizer.safetensors").string());
+  if (ranks > 1) layout.copy_to_shard(model.params(), step_params);
   const IndexerMode indexer_mode = indexer_mode_from_name(s.indexer_mode);
   model.set_indexer_training(indexer_mode, s.indexer_loss_coef);
   model.set_loss_gradients(s.loss_gradients == "recompute" ? LossGradients::recompute : LossGradients::in_forward);
@@ -254,7 +263,10 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   std::vector<int32_t> inputs(rows * s.seq_len), targets(rows * s.seq_len);  // [grad_accum·batch, seq_len] each
 
   auto save = [&](int64_t step) {
-    if (!world.is_root()) return;  // the weights are the same on every rank
+    if (!world.is_root()) {  // the weights are the same on every rank; the moments are gathered
+      optimizer.save(std::string());
+      return;
+    }
     const std::string dir = write_checkpoint(out_dir, step, [&](const std::string& temp_dir) {
       model.save_weights(temp_dir);
       write_file_atomic((fs::path(temp_dir) / "config.json").string(), run.config.to_json().dump(2) + "\n");
@@ -321,10 +333,11 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
         stats.add(result);
       }
       if (ranks > 1) {
-        world.all_reduce_sum(model.grads(), model.table().trainable_size());
+        layout.reduce_scatter(world, model.grads(), step_grads);
         loss_sum = world.all_reduce_sum(loss_sum);
       }
-      grad_norm = optimizer.clip_and_step(model.params(), model.grads(), step, hyper, s.clip);
+      grad_norm = optimizer.clip_and_step(step_params, step_grads, step, hyper, s.clip);
+      if (ranks > 1) layout.all_gather(world, step_params, model.params());
       model.zero_grads();
       for (const auto& hook : after_step) hook(stats);
     }

@@ -3,7 +3,8 @@
 // 1e-10 over 20 steps, for MoE configs of both router kinds and every balance loss (pooled,
 // per-layer, sequence-wise, z-loss, the aux-loss-free bias), a hybrid of Gated DeltaNet, full
 // attention and MoE, Kimi Delta Attention with MLA, and DeepSeek-V3.2's sparse attention with the
-// indexer loss; in float the first 3 steps agree to 1e-4 with identical routing. The learning rate
+// indexer loss; in float the first 3 steps agree to 1e-4 with identical routing; a checkpoint
+// resumes on another number of ranks as if uninterrupted. The learning rate
 // is one at which the tiny models train smoothly: at 1e-2 the hybrid's gradient norm jumps past 100
 // and amplifies rounding-level differences to 1e-8 by step 20. A batch the ranks cannot split is
 // refused, the error naming the rank.
@@ -139,6 +140,26 @@ INSTANTIATE_TEST_SUITE_P(
     [](const testing::TestParamInfo<Case>& info) {
       return info.param.name + "_" + std::to_string(info.index);
     });
+
+// The checkpoint is the flat layout (rank 0 gathers the sharded moments), so any rank count resumes
+// it: 4 ranks train to step 4, 2 ranks continue to 6, one rank to 8, as one uninterrupted rank does.
+TEST(DataParallelResume, ACheckpointResumesOnOtherRankCounts) {
+  const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
+  const RunResult uninterrupted = run(config, 1, "float64", 8, "");
+  const fs::path out = test_data().root / "dp_resharded";
+  fs::remove_all(out);
+  const std::string flags = "--config " + config.string() + " --data " + test_data().data_dir.string() + " --out " +
+                            out.string() + " --batch 4 --seq-len 16 --lr 1e-3 --warmup 2 --log-every 100 " +
+                            "--dtype float64 --steps 8" + kSmallMfuGemm;
+  for (const auto& [ranks, more] : {std::pair{4, std::string(" --stop-after 4")},
+                                    {2, " --resume " + out.string() + " --stop-after 6"},
+                                    {1, " --resume " + out.string()}}) {
+    const CommandResult r = train_on(ranks, flags + more);
+    ASSERT_EQ(r.status, 0) << ranks << " ranks: " << r.output;
+  }
+  expect_same_run(uninterrupted, {read_metrics(out), out}, 4, 1e-10);
+  expect_same_weights(uninterrupted, {read_metrics(out), out}, 8, 1e-9);
+}
 
 TEST(DataParallelErrors, ABatchTheRanksCannotSplitIsRefusedOnEveryRank) {
   const fs::path out = test_data().root / "dp_bad_batch";

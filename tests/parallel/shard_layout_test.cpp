@@ -1,0 +1,90 @@
+// ShardLayout without MPI: for any number of ranks every trainable element belongs to exactly one
+// rank, in order and in near-equal pieces per unit (sizes differ by at most one), buffers belong to
+// none, a rank's shard holds its pieces back to back, and one rank's shard is the flat layout.
+#include "parallel/shard_layout.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+namespace trillion {
+namespace {
+
+// Dense tensors in units 0–2, experts in units 1–2, a buffer in unit 1; padded to 8 elements.
+ParamTable make_table() {
+  ParamTable table;
+  const auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamGroup group, int unit) {
+    ParamSpec spec{name, std::move(shape)};
+    spec.group = group;
+    spec.unit = unit;
+    table.add(spec);
+  };
+  add("model.embed_tokens.weight", {11, 3}, ParamGroup::dense, 0);
+  add("model.layers.0.self_attn.q_proj.weight", {5, 3}, ParamGroup::dense, 1);
+  add("model.layers.0.mlp.experts.gate_up_proj", {4, 6, 3}, ParamGroup::expert, 1);
+  add("model.layers.0.mlp.gate.e_score_correction_bias", {4}, ParamGroup::buffer, 1);
+  add("model.layers.1.input_layernorm.weight", {3}, ParamGroup::dense, 2);
+  add("model.layers.1.mlp.experts.down_proj", {4, 3, 5}, ParamGroup::expert, 2);
+  table.finalize(8);
+  return table;
+}
+
+TEST(ShardLayout, EveryTrainableElementHasExactlyOneOwner) {
+  const ParamTable table = make_table();
+  for (const int ranks : {1, 2, 3, 4, 7, 64}) {
+    std::vector<int> owners(table.trainable_size(), 0);
+    int64_t total = 0;
+    for (int rank = 0; rank < ranks; ++rank) {
+      const ShardLayout layout(table, rank, ranks);
+      int64_t local = 0, last_global = -1;
+      for (const ShardLayout::Slice& s : layout.slices()) {
+        EXPECT_EQ(s.local, local) << "pieces back to back, rank " << rank << " of " << ranks;
+        EXPECT_GT(s.global, last_global) << "slices in flat order";
+        for (int64_t i = s.global; i < s.global + s.count; ++i) ++owners[i];
+        local += s.count;
+        last_global = s.global;
+      }
+      EXPECT_EQ(local, layout.shard_size());
+      total += layout.shard_size();
+      for (const ShardLayout::Unit& unit : layout.units()) {
+        const auto [low, high] = std::minmax_element(unit.counts.begin(), unit.counts.end());
+        EXPECT_LE(*high - *low, 1) << "near-equal pieces";
+        EXPECT_EQ(unit.displs[0], 0);
+        for (int r = 1; r < ranks; ++r) EXPECT_EQ(unit.displs[r], unit.displs[r - 1] + unit.counts[r - 1]);
+      }
+    }
+    EXPECT_EQ(total, table.trainable_size()) << ranks << " ranks";
+    EXPECT_TRUE(std::all_of(owners.begin(), owners.end(), [](int n) { return n == 1; })) << ranks << " ranks";
+  }
+  EXPECT_GT(table.total_size(), table.trainable_size()) << "the buffer lies past the trainable prefix, owned by none";
+}
+
+TEST(ShardLayout, OneRankIsTheFlatLayoutAndCopiesGatherTheRanksPieces) {
+  const ParamTable table = make_table();
+  std::vector<double> flat(table.trainable_size());
+  std::iota(flat.begin(), flat.end(), 0.0);
+  const ShardLayout whole(table, 0, 1);
+  ASSERT_EQ(whole.shard_size(), table.trainable_size());
+  std::vector<double> copy(whole.shard_size());
+  whole.copy_to_shard(flat.data(), copy.data());
+  EXPECT_EQ(copy, flat);
+
+  // Three ranks' shards, put back per unit at each piece's place, rebuild the flat buffer.
+  std::vector<double> rebuilt(flat.size(), -1.0);
+  for (int rank = 0; rank < 3; ++rank) {
+    const ShardLayout layout(table, rank, 3);
+    std::vector<double> shard(layout.shard_size());
+    layout.copy_to_shard(flat.data(), shard.data());
+    for (const ShardLayout::Unit& unit : layout.units()) {
+      for (int64_t i = 0; i < unit.counts[rank]; ++i) {
+        rebuilt[unit.begin + unit.displs[rank] + i] = shard[unit.shard_offset + i];
+      }
+    }
+  }
+  EXPECT_EQ(rebuilt, flat);
+}
+
+}  // namespace
+}  // namespace trillion
