@@ -28,7 +28,8 @@ void run_info(const std::string& config_path, bool json) {
                                         {"active_parameters", counts.active},
                                         {"dense_parameters", counts.dense},
                                         {"expert_parameters", counts.expert},
-                                        {"buffer_elements", counts.buffer}})
+                                        {"buffer_elements", counts.buffer},
+                                        {"trainable_storage", counts.trainable_storage}})
                                 .dump()
                                 .c_str());
     return;

@@ -11,10 +11,13 @@ ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks) : rank_(r
   TRILLION_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "shard layout of rank ", rank, " of ", ranks);
   int64_t covered = 0;  // the units tile the trainable prefix [0, trainable_size) in order
   for (const ParamGroup group : {ParamGroup::dense, ParamGroup::expert, ParamGroup::lora}) {
-    for (const ParamTable::UnitRange& range : table.units(group)) {
+    const std::vector<ParamTable::UnitRange>& ranges = table.units(group);
+    for (size_t u = 0; u < ranges.size(); ++u) {
+      const ParamTable::UnitRange& range = ranges[u];
       if (range.end == range.begin) continue;
       TRILLION_CHECK(range.begin == covered, "unit ranges of the parameter table leave a gap at ", covered);
       Unit unit;
+      unit.table_unit = static_cast<int>(u);
       unit.begin = range.begin;
       const int64_t count = range.end - range.begin;
       int64_t displ = 0;

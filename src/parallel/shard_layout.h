@@ -25,6 +25,7 @@ class ShardLayout {
 
   // One unit range of the flat buffers and how it is split.
   struct Unit {
+    int table_unit = 0;               // the parameter table's unit (0: embeddings and head; 1 + layer)
     int64_t begin = 0;                // in the flat buffers
     std::vector<int64_t> counts;      // [ranks] elements of each rank's piece
     std::vector<int64_t> displs;      // [ranks] offset of each piece inside the unit

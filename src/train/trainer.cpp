@@ -21,6 +21,7 @@
 #include "model/config.h"
 #include "model/lightning_indexer.h"
 #include "model/model.h"
+#include "parallel/fsdp.h"
 #include "parallel/process_group.h"
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
@@ -124,6 +125,30 @@ nlohmann::json memory_record(const StoreCounters& before, const StoreCounters& a
           {"peak_slow_bytes", MemoryStats::peak(Tier::slow)}};
 }
 
+// Metrics field "fsdp": this step's bytes moved by the gathers and reduce-scatters and the peak of
+// gathered parameters on this rank; the shard's resident state (parameters, gradients and both
+// moments); and every rank's peak fast-tier and resident bytes (a collective: all ranks call it).
+template <class T>
+nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const FsdpCounters& before,
+                           int64_t peak_bytes) {
+  const FsdpCounters& now = fsdp.counters();
+  std::vector<double> per_rank(2 * world.size(), 0.0);  // [ranks] peak fast-tier bytes, then [ranks] peak RSS
+  per_rank[world.rank()] = double(peak_bytes);
+  per_rank[world.size() + world.rank()] = double(peak_rss_bytes());
+  world.all_reduce_sum(per_rank.data(), static_cast<int64_t>(per_rank.size()));
+  const auto slice = [&](int from) {
+    return std::vector<int64_t>(per_rank.begin() + from, per_rank.begin() + from + world.size());
+  };
+  return {{"ranks", world.size()},
+          {"gathered_bytes", now.gathered_bytes - before.gathered_bytes},
+          {"reduce_scattered_bytes", now.reduce_scattered_bytes - before.reduce_scattered_bytes},
+          {"peak_gathered_bytes", now.peak_gathered_bytes},
+          {"shard_elements", fsdp.shard_size()},
+          {"shard_state_bytes", 4 * fsdp.shard_size() * static_cast<int64_t>(sizeof(T))},
+          {"rank_peak_bytes", slice(0)},
+          {"rank_peak_rss_bytes", slice(world.size())}};
+}
+
 // train_tokens: the training split's size (0 before the data is known: a dry run).
 StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens) {
   StepMemoryShape shape;
@@ -184,12 +209,11 @@ template <class T>
 void train_loop(const TrainOptions& o, RunSetup& run) {
   const TrainSettings& s = run.state.settings;
   const std::string& out_dir = o.out_dir;
-  // Data parallelism with sharded optimizer state (FSDP's reduce-scatter and all-gather): every
-  // rank draws the whole global batch (the same windows: the sampler's position is global) and
-  // trains its rows of each micro-batch; the gradients are reduce-scattered into each rank's shard
-  // (parallel/shard_layout.h), each rank's AdamW updates its shard of the parameters, and the shards
-  // are all-gathered back into every rank's parameters. Rank 0 writes metrics, progress and
-  // checkpoints. One rank: its shard is the whole of the flat buffers (no copies, no collectives).
+  // FSDP over the world (parallel/fsdp.h): every rank draws the whole global batch (the same
+  // windows: the sampler's position is global) and trains its rows of each micro-batch; units are
+  // gathered around their use and their gradients reduce-scattered into the rank's shard, whose
+  // AdamW updates the rank's shard of the parameters. Rank 0 writes metrics, progress and
+  // checkpoints. One rank: no Fsdp, its shard is the whole of the flat buffers.
   const ProcessGroup& world = ProcessGroup::world();
   const int64_t ranks = world.size(), local_batch = s.batch / ranks;
   // Before anything large is allocated.
@@ -206,13 +230,14 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
         {world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }});
   }
   Optimizer<T> optimizer(model.table(), world);
-  const ShardLayout& layout = optimizer.layout();
-  Buffer<T> shard_params(ranks > 1 ? layout.shard_size() : 0);  // [shard_size] this rank's master copy
-  Buffer<T> shard_grads(ranks > 1 ? layout.shard_size() : 0);   // [shard_size]
-  T* step_params = ranks > 1 ? shard_params.data() : model.params();
-  T* step_grads = ranks > 1 ? shard_grads.data() : model.grads();
   if (run.resumed) optimizer.load((fs::path(run.weights_dir) / "optimizer.safetensors").string());
-  if (ranks > 1) layout.copy_to_shard(model.params(), step_params);
+  std::optional<Fsdp<T>> fsdp;
+  if (ranks > 1) {
+    fsdp.emplace(model, world, optimizer.layout());
+    model.set_unit_hooks(fsdp->hooks());
+  }
+  T* step_params = fsdp ? fsdp->shard_params() : model.params();
+  T* step_grads = fsdp ? fsdp->shard_grads() : model.grads();
   const IndexerMode indexer_mode = indexer_mode_from_name(s.indexer_mode);
   model.set_indexer_training(indexer_mode, s.indexer_loss_coef);
   model.set_loss_gradients(s.loss_gradients == "recompute" ? LossGradients::recompute : LossGradients::in_forward);
@@ -262,9 +287,12 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   }
   std::vector<int32_t> inputs(rows * s.seq_len), targets(rows * s.seq_len);  // [grad_accum·batch, seq_len] each
 
+  // Every rank takes part (FSDP gathers the parameters and the moments); rank 0 writes.
   auto save = [&](int64_t step) {
-    if (!world.is_root()) {  // the weights are the same on every rank; the moments are gathered
+    if (fsdp) fsdp->gather_all();
+    if (!world.is_root()) {
       optimizer.save(std::string());
+      if (fsdp) fsdp->release_all();
       return;
     }
     const std::string dir = write_checkpoint(out_dir, step, [&](const std::string& temp_dir) {
@@ -274,6 +302,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
       write_file_atomic((fs::path(temp_dir) / "tokenizer.model").string(), read_file(run.data.tokenizer_path));
       write_file_atomic((fs::path(temp_dir) / "trainer_state.json").string(), run.state.to_json().dump(2) + "\n");
     });
+    if (fsdp) fsdp->release_all();
     std::fprintf(stderr, "saved %s\n", dir.c_str());
   };
 
@@ -281,7 +310,8 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   const double elapsed_before = run.state.elapsed_s;
 
   // Rank 0's part of a step's end: MFU, the validation loss, the metrics line, the progress line.
-  auto report = [&](int64_t step, double loss, double grad_norm, double tokens_per_s, nlohmann::json& record) {
+  auto report = [&](int64_t step, double loss, double grad_norm, double tokens_per_s,
+                    const std::optional<EvalResult>& eval, nlohmann::json& record) {
     ProgressLine progress{step, s.steps, loss, hyper.lr, grad_norm, tokens_per_s};
     if (flops_per_token > 0 && gemm_rate > 0) {
       // The machine's ceiling: each rank's process measures its own (at its thread count).
@@ -296,11 +326,10 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
       if (progress.mfu_ceiling_stale) record["mfu_ceiling_stale"] = true;
       record["mfu"] = progress.mfu;
     }
-    if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {
-      const EvalResult eval = evaluate_loss(model, run.data.val.tokens, s.seq_len, s.batch, o.eval_batches);
-      progress.val_loss = eval.loss();
-      record["val_loss"] = eval.loss();
-      record["val_tokens"] = eval.target_count;
+    if (eval) {
+      progress.val_loss = eval->loss();
+      record["val_loss"] = eval->loss();
+      record["val_tokens"] = eval->target_count;
     }
     metrics->append(record);
     const double mean_step_s = seconds_since(run_start) / static_cast<double>(step - start_step);
@@ -323,22 +352,21 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     const LossScales scales{skipped ? 0.0 : 1.0 / static_cast<double>(count), 1.0 / static_cast<double>(s.grad_accum)};
     double loss_sum = 0.0, grad_norm = 0.0;
     StepStats stats;
+    const FsdpCounters fsdp_before = fsdp ? fsdp->counters() : FsdpCounters{};
+    if (fsdp) fsdp->reset_peak();
     hyper.lr = schedule.at(step);
     if (!skipped) {
       for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
         const int64_t at = (micro * s.batch + world.rank() * local_batch) * s.seq_len;  // this rank's rows
+        if (fsdp) fsdp->set_last_micro_batch(micro + 1 == s.grad_accum);
         const StepResult result =
             model.forward_backward(inputs.data() + at, targets.data() + at, local_batch, s.seq_len, scales);
         loss_sum += result.lm.loss_sum;
         stats.add(result);
       }
-      if (ranks > 1) {
-        layout.reduce_scatter(world, model.grads(), step_grads);
-        loss_sum = world.all_reduce_sum(loss_sum);
-      }
+      if (ranks > 1) loss_sum = world.all_reduce_sum(loss_sum);
       grad_norm = optimizer.clip_and_step(step_params, step_grads, step, hyper, s.clip);
-      if (ranks > 1) layout.all_gather(world, step_params, model.params());
-      model.zero_grads();
+      if (!fsdp) model.zero_grads();  // FSDP released (zeroed) each unit's gradients after reducing them
       for (const auto& hook : after_step) hook(stats);
     }
     const double lm_loss = loss_sum * scales.lm;
@@ -369,7 +397,12 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     if (budget > 0) record["memory"]["budget_bytes"] = budget;
     if (skipped) record["skipped"] = "no counted targets in the step's micro-batches; weights unchanged";
     stats.write_metrics(record);
-    if (world.is_root()) report(step, loss, grad_norm, tokens_per_s, record);
+    if (fsdp) record["fsdp"] = fsdp_record(world, *fsdp, fsdp_before, peak_bytes);
+    std::optional<EvalResult> eval;  // every rank evaluates the same windows (FSDP gathers the units)
+    if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {
+      eval = evaluate_loss(model, run.data.val.tokens, s.seq_len, s.batch, o.eval_batches);
+    }
+    if (world.is_root()) report(step, loss, grad_norm, tokens_per_s, eval, record);
     if (step == end_step || (o.save_every > 0 && step % o.save_every == 0)) save(step);
   }
 }

@@ -1,6 +1,7 @@
-// `trillion train` under mpirun (data parallelism over the world): the global batch split over 2
-// and 4 ranks gives the losses, routing loads and final weights of one rank, in double to relative
-// 1e-10 over 20 steps, for MoE configs of both router kinds and every balance loss (pooled,
+// `trillion train` under mpirun (FSDP over the world: the batch split, units gathered around their
+// use, gradients reduce-scattered into each rank's shard): 2 and 4 ranks give the losses, routing
+// loads and final weights of one rank, in double to relative 1e-10 over 20 steps, and move the
+// bytes the layout says, for MoE configs of both router kinds and every balance loss (pooled,
 // per-layer, sequence-wise, z-loss, the aux-loss-free bias), a hybrid of Gated DeltaNet, full
 // attention and MoE, Kimi Delta Attention with MLA, and DeepSeek-V3.2's sparse attention with the
 // indexer loss; in float the first 3 steps agree to 1e-4 with identical routing; a checkpoint
@@ -99,10 +100,35 @@ void expect_same_weights(const RunResult& single, const RunResult& parallel, int
   }
 }
 
+// The FSDP counters of every step: each gather and reduce-scatter moves the unit's elements other
+// than this rank's piece, so a step (each unit gathered for its forward and its backward, its
+// gradients reduce-scattered once) moves 2 · (trainable − shard) and trainable − shard elements;
+// the shard (parameters, gradients, two moments) is about a 1/ranks share of the trainable storage.
+// With gradient accumulation every micro-batch gathers, and only the last reduce-scatters.
+void expect_fsdp_counts(const RunResult& parallel, const fs::path& config, int ranks, int64_t element_bytes,
+                        int micro_batches) {
+  const CommandResult info = run_cli("info --json --config " + config.string(), "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(info.status, 0) << info.output;
+  const int64_t trainable = nlohmann::json::parse(info.output).at("trainable_storage");
+  for (const nlohmann::json& m : parallel.metrics) {
+    const nlohmann::json& f = m.at("fsdp");
+    const int64_t shard = f.at("shard_elements");
+    EXPECT_EQ(f.at("ranks"), ranks);
+    EXPECT_EQ(f.at("gathered_bytes"), micro_batches * 2 * (trainable - shard) * element_bytes) << m.dump();
+    EXPECT_EQ(f.at("reduce_scattered_bytes"), (trainable - shard) * element_bytes) << m.dump();
+    EXPECT_EQ(f.at("shard_state_bytes"), 4 * shard * element_bytes);
+    EXPECT_NEAR(double(shard), double(trainable) / ranks, 64.0) << "rank 0's share, one element per unit at most";
+    EXPECT_EQ(f.at("rank_peak_rss_bytes").size(), size_t(ranks));
+    EXPECT_GT(f.at("peak_gathered_bytes").get<int64_t>(), 0);
+    EXPECT_LT(f.at("peak_gathered_bytes").get<int64_t>(), trainable * element_bytes) << "never every unit at once";
+  }
+}
+
 struct Case {
   std::string name;
   nlohmann::json changes;
   std::string extra;  // train flags
+  int micro_batches = 1;
 };
 
 void PrintTo(const Case& c, std::ostream* out) { *out << c.name << " " << c.changes.dump() << " " << c.extra; }
@@ -117,6 +143,7 @@ TEST_P(DataParallel, DoubleRanksAgreeOverTwentySteps) {
     const RunResult parallel = run(config, ranks, "float64", 20, c.extra);
     expect_same_run(single, parallel, ranks, 1e-10);
     expect_same_weights(single, parallel, 20, 1e-9);
+    expect_fsdp_counts(parallel, config, ranks, 8, c.micro_batches);
   }
 }
 
@@ -131,6 +158,7 @@ TEST_P(DataParallel, FloatRanksAgreeOverThreeStepsWithTheSameRouting) {
 INSTANTIATE_TEST_SUITE_P(
     LayerAndRouterKinds, DataParallel,
     testing::Values(Case{"tiny_qwen3_moe", {{"router_z_loss_coef", 1e-3}}, ""},
+                    Case{"tiny_qwen3_moe", {}, "--grad-accum 2", 2},
                     Case{"tiny_qwen3_moe", {{"router_aux_loss_type", "per_layer"}}, ""},
                     Case{"tiny_glm4_moe", {{"router_aux_loss_type", "sequence"}, {"router_aux_loss_coef", 0.01},
                                            {"output_router_logits", true}},

@@ -1,0 +1,125 @@
+// Fully sharded parameters and gradients through the model's unit hooks. See fsdp.h.
+#include "parallel/fsdp.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace trillion {
+namespace {
+
+// Returns the memory pages wholly inside base[begin, end) to the OS; with zero_ends, the range's
+// elements on the partial pages at its ends are zeroed too, so the whole range reads as zeros.
+template <class T>
+void release_range(T* base, int64_t begin, int64_t end, bool zero_ends) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(base + begin), last = reinterpret_cast<uintptr_t>(base + end);
+  const uintptr_t inner_first = (first + page - 1) / page * page, inner_last = last / page * page;
+  if (inner_first >= inner_last) {
+    if (zero_ends) std::memset(base + begin, 0, (end - begin) * sizeof(T));
+    return;
+  }
+  if (zero_ends) {
+    std::memset(reinterpret_cast<void*>(first), 0, inner_first - first);
+    std::memset(reinterpret_cast<void*>(inner_last), 0, last - inner_last);
+  }
+  TRILLION_CHECK(madvise(reinterpret_cast<void*>(inner_first), inner_last - inner_first, MADV_DONTNEED) == 0,
+                 "madvise(MADV_DONTNEED) of ", inner_last - inner_first, " bytes failed");
+}
+
+int64_t total_of(const ShardLayout::Unit& piece) {
+  int64_t total = 0;
+  for (const int64_t c : piece.counts) total += c;
+  return total;
+}
+
+}  // namespace
+
+template <class T>
+Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ShardLayout& layout)
+    : model_(model),
+      group_(group),
+      layout_(layout),
+      shard_params_(layout.shard_size()),
+      shard_grads_(layout.shard_size()) {
+  TRILLION_CHECK(group.size() == layout.ranks() && group.rank() == layout.rank(), "FSDP layout of ",
+                 layout.ranks(), " ranks on ", group.describe());
+  for (size_t i = 0; i < layout.units().size(); ++i) {
+    const int unit = layout.units()[i].table_unit;
+    if (static_cast<int>(pieces_of_unit_.size()) <= unit) pieces_of_unit_.resize(unit + 1);
+    pieces_of_unit_[unit].push_back(static_cast<int>(i));
+  }
+  layout.copy_to_shard(model.params(), shard_params_.data());
+  for (const ShardLayout::Unit& piece : layout.units()) {
+    release_range(model.params(), piece.begin, piece.begin + total_of(piece), /*zero_ends=*/false);
+    release_range(model.grads(), piece.begin, piece.begin + total_of(piece), /*zero_ends=*/true);
+  }
+}
+
+template <class T>
+UnitHooks Fsdp<T>::hooks() {
+  UnitHooks h;
+  h.before_forward = [this](int unit) { gather(unit); };
+  h.after_forward = [this](int unit) { release(unit); };
+  h.before_backward = [this](int unit) { gather(unit); };
+  h.after_backward = [this](int unit) {
+    release(unit);
+    if (last_micro_batch_) reduce_scatter(unit);
+  };
+  return h;
+}
+
+template <class T>
+void Fsdp<T>::gather(int unit) {
+  if (unit >= static_cast<int>(pieces_of_unit_.size())) return;  // a unit without trainable parameters
+  for (const int i : pieces_of_unit_[unit]) {
+    const ShardLayout::Unit& piece = layout_.units()[i];
+    group_.all_gather(shard_params_.data() + piece.shard_offset, model_.params() + piece.begin, piece.counts,
+                      piece.displs);
+    const int64_t total = total_of(piece);
+    counters_.gathered_bytes += (total - piece.counts[layout_.rank()]) * static_cast<int64_t>(sizeof(T));
+    gathered_now_ += total * static_cast<int64_t>(sizeof(T));
+  }
+  counters_.peak_gathered_bytes = std::max(counters_.peak_gathered_bytes, gathered_now_);
+}
+
+template <class T>
+void Fsdp<T>::release(int unit) {
+  if (unit >= static_cast<int>(pieces_of_unit_.size())) return;
+  for (const int i : pieces_of_unit_[unit]) {
+    const ShardLayout::Unit& piece = layout_.units()[i];
+    release_range(model_.params(), piece.begin, piece.begin + total_of(piece), /*zero_ends=*/false);
+    gathered_now_ -= total_of(piece) * static_cast<int64_t>(sizeof(T));
+  }
+}
+
+template <class T>
+void Fsdp<T>::reduce_scatter(int unit) {
+  if (unit >= static_cast<int>(pieces_of_unit_.size())) return;
+  for (const int i : pieces_of_unit_[unit]) {
+    const ShardLayout::Unit& piece = layout_.units()[i];
+    group_.reduce_scatter_sum(model_.grads() + piece.begin, shard_grads_.data() + piece.shard_offset, piece.counts);
+    const int64_t total = total_of(piece);
+    counters_.reduce_scattered_bytes += (total - piece.counts[layout_.rank()]) * static_cast<int64_t>(sizeof(T));
+    release_range(model_.grads(), piece.begin, piece.begin + total, /*zero_ends=*/true);  // zero for the next step
+  }
+}
+
+template <class T>
+void Fsdp<T>::gather_all() {
+  for (int unit = 0; unit < static_cast<int>(pieces_of_unit_.size()); ++unit) gather(unit);
+}
+
+template <class T>
+void Fsdp<T>::release_all() {
+  for (int unit = 0; unit < static_cast<int>(pieces_of_unit_.size()); ++unit) release(unit);
+}
+
+template class Fsdp<float>;
+template class Fsdp<double>;
+
+}  // namespace trillion

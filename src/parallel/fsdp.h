@@ -1,0 +1,76 @@
+// Fsdp<T>: fully sharded parameters and gradients for one single-device Model, applied through its
+// unit hooks (DESIGN.md: "parallelism is applied to it"). The FSDP units are the parameter table's
+// units: 0 holds the embeddings, the final norm and the LM head (tied or not), 1 + l decoder layer l
+// (its dense and expert ranges together).
+//
+// Each rank keeps its shard (parallel/shard_layout.h) of the parameters, the master copy its
+// optimizer updates, and of the gradients. The model's flat buffers hold a unit only while it is in
+// use: before a unit's forward and again before its backward its parameters are all-gathered, after
+// each they are released; after a unit's backward in the step's last micro-batch its gradients are
+// reduce-scattered into the shard and released (earlier micro-batches accumulate into the flat
+// gradients, so a step reduce-scatters once). Released: the memory pages wholly inside the unit's
+// range go back to the OS (madvise MADV_DONTNEED; they read as zeros and cost nothing until touched
+// again; the gradients' partial pages at the range's ends are zeroed), so resident parameter and
+// gradient memory is the shard plus the units in use. Non-trainable buffers (router biases) are
+// not sharded: every rank keeps and updates them alike.
+//
+// Counted per rank: bytes moved by the gathers and the reduce-scatters (each collective moves the
+// unit's elements other than this rank's piece, in or out: the volume of a ring algorithm) and the
+// peak of gathered parameter bytes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.h"
+#include "model/model.h"
+#include "parallel/process_group.h"
+#include "parallel/shard_layout.h"
+
+namespace trillion {
+
+struct FsdpCounters {
+  int64_t gathered_bytes = 0;          // all-gathers of parameters
+  int64_t reduce_scattered_bytes = 0;  // reduce-scatters of gradients
+  int64_t peak_gathered_bytes = 0;     // the most parameter bytes gathered at once
+};
+
+template <class T>
+class Fsdp {
+ public:
+  // Takes the rank's shard from the model's (initialized or loaded) parameters and releases them.
+  Fsdp(Model<T>& model, const ProcessGroup& group, const ShardLayout& layout);
+  Fsdp(const Fsdp&) = delete;
+  Fsdp& operator=(const Fsdp&) = delete;
+
+  // Gather / release / reduce-scatter around each unit, for Model::set_unit_hooks (the object
+  // must outlive the model's use of them).
+  UnitHooks hooks();
+  // Whether the coming forward_backward is its step's last micro-batch (see above); default true.
+  void set_last_micro_batch(bool last) { last_micro_batch_ = last; }
+
+  T* shard_params() { return shard_params_.data(); }  // [layout.shard_size()]
+  T* shard_grads() { return shard_grads_.data(); }    // [layout.shard_size()]
+  // Every unit gathered, for what reads all parameters (writing a checkpoint); then release_all.
+  void gather_all();
+  void release_all();
+
+  int64_t shard_size() const { return layout_.shard_size(); }
+  const FsdpCounters& counters() const { return counters_; }
+  void reset_peak() { counters_.peak_gathered_bytes = gathered_now_; }
+
+ private:
+  void gather(int unit);
+  void release(int unit);
+  void reduce_scatter(int unit);
+  Model<T>& model_;
+  const ProcessGroup& group_;
+  const ShardLayout& layout_;
+  std::vector<std::vector<int>> pieces_of_unit_;  // [table units] indices into layout_.units()
+  Buffer<T> shard_params_, shard_grads_;          // [layout.shard_size()] each
+  bool last_micro_batch_ = true;
+  int64_t gathered_now_ = 0;  // parameter bytes gathered at the moment
+  FsdpCounters counters_;
+};
+
+}  // namespace trillion
