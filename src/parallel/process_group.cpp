@@ -4,9 +4,11 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "core/error.h"
 
@@ -30,12 +32,19 @@ void check_mpi(int code, const char* call) {
 
 // The largest count one MPI call takes (its counts are int).
 constexpr int64_t kMaxPiece = INT_MAX / 2;
+// Point-to-point tags of the liveness round of a timed-out collective (nothing else uses tags).
+constexpr int kPingTag = 0x7170, kPongTag = 0x7171;
 
-template <class T>
-void sum_in_pieces(T* values, int64_t count, MPI_Datatype type) {
-  for (int64_t at = 0; at < count; at += kMaxPiece) {
-    const int piece = static_cast<int>(std::min(kMaxPiece, count - at));
-    check_mpi(MPI_Allreduce(MPI_IN_PLACE, values + at, piece, type, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+// Answers every ping waiting for this rank (a rank that is waiting in a collective is alive).
+void answer_pings() {
+  for (;;) {
+    int waiting = 0;
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, kPingTag, MPI_COMM_WORLD, &waiting, &status);
+    if (waiting == 0) return;
+    int ping = 0;
+    MPI_Recv(&ping, 1, MPI_INT, status.MPI_SOURCE, kPingTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Send(&ping, 1, MPI_INT, status.MPI_SOURCE, kPongTag, MPI_COMM_WORLD);
   }
 }
 
@@ -45,6 +54,8 @@ template <>
 MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
 template <>
 MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+template <>
+MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
 
 // MPI's int counts of a split (one collective moves at most INT_MAX elements per rank).
 std::vector<int> int_counts(const std::vector<int64_t>& counts) {
@@ -79,16 +90,69 @@ std::string ProcessGroup::describe() const {
   return "rank " + std::to_string(rank_) + " of " + std::to_string(size_);
 }
 
-void ProcessGroup::all_reduce_sum(double* values, int64_t count) const {
-  if (size_ > 1) sum_in_pieces(values, count, MPI_DOUBLE);
+void ProcessGroup::set_collective_timeout(double seconds) {
+  if (!(seconds > 0.0)) fail("--collective-timeout must be > 0 seconds, got ", seconds);
+  timeout_s_ = seconds;
 }
 
-void ProcessGroup::all_reduce_sum(float* values, int64_t count) const {
-  if (size_ > 1) sum_in_pieces(values, count, MPI_FLOAT);
+void ProcessGroup::wait(void* pending, const char* call) const {
+  MPI_Request& request = *static_cast<MPI_Request*>(pending);
+  const auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    int done = 0;
+    check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
+    if (done != 0) return;
+    answer_pings();
+    if (since(start) > timeout_s_) break;
+    std::this_thread::yield();  // ranks may share cores (mpirun --oversubscribe)
+  }
+  // Timed out: ping every other rank; those that answer are waiting in a collective too.
+  const double grace = std::min(timeout_s_, 10.0);
+  std::vector<int> answered(size_, 0), pings(size_, 0), pongs(size_, 0);
+  std::vector<MPI_Request> sends(size_, MPI_REQUEST_NULL), receives(size_, MPI_REQUEST_NULL);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    MPI_Isend(&pings[r], 1, MPI_INT, r, kPingTag, MPI_COMM_WORLD, &sends[r]);
+    MPI_Irecv(&pongs[r], 1, MPI_INT, r, kPongTag, MPI_COMM_WORLD, &receives[r]);
+  }
+  const auto asked = std::chrono::steady_clock::now();
+  while (since(asked) < grace) {
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_ && answered[r] == 0) MPI_Test(&receives[r], &answered[r], MPI_STATUS_IGNORE);
+    answer_pings();
+    std::this_thread::yield();
+  }
+  std::string silent;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_ && answered[r] == 0) silent += (silent.empty() ? "" : ", ") + std::to_string(r);
+  abort_all(str_cat(call, " did not complete within --collective-timeout ", timeout_s_, " s; ",
+                    silent.empty() ? std::string("every rank answered a ping, so the ranks' collectives differ")
+                                   : str_cat("rank ", silent, " did not answer a ping within ", grace,
+                                             " s (stopped, hung, or busy outside collectives)")),
+            1);
 }
+
+template <class T>
+void ProcessGroup::sum_in_place(T* values, int64_t count) const {
+  if (size_ == 1) return;
+  for (int64_t at = 0; at < count; at += kMaxPiece) {
+    const int piece = static_cast<int>(std::min(kMaxPiece, count - at));
+    MPI_Request request;
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values + at, piece, mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD, &request),
+              "MPI_Iallreduce");
+    wait(&request, "MPI_Allreduce");
+  }
+}
+
+void ProcessGroup::all_reduce_sum(double* values, int64_t count) const { sum_in_place(values, count); }
+
+void ProcessGroup::all_reduce_sum(float* values, int64_t count) const { sum_in_place(values, count); }
 
 int64_t ProcessGroup::all_reduce_sum(int64_t value) const {
-  if (size_ > 1) sum_in_pieces(&value, 1, MPI_INT64_T);
+  sum_in_place(&value, 1);
   return value;
 }
 
@@ -105,7 +169,10 @@ void ProcessGroup::reduce_scatter_sum(const T* send, T* recv, const std::vector<
     return;
   }
   const std::vector<int> ints = int_counts(counts);
-  check_mpi(MPI_Reduce_scatter(send, recv, ints.data(), mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD), "MPI_Reduce_scatter");
+  MPI_Request request;
+  check_mpi(MPI_Ireduce_scatter(send, recv, ints.data(), mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD, &request),
+            "MPI_Ireduce_scatter");
+  wait(&request, "MPI_Reduce_scatter");
 }
 
 template <class T>
@@ -118,9 +185,11 @@ void ProcessGroup::all_gather(const T* send, T* recv, const std::vector<int64_t>
     return;
   }
   const std::vector<int> ints = int_counts(counts), offsets = int_counts(displs);
-  check_mpi(MPI_Allgatherv(send, ints[rank_], mpi_type<T>(), recv, ints.data(), offsets.data(), mpi_type<T>(),
-                           MPI_COMM_WORLD),
-            "MPI_Allgatherv");
+  MPI_Request request;
+  check_mpi(MPI_Iallgatherv(send, ints[rank_], mpi_type<T>(), recv, ints.data(), offsets.data(), mpi_type<T>(),
+                            MPI_COMM_WORLD, &request),
+            "MPI_Iallgatherv");
+  wait(&request, "MPI_Allgatherv");
 }
 
 template void ProcessGroup::reduce_scatter_sum<float>(const float*, float*, const std::vector<int64_t>&) const;

@@ -3,12 +3,17 @@
 // A process started by mpirun (OpenMPI, or any launcher that sets PMI/PMIx variables) joins MPI's
 // world on first use of ProcessGroup::world(); a process started without one is a group of one
 // rank whose collectives return at once without MPI, so a single rank runs the same code path and
-// the tests and tools that never touch MPI need no launcher. Collectives are blocking sums (more
-// come with FSDP and expert parallelism); counts above what one MPI call takes are sent in pieces,
+// the tests and tools that never touch MPI need no launcher. Collectives are sums, gathers and
+// reduce-scatters that return when done; counts above what one MPI call takes are sent in pieces,
 // in a fixed order, so results depend only on the inputs and the number of ranks.
 //
 // Errors: a rank that fails calls abort_all, which prints the rank and the cause and ends every
-// rank (MPI_Abort) instead of leaving the others waiting in a collective.
+// rank (MPI_Abort) instead of leaving the others waiting in a collective. A rank that stops
+// responding (hung, or stopped by a signal) is caught by a timeout: each collective is issued
+// non-blocking and waited for at most the collective timeout (default 600 s); then the waiting rank
+// pings every other rank (ranks waiting in a collective answer), names those that stay silent for a
+// grace period (10 s, or the timeout if shorter) and ends the job. (A rank that dies is reported,
+// and the job ended, by mpirun itself.)
 #pragma once
 
 #include <cstdint>
@@ -42,14 +47,23 @@ class ProcessGroup {
   template <class T>
   void all_gather(const T* send, T* recv, const std::vector<int64_t>& counts, const std::vector<int64_t>& displs) const;
 
+  // How long a collective may wait before the job is ended (seconds, > 0).
+  void set_collective_timeout(double seconds);
+
   // Under MPI: prints "error: rank R of N: message" and ends every rank with `code` (MPI_Abort).
   [[noreturn]] void abort_all(const std::string& message, int code) const;
   bool uses_mpi() const { return uses_mpi_; }
 
  private:
   ProcessGroup() = default;
+  template <class T>
+  void sum_in_place(T* values, int64_t count) const;
+  // Completes the MPI_Request at `request` within the timeout, answering pings meanwhile; ends
+  // the job naming the silent ranks otherwise. `call` names the collective.
+  void wait(void* request, const char* call) const;
   bool uses_mpi_ = false;
   int rank_ = 0, size_ = 1;
+  double timeout_s_ = 600.0;
 };
 
 // MPI_Finalize when the world joined MPI (call once, at a normal exit of main).

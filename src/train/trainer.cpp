@@ -499,6 +499,7 @@ void run_training(TrainOptions options) {
     print_memory_plan(options, config, options.settings, train_tokens);
     return;
   }
+  ProcessGroup::world().set_collective_timeout(options.collective_timeout_s);
   RunSetup run = prepare_run(options);
   if (run.state.settings.dtype == "float64") {
     train_loop<double>(options, run);

@@ -52,6 +52,7 @@ struct TrainOptions {
   // The fast tier's budget ("2G"; empty: none): the cheapest policy whose planned peak fits is
   // taken (train/memory_plan.h), or the run stops before training naming the smallest it could meet.
   std::string memory_budget;
+  double collective_timeout_s = 600.0;  // under mpirun: how long a collective may wait (ProcessGroup)
   bool dry_run = false;  // print the memory plan (stdout: JSON; stderr: lines) and train nothing
                          // (needs --config; --data adds the sampler's share)
 };
