@@ -55,6 +55,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("--swap-dir", o.swap_dir, "Directory of the swap file, on local disk (default: --out)");
   cmd->add_flag("--swap-bf16", o.swap_bf16,
                 "Store swapped float32 tensors as bfloat16: half the disk traffic, lossy (off by default)");
+  cmd->add_option("--ep", o.ep,
+                  "Under mpirun: expert-parallel degree (routed experts split over groups of EP ranks; divides the ranks)");
   cmd->add_option("--collective-timeout", o.collective_timeout_s,
                   "Under mpirun: seconds a collective may wait before the job ends, naming the silent ranks");
   cmd->add_option("--memory-budget", o.memory_budget,

@@ -145,6 +145,10 @@ DecisionLog& Model<T>::decisions() { return impl_->decisions; }
 template <class T>
 void Model<T>::set_unit_hooks(UnitHooks hooks) { impl_->hooks = std::move(hooks); }
 template <class T>
+void Model<T>::set_expert_exchange(ExpertExchange* exchange) {
+  impl_->exchange = exchange;
+}
+template <class T>
 void Model<T>::set_statistics_reduction(StatisticsReduction reduction) {
   TRILLION_CHECK(reduction.ranks >= 1 && (reduction.ranks == 1 || reduction.sum), "statistics reduction over ",
                  reduction.ranks, " ranks needs a sum");
@@ -293,6 +297,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   const int ranks = save_activations ? m.reduction.ranks : 1;  // shares the statistics are over
   m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse / ranks : 0.0;
   pass.indexer = &m.indexer;
+  pass.experts = save_activations ? m.exchange : nullptr;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
   call(m.hooks.before_forward, 0);
@@ -414,6 +419,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   pass.seq = seq;
   pass.positions = m.positions.data();
   pass.indexer = &m.indexer;
+  pass.experts = m.exchange;
   for (int layer = static_cast<int>(m.config.num_hidden_layers) - 1; layer >= 0; --layer) {
     call(m.hooks.before_backward, 1 + layer);
     m.store.begin_backward(layer, TagSublayer::ffn);
@@ -444,6 +450,7 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
   const bool mixer = store.reruns(layer, TagSublayer::mixer);
   const bool ffn = store.reruns(layer, TagSublayer::ffn);
   if (!mixer && !ffn) return;
+  TRILLION_CHECK(exchange == nullptr, "recomputing layer ", layer, " under expert parallelism is not built");
   const int64_t n = batch * seq, D = config.hidden_size;
   ensure_size(recompute_hidden, n * D);
   T* x = recompute_hidden.data();  // [n, D]

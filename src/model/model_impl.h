@@ -23,6 +23,7 @@ struct Model<T>::Impl {
   DecisionLog decisions;
   UnitHooks hooks;
   StatisticsReduction reduction;  // training forwards: statistics over the data-parallel ranks
+  ExpertExchange* exchange = nullptr;  // training: where the routed experts run (null: here)
   IndexerTraining indexer;  // sparse layers' mode and loss; grad_scale set per forward
   LossGradients loss_gradients = LossGradients::in_forward;
   Arena scratch;          // temporaries of one sublayer at a time

@@ -112,11 +112,15 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   MoePlan plan;
   moe_plan_build(plan, index, n, k, E, pass.decisions != nullptr ? dims.capacity(n) : 0);
   const int64_t rows = plan.rows();
-  T* gate_up_out = buffer(Tag::expert_gate_up, {rows, 2 * I});  // [rows, 2I]
-  T* act = buffer(Tag::expert_act, {rows, I});                  // [rows, I]
-  T* expert_out = buffer(Tag::expert_out, {rows, D});           // [rows, D]
   const MoeExpertDims expert_dims{D, I, E};
-  moe_experts_forward(y, gate_up_out, act, expert_out, h, w.gate_up, w.down, weight, plan, expert_dims);
+  if (pass.experts != nullptr) {
+    pass.experts->forward(y, h, w.gate_up, w.down, weight, plan, expert_dims, layer);  // it keeps its rows
+  } else {
+    T* gate_up_out = buffer(Tag::expert_gate_up, {rows, 2 * I});  // [rows, 2I]
+    T* act = buffer(Tag::expert_act, {rows, I});                  // [rows, I]
+    T* expert_out = buffer(Tag::expert_out, {rows, D});           // [rows, D]
+    moe_experts_forward(y, gate_up_out, act, expert_out, h, w.gate_up, w.down, weight, plan, expert_dims);
+  }
 
   if (dims.shared.intermediate > 0) {
     if (dims.shared_gated) {
@@ -159,13 +163,17 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   MoePlan plan;  // rebuilt from the kept decision: the same plan as in forward
   moe_plan_build(plan, index, n, k, E, dims.capacity(n));
   const int64_t rows = plan.rows();
-  const T* gate_up_out = store.get<T>(Tag::expert_gate_up, layer, rows * 2 * I);
-  const T* act = store.get<T>(Tag::expert_act, layer, rows * I);
-  const T* expert_out = store.get<T>(Tag::expert_out, layer, rows * D);
-
   T* dweight = scratch.alloc<T>(n * k);  // [n, k]
-  moe_experts_backward(dh, dweight, grads.gate_up, grads.down, dy, h, gate_up_out, act, expert_out, w.gate_up, w.down,
-                       weight, plan, MoeExpertDims{D, I, E});
+  if (pass.experts != nullptr) {
+    pass.experts->backward(dh, dweight, grads.gate_up, grads.down, dy, w.gate_up, w.down, weight, plan,
+                           MoeExpertDims{D, I, E}, layer);
+  } else {
+    const T* gate_up_out = store.get<T>(Tag::expert_gate_up, layer, rows * 2 * I);
+    const T* act = store.get<T>(Tag::expert_act, layer, rows * I);
+    const T* expert_out = store.get<T>(Tag::expert_out, layer, rows * D);
+    moe_experts_backward(dh, dweight, grads.gate_up, grads.down, dy, h, gate_up_out, act, expert_out, w.gate_up,
+                         w.down, weight, plan, MoeExpertDims{D, I, E});
+  }
   T* dscores = scratch.alloc<T>(n * E);  // [n, E], zero-filled
   router_weights_backward(dscores, dweight, scores, index, n, dims.router);
   if (!balance.per_expert.empty()) {

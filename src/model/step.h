@@ -8,6 +8,7 @@
 //                rank; FSDP's gather/free plug in here);
 //   StatisticsReduction  how a training forward's routing statistics and loss values become those
 //                of the whole data-parallel batch (identity on one rank);
+//   ExpertExchange  expert parallelism: where an MoE layer's routed experts run (null: here);
 //   LayerPass    what the layer loops hand every layer kind in forward and backward.
 #pragma once
 
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "ops/cross_entropy.h"
+#include "ops/moe_experts.h"
 
 namespace trillion {
 
@@ -123,6 +125,25 @@ struct StatisticsReduction {
   std::function<void(double* values, int64_t count)> sum;
 };
 
+// Expert parallelism (parallel/expert_parallel.h): the routed experts are split over a group of
+// ranks, and an MoE layer's permuted rows travel to the ranks that own their experts and back. The
+// same contract as moe_experts_forward / moe_experts_backward (the weights hold every expert; a rank
+// reads and accumulates only its own experts' slices); it keeps what its backward needs per layer.
+class ExpertExchange {
+ public:
+  virtual ~ExpertExchange() = default;
+  virtual void forward(float* y, const float* x, const float* gate_up, const float* down, const float* weight,
+                       const MoePlan& plan, const MoeExpertDims& dims, int layer) = 0;
+  virtual void forward(double* y, const double* x, const double* gate_up, const double* down, const double* weight,
+                       const MoePlan& plan, const MoeExpertDims& dims, int layer) = 0;
+  virtual void backward(float* dx, float* dweight, float* dgate_up, float* ddown, const float* dy,
+                        const float* gate_up, const float* down, const float* weight, const MoePlan& plan,
+                        const MoeExpertDims& dims, int layer) = 0;
+  virtual void backward(double* dx, double* dweight, double* dgate_up, double* ddown, const double* dy,
+                        const double* gate_up, const double* down, const double* weight, const MoePlan& plan,
+                        const MoeExpertDims& dims, int layer) = 0;
+};
+
 class ActivationStore;
 
 // The gradient of the balance losses w.r.t. one MoE layer's router scores, handed to its backward:
@@ -142,6 +163,7 @@ struct LayerPass {
   StepResult* result = nullptr;             // forward: statistics and loss values, or null
   const MoeBalanceGrad* balance = nullptr;  // backward of MoE layers
   const IndexerTraining* indexer = nullptr;  // sparse layers: mode and loss (null: sparse, no loss)
+  ExpertExchange* experts = nullptr;         // training: where the routed experts run (null: here)
 };
 
 }  // namespace trillion

@@ -35,16 +35,18 @@ constexpr int64_t kMaxPiece = INT_MAX / 2;
 // Point-to-point tags of the liveness round of a timed-out collective (nothing else uses tags).
 constexpr int kPingTag = 0x7170, kPongTag = 0x7171;
 
-// Answers every ping waiting for this rank (a rank that is waiting in a collective is alive).
-void answer_pings() {
+// Answers every ping waiting for this rank on `comm` and on the world (a rank that is waiting in a
+// collective is alive).
+void answer_pings(MPI_Comm comm) {
+  if (comm != MPI_COMM_WORLD) answer_pings(MPI_COMM_WORLD);
   for (;;) {
     int waiting = 0;
     MPI_Status status;
-    MPI_Iprobe(MPI_ANY_SOURCE, kPingTag, MPI_COMM_WORLD, &waiting, &status);
+    MPI_Iprobe(MPI_ANY_SOURCE, kPingTag, comm, &waiting, &status);
     if (waiting == 0) return;
     int ping = 0;
-    MPI_Recv(&ping, 1, MPI_INT, status.MPI_SOURCE, kPingTag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    MPI_Send(&ping, 1, MPI_INT, status.MPI_SOURCE, kPongTag, MPI_COMM_WORLD);
+    MPI_Recv(&ping, 1, MPI_INT, status.MPI_SOURCE, kPingTag, comm, MPI_STATUS_IGNORE);
+    MPI_Send(&ping, 1, MPI_INT, status.MPI_SOURCE, kPongTag, comm);
   }
 }
 
@@ -79,11 +81,22 @@ ProcessGroup& ProcessGroup::world() {
     // An error inside MPI returns a code (check_mpi) rather than ending the process silently.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     g.uses_mpi_ = true;
+    g.comm_ = MPI_COMM_WORLD;
     MPI_Comm_rank(MPI_COMM_WORLD, &g.rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &g.size_);
     return g;
   }();
   return group;
+}
+
+ProcessGroup ProcessGroup::split(int color, int key) const {
+  if (!uses_mpi_) return *this;
+  ProcessGroup g = *this;
+  check_mpi(MPI_Comm_split(comm_, color, key, &g.comm_), "MPI_Comm_split");
+  MPI_Comm_set_errhandler(g.comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(g.comm_, &g.rank_);
+  MPI_Comm_size(g.comm_, &g.size_);
+  return g;
 }
 
 std::string ProcessGroup::describe() const {
@@ -105,7 +118,7 @@ void ProcessGroup::wait(void* pending, const char* call) const {
     int done = 0;
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
     if (done != 0) return;
-    answer_pings();
+    answer_pings(comm());
     if (since(start) > timeout_s_) break;
     std::this_thread::yield();  // ranks may share cores (mpirun --oversubscribe)
   }
@@ -115,14 +128,14 @@ void ProcessGroup::wait(void* pending, const char* call) const {
   std::vector<MPI_Request> sends(size_, MPI_REQUEST_NULL), receives(size_, MPI_REQUEST_NULL);
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    MPI_Isend(&pings[r], 1, MPI_INT, r, kPingTag, MPI_COMM_WORLD, &sends[r]);
-    MPI_Irecv(&pongs[r], 1, MPI_INT, r, kPongTag, MPI_COMM_WORLD, &receives[r]);
+    MPI_Isend(&pings[r], 1, MPI_INT, r, kPingTag, comm(), &sends[r]);
+    MPI_Irecv(&pongs[r], 1, MPI_INT, r, kPongTag, comm(), &receives[r]);
   }
   const auto asked = std::chrono::steady_clock::now();
   while (since(asked) < grace) {
     for (int r = 0; r < size_; ++r)
       if (r != rank_ && answered[r] == 0) MPI_Test(&receives[r], &answered[r], MPI_STATUS_IGNORE);
-    answer_pings();
+    answer_pings(comm());
     std::this_thread::yield();
   }
   std::string silent;
@@ -141,7 +154,7 @@ void ProcessGroup::sum_in_place(T* values, int64_t count) const {
   for (int64_t at = 0; at < count; at += kMaxPiece) {
     const int piece = static_cast<int>(std::min(kMaxPiece, count - at));
     MPI_Request request;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values + at, piece, mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD, &request),
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values + at, piece, mpi_type<T>(), MPI_SUM, comm(), &request),
               "MPI_Iallreduce");
     wait(&request, "MPI_Allreduce");
   }
@@ -170,7 +183,7 @@ void ProcessGroup::reduce_scatter_sum(const T* send, T* recv, const std::vector<
   }
   const std::vector<int> ints = int_counts(counts);
   MPI_Request request;
-  check_mpi(MPI_Ireduce_scatter(send, recv, ints.data(), mpi_type<T>(), MPI_SUM, MPI_COMM_WORLD, &request),
+  check_mpi(MPI_Ireduce_scatter(send, recv, ints.data(), mpi_type<T>(), MPI_SUM, comm(), &request),
             "MPI_Ireduce_scatter");
   wait(&request, "MPI_Reduce_scatter");
 }
@@ -187,11 +200,50 @@ void ProcessGroup::all_gather(const T* send, T* recv, const std::vector<int64_t>
   const std::vector<int> ints = int_counts(counts), offsets = int_counts(displs);
   MPI_Request request;
   check_mpi(MPI_Iallgatherv(send, ints[rank_], mpi_type<T>(), recv, ints.data(), offsets.data(), mpi_type<T>(),
-                            MPI_COMM_WORLD, &request),
+                            comm(), &request),
             "MPI_Iallgatherv");
   wait(&request, "MPI_Allgatherv");
 }
 
+template <class T>
+void ProcessGroup::all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
+                              const std::vector<int64_t>& recv_counts) const {
+  TRILLION_CHECK(static_cast<int>(send_counts.size()) == size_ && recv_counts.size() == send_counts.size(),
+                 send_counts.size(), " counts for ", size_, " ranks");
+  if (size_ == 1) {
+    std::copy(send, send + send_counts[0], recv);
+    return;
+  }
+  std::vector<int64_t> send_displs(size_, 0), recv_displs(size_, 0);
+  for (int r = 1; r < size_; ++r) {
+    send_displs[r] = send_displs[r - 1] + send_counts[r - 1];
+    recv_displs[r] = recv_displs[r - 1] + recv_counts[r - 1];
+  }
+  const std::vector<int> sc = int_counts(send_counts), sd = int_counts(send_displs);
+  const std::vector<int> rc = int_counts(recv_counts), rd = int_counts(recv_displs);
+  MPI_Request request;
+  check_mpi(MPI_Ialltoallv(send, sc.data(), sd.data(), mpi_type<T>(), recv, rc.data(), rd.data(), mpi_type<T>(),
+                           comm(), &request),
+            "MPI_Ialltoallv");
+  wait(&request, "MPI_Alltoallv");
+}
+
+void ProcessGroup::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) const {
+  if (size_ == 1) {
+    std::copy(send, send + n, recv);
+    return;
+  }
+  MPI_Request request;
+  check_mpi(MPI_Ialltoall(send, static_cast<int>(n), MPI_INT64_T, recv, static_cast<int>(n), MPI_INT64_T, comm(),
+                          &request),
+            "MPI_Ialltoall");
+  wait(&request, "MPI_Alltoall");
+}
+
+template void ProcessGroup::all_to_all<float>(const float*, const std::vector<int64_t>&, float*,
+                                              const std::vector<int64_t>&) const;
+template void ProcessGroup::all_to_all<double>(const double*, const std::vector<int64_t>&, double*,
+                                               const std::vector<int64_t>&) const;
 template void ProcessGroup::reduce_scatter_sum<float>(const float*, float*, const std::vector<int64_t>&) const;
 template void ProcessGroup::reduce_scatter_sum<double>(const double*, double*, const std::vector<int64_t>&) const;
 template void ProcessGroup::all_gather<float>(const float*, float*, const std::vector<int64_t>&,
@@ -201,7 +253,7 @@ template void ProcessGroup::all_gather<double>(const double*, double*, const std
 
 void ProcessGroup::abort_all(const std::string& message, int code) const {
   TRILLION_CHECK(uses_mpi_, "abort_all outside MPI");
-  std::fprintf(stderr, "error: %s: %s\n", describe().c_str(), message.c_str());
+  std::fprintf(stderr, "error: %s: %s\n", world().describe().c_str(), message.c_str());
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, code);
   std::abort();  // MPI_Abort does not return

@@ -16,6 +16,8 @@
 // and the job ended, by mpirun itself.)
 #pragma once
 
+#include <mpi.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,6 +28,10 @@ class ProcessGroup {
  public:
   // MPI's world when launched by mpirun, else a group of one (initialized once, on first use).
   static ProcessGroup& world();
+
+  // The ranks of this group with the same `color`, ordered by `key` (MPI_Comm_split; every rank of
+  // this group calls it). A group of one splits into itself.
+  ProcessGroup split(int color, int key) const;
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -50,7 +56,16 @@ class ProcessGroup {
   // How long a collective may wait before the job is ended (seconds, > 0).
   void set_collective_timeout(double seconds);
 
-  // Under MPI: prints "error: rank R of N: message" and ends every rank with `code` (MPI_Abort).
+  // send[Σ send_counts] in pieces of send_counts[r] elements to rank r; recv[Σ recv_counts] gets
+  // recv_counts[r] elements from each rank r, in rank order.
+  template <class T>
+  void all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
+                  const std::vector<int64_t>& recv_counts) const;
+  // recv[size · n] gets n values from each rank, in rank order; send[size · n]: n for each rank.
+  void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) const;
+
+  // Under MPI: prints "error: rank R of N: message" (R, N of the world) and ends every rank with
+  // `code` (MPI_Abort).
   [[noreturn]] void abort_all(const std::string& message, int code) const;
   bool uses_mpi() const { return uses_mpi_; }
 
@@ -61,7 +76,9 @@ class ProcessGroup {
   // Completes the MPI_Request at `request` within the timeout, answering pings meanwhile; ends
   // the job naming the silent ranks otherwise. `call` names the collective.
   void wait(void* request, const char* call) const;
+  MPI_Comm comm() const { return comm_; }
   bool uses_mpi_ = false;
+  MPI_Comm comm_ = MPI_COMM_NULL;  // null: a group of one without MPI
   int rank_ = 0, size_ = 1;
   double timeout_s_ = 600.0;
 };

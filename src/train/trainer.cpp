@@ -21,6 +21,7 @@
 #include "model/config.h"
 #include "model/lightning_indexer.h"
 #include "model/model.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
 #include "parallel/process_group.h"
 #include "train/evaluate.h"
@@ -125,6 +126,14 @@ nlohmann::json memory_record(const StoreCounters& before, const StoreCounters& a
           {"peak_slow_bytes", MemoryStats::peak(Tier::slow)}};
 }
 
+// Every rank's `value`, in rank order (a collective: every rank calls it).
+std::vector<int64_t> from_every_rank(const ProcessGroup& world, int64_t value) {
+  std::vector<double> values(world.size(), 0.0);  // [ranks]
+  values[world.rank()] = double(value);
+  world.all_reduce_sum(values.data(), world.size());
+  return std::vector<int64_t>(values.begin(), values.end());
+}
+
 // Metrics field "fsdp": this step's bytes moved by the gathers and reduce-scatters and the peak of
 // gathered parameters on this rank; the shard's resident state (parameters, gradients and both
 // moments); and every rank's peak fast-tier and resident bytes (a collective: all ranks call it).
@@ -132,21 +141,23 @@ template <class T>
 nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const FsdpCounters& before,
                            int64_t peak_bytes) {
   const FsdpCounters& now = fsdp.counters();
-  std::vector<double> per_rank(2 * world.size(), 0.0);  // [ranks] peak fast-tier bytes, then [ranks] peak RSS
-  per_rank[world.rank()] = double(peak_bytes);
-  per_rank[world.size() + world.rank()] = double(peak_rss_bytes());
-  world.all_reduce_sum(per_rank.data(), static_cast<int64_t>(per_rank.size()));
-  const auto slice = [&](int from) {
-    return std::vector<int64_t>(per_rank.begin() + from, per_rank.begin() + from + world.size());
-  };
   return {{"ranks", world.size()},
           {"gathered_bytes", now.gathered_bytes - before.gathered_bytes},
           {"reduce_scattered_bytes", now.reduce_scattered_bytes - before.reduce_scattered_bytes},
           {"peak_gathered_bytes", now.peak_gathered_bytes},
           {"shard_elements", fsdp.shard_size()},
           {"shard_state_bytes", 4 * fsdp.shard_size() * static_cast<int64_t>(sizeof(T))},
-          {"rank_peak_bytes", slice(0)},
-          {"rank_peak_rss_bytes", slice(world.size())}};
+          {"rank_peak_bytes", from_every_rank(world, peak_bytes)},
+          {"rank_peak_rss_bytes", from_every_rank(world, peak_rss_bytes())}};
+}
+
+// Metrics field "expert_parallel": every rank's bytes of this step's dispatches (rows sent to other
+// ranks' experts, forward and backward) and combines (rows sent back), a collective.
+nlohmann::json expert_parallel_record(const ProcessGroup& world, int ep, const ExpertParallelCounters& now,
+                                      const ExpertParallelCounters& before) {
+  return {{"ep", ep},
+          {"rank_dispatched_bytes", from_every_rank(world, now.dispatched_bytes - before.dispatched_bytes)},
+          {"rank_combined_bytes", from_every_rank(world, now.combined_bytes - before.combined_bytes)}};
 }
 
 // train_tokens: the training split's size (0 before the data is known: a dry run).
@@ -235,6 +246,14 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   if (ranks > 1) {
     fsdp.emplace(model, world, optimizer.layout());
     model.set_unit_hooks(fsdp->hooks());
+  }
+  // Expert parallelism: rank = edp index · ep + ep index; an expert-parallel group holds the ranks
+  // of one edp index (validated in prepare_run).
+  const ProcessGroup ep_group = world.split(world.rank() / o.ep, world.rank() % o.ep);
+  std::optional<ExpertParallel> experts;
+  if (o.ep > 1) {
+    experts.emplace(ep_group);
+    model.set_expert_exchange(&*experts);
   }
   T* step_params = fsdp ? fsdp->shard_params() : model.params();
   T* step_grads = fsdp ? fsdp->shard_grads() : model.grads();
@@ -353,6 +372,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     double loss_sum = 0.0, grad_norm = 0.0;
     StepStats stats;
     const FsdpCounters fsdp_before = fsdp ? fsdp->counters() : FsdpCounters{};
+    const ExpertParallelCounters experts_before = experts ? experts->counters() : ExpertParallelCounters{};
     if (fsdp) fsdp->reset_peak();
     hyper.lr = schedule.at(step);
     if (!skipped) {
@@ -398,6 +418,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     if (skipped) record["skipped"] = "no counted targets in the step's micro-batches; weights unchanged";
     stats.write_metrics(record);
     if (fsdp) record["fsdp"] = fsdp_record(world, *fsdp, fsdp_before, peak_bytes);
+    if (experts) record["expert_parallel"] = expert_parallel_record(world, o.ep, experts->counters(), experts_before);
     std::optional<EvalResult> eval;  // every rank evaluates the same windows (FSDP gathers the units)
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {
       eval = evaluate_loss(model, run.data.val.tokens, s.seq_len, s.batch, o.eval_batches);
@@ -482,6 +503,18 @@ RunSetup prepare_run(TrainOptions& o) {
   run.state.tokenizer_hash = run.data.train.tokenizer_hash;
   run.state.train_checksum = run.data.train.checksum;
   run.state.data_dir = fs::absolute(o.data_dir).lexically_normal().string();
+  const int ranks = ProcessGroup::world().size();
+  if (o.ep < 1 || ranks % o.ep != 0) fail("--ep ", o.ep, " must be ≥ 1 and divide the ", ranks, " ranks");
+  if (o.ep > 1) {
+    if (run.config.num_experts == 0 || run.config.num_experts % o.ep != 0) {
+      fail("--ep ", o.ep, ": the model's ", run.config.num_experts, " routed experts must split evenly over ", o.ep,
+           " ranks");
+    }
+    if (o.recompute != "none" || o.swap != "none" || !o.memory_budget.empty()) {
+      fail("--ep ", o.ep, " with --recompute / --swap / --memory-budget: recomputation and swapping under expert ",
+           "parallelism are not built yet; expected the default policy (keep)");
+    }
+  }
   if (ProcessGroup::world().is_root()) fs::create_directories(o.out_dir);
   return run;
 }

@@ -53,6 +53,7 @@ struct TrainOptions {
   // taken (train/memory_plan.h), or the run stops before training naming the smallest it could meet.
   std::string memory_budget;
   double collective_timeout_s = 600.0;  // under mpirun: how long a collective may wait (ProcessGroup)
+  int ep = 1;  // expert-parallel degree: the routed experts split over groups of ep ranks
   bool dry_run = false;  // print the memory plan (stdout: JSON; stderr: lines) and train nothing
                          // (needs --config; --data adds the sampler's share)
 };

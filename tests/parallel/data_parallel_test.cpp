@@ -1,16 +1,19 @@
 // `trillion train` under mpirun (FSDP over the world: the batch split, units gathered around their
-// use, gradients reduce-scattered into each rank's shard): 2 and 4 ranks give the losses, routing
-// loads and final weights of one rank, in double to relative 1e-10 over 20 steps, and move the
-// bytes the layout says, for MoE configs of both router kinds and every balance loss (pooled,
-// per-layer, sequence-wise, z-loss, the aux-loss-free bias), a hybrid of Gated DeltaNet, full
-// attention and MoE, Kimi Delta Attention with MLA, and DeepSeek-V3.2's sparse attention with the
-// indexer loss; in float the first 3 steps agree to 1e-4 with identical routing; a checkpoint
-// resumes on another number of ranks as if uninterrupted. The learning rate
-// is one at which the tiny models train smoothly: at 1e-2 the hybrid's gradient norm jumps past 100
-// and amplifies rounding-level differences to 1e-8 by step 20. A batch the ranks cannot split is
-// refused, the error naming the rank.
+// use, gradients reduce-scattered into each rank's shard; with --ep the routed experts split over
+// expert-parallel groups, rows dispatched to their experts' ranks and combined back): 2 and 4 ranks,
+// with ep 1, 2 and 4, give the losses, routing loads and final weights of one rank, in double to
+// relative 1e-10 over 20 steps, and count the bytes they move (FSDP: as the layout says; experts:
+// as much back as out, within the routed rows), for MoE configs of both router kinds and every
+// balance loss (pooled, per-layer, sequence-wise, z-loss, the aux-loss-free bias), a hybrid of Gated
+// DeltaNet, full attention and MoE, Kimi Delta Attention with MLA, and DeepSeek-V3.2's sparse
+// attention with the indexer loss; in float the first 3 steps agree to 1e-4 with identical routing;
+// a checkpoint resumes on another number of ranks as if uninterrupted. The learning rate is one at
+// which the tiny models train smoothly: at 1e-2 the hybrid's gradient norm jumps past 100 and
+// amplifies rounding-level differences to 1e-8 by step 20. Bad layouts are refused with the rank
+// named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -129,9 +132,37 @@ struct Case {
   nlohmann::json changes;
   std::string extra;  // train flags
   int micro_batches = 1;
+  int ep = 1;  // expert-parallel degree (runs on rank counts it divides)
 };
 
-void PrintTo(const Case& c, std::ostream* out) { *out << c.name << " " << c.changes.dump() << " " << c.extra; }
+void PrintTo(const Case& c, std::ostream* out) {
+  *out << c.name << " " << c.changes.dump() << " " << c.extra << " ep " << c.ep;
+}
+
+std::string ep_flag(const Case& c) { return c.ep > 1 ? " --ep " + std::to_string(c.ep) : ""; }
+
+// Over all ranks, every step's dispatches send as many row bytes to other ranks as its combines
+// send back (each row goes out and its output comes home, forward and backward), and at most every
+// routed row of every MoE layer, twice (forward and backward), crosses ranks.
+void expect_expert_counts(const RunResult& parallel, const Case& c, int64_t hidden) {
+  for (const nlohmann::json& m : parallel.metrics) {
+    if (c.ep == 1) {
+      EXPECT_FALSE(m.contains("expert_parallel"));
+      continue;
+    }
+    const nlohmann::json& x = m.at("expert_parallel");
+    EXPECT_EQ(x.at("ep"), c.ep);
+    int64_t dispatched = 0, combined = 0;
+    for (const int64_t b : x.at("rank_dispatched_bytes")) dispatched += b;
+    for (const int64_t b : x.at("rank_combined_bytes")) combined += b;
+    EXPECT_EQ(dispatched, combined) << m.dump();
+    EXPECT_GT(dispatched, 0) << m.dump();
+    int64_t routed_rows = 0;  // Σ over MoE layers of the batch's routed rows
+    for (const nlohmann::json& layer : m.at("moe_layers"))
+      for (const int64_t rows : layer.at("tokens_per_expert")) routed_rows += rows;
+    EXPECT_LE(dispatched, 2 * routed_rows * hidden * 8) << "double";
+  }
+}
 
 class DataParallel : public testing::TestWithParam<Case> {};
 
@@ -140,19 +171,22 @@ TEST_P(DataParallel, DoubleRanksAgreeOverTwentySteps) {
   const fs::path config = config_with(c.name, c.changes);
   const RunResult single = run(config, 1, "float64", 20, c.extra);
   for (const int ranks : {2, 4}) {
-    const RunResult parallel = run(config, ranks, "float64", 20, c.extra);
+    if (ranks % c.ep != 0) continue;
+    const RunResult parallel = run(config, ranks, "float64", 20, c.extra + ep_flag(c));
     expect_same_run(single, parallel, ranks, 1e-10);
     expect_same_weights(single, parallel, 20, 1e-9);
     expect_fsdp_counts(parallel, config, ranks, 8, c.micro_batches);
+    expect_expert_counts(parallel, c, nlohmann::json::parse(read_file(config.string())).at("hidden_size"));
   }
 }
 
 TEST_P(DataParallel, FloatRanksAgreeOverThreeStepsWithTheSameRouting) {
   const Case& c = GetParam();
   const fs::path config = config_with(c.name, c.changes);
+  const int ranks = std::max(2, c.ep);
   const RunResult single = run(config, 1, "float32", 3, c.extra);
-  const RunResult parallel = run(config, 2, "float32", 3, c.extra);
-  expect_same_run(single, parallel, 2, 1e-4);
+  const RunResult parallel = run(config, ranks, "float32", 3, c.extra + ep_flag(c));
+  expect_same_run(single, parallel, ranks, 1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -164,9 +198,16 @@ INSTANTIATE_TEST_SUITE_P(
                                            {"output_router_logits", true}},
                          "--moe-bias-rate 0.01"},
                     Case{"tiny_qwen3_next_hybrid", {}, ""}, Case{"tiny_kimi_linear", {}, ""},
+                    Case{"tiny_qwen3_moe", {{"router_z_loss_coef", 1e-3}}, "", 1, 2},
+                    Case{"tiny_glm4_moe", {{"router_aux_loss_type", "sequence"}, {"router_aux_loss_coef", 0.01},
+                                           {"output_router_logits", true}},
+                         "--moe-bias-rate 0.01", 1, 4},
+                    Case{"tiny_qwen3_next_hybrid", {}, "", 1, 2}, Case{"tiny_kimi_linear", {}, "", 1, 4},
+                    Case{"tiny_deepseek_v32", {}, "--indexer-mode dense --indexer-loss-coef 0.1", 1, 2},
                     Case{"tiny_deepseek_v32", {}, "--indexer-mode dense --indexer-loss-coef 0.1"}),
     [](const testing::TestParamInfo<Case>& info) {
-      return info.param.name + "_" + std::to_string(info.index);
+      return info.param.name + (info.param.ep > 1 ? "_ep" + std::to_string(info.param.ep) : "") + "_" +
+             std::to_string(info.index);
     });
 
 // The checkpoint is the flat layout (rank 0 gathers the sharded moments), so any rank count resumes
@@ -197,6 +238,23 @@ TEST(DataParallelErrors, ABatchTheRanksCannotSplitIsRefusedOnEveryRank) {
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--batch 3 must be divisible by the 2 ranks"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("rank "), std::string::npos) << "the error names its rank: " << r.output;
+}
+
+TEST(DataParallelErrors, ExpertParallelDegreesAreValidated) {
+  const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());  // 6 experts
+  const std::string flags = "--config " + config.string() + " --data " + test_data().data_dir.string() +
+                            " --steps 1 --batch 4 --seq-len 16 --out " + (test_data().root / "dp_bad_ep").string();
+  const CommandResult not_dividing = train_on(2, flags + " --ep 3");
+  EXPECT_NE(not_dividing.status, 0);
+  EXPECT_NE(not_dividing.output.find("--ep 3 must be ≥ 1 and divide the 2 ranks"), std::string::npos)
+      << not_dividing.output;
+  const CommandResult uneven = train_on(4, flags + " --ep 4");
+  EXPECT_NE(uneven.status, 0);
+  EXPECT_NE(uneven.output.find("the model's 6 routed experts must split evenly over 4 ranks"), std::string::npos)
+      << uneven.output;
+  const CommandResult recompute = train_on(2, flags + " --ep 2 --recompute full");
+  EXPECT_NE(recompute.status, 0);
+  EXPECT_NE(recompute.output.find("are not built yet"), std::string::npos) << recompute.output;
 }
 
 }  // namespace

@@ -1,0 +1,73 @@
+// ExpertParallel: the routed experts of every MoE layer split over an expert-parallel group of ep
+// ranks (rank p of the group owns experts [p · E/ep, (p + 1) · E/ep)), with all-to-all dispatch and
+// combine (DESIGN.md, "Distributed = MPI"; the seam is model/step.h's ExpertExchange).
+//
+// Forward of one MoE layer on each rank, for its own tokens:
+//   1. its permuted rows (the plan's expert-major order: rows bound for one owner are contiguous)
+//      carry the token's input; the per-expert row counts are exchanged (all-to-all of counts);
+//   2. dispatch: all-to-all-v of the rows to their experts' owners;
+//   3. the owner runs its experts over every row it received (the fused grouped GEMM of
+//      ops/moe_experts.h, each received row a slot of weight 1, grouped by expert by the plan);
+//   4. combine: all-to-all-v of the output rows back, and y[t] += Σ_j weight[t, j] · out(t, j)
+//      over j in order (one thread per token).
+// Backward reverses it: the weighted output gradients travel to the owners (the backward of a
+// combine is a dispatch), the owners form the input gradients of their rows and accumulate their
+// experts' weight gradients, and the input gradients travel back (the backward of a dispatch is a
+// combine); dweight[t, j] = <dy[t], out(t, j)> is formed where the token lives.
+//
+// Kept per layer between forward and backward (counted in the fast tier): the received rows and
+// their owner-side expert activations (gate_up, act, out: R_recv rows), and the returned output
+// rows (the layer's own rows). R_recv is the number of rows routed to this rank's experts, at most
+// ep · N · k. Capacity applies per rank to its own tokens. Recomputation is not built with it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+
+#include "model/step.h"
+#include "parallel/process_group.h"
+
+namespace trillion {
+
+struct ExpertParallelCounters {
+  int64_t dispatched_bytes = 0;  // rows sent to other ranks (forward dispatch, backward dispatch)
+  int64_t combined_bytes = 0;    // rows sent back (forward combine, backward combine)
+};
+
+class ExpertParallel final : public ExpertExchange {
+ public:
+  explicit ExpertParallel(const ProcessGroup& group);  // the group must outlive this object
+  ~ExpertParallel() override;
+
+  void forward(float* y, const float* x, const float* gate_up, const float* down, const float* weight,
+               const MoePlan& plan, const MoeExpertDims& dims, int layer) override;
+  void forward(double* y, const double* x, const double* gate_up, const double* down, const double* weight,
+               const MoePlan& plan, const MoeExpertDims& dims, int layer) override;
+  void backward(float* dx, float* dweight, float* dgate_up, float* ddown, const float* dy, const float* gate_up,
+                const float* down, const float* weight, const MoePlan& plan, const MoeExpertDims& dims,
+                int layer) override;
+  void backward(double* dx, double* dweight, double* dgate_up, double* ddown, const double* dy,
+                const double* gate_up, const double* down, const double* weight, const MoePlan& plan,
+                const MoeExpertDims& dims, int layer) override;
+
+  const ExpertParallelCounters& counters() const { return counters_; }
+
+ private:
+  template <class T>
+  struct Layers;  // the per-layer state of one scalar type
+  template <class T>
+  Layers<T>& layers();
+  template <class T>
+  void forward_impl(T* y, const T* x, const T* gate_up, const T* down, const T* weight, const MoePlan& plan,
+                    const MoeExpertDims& dims, int layer);
+  template <class T>
+  void backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* gate_up, const T* down,
+                     const T* weight, const MoePlan& plan, const MoeExpertDims& dims, int layer);
+  const ProcessGroup& group_;
+  std::unique_ptr<Layers<float>> float_layers_;
+  std::unique_ptr<Layers<double>> double_layers_;
+  ExpertParallelCounters counters_;
+};
+
+}  // namespace trillion
