@@ -297,7 +297,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   const int ranks = save_activations ? m.reduction.ranks : 1;  // shares the statistics are over
   m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse / ranks : 0.0;
   pass.indexer = &m.indexer;
-  pass.experts = save_activations ? m.exchange : nullptr;
+  pass.experts = m.exchange;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
   call(m.hooks.before_forward, 0);

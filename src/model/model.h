@@ -68,8 +68,8 @@ class Model {
   // Data parallelism: forward_backward's statistics over all ranks (step.h); forward_loss keeps
   // its own batch's (evaluation runs the same batches on every rank).
   void set_statistics_reduction(StatisticsReduction reduction);
-  // Expert parallelism for training steps (null: every expert runs here; must outlive its use).
-  // Evaluation runs every expert here; recomputation is refused while it is set.
+  // Expert parallelism (null: every expert runs here; must outlive its use): every forward uses
+  // it, so every rank of its group must run the same forwards; recomputation is refused with it.
   void set_expert_exchange(ExpertExchange* exchange);
   // How sparse attention layers train (IndexerTraining: mode, indexer-loss coefficient). Default:
   // sparse attention, no indexer loss (transformers' forward). The loss appears in StepResult.aux

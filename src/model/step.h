@@ -163,7 +163,7 @@ struct LayerPass {
   StepResult* result = nullptr;             // forward: statistics and loss values, or null
   const MoeBalanceGrad* balance = nullptr;  // backward of MoE layers
   const IndexerTraining* indexer = nullptr;  // sparse layers: mode and loss (null: sparse, no loss)
-  ExpertExchange* experts = nullptr;         // training: where the routed experts run (null: here)
+  ExpertExchange* experts = nullptr;         // where the routed experts run (null: here)
 };
 
 }  // namespace trillion

@@ -31,18 +31,13 @@ void release_range(T* base, int64_t begin, int64_t end, bool zero_ends) {
                  "madvise(MADV_DONTNEED) of ", inner_last - inner_first, " bytes failed");
 }
 
-int64_t total_of(const ShardLayout::Unit& piece) {
-  int64_t total = 0;
-  for (const int64_t c : piece.counts) total += c;
-  return total;
-}
-
 }  // namespace
 
 template <class T>
-Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ShardLayout& layout)
+Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& edp, const ShardLayout& layout)
     : model_(model),
       group_(group),
+      edp_(edp),
       layout_(layout),
       shard_params_(layout.shard_size()),
       shard_grads_(layout.shard_size()) {
@@ -51,12 +46,12 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ShardLayout& lay
   for (size_t i = 0; i < layout.units().size(); ++i) {
     const int unit = layout.units()[i].table_unit;
     if (static_cast<int>(pieces_of_unit_.size()) <= unit) pieces_of_unit_.resize(unit + 1);
-    pieces_of_unit_[unit].push_back(static_cast<int>(i));
+    if (layout.units()[i].held) pieces_of_unit_[unit].push_back(static_cast<int>(i));
   }
   layout.copy_to_shard(model.params(), shard_params_.data());
+  release_everything();
   for (const ShardLayout::Unit& piece : layout.units()) {
-    release_range(model.params(), piece.begin, piece.begin + total_of(piece), /*zero_ends=*/false);
-    release_range(model.grads(), piece.begin, piece.begin + total_of(piece), /*zero_ends=*/true);
+    release_range(model.grads(), piece.begin, piece.begin + piece.count, /*zero_ends=*/true);
   }
 }
 
@@ -78,11 +73,12 @@ void Fsdp<T>::gather(int unit) {
   if (unit >= static_cast<int>(pieces_of_unit_.size())) return;  // a unit without trainable parameters
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
-    group_.all_gather(shard_params_.data() + piece.shard_offset, model_.params() + piece.begin, piece.counts,
-                      piece.displs);
-    const int64_t total = total_of(piece);
-    counters_.gathered_bytes += (total - piece.counts[layout_.rank()]) * static_cast<int64_t>(sizeof(T));
-    gathered_now_ += total * static_cast<int64_t>(sizeof(T));
+    (piece.over_world ? group_ : edp_)
+        .all_gather(shard_params_.data() + piece.shard_offset, model_.params() + piece.begin, piece.counts,
+                    piece.displs);
+    counters_.gathered_bytes +=
+        (piece.count - piece.counts[layout_.group_rank(piece)]) * static_cast<int64_t>(sizeof(T));
+    gathered_now_ += piece.count * static_cast<int64_t>(sizeof(T));
   }
   counters_.peak_gathered_bytes = std::max(counters_.peak_gathered_bytes, gathered_now_);
 }
@@ -92,8 +88,8 @@ void Fsdp<T>::release(int unit) {
   if (unit >= static_cast<int>(pieces_of_unit_.size())) return;
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
-    release_range(model_.params(), piece.begin, piece.begin + total_of(piece), /*zero_ends=*/false);
-    gathered_now_ -= total_of(piece) * static_cast<int64_t>(sizeof(T));
+    release_range(model_.params(), piece.begin, piece.begin + piece.count, /*zero_ends=*/false);
+    gathered_now_ -= piece.count * static_cast<int64_t>(sizeof(T));
   }
 }
 
@@ -102,21 +98,31 @@ void Fsdp<T>::reduce_scatter(int unit) {
   if (unit >= static_cast<int>(pieces_of_unit_.size())) return;
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
-    group_.reduce_scatter_sum(model_.grads() + piece.begin, shard_grads_.data() + piece.shard_offset, piece.counts);
-    const int64_t total = total_of(piece);
-    counters_.reduce_scattered_bytes += (total - piece.counts[layout_.rank()]) * static_cast<int64_t>(sizeof(T));
-    release_range(model_.grads(), piece.begin, piece.begin + total, /*zero_ends=*/true);  // zero for the next step
+    (piece.over_world ? group_ : edp_)
+        .reduce_scatter_sum(model_.grads() + piece.begin, shard_grads_.data() + piece.shard_offset, piece.counts);
+    counters_.reduce_scattered_bytes +=
+        (piece.count - piece.counts[layout_.group_rank(piece)]) * static_cast<int64_t>(sizeof(T));
+    release_range(model_.grads(), piece.begin, piece.begin + piece.count, /*zero_ends=*/true);  // zero for the next step
   }
 }
 
 template <class T>
-void Fsdp<T>::gather_all() {
-  for (int unit = 0; unit < static_cast<int>(pieces_of_unit_.size()); ++unit) gather(unit);
+int64_t Fsdp<T>::held_elements() const {
+  int64_t held = 0;
+  for (const ShardLayout::Unit& piece : layout_.units()) held += piece.held ? piece.count : 0;
+  return held;
 }
 
 template <class T>
-void Fsdp<T>::release_all() {
-  for (int unit = 0; unit < static_cast<int>(pieces_of_unit_.size()); ++unit) release(unit);
+void Fsdp<T>::gather_everything() {
+  layout_.gather_everything(group_, shard_params_.data(), model_.params());
+}
+
+template <class T>
+void Fsdp<T>::release_everything() {
+  for (const ShardLayout::Unit& piece : layout_.units()) {
+    release_range(model_.params(), piece.begin, piece.begin + piece.count, /*zero_ends=*/false);
+  }
 }
 
 template class Fsdp<float>;

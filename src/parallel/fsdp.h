@@ -5,7 +5,7 @@
 //
 // Each rank keeps its shard (parallel/shard_layout.h) of the parameters, the master copy its
 // optimizer updates, and of the gradients. The model's flat buffers hold a unit only while it is in
-// use: before a unit's forward and again before its backward its parameters are all-gathered, after
+// use, and of its experts only this rank's ep slice (gathered over its edp group): before a unit's forward and again before its backward its parameters are all-gathered, after
 // each they are released; after a unit's backward in the step's last micro-batch its gradients are
 // reduce-scattered into the shard and released (earlier micro-batches accumulate into the flat
 // gradients, so a step reduce-scatters once). Released: the memory pages wholly inside the unit's
@@ -39,7 +39,9 @@ template <class T>
 class Fsdp {
  public:
   // Takes the rank's shard from the model's (initialized or loaded) parameters and releases them.
-  Fsdp(Model<T>& model, const ProcessGroup& group, const ShardLayout& layout);
+  // `group` is the world, `edp` this rank's edp group (the ranks of its ep index: they share its
+  // expert slices); both must outlive this object.
+  Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& edp, const ShardLayout& layout);
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
@@ -51,11 +53,14 @@ class Fsdp {
 
   T* shard_params() { return shard_params_.data(); }  // [layout.shard_size()]
   T* shard_grads() { return shard_grads_.data(); }    // [layout.shard_size()]
-  // Every unit gathered, for what reads all parameters (writing a checkpoint); then release_all.
-  void gather_all();
-  void release_all();
+  // Every parameter gathered over the world, the other ep slices' experts too (writing a
+  // checkpoint: every rank calls it); then release_everything.
+  void gather_everything();
+  void release_everything();
 
   int64_t shard_size() const { return layout_.shard_size(); }
+  // Elements of the ranges this rank gathers to use (all dense ones, its ep slice of the experts).
+  int64_t held_elements() const;
   const FsdpCounters& counters() const { return counters_; }
   void reset_peak() { counters_.peak_gathered_bytes = gathered_now_; }
 
@@ -65,6 +70,7 @@ class Fsdp {
   void reduce_scatter(int unit);
   Model<T>& model_;
   const ProcessGroup& group_;
+  const ProcessGroup& edp_;
   const ShardLayout& layout_;
   std::vector<std::vector<int>> pieces_of_unit_;  // [table units] indices into layout_.units()
   Buffer<T> shard_params_, shard_grads_;          // [layout.shard_size()] each

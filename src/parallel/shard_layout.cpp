@@ -1,4 +1,4 @@
-// The split of the trainable units over the ranks. See shard_layout.h.
+// The split of the trainable parameters over the ranks. See shard_layout.h.
 #include "parallel/shard_layout.h"
 
 #include <cstring>
@@ -7,30 +7,58 @@
 
 namespace trillion {
 
-ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks) : rank_(rank), ranks_(ranks) {
-  TRILLION_CHECK(ranks >= 1 && rank >= 0 && rank < ranks, "shard layout of rank ", rank, " of ", ranks);
-  int64_t covered = 0;  // the units tile the trainable prefix [0, trainable_size) in order
+// Splits unit.count over a group of group_size ranks; owner_ep < 0: the world's ranks, else the
+// edp group of that ep index (world rank = group rank · ep + owner_ep).
+void ShardLayout::add(Unit unit, int group_rank, int group_size, int owner_ep) {
+  int64_t displ = 0;
+  for (int g = 0; g < group_size; ++g) {
+    unit.displs.push_back(displ);
+    unit.counts.push_back(unit.count / group_size + (g < unit.count % group_size ? 1 : 0));
+    displ += unit.counts.back();
+  }
+  unit.world_counts.assign(ranks_, 0);
+  unit.world_displs.assign(ranks_, 0);
+  for (int g = 0; g < group_size; ++g) {
+    const int world_rank = owner_ep < 0 ? g : g * ep_ + owner_ep;
+    unit.world_counts[world_rank] = unit.counts[g];
+    unit.world_displs[world_rank] = unit.displs[g];
+  }
+  if (unit.held) {
+    unit.shard_offset = shard_size_;
+    if (unit.counts[group_rank] > 0) {
+      slices_.push_back({unit.begin + unit.displs[group_rank], shard_size_, unit.counts[group_rank]});
+    }
+    shard_size_ += unit.counts[group_rank];
+  }
+  units_.push_back(std::move(unit));
+}
+
+ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks, int ep) : rank_(rank), ranks_(ranks), ep_(ep) {
+  TRILLION_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && ep >= 1 && ranks % ep == 0, "shard layout of rank ", rank,
+                 " of ", ranks, " with ep ", ep);
+  const int edp = ranks / ep, my_ep = rank % ep, my_edp = rank / ep;
+  int64_t covered = 0;  // the ranges tile the trainable prefix [0, trainable_size) in order
   for (const ParamGroup group : {ParamGroup::dense, ParamGroup::expert, ParamGroup::lora}) {
     const std::vector<ParamTable::UnitRange>& ranges = table.units(group);
     for (size_t u = 0; u < ranges.size(); ++u) {
       const ParamTable::UnitRange& range = ranges[u];
       if (range.end == range.begin) continue;
       TRILLION_CHECK(range.begin == covered, "unit ranges of the parameter table leave a gap at ", covered);
-      Unit unit;
-      unit.table_unit = static_cast<int>(u);
-      unit.begin = range.begin;
-      const int64_t count = range.end - range.begin;
-      int64_t displ = 0;
-      for (int r = 0; r < ranks; ++r) {
-        unit.displs.push_back(displ);
-        unit.counts.push_back(count / ranks + (r < count % ranks ? 1 : 0));
-        displ += unit.counts.back();
-      }
-      unit.shard_offset = shard_size_;
-      if (unit.counts[rank] > 0) slices_.push_back({unit.begin + unit.displs[rank], shard_size_, unit.counts[rank]});
-      shard_size_ += unit.counts[rank];
       covered = range.end;
-      units_.push_back(std::move(unit));
+      if (group != ParamGroup::expert || ep == 1) {
+        add(Unit{static_cast<int>(u), range.begin, range.end - range.begin, true, true}, rank, ranks, -1);
+        continue;
+      }
+      // Expert slices, tensor by tensor; the unit's padding belongs to no one (it stays zero).
+      for (const ParamSpec& spec : table.entries()) {
+        if (spec.group != ParamGroup::expert || spec.unit != static_cast<int>(u)) continue;
+        TRILLION_CHECK(!spec.shape.empty() && spec.shape[0] % ep == 0, spec.name, ": ", spec.shape.empty() ? 0 : spec.shape[0],
+                       " experts do not split over ep ", ep);
+        const int64_t slice = spec.numel() / ep;
+        for (int p = 0; p < ep; ++p) {
+          add(Unit{static_cast<int>(u), spec.offset + p * slice, slice, false, p == my_ep}, my_edp, edp, p);
+        }
+      }
     }
   }
   TRILLION_CHECK(covered == table.trainable_size(), "unit ranges cover ", covered, " of ", table.trainable_size(),
@@ -43,23 +71,38 @@ void ShardLayout::copy_to_shard(const T* flat, T* shard) const {
 }
 
 template <class T>
-void ShardLayout::reduce_scatter(const ProcessGroup& group, const T* flat, T* shard) const {
-  TRILLION_CHECK(group.size() == ranks_ && group.rank() == rank_, "shard layout of ", ranks_, " ranks used on ",
-                 group.describe());
-  for (const Unit& unit : units_) group.reduce_scatter_sum(flat + unit.begin, shard + unit.shard_offset, unit.counts);
+void ShardLayout::reduce_scatter(const ProcessGroup& world, const ProcessGroup& edp, const T* flat, T* shard) const {
+  for (const Unit& unit : units_) {
+    if (!unit.held) continue;
+    const ProcessGroup& group = unit.over_world ? world : edp;
+    group.reduce_scatter_sum(flat + unit.begin, shard + unit.shard_offset, unit.counts);
+  }
 }
 
 template <class T>
-void ShardLayout::all_gather(const ProcessGroup& group, const T* shard, T* flat) const {
-  TRILLION_CHECK(group.size() == ranks_ && group.rank() == rank_, "shard layout of ", ranks_, " ranks used on ",
-                 group.describe());
-  for (const Unit& unit : units_) group.all_gather(shard + unit.shard_offset, flat + unit.begin, unit.counts, unit.displs);
+void ShardLayout::all_gather(const ProcessGroup& world, const ProcessGroup& edp, const T* shard, T* flat) const {
+  for (const Unit& unit : units_) {
+    if (!unit.held) continue;
+    const ProcessGroup& group = unit.over_world ? world : edp;
+    group.all_gather(shard + unit.shard_offset, flat + unit.begin, unit.counts, unit.displs);
+  }
 }
 
-#define TRILLION_INSTANTIATE(T)                                                                \
-  template void ShardLayout::copy_to_shard<T>(const T*, T*) const;                             \
-  template void ShardLayout::reduce_scatter<T>(const ProcessGroup&, const T*, T*) const;       \
-  template void ShardLayout::all_gather<T>(const ProcessGroup&, const T*, T*) const;
+template <class T>
+void ShardLayout::gather_everything(const ProcessGroup& world, const T* shard, T* flat) const {
+  TRILLION_CHECK(world.size() == ranks_ && world.rank() == rank_, "shard layout of ", ranks_, " ranks used on ",
+                 world.describe());
+  for (const Unit& unit : units_) {
+    world.all_gather(unit.held ? shard + unit.shard_offset : shard, flat + unit.begin, unit.world_counts,
+                     unit.world_displs);
+  }
+}
+
+#define TRILLION_INSTANTIATE(T)                                                                                    \
+  template void ShardLayout::copy_to_shard<T>(const T*, T*) const;                                                 \
+  template void ShardLayout::reduce_scatter<T>(const ProcessGroup&, const ProcessGroup&, const T*, T*) const;      \
+  template void ShardLayout::all_gather<T>(const ProcessGroup&, const ProcessGroup&, const T*, T*) const;          \
+  template void ShardLayout::gather_everything<T>(const ProcessGroup&, const T*, T*) const;
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)
 #undef TRILLION_INSTANTIATE

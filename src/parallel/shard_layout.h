@@ -1,11 +1,17 @@
-// ShardLayout: which elements of the trainable parameters one rank owns under FSDP, and where they
-// sit in its shard (DESIGN.md, "Parameters": the flat buffers are unit-major inside each group).
+// ShardLayout: which elements of the trainable parameters one rank owns under FSDP (with expert
+// parallelism), and where they sit in its shard (DESIGN.md, "Parameters": the flat buffers are
+// group-major, then unit-major).
 //
-// Every (trainable group, unit) range of the parameter table is split over the ranks in order:
-// rank r owns the r-th of `ranks` contiguous pieces (sizes differ by at most one element: the first
-// count % ranks ranks take one more), so any number of ranks shards any table. A rank's shard
-// stores its pieces back to back, unit after unit; its gradients and optimizer moments have the
-// shard's layout. One rank owns everything, at the same offsets as the flat buffers.
+// Mesh: world = ep × edp, rank = edp index · ep + ep index. A range is split over a group in order:
+// the group's rank g owns the g-th of its contiguous pieces (sizes differ by at most one element),
+// so any number of ranks shards any table.
+//   - dense (and LoRA) units, and with ep = 1 the expert units too: each (group, unit) range split
+//     over the world;
+//   - with ep > 1, each expert tensor [E, …] of a unit is cut into ep slices of E / ep experts; the
+//     slice of ep index p belongs to the ranks of ep index p (its edp group) and is split over them.
+//     A rank never holds the other slices (their experts run elsewhere).
+// A rank's shard stores its pieces back to back in flat order; its gradients and optimizer moments
+// have the shard's layout. One rank owns everything, at the same offsets as the flat buffers.
 //
 //   flat [trainable_size]:  | unit 0: r0 r1 … | unit 1: r0 r1 … | …
 //   shard of rank r:        | unit 0's piece r | unit 1's piece r | …
@@ -21,15 +27,19 @@ namespace trillion {
 
 class ShardLayout {
  public:
-  ShardLayout(const ParamTable& table, int rank, int ranks);
+  ShardLayout(const ParamTable& table, int rank, int ranks, int ep = 1);
 
-  // One unit range of the flat buffers and how it is split.
+  // One range of the flat buffers and how it is split.
   struct Unit {
-    int table_unit = 0;               // the parameter table's unit (0: embeddings and head; 1 + layer)
-    int64_t begin = 0;                // in the flat buffers
-    std::vector<int64_t> counts;      // [ranks] elements of each rank's piece
-    std::vector<int64_t> displs;      // [ranks] offset of each piece inside the unit
-    int64_t shard_offset = 0;         // where this rank's piece starts in its shard
+    int table_unit = 0;             // the parameter table's unit (0: embeddings and head; 1 + layer)
+    int64_t begin = 0;              // in the flat buffers
+    int64_t count = 0;              // elements of the range
+    bool over_world = true;         // split over the world; else over its ep slice's edp group
+    bool held = false;              // this rank holds a piece (and gathers the range to use it)
+    std::vector<int64_t> counts;    // [group ranks] elements of each piece, in the group's order
+    std::vector<int64_t> displs;    // [group ranks] offset of each piece inside the range
+    std::vector<int64_t> world_counts, world_displs;  // [ranks] the same by world rank (0: holds none)
+    int64_t shard_offset = 0;       // where this rank's piece starts in its shard (when held)
   };
   // A run of owned elements: flat [global, global + count) at shard [local, local + count).
   struct Slice {
@@ -38,6 +48,8 @@ class ShardLayout {
 
   int rank() const { return rank_; }
   int ranks() const { return ranks_; }
+  int ep() const { return ep_; }
+  int group_rank(const Unit& unit) const { return unit.over_world ? rank_ : rank_ / ep_; }
   const std::vector<Unit>& units() const { return units_; }
   const std::vector<Slice>& slices() const { return slices_; }  // in flat order; empty pieces left out
   int64_t shard_size() const { return shard_size_; }            // elements of this rank's shard
@@ -45,16 +57,21 @@ class ShardLayout {
   // shard[shard_size] ← this rank's elements of flat[trainable_size].
   template <class T>
   void copy_to_shard(const T* flat, T* shard) const;
-  // Collectives over `group` (its ranks are this layout's), unit by unit:
-  // shard[shard_size] ← this rank's elements of Σ_ranks flat[trainable_size] (the gradients);
+  // Collectives over the world and this rank's edp group (the ranks of its ep index), range by
+  // range, over the ranges this rank holds:
+  // shard ← this rank's elements of Σ over the range's group of flat (the gradients);
   template <class T>
-  void reduce_scatter(const ProcessGroup& group, const T* flat, T* shard) const;
-  // flat[trainable_size] ← every rank's shard, each at its elements (the updated parameters).
+  void reduce_scatter(const ProcessGroup& world, const ProcessGroup& edp, const T* flat, T* shard) const;
+  // flat ← every piece of the held ranges (the parameters a rank uses).
   template <class T>
-  void all_gather(const ProcessGroup& group, const T* shard, T* flat) const;
+  void all_gather(const ProcessGroup& world, const ProcessGroup& edp, const T* shard, T* flat) const;
+  // flat ← every piece of every range, over the world (a checkpoint's full parameters or moments).
+  template <class T>
+  void gather_everything(const ProcessGroup& world, const T* shard, T* flat) const;
 
  private:
-  int rank_ = 0, ranks_ = 1;
+  void add(Unit unit, int group_rank, int group_size, int owner_ep);
+  int rank_ = 0, ranks_ = 1, ep_ = 1;
   std::vector<Unit> units_;
   std::vector<Slice> slices_;
   int64_t shard_size_ = 0;

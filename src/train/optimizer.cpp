@@ -20,10 +20,10 @@ Optimizer<T>::Optimizer(const ParamTable& table)
 }
 
 template <class T>
-Optimizer<T>::Optimizer(const ParamTable& table, const ProcessGroup& group)
+Optimizer<T>::Optimizer(const ParamTable& table, const ProcessGroup& group, int ep)
     : table_(table),
       group_(&group),
-      layout_(table, group.rank(), group.size()),
+      layout_(table, group.rank(), group.size(), ep),
       exp_avg_(layout_.shard_size()),
       exp_avg_sq_(layout_.shard_size()) {
   spans_ = spans_of_updated();
@@ -93,8 +93,8 @@ void Optimizer<T>::save(const std::string& path) const {
   Buffer<T> gathered_avg(sharded ? table_.trainable_size() : 0);     // [trainable_size] when sharded
   Buffer<T> gathered_avg_sq(sharded ? table_.trainable_size() : 0);  // [trainable_size] when sharded
   if (sharded) {
-    layout_.all_gather(*group_, exp_avg_.data(), gathered_avg.data());
-    layout_.all_gather(*group_, exp_avg_sq_.data(), gathered_avg_sq.data());
+    layout_.gather_everything(*group_, exp_avg_.data(), gathered_avg.data());
+    layout_.gather_everything(*group_, exp_avg_sq_.data(), gathered_avg_sq.data());
     if (!group_->is_root()) return;
   }
   const T* avg = sharded ? gathered_avg.data() : exp_avg_.data();           // [trainable_size]

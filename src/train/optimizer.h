@@ -28,8 +28,8 @@ template <class T>
 class Optimizer {
  public:
   explicit Optimizer(const ParamTable& table);
-  // Sharded over `group` (which must outlive the optimizer).
-  Optimizer(const ParamTable& table, const ProcessGroup& group);
+  // Sharded over the world `group` (which must outlive the optimizer), experts over ep groups.
+  Optimizer(const ParamTable& table, const ProcessGroup& group, int ep = 1);
   // Only tensors for which filter(spec) holds are updated, clipped and counted (default: all).
   void set_trainable(std::function<bool(const ParamSpec&)> filter);
 

@@ -136,7 +136,8 @@ std::vector<int64_t> from_every_rank(const ProcessGroup& world, int64_t value) {
 
 // Metrics field "fsdp": this step's bytes moved by the gathers and reduce-scatters and the peak of
 // gathered parameters on this rank; the shard's resident state (parameters, gradients and both
-// moments); and every rank's peak fast-tier and resident bytes (a collective: all ranks call it).
+// moments) and the elements it gathers to use; and every rank's peak fast-tier and resident bytes
+// (a collective: all ranks call it).
 template <class T>
 nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const FsdpCounters& before,
                            int64_t peak_bytes) {
@@ -146,6 +147,7 @@ nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const
           {"reduce_scattered_bytes", now.reduce_scattered_bytes - before.reduce_scattered_bytes},
           {"peak_gathered_bytes", now.peak_gathered_bytes},
           {"shard_elements", fsdp.shard_size()},
+          {"held_elements", fsdp.held_elements()},
           {"shard_state_bytes", 4 * fsdp.shard_size() * static_cast<int64_t>(sizeof(T))},
           {"rank_peak_bytes", from_every_rank(world, peak_bytes)},
           {"rank_peak_rss_bytes", from_every_rank(world, peak_rss_bytes())}};
@@ -240,16 +242,17 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     model.set_statistics_reduction(
         {world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }});
   }
-  Optimizer<T> optimizer(model.table(), world);
+  // Expert parallelism: rank = edp index · ep + ep index (validated in prepare_run); an
+  // expert-parallel group holds the ranks of one edp index, an edp group those of one ep index.
+  const ProcessGroup ep_group = world.split(world.rank() / o.ep, world.rank() % o.ep);
+  const ProcessGroup edp_group = world.split(world.rank() % o.ep, world.rank() / o.ep);
+  Optimizer<T> optimizer(model.table(), world, o.ep);
   if (run.resumed) optimizer.load((fs::path(run.weights_dir) / "optimizer.safetensors").string());
   std::optional<Fsdp<T>> fsdp;
   if (ranks > 1) {
-    fsdp.emplace(model, world, optimizer.layout());
+    fsdp.emplace(model, world, edp_group, optimizer.layout());
     model.set_unit_hooks(fsdp->hooks());
   }
-  // Expert parallelism: rank = edp index · ep + ep index; an expert-parallel group holds the ranks
-  // of one edp index (validated in prepare_run).
-  const ProcessGroup ep_group = world.split(world.rank() / o.ep, world.rank() % o.ep);
   std::optional<ExpertParallel> experts;
   if (o.ep > 1) {
     experts.emplace(ep_group);
@@ -308,10 +311,10 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
 
   // Every rank takes part (FSDP gathers the parameters and the moments); rank 0 writes.
   auto save = [&](int64_t step) {
-    if (fsdp) fsdp->gather_all();
+    if (fsdp) fsdp->gather_everything();
     if (!world.is_root()) {
       optimizer.save(std::string());
-      if (fsdp) fsdp->release_all();
+      if (fsdp) fsdp->release_everything();
       return;
     }
     const std::string dir = write_checkpoint(out_dir, step, [&](const std::string& temp_dir) {
@@ -321,7 +324,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
       write_file_atomic((fs::path(temp_dir) / "tokenizer.model").string(), read_file(run.data.tokenizer_path));
       write_file_atomic((fs::path(temp_dir) / "trainer_state.json").string(), run.state.to_json().dump(2) + "\n");
     });
-    if (fsdp) fsdp->release_all();
+    if (fsdp) fsdp->release_everything();
     std::fprintf(stderr, "saved %s\n", dir.c_str());
   };
 

@@ -103,27 +103,34 @@ void expect_same_weights(const RunResult& single, const RunResult& parallel, int
   }
 }
 
-// The FSDP counters of every step: each gather and reduce-scatter moves the unit's elements other
+// The FSDP counters of every step: each gather and reduce-scatter moves the range's elements other
 // than this rank's piece, so a step (each unit gathered for its forward and its backward, its
-// gradients reduce-scattered once) moves 2 · (trainable − shard) and trainable − shard elements;
+// gradients reduce-scattered once) moves 2 · (held − shard) and held − shard elements, where held is
+// what the rank gathers: every trainable element with ep 1, its ep slice of the experts otherwise;
 // the shard (parameters, gradients, two moments) is about a 1/ranks share of the trainable storage.
 // With gradient accumulation every micro-batch gathers, and only the last reduce-scatters.
-void expect_fsdp_counts(const RunResult& parallel, const fs::path& config, int ranks, int64_t element_bytes,
+void expect_fsdp_counts(const RunResult& parallel, const fs::path& config, int ranks, int ep, int64_t element_bytes,
                         int micro_batches) {
   const CommandResult info = run_cli("info --json --config " + config.string(), "OMP_NUM_THREADS=1", true);
   ASSERT_EQ(info.status, 0) << info.output;
-  const int64_t trainable = nlohmann::json::parse(info.output).at("trainable_storage");
+  const nlohmann::json counts = nlohmann::json::parse(info.output);
+  const int64_t trainable = counts.at("trainable_storage"), experts = counts.at("expert_parameters");
   for (const nlohmann::json& m : parallel.metrics) {
     const nlohmann::json& f = m.at("fsdp");
-    const int64_t shard = f.at("shard_elements");
+    const int64_t shard = f.at("shard_elements"), held = f.at("held_elements");
     EXPECT_EQ(f.at("ranks"), ranks);
-    EXPECT_EQ(f.at("gathered_bytes"), micro_batches * 2 * (trainable - shard) * element_bytes) << m.dump();
-    EXPECT_EQ(f.at("reduce_scattered_bytes"), (trainable - shard) * element_bytes) << m.dump();
+    if (ep == 1) {
+      EXPECT_EQ(held, trainable);
+    } else {
+      EXPECT_LE(held, trainable - experts + experts / ep) << "only its ep slice of the experts";
+    }
+    EXPECT_EQ(f.at("gathered_bytes"), micro_batches * 2 * (held - shard) * element_bytes) << m.dump();
+    EXPECT_EQ(f.at("reduce_scattered_bytes"), (held - shard) * element_bytes) << m.dump();
     EXPECT_EQ(f.at("shard_state_bytes"), 4 * shard * element_bytes);
-    EXPECT_NEAR(double(shard), double(trainable) / ranks, 64.0) << "rank 0's share, one element per unit at most";
+    EXPECT_NEAR(double(shard), double(trainable) / ranks, 64.0) << "rank 0's share, within padding and rounding";
     EXPECT_EQ(f.at("rank_peak_rss_bytes").size(), size_t(ranks));
     EXPECT_GT(f.at("peak_gathered_bytes").get<int64_t>(), 0);
-    EXPECT_LT(f.at("peak_gathered_bytes").get<int64_t>(), trainable * element_bytes) << "never every unit at once";
+    EXPECT_LT(f.at("peak_gathered_bytes").get<int64_t>(), held * element_bytes) << "never every unit at once";
   }
 }
 
@@ -175,7 +182,7 @@ TEST_P(DataParallel, DoubleRanksAgreeOverTwentySteps) {
     const RunResult parallel = run(config, ranks, "float64", 20, c.extra + ep_flag(c));
     expect_same_run(single, parallel, ranks, 1e-10);
     expect_same_weights(single, parallel, 20, 1e-9);
-    expect_fsdp_counts(parallel, config, ranks, 8, c.micro_batches);
+    expect_fsdp_counts(parallel, config, ranks, c.ep, 8, c.micro_batches);
     expect_expert_counts(parallel, c, nlohmann::json::parse(read_file(config.string())).at("hidden_size"));
   }
 }
@@ -210,8 +217,9 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.index);
     });
 
-// The checkpoint is the flat layout (rank 0 gathers the sharded moments), so any rank count resumes
-// it: 4 ranks train to step 4, 2 ranks continue to 6, one rank to 8, as one uninterrupted rank does.
+// The checkpoint is the flat layout (rank 0 gathers the sharded parameters and moments, every ep
+// slice's experts too), so any layout resumes it: 4 ranks with ep 2 train to step 4, 2 ranks with
+// ep 2 continue to 6, one rank to 8, as one uninterrupted rank does.
 TEST(DataParallelResume, ACheckpointResumesOnOtherRankCounts) {
   const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
   const RunResult uninterrupted = run(config, 1, "float64", 8, "");
@@ -220,8 +228,8 @@ TEST(DataParallelResume, ACheckpointResumesOnOtherRankCounts) {
   const std::string flags = "--config " + config.string() + " --data " + test_data().data_dir.string() + " --out " +
                             out.string() + " --batch 4 --seq-len 16 --lr 1e-3 --warmup 2 --log-every 100 " +
                             "--dtype float64 --steps 8" + kSmallMfuGemm;
-  for (const auto& [ranks, more] : {std::pair{4, std::string(" --stop-after 4")},
-                                    {2, " --resume " + out.string() + " --stop-after 6"},
+  for (const auto& [ranks, more] : {std::pair{4, std::string(" --ep 2 --stop-after 4")},
+                                    {2, " --ep 2 --resume " + out.string() + " --stop-after 6"},
                                     {1, " --resume " + out.string()}}) {
     const CommandResult r = train_on(ranks, flags + more);
     ASSERT_EQ(r.status, 0) << ranks << " ranks: " << r.output;

@@ -1,12 +1,14 @@
 // ShardLayout without MPI: for any number of ranks every trainable element belongs to exactly one
 // rank, in order and in near-equal pieces per unit (sizes differ by at most one), buffers belong to
-// none, a rank's shard holds its pieces back to back, and one rank's shard is the flat layout.
+// none, a rank's shard holds its pieces back to back, and one rank's shard is the flat layout; with
+// expert parallelism each expert slice belongs to its ep index's ranks only.
 #include "parallel/shard_layout.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 #include <vector>
 
 namespace trillion {
@@ -59,6 +61,41 @@ TEST(ShardLayout, EveryTrainableElementHasExactlyOneOwner) {
     EXPECT_TRUE(std::all_of(owners.begin(), owners.end(), [](int n) { return n == 1; })) << ranks << " ranks";
   }
   EXPECT_GT(table.total_size(), table.trainable_size()) << "the buffer lies past the trainable prefix, owned by none";
+}
+
+// With ep > 1 each expert tensor's slice of E / ep experts belongs to the ranks of one ep index:
+// still every trainable element but the expert units' padding has exactly one owner, a rank holds
+// only its own slices, and the world counts place every piece where its owner is.
+TEST(ShardLayout, ExpertSlicesBelongToTheirEpGroup) {
+  const ParamTable table = make_table();
+  for (const auto& [ranks, ep] : {std::pair{2, 2}, {4, 2}, {4, 4}}) {
+    std::vector<int> owners(table.trainable_size(), 0);
+    for (int rank = 0; rank < ranks; ++rank) {
+      const ShardLayout layout(table, rank, ranks, ep);
+      for (const ShardLayout::Slice& s : layout.slices())
+        for (int64_t i = s.global; i < s.global + s.count; ++i) ++owners[i];
+      for (const ShardLayout::Unit& unit : layout.units()) {
+        int64_t placed = 0;
+        for (int r = 0; r < ranks; ++r) placed += unit.world_counts[r];
+        EXPECT_EQ(placed, unit.count);
+        if (unit.over_world) continue;
+        int owner = -1;  // the ep index whose ranks hold the slice's pieces
+        for (int r = 0; r < ranks; ++r) {
+          if (unit.world_counts[r] == 0) continue;
+          EXPECT_TRUE(owner < 0 || owner == r % ep) << "one ep index per slice";
+          owner = r % ep;
+        }
+        EXPECT_EQ(unit.held, owner == rank % ep) << "held: its own ep index's slices only";
+        EXPECT_EQ(unit.counts.size(), size_t(ranks / ep)) << "split over its edp group";
+      }
+    }
+    for (const ParamSpec& spec : table.entries()) {
+      if (!spec.trainable()) continue;
+      for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
+        ASSERT_EQ(owners[i], 1) << spec.name << " element " << i - spec.offset << ", " << ranks << " ranks, ep " << ep;
+      }
+    }
+  }
 }
 
 TEST(ShardLayout, OneRankIsTheFlatLayoutAndCopiesGatherTheRanksPieces) {
