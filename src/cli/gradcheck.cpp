@@ -1,7 +1,11 @@
 // `trillion gradcheck`: the whole model in double against central finite differences
 // (model/gradient_check.h). Prints one line per tensor, then as its last line a JSON object
 // {"max_rel_err", "worst_tensor", "checked", "tolerance"}; exits 0 only when something was checked,
-// no tensor's numeric gradient is zero and every tensor is within tolerance.
+// no tensor's numeric gradient is zero and every tensor is within tolerance. Under mpirun it first
+// checks the distributed step's gradient (FSDP, --ep) against one process's on the same batch
+// (parallel/distributed_gradient_check.h; every rank takes part, rank 0 reports and then runs the
+// finite differences); the JSON line adds "distributed_max_rel_err" and its tolerance.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -12,6 +16,8 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/gradient_check.h"
+#include "parallel/distributed_gradient_check.h"
+#include "parallel/process_group.h"
 
 namespace trillion {
 
@@ -21,25 +27,44 @@ struct GradcheckArgs {
   std::string config_path;
   GradientCheckOptions options;
   double tolerance = 1e-6;
+  int ep = 1;
+  double distributed_tolerance = 1e-12;
 };
+
+void print_check(const TensorCheck& t, double tolerance) {
+  std::printf("%-48s checked %7lld  max_abs_err %.3e  max_ref %.3e  rel_err %.3e  %s\n", t.name.c_str(),
+              static_cast<long long>(t.checked), t.max_abs_err, t.max_ref, t.rel_err,
+              t.max_ref == 0.0 ? "FAIL (numeric gradient is zero)" : t.rel_err <= tolerance ? "ok" : "FAIL");
+}
 
 void run_gradcheck(const GradcheckArgs& args) {
   if (!(args.tolerance > 0.0) || !std::isfinite(args.tolerance))
     fail("gradcheck: --tolerance ", args.tolerance, ": expected a positive finite number");
   const ModelConfig config = ModelConfig::load(args.config_path);
+  const ProcessGroup& world = ProcessGroup::world();
+  nlohmann::json summary;
+  if (world.size() > 1) {
+    const std::vector<TensorCheck> distributed = check_distributed_gradients(config, args.options, world, args.ep);
+    if (!world.is_root()) return;
+    std::printf("distributed gradient of %s on %s, ep %d, against one process's:\n", args.config_path.c_str(),
+                world.describe().c_str(), args.ep);
+    double worst = 0.0;
+    for (const TensorCheck& t : distributed) {
+      print_check(t, args.distributed_tolerance);
+      worst = std::max(worst, t.rel_err);
+    }
+    summary["distributed_max_rel_err"] = worst;
+    summary["distributed_tolerance"] = args.distributed_tolerance;
+  }
   const GradientCheckReport report = check_model_gradients(config, args.options);
   std::printf("gradient check of %s: batch %lld, seq %lld, %s\n", args.config_path.c_str(),
               static_cast<long long>(args.options.batch), static_cast<long long>(args.options.seq),
               report.full ? "every element" : "random directions per tensor");
-  for (const TensorCheck& t : report.tensors) {
-    std::printf("%-48s checked %7lld  max_abs_err %.3e  max_ref %.3e  rel_err %.3e  %s\n", t.name.c_str(),
-                static_cast<long long>(t.checked), t.max_abs_err, t.max_ref, t.rel_err,
-                t.max_ref == 0.0 ? "FAIL (numeric gradient is zero)" : t.rel_err <= args.tolerance ? "ok" : "FAIL");
-  }
-  const nlohmann::json summary = {{"max_rel_err", report.max_rel_err},
-                                  {"worst_tensor", report.worst_tensor},
-                                  {"checked", report.checked},
-                                  {"tolerance", args.tolerance}};
+  for (const TensorCheck& t : report.tensors) print_check(t, args.tolerance);
+  summary["max_rel_err"] = report.max_rel_err;
+  summary["worst_tensor"] = report.worst_tensor;
+  summary["checked"] = report.checked;
+  summary["tolerance"] = args.tolerance;
   std::printf("%s\n", summary.dump().c_str());
   std::fflush(stdout);
   if (report.checked == 0) fail("gradient check failed: nothing was checked");
@@ -48,6 +73,10 @@ void run_gradcheck(const GradcheckArgs& args) {
   if (!(report.max_rel_err <= args.tolerance))
     fail("gradient check failed: max_rel_err ", report.max_rel_err, " in ", report.worst_tensor, " exceeds tolerance ",
          args.tolerance);
+  if (summary.contains("distributed_max_rel_err") &&
+      !(summary["distributed_max_rel_err"].get<double>() <= args.distributed_tolerance))
+    fail("gradient check failed: the distributed gradient differs from one process's by ",
+         summary["distributed_max_rel_err"].get<double>(), ", over tolerance ", args.distributed_tolerance);
 }
 
 }  // namespace
@@ -65,6 +94,11 @@ void register_gradcheck(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-elements", args->options.max_full_elements,
                   "Check every element when the model has at most this many parameters")
+      ->capture_default_str();
+  cmd->add_option("--ep", args->ep, "Under mpirun: expert-parallel degree of the distributed check")
+      ->capture_default_str();
+  cmd->add_option("--distributed-tolerance", args->distributed_tolerance,
+                  "Under mpirun: largest relative difference per tensor between the distributed and one process's gradient")
       ->capture_default_str();
   cmd->add_option("--step", args->options.step, "Finite-difference step (relative to max(1, |θ|))")
       ->capture_default_str();

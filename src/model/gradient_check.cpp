@@ -21,7 +21,7 @@ double central_difference(const std::function<double(double)>& f, double h) {
 
 }  // namespace
 
-GradientCheckReport check_model_gradients(const ModelConfig& config, const GradientCheckOptions& options) {
+GradientCheckBatch gradient_check_batch(const ModelConfig& config, const GradientCheckOptions& options) {
   if (options.batch <= 0 || options.seq <= 0)
     fail("gradient check: --batch ", options.batch, " and --seq-len ", options.seq, ": expected positive integers");
   if (!(options.step > 0.0) || !std::isfinite(options.step))
@@ -29,22 +29,49 @@ GradientCheckReport check_model_gradients(const ModelConfig& config, const Gradi
   if (options.directions < 1) fail("gradient check: --directions ", options.directions, ": expected at least 1");
   if (options.max_full_elements < 0)
     fail("gradient check: --max-elements ", options.max_full_elements, ": expected a non-negative integer");
+  const int64_t n = options.batch * options.seq, V = config.vocab_size;
+  GradientCheckBatch batch;
+  batch.tokens.resize(n);
+  batch.targets.resize(n);
+  const CounterRng token_rng(options.seed, "gradcheck.tokens"), target_rng(options.seed, "gradcheck.targets");
+  for (int64_t i = 0; i < n; ++i) {
+    batch.tokens[i] = static_cast<int32_t>(token_rng.bits(i) % V);
+    batch.targets[i] = static_cast<int32_t>(target_rng.bits(i) % V);
+  }
+  if (n > 1) batch.targets[n / 2] = kIgnoreIndex;  // the ignored-target path is checked too
+  const int64_t counted =
+      std::count_if(batch.targets.begin(), batch.targets.end(), [](int32_t t) { return t != kIgnoreIndex; });
+  if (counted == 0) fail("gradient check: every target is ignored");
+  batch.scales = LossScales{1.0 / double(counted), 1.0};
+  return batch;
+}
+
+std::vector<TensorCheck> compare_gradients(const ParamTable& table, const double* gradient, const double* reference) {
+  std::vector<TensorCheck> checks;
+  for (const ParamSpec& spec : table.entries()) {
+    if (!spec.trainable()) continue;
+    TensorCheck check;
+    check.name = spec.name;
+    check.checked = spec.numel();
+    for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
+      check.max_abs_err = std::max(check.max_abs_err, std::abs(gradient[i] - reference[i]));
+      check.max_ref = std::max(check.max_ref, std::abs(reference[i]));
+    }
+    check.rel_err = check.max_ref > 0.0 ? check.max_abs_err / check.max_ref : check.max_abs_err;
+    checks.push_back(check);
+  }
+  return checks;
+}
+
+GradientCheckReport check_model_gradients(const ModelConfig& config, const GradientCheckOptions& options) {
+  const GradientCheckBatch batch = gradient_check_batch(config, options);
+  const std::vector<int32_t>& tokens = batch.tokens;
+  const std::vector<int32_t>& targets = batch.targets;
+  const LossScales& scales = batch.scales;
   Model<double> model(config);
   model.init_weights(options.seed);
   if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
-  const int64_t n = options.batch * options.seq, V = config.vocab_size;
-  std::vector<int32_t> tokens(n), targets(n);  // [batch, seq]
-  const CounterRng token_rng(options.seed, "gradcheck.tokens"), target_rng(options.seed, "gradcheck.targets");
-  for (int64_t i = 0; i < n; ++i) {
-    tokens[i] = static_cast<int32_t>(token_rng.bits(i) % V);
-    targets[i] = static_cast<int32_t>(target_rng.bits(i) % V);
-  }
-  if (n > 1) targets[n / 2] = kIgnoreIndex;  // the ignored-target path is checked too
-
   model.zero_grads();
-  const StepResult first = model.forward_loss(tokens.data(), targets.data(), options.batch, options.seq);
-  if (first.lm.count == 0) fail("gradient check: every target is ignored");
-  const LossScales scales{1.0 / double(first.lm.count), 1.0};
   model.forward_backward(tokens.data(), targets.data(), options.batch, options.seq, scales);
   model.decisions().start_replay();  // perturbed passes keep the unperturbed routing
   const double* grads = model.grads();

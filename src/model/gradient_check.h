@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/params.h"
 #include "model/step.h"
 
 namespace trillion {
@@ -53,5 +54,17 @@ struct GradientCheckReport {
 };
 
 GradientCheckReport check_model_gradients(const ModelConfig& config, const GradientCheckOptions& options);
+
+// The checked step: its random batch (seeded; one target ignored) and the loss scales of its
+// objective (lm = 1 / counted targets). Validates the options.
+struct GradientCheckBatch {
+  std::vector<int32_t> tokens, targets;  // [batch, seq] each
+  LossScales scales;
+};
+GradientCheckBatch gradient_check_batch(const ModelConfig& config, const GradientCheckOptions& options);
+
+// Per tensor, max |gradient − reference| over max |reference| (a tensor whose reference is all
+// zero gets its max |gradient|), for the trainable tensors of `table`; both [trainable_size].
+std::vector<TensorCheck> compare_gradients(const ParamTable& table, const double* gradient, const double* reference);
 
 }  // namespace trillion

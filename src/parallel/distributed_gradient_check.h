@@ -1,0 +1,20 @@
+// The distributed step's gradient against one process's, for `trillion gradcheck` under mpirun:
+// the same model, weights and batch (model/gradient_check.h's), trained once in this process on the
+// whole batch and once as the training run does it (FSDP over the world, the routed experts over
+// ep groups, every rank its rows of the batch, statistics over the ranks); the gathered sharded
+// gradient is compared with the one-process gradient tensor by tensor. Every rank calls it.
+#pragma once
+
+#include <vector>
+
+#include "model/config.h"
+#include "model/gradient_check.h"
+#include "parallel/process_group.h"
+
+namespace trillion {
+
+// Fails (trillion::Error) when the batch does not split over the ranks or the experts over ep.
+std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, const GradientCheckOptions& options,
+                                                     const ProcessGroup& world, int ep);
+
+}  // namespace trillion
