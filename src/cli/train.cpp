@@ -57,6 +57,8 @@ void register_train(CLI::App& app) {
                 "Store swapped float32 tensors as bfloat16: half the disk traffic, lossy (off by default)");
   cmd->add_option("--ep", o.ep,
                   "Under mpirun: expert-parallel degree (routed experts split over groups of EP ranks; divides the ranks)");
+  cmd->add_option("--ep-chunks", o.ep_chunks,
+                  "Under mpirun with --ep: token chunks per MoE layer whose exchange overlaps the others' experts");
   cmd->add_option("--collective-timeout", o.collective_timeout_s,
                   "Under mpirun: seconds a collective may wait before the job ends, naming the silent ranks");
   cmd->add_option("--memory-budget", o.memory_budget,

@@ -15,6 +15,12 @@
 // experts' weight gradients, and the input gradients travel back (the backward of a dispatch is a
 // combine); dweight[t, j] = <dy[t], out(t, j)> is formed where the token lives.
 //
+// Overlap: with chunks > 1 the rank's tokens are cut into that many ranges, and each chunk's rows
+// travel while another chunk's experts compute: dispatch of chunk c + 1 and combine of chunk c − 1
+// are in flight (non-blocking all-to-all-v) during chunk c's grouped GEMMs, in forward and backward.
+// The results equal one chunk's to rounding (the expert weight gradients sum chunk by chunk).
+// `wait_s` counts the time spent waiting for exchanges to complete: the communication not hidden.
+//
 // Kept per layer between forward and backward (counted in the fast tier): the received rows and
 // their owner-side expert activations (gate_up, act, out: R_recv rows), and the returned output
 // rows (the layer's own rows). R_recv is the number of rows routed to this rank's experts, at most
@@ -33,11 +39,13 @@ namespace trillion {
 struct ExpertParallelCounters {
   int64_t dispatched_bytes = 0;  // rows sent to other ranks (forward dispatch, backward dispatch)
   int64_t combined_bytes = 0;    // rows sent back (forward combine, backward combine)
+  double wait_s = 0.0;           // waiting for exchanges to complete
 };
 
 class ExpertParallel final : public ExpertExchange {
  public:
-  explicit ExpertParallel(const ProcessGroup& group);  // the group must outlive this object
+  // The group must outlive this object; chunks ≥ 1 token ranges per layer (see Overlap above).
+  explicit ExpertParallel(const ProcessGroup& group, int chunks = 1);
   ~ExpertParallel() override;
 
   void forward(float* y, const float* x, const float* gate_up, const float* down, const float* weight,
@@ -52,6 +60,7 @@ class ExpertParallel final : public ExpertExchange {
                 const MoeExpertDims& dims, int layer) override;
 
   const ExpertParallelCounters& counters() const { return counters_; }
+  void set_chunks(int chunks);
 
  private:
   template <class T>
@@ -64,7 +73,9 @@ class ExpertParallel final : public ExpertExchange {
   template <class T>
   void backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* gate_up, const T* down,
                      const T* weight, const MoePlan& plan, const MoeExpertDims& dims, int layer);
+  void finish_timed(ProcessGroup::Pending& pending);  // completes it, counting the wait
   const ProcessGroup& group_;
+  int chunks_ = 1;
   std::unique_ptr<Layers<float>> float_layers_;
   std::unique_ptr<Layers<double>> double_layers_;
   ExpertParallelCounters counters_;

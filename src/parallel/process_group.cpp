@@ -206,26 +206,40 @@ void ProcessGroup::all_gather(const T* send, T* recv, const std::vector<int64_t>
 }
 
 template <class T>
-void ProcessGroup::all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
-                              const std::vector<int64_t>& recv_counts) const {
+ProcessGroup::Pending ProcessGroup::start_all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
+                                                     const std::vector<int64_t>& recv_counts) const {
   TRILLION_CHECK(static_cast<int>(send_counts.size()) == size_ && recv_counts.size() == send_counts.size(),
                  send_counts.size(), " counts for ", size_, " ranks");
+  Pending pending;
   if (size_ == 1) {
     std::copy(send, send + send_counts[0], recv);
-    return;
+    return pending;
   }
   std::vector<int64_t> send_displs(size_, 0), recv_displs(size_, 0);
   for (int r = 1; r < size_; ++r) {
     send_displs[r] = send_displs[r - 1] + send_counts[r - 1];
     recv_displs[r] = recv_displs[r - 1] + recv_counts[r - 1];
   }
-  const std::vector<int> sc = int_counts(send_counts), sd = int_counts(send_displs);
-  const std::vector<int> rc = int_counts(recv_counts), rd = int_counts(recv_displs);
-  MPI_Request request;
-  check_mpi(MPI_Ialltoallv(send, sc.data(), sd.data(), mpi_type<T>(), recv, rc.data(), rd.data(), mpi_type<T>(),
-                           comm(), &request),
+  pending.send_counts = int_counts(send_counts);
+  pending.send_displs = int_counts(send_displs);
+  pending.recv_counts = int_counts(recv_counts);
+  pending.recv_displs = int_counts(recv_displs);
+  check_mpi(MPI_Ialltoallv(send, pending.send_counts.data(), pending.send_displs.data(), mpi_type<T>(), recv,
+                           pending.recv_counts.data(), pending.recv_displs.data(), mpi_type<T>(), comm(),
+                           &pending.request),
             "MPI_Ialltoallv");
-  wait(&request, "MPI_Alltoallv");
+  return pending;
+}
+
+void ProcessGroup::finish(Pending& pending) const {
+  if (pending.request != MPI_REQUEST_NULL) wait(&pending.request, "MPI_Alltoallv");
+}
+
+template <class T>
+void ProcessGroup::all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
+                              const std::vector<int64_t>& recv_counts) const {
+  Pending pending = start_all_to_all(send, send_counts, recv, recv_counts);
+  finish(pending);
 }
 
 void ProcessGroup::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) const {
@@ -244,6 +258,10 @@ template void ProcessGroup::all_to_all<float>(const float*, const std::vector<in
                                               const std::vector<int64_t>&) const;
 template void ProcessGroup::all_to_all<double>(const double*, const std::vector<int64_t>&, double*,
                                                const std::vector<int64_t>&) const;
+template ProcessGroup::Pending ProcessGroup::start_all_to_all<float>(const float*, const std::vector<int64_t>&,
+                                                                     float*, const std::vector<int64_t>&) const;
+template ProcessGroup::Pending ProcessGroup::start_all_to_all<double>(const double*, const std::vector<int64_t>&,
+                                                                      double*, const std::vector<int64_t>&) const;
 template void ProcessGroup::reduce_scatter_sum<float>(const float*, float*, const std::vector<int64_t>&) const;
 template void ProcessGroup::reduce_scatter_sum<double>(const double*, double*, const std::vector<int64_t>&) const;
 template void ProcessGroup::all_gather<float>(const float*, float*, const std::vector<int64_t>&,

@@ -61,6 +61,16 @@ class ProcessGroup {
   template <class T>
   void all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
                   const std::vector<int64_t>& recv_counts) const;
+  // The same, started: it runs while the caller computes (as far as the MPI library progresses it)
+  // and is completed by finish(); send and recv must stay untouched until then.
+  struct Pending {
+    MPI_Request request = MPI_REQUEST_NULL;
+    std::vector<int> send_counts, send_displs, recv_counts, recv_displs;  // alive until complete
+  };
+  template <class T>
+  Pending start_all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
+                           const std::vector<int64_t>& recv_counts) const;
+  void finish(Pending& pending) const;
   // recv[size · n] gets n values from each rank, in rank order; send[size · n]: n for each rank.
   void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) const;
 

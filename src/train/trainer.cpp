@@ -255,7 +255,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   }
   std::optional<ExpertParallel> experts;
   if (o.ep > 1) {
-    experts.emplace(ep_group);
+    experts.emplace(ep_group, o.ep_chunks);
     model.set_expert_exchange(&*experts);
   }
   T* step_params = fsdp ? fsdp->shard_params() : model.params();
