@@ -13,5 +13,6 @@ void register_generate(CLI::App& app);
 void register_gradcheck(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_info(CLI::App& app);
+void register_export(CLI::App& app);
 
 }  // namespace trillion

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
   trillion::register_gradcheck(app);
   trillion::register_bench(app);
   trillion::register_info(app);
+  trillion::register_export(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -59,6 +59,8 @@ void register_train(CLI::App& app) {
                   "Under mpirun: expert-parallel degree (routed experts split over groups of EP ranks; divides the ranks)");
   cmd->add_option("--ep-chunks", o.ep_chunks,
                   "Under mpirun with --ep: token chunks per MoE layer whose exchange overlaps the others' experts");
+  cmd->add_flag("--sharded-checkpoints", o.sharded_checkpoints,
+                "Under mpirun: each rank writes its shard of the checkpoint (no gather); `trillion export` converts");
   cmd->add_option("--collective-timeout", o.collective_timeout_s,
                   "Under mpirun: seconds a collective may wait before the job ends, naming the silent ranks");
   cmd->add_option("--memory-budget", o.memory_budget,

@@ -242,6 +242,25 @@ void ProcessGroup::all_to_all(const T* send, const std::vector<int64_t>& send_co
   finish(pending);
 }
 
+void ProcessGroup::broadcast(std::string& text) const {
+  if (size_ == 1) return;
+  int64_t length = rank_ == 0 ? static_cast<int64_t>(text.size()) : 0;
+  MPI_Request request;
+  check_mpi(MPI_Ibcast(&length, 1, MPI_INT64_T, 0, comm(), &request), "MPI_Ibcast");
+  wait(&request, "MPI_Bcast");
+  text.resize(length);
+  const std::vector<int> ints = int_counts({length});
+  check_mpi(MPI_Ibcast(text.data(), ints[0], MPI_CHAR, 0, comm(), &request), "MPI_Ibcast");
+  wait(&request, "MPI_Bcast");
+}
+
+void ProcessGroup::barrier() const {
+  if (size_ == 1) return;
+  MPI_Request request;
+  check_mpi(MPI_Ibarrier(comm(), &request), "MPI_Ibarrier");
+  wait(&request, "MPI_Barrier");
+}
+
 void ProcessGroup::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) const {
   if (size_ == 1) {
     std::copy(send, send + n, recv);

@@ -71,6 +71,10 @@ class ProcessGroup {
   Pending start_all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
                            const std::vector<int64_t>& recv_counts) const;
   void finish(Pending& pending) const;
+  // text ← rank 0's text on every rank.
+  void broadcast(std::string& text) const;
+  // Returns when every rank has called it.
+  void barrier() const;
   // recv[size · n] gets n values from each rank, in rank order; send[size · n]: n for each rank.
   void all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) const;
 

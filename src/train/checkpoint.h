@@ -5,6 +5,8 @@
 //   config.json                            the model config
 //   optimizer.safetensors                  AdamW moments per parameter (Optimizer::save)
 //   trainer_state.json                     TrainerState: step, data position, schedule, settings
+// or, written with --sharded-checkpoints under mpirun, shards/ (each rank's slice of the parameters
+// and moments, and an index: train/sharded_checkpoint.h) in place of the weights and optimizer files.
 // It is written into a temporary directory and renamed into place, then OUT/latest (a one-line
 // file naming the newest checkpoint directory) is replaced atomically, so an interruption at any
 // moment leaves the previous checkpoint intact and `latest` pointing at a complete one.

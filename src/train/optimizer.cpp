@@ -127,6 +127,12 @@ void Optimizer<T>::load(const std::string& path) {
   layout_.copy_to_shard(avg_sq.data(), exp_avg_sq_.data());
 }
 
+template <class T>
+void Optimizer<T>::load_flat(const T* exp_avg, const T* exp_avg_sq) {
+  layout_.copy_to_shard(exp_avg, exp_avg_.data());
+  layout_.copy_to_shard(exp_avg_sq, exp_avg_sq_.data());
+}
+
 template class Optimizer<float>;
 template class Optimizer<double>;
 

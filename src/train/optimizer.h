@@ -46,6 +46,8 @@ class Optimizer {
   void save(const std::string& path) const;
   // Restores the moments; every tensor must be present with its parameter's shape.
   void load(const std::string& path);
+  // Restores the moments from flat [trainable_size] arrays (a sharded checkpoint's).
+  void load_flat(const T* exp_avg, const T* exp_avg_sq);
 
   const ShardLayout& layout() const { return layout_; }
   const T* exp_avg() const { return exp_avg_.data(); }        // [layout().shard_size()]

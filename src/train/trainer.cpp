@@ -30,6 +30,7 @@
 #include "train/metrics.h"
 #include "train/moe_balance.h"
 #include "train/optimizer.h"
+#include "train/sharded_checkpoint.h"
 
 namespace trillion {
 namespace fs = std::filesystem;
@@ -234,7 +235,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   Model<T> model(run.config);
   if (run.weights_dir.empty()) {
     model.init_weights(s.seed);
-  } else {
+  } else if (!is_sharded_checkpoint(run.weights_dir)) {
     model.load_weights(run.weights_dir);
   }
   model.zero_grads();
@@ -247,7 +248,14 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   const ProcessGroup ep_group = world.split(world.rank() / o.ep, world.rank() % o.ep);
   const ProcessGroup edp_group = world.split(world.rank() % o.ep, world.rank() / o.ep);
   Optimizer<T> optimizer(model.table(), world, o.ep);
-  if (run.resumed) optimizer.load((fs::path(run.weights_dir) / "optimizer.safetensors").string());
+  if (!run.weights_dir.empty() && is_sharded_checkpoint(run.weights_dir)) {
+    // Written by any layout: every rank reads the whole flat state, then keeps its shard.
+    Buffer<T> avg(model.table().trainable_size()), avg_sq(model.table().trainable_size());  // [trainable_size]
+    read_sharded_checkpoint(run.weights_dir, model.table(), model.params(), avg.data(), avg_sq.data());
+    if (run.resumed) optimizer.load_flat(avg.data(), avg_sq.data());
+  } else if (run.resumed) {
+    optimizer.load((fs::path(run.weights_dir) / "optimizer.safetensors").string());
+  }
   std::optional<Fsdp<T>> fsdp;
   if (ranks > 1) {
     fsdp.emplace(model, world, edp_group, optimizer.layout());
@@ -309,8 +317,31 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   }
   std::vector<int32_t> inputs(rows * s.seq_len), targets(rows * s.seq_len);  // [grad_accum·batch, seq_len] each
 
+  // Sharded: every rank writes its shard into rank 0's temporary directory, rank 0 the rest.
+  const auto write_run_files = [&](const std::string& temp_dir) {
+    write_file_atomic((fs::path(temp_dir) / "config.json").string(), run.config.to_json().dump(2) + "\n");
+    write_file_atomic((fs::path(temp_dir) / "tokenizer.model").string(), read_file(run.data.tokenizer_path));
+    write_file_atomic((fs::path(temp_dir) / "trainer_state.json").string(), run.state.to_json().dump(2) + "\n");
+  };
+  auto save_sharded = [&](int64_t step) {
+    const auto write_shard = [&](std::string temp_dir) {
+      world.broadcast(temp_dir);
+      write_checkpoint_shard(temp_dir, optimizer.layout(), fsdp->shard_params(), optimizer.exp_avg(),
+                             optimizer.exp_avg_sq());
+      world.barrier();  // every rank's file is complete
+    };
+    if (!world.is_root()) return write_shard(std::string());
+    const std::string dir = write_checkpoint(out_dir, step, [&](const std::string& temp_dir) {
+      fs::create_directories(fs::path(temp_dir) / "shards");
+      write_shard(temp_dir);
+      write_checkpoint_index(temp_dir, model.table(), ranks, o.ep, model.params());
+      write_run_files(temp_dir);
+    });
+    std::fprintf(stderr, "saved %s (sharded over %lld ranks)\n", dir.c_str(), static_cast<long long>(ranks));
+  };
   // Every rank takes part (FSDP gathers the parameters and the moments); rank 0 writes.
   auto save = [&](int64_t step) {
+    if (fsdp && o.sharded_checkpoints) return save_sharded(step);
     if (fsdp) fsdp->gather_everything();
     if (!world.is_root()) {
       optimizer.save(std::string());
@@ -319,10 +350,8 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     }
     const std::string dir = write_checkpoint(out_dir, step, [&](const std::string& temp_dir) {
       model.save_weights(temp_dir);
-      write_file_atomic((fs::path(temp_dir) / "config.json").string(), run.config.to_json().dump(2) + "\n");
       optimizer.save((fs::path(temp_dir) / "optimizer.safetensors").string());
-      write_file_atomic((fs::path(temp_dir) / "tokenizer.model").string(), read_file(run.data.tokenizer_path));
-      write_file_atomic((fs::path(temp_dir) / "trainer_state.json").string(), run.state.to_json().dump(2) + "\n");
+      write_run_files(temp_dir);
     });
     if (fsdp) fsdp->release_everything();
     std::fprintf(stderr, "saved %s\n", dir.c_str());

@@ -86,11 +86,9 @@ void expect_same_run(const RunResult& single, const RunResult& parallel, int ran
   }
 }
 
-// The final weights of the runs, tensor by tensor, within `tolerance` (relative to the largest).
-void expect_same_weights(const RunResult& single, const RunResult& parallel, int steps, double tolerance) {
-  const std::string file = "checkpoint-" + std::string(6 - std::to_string(steps).size(), '0') + std::to_string(steps) +
-                           "/model.safetensors";
-  const SafetensorsReader a((parallel.out / file).string()), b((single.out / file).string());
+// Two weight files, tensor by tensor, within `tolerance` relative to the reference's largest.
+void expect_same_tensors(const fs::path& file, const fs::path& reference, double tolerance) {
+  const SafetensorsReader a(file.string()), b(reference.string());
   for (const auto& [name, info] : b.tensors()) {
     int64_t elements = 1;
     for (const int64_t d : info.shape) elements *= d;
@@ -102,6 +100,13 @@ void expect_same_weights(const RunResult& single, const RunResult& parallel, int
     for (size_t i = 0; i < y.size(); ++i) difference = std::max(difference, std::abs(x[i] - y[i]));
     EXPECT_LE(difference, tolerance * std::max(largest, 1e-30)) << name;
   }
+}
+
+// The final weights of the runs.
+void expect_same_weights(const RunResult& single, const RunResult& parallel, int steps, double tolerance) {
+  const std::string file = "checkpoint-" + std::string(6 - std::to_string(steps).size(), '0') + std::to_string(steps) +
+                           "/model.safetensors";
+  expect_same_tensors(parallel.out / file, single.out / file, tolerance);
 }
 
 // The FSDP counters of every step: each gather and reduce-scatter moves the range's elements other
@@ -218,25 +223,57 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.index);
     });
 
-// The checkpoint is the flat layout (rank 0 gathers the sharded parameters and moments, every ep
-// slice's experts too), so any layout resumes it: 4 ranks with ep 2 train to step 4, 2 ranks with
-// ep 2 continue to 6, one rank to 8, as one uninterrupted rank does.
-TEST(DataParallelResume, ACheckpointResumesOnOtherRankCounts) {
-  const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
-  const RunResult uninterrupted = run(config, 1, "float64", 8, "");
-  const fs::path out = test_data().root / "dp_resharded";
+// 8 steps of tiny_qwen3_moe in double, interrupted: 4 ranks with ep 2 to step 4, 2 ranks with ep 2
+// resuming to step 6, one rank resuming to step 8; `checkpoints` flags the two parallel legs.
+RunResult resharded_run(const fs::path& config, const std::string& name, const std::string& checkpoints) {
+  const fs::path out = test_data().root / name;
   fs::remove_all(out);
   const std::string flags = "--config " + config.string() + " --data " + test_data().data_dir.string() + " --out " +
                             out.string() + " --batch 4 --seq-len 16 --lr 1e-3 --warmup 2 --log-every 100 " +
                             "--dtype float64 --steps 8" + kSmallMfuGemm;
-  for (const auto& [ranks, more] : {std::pair{4, std::string(" --ep 2 --stop-after 4")},
-                                    {2, " --ep 2 --resume " + out.string() + " --stop-after 6"},
+  for (const auto& [ranks, more] : {std::pair{4, " --ep 2" + checkpoints + " --stop-after 4"},
+                                    {2, " --ep 2" + checkpoints + " --resume " + out.string() + " --stop-after 6"},
                                     {1, " --resume " + out.string()}}) {
     const CommandResult r = train_on(ranks, flags + more);
-    ASSERT_EQ(r.status, 0) << ranks << " ranks: " << r.output;
+    EXPECT_EQ(r.status, 0) << ranks << " ranks: " << r.output;
   }
-  expect_same_run(uninterrupted, {read_metrics(out), out}, 4, 1e-10);
-  expect_same_weights(uninterrupted, {read_metrics(out), out}, 8, 1e-9);
+  return {read_metrics(out), out};
+}
+
+// The checkpoint is the flat layout (rank 0 gathers the sharded parameters and moments, every ep
+// slice's experts too), so any layout resumes it as one uninterrupted rank runs.
+TEST(DataParallelResume, ACheckpointResumesOnOtherRankCounts) {
+  const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
+  const RunResult uninterrupted = run(config, 1, "float64", 8, "");
+  const RunResult resharded = resharded_run(config, "dp_resharded", "");
+  expect_same_run(uninterrupted, resharded, 4, 1e-10);
+  expect_same_weights(uninterrupted, resharded, 8, 1e-9);
+}
+
+// Sharded checkpoints (each rank writes its shard, rank 0 the index) resume on other layouts too,
+// and `trillion export` turns the sharded step-6 checkpoint into the uninterrupted run's weights.
+TEST(DataParallelResume, ShardedCheckpointsResumeOnOtherLayoutsAndExport) {
+  const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
+  const RunResult uninterrupted = run(config, 1, "float64", 8, "--save-every 2");
+  const RunResult resharded = resharded_run(config, "dp_sharded", " --sharded-checkpoints");
+  const fs::path& out = resharded.out;
+  for (const char* step : {"checkpoint-000004", "checkpoint-000006"}) {
+    EXPECT_TRUE(fs::exists(out / step / "shards" / "index.json")) << step;
+    EXPECT_TRUE(fs::exists(out / step / "shards" / "rank-00000-of-00004.safetensors") ||
+                fs::exists(out / step / "shards" / "rank-00001-of-00002.safetensors"))
+        << step;
+    EXPECT_FALSE(fs::exists(out / step / "model.safetensors")) << step << ": nothing gathered";
+  }
+  expect_same_run(uninterrupted, resharded, 4, 1e-10);
+  expect_same_weights(uninterrupted, resharded, 8, 1e-9);
+
+  const fs::path exported = test_data().root / "dp_exported";
+  fs::remove_all(exported);
+  const CommandResult e = run_cli("export --checkpoint " + (out / "checkpoint-000006").string() + " --out " +
+                                  exported.string());
+  ASSERT_EQ(e.status, 0) << e.output;
+  expect_same_tensors(exported / "model.safetensors", uninterrupted.out / "checkpoint-000006" / "model.safetensors",
+                      1e-6);  // exported in float32
 }
 
 TEST(DataParallelErrors, ABatchTheRanksCannotSplitIsRefusedOnEveryRank) {

@@ -1,0 +1,111 @@
+// Sharded checkpoints: each rank's slices, the index, and reading them into any layout. See
+// sharded_checkpoint.h.
+#include "train/sharded_checkpoint.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
+
+namespace trillion {
+namespace fs = std::filesystem;
+namespace {
+
+std::string shard_file_name(int rank, int ranks) {
+  char name[64];
+  std::snprintf(name, sizeof(name), "rank-%05d-of-%05d.safetensors", rank, ranks);
+  return name;
+}
+
+}  // namespace
+
+bool is_sharded_checkpoint(const std::string& dir) { return fs::exists(fs::path(dir) / "shards" / "index.json"); }
+
+template <class T>
+void write_checkpoint_shard(const std::string& dir, const ShardLayout& layout, const T* params, const T* exp_avg,
+                            const T* exp_avg_sq) {
+  SafetensorsWriter writer;
+  const std::vector<ShardLayout::Slice>& slices = layout.slices();
+  for (size_t k = 0; k < slices.size(); ++k) {
+    const std::vector<int64_t> shape = {slices[k].count};
+    writer.add("params." + std::to_string(k), dtype_of<T>(), shape, params + slices[k].local);
+    writer.add("exp_avg." + std::to_string(k), dtype_of<T>(), shape, exp_avg + slices[k].local);
+    writer.add("exp_avg_sq." + std::to_string(k), dtype_of<T>(), shape, exp_avg_sq + slices[k].local);
+  }
+  writer.set_metadata("format", "trillion-sharded");
+  writer.write((fs::path(dir) / "shards" / shard_file_name(layout.rank(), layout.ranks())).string());
+}
+
+template <class T>
+void write_checkpoint_index(const std::string& dir, const ParamTable& table, int ranks, int ep, const T* params) {
+  nlohmann::json slices = nlohmann::json::array();
+  for (int rank = 0; rank < ranks; ++rank) {
+    const ShardLayout layout(table, rank, ranks, ep);
+    for (size_t k = 0; k < layout.slices().size(); ++k) {
+      slices.push_back({{"file", shard_file_name(rank, ranks)},
+                        {"k", k},
+                        {"global", layout.slices()[k].global},
+                        {"count", layout.slices()[k].count}});
+    }
+  }
+  const nlohmann::json index = {{"format", "trillion-sharded"},    {"ranks", ranks},
+                                {"ep", ep},                        {"trainable_size", table.trainable_size()},
+                                {"total_size", table.total_size()}, {"slices", slices}};
+  const int64_t buffers = table.total_size() - table.trainable_size();
+  SafetensorsWriter writer;
+  writer.add("buffers", dtype_of<T>(), {buffers}, params + table.trainable_size());
+  writer.write((fs::path(dir) / "shards" / "buffers.safetensors").string());
+  write_file_atomic((fs::path(dir) / "shards" / "index.json").string(), index.dump(1) + "\n");
+}
+
+template <class T>
+void read_sharded_checkpoint(const std::string& dir, const ParamTable& table, T* params, T* exp_avg, T* exp_avg_sq) {
+  const std::string index_path = (fs::path(dir) / "shards" / "index.json").string();
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_file(index_path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(index_path, ": not valid JSON (", e.what(), ")");
+  }
+  const auto field = [&](const char* name) -> const nlohmann::json& {
+    if (!index.is_object() || !index.contains(name)) fail(index_path, ": field '", name, "' is missing");
+    return index.at(name);
+  };
+  if (field("format") != "trillion-sharded") fail(index_path, ": field 'format' is not \"trillion-sharded\"");
+  if (field("trainable_size") != table.trainable_size() || field("total_size") != table.total_size()) {
+    fail(index_path, ": fields 'trainable_size' / 'total_size' are ", field("trainable_size").dump(), " / ",
+         field("total_size").dump(), "; the model config's parameter table has ", table.trainable_size(), " / ",
+         table.total_size());
+  }
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
+  for (const nlohmann::json& slice : field("slices")) {
+    const std::string file = slice.at("file");
+    const int64_t global = slice.at("global"), count = slice.at("count");
+    const std::string k = std::to_string(slice.at("k").get<int64_t>());
+    if (global < 0 || count < 0 || global + count > table.trainable_size())
+      fail(index_path, ": slice [", global, ", ", global + count, ") of ", file, " lies outside the trainable elements");
+    auto& reader = readers[file];
+    if (!reader) reader = std::make_unique<SafetensorsReader>((fs::path(dir) / "shards" / file).string());
+    reader->read("params." + k, {count}, params + global);
+    if (exp_avg != nullptr) reader->read("exp_avg." + k, {count}, exp_avg + global);
+    if (exp_avg_sq != nullptr) reader->read("exp_avg_sq." + k, {count}, exp_avg_sq + global);
+  }
+  const SafetensorsReader buffers((fs::path(dir) / "shards" / "buffers.safetensors").string());
+  buffers.read("buffers", {table.total_size() - table.trainable_size()}, params + table.trainable_size());
+}
+
+#define TRILLION_INSTANTIATE(T)                                                                                   \
+  template void write_checkpoint_shard<T>(const std::string&, const ShardLayout&, const T*, const T*, const T*);  \
+  template void write_checkpoint_index<T>(const std::string&, const ParamTable&, int, int, const T*);             \
+  template void read_sharded_checkpoint<T>(const std::string&, const ParamTable&, T*, T*, T*);
+TRILLION_INSTANTIATE(float)
+TRILLION_INSTANTIATE(double)
+#undef TRILLION_INSTANTIATE
+
+}  // namespace trillion

@@ -1,0 +1,41 @@
+// Sharded checkpoints (`trillion train --sharded-checkpoints` under mpirun): no rank gathers the
+// model; each writes its own shard. Beside config.json, trainer_state.json and tokenizer.model
+// (rank 0), the checkpoint directory holds
+//   shards/rank-RRRRR-of-NNNNN.safetensors  this rank's slices of the parameters and of both AdamW
+//                                           moments: 1-D tensors "params.K", "exp_avg.K" and
+//                                           "exp_avg_sq.K" for its K-th slice (ShardLayout::slices)
+//   shards/buffers.safetensors              the non-trainable buffers (router biases), "buffers":
+//                                           flat [trainable_size, total_size) (rank 0)
+//   shards/index.json                       {"format": "trillion-sharded", "ranks", "ep",
+//                                            "trainable_size", "total_size",
+//                                            "slices": [{"file", "k", "global", "count"}, …]}
+// Flat offsets depend only on the parameter table, so any layout (ranks, ep) and one process read
+// it back; `trillion export` writes it as a Hugging Face layout. It is written like every
+// checkpoint (train/checkpoint.h): into rank 0's temporary directory, renamed once every rank's
+// file is complete, so a checkpoint is complete or absent.
+#pragma once
+
+#include <string>
+
+#include "model/params.h"
+#include "parallel/shard_layout.h"
+
+namespace trillion {
+
+bool is_sharded_checkpoint(const std::string& dir);
+
+// DIR/shards/rank-….safetensors of `layout`'s rank: params, exp_avg, exp_avg_sq [shard_size].
+template <class T>
+void write_checkpoint_shard(const std::string& dir, const ShardLayout& layout, const T* params, const T* exp_avg,
+                            const T* exp_avg_sq);
+// Rank 0: DIR/shards/index.json (every rank's slices, from the table) and buffers.safetensors from
+// params [total_size] (only its buffer range is read).
+template <class T>
+void write_checkpoint_index(const std::string& dir, const ParamTable& table, int ranks, int ep, const T* params);
+
+// params [total_size] (every trainable element and the buffers), and the moments [trainable_size]
+// unless null. Errors name the file and what does not match the table.
+template <class T>
+void read_sharded_checkpoint(const std::string& dir, const ParamTable& table, T* params, T* exp_avg, T* exp_avg_sq);
+
+}  // namespace trillion
