@@ -48,6 +48,8 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
     if (static_cast<int>(pieces_of_unit_.size()) <= unit) pieces_of_unit_.resize(unit + 1);
     if (layout.units()[i].held) pieces_of_unit_[unit].push_back(static_cast<int>(i));
   }
+  state_.assign(pieces_of_unit_.size(), UnitState::released);
+  in_flight_.resize(pieces_of_unit_.size());
   layout.copy_to_shard(model.params(), shard_params_.data());
   release_everything();
   for (const ShardLayout::Unit& piece : layout.units()) {
@@ -55,12 +57,22 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
   }
 }
 
+// Forward runs units 0, 1, …, L and backward 0, L, …, 1 (unit 0 stays gathered through the backward):
+// each hook completes its unit's gather and starts the next one's.
 template <class T>
 UnitHooks Fsdp<T>::hooks() {
+  const int last = static_cast<int>(pieces_of_unit_.size()) - 1;
   UnitHooks h;
-  h.before_forward = [this](int unit) { gather(unit); };
+  h.before_forward = [this, last](int unit) {
+    gather(unit);
+    if (unit < last) start_gather(unit + 1);
+  };
   h.after_forward = [this](int unit) { release(unit); };
-  h.before_backward = [this](int unit) { gather(unit); };
+  h.before_backward = [this, last](int unit) {
+    gather(unit);
+    const int next = unit == 0 ? last : unit - 1;
+    if (next > 0) start_gather(next);
+  };
   h.after_backward = [this](int unit) {
     release(unit);
     if (last_micro_batch_) reduce_scatter(unit);
@@ -69,23 +81,38 @@ UnitHooks Fsdp<T>::hooks() {
 }
 
 template <class T>
-void Fsdp<T>::gather(int unit) {
-  if (unit >= static_cast<int>(pieces_of_unit_.size())) return;  // a unit without trainable parameters
+void Fsdp<T>::start_gather(int unit) {
+  if (unit >= static_cast<int>(pieces_of_unit_.size()) || state_[unit] != UnitState::released) return;
+  std::vector<ProcessGroup::Pending>& pending = in_flight_[unit];
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
-    (piece.over_world ? group_ : edp_)
-        .all_gather(shard_params_.data() + piece.shard_offset, model_.params() + piece.begin, piece.counts,
-                    piece.displs);
+    pending.push_back((piece.over_world ? group_ : edp_)
+                          .start_all_gather(shard_params_.data() + piece.shard_offset, model_.params() + piece.begin,
+                                            piece.counts, piece.displs));
     counters_.gathered_bytes +=
         (piece.count - piece.counts[layout_.group_rank(piece)]) * static_cast<int64_t>(sizeof(T));
     gathered_now_ += piece.count * static_cast<int64_t>(sizeof(T));
   }
+  state_[unit] = UnitState::in_flight;
   counters_.peak_gathered_bytes = std::max(counters_.peak_gathered_bytes, gathered_now_);
+}
+
+template <class T>
+void Fsdp<T>::gather(int unit) {
+  if (unit >= static_cast<int>(pieces_of_unit_.size())) return;  // a unit without trainable parameters
+  start_gather(unit);  // unless prefetched
+  for (int p = 0; p < static_cast<int>(in_flight_[unit].size()); ++p) {
+    (layout_.units()[pieces_of_unit_[unit][p]].over_world ? group_ : edp_).finish(in_flight_[unit][p]);
+  }
+  in_flight_[unit].clear();
+  state_[unit] = UnitState::gathered;
 }
 
 template <class T>
 void Fsdp<T>::release(int unit) {
   if (unit >= static_cast<int>(pieces_of_unit_.size())) return;
+  TRILLION_CHECK(state_[unit] == UnitState::gathered, "FSDP unit ", unit, " released without being gathered");
+  state_[unit] = UnitState::released;
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
     release_range(model_.params(), piece.begin, piece.begin + piece.count, /*zero_ends=*/false);
@@ -115,6 +142,8 @@ int64_t Fsdp<T>::held_elements() const {
 
 template <class T>
 void Fsdp<T>::gather_everything() {
+  for (const UnitState state : state_)
+    TRILLION_CHECK(state == UnitState::released, "FSDP gathers everything only between steps");
   layout_.gather_everything(group_, shard_params_.data(), model_.params());
 }
 

@@ -4,7 +4,8 @@
 // (its dense and expert ranges together).
 //
 // Each rank keeps its shard (parallel/shard_layout.h) of the parameters, the master copy its
-// optimizer updates, and of the gradients. The model's flat buffers hold a unit only while it is in
+// optimizer updates, and of the gradients. Prefetch: each unit's hook starts the next unit's gather
+// (non-blocking) before its own compute, so two units may be gathered at once. The model's flat buffers hold a unit only while it is in
 // use, and of its experts only this rank's ep slice (gathered over its edp group): before a unit's forward and again before its backward its parameters are all-gathered, after
 // each they are released; after a unit's backward in the step's last micro-batch its gradients are
 // reduce-scattered into the shard and released (earlier micro-batches accumulate into the flat
@@ -16,7 +17,7 @@
 //
 // Counted per rank: bytes moved by the gathers and the reduce-scatters (each collective moves the
 // unit's elements other than this rank's piece, in or out: the volume of a ring algorithm) and the
-// peak of gathered parameter bytes.
+// peak of gathered parameter bytes (in flight included).
 #pragma once
 
 #include <cstdint>
@@ -65,7 +66,9 @@ class Fsdp {
   void reset_peak() { counters_.peak_gathered_bytes = gathered_now_; }
 
  private:
-  void gather(int unit);
+  enum class UnitState { released, in_flight, gathered };
+  void start_gather(int unit);  // unless it is in flight or gathered
+  void gather(int unit);        // completes it (starting it first unless prefetched)
   void release(int unit);
   void reduce_scatter(int unit);
   Model<T>& model_;
@@ -73,6 +76,8 @@ class Fsdp {
   const ProcessGroup& edp_;
   const ShardLayout& layout_;
   std::vector<std::vector<int>> pieces_of_unit_;  // [table units] indices into layout_.units()
+  std::vector<UnitState> state_;                  // [table units]
+  std::vector<std::vector<ProcessGroup::Pending>> in_flight_;  // [table units] gathers not yet complete
   Buffer<T> shard_params_, shard_grads_;          // [layout.shard_size()] each
   bool last_micro_batch_ = true;
   int64_t gathered_now_ = 0;  // parameter bytes gathered at the moment

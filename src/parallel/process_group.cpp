@@ -189,20 +189,29 @@ void ProcessGroup::reduce_scatter_sum(const T* send, T* recv, const std::vector<
 }
 
 template <class T>
-void ProcessGroup::all_gather(const T* send, T* recv, const std::vector<int64_t>& counts,
-                              const std::vector<int64_t>& displs) const {
+ProcessGroup::Pending ProcessGroup::start_all_gather(const T* send, T* recv, const std::vector<int64_t>& counts,
+                                                     const std::vector<int64_t>& displs) const {
   TRILLION_CHECK(static_cast<int>(counts.size()) == size_ && displs.size() == counts.size(), counts.size(),
                  " counts for ", size_, " ranks");
+  Pending pending;
+  pending.call = "MPI_Allgatherv";
   if (size_ == 1) {
     std::copy(send, send + counts[0], recv + displs[0]);
-    return;
+    return pending;
   }
-  const std::vector<int> ints = int_counts(counts), offsets = int_counts(displs);
-  MPI_Request request;
-  check_mpi(MPI_Iallgatherv(send, ints[rank_], mpi_type<T>(), recv, ints.data(), offsets.data(), mpi_type<T>(),
-                            comm(), &request),
+  pending.recv_counts = int_counts(counts);
+  pending.recv_displs = int_counts(displs);
+  check_mpi(MPI_Iallgatherv(send, pending.recv_counts[rank_], mpi_type<T>(), recv, pending.recv_counts.data(),
+                            pending.recv_displs.data(), mpi_type<T>(), comm(), &pending.request),
             "MPI_Iallgatherv");
-  wait(&request, "MPI_Allgatherv");
+  return pending;
+}
+
+template <class T>
+void ProcessGroup::all_gather(const T* send, T* recv, const std::vector<int64_t>& counts,
+                              const std::vector<int64_t>& displs) const {
+  Pending pending = start_all_gather(send, recv, counts, displs);
+  finish(pending);
 }
 
 template <class T>
@@ -211,6 +220,7 @@ ProcessGroup::Pending ProcessGroup::start_all_to_all(const T* send, const std::v
   TRILLION_CHECK(static_cast<int>(send_counts.size()) == size_ && recv_counts.size() == send_counts.size(),
                  send_counts.size(), " counts for ", size_, " ranks");
   Pending pending;
+  pending.call = "MPI_Alltoallv";
   if (size_ == 1) {
     std::copy(send, send + send_counts[0], recv);
     return pending;
@@ -232,7 +242,7 @@ ProcessGroup::Pending ProcessGroup::start_all_to_all(const T* send, const std::v
 }
 
 void ProcessGroup::finish(Pending& pending) const {
-  if (pending.request != MPI_REQUEST_NULL) wait(&pending.request, "MPI_Alltoallv");
+  if (pending.request != MPI_REQUEST_NULL) wait(&pending.request, pending.call);
 }
 
 template <class T>
@@ -283,6 +293,11 @@ template ProcessGroup::Pending ProcessGroup::start_all_to_all<double>(const doub
                                                                       double*, const std::vector<int64_t>&) const;
 template void ProcessGroup::reduce_scatter_sum<float>(const float*, float*, const std::vector<int64_t>&) const;
 template void ProcessGroup::reduce_scatter_sum<double>(const double*, double*, const std::vector<int64_t>&) const;
+template ProcessGroup::Pending ProcessGroup::start_all_gather<float>(const float*, float*, const std::vector<int64_t>&,
+                                                                     const std::vector<int64_t>&) const;
+template ProcessGroup::Pending ProcessGroup::start_all_gather<double>(const double*, double*,
+                                                                      const std::vector<int64_t>&,
+                                                                      const std::vector<int64_t>&) const;
 template void ProcessGroup::all_gather<float>(const float*, float*, const std::vector<int64_t>&,
                                               const std::vector<int64_t>&) const;
 template void ProcessGroup::all_gather<double>(const double*, double*, const std::vector<int64_t>&,

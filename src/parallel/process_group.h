@@ -45,6 +45,13 @@ class ProcessGroup {
   int64_t all_reduce_sum(int64_t value) const;
   double all_reduce_sum(double value) const;
 
+  // A collective started and not yet complete (the start_* calls; completed by finish()).
+  struct Pending {
+    MPI_Request request = MPI_REQUEST_NULL;
+    const char* call = "";
+    std::vector<int> send_counts, send_displs, recv_counts, recv_displs;  // alive until complete
+  };
+
   // Rank r's counts[r] elements of the sum over the ranks of send[Σ counts] (the pieces in rank
   // order) land in recv[counts[rank]]; recv may not overlap send.
   template <class T>
@@ -52,6 +59,10 @@ class ProcessGroup {
   // recv[Σ counts] ← every rank's send[counts[its rank]] at displs[its rank].
   template <class T>
   void all_gather(const T* send, T* recv, const std::vector<int64_t>& counts, const std::vector<int64_t>& displs) const;
+  // The same, started (completed by finish(); send and recv untouched until then).
+  template <class T>
+  Pending start_all_gather(const T* send, T* recv, const std::vector<int64_t>& counts,
+                                  const std::vector<int64_t>& displs) const;
 
   // How long a collective may wait before the job is ended (seconds, > 0).
   void set_collective_timeout(double seconds);
@@ -63,10 +74,6 @@ class ProcessGroup {
                   const std::vector<int64_t>& recv_counts) const;
   // The same, started: it runs while the caller computes (as far as the MPI library progresses it)
   // and is completed by finish(); send and recv must stay untouched until then.
-  struct Pending {
-    MPI_Request request = MPI_REQUEST_NULL;
-    std::vector<int> send_counts, send_displs, recv_counts, recv_displs;  // alive until complete
-  };
   template <class T>
   Pending start_all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
                            const std::vector<int64_t>& recv_counts) const;
