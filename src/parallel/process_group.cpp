@@ -34,6 +34,8 @@ void check_mpi(int code, const char* call) {
 constexpr int64_t kMaxPiece = INT_MAX / 2;
 // Point-to-point tags of the liveness round of a timed-out collective (nothing else uses tags).
 constexpr int kPingTag = 0x7170, kPongTag = 0x7171;
+// MPI_Test calls between the waiting loop's checks of the clock and the pings.
+constexpr int64_t kPollsPerCheck = 256;
 
 // Answers every ping waiting for this rank on `comm` and on the world (a rank that is waiting in a
 // collective is alive).
@@ -114,10 +116,11 @@ void ProcessGroup::wait(void* pending, const char* call) const {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
   const auto start = std::chrono::steady_clock::now();
-  for (;;) {
+  for (int64_t polls = 1;; ++polls) {
     int done = 0;
     check_mpi(MPI_Test(&request, &done, MPI_STATUS_IGNORE), call);
     if (done != 0) return;
+    if (polls % kPollsPerCheck != 0) continue;  // MPI_Test drives the transfer: poll it tightly
     answer_pings(comm());
     if (since(start) > timeout_s_) break;
     std::this_thread::yield();  // ranks may share cores (mpirun --oversubscribe)
