@@ -140,6 +140,7 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   stats.tokens_per_expert.assign(E, 0);
   stats.prob_sums.assign(E, 0.0);
   expert_load(stats.tokens_per_expert.data(), stats.prob_sums.data(), scores, index, n, dims.router);
+  stats.rank_tokens_per_expert = stats.tokens_per_expert;  // reduce_statistics sums the first over the ranks
   stats.dropped = plan.total_dropped();
   if (dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0)
     stats.sequence_aux = sequence_aux_loss<T>(nullptr, scores, index, batch, seq, dims.router, 0.0);

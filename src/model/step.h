@@ -51,7 +51,8 @@ struct LossTerm {
 // Routing statistics of one MoE layer in one forward.
 struct MoeLayerStats {
   int layer = 0;
-  std::vector<int64_t> tokens_per_expert;  // [E] top-k assignments (kept and dropped)
+  std::vector<int64_t> tokens_per_expert;  // [E] top-k assignments (kept and dropped), of the whole batch
+  std::vector<int64_t> rank_tokens_per_expert;  // [E] the same of this rank's rows (= the above on one rank)
   std::vector<double> prob_sums;           // [E] Σ_t router score of each expert
   int64_t dropped = 0;                     // slots over the capacity limit
   double sequence_aux = 0.0;               // this layer's sequence-wise balance loss (when in use)

@@ -26,6 +26,7 @@ void StepStats::add(const StepResult& micro_batch) {
       const MoeLayerStats& part = micro_batch.moe[l];
       for (size_t e = 0; e < sum.tokens_per_expert.size(); ++e) {
         sum.tokens_per_expert[e] += part.tokens_per_expert[e];
+        sum.rank_tokens_per_expert[e] += part.rank_tokens_per_expert[e];
         sum.prob_sums[e] += part.prob_sums[e];
       }
       sum.dropped += part.dropped;

@@ -127,12 +127,16 @@ nlohmann::json memory_record(const StoreCounters& before, const StoreCounters& a
           {"peak_slow_bytes", MemoryStats::peak(Tier::slow)}};
 }
 
-// Every rank's `value`, in rank order (a collective: every rank calls it).
+// Every rank's `values`, rank after rank (a collective: every rank calls it with as many).
+std::vector<int64_t> from_every_rank(const ProcessGroup& world, const std::vector<int64_t>& values) {
+  const int64_t n = static_cast<int64_t>(values.size());
+  std::vector<double> all(world.size() * n, 0.0);  // [ranks, n]
+  for (int64_t i = 0; i < n; ++i) all[world.rank() * n + i] = double(values[i]);
+  world.all_reduce_sum(all.data(), static_cast<int64_t>(all.size()));
+  return std::vector<int64_t>(all.begin(), all.end());
+}
 std::vector<int64_t> from_every_rank(const ProcessGroup& world, int64_t value) {
-  std::vector<double> values(world.size(), 0.0);  // [ranks]
-  values[world.rank()] = double(value);
-  world.all_reduce_sum(values.data(), world.size());
-  return std::vector<int64_t>(values.begin(), values.end());
+  return from_every_rank(world, std::vector<int64_t>{value});
 }
 
 // Metrics field "fsdp": this step's bytes moved by the gathers and reduce-scatters and the peak of
@@ -155,12 +159,23 @@ nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const
 }
 
 // Metrics field "expert_parallel": every rank's bytes of this step's dispatches (rows sent to other
-// ranks' experts, forward and backward) and combines (rows sent back), a collective.
+// ranks' experts, forward and backward) and combines (rows sent back), and every rank's own routing
+// loads per MoE layer ("rank_tokens_per_expert": [layers][ranks][E]), from which the bytes follow;
+// a collective.
 nlohmann::json expert_parallel_record(const ProcessGroup& world, int ep, const ExpertParallelCounters& now,
-                                      const ExpertParallelCounters& before) {
+                                      const ExpertParallelCounters& before, const StepStats& stats) {
+  nlohmann::json loads = nlohmann::json::array();
+  for (const MoeLayerStats& layer : stats.layers()) {
+    const std::vector<int64_t> all = from_every_rank(world, layer.rank_tokens_per_expert);  // [ranks, E]
+    const int64_t E = static_cast<int64_t>(layer.rank_tokens_per_expert.size());
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (int r = 0; r < world.size(); ++r) per_rank.push_back(std::vector<int64_t>(all.begin() + r * E, all.begin() + (r + 1) * E));
+    loads.push_back(per_rank);
+  }
   return {{"ep", ep},
           {"rank_dispatched_bytes", from_every_rank(world, now.dispatched_bytes - before.dispatched_bytes)},
-          {"rank_combined_bytes", from_every_rank(world, now.combined_bytes - before.combined_bytes)}};
+          {"rank_combined_bytes", from_every_rank(world, now.combined_bytes - before.combined_bytes)},
+          {"rank_tokens_per_expert", loads}};
 }
 
 // train_tokens: the training split's size (0 before the data is known: a dry run).
@@ -450,7 +465,9 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     if (skipped) record["skipped"] = "no counted targets in the step's micro-batches; weights unchanged";
     stats.write_metrics(record);
     if (fsdp) record["fsdp"] = fsdp_record(world, *fsdp, fsdp_before, peak_bytes);
-    if (experts) record["expert_parallel"] = expert_parallel_record(world, o.ep, experts->counters(), experts_before);
+    if (experts) {
+      record["expert_parallel"] = expert_parallel_record(world, o.ep, experts->counters(), experts_before, stats);
+    }
     std::optional<EvalResult> eval;  // every rank evaluates the same windows (FSDP gathers the units)
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {
       eval = evaluate_loss(model, run.data.val.tokens, s.seq_len, s.batch, o.eval_batches);

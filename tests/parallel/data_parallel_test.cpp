@@ -4,7 +4,7 @@
 // pipelined over --ep-chunks): 2 and 4 ranks,
 // with ep 1, 2 and 4, give the losses, routing loads and final weights of one rank, in double to
 // relative 1e-10 over 20 steps, and count the bytes they move (FSDP: as the layout says; experts:
-// as much back as out, within the routed rows), for MoE configs of both router kinds and every
+// as each rank's routing says), for MoE configs of both router kinds and every
 // balance loss (pooled, per-layer, sequence-wise, z-loss, the aux-loss-free bias), a hybrid of Gated
 // DeltaNet, full attention and MoE, Kimi Delta Attention with MLA, and DeepSeek-V3.2's sparse
 // attention with the indexer loss; in float the first 3 steps agree to 1e-4 with identical routing;
@@ -154,26 +154,44 @@ void PrintTo(const Case& c, std::ostream* out) {
 
 std::string ep_flag(const Case& c) { return c.ep > 1 ? " --ep " + std::to_string(c.ep) : ""; }
 
-// Over all ranks, every step's dispatches send as many row bytes to other ranks as its combines
-// send back (each row goes out and its output comes home, forward and backward), and at most every
-// routed row of every MoE layer, twice (forward and backward), crosses ranks.
-void expect_expert_counts(const RunResult& parallel, const Case& c, int64_t hidden) {
+// The exchange's bytes from the routing alone: every rank reports its own loads per MoE layer
+// (rank_tokens_per_expert: [layers][ranks][E], summing to the batch's tokens_per_expert); rank r
+// sends the rows routed to experts of the other ep indices of its expert group, and receives the
+// rows the group's other ranks route to its experts; each row crosses once forward and once
+// backward, H doubles each way (dropless configs).
+void expect_expert_counts(const RunResult& parallel, const Case& c, int ranks, int64_t hidden) {
   for (const nlohmann::json& m : parallel.metrics) {
     if (c.ep == 1) {
       EXPECT_FALSE(m.contains("expert_parallel"));
       continue;
     }
+    ASSERT_EQ(m.at("dropped_tokens"), 0);
     const nlohmann::json& x = m.at("expert_parallel");
     EXPECT_EQ(x.at("ep"), c.ep);
-    int64_t dispatched = 0, combined = 0;
-    for (const int64_t b : x.at("rank_dispatched_bytes")) dispatched += b;
-    for (const int64_t b : x.at("rank_combined_bytes")) combined += b;
-    EXPECT_EQ(dispatched, combined) << m.dump();
-    EXPECT_GT(dispatched, 0) << m.dump();
-    int64_t routed_rows = 0;  // Σ over MoE layers of the batch's routed rows
-    for (const nlohmann::json& layer : m.at("moe_layers"))
-      for (const int64_t rows : layer.at("tokens_per_expert")) routed_rows += rows;
-    EXPECT_LE(dispatched, 2 * routed_rows * hidden * 8) << "double";
+    const nlohmann::json& loads = x.at("rank_tokens_per_expert");
+    ASSERT_EQ(loads.size(), m.at("moe_layers").size());
+    for (int r = 0; r < ranks; ++r) {
+      int64_t out = 0, in = 0;  // rows
+      for (size_t l = 0; l < loads.size(); ++l) {
+        const int64_t E = static_cast<int64_t>(loads[l][r].size()), local = E / c.ep;
+        for (int64_t e = 0; e < E; ++e) {
+          if (e / local != r % c.ep) out += loads[l][r][e].get<int64_t>();
+          for (int s = 0; s < ranks; ++s) {
+            if (s != r && s / c.ep == r / c.ep && e / local == r % c.ep) in += loads[l][s][e].get<int64_t>();
+          }
+        }
+      }
+      EXPECT_EQ(x.at("rank_dispatched_bytes")[r], 2 * out * hidden * 8) << "rank " << r << ": " << m.dump();
+      EXPECT_EQ(x.at("rank_combined_bytes")[r], 2 * in * hidden * 8) << "rank " << r;
+    }
+    for (size_t l = 0; l < loads.size(); ++l) {
+      const nlohmann::json& total = m.at("moe_layers")[l].at("tokens_per_expert");
+      for (size_t e = 0; e < total.size(); ++e) {
+        int64_t sum = 0;
+        for (int r = 0; r < ranks; ++r) sum += loads[l][r][e].get<int64_t>();
+        EXPECT_EQ(sum, total[e].get<int64_t>()) << "layer " << l << " expert " << e;
+      }
+    }
   }
 }
 
@@ -189,7 +207,7 @@ TEST_P(DataParallel, DoubleRanksAgreeOverTwentySteps) {
     expect_same_run(single, parallel, ranks, 1e-10);
     expect_same_weights(single, parallel, 20, 1e-9);
     expect_fsdp_counts(parallel, config, ranks, c.ep, 8, c.micro_batches);
-    expect_expert_counts(parallel, c, nlohmann::json::parse(read_file(config.string())).at("hidden_size"));
+    expect_expert_counts(parallel, c, ranks, nlohmann::json::parse(read_file(config.string())).at("hidden_size"));
   }
 }
 
