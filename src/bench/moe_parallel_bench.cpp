@@ -10,6 +10,7 @@
 #include "model/model.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
+#include "parallel/mesh.h"
 #include "parallel/process_group.h"
 #include "parallel/shard_layout.h"
 
@@ -25,19 +26,16 @@ nlohmann::json run_moe_parallel_bench(const MoeParallelBenchOptions& o) {
   if (o.steps < 1 || o.rounds < 1 || o.warmup < 0 || o.chunks < 2)
     fail("bench moe-parallel: --steps and --rounds must be ≥ 1, --warmup ≥ 0, --chunks ≥ 2");
   const ModelConfig config = ModelConfig::load(o.config);
-  if (config.num_experts == 0 || config.num_experts % o.ep != 0)
-    fail("bench moe-parallel: ", o.config, ": its ", config.num_experts, " routed experts must split over --ep ", o.ep);
+  const ParallelMesh mesh(world, o.ep, config);
 
   Model<float> model(config);
   model.init_weights(o.seed);
   model.zero_grads();
   model.set_statistics_reduction({ranks, [&world](double* v, int64_t n) { world.all_reduce_sum(v, n); }});
-  const ProcessGroup ep_group = world.split(world.rank() / o.ep, world.rank() % o.ep);
-  const ProcessGroup edp_group = world.split(world.rank() % o.ep, world.rank() / o.ep);
   const ShardLayout layout(model.table(), world.rank(), ranks, o.ep);
-  Fsdp<float> fsdp(model, world, edp_group, layout);
+  Fsdp<float> fsdp(model, world, mesh.edp_group(), layout);
   model.set_unit_hooks(fsdp.hooks());
-  ExpertParallel experts(ep_group);
+  ExpertParallel experts(mesh.ep_group());
   model.set_expert_exchange(&experts);
 
   // Random token rows of the global batch; this rank trains its rows.

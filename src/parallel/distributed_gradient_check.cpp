@@ -8,6 +8,7 @@
 #include "model/model.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
+#include "parallel/mesh.h"
 #include "parallel/shard_layout.h"
 
 namespace trillion {
@@ -17,9 +18,7 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
   const int ranks = world.size();
   if (options.batch % ranks != 0)
     fail("gradient check: --batch ", options.batch, " must be divisible by the ", ranks, " ranks");
-  if (ep < 1 || ranks % ep != 0) fail("gradient check: --ep ", ep, " must be ≥ 1 and divide the ", ranks, " ranks");
-  if (ep > 1 && (config.num_experts == 0 || config.num_experts % ep != 0))
-    fail("gradient check: --ep ", ep, ": the model's ", config.num_experts, " routed experts must split evenly");
+  const ParallelMesh mesh(world, ep, config);
   const GradientCheckBatch batch = gradient_check_batch(config, options);
   const auto prepared = [&](Model<double>& model) {
     model.init_weights(options.seed);
@@ -34,14 +33,12 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
   Model<double> parts(config);  // this rank's rows, as the trainer runs them
   prepared(parts);
   parts.set_statistics_reduction({ranks, [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }});
-  const ProcessGroup ep_group = world.split(world.rank() / ep, world.rank() % ep);
-  const ProcessGroup edp_group = world.split(world.rank() % ep, world.rank() / ep);
   const ShardLayout layout(parts.table(), world.rank(), ranks, ep);
-  Fsdp<double> fsdp(parts, world, edp_group, layout);
+  Fsdp<double> fsdp(parts, world, mesh.edp_group(), layout);
   parts.set_unit_hooks(fsdp.hooks());
   std::optional<ExpertParallel> experts;
   if (ep > 1) {
-    experts.emplace(ep_group);
+    experts.emplace(mesh.ep_group());
     parts.set_expert_exchange(&*experts);
   }
   const int64_t rows = options.batch / ranks, at = world.rank() * rows * options.seq;

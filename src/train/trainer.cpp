@@ -23,6 +23,7 @@
 #include "model/model.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
+#include "parallel/mesh.h"
 #include "parallel/process_group.h"
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
@@ -258,10 +259,8 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     model.set_statistics_reduction(
         {world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }});
   }
-  // Expert parallelism: rank = edp index · ep + ep index (validated in prepare_run); an
-  // expert-parallel group holds the ranks of one edp index, an edp group those of one ep index.
-  const ProcessGroup ep_group = world.split(world.rank() / o.ep, world.rank() % o.ep);
-  const ProcessGroup edp_group = world.split(world.rank() % o.ep, world.rank() / o.ep);
+  // Expert parallelism: the mesh's groups (parallel/mesh.h; validated in prepare_run).
+  const ParallelMesh mesh(world, o.ep, run.config);
   Optimizer<T> optimizer(model.table(), world, o.ep);
   if (!run.weights_dir.empty() && is_sharded_checkpoint(run.weights_dir)) {
     // Written by any layout: every rank reads the whole flat state, then keeps its shard.
@@ -273,12 +272,12 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   }
   std::optional<Fsdp<T>> fsdp;
   if (ranks > 1) {
-    fsdp.emplace(model, world, edp_group, optimizer.layout());
+    fsdp.emplace(model, world, mesh.edp_group(), optimizer.layout());
     model.set_unit_hooks(fsdp->hooks());
   }
   std::optional<ExpertParallel> experts;
   if (o.ep > 1) {
-    experts.emplace(ep_group, o.ep_chunks);
+    experts.emplace(mesh.ep_group(), o.ep_chunks);
     model.set_expert_exchange(&*experts);
   }
   T* step_params = fsdp ? fsdp->shard_params() : model.params();
@@ -553,12 +552,8 @@ RunSetup prepare_run(TrainOptions& o) {
   run.state.train_checksum = run.data.train.checksum;
   run.state.data_dir = fs::absolute(o.data_dir).lexically_normal().string();
   const int ranks = ProcessGroup::world().size();
-  if (o.ep < 1 || ranks % o.ep != 0) fail("--ep ", o.ep, " must be ≥ 1 and divide the ", ranks, " ranks");
+  validate_mesh(ranks, o.ep, run.config);
   if (o.ep > 1) {
-    if (run.config.num_experts == 0 || run.config.num_experts % o.ep != 0) {
-      fail("--ep ", o.ep, ": the model's ", run.config.num_experts, " routed experts must split evenly over ", o.ep,
-           " ranks");
-    }
     if (o.recompute != "none" || o.swap != "none" || !o.memory_budget.empty()) {
       fail("--ep ", o.ep, " with --recompute / --swap / --memory-budget: recomputation and swapping under expert ",
            "parallelism are not built yet; expected the default policy (keep)");

@@ -1,0 +1,21 @@
+// The run's mesh and its checks. See mesh.h.
+#include "parallel/mesh.h"
+
+#include "core/error.h"
+
+namespace trillion {
+
+void validate_mesh(int ranks, int ep, const ModelConfig& config) {
+  if (ep < 1 || ranks % ep != 0) fail("--ep ", ep, " must be ≥ 1 and divide the ", ranks, " ranks");
+  if (ep > 1 && (config.num_experts == 0 || config.num_experts % ep != 0)) {
+    fail("--ep ", ep, ": the model's ", config.num_experts, " routed experts must split evenly over ", ep, " ranks");
+  }
+}
+
+ParallelMesh::ParallelMesh(const ProcessGroup& world, int ep, const ModelConfig& config)
+    : world_(world),
+      ep_((validate_mesh(world.size(), ep, config), ep)),  // validated before any split
+      ep_group_(world.split(world.rank() / ep, world.rank() % ep)),
+      edp_group_(world.split(world.rank() % ep, world.rank() / ep)) {}
+
+}  // namespace trillion

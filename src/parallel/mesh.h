@@ -1,0 +1,33 @@
+// ParallelMesh: the layout of a parallel run (DESIGN.md, "Distributed = MPI"): world = ep × edp,
+// rank = edp index · ep + ep index. Dense parameters are sharded over the world; the routed
+// experts are split over the expert-parallel group (the ep ranks of one edp index) and each ep
+// slice sharded over its edp group (the edp ranks of one ep index). One object validates the
+// degrees against the world and the model, with errors naming the flag and the values.
+#pragma once
+
+#include "model/config.h"
+#include "parallel/process_group.h"
+
+namespace trillion {
+
+class ParallelMesh {
+ public:
+  // Every rank of `world` builds it (the groups are split collectively); `world` must outlive it.
+  ParallelMesh(const ProcessGroup& world, int ep, const ModelConfig& config);
+
+  const ProcessGroup& world() const { return world_; }
+  const ProcessGroup& ep_group() const { return ep_group_; }    // the ranks of this rank's edp index
+  const ProcessGroup& edp_group() const { return edp_group_; }  // the ranks of this rank's ep index
+  int ep() const { return ep_; }
+  int edp() const { return world_.size() / ep_; }
+
+ private:
+  const ProcessGroup& world_;
+  int ep_ = 1;
+  ProcessGroup ep_group_, edp_group_;
+};
+
+// The degrees alone (before any group is split: a dry run, argument checks).
+void validate_mesh(int ranks, int ep, const ModelConfig& config);
+
+}  // namespace trillion
