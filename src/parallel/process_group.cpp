@@ -58,8 +58,7 @@ template <>
 MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
 template <>
 MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
-template <>
-MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
+
 
 // MPI's int counts of a split (one collective moves at most INT_MAX elements per rank).
 std::vector<int> int_counts(const std::vector<int64_t>& counts) {
@@ -165,12 +164,6 @@ void ProcessGroup::sum_in_place(T* values, int64_t count) const {
 
 void ProcessGroup::all_reduce_sum(double* values, int64_t count) const { sum_in_place(values, count); }
 
-void ProcessGroup::all_reduce_sum(float* values, int64_t count) const { sum_in_place(values, count); }
-
-int64_t ProcessGroup::all_reduce_sum(int64_t value) const {
-  sum_in_place(&value, 1);
-  return value;
-}
 
 double ProcessGroup::all_reduce_sum(double value) const {
   all_reduce_sum(&value, 1);
@@ -248,13 +241,6 @@ void ProcessGroup::finish(Pending& pending) const {
   if (pending.request != MPI_REQUEST_NULL) wait(&pending.request, pending.call);
 }
 
-template <class T>
-void ProcessGroup::all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
-                              const std::vector<int64_t>& recv_counts) const {
-  Pending pending = start_all_to_all(send, send_counts, recv, recv_counts);
-  finish(pending);
-}
-
 void ProcessGroup::broadcast(std::string& text) const {
   if (size_ == 1) return;
   int64_t length = rank_ == 0 ? static_cast<int64_t>(text.size()) : 0;
@@ -286,10 +272,6 @@ void ProcessGroup::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t
   wait(&request, "MPI_Alltoall");
 }
 
-template void ProcessGroup::all_to_all<float>(const float*, const std::vector<int64_t>&, float*,
-                                              const std::vector<int64_t>&) const;
-template void ProcessGroup::all_to_all<double>(const double*, const std::vector<int64_t>&, double*,
-                                               const std::vector<int64_t>&) const;
 template ProcessGroup::Pending ProcessGroup::start_all_to_all<float>(const float*, const std::vector<int64_t>&,
                                                                      float*, const std::vector<int64_t>&) const;
 template ProcessGroup::Pending ProcessGroup::start_all_to_all<double>(const double*, const std::vector<int64_t>&,

@@ -41,8 +41,6 @@ class ProcessGroup {
 
   // In place: values[i] = Σ over the ranks of their values[i].
   void all_reduce_sum(double* values, int64_t count) const;
-  void all_reduce_sum(float* values, int64_t count) const;
-  int64_t all_reduce_sum(int64_t value) const;
   double all_reduce_sum(double value) const;
 
   // A collective started and not yet complete (the start_* calls; completed by finish()).
@@ -67,13 +65,10 @@ class ProcessGroup {
   // How long a collective may wait before the job is ended (seconds, > 0).
   void set_collective_timeout(double seconds);
 
-  // send[Σ send_counts] in pieces of send_counts[r] elements to rank r; recv[Σ recv_counts] gets
-  // recv_counts[r] elements from each rank r, in rank order.
-  template <class T>
-  void all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
-                  const std::vector<int64_t>& recv_counts) const;
-  // The same, started: it runs while the caller computes (as far as the MPI library progresses it)
-  // and is completed by finish(); send and recv must stay untouched until then.
+  // Started: send[Σ send_counts] in pieces of send_counts[r] elements to rank r; recv[Σ
+  // recv_counts] gets recv_counts[r] elements from each rank r, in rank order. It runs while the
+  // caller computes (as far as the MPI library progresses it) and is completed by finish(); send
+  // and recv must stay untouched until then.
   template <class T>
   Pending start_all_to_all(const T* send, const std::vector<int64_t>& send_counts, T* recv,
                            const std::vector<int64_t>& recv_counts) const;

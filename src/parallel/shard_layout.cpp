@@ -71,24 +71,6 @@ void ShardLayout::copy_to_shard(const T* flat, T* shard) const {
 }
 
 template <class T>
-void ShardLayout::reduce_scatter(const ProcessGroup& world, const ProcessGroup& edp, const T* flat, T* shard) const {
-  for (const Unit& unit : units_) {
-    if (!unit.held) continue;
-    const ProcessGroup& group = unit.over_world ? world : edp;
-    group.reduce_scatter_sum(flat + unit.begin, shard + unit.shard_offset, unit.counts);
-  }
-}
-
-template <class T>
-void ShardLayout::all_gather(const ProcessGroup& world, const ProcessGroup& edp, const T* shard, T* flat) const {
-  for (const Unit& unit : units_) {
-    if (!unit.held) continue;
-    const ProcessGroup& group = unit.over_world ? world : edp;
-    group.all_gather(shard + unit.shard_offset, flat + unit.begin, unit.counts, unit.displs);
-  }
-}
-
-template <class T>
 void ShardLayout::gather_everything(const ProcessGroup& world, const T* shard, T* flat) const {
   TRILLION_CHECK(world.size() == ranks_ && world.rank() == rank_, "shard layout of ", ranks_, " ranks used on ",
                  world.describe());
@@ -100,8 +82,6 @@ void ShardLayout::gather_everything(const ProcessGroup& world, const T* shard, T
 
 #define TRILLION_INSTANTIATE(T)                                                                                    \
   template void ShardLayout::copy_to_shard<T>(const T*, T*) const;                                                 \
-  template void ShardLayout::reduce_scatter<T>(const ProcessGroup&, const ProcessGroup&, const T*, T*) const;      \
-  template void ShardLayout::all_gather<T>(const ProcessGroup&, const ProcessGroup&, const T*, T*) const;          \
   template void ShardLayout::gather_everything<T>(const ProcessGroup&, const T*, T*) const;
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)

@@ -57,14 +57,6 @@ class ShardLayout {
   // shard[shard_size] ← this rank's elements of flat[trainable_size].
   template <class T>
   void copy_to_shard(const T* flat, T* shard) const;
-  // Collectives over the world and this rank's edp group (the ranks of its ep index), range by
-  // range, over the ranges this rank holds:
-  // shard ← this rank's elements of Σ over the range's group of flat (the gradients);
-  template <class T>
-  void reduce_scatter(const ProcessGroup& world, const ProcessGroup& edp, const T* flat, T* shard) const;
-  // flat ← every piece of the held ranges (the parameters a rank uses).
-  template <class T>
-  void all_gather(const ProcessGroup& world, const ProcessGroup& edp, const T* shard, T* flat) const;
   // flat ← every piece of every range, over the world (a checkpoint's full parameters or moments).
   template <class T>
   void gather_everything(const ProcessGroup& world, const T* shard, T* flat) const;
