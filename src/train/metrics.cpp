@@ -62,6 +62,7 @@ std::string format_progress(const ProgressLine& p) {
   // characters long), then joined, so no segment can overflow a shared fixed-size buffer.
   const auto formatted = [](const char* format, auto... values) {
     const int size = std::snprintf(nullptr, 0, format, values...);
+    if (size <= 0) return std::string();  // an encoding error (or nothing to print)
     std::string text(static_cast<size_t>(size) + 1, '\0');
     std::snprintf(text.data(), text.size(), format, values...);
     text.resize(static_cast<size_t>(size));
