@@ -70,12 +70,14 @@ nlohmann::json run_moe_parallel_bench(const MoeParallelBenchOptions& o) {
         const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         mode.loss = loss;
         // The slowest rank's step; the ranks' mean wait.
-        std::vector<double> per_rank(2 * ranks, 0.0);  // [ranks] step seconds, then [ranks] wait seconds
-        per_rank[world.rank()] = seconds;
-        per_rank[ranks + world.rank()] = experts.counters().wait_s - wait_before;
-        world.all_reduce_sum(per_rank.data(), 2 * ranks);
-        mode.step_s += *std::max_element(per_rank.begin(), per_rank.begin() + ranks);
-        for (int r = 0; r < ranks; ++r) mode.wait_s += per_rank[ranks + r] / ranks;
+        const std::vector<double> per_rank =
+            world.all_gather_values<double>({seconds, experts.counters().wait_s - wait_before});  // [ranks, 2]
+        double slowest = 0.0;
+        for (int r = 0; r < ranks; ++r) {
+          slowest = std::max(slowest, per_rank[2 * r]);
+          mode.wait_s += per_rank[2 * r + 1] / ranks;
+        }
+        mode.step_s += slowest;
         ++mode.timed;
       }
     }

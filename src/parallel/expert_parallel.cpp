@@ -115,26 +115,27 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
   st.row_chunk.assign(plan.rows(), 0);
   st.row_position.assign(plan.rows(), 0);
 
-  // Each chunk's rows (tokens [c·N/C, (c+1)·N/C)), their counts per expert exchanged up front.
+  // Each chunk's rows (tokens [c·N/C, (c+1)·N/C)), in one walk over the plan's expert-major rows,
+  // so each chunk's rows stay expert-major; their counts per expert exchanged up front.
+  std::vector<std::vector<int64_t>> expert_rows(C, std::vector<int64_t>(E, 0));  // [C][E]
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = plan.offsets[e]; r < plan.offsets[e + 1]; ++r) {
+      const int64_t token = plan.row_slot[r] / k, c = ((token + 1) * C - 1) / N;  // c·N/C ≤ token < (c+1)·N/C
+      Chunk<T>& ch = st.chunks[c];
+      st.row_chunk[r] = static_cast<int32_t>(c);
+      st.row_position[r] = static_cast<int32_t>(ch.rows.size());
+      ch.rows.push_back(static_cast<int32_t>(r));
+      ++expert_rows[c][e];
+    }
   std::vector<Buffer<T>> outgoing(C);
   for (int64_t c = 0; c < C; ++c) {
     Chunk<T>& ch = st.chunks[c];
-    const int64_t first = c * N / C, last = (c + 1) * N / C;
-    std::vector<int64_t> expert_rows(E, 0), recv_counts(E);  // [E] each: [ep, local] blocks
-    for (int64_t e = 0; e < E; ++e)
-      for (int64_t r = plan.offsets[e]; r < plan.offsets[e + 1]; ++r) {
-        const int64_t token = plan.row_slot[r] / k;
-        if (token < first || token >= last) continue;
-        st.row_chunk[r] = static_cast<int32_t>(c);
-        st.row_position[r] = static_cast<int32_t>(ch.rows.size());
-        ch.rows.push_back(static_cast<int32_t>(r));
-        ++expert_rows[e];
-      }
-    group_.all_to_all_counts(expert_rows.data(), recv_counts.data(), local);
+    std::vector<int64_t> recv_counts(E);  // [E]: [ep, local] blocks
+    group_.all_to_all_counts(expert_rows[c].data(), recv_counts.data(), local);
     ch.send_rows.assign(ep, 0);
     ch.recv_rows.assign(ep, 0);
     for (int64_t e = 0; e < E; ++e) {
-      ch.send_rows[e / local] += expert_rows[e];
+      ch.send_rows[e / local] += expert_rows[c][e];
       ch.recv_rows[e / local] += recv_counts[e];
     }
     for (int s = 0; s < ep; ++s)

@@ -34,6 +34,16 @@ void release_range(T* base, int64_t begin, int64_t end, bool zero_ends) {
 }  // namespace
 
 template <class T>
+const ProcessGroup& Fsdp<T>::group_of(const ShardLayout::Unit& piece) const {
+  return piece.over_world ? group_ : edp_;
+}
+
+template <class T>
+int64_t Fsdp<T>::moved_bytes(const ShardLayout::Unit& piece) const {
+  return (piece.count - piece.counts[layout_.group_rank(piece)]) * static_cast<int64_t>(sizeof(T));
+}
+
+template <class T>
 Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& edp, const ShardLayout& layout)
     : model_(model),
       group_(group),
@@ -86,11 +96,9 @@ void Fsdp<T>::start_gather(int unit) {
   std::vector<ProcessGroup::Pending>& pending = in_flight_[unit];
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
-    pending.push_back((piece.over_world ? group_ : edp_)
-                          .start_all_gather(shard_params_.data() + piece.shard_offset, model_.params() + piece.begin,
-                                            piece.counts, piece.displs));
-    counters_.gathered_bytes +=
-        (piece.count - piece.counts[layout_.group_rank(piece)]) * static_cast<int64_t>(sizeof(T));
+    pending.push_back(group_of(piece).start_all_gather(shard_params_.data() + piece.shard_offset,
+                                                       model_.params() + piece.begin, piece.counts, piece.displs));
+    counters_.gathered_bytes += moved_bytes(piece);
     gathered_now_ += piece.count * static_cast<int64_t>(sizeof(T));
   }
   state_[unit] = UnitState::in_flight;
@@ -102,7 +110,7 @@ void Fsdp<T>::gather(int unit) {
   if (unit >= static_cast<int>(pieces_of_unit_.size())) return;  // a unit without trainable parameters
   start_gather(unit);  // unless prefetched
   for (int p = 0; p < static_cast<int>(in_flight_[unit].size()); ++p) {
-    (layout_.units()[pieces_of_unit_[unit][p]].over_world ? group_ : edp_).finish(in_flight_[unit][p]);
+    group_of(layout_.units()[pieces_of_unit_[unit][p]]).finish(in_flight_[unit][p]);
   }
   in_flight_[unit].clear();
   state_[unit] = UnitState::gathered;
@@ -125,10 +133,9 @@ void Fsdp<T>::reduce_scatter(int unit) {
   if (unit >= static_cast<int>(pieces_of_unit_.size())) return;
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
-    (piece.over_world ? group_ : edp_)
-        .reduce_scatter_sum(model_.grads() + piece.begin, shard_grads_.data() + piece.shard_offset, piece.counts);
-    counters_.reduce_scattered_bytes +=
-        (piece.count - piece.counts[layout_.group_rank(piece)]) * static_cast<int64_t>(sizeof(T));
+    group_of(piece).reduce_scatter_sum(model_.grads() + piece.begin, shard_grads_.data() + piece.shard_offset,
+                                       piece.counts);
+    counters_.reduce_scattered_bytes += moved_bytes(piece);
     release_range(model_.grads(), piece.begin, piece.begin + piece.count, /*zero_ends=*/true);  // zero for the next step
   }
 }

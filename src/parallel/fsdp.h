@@ -67,6 +67,8 @@ class Fsdp {
 
  private:
   enum class UnitState { released, in_flight, gathered };
+  const ProcessGroup& group_of(const ShardLayout::Unit& piece) const;  // the world, or the edp group
+  int64_t moved_bytes(const ShardLayout::Unit& piece) const;          // the range but this rank's piece
   void start_gather(int unit);  // unless it is in flight or gathered
   void gather(int unit);        // completes it (starting it first unless prefetched)
   void release(int unit);

@@ -4,6 +4,7 @@
 #include "core/error.h"
 
 namespace trillion {
+namespace {
 
 void validate_mesh(int ranks, int ep, const ModelConfig& config) {
   if (ep < 1 || ranks % ep != 0) fail("--ep ", ep, " must be ≥ 1 and divide the ", ranks, " ranks");
@@ -11,6 +12,8 @@ void validate_mesh(int ranks, int ep, const ModelConfig& config) {
     fail("--ep ", ep, ": the model's ", config.num_experts, " routed experts must split evenly over ", ep, " ranks");
   }
 }
+
+}  // namespace
 
 ParallelMesh::ParallelMesh(const ProcessGroup& world, int ep, const ModelConfig& config)
     : world_(world),

@@ -27,7 +27,4 @@ class ParallelMesh {
   ProcessGroup ep_group_, edp_group_;
 };
 
-// The degrees alone (before any group is split: a dry run, argument checks).
-void validate_mesh(int ranks, int ep, const ModelConfig& config);
-
 }  // namespace trillion

@@ -58,7 +58,8 @@ template <>
 MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
 template <>
 MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
-
+template <>
+MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
 
 // MPI's int counts of a split (one collective moves at most INT_MAX elements per rank).
 std::vector<int> int_counts(const std::vector<int64_t>& counts) {
@@ -109,8 +110,7 @@ void ProcessGroup::set_collective_timeout(double seconds) {
   timeout_s_ = seconds;
 }
 
-void ProcessGroup::wait(void* pending, const char* call) const {
-  MPI_Request& request = *static_cast<MPI_Request*>(pending);
+void ProcessGroup::wait(MPI_Request& request, const char* call) const {
   const auto since = [](std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   };
@@ -150,20 +150,16 @@ void ProcessGroup::wait(void* pending, const char* call) const {
             1);
 }
 
-template <class T>
-void ProcessGroup::sum_in_place(T* values, int64_t count) const {
+void ProcessGroup::all_reduce_sum(double* values, int64_t count) const {
   if (size_ == 1) return;
   for (int64_t at = 0; at < count; at += kMaxPiece) {
     const int piece = static_cast<int>(std::min(kMaxPiece, count - at));
     MPI_Request request;
-    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values + at, piece, mpi_type<T>(), MPI_SUM, comm(), &request),
+    check_mpi(MPI_Iallreduce(MPI_IN_PLACE, values + at, piece, MPI_DOUBLE, MPI_SUM, comm(), &request),
               "MPI_Iallreduce");
-    wait(&request, "MPI_Allreduce");
+    wait(request, "MPI_Allreduce");
   }
 }
-
-void ProcessGroup::all_reduce_sum(double* values, int64_t count) const { sum_in_place(values, count); }
-
 
 double ProcessGroup::all_reduce_sum(double value) const {
   all_reduce_sum(&value, 1);
@@ -181,7 +177,7 @@ void ProcessGroup::reduce_scatter_sum(const T* send, T* recv, const std::vector<
   MPI_Request request;
   check_mpi(MPI_Ireduce_scatter(send, recv, ints.data(), mpi_type<T>(), MPI_SUM, comm(), &request),
             "MPI_Ireduce_scatter");
-  wait(&request, "MPI_Reduce_scatter");
+  wait(request, "MPI_Reduce_scatter");
 }
 
 template <class T>
@@ -238,7 +234,7 @@ ProcessGroup::Pending ProcessGroup::start_all_to_all(const T* send, const std::v
 }
 
 void ProcessGroup::finish(Pending& pending) const {
-  if (pending.request != MPI_REQUEST_NULL) wait(&pending.request, pending.call);
+  if (pending.request != MPI_REQUEST_NULL) wait(pending.request, pending.call);
 }
 
 void ProcessGroup::broadcast(std::string& text) const {
@@ -246,19 +242,35 @@ void ProcessGroup::broadcast(std::string& text) const {
   int64_t length = rank_ == 0 ? static_cast<int64_t>(text.size()) : 0;
   MPI_Request request;
   check_mpi(MPI_Ibcast(&length, 1, MPI_INT64_T, 0, comm(), &request), "MPI_Ibcast");
-  wait(&request, "MPI_Bcast");
+  wait(request, "MPI_Bcast");
   text.resize(length);
   const std::vector<int> ints = int_counts({length});
   check_mpi(MPI_Ibcast(text.data(), ints[0], MPI_CHAR, 0, comm(), &request), "MPI_Ibcast");
-  wait(&request, "MPI_Bcast");
+  wait(request, "MPI_Bcast");
 }
 
 void ProcessGroup::barrier() const {
   if (size_ == 1) return;
   MPI_Request request;
   check_mpi(MPI_Ibarrier(comm(), &request), "MPI_Ibarrier");
-  wait(&request, "MPI_Barrier");
+  wait(request, "MPI_Barrier");
 }
+
+template <class T>
+std::vector<T> ProcessGroup::all_gather_values(const std::vector<T>& values) const {
+  if (size_ == 1) return values;
+  const int64_t n = static_cast<int64_t>(values.size());
+  std::vector<T> all(size_ * n);  // [size, n]
+  MPI_Request request;
+  check_mpi(MPI_Iallgather(values.data(), int_counts({n})[0], mpi_type<T>(), all.data(), static_cast<int>(n),
+                           mpi_type<T>(), comm(), &request),
+            "MPI_Iallgather");
+  wait(request, "MPI_Allgather");
+  return all;
+}
+
+template std::vector<int64_t> ProcessGroup::all_gather_values<int64_t>(const std::vector<int64_t>&) const;
+template std::vector<double> ProcessGroup::all_gather_values<double>(const std::vector<double>&) const;
 
 void ProcessGroup::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t n) const {
   if (size_ == 1) {
@@ -269,7 +281,7 @@ void ProcessGroup::all_to_all_counts(const int64_t* send, int64_t* recv, int64_t
   check_mpi(MPI_Ialltoall(send, static_cast<int>(n), MPI_INT64_T, recv, static_cast<int>(n), MPI_INT64_T, comm(),
                           &request),
             "MPI_Ialltoall");
-  wait(&request, "MPI_Alltoall");
+  wait(request, "MPI_Alltoall");
 }
 
 template ProcessGroup::Pending ProcessGroup::start_all_to_all<float>(const float*, const std::vector<int64_t>&,

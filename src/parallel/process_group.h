@@ -42,6 +42,9 @@ class ProcessGroup {
   // In place: values[i] = Σ over the ranks of their values[i].
   void all_reduce_sum(double* values, int64_t count) const;
   double all_reduce_sum(double value) const;
+  // Every rank's `values` (the same count on every rank), rank after rank: [size · values.size()].
+  template <class T>
+  std::vector<T> all_gather_values(const std::vector<T>& values) const;
 
   // A collective started and not yet complete (the start_* calls; completed by finish()).
   struct Pending {
@@ -87,11 +90,7 @@ class ProcessGroup {
 
  private:
   ProcessGroup() = default;
-  template <class T>
-  void sum_in_place(T* values, int64_t count) const;
-  // Completes the MPI_Request at `request` within the timeout, answering pings meanwhile; ends
-  // the job naming the silent ranks otherwise. `call` names the collective.
-  void wait(void* request, const char* call) const;
+  void wait(MPI_Request& request, const char* call) const;
   MPI_Comm comm() const { return comm_; }
   bool uses_mpi_ = false;
   MPI_Comm comm_ = MPI_COMM_NULL;  // null: a group of one without MPI

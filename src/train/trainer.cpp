@@ -128,16 +128,11 @@ nlohmann::json memory_record(const StoreCounters& before, const StoreCounters& a
           {"peak_slow_bytes", MemoryStats::peak(Tier::slow)}};
 }
 
-// Every rank's `values`, rank after rank (a collective: every rank calls it with as many).
-std::vector<int64_t> from_every_rank(const ProcessGroup& world, const std::vector<int64_t>& values) {
-  const int64_t n = static_cast<int64_t>(values.size());
-  std::vector<double> all(world.size() * n, 0.0);  // [ranks, n]
-  for (int64_t i = 0; i < n; ++i) all[world.rank() * n + i] = double(values[i]);
-  world.all_reduce_sum(all.data(), static_cast<int64_t>(all.size()));
-  return std::vector<int64_t>(all.begin(), all.end());
-}
-std::vector<int64_t> from_every_rank(const ProcessGroup& world, int64_t value) {
-  return from_every_rank(world, std::vector<int64_t>{value});
+// Column `column` of a [ranks, width] table gathered from every rank.
+std::vector<int64_t> column_of(const std::vector<int64_t>& table, int64_t width, int64_t column) {
+  std::vector<int64_t> out;
+  for (size_t at = column; at < table.size(); at += width) out.push_back(table[at]);
+  return out;
 }
 
 // Metrics field "fsdp": this step's bytes moved by the gathers and reduce-scatters and the peak of
@@ -148,6 +143,7 @@ template <class T>
 nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const FsdpCounters& before,
                            int64_t peak_bytes) {
   const FsdpCounters& now = fsdp.counters();
+  const std::vector<int64_t> memory = world.all_gather_values<int64_t>({peak_bytes, peak_rss_bytes()});  // [ranks, 2]
   return {{"ranks", world.size()},
           {"gathered_bytes", now.gathered_bytes - before.gathered_bytes},
           {"reduce_scattered_bytes", now.reduce_scattered_bytes - before.reduce_scattered_bytes},
@@ -155,8 +151,8 @@ nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const
           {"shard_elements", fsdp.shard_size()},
           {"held_elements", fsdp.held_elements()},
           {"shard_state_bytes", 4 * fsdp.shard_size() * static_cast<int64_t>(sizeof(T))},
-          {"rank_peak_bytes", from_every_rank(world, peak_bytes)},
-          {"rank_peak_rss_bytes", from_every_rank(world, peak_rss_bytes())}};
+          {"rank_peak_bytes", column_of(memory, 2, 0)},
+          {"rank_peak_rss_bytes", column_of(memory, 2, 1)}};
 }
 
 // Metrics field "expert_parallel": every rank's bytes of this step's dispatches (rows sent to other
@@ -165,17 +161,26 @@ nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const
 // a collective.
 nlohmann::json expert_parallel_record(const ProcessGroup& world, int ep, const ExpertParallelCounters& now,
                                       const ExpertParallelCounters& before, const StepStats& stats) {
+  // One gather per step: [dispatched, combined, every layer's loads] of each rank.
+  std::vector<int64_t> mine = {now.dispatched_bytes - before.dispatched_bytes, now.combined_bytes - before.combined_bytes};
+  for (const MoeLayerStats& layer : stats.layers())
+    mine.insert(mine.end(), layer.rank_tokens_per_expert.begin(), layer.rank_tokens_per_expert.end());
+  const int64_t width = static_cast<int64_t>(mine.size());
+  const std::vector<int64_t> all = world.all_gather_values(mine);  // [ranks, width]
   nlohmann::json loads = nlohmann::json::array();
+  int64_t at = 2;
   for (const MoeLayerStats& layer : stats.layers()) {
-    const std::vector<int64_t> all = from_every_rank(world, layer.rank_tokens_per_expert);  // [ranks, E]
     const int64_t E = static_cast<int64_t>(layer.rank_tokens_per_expert.size());
     nlohmann::json per_rank = nlohmann::json::array();
-    for (int r = 0; r < world.size(); ++r) per_rank.push_back(std::vector<int64_t>(all.begin() + r * E, all.begin() + (r + 1) * E));
+    for (int r = 0; r < world.size(); ++r) {
+      per_rank.push_back(std::vector<int64_t>(all.begin() + r * width + at, all.begin() + r * width + at + E));
+    }
     loads.push_back(per_rank);
+    at += E;
   }
   return {{"ep", ep},
-          {"rank_dispatched_bytes", from_every_rank(world, now.dispatched_bytes - before.dispatched_bytes)},
-          {"rank_combined_bytes", from_every_rank(world, now.combined_bytes - before.combined_bytes)},
+          {"rank_dispatched_bytes", column_of(all, width, 0)},
+          {"rank_combined_bytes", column_of(all, width, 1)},
           {"rank_tokens_per_expert", loads}};
 }
 
@@ -246,6 +251,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   // checkpoints. One rank: no Fsdp, its shard is the whole of the flat buffers.
   const ProcessGroup& world = ProcessGroup::world();
   const int64_t ranks = world.size(), local_batch = s.batch / ranks;
+  const ParallelMesh mesh(world, o.ep, run.config);  // expert parallelism's groups (parallel/mesh.h)
   // Before anything large is allocated.
   const MemoryPlan plan = memory_plan_of(o, run.config, s, static_cast<int64_t>(run.data.train.tokens.size()));
   Model<T> model(run.config);
@@ -259,8 +265,6 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     model.set_statistics_reduction(
         {world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }});
   }
-  // Expert parallelism: the mesh's groups (parallel/mesh.h; validated in prepare_run).
-  const ParallelMesh mesh(world, o.ep, run.config);
   Optimizer<T> optimizer(model.table(), world, o.ep);
   if (!run.weights_dir.empty() && is_sharded_checkpoint(run.weights_dir)) {
     // Written by any layout: every rank reads the whole flat state, then keeps its shard.
@@ -551,13 +555,9 @@ RunSetup prepare_run(TrainOptions& o) {
   run.state.tokenizer_hash = run.data.train.tokenizer_hash;
   run.state.train_checksum = run.data.train.checksum;
   run.state.data_dir = fs::absolute(o.data_dir).lexically_normal().string();
-  const int ranks = ProcessGroup::world().size();
-  validate_mesh(ranks, o.ep, run.config);
-  if (o.ep > 1) {
-    if (o.recompute != "none" || o.swap != "none" || !o.memory_budget.empty()) {
-      fail("--ep ", o.ep, " with --recompute / --swap / --memory-budget: recomputation and swapping under expert ",
-           "parallelism are not built yet; expected the default policy (keep)");
-    }
+  if (o.ep > 1 && (o.recompute != "none" || o.swap != "none" || !o.memory_budget.empty())) {
+    fail("--ep ", o.ep, " with --recompute / --swap / --memory-budget: recomputation and swapping under expert ",
+         "parallelism are not built yet; expected the default policy (keep)");
   }
   if (ProcessGroup::world().is_root()) fs::create_directories(o.out_dir);
   return run;

@@ -24,19 +24,19 @@ class DistributedGradcheck : public testing::TestWithParam<Layout> {};
 
 TEST_P(DistributedGradcheck, TheShardedGradientIsOneProcesss) {
   const Layout& l = GetParam();
-  // Directions for the finite differences, at a looser tolerance than tests/model's element-wise
-  // checks (a tensor whose directional derivative is ~1e-5 carries 1e-6 of rounding); every element
-  // is compared in the distributed check.
+  // gradcheck's defaults: every element, against finite differences at its default tolerance too;
+  // one sequence per rank (2 ranks: tests/model's batch of 2).
   const CommandResult r = run_shell(
       "OMP_NUM_THREADS=1 " + std::string(TRILLION_MPIEXEC) + " --oversubscribe --allow-run-as-root -np " +
       std::to_string(l.ranks) + " -x OMP_NUM_THREADS=1 " + TRILLION_BINARY + " gradcheck --config " +
-      TRILLION_SOURCE_DIR + "/configs/models/" + l.config + ".json --batch 4 --ep " + std::to_string(l.ep) +
-      " --max-elements 0 --directions 2 --tolerance 1e-5 " + l.extra + " 2>&1");
+      TRILLION_SOURCE_DIR + "/configs/models/" + l.config + ".json --batch " + std::to_string(l.ranks) + " --ep " + std::to_string(l.ep) +
+      " " + l.extra + " 2>&1");
   ASSERT_EQ(r.status, 0) << r.output;
   const std::string json = r.output.substr(r.output.rfind('{'));
   const nlohmann::json summary = nlohmann::json::parse(json.substr(0, json.find('\n')));
   EXPECT_LE(summary.at("distributed_max_rel_err").get<double>(), 1e-12) << r.output;
   EXPECT_GT(summary.at("checked").get<int64_t>(), 0);
+  EXPECT_LE(summary.at("max_rel_err").get<double>(), summary.at("tolerance").get<double>()) << r.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(
