@@ -54,9 +54,12 @@ void write_checkpoint_index(const std::string& dir, const ParamTable& table, int
                         {"count", layout.slices()[k].count}});
     }
   }
-  const nlohmann::json index = {{"format", "trillion-sharded"},    {"ranks", ranks},
-                                {"ep", ep},                        {"trainable_size", table.trainable_size()},
-                                {"total_size", table.total_size()}, {"slices", slices}};
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const ParamSpec& spec : table.entries()) tensors.push_back({{"name", spec.name}, {"offset", spec.offset}});
+  const nlohmann::json index = {{"format", "trillion-sharded"},     {"ranks", ranks},
+                                {"ep", ep},                         {"trainable_size", table.trainable_size()},
+                                {"total_size", table.total_size()}, {"tensors", tensors},
+                                {"slices", slices}};
   const int64_t buffers = table.total_size() - table.trainable_size();
   SafetensorsWriter writer;
   writer.add("buffers", dtype_of<T>(), {buffers}, params + table.trainable_size());
@@ -82,6 +85,18 @@ void read_sharded_checkpoint(const std::string& dir, const ParamTable& table, T*
     fail(index_path, ": fields 'trainable_size' / 'total_size' are ", field("trainable_size").dump(), " / ",
          field("total_size").dump(), "; the model config's parameter table has ", table.trainable_size(), " / ",
          table.total_size());
+  }
+  // The flat layout the slices address: every tensor where the table puts it (a table that orders
+  // its units differently would otherwise read permuted weights).
+  const nlohmann::json& tensors = field("tensors");
+  if (!tensors.is_array() || tensors.size() != table.entries().size())
+    fail(index_path, ": field 'tensors' lists ", tensors.is_array() ? tensors.size() : 0,
+         " tensors; the model config's parameter table has ", table.entries().size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ParamSpec& spec = table.entries()[i];
+    if (tensors[i].value("name", "") != spec.name || tensors[i].value("offset", int64_t{-1}) != spec.offset)
+      fail(index_path, ": field 'tensors' entry ", i, " is ", tensors[i].dump(), "; the model config's parameter table has ",
+           spec.name, " at flat offset ", spec.offset);
   }
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
   for (const nlohmann::json& slice : field("slices")) {

@@ -8,9 +8,10 @@
 //                                           flat [trainable_size, total_size) (rank 0)
 //   shards/index.json                       {"format": "trillion-sharded", "ranks", "ep",
 //                                            "trainable_size", "total_size",
+//                                            "tensors": [{"name", "offset"}, …] (the flat layout),
 //                                            "slices": [{"file", "k", "global", "count"}, …]}
-// Flat offsets depend only on the parameter table, so any layout (ranks, ep) and one process read
-// it back; `trillion export` writes it as a Hugging Face layout. It is written like every
+// Flat offsets depend only on the parameter table (checked tensor by tensor on reading), so any
+// layout (ranks, ep) and one process read it back; `trillion export` writes it as a Hugging Face layout. It is written like every
 // checkpoint (train/checkpoint.h): into rank 0's temporary directory, renamed once every rank's
 // file is complete, so a checkpoint is complete or absent.
 #pragma once
