@@ -57,15 +57,16 @@ std::vector<DecoderLayerDims> layer_dims_of(const ModelConfig& config) {
   return dims;
 }
 
-// Unit 0: embeddings, final norm, LM head; unit 1 + l: decoder layer l. Embeddings and norms have
-// no weight decay; projections (the untied LM head included) do.
+// Units as unit_order states them. Embeddings and norms have no weight decay; projections (the
+// untied LM head included) do.
 ParamTable build_param_table(const ModelConfig& config, const std::vector<DecoderLayerDims>& layer_dims) {
   ParamTable table;
   const int64_t V = config.vocab_size, D = config.hidden_size;
+  const int head = head_unit(config);
   add_row(table, "", 0, make_row("model.embed_tokens.weight", {V, D}, InitKind::normal, config.initializer_range, false));
-  add_row(table, "", 0, norm_row("model.norm.weight", D, final_norm_spec(config)));
+  add_row(table, "", head, norm_row("model.norm.weight", D, final_norm_spec(config)));
   if (!config.tie_word_embeddings)
-    add_row(table, "", 0, weight_row("lm_head.weight", {V, D}, config.initializer_range));
+    add_row(table, "", head, weight_row("lm_head.weight", {V, D}, config.initializer_range));
   for (int layer = 0; layer < config.num_hidden_layers; ++layer)
     add_decoder_layer_params(table, layer_dims[layer], layer);
   table.finalize(64);
@@ -91,6 +92,21 @@ void call(const std::function<void(int)>& hook, int unit) {
 }
 
 }  // namespace
+
+int head_unit(const ModelConfig& config) { return config.tie_word_embeddings ? 0 : 1 + config.num_hidden_layers; }
+
+UnitOrder unit_order(const ModelConfig& config) {
+  UnitOrder order;
+  const int layers = config.num_hidden_layers, head = head_unit(config);
+  for (int unit = 0; unit <= layers; ++unit) order.forward.push_back(unit);
+  order.backward.push_back(head);
+  for (int unit = layers; unit >= 1; --unit) order.backward.push_back(unit);
+  if (head != 0) {
+    order.forward.push_back(head);
+    order.backward.push_back(0);
+  }
+  return order;
+}
 
 ParamCounts count_parameters(const ModelConfig& config) {
   check_kinds_declared(config);
@@ -300,8 +316,10 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   pass.experts = m.exchange;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
+  const int head_fsdp_unit = head_unit(m.config);  // 0 (tied: the embeddings' unit) or 1 + L
   call(m.hooks.before_forward, 0);
   embedding_forward(x, m.embedding(params), tokens, n, D, V);
+  if (head_fsdp_unit != 0) call(m.hooks.after_forward, 0);
   for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
     call(m.hooks.before_forward, 1 + layer);
     const bool last = layer + 1 == m.config.num_hidden_layers;  // its backward comes right after the head
@@ -317,6 +335,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   const auto buffer = [&](ActivationTag tag, Shape shape) {
     return save_or_scratch<T>(pass.store, tag, head, shape, m.scratch);
   };
+  if (head_fsdp_unit != 0) call(m.hooks.before_forward, head_fsdp_unit);
   const NormSpec norm = final_norm_spec(m.config);
   T* final_input = buffer(ActivationTag::final_input, {n, D});  // [n, D]
   std::memcpy(final_input, x, n * D * sizeof(T));
@@ -334,7 +353,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     result.lm = lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
   }
   if (pass.store != nullptr) pass.store->end_forward(head, TagSublayer::head, /*backward_next=*/true);
-  call(m.hooks.after_forward, 0);
+  call(m.hooks.after_forward, head_fsdp_unit);
   if (ranks > 1) m.reduce_statistics(result);
   m.add_router_losses(result, n * ranks);
   m.add_indexer_loss(result);
@@ -390,8 +409,9 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   T* grads = m.grads.data();
   ensure_size(m.hidden_grad, n * D);
   T* dx = m.hidden_grad.data();  // [n, D] gradient of the residual stream
-  const int head = static_cast<int>(m.config.num_hidden_layers);
-  call(m.hooks.before_backward, 0);
+  const int head = static_cast<int>(m.config.num_hidden_layers);  // the head's entries: layer L
+  const int head_fsdp_unit = head_unit(m.config);
+  call(m.hooks.before_backward, head_fsdp_unit);
   m.store.begin_backward(head, TagSublayer::head);
   {
     m.scratch.reset();
@@ -414,6 +434,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
                      /*accumulate_dx=*/false);
   }
   m.store.end_backward(head, TagSublayer::head);
+  if (head_fsdp_unit != 0) call(m.hooks.after_backward, head_fsdp_unit);
   LayerPass pass;
   pass.batch = batch;
   pass.seq = seq;
@@ -438,6 +459,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
     m.store.end_backward(layer, TagSublayer::mixer);
     call(m.hooks.after_backward, 1 + layer);
   }
+  if (head_fsdp_unit != 0) call(m.hooks.before_backward, 0);
   embedding_backward(m.embedding(grads), dx, tokens, n, D, V);
   call(m.hooks.after_backward, 0);
   m.store.clear();

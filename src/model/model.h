@@ -34,6 +34,18 @@ struct ParamCounts {
 };
 ParamCounts count_parameters(const ModelConfig& config);
 
+// The FSDP units (the parameter table's units) in the order a training step reaches them: its
+// forward's before_forward hooks, then its backward's before_backward hooks. Unit 0 holds the
+// embeddings, 1 + l decoder layer l, and 1 + L the final norm and the untied LM head. Tied, the
+// final norm and the head are unit 0's too, which then stays in use from the embedding to the head
+// (forward) and from the head to the embedding's gradient (backward).
+struct UnitOrder {
+  std::vector<int> forward;   // 0, 1, …, L, then 1 + L when untied
+  std::vector<int> backward;  // the head's unit, L, …, 1, then 0 when untied
+};
+int head_unit(const ModelConfig& config);  // 0 when tied, else 1 + L
+UnitOrder unit_order(const ModelConfig& config);
+
 template <class T>
 class Model {
  public:
@@ -63,7 +75,7 @@ class Model {
   // Discrete decisions (routing): each forward records them, unless the log is replaying
   // (decisions().start_replay(): gradient checking's perturbed passes, recomputation).
   DecisionLog& decisions();
-  // Called around each FSDP unit (1 + layer) in forward and backward; identity by default.
+  // Called around each FSDP unit (unit_order) in forward and backward; identity by default.
   void set_unit_hooks(UnitHooks hooks);
   // Data parallelism: forward_backward's statistics over all ranks (step.h); forward_loss keeps
   // its own batch's (evaluation runs the same batches on every rank).

@@ -3,11 +3,12 @@
 // buffers, initialization, checkpoint names, optimizer groups and, later, sharding.
 //
 // Flat buffers are group-major (dense | expert | lora | buffer), then unit-major inside a group:
-// unit 0 holds embeddings, final norm and LM head; unit 1 + l holds decoder layer l. Each (group,
-// unit) range starts at a multiple of `pad_multiple` elements and is padded to one, so it can be
-// sharded evenly on its own. The trainable groups come first, so gradients and optimizer moments
-// cover [0, trainable_size()) and nothing of the buffers. A layer's experts are stacked [E, ...]
-// with each expert's slice contiguous, so an expert-parallel rank's experts are one range.
+// unit 0 holds the embeddings, unit 1 + l decoder layer l, unit 1 + L the final norm and the LM head
+// (tied: unit 0 holds them; model.h's unit_order). Each (group, unit) range starts at a multiple of
+// `pad_multiple` elements and is padded to one, so it can be sharded evenly on its own. The
+// trainable groups come first, so gradients and optimizer moments cover [0, trainable_size()) and
+// nothing of the buffers. A layer's experts are stacked [E, ...] with each expert's slice
+// contiguous, so an expert-parallel rank's experts are one range.
 #pragma once
 
 #include <cstdint>

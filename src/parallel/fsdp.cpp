@@ -53,12 +53,21 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
       shard_grads_(layout.shard_size()) {
   TRILLION_CHECK(group.size() == layout.ranks() && group.rank() == layout.rank(), "FSDP layout of ",
                  layout.ranks(), " ranks on ", group.describe());
+  const UnitOrder order = unit_order(model.config());
+  const int units = static_cast<int>(order.forward.size());
+  pieces_of_unit_.resize(units);
   for (size_t i = 0; i < layout.units().size(); ++i) {
     const int unit = layout.units()[i].table_unit;
-    if (static_cast<int>(pieces_of_unit_.size()) <= unit) pieces_of_unit_.resize(unit + 1);
+    TRILLION_CHECK(unit < units, "FSDP: table unit ", unit, " outside the model's ", units, " units");
     if (layout.units()[i].held) pieces_of_unit_[unit].push_back(static_cast<int>(i));
   }
-  state_.assign(pieces_of_unit_.size(), UnitState::released);
+  next_forward_.assign(units, -1);
+  next_backward_.assign(units, -1);
+  for (int i = 0; i + 1 < units; ++i) {
+    next_forward_[order.forward[i]] = order.forward[i + 1];
+    next_backward_[order.backward[i]] = order.backward[i + 1];
+  }
+  state_.assign(units, UnitState::released);
   in_flight_.resize(pieces_of_unit_.size());
   layout.copy_to_shard(model.params(), shard_params_.data());
   release_everything();
@@ -67,21 +76,18 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
   }
 }
 
-// Forward runs units 0, 1, …, L and backward 0, L, …, 1 (unit 0 stays gathered through the backward):
-// each hook completes its unit's gather and starts the next one's.
+// Each before-hook completes its unit's gather and starts the next one's in the model's unit order.
 template <class T>
 UnitHooks Fsdp<T>::hooks() {
-  const int last = static_cast<int>(pieces_of_unit_.size()) - 1;
   UnitHooks h;
-  h.before_forward = [this, last](int unit) {
+  h.before_forward = [this](int unit) {
     gather(unit);
-    if (unit < last) start_gather(unit + 1);
+    start_gather(next_forward_[unit]);
   };
   h.after_forward = [this](int unit) { release(unit); };
-  h.before_backward = [this, last](int unit) {
+  h.before_backward = [this](int unit) {
     gather(unit);
-    const int next = unit == 0 ? last : unit - 1;
-    if (next > 0) start_gather(next);
+    start_gather(next_backward_[unit]);
   };
   h.after_backward = [this](int unit) {
     release(unit);
@@ -92,7 +98,7 @@ UnitHooks Fsdp<T>::hooks() {
 
 template <class T>
 void Fsdp<T>::start_gather(int unit) {
-  if (unit >= static_cast<int>(pieces_of_unit_.size()) || state_[unit] != UnitState::released) return;
+  if (unit < 0 || state_[unit] != UnitState::released) return;  // none, in flight or gathered
   std::vector<ProcessGroup::Pending>& pending = in_flight_[unit];
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
@@ -107,7 +113,6 @@ void Fsdp<T>::start_gather(int unit) {
 
 template <class T>
 void Fsdp<T>::gather(int unit) {
-  if (unit >= static_cast<int>(pieces_of_unit_.size())) return;  // a unit without trainable parameters
   start_gather(unit);  // unless prefetched
   for (int p = 0; p < static_cast<int>(in_flight_[unit].size()); ++p) {
     group_of(layout_.units()[pieces_of_unit_[unit][p]]).finish(in_flight_[unit][p]);
@@ -118,7 +123,6 @@ void Fsdp<T>::gather(int unit) {
 
 template <class T>
 void Fsdp<T>::release(int unit) {
-  if (unit >= static_cast<int>(pieces_of_unit_.size())) return;
   TRILLION_CHECK(state_[unit] == UnitState::gathered, "FSDP unit ", unit, " released without being gathered");
   state_[unit] = UnitState::released;
   for (const int i : pieces_of_unit_[unit]) {
@@ -130,7 +134,6 @@ void Fsdp<T>::release(int unit) {
 
 template <class T>
 void Fsdp<T>::reduce_scatter(int unit) {
-  if (unit >= static_cast<int>(pieces_of_unit_.size())) return;
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
     group_of(piece).reduce_scatter_sum(model_.grads() + piece.begin, shard_grads_.data() + piece.shard_offset,

@@ -1,12 +1,15 @@
 // Fsdp<T>: fully sharded parameters and gradients for one single-device Model, applied through its
 // unit hooks (DESIGN.md: "parallelism is applied to it"). The FSDP units are the parameter table's
-// units: 0 holds the embeddings, the final norm and the LM head (tied or not), 1 + l decoder layer l
-// (its dense and expert ranges together).
+// units (model.h's unit_order): 0 the embeddings, 1 + l decoder layer l (its dense and expert ranges
+// together), 1 + L the final norm and the LM head; tied embeddings make those one unit, 0, in use
+// from the embedding to the head.
 //
 // Each rank keeps its shard (parallel/shard_layout.h) of the parameters, the master copy its
-// optimizer updates, and of the gradients. Prefetch: each unit's hook starts the next unit's gather
-// (non-blocking) before its own compute, so two units may be gathered at once. The model's flat buffers hold a unit only while it is in
-// use, and of its experts only this rank's ep slice (gathered over its edp group): before a unit's forward and again before its backward its parameters are all-gathered, after
+// optimizer updates, and of the gradients. Prefetch: each unit's hook starts the gather of the unit
+// that follows it in the unit order (non-blocking) before its own compute, so two units (three, when
+// tied: unit 0 stays) may be gathered at once. The model's flat buffers hold a unit only while it is
+// in use, and of its experts only this rank's ep slice (gathered over its edp group): before a unit's
+// forward and again before its backward its parameters are all-gathered, after
 // each they are released; after a unit's backward in the step's last micro-batch its gradients are
 // reduce-scattered into the shard and released (earlier micro-batches accumulate into the flat
 // gradients, so a step reduce-scatters once). Released: the memory pages wholly inside the unit's
@@ -79,6 +82,7 @@ class Fsdp {
   const ShardLayout& layout_;
   std::vector<std::vector<int>> pieces_of_unit_;  // [table units] indices into layout_.units()
   std::vector<UnitState> state_;                  // [table units]
+  std::vector<int> next_forward_, next_backward_;  // [table units] the unit after it in unit_order, or -1
   std::vector<std::vector<ProcessGroup::Pending>> in_flight_;  // [table units] gathers not yet complete
   Buffer<T> shard_params_, shard_grads_;          // [layout.shard_size()] each
   bool last_micro_batch_ = true;

@@ -6,6 +6,20 @@
 #include "core/error.h"
 
 namespace trillion {
+namespace {
+
+// A range of table unit `table_unit` before add splits it.
+ShardLayout::Unit unit_of(int table_unit, int64_t begin, int64_t count, bool over_world, bool held) {
+  ShardLayout::Unit unit;
+  unit.table_unit = table_unit;
+  unit.begin = begin;
+  unit.count = count;
+  unit.over_world = over_world;
+  unit.held = held;
+  return unit;
+}
+
+}  // namespace
 
 // Splits unit.count over a group of group_size ranks; owner_ep < 0: the world's ranks, else the
 // edp group of that ep index (world rank = group rank · ep + owner_ep).
@@ -46,7 +60,7 @@ ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks, int ep) :
       TRILLION_CHECK(range.begin == covered, "unit ranges of the parameter table leave a gap at ", covered);
       covered = range.end;
       if (group != ParamGroup::expert || ep == 1) {
-        add(Unit{static_cast<int>(u), range.begin, range.end - range.begin, true, true}, rank, ranks, -1);
+        add(unit_of(static_cast<int>(u), range.begin, range.end - range.begin, true, true), rank, ranks, -1);
         continue;
       }
       // Expert slices, tensor by tensor; the unit's padding belongs to no one (it stays zero).
@@ -56,7 +70,7 @@ ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks, int ep) :
                        " experts do not split over ep ", ep);
         const int64_t slice = spec.numel() / ep;
         for (int p = 0; p < ep; ++p) {
-          add(Unit{static_cast<int>(u), spec.offset + p * slice, slice, false, p == my_ep}, my_edp, edp, p);
+          add(unit_of(static_cast<int>(u), spec.offset + p * slice, slice, false, p == my_ep), my_edp, edp, p);
         }
       }
     }

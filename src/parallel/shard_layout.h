@@ -31,7 +31,7 @@ class ShardLayout {
 
   // One range of the flat buffers and how it is split.
   struct Unit {
-    int table_unit = 0;             // the parameter table's unit (0: embeddings and head; 1 + layer)
+    int table_unit = 0;             // the parameter table's unit (model.h's unit_order)
     int64_t begin = 0;              // in the flat buffers
     int64_t count = 0;              // elements of the range
     bool over_world = true;         // split over the world; else over its ep slice's edp group

@@ -61,8 +61,9 @@ void check_sizes(const std::string& config_name, IndexerMode mode, double indexe
   };
   UnitHooks hooks;
   hooks.before_forward = start_unit;
+  const auto is_layer = [&](int unit) { return unit >= 1 && unit <= layers; };  // not the embeddings or head
   hooks.after_forward = [&](int unit) {
-    if (unit == 0) return;
+    if (!is_layer(unit)) return;
     SizeMap& map = saved[unit - 1];
     int64_t saved_bytes = 0;  // as the store counts them: small entries rounded by its arena
     using Tag = ActivationTag;  // entries carry their real shapes: the ranks of the main tensors
@@ -82,7 +83,7 @@ void check_sizes(const std::string& config_name, IndexerMode mode, double indexe
   };
   hooks.before_backward = start_unit;
   hooks.after_backward = [&](int unit) {
-    if (unit > 0) backward_peak[unit - 1] = MemoryStats::peak(Tier::fast) - base;
+    if (is_layer(unit)) backward_peak[unit - 1] = MemoryStats::peak(Tier::fast) - base;
   };
   model.set_unit_hooks(hooks);
   const int64_t n = batch * seq;

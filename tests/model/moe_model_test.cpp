@@ -141,22 +141,37 @@ TEST(MoeModel, DecodingIsDroplessUnderACapacityLimit) {
   EXPECT_GT(result.moe.at(0).dropped, 0);
 }
 
+// Untied, the embeddings (unit 0) and the final norm with the LM head (unit 1 + L) are units of
+// their own; tied, they are all unit 0, in use from the embedding to the head and back.
 TEST(MoeModel, UnitHooksRunAroundEveryUnitInOrder) {
-  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_qwen3_moe.json"));
-  Model<float> model(config);
-  model.init_weights(1);
-  std::vector<std::string> calls;
-  UnitHooks hooks;
-  hooks.before_forward = [&](int unit) { calls.push_back("f" + std::to_string(unit)); };
-  hooks.after_forward = [&](int unit) { calls.push_back("F" + std::to_string(unit)); };
-  hooks.before_backward = [&](int unit) { calls.push_back("b" + std::to_string(unit)); };
-  hooks.after_backward = [&](int unit) { calls.push_back("B" + std::to_string(unit)); };
-  model.set_unit_hooks(hooks);
-  const std::vector<int32_t> tokens = random_tokens(8, config.vocab_size, 3);
-  model.forward_backward(tokens.data(), tokens.data(), 1, 8, LossScales{0.125});
-  const std::vector<std::string> expected = {"f0", "f1", "F1", "f2", "F2", "f3", "F3", "F0",
-                                             "b0", "b3", "B3", "b2", "B2", "b1", "B1", "B0"};
-  EXPECT_EQ(calls, expected);
+  for (const bool tied : {false, true}) {
+    const ModelConfig config = testing::tiny_config_with({{"tie_word_embeddings", tied}}, "tiny_qwen3_moe.json");
+    Model<float> model(config);
+    model.init_weights(1);
+    std::vector<std::string> calls;
+    UnitHooks hooks;
+    hooks.before_forward = [&](int unit) { calls.push_back("f" + std::to_string(unit)); };
+    hooks.after_forward = [&](int unit) { calls.push_back("F" + std::to_string(unit)); };
+    hooks.before_backward = [&](int unit) { calls.push_back("b" + std::to_string(unit)); };
+    hooks.after_backward = [&](int unit) { calls.push_back("B" + std::to_string(unit)); };
+    model.set_unit_hooks(hooks);
+    const std::vector<int32_t> tokens = random_tokens(8, config.vocab_size, 3);
+    model.forward_backward(tokens.data(), tokens.data(), 1, 8, LossScales{0.125});
+    const std::vector<std::string> expected =
+        tied ? std::vector<std::string>{"f0", "f1", "F1", "f2", "F2", "f3", "F3", "F0",
+                                        "b0", "b3", "B3", "b2", "B2", "b1", "B1", "B0"}
+             : std::vector<std::string>{"f0", "F0", "f1", "F1", "f2", "F2", "f3", "F3", "f4", "F4",
+                                        "b4", "B4", "b3", "B3", "b2", "B2", "b1", "B1", "b0", "B0"};
+    EXPECT_EQ(calls, expected) << (tied ? "tied" : "untied");
+    const UnitOrder order = unit_order(config);  // the before-hooks' units
+    std::vector<std::string> before;
+    for (const int unit : order.forward) before.push_back("f" + std::to_string(unit));
+    for (const int unit : order.backward) before.push_back("b" + std::to_string(unit));
+    std::vector<std::string> called_before;
+    for (const std::string& call : calls)
+      if (call[0] == 'f' || call[0] == 'b') called_before.push_back(call);
+    EXPECT_EQ(called_before, before) << "unit_order states the hooks' order";
+  }
 }
 
 class MoeWeightsFiles : public ::testing::Test {

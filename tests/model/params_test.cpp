@@ -78,11 +78,13 @@ TEST(ParamTable, GroupMajorLayoutWithTrainablePrefix) {
   EXPECT_DEATH(bad.add(gap), "keys must tile");
 }
 
+// Untied: unit 0 the embeddings, 1 + l layer l, 1 + L the final norm and the LM head.
 TEST(ParamTable, ModelTableIsUnitMajorWithUniqueNames) {
   Model<float> model(testing::tiny_config_with({}));
   const ParamTable& table = model.table();
   const ModelConfig& config = model.config();
-  ASSERT_EQ(static_cast<int64_t>(table.units(ParamGroup::dense).size()), 1 + config.num_hidden_layers);
+  ASSERT_FALSE(config.tie_word_embeddings);
+  ASSERT_EQ(static_cast<int64_t>(table.units(ParamGroup::dense).size()), 2 + config.num_hidden_layers);
   std::set<std::string> names;
   int64_t previous_end = 0;
   for (const ParamSpec& s : table.entries()) {
@@ -95,7 +97,7 @@ TEST(ParamTable, ModelTableIsUnitMajorWithUniqueNames) {
     if (s.name.rfind("model.layers.", 0) == 0) {
       EXPECT_EQ(s.unit, 1 + std::stoi(s.name.substr(13))) << s.name;
     } else {
-      EXPECT_EQ(s.unit, 0) << s.name;
+      EXPECT_EQ(s.unit, s.name == "model.embed_tokens.weight" ? 0 : 1 + config.num_hidden_layers) << s.name;
     }
   }
   for (const ParamTable::UnitRange& unit : table.units(ParamGroup::dense)) {
@@ -163,10 +165,13 @@ TEST(ParamTable, InitializersAndWeightDecayPerKind) {
   }
 }
 
+// Tied: no LM head, and the final norm is unit 0's, with the embeddings.
 TEST(ParamTable, TiedModelHasNoLmHead) {
   Model<float> tied(testing::tiny_config_with({{"tie_word_embeddings", true}}));
   Model<float> untied(testing::tiny_config_with({}));
   EXPECT_FALSE(tied.table().contains("lm_head.weight"));
+  EXPECT_EQ(tied.table().find("model.norm.weight").unit, 0);
+  EXPECT_EQ(static_cast<int64_t>(tied.table().units(ParamGroup::dense).size()), 1 + tied.config().num_hidden_layers);
   EXPECT_TRUE(untied.table().contains("lm_head.weight"));
   EXPECT_TRUE(untied.table().find("lm_head.weight").weight_decay);
 }

@@ -1,0 +1,91 @@
+// FSDP's units in one process (a group of one, no MPI), tied embeddings and not: the peak of
+// gathered bytes is the analytic one of the model's unit order (a unit and the one it prefetches,
+// plus unit 0 while it stays, when tied: untied, the embeddings and the LM head are units of their
+// own, never gathered together), every unit's gradients are released after the step, and the shard gradients
+// are the plain model's, bit for bit.
+#include "parallel/fsdp.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/rng.h"
+#include "model/model.h"
+#include "model/test_configs.h"
+
+namespace trillion {
+namespace {
+
+constexpr int64_t kBatch = 2, kSeq = 5;
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;  // [kBatch, kSeq] each
+};
+
+Batch random_batch(int64_t vocab) {
+  Batch b{std::vector<int32_t>(kBatch * kSeq), std::vector<int32_t>(kBatch * kSeq)};
+  const CounterRng rng(5, "fsdp batch");
+  for (int64_t i = 0; i < kBatch * kSeq; ++i) {
+    b.tokens[i] = static_cast<int32_t>(rng.bits(2 * i) % vocab);
+    b.targets[i] = static_cast<int32_t>(rng.bits(2 * i + 1) % vocab);
+  }
+  return b;
+}
+
+ModelConfig config_of(bool tied) {
+  return testing::tiny_config_with({{"tie_word_embeddings", tied}}, "tiny_qwen3_moe.json");
+}
+
+class FsdpUnits : public ::testing::TestWithParam<bool> {  // tied embeddings or not
+ protected:
+  void SetUp() override { omp_set_num_threads(1); }
+};
+
+TEST_P(FsdpUnits, OneRankGivesThePlainGradientsAndTheAnalyticPeak) {
+  const ModelConfig config = config_of(GetParam());
+  const Batch b = random_batch(config.vocab_size);
+  Model<double> plain(config);
+  plain.init_weights(1);
+  plain.forward_backward(b.tokens.data(), b.targets.data(), kBatch, kSeq, LossScales{});
+
+  Model<double> model(config);
+  model.init_weights(1);
+  const ProcessGroup& world = ProcessGroup::world();
+  ASSERT_EQ(world.size(), 1) << "run without mpirun";
+  const ShardLayout layout(model.table(), 0, 1);
+  Fsdp<double> fsdp(model, world, world, layout);
+  model.set_unit_hooks(fsdp.hooks());
+  model.forward_backward(b.tokens.data(), b.targets.data(), kBatch, kSeq, LossScales{});
+
+  const int64_t trainable = model.table().trainable_size();
+  ASSERT_EQ(fsdp.shard_size(), trainable) << "one rank's shard is the flat layout";
+  EXPECT_EQ(std::memcmp(fsdp.shard_grads(), plain.grads(), trainable * sizeof(double)), 0);
+  EXPECT_TRUE(std::all_of(model.grads(), model.grads() + trainable, [](double x) { return x == 0.0; }))
+      << "every unit's gradients reduce-scattered into the shard and released";
+
+  // Bytes of each unit; the peak is a unit in use with the one it prefetches (the next in the
+  // order), plus unit 0 throughout when tied.
+  const UnitOrder order = unit_order(config);
+  std::vector<int64_t> bytes(order.forward.size(), 0);
+  for (const ShardLayout::Unit& piece : layout.units()) bytes[piece.table_unit] += piece.count * 8;
+  int64_t peak = 0;
+  for (const std::vector<int>* units : {&order.forward, &order.backward}) {
+    for (size_t i = 0; i < units->size(); ++i) {
+      const int unit = (*units)[i];
+      const int64_t next = i + 1 < units->size() ? bytes[(*units)[i + 1]] : 0;
+      const int64_t stays = GetParam() && unit != 0 ? bytes[0] : 0;
+      peak = std::max(peak, bytes[unit] + next + stays);
+    }
+  }
+  EXPECT_EQ(fsdp.counters().peak_gathered_bytes, peak);
+  EXPECT_EQ(fsdp.counters().gathered_bytes, 0) << "one rank moves nothing";
+}
+
+INSTANTIATE_TEST_SUITE_P(TiedOrNot, FsdpUnits, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Tied" : "Untied"; });
+
+}  // namespace
+}  // namespace trillion
