@@ -9,6 +9,7 @@ packages=(
   build-essential cmake pkg-config git
   libopenblas-openmp-dev            # GEMM (OpenMP build, so it nests in our parallel regions)
   libsentencepiece-dev              # tokenizer training and encoding
+  zlib1g-dev libzstd-dev            # .gz and .zst corpus files
   nlohmann-json3-dev libcli11-dev   # config/metrics JSON, command line
   libgtest-dev libgmock-dev         # tests
   libopenmpi-dev openmpi-bin        # distributed runs (later issues)

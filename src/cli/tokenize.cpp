@@ -1,13 +1,16 @@
-// `trillion tokenize`: text files → DIR/tokenizer.model, DIR/train.bin, DIR/val.bin.
+// `trillion tokenize`: a corpus (data/corpus.h: text, fortune and JSONL files, plain or
+// compressed, directories, globs) → DIR/tokenizer.model, DIR/train.bin, DIR/val.bin.
 //
-// Documents: a file that has a line consisting of "%" alone is a fortune file, and its "%" lines
-// separate documents; any other file is split into paragraphs at empty lines. A document is its
-// lines verbatim, each ending in "\n"; documents with nothing but whitespace are dropped.
+// Two streaming passes over the corpus, never holding its text whole:
+//   1. count the documents (validating them) and, when training a tokenizer, draw its sample
+//      (data/tokenizer_sample.h: bounded sentences, seeded, up to --tokenizer-sample-mb);
+//   2. encode the documents in batches on every thread, in order, with the tokenizer's eos id after
+//      every document, into the train or val split.
 // Split: round(val_fraction · documents) documents (at least one in each split when there are two
 // or more documents and the fraction is positive) go to val, those with the smallest
-// CounterRng(seed, "data.val_split").bits(index); the rest, in input order, to train.
-// The tokenizer is trained on the train documents only (or copied from --tokenizer); each split
-// is encoded document by document with the tokenizer's eos id after every document.
+// CounterRng(seed, "data.val_split").bits(index); the rest, in input order, to train. The
+// tokenizer is trained on the train documents' sample only (or copied from --tokenizer). A
+// progress line (bytes/s, ETA) goes to stderr every few seconds of a long pass.
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,14 +18,18 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/rng.h"
+#include "data/corpus.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_sample.h"
 #include "io/atomic_file.h"
 
 namespace trillion {
@@ -35,40 +42,39 @@ struct TokenizeOptions {
   std::string tokenizer_path;
   double val_fraction = 0.05;
   uint64_t seed = 1;
+  int64_t sample_mb = 64;
+  CorpusOptions corpus;
 };
 
-bool is_whitespace_only(const std::string& text) {
-  return std::all_of(text.begin(), text.end(), [](unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); });
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// Appends the documents of one file (see the rule at the top of this file) to `documents`.
-void read_documents(const std::string& path, std::vector<std::string>& documents, int64_t& bytes) {
-  const std::string text = read_file(path);
-  bytes += static_cast<int64_t>(text.size());
-  std::vector<std::string> lines;
-  for (size_t begin = 0; begin < text.size();) {
-    size_t end = text.find('\n', begin);
-    if (end == std::string::npos) end = text.size();
-    lines.push_back(text.substr(begin, end - begin));
-    begin = end + 1;
-  }
-  const auto is_percent = [](const std::string& line) { return line == "%" || line == "%\r"; };
-  const bool fortune_file = std::any_of(lines.begin(), lines.end(), is_percent);
-  std::string document;
-  const auto finish_document = [&] {
-    if (!is_whitespace_only(document)) documents.push_back(document);
-    document.clear();
-  };
-  for (const std::string& line : lines) {
-    if (fortune_file ? is_percent(line) : is_whitespace_only(line)) {
-      finish_document();
+// "PHASE: X MB of Y MB, R MB/s, ETA T s" on stderr, at most every few seconds (total 0: unknown).
+class Progress {
+ public:
+  Progress(const char* phase, int64_t total_bytes) : phase_(phase), total_(total_bytes) {}
+  void update(int64_t bytes) {
+    const double elapsed = seconds_since(start_);
+    if (elapsed < next_report_) return;
+    next_report_ = elapsed + kEverySeconds;
+    const double rate = static_cast<double>(bytes) / std::max(elapsed, 1e-9);
+    if (total_ > 0) {
+      std::fprintf(stderr, "tokenize: %s %.1f of %.1f MB, %.1f MB/s, ETA %.0f s\n", phase_, bytes / 1e6, total_ / 1e6,
+                   rate / 1e6, static_cast<double>(total_ - bytes) / std::max(rate, 1.0));
     } else {
-      document += line;
-      document += '\n';
+      std::fprintf(stderr, "tokenize: %s %.1f MB, %.1f MB/s\n", phase_, bytes / 1e6, rate / 1e6);
     }
   }
-  finish_document();
-}
+  double seconds() const { return seconds_since(start_); }
+
+ private:
+  static constexpr double kEverySeconds = 5.0;
+  const char* phase_;
+  int64_t total_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  double next_report_ = kEverySeconds;
+};
 
 // is_val[d] for each document d (rule at the top of this file).
 std::vector<bool> assign_val_documents(int64_t documents, double val_fraction, uint64_t seed) {
@@ -86,21 +92,51 @@ std::vector<bool> assign_val_documents(int64_t documents, double val_fraction, u
 struct EncodedSplit {
   std::vector<int32_t> tokens;
   uint64_t text_bytes = 0;
+  int64_t documents = 0;
 };
 
-EncodedSplit encode_documents(const Tokenizer& tokenizer, const std::vector<std::string>& documents) {
-  EncodedSplit split;
-  for (const std::string& document : documents) {
-    const std::vector<int32_t> ids = tokenizer.encode(document);
-    split.tokens.insert(split.tokens.end(), ids.begin(), ids.end());
-    split.tokens.push_back(tokenizer.eos_id());
-    split.text_bytes += document.size();
+// Encodes documents in batches of about kBatchBytes on every thread; appends each document's
+// tokens and an eos to its split, in corpus order (the same result for any thread count).
+class BatchEncoder {
+ public:
+  BatchEncoder(const Tokenizer& tokenizer, const std::vector<bool>& is_val, EncodedSplit& train, EncodedSplit& val)
+      : tokenizer_(tokenizer), is_val_(is_val), train_(train), val_(val) {}
+  void add(std::string_view document) {
+    batch_.emplace_back(document);
+    batch_bytes_ += static_cast<int64_t>(document.size());
+    if (batch_bytes_ >= kBatchBytes) flush();
   }
-  return split;
-}
+  void flush() {
+    std::vector<std::vector<int32_t>> ids(batch_.size());
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t d = 0; d < static_cast<int64_t>(batch_.size()); ++d) ids[d] = tokenizer_.encode(batch_[d]);
+    for (size_t d = 0; d < batch_.size(); ++d, ++next_document_) {
+      TRILLION_CHECK(next_document_ < static_cast<int64_t>(is_val_.size()), "more documents than counted");
+      EncodedSplit& split = is_val_[next_document_] ? val_ : train_;
+      split.tokens.insert(split.tokens.end(), ids[d].begin(), ids[d].end());
+      split.tokens.push_back(tokenizer_.eos_id());
+      split.text_bytes += batch_[d].size();
+      ++split.documents;
+    }
+    batch_.clear();
+    batch_bytes_ = 0;
+  }
 
-double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+ private:
+  static constexpr int64_t kBatchBytes = 4 << 20;
+  const Tokenizer& tokenizer_;
+  const std::vector<bool>& is_val_;
+  EncodedSplit &train_, &val_;
+  std::vector<std::string> batch_;
+  int64_t batch_bytes_ = 0;
+  int64_t next_document_ = 0;
+};
+
+std::string describe_skipped(const CorpusCounts& counts) {
+  if (counts.skipped() == 0) return "";
+  return ", skipped " + std::to_string(counts.invalid_utf8) + " with invalid UTF-8, " +
+         std::to_string(counts.invalid_json) + " JSONL lines not JSON objects, " + std::to_string(counts.missing_field) +
+         " without the text field";
 }
 
 void run_tokenize(const TokenizeOptions& options) {
@@ -110,27 +146,38 @@ void run_tokenize(const TokenizeOptions& options) {
     fail("tokenize: give exactly one of --vocab-size N (train a tokenizer) or --tokenizer MODEL (reuse one)");
   if (!(options.val_fraction >= 0.0 && options.val_fraction < 1.0))
     fail("tokenize: --val-fraction ", options.val_fraction, " out of range (expected 0 <= F < 1)");
-  for (const std::string& input : options.inputs) {
-    if (!fs::is_regular_file(input)) fail(input, ": input file not found (--input)");
-  }
+  if (options.sample_mb <= 0) fail("tokenize: --tokenizer-sample-mb ", options.sample_mb, " must be positive");
+  const std::vector<std::string> files = expand_inputs(options.inputs);
   std::error_code error;
   fs::create_directories(options.out_dir, error);
   if (error || !fs::is_directory(options.out_dir))
     fail(options.out_dir, ": cannot create output directory (--out): ", error ? error.message() : "not a directory");
   if (::access(options.out_dir.c_str(), W_OK) != 0) fail(options.out_dir, ": output directory is not writable (--out)");
 
-  std::vector<std::string> documents;
-  int64_t input_bytes = 0;
-  for (const std::string& input : options.inputs) read_documents(input, documents, input_bytes);
-  if (documents.empty()) fail("tokenize: the input files hold no documents (only whitespace)");
-  const std::vector<bool> is_val = assign_val_documents(static_cast<int64_t>(documents.size()), options.val_fraction, options.seed);
-  std::vector<std::string> train_documents, val_documents;
-  for (size_t d = 0; d < documents.size(); ++d) (is_val[d] ? val_documents : train_documents).push_back(std::move(documents[d]));
-  const double read_s = seconds_since(start);
+  // Pass 1: count and validate; the tokenizer's sample.
+  std::optional<TokenizerSample> sample;
+  if (options.vocab_size > 0) sample.emplace(options.sample_mb << 20, options.seed);
+  Progress reading("reading", 0);
+  int64_t index = 0;
+  const CorpusCounts counts = for_each_document(files, options.corpus, [&](std::string_view document, int64_t bytes) {
+    if (sample) sample->add_document(document, index);
+    ++index;
+    reading.update(bytes);
+  });
+  if (counts.documents == 0) {
+    fail("tokenize: the inputs hold no documents (", counts.files, " files, ", counts.bytes, " bytes",
+         describe_skipped(counts), ")");
+  }
+  const std::vector<bool> is_val = assign_val_documents(counts.documents, options.val_fraction, options.seed);
+  const double read_s = reading.seconds();
 
   const std::string model_path = (fs::path(options.out_dir) / "tokenizer.model").string();
-  if (options.vocab_size > 0) {
-    train_tokenizer(train_documents, options.vocab_size, model_path);
+  int64_t sample_sentences = 0, sample_bytes = 0;
+  if (sample) {
+    const std::vector<std::string> sentences = sample->take([&](int64_t d) { return is_val[d]; });
+    sample_sentences = static_cast<int64_t>(sentences.size());
+    for (const std::string& sentence : sentences) sample_bytes += static_cast<int64_t>(sentence.size());
+    train_tokenizer(sentences, options.vocab_size, model_path);
   } else {
     const Tokenizer source(options.tokenizer_path);
     write_file_atomic(model_path, read_file(options.tokenizer_path));
@@ -140,17 +187,33 @@ void run_tokenize(const TokenizeOptions& options) {
   const Tokenizer tokenizer(model_path);
   const double tokenizer_s = seconds_since(start) - read_s;
 
-  const EncodedSplit train = encode_documents(tokenizer, train_documents);
-  const EncodedSplit val = encode_documents(tokenizer, val_documents);
+  // Pass 2: encode.
+  EncodedSplit train, val;
+  BatchEncoder encoder(tokenizer, is_val, train, val);
+  Progress encoding("encoding", counts.bytes);
+  const CorpusCounts again = for_each_document(files, options.corpus, [&](std::string_view document, int64_t bytes) {
+    encoder.add(document);
+    encoding.update(bytes);
+  });
+  encoder.flush();
+  if (again.documents != counts.documents || again.bytes != counts.bytes)
+    fail("tokenize: the inputs changed while being read (", counts.documents, " documents, then ", again.documents, ")");
   const auto vocab = static_cast<uint32_t>(tokenizer.vocab_size());
   write_token_shard((fs::path(options.out_dir) / "train.bin").string(), train.tokens, vocab, tokenizer.hash(), train.text_bytes);
   write_token_shard((fs::path(options.out_dir) / "val.bin").string(), val.tokens, vocab, tokenizer.hash(), val.text_bytes);
-  const double encode_s = seconds_since(start) - read_s - tokenizer_s;
+  const double encode_s = encoding.seconds();
 
-  std::printf("input: %zu files, %lld bytes, %zu documents (%zu train, %zu val; val fraction %g, seed %llu)\n",
-              options.inputs.size(), static_cast<long long>(input_bytes), train_documents.size() + val_documents.size(),
-              train_documents.size(), val_documents.size(), options.val_fraction,
-              static_cast<unsigned long long>(options.seed));
+  std::printf("input: %lld files, %lld bytes, %lld documents (%lld train, %lld val; val fraction %g, seed %llu)%s\n",
+              static_cast<long long>(counts.files), static_cast<long long>(counts.bytes),
+              static_cast<long long>(counts.documents), static_cast<long long>(train.documents),
+              static_cast<long long>(val.documents), options.val_fraction, static_cast<unsigned long long>(options.seed),
+              describe_skipped(counts).c_str());
+  if (sample) {
+    std::printf("tokenizer sample: %lld of %lld sentences, %lld of %lld bytes (budget %lld MB)\n",
+                static_cast<long long>(sample_sentences), static_cast<long long>(sample->sentences_seen()),
+                static_cast<long long>(sample_bytes), static_cast<long long>(sample->bytes_seen()),
+                static_cast<long long>(options.sample_mb));
+  }
   std::printf("tokenizer: %s %s, vocab %u, eos %d, hash 0x%016llx\n", options.vocab_size > 0 ? "trained" : "copied",
               model_path.c_str(), vocab, tokenizer.eos_id(), static_cast<unsigned long long>(tokenizer.hash()));
   for (const auto& [name, split] : {std::pair{"train.bin", &train}, std::pair{"val.bin", &val}}) {
@@ -158,8 +221,8 @@ void run_tokenize(const TokenizeOptions& options) {
                 static_cast<unsigned long long>(split->text_bytes),
                 split->tokens.empty() ? 0.0 : static_cast<double>(split->text_bytes) / static_cast<double>(split->tokens.size()));
   }
-  std::printf("time: read %.2fs, tokenizer %.2fs, encode+write %.2fs, total %.2fs\n", read_s, tokenizer_s, encode_s,
-              seconds_since(start));
+  std::printf("time: read %.2fs, tokenizer %.2fs, encode+write %.2fs (%.1f MB/s on %d threads), total %.2fs\n", read_s,
+              tokenizer_s, encode_s, counts.bytes / 1e6 / std::max(encode_s, 1e-9), num_threads(), seconds_since(start));
 }
 
 }  // namespace
@@ -167,15 +230,26 @@ void run_tokenize(const TokenizeOptions& options) {
 void register_tokenize(CLI::App& app) {
   auto options = std::make_shared<TokenizeOptions>();
   CLI::App* cmd = app.add_subcommand("tokenize", "Split text files into documents, train or reuse a tokenizer, write token shards");
-  cmd->add_option("--input", options->inputs, "Text files (fortune files split at \"%\" lines, others at empty lines)")
+  cmd->add_option("--input", options->inputs,
+                  "Files, directories or glob patterns: text (documents split at empty lines; fortune files at \"%\" "
+                  "lines), JSONL (.jsonl, .ndjson); any of them .gz or .zst")
       ->required()
       ->expected(1, -1);
+  cmd->add_flag("--doc-per-line", options->corpus.doc_per_line, "Text files hold one document per line");
+  cmd->add_option("--text-field", options->corpus.text_field, "The JSONL field holding a document's text")
+      ->capture_default_str();
+  cmd->add_flag("--skip-bad", options->corpus.skip_bad,
+                "Skip (and count) documents with invalid UTF-8 and bad JSONL lines instead of stopping");
+  cmd->add_option("--tokenizer-sample-mb", options->sample_mb,
+                  "Train the tokenizer on a seeded sample of at most this many MB of sentences")
+      ->capture_default_str();
   cmd->add_option("--out", options->out_dir, "Output directory: tokenizer.model, train.bin, val.bin")->required();
   cmd->add_option("--vocab-size", options->vocab_size, "Train a BPE tokenizer of this many pieces on the train split");
   cmd->add_option("--tokenizer", options->tokenizer_path, "Reuse this SentencePiece model (copied to the output)");
   cmd->add_option("--val-fraction", options->val_fraction, "Fraction of documents held out for val.bin")
       ->capture_default_str();
-  cmd->add_option("--seed", options->seed, "Seed of the train/val split")->capture_default_str();
+  cmd->add_option("--seed", options->seed, "Seed of the train/val split and of the tokenizer's sample")
+      ->capture_default_str();
   cmd->callback([options] { run_tokenize(*options); });
 }
 

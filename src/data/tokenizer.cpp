@@ -1,5 +1,5 @@
 // Tokenizer: loading, encoding and decoding with a SentencePiece model, and deterministic BPE
-// training of one from in-memory documents (see tokenizer.h for the model's settings).
+// training of one from a sample of sentences (see tokenizer.h for the model's settings).
 #include "data/tokenizer.h"
 
 #include <sentencepiece_processor.h>
@@ -11,29 +11,23 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/tokenizer_sample.h"
 #include "io/atomic_file.h"
 
 namespace trillion {
 namespace {
 
-// Documents longer than this many bytes are skipped by the trainer (still encoded later).
-constexpr int64_t kMaxTrainingDocumentBytes = 1 << 18;
-// At most this many bytes of documents go to the trainer; above it every k-th document is taken.
-constexpr int64_t kMaxTrainingBytes = int64_t{256} << 20;
-
-// Hands the documents to the SentencePiece trainer one by one, in order.
-class DocumentIterator : public sentencepiece::SentenceIterator {
+// Hands the sentences to the SentencePiece trainer one by one, in order.
+class SentenceIterator : public sentencepiece::SentenceIterator {
  public:
-  DocumentIterator(const std::vector<std::string>& documents, int64_t stride)
-      : documents_(documents), stride_(stride) {}
-  bool done() const override { return index_ >= documents_.size(); }
-  void Next() override { index_ += static_cast<size_t>(stride_); }
-  const std::string& value() const override { return documents_[index_]; }
+  explicit SentenceIterator(const std::vector<std::string>& sentences) : sentences_(sentences) {}
+  bool done() const override { return index_ >= sentences_.size(); }
+  void Next() override { ++index_; }
+  const std::string& value() const override { return sentences_[index_]; }
   sentencepiece::util::Status status() const override { return sentencepiece::util::Status(); }
 
  private:
-  const std::vector<std::string>& documents_;
-  int64_t stride_;
+  const std::vector<std::string>& sentences_;
   size_t index_ = 0;
 };
 
@@ -77,11 +71,11 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
-void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, const std::string& model_path) {
-  if (documents.empty()) fail(model_path, ": cannot train a tokenizer on no documents");
-  int64_t total_bytes = 0;
-  for (const std::string& document : documents) total_bytes += static_cast<int64_t>(document.size());
-  const int64_t stride = total_bytes > kMaxTrainingBytes ? (total_bytes + kMaxTrainingBytes - 1) / kMaxTrainingBytes : 1;
+void train_tokenizer(const std::vector<std::string>& sentences, int64_t vocab_size, const std::string& model_path) {
+  if (sentences.empty()) fail(model_path, ": cannot train a tokenizer on no text");
+  for (const std::string& sentence : sentences)
+    TRILLION_CHECK(static_cast<int64_t>(sentence.size()) <= kMaxTrainingSentenceBytes, "training sentence of ",
+                   sentence.size(), " bytes");
 
   const std::unordered_map<std::string, std::string> options = {
       {"model_type", "bpe"},
@@ -99,10 +93,10 @@ void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_si
       {"num_threads", "1"},
       {"input_sentence_size", "0"},
       {"shuffle_input_sentence", "false"},
-      {"max_sentence_length", std::to_string(kMaxTrainingDocumentBytes)},
+      {"max_sentence_length", std::to_string(kMaxTrainingSentenceBytes)},
       {"minloglevel", "2"},
   };
-  DocumentIterator iterator(documents, stride);
+  SentenceIterator iterator(sentences);
   std::string serialized;
   const auto status = sentencepiece::SentencePieceTrainer::Train(options, &iterator, &serialized);
   if (!status.ok())

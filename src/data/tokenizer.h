@@ -34,12 +34,13 @@ class Tokenizer {
   uint64_t hash_ = 0;
 };
 
-// Trains a BPE model of `vocab_size` pieces on `documents` (deterministically: one thread, the
-// documents in the given order, no random sampling) and writes it to `model_path` atomically.
+// Trains a BPE model of `vocab_size` pieces on `sentences` (each at most kMaxTrainingSentenceBytes:
+// data/tokenizer_sample.h; deterministically: one thread, the sentences in the given order, no
+// sampling of its own) and writes it to `model_path` atomically.
 // The model: byte fallback on, identity normalization (text round-trips exactly), "\n" is a
 // piece of its own, ids unk = 0 and eos = 1, no bos/pad. Throws trillion::Error when SentencePiece
 // refuses (e.g. a vocab_size too large for the text or too small for the 256 byte pieces).
-void train_tokenizer(const std::vector<std::string>& documents, int64_t vocab_size, const std::string& model_path);
+void train_tokenizer(const std::vector<std::string>& sentences, int64_t vocab_size, const std::string& model_path);
 
 // Hash of a tokenizer model file as Tokenizer::hash() computes it.
 uint64_t tokenizer_file_hash(const std::string& model_path);

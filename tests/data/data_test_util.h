@@ -1,9 +1,12 @@
-// Helpers for the data tests: a per-test temporary directory, a generated text corpus, and
-// expecting a trillion::Error whose message contains given parts.
+// Helpers for the data tests: a per-test temporary directory, a generated text corpus, gzip and
+// zstd files of several members / frames, and expecting a trillion::Error whose message contains
+// given parts.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
 
 #include <filesystem>
 #include <functional>
@@ -12,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "io/atomic_file.h"
 
 namespace trillion::testing {
 
@@ -55,6 +59,31 @@ inline std::vector<std::string> generated_documents(int count, uint64_t seed) {
     documents.push_back(document);
   }
   return documents;
+}
+
+inline void write_gzip(const std::string& path, const std::vector<std::string>& members) {
+  std::string bytes;
+  for (const std::string& member : members) {  // each its own gzip stream, concatenated
+    const std::string part = path + ".part";
+    gzFile file = gzopen(part.c_str(), "wb");
+    ASSERT_NE(file, nullptr);
+    ASSERT_EQ(gzwrite(file, member.data(), static_cast<unsigned>(member.size())), static_cast<int>(member.size()));
+    ASSERT_EQ(gzclose(file), Z_OK);
+    bytes += read_file(part);
+    std::filesystem::remove(part);
+  }
+  write_file_atomic(path, bytes);
+}
+
+inline void write_zstd(const std::string& path, const std::vector<std::string>& frames) {
+  std::string bytes;
+  for (const std::string& frame : frames) {
+    std::string out(ZSTD_compressBound(frame.size()), '\0');
+    const size_t size = ZSTD_compress(out.data(), out.size(), frame.data(), frame.size(), 3);
+    ASSERT_FALSE(ZSTD_isError(size));
+    bytes += out.substr(0, size);
+  }
+  write_file_atomic(path, bytes);
 }
 
 // Runs `body`, expecting a trillion::Error whose message contains every one of `parts`.

@@ -73,7 +73,7 @@ TEST(Tokenizer, BadModelsAndImpossibleVocabsAreErrors) {
                {dir.path("big.model"), "vocab_size 100000"});
   expect_error([&] { train_tokenizer(generated_documents(20, 4), 100, dir.path("small.model")); },
                {dir.path("small.model"), "vocab_size 100"});
-  expect_error([&] { train_tokenizer({}, kVocab, dir.path("empty.model")); }, {dir.path("empty.model"), "no documents"});
+  expect_error([&] { train_tokenizer({}, kVocab, dir.path("empty.model")); }, {dir.path("empty.model"), "no text"});
 }
 
 }  // namespace

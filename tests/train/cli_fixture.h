@@ -114,17 +114,17 @@ inline void write_config(const fs::path& path, int64_t vocab_size) {
 }
 
 // The directory of this test process's data and runs.
-inline fs::path test_root() { return fs::path(testing::TempDir()) / ("trillion_train_test_" + std::to_string(getpid())); }
+inline fs::path test_root() { return fs::path(::testing::TempDir()) / ("trillion_train_test_" + std::to_string(getpid())); }
 
 // Removes test_root() when the test program ends (registered once, whichever test file includes this).
-class RemoveTestRoot : public testing::Environment {
+class RemoveTestRoot : public ::testing::Environment {
  public:
   void TearDown() override {
     std::error_code ignored;
     fs::remove_all(test_root(), ignored);
   }
 };
-inline testing::Environment* const kRemoveTestRoot = testing::AddGlobalTestEnvironment(new RemoveTestRoot);
+inline ::testing::Environment* const kRemoveTestRoot = ::testing::AddGlobalTestEnvironment(new RemoveTestRoot);
 
 inline const TestData& test_data() {
   static const TestData data = [] {
