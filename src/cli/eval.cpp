@@ -37,7 +37,7 @@ EvalResult evaluate_checkpoint(const ModelConfig& config, const std::string& wei
   Model<T> model(config);
   model.load_weights(weights_dir);
   model.set_indexer_training(indexer_mode_from_name(o.indexer_mode), 0.0);  // warmup and dense attend densely
-  return evaluate_loss(model, data.val.tokens, o.seq_len, o.batch, o.max_batches);
+  return evaluate_loss(model, data.val.streams(), o.seq_len, o.batch, o.max_batches);
 }
 
 void run_eval(EvalOptions o) {
@@ -62,7 +62,7 @@ void run_eval(EvalOptions o) {
     fail("--seq-len must be in [1, max_position_embeddings=", config.max_position_embeddings, "], got ", o.seq_len);
   }
   if (o.batch < 1) fail("--batch must be ≥ 1, got ", o.batch);
-  if (data.val.tokens.size() < 2) fail(data.val.path, ": needs at least 2 tokens to evaluate");
+  if (data.val.token_count() < 2) fail(data.val.path, ": needs at least 2 tokens to evaluate");
 
   const EvalResult r = dtype == "float64" ? evaluate_checkpoint<double>(config, weights_dir, data, o)
                                           : evaluate_checkpoint<float>(config, weights_dir, data, o);
@@ -71,7 +71,7 @@ void run_eval(EvalOptions o) {
   const double text_bytes = static_cast<double>(data.val.text_bytes) * static_cast<double>(r.target_count) /
                             static_cast<double>(r.total_targets);
   const double bits_per_byte = text_bytes > 0 ? r.loss_sum / std::log(2.0) / text_bytes : 0.0;
-  const double unigram = unigram_baseline_nats(data.train.tokens, data.val.tokens, config.vocab_size);
+  const double unigram = unigram_baseline_nats(data.train.streams(), data.val.streams(), config.vocab_size);
 
   std::printf("checkpoint     %s\n", weights_dir.c_str());
   std::printf("val windows    %lld of %lld (seq_len %lld), %lld target tokens\n", static_cast<long long>(r.windows),

@@ -10,7 +10,8 @@ void register_train(CLI::App& app) {
   TrainOptions& o = *options;
   TrainSettings& s = o.settings;
   cmd->add_option("--config", o.config_path, "Model config.json (optional with --resume / --init)");
-  cmd->add_option("--data", o.data_dir, "Directory written by `trillion tokenize` (optional with --resume)");
+  cmd->add_option("--data", o.data_dir,
+                  "Directory written by `trillion tokenize`, or a weighted mixture DIR:W,DIR:W (optional with --resume)");
   cmd->add_option("--out", o.out_dir, "Output directory: metrics.jsonl, checkpoint-*/, latest");
   CLI::Option* resume = cmd->add_option("--resume", o.resume_dir, "Continue a run: its --out directory or a checkpoint");
   CLI::Option* init = cmd->add_option("--init", o.init_dir, "Start a new run from these model weights");

@@ -116,8 +116,56 @@ class FileDocuments {
   }
 
   void emit(std::string_view document) {
+    const DocumentPart part{document, true};
+    emit_parts(std::span<const DocumentPart>(&part, 1));
+  }
+  void emit_parts(std::span<const DocumentPart> parts) {
     ++counts_.documents;
-    visit_(document, bytes_before_ + reader_.bytes_read());
+    visit_(parts, bytes_before_ + reader_.bytes_read());
+  }
+
+  // A string field of a JSONL object, or null (after the error or the count of skip_bad).
+  const std::string* string_of(const nlohmann::json& object, const char* name, int64_t line_number) {
+    const auto it = object.find(name);
+    if (it != object.end() && it->is_string()) return &it->get_ref<const std::string&>();
+    fail_or_skip(line_number, counts_.missing_field, std::string("no string field \"") + name + "\"");
+    return nullptr;
+  }
+
+  // {"prompt", "completion"}: the prompt, not a target, then the completion.
+  void emit_prompt_completion(const nlohmann::json& object, int64_t line_number) {
+    const std::string* prompt = string_of(object, "prompt", line_number);
+    const std::string* completion = prompt != nullptr ? string_of(object, "completion", line_number) : nullptr;
+    if (completion == nullptr) return;
+    ++counts_.prompt_completions;
+    const DocumentPart parts[] = {{*prompt, false}, {*completion, true}};
+    emit_parts(parts);
+  }
+
+  // {"messages": […]} in ChatML; the assistant turns' content and end marker are the targets.
+  void emit_conversation(const nlohmann::json& messages, int64_t line_number) {
+    if (!messages.is_array() || messages.empty()) {
+      return fail_or_skip(line_number, counts_.invalid_json, "field \"messages\" is not a non-empty array");
+    }
+    chat_text_.clear();
+    for (const nlohmann::json& message : messages) {
+      const std::string* role = message.is_object() ? string_of(message, "role", line_number) : nullptr;
+      const std::string* content = role != nullptr ? string_of(message, "content", line_number) : nullptr;
+      if (content == nullptr) return;
+      if (*role != "system" && *role != "user" && *role != "assistant") {
+        return fail_or_skip(line_number, counts_.invalid_json,
+                            "message role \"" + *role + "\" (expected system, user or assistant)");
+      }
+      const bool assistant = *role == "assistant";
+      chat_text_.push_back({std::string(kChatStart) + *role + "\n", false});
+      chat_text_.push_back({*content, assistant});
+      chat_text_.push_back({kChatEnd, assistant});
+      chat_text_.push_back({"\n", false});
+    }
+    std::vector<DocumentPart> parts;
+    for (const auto& [text, target] : chat_text_) parts.push_back({text, target});
+    ++counts_.conversations;
+    emit_parts(parts);
   }
 
   void read_jsonl() {
@@ -141,6 +189,14 @@ class FileDocuments {
         fail_or_skip(number, counts_.invalid_json, "not a JSON object (expected one object per line)");
         continue;
       }
+      if (object.contains("messages")) {
+        emit_conversation(object.at("messages"), number);
+        continue;
+      }
+      if (object.contains("prompt") || object.contains("completion")) {
+        emit_prompt_completion(object, number);
+        continue;
+      }
       const auto field = object.find(options_.text_field);
       if (field == object.end() || !field->is_string()) {
         fail_or_skip(number, counts_.missing_field,
@@ -159,6 +215,7 @@ class FileDocuments {
   const DocumentVisitor& visit_;
   std::string document_;
   bool bad_document_ = false;  // the text document being read has invalid UTF-8 (skip_bad)
+  std::vector<std::pair<std::string, bool>> chat_text_;  // the rendered conversation's parts
 };
 
 }  // namespace

@@ -1,18 +1,23 @@
-// Token shards (train.bin / val.bin): writing, validated reading, the `--data DIR` directory
-// check, and the unigram baseline. The byte layout is in shards.h.
+// Token shards and splits: writing (one shard or shards with an index), validated reading through
+// mmap, the `--data DIR` directory check, and the unigram baseline. The layouts are in shards.h.
 #include "data/shards.h"
 
+#include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
+#include "io/file_output.h"
 
 namespace trillion {
 namespace {
@@ -20,7 +25,7 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "token shards are read and written as little-endian");
 
 constexpr char kMagic[8] = {'T', 'R', 'L', 'N', 'T', 'O', 'K', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 1, kMaskedVersion = 2;
 constexpr size_t kHeaderBytes = 64;
 
 // The 64-byte header, field by field at its byte offset.
@@ -48,36 +53,40 @@ std::string hex(uint64_t value) {
 
 }  // namespace
 
-void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens, uint32_t vocab_size,
+void write_token_shard(const std::string& path, std::span<const int32_t> tokens, uint32_t vocab_size,
                        uint64_t tokenizer_hash, uint64_t text_bytes) {
   TRILLION_CHECK(vocab_size > 0 && vocab_size <= static_cast<uint32_t>(INT32_MAX), "vocab_size ", vocab_size);
-  for (int32_t id : tokens) TRILLION_CHECK(id >= 0 && static_cast<uint32_t>(id) < vocab_size, "token id ", id);
-  const size_t token_bytes = tokens.size() * sizeof(int32_t);
-  std::string contents(kHeaderBytes + token_bytes, '\0');
-  std::memcpy(contents.data() + kHeaderBytes, tokens.data(), token_bytes);
-
+  bool masked = false;
+  for (const int32_t stored : tokens) {
+    TRILLION_CHECK(static_cast<uint32_t>(token_id(stored)) < vocab_size, "token id ", token_id(stored));
+    masked = masked || !is_target(stored);
+  }
+  const std::string_view token_bytes(reinterpret_cast<const char*>(tokens.data()), tokens.size() * sizeof(int32_t));
   ShardHeader header{};
   std::memcpy(header.magic, kMagic, sizeof(kMagic));
-  header.version = kVersion;
+  header.version = masked ? kMaskedVersion : kVersion;
   header.vocab_size = vocab_size;
   header.tokenizer_hash = tokenizer_hash;
   header.token_count = tokens.size();
   header.text_bytes = text_bytes;
-  header.checksum = token_checksum(contents.data() + kHeaderBytes, token_bytes);
-  std::memcpy(contents.data(), &header, kHeaderBytes);
-  write_file_atomic(path, contents);
+  header.checksum = token_checksum(token_bytes.data(), token_bytes.size());
+  AtomicFileWriter file(path);
+  file.write(std::string_view(reinterpret_cast<const char*>(&header), kHeaderBytes));
+  file.write(token_bytes);
+  file.commit();
 }
 
 TokenShard read_token_shard(const std::string& path) {
-  const std::string contents = read_file(path);
+  auto mapping = std::make_shared<const MappedFile>(path);
+  const std::string_view contents = mapping->bytes();
   if (contents.size() < kHeaderBytes)
     fail(path, ": truncated file: header needs ", kHeaderBytes, " bytes, file has ", contents.size());
   ShardHeader header;
   std::memcpy(&header, contents.data(), kHeaderBytes);
   if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0)
     fail(path, ": bad magic: expected \"TRLNTOK\\0\" (a token shard written by `trillion tokenize`)");
-  if (header.version != kVersion)
-    fail(path, ": unsupported version ", header.version, " (expected ", kVersion, ")");
+  if (header.version != kVersion && header.version != kMaskedVersion)
+    fail(path, ": unsupported version ", header.version, " (expected ", kVersion, " or ", kMaskedVersion, ")");
   if (header.vocab_size == 0 || header.vocab_size > static_cast<uint32_t>(INT32_MAX))
     fail(path, ": vocab_size ", header.vocab_size, " out of range (expected 1..", INT32_MAX, ")");
   if (header.reserved != 0 || header.reserved_tail != 0)
@@ -98,37 +107,198 @@ TokenShard read_token_shard(const std::string& path) {
   shard.tokenizer_hash = header.tokenizer_hash;
   shard.text_bytes = header.text_bytes;
   shard.checksum = header.checksum;
-  shard.tokens.resize(header.token_count);
-  std::memcpy(shard.tokens.data(), contents.data() + kHeaderBytes, payload);
+  // The payload starts 64 bytes into a page-aligned mapping: aligned for int32.
+  shard.tokens = std::span<const int32_t>(reinterpret_cast<const int32_t*>(contents.data() + kHeaderBytes),
+                                          header.token_count);
+  const bool masked = header.version == kMaskedVersion;  // bit 31 is the mask only there
   for (size_t i = 0; i < shard.tokens.size(); ++i) {
-    const uint32_t id = static_cast<uint32_t>(shard.tokens[i]);
+    const uint32_t id = static_cast<uint32_t>(masked ? token_id(shard.tokens[i]) : shard.tokens[i]);
     if (id >= header.vocab_size)
       fail(path, ": token ", i, " has id ", id, " >= vocab_size ", header.vocab_size);
   }
+  shard.mapping = std::move(mapping);
   return shard;
+}
+
+int64_t TokenSplit::token_count() const {
+  int64_t count = 0;
+  for (const TokenShard& shard : shards) count += static_cast<int64_t>(shard.tokens.size());
+  return count;
+}
+
+TokenStreams TokenSplit::streams() const {
+  TokenStreams streams;
+  for (const TokenShard& shard : shards) streams.push_back(shard.tokens);
+  return streams;
+}
+
+namespace {
+
+std::string index_path_of(const std::string& directory, const std::string& name) {
+  return (std::filesystem::path(directory) / (name + ".index.json")).string();
+}
+
+std::string single_path_of(const std::string& directory, const std::string& name) {
+  return (std::filesystem::path(directory) / (name + ".bin")).string();
+}
+
+uint64_t combined_checksum(const std::vector<uint64_t>& checksums) {
+  return hash_name(std::string_view(reinterpret_cast<const char*>(checksums.data()), checksums.size() * 8));
+}
+
+TokenSplit read_indexed_split(const std::string& directory, const std::string& index_path) {
+  nlohmann::json index;
+  try {
+    index = nlohmann::json::parse(read_file(index_path));
+  } catch (const nlohmann::json::exception& e) {
+    fail(index_path, ": not valid JSON (", e.what(), ")");
+  }
+  const auto field = [&](const nlohmann::json& object, const char* name) -> const nlohmann::json& {
+    if (!object.is_object() || !object.contains(name)) fail(index_path, ": field '", name, "' is missing");
+    return object.at(name);
+  };
+  if (field(index, "format") != "trillion-token-shards" || field(index, "version") != 1)
+    fail(index_path, ": fields 'format' / 'version' are not \"trillion-token-shards\" / 1");
+  TokenSplit split;
+  split.path = index_path;
+  try {
+    split.vocab_size = field(index, "vocab_size").get<uint32_t>();
+    split.tokenizer_hash = field(index, "tokenizer_hash").get<uint64_t>();
+    split.text_bytes = field(index, "text_bytes").get<uint64_t>();
+    std::vector<uint64_t> checksums;
+    int64_t tokens = 0;
+    for (const nlohmann::json& entry : field(index, "shards")) {
+      const std::string file = field(entry, "file").get<std::string>();
+      if (file.find('/') != std::string::npos) fail(index_path, ": shard file \"", file, "\" is not a plain name");
+      TokenShard shard = read_token_shard((std::filesystem::path(directory) / file).string());
+      const auto expect = [&](bool same, const char* what) {
+        if (!same) fail(shard.path, ": ", what, " does not match ", index_path, " (", entry.dump(), ")");
+      };
+      expect(shard.tokens.size() == field(entry, "tokens").get<uint64_t>(), "token_count");
+      expect(shard.checksum == field(entry, "checksum").get<uint64_t>(), "checksum");
+      expect(shard.vocab_size == split.vocab_size, "vocab_size");
+      expect(shard.tokenizer_hash == split.tokenizer_hash, "tokenizer_hash");
+      checksums.push_back(shard.checksum);
+      tokens += static_cast<int64_t>(shard.tokens.size());
+      split.shards.push_back(std::move(shard));
+    }
+    if (split.shards.empty()) fail(index_path, ": field 'shards' is empty");
+    if (tokens != field(index, "tokens").get<int64_t>())
+      fail(index_path, ": field 'tokens' is ", field(index, "tokens").dump(), ", the shards hold ", tokens);
+    split.checksum = combined_checksum(checksums);
+  } catch (const nlohmann::json::exception& e) {
+    fail(index_path, ": a field has the wrong type (", e.what(), ")");
+  }
+  return split;
+}
+
+// Removes `path` if it exists (a file of the other layout).
+void remove_if_present(const std::string& path) {
+  const int error = file_output().remove_file(path);
+  if (error != 0 && error != ENOENT) fail(path, ": cannot remove: ", std::strerror(error));
+}
+
+}  // namespace
+
+TokenSplit read_token_split(const std::string& directory, const std::string& name) {
+  const std::string single = single_path_of(directory, name), index = index_path_of(directory, name);
+  const bool has_single = std::filesystem::is_regular_file(single), has_index = std::filesystem::is_regular_file(index);
+  if (has_single && has_index) fail(directory, ": holds both ", name, ".bin and ", name, ".index.json (expected one)");
+  if (has_index) return read_indexed_split(directory, index);
+  if (!has_single) fail(single, ": missing (a data directory holds tokenizer.model and the train and val splits)");
+  TokenSplit split;
+  split.shards.push_back(read_token_shard(single));
+  const TokenShard& shard = split.shards.front();
+  split.path = single;
+  split.vocab_size = shard.vocab_size;
+  split.tokenizer_hash = shard.tokenizer_hash;
+  split.text_bytes = shard.text_bytes;
+  split.checksum = shard.checksum;
+  return split;
+}
+
+TokenSplitWriter::TokenSplitWriter(std::string directory, std::string name, uint32_t vocab_size,
+                                   uint64_t tokenizer_hash, int64_t max_shard_tokens)
+    : directory_(std::move(directory)),
+      name_(std::move(name)),
+      vocab_size_(vocab_size),
+      tokenizer_hash_(tokenizer_hash),
+      max_shard_tokens_(max_shard_tokens) {
+  TRILLION_CHECK(max_shard_tokens > 0, "max_shard_tokens ", max_shard_tokens);
+}
+
+std::string TokenSplitWriter::shard_path(size_t index) const {
+  char file[32];
+  std::snprintf(file, sizeof(file), "-%05zu.bin", index);
+  return (std::filesystem::path(directory_) / (name_ + file)).string();
+}
+
+void TokenSplitWriter::add_document(std::span<const int32_t> tokens, int64_t text_bytes) {
+  if (!buffer_.empty() && static_cast<int64_t>(buffer_.size() + tokens.size()) > max_shard_tokens_) {
+    write_buffered_shard();
+  }
+  buffer_.insert(buffer_.end(), tokens.begin(), tokens.end());
+  ++buffer_documents_;
+  buffer_text_bytes_ += static_cast<uint64_t>(text_bytes);
+  tokens_ += static_cast<int64_t>(tokens.size());
+  targets_ += std::count_if(tokens.begin(), tokens.end(), is_target);
+  ++documents_;
+  text_bytes_ += static_cast<uint64_t>(text_bytes);
+}
+
+void TokenSplitWriter::write_buffered_shard() {
+  if (written_.empty()) remove_if_present(single_path_of(directory_, name_));  // the other layout's file
+  const std::string path = shard_path(written_.size());
+  write_token_shard(path, buffer_, vocab_size_, tokenizer_hash_, buffer_text_bytes_);
+  const std::string_view bytes(reinterpret_cast<const char*>(buffer_.data()), buffer_.size() * sizeof(int32_t));
+  written_.push_back({std::filesystem::path(path).filename().string(), static_cast<int64_t>(buffer_.size()),
+                      buffer_documents_, token_checksum(bytes.data(), bytes.size())});
+  buffer_.clear();
+  buffer_documents_ = 0;
+  buffer_text_bytes_ = 0;
+}
+
+void TokenSplitWriter::finish() {
+  if (written_.empty()) {  // everything fits one shard: NAME.bin
+    remove_if_present(index_path_of(directory_, name_));
+    write_token_shard(single_path_of(directory_, name_), buffer_, vocab_size_, tokenizer_hash_, buffer_text_bytes_);
+  } else {
+    if (!buffer_.empty()) write_buffered_shard();
+    write_index();
+  }
+  for (size_t k = written_.size(); std::filesystem::exists(shard_path(k)); ++k) remove_if_present(shard_path(k));
+}
+
+void TokenSplitWriter::write_index() const {
+  nlohmann::json shards = nlohmann::json::array();
+  for (const Written& w : written_) {
+    shards.push_back({{"file", w.file}, {"tokens", w.tokens}, {"documents", w.documents}, {"checksum", w.checksum}});
+  }
+  const nlohmann::json index = {{"format", "trillion-token-shards"}, {"version", 1},
+                                {"vocab_size", vocab_size_},         {"tokenizer_hash", tokenizer_hash_},
+                                {"tokens", tokens_},                 {"documents", documents_},
+                                {"text_bytes", text_bytes_},         {"shards", shards}};
+  write_file_atomic(index_path_of(directory_, name_), index.dump(1) + "\n");
 }
 
 DataDir open_data_dir(const std::string& directory, int64_t expected_vocab) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(directory))
-    fail(directory, ": data directory not found (expected tokenizer.model, train.bin and val.bin from `trillion tokenize`)");
+    fail(directory, ": data directory not found (expected tokenizer.model and the train and val splits from `trillion tokenize`)");
   DataDir data;
   data.directory = directory;
   data.tokenizer_path = (fs::path(directory) / "tokenizer.model").string();
-  const std::string train_path = (fs::path(directory) / "train.bin").string();
-  const std::string val_path = (fs::path(directory) / "val.bin").string();
-  for (const std::string& path : {data.tokenizer_path, train_path, val_path}) {
-    if (!fs::is_regular_file(path)) fail(path, ": missing (a data directory holds tokenizer.model, train.bin and val.bin)");
-  }
+  if (!fs::is_regular_file(data.tokenizer_path))
+    fail(data.tokenizer_path, ": missing (a data directory holds tokenizer.model and the train and val splits)");
   const Tokenizer tokenizer(data.tokenizer_path);
-  data.train = read_token_shard(train_path);
-  data.val = read_token_shard(val_path);
-  for (const TokenShard* shard : {&data.train, &data.val}) {
-    if (shard->tokenizer_hash != tokenizer.hash())
-      fail(shard->path, ": tokenizer_hash ", hex(shard->tokenizer_hash), " does not match ", data.tokenizer_path,
+  data.train = read_token_split(directory, "train");
+  data.val = read_token_split(directory, "val");
+  for (const TokenSplit* split : {&data.train, &data.val}) {
+    if (split->tokenizer_hash != tokenizer.hash())
+      fail(split->path, ": tokenizer_hash ", hex(split->tokenizer_hash), " does not match ", data.tokenizer_path,
            " (expected ", hex(tokenizer.hash()), ")");
-    if (shard->vocab_size != tokenizer.vocab_size())
-      fail(shard->path, ": vocab_size ", shard->vocab_size, " does not match ", data.tokenizer_path, " (expected ",
+    if (split->vocab_size != tokenizer.vocab_size())
+      fail(split->path, ": vocab_size ", split->vocab_size, " does not match ", data.tokenizer_path, " (expected ",
            tokenizer.vocab_size(), ")");
   }
   if (expected_vocab > 0 && tokenizer.vocab_size() != expected_vocab)
@@ -137,21 +307,30 @@ DataDir open_data_dir(const std::string& directory, int64_t expected_vocab) {
   return data;
 }
 
-double unigram_baseline_nats(const std::vector<int32_t>& fit_tokens, const std::vector<int32_t>& eval_tokens,
-                             int64_t vocab_size) {
-  TRILLION_CHECK(vocab_size > 0 && !eval_tokens.empty(), "vocab_size ", vocab_size, ", eval tokens ", eval_tokens.size());
+double unigram_baseline_nats(const TokenStreams& fit, const TokenStreams& eval, int64_t vocab_size) {
+  TRILLION_CHECK(vocab_size > 0, "vocab_size ", vocab_size);
   std::vector<int64_t> counts(static_cast<size_t>(vocab_size), 0);
-  for (int32_t id : fit_tokens) {
-    TRILLION_CHECK(id >= 0 && id < vocab_size, "fit token id ", id);
-    ++counts[static_cast<size_t>(id)];
+  int64_t fit_count = 0, eval_count = 0;
+  for (const std::span<const int32_t> stream : fit) {
+    for (const int32_t stored : stream) {
+      const int32_t id = token_id(stored);
+      TRILLION_CHECK(id < vocab_size, "fit token id ", id);
+      ++counts[static_cast<size_t>(id)];
+    }
+    fit_count += static_cast<int64_t>(stream.size());
   }
-  const double log_total = std::log(static_cast<double>(fit_tokens.size()) + static_cast<double>(vocab_size));
+  const double log_total = std::log(static_cast<double>(fit_count) + static_cast<double>(vocab_size));
   double nats = 0.0;
-  for (int32_t id : eval_tokens) {
-    TRILLION_CHECK(id >= 0 && id < vocab_size, "eval token id ", id);
-    nats += log_total - std::log(static_cast<double>(counts[static_cast<size_t>(id)] + 1));
+  for (const std::span<const int32_t> stream : eval) {
+    for (const int32_t stored : stream) {
+      const int32_t id = token_id(stored);
+      TRILLION_CHECK(id < vocab_size, "eval token id ", id);
+      nats += log_total - std::log(static_cast<double>(counts[static_cast<size_t>(id)] + 1));
+    }
+    eval_count += static_cast<int64_t>(stream.size());
   }
-  return nats / static_cast<double>(eval_tokens.size());
+  TRILLION_CHECK(eval_count > 0, "no eval tokens");
+  return nats / static_cast<double>(eval_count);
 }
 
 }  // namespace trillion

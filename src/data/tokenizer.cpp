@@ -52,11 +52,25 @@ int64_t Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
 
 int32_t Tokenizer::eos_id() const { return processor_->eos_id(); }
 
+bool Tokenizer::has_piece(const std::string& piece) const { return !processor_->IsUnknown(processor_->PieceToId(piece)); }
+
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
   std::vector<int> ids;
   const auto status = processor_->Encode(text, &ids);
   if (!status.ok()) fail("tokenizer: cannot encode text: ", status.ToString());
   return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+std::vector<int32_t> Tokenizer::encode_with_offsets(const std::string& text, std::vector<uint32_t>& begins) const {
+  const sentencepiece::ImmutableSentencePieceText pieces = processor_->EncodeAsImmutableProto(text);
+  std::vector<int32_t> ids;
+  begins.clear();
+  for (size_t i = 0; i < pieces.pieces_size(); ++i) {
+    const auto piece = pieces.pieces(static_cast<int>(i));
+    ids.push_back(static_cast<int32_t>(piece.id()));
+    begins.push_back(piece.begin());
+  }
+  return ids;
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
@@ -71,7 +85,10 @@ std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
   return text;
 }
 
-void train_tokenizer(const std::vector<std::string>& sentences, int64_t vocab_size, const std::string& model_path) {
+void train_tokenizer(const std::vector<std::string>& sentences, int64_t vocab_size, const std::string& model_path,
+                     const std::vector<std::string>& symbols) {
+  std::string user_symbols = "\n";
+  for (const std::string& symbol : symbols) user_symbols += "," + symbol;
   if (sentences.empty()) fail(model_path, ": cannot train a tokenizer on no text");
   for (const std::string& sentence : sentences)
     TRILLION_CHECK(static_cast<int64_t>(sentence.size()) <= kMaxTrainingSentenceBytes, "training sentence of ",
@@ -85,7 +102,7 @@ void train_tokenizer(const std::vector<std::string>& sentences, int64_t vocab_si
       {"normalization_rule_name", "identity"},
       {"remove_extra_whitespaces", "false"},
       {"split_digits", "true"},
-      {"user_defined_symbols", "\n"},
+      {"user_defined_symbols", user_symbols},
       {"unk_id", "0"},
       {"eos_id", "1"},
       {"bos_id", "-1"},

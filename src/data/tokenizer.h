@@ -25,7 +25,10 @@ class Tokenizer {
   int64_t vocab_size() const;
   uint64_t hash() const { return hash_; }
   int32_t eos_id() const;  // document separator appended after every document
+  bool has_piece(const std::string& piece) const;  // a piece of its own (not unknown)
   std::vector<int32_t> encode(const std::string& text) const;  // adds no eos; the caller appends it
+  // The same ids, and the byte offset in `text` where each token's piece begins.
+  std::vector<int32_t> encode_with_offsets(const std::string& text, std::vector<uint32_t>& begins) const;
   // Throws trillion::Error on an id outside [0, vocab_size); eos decodes to "".
   std::string decode(const std::vector<int32_t>& ids) const;
 
@@ -40,7 +43,9 @@ class Tokenizer {
 // The model: byte fallback on, identity normalization (text round-trips exactly), "\n" is a
 // piece of its own, ids unk = 0 and eos = 1, no bos/pad. Throws trillion::Error when SentencePiece
 // refuses (e.g. a vocab_size too large for the text or too small for the 256 byte pieces).
-void train_tokenizer(const std::vector<std::string>& sentences, int64_t vocab_size, const std::string& model_path);
+// `symbols`: more user-defined pieces, each kept whole (ChatML's markers for conversations).
+void train_tokenizer(const std::vector<std::string>& sentences, int64_t vocab_size, const std::string& model_path,
+                     const std::vector<std::string>& symbols = {});
 
 // Hash of a tokenizer model file as Tokenizer::hash() computes it.
 uint64_t tokenizer_file_hash(const std::string& model_path);

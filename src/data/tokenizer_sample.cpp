@@ -41,19 +41,30 @@ size_t cut_point(std::string_view line, size_t limit) {
 }  // namespace
 
 std::vector<std::string_view> training_sentences(std::string_view text) {
-  std::vector<std::string_view> sentences;
   const size_t limit = static_cast<size_t>(kMaxTrainingSentenceBytes);
+  std::vector<std::string_view> sentences;
+  const char* start = text.data();  // of the sentence being packed: pieces are contiguous in `text`
+  size_t length = 0;
+  const auto add_piece = [&](std::string_view piece) {
+    if (length + piece.size() > limit) {
+      if (!is_whitespace_only(std::string_view(start, length))) sentences.emplace_back(start, length);
+      start = piece.data();
+      length = 0;
+    }
+    length += piece.size();
+  };
   while (!text.empty()) {
     const size_t newline = text.find('\n');
     std::string_view line = text.substr(0, newline == std::string_view::npos ? text.size() : newline + 1);
     text.remove_prefix(line.size());
     while (line.size() > limit) {
       const size_t cut = cut_point(line, limit);
-      if (!is_whitespace_only(line.substr(0, cut))) sentences.push_back(line.substr(0, cut));
+      add_piece(line.substr(0, cut));
       line.remove_prefix(cut);
     }
-    if (!is_whitespace_only(line)) sentences.push_back(line);
+    add_piece(line);
   }
+  if (length > 0 && !is_whitespace_only(std::string_view(start, length))) sentences.emplace_back(start, length);
   return sentences;
 }
 

@@ -2,9 +2,11 @@
 // memory, so no document is lost to the trainer's sentence limit and a 1 GB corpus trains in
 // bounded time.
 //
-// Each document is cut into sentences of at most kMaxTrainingSentenceBytes: at its line ends, and
-// a longer line after its last sentence end (". ", "! ", "? ", "。", "！", "？") within the limit,
-// else after its last space, else at the last UTF-8 character boundary. Sentence s of the corpus
+// Each document is cut into sentences of at most kMaxTrainingSentenceBytes: its lines, a line
+// longer than that cut after its last sentence end (". ", "! ", "? ", "。", "！", "？") within the
+// limit, else after its last space, else at the last UTF-8 character boundary; consecutive pieces
+// are packed into one sentence while they fit (so a document within the limit is one sentence, as
+// the trainer saw documents before). Sentence s of the corpus
 // (counted in order) gets the key CounterRng(seed, "tokenizer.sample").bits(s); the sample is the
 // sentences of smallest key whose bytes fit the budget (a bottom-k sample: it depends only on the
 // corpus, the seed and the budget), handed to the trainer in corpus order. Memory: the budget's
@@ -21,7 +23,7 @@ namespace trillion {
 
 constexpr int64_t kMaxTrainingSentenceBytes = 16 << 10;
 
-// The sentences of `text` as defined above (views into it; whitespace-only ones left out).
+// The sentences of `text` as defined above (views into it, in order; whitespace-only ones left out).
 std::vector<std::string_view> training_sentences(std::string_view text);
 
 class TokenizerSample {

@@ -59,7 +59,7 @@ std::string hex64(uint64_t value) {
 
 nlohmann::json TrainerState::to_json() const {
   const TrainSettings& s = settings;
-  return {
+  nlohmann::json json = {
       {"format", "trillion-trainer-state-1"},
       {"step", step},
       {"steps", s.steps},
@@ -88,6 +88,8 @@ nlohmann::json TrainerState::to_json() const {
       {"indexer", {{"mode", s.indexer_mode}, {"loss_coef", s.indexer_loss_coef}}},
       {"loss_gradients", s.loss_gradients},
   };
+  if (!source_positions.empty()) json["source_positions"] = source_positions;
+  return json;
 }
 
 TrainerState TrainerState::load(const std::string& path) {
@@ -149,6 +151,19 @@ TrainerState TrainerState::load(const std::string& path) {
   }
   if (state.sampler_position < 0) {
     fail(path, ": field 'sampler_position' must be >= 0, got ", state.sampler_position);
+  }
+  if (json.contains("source_positions")) {  // mixtures only
+    const nlohmann::json& positions = field(json, "source_positions", path);
+    if (!positions.is_array()) fail(path, ": field 'source_positions' must be an array of integers");
+    int64_t sum = 0;
+    for (const nlohmann::json& p : positions) {
+      if (!p.is_number_integer() || p.get<int64_t>() < 0)
+        fail(path, ": field 'source_positions' must hold integers >= 0, got ", p.dump());
+      state.source_positions.push_back(p.get<int64_t>());
+      sum += state.source_positions.back();
+    }
+    if (sum != state.sampler_position)
+      fail(path, ": field 'source_positions' sums to ", sum, ", not 'sampler_position' ", state.sampler_position);
   }
   if (state.tokens_seen < 0) fail(path, ": field 'tokens_seen' must be >= 0, got ", state.tokens_seen);
   if (state.step < 0 || state.step > s.steps) fail(path, ": field 'step' must be in [0, steps=", s.steps, "], got ", state.step);

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -46,9 +47,10 @@ struct TrainerState {
   TrainSettings settings;
   int64_t step = 0;              // optimizer steps completed
   int64_t sampler_position = 0;  // windows handed out by the training sampler
+  std::vector<int64_t> source_positions;  // a --data mixture's positions per directory (else empty)
   uint64_t tokenizer_hash = 0;
-  uint64_t train_checksum = 0;  // checksum of DATA/train.bin: a resumed run must read the same tokens
-  std::string data_dir;
+  uint64_t train_checksum = 0;  // of the train split(s) (DataMixture): a resumed run must read the same tokens
+  std::string data_dir;         // the --data spec, directories absolute (data/mixture.h)
   int64_t tokens_seen = 0;
   double elapsed_s = 0.0;
 

@@ -9,12 +9,12 @@
 namespace trillion {
 
 template <class T>
-EvalResult evaluate_loss(Model<T>& model, const std::vector<int32_t>& tokens, int64_t seq_len, int64_t batch,
+EvalResult evaluate_loss(Model<T>& model, const TokenStreams& streams, int64_t seq_len, int64_t batch,
                          int64_t max_batches) {
   TRILLION_CHECK(seq_len > 0 && batch > 0, "seq_len ", seq_len, " batch ", batch);
   EvalResult result;
-  result.total_windows = eval_window_count(tokens, seq_len);
-  result.total_targets = std::max<int64_t>(0, static_cast<int64_t>(tokens.size()) - 1);
+  result.total_windows = eval_window_count(streams, seq_len);
+  result.total_targets = eval_target_count(streams);
   const int64_t total_batches = (result.total_windows + batch - 1) / batch;
   const int64_t batches = max_batches > 0 ? std::min(max_batches, total_batches) : total_batches;
   std::vector<int32_t> inputs(batch * seq_len), targets(batch * seq_len);  // [batch, seq_len] each
@@ -22,7 +22,7 @@ EvalResult evaluate_loss(Model<T>& model, const std::vector<int32_t>& tokens, in
     const int64_t first = b * batch;
     const int64_t rows = std::min(batch, result.total_windows - first);
     for (int64_t r = 0; r < rows; ++r) {
-      eval_window(tokens, seq_len, first + r, inputs.data() + r * seq_len, targets.data() + r * seq_len);
+      eval_window(streams, seq_len, first + r, inputs.data() + r * seq_len, targets.data() + r * seq_len);
     }
     const CrossEntropyResult part = model.forward_loss(inputs.data(), targets.data(), rows, seq_len).lm;
     result.loss_sum += part.loss_sum;
@@ -32,7 +32,7 @@ EvalResult evaluate_loss(Model<T>& model, const std::vector<int32_t>& tokens, in
   return result;
 }
 
-template EvalResult evaluate_loss<float>(Model<float>&, const std::vector<int32_t>&, int64_t, int64_t, int64_t);
-template EvalResult evaluate_loss<double>(Model<double>&, const std::vector<int32_t>&, int64_t, int64_t, int64_t);
+template EvalResult evaluate_loss<float>(Model<float>&, const TokenStreams&, int64_t, int64_t, int64_t);
+template EvalResult evaluate_loss<double>(Model<double>&, const TokenStreams&, int64_t, int64_t, int64_t);
 
 }  // namespace trillion

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "data/shards.h"
 #include "model/model.h"
 
 namespace trillion {
@@ -13,7 +14,7 @@ namespace trillion {
 struct EvalResult {
   double loss_sum = 0.0;        // nats, over counted targets
   int64_t target_count = 0;     // counted targets (non-ignored)
-  int64_t total_targets = 0;    // targets of the whole stream (tokens − 1)
+  int64_t total_targets = 0;    // targets of the whole split (eval_target_count)
   int64_t windows = 0;          // windows evaluated
   int64_t total_windows = 0;    // windows of the whole stream
   double loss() const { return target_count > 0 ? loss_sum / static_cast<double>(target_count) : 0.0; }
@@ -21,7 +22,7 @@ struct EvalResult {
 
 // max_batches ≤ 0 evaluates every window.
 template <class T>
-EvalResult evaluate_loss(Model<T>& model, const std::vector<int32_t>& tokens, int64_t seq_len, int64_t batch,
+EvalResult evaluate_loss(Model<T>& model, const TokenStreams& streams, int64_t seq_len, int64_t batch,
                          int64_t max_batches);
 
 }  // namespace trillion

@@ -14,7 +14,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
-#include "data/sampler.h"
+#include "data/mixture.h"
 #include "data/shards.h"
 #include "io/atomic_file.h"
 #include "memory/save_policies.h"
@@ -234,7 +234,7 @@ void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const T
 
 struct RunSetup {
   ModelConfig config;
-  DataDir data;
+  DataMixture data;
   std::string weights_dir;  // checkpoint or weights to load; empty: seeded initialization
   bool resumed = false;
   TrainerState state;       // settings and, when resumed, the saved progress
@@ -253,7 +253,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   const int64_t ranks = world.size(), local_batch = s.batch / ranks;
   const ParallelMesh mesh(world, o.ep, run.config);  // expert parallelism's groups (parallel/mesh.h)
   // Before anything large is allocated.
-  const MemoryPlan plan = memory_plan_of(o, run.config, s, static_cast<int64_t>(run.data.train.tokens.size()));
+  const MemoryPlan plan = memory_plan_of(o, run.config, s, run.data.train_tokens());
   Model<T> model(run.config);
   if (run.weights_dir.empty()) {
     model.init_weights(s.seed);
@@ -306,8 +306,8 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   if (!o.memory_budget.empty()) std::fprintf(stderr, "%s\n", plan.describe().c_str());
   const int64_t budget = o.memory_budget.empty() ? 0 : parse_bytes(o.memory_budget, "--memory-budget");
 
-  Sampler sampler(run.data.train.tokens, s.seq_len, s.seed);
-  sampler.set_position(run.state.sampler_position);
+  MixtureSampler sampler(run.data, s.seq_len, s.seed);
+  sampler.set_positions(run.state.sampler_position, run.state.source_positions);
   const LrSchedule schedule{s.lr, s.min_lr_ratio, s.warmup, s.steps};
   AdamWHyper hyper{s.lr, s.beta1, s.beta2, s.eps, s.weight_decay};
   std::optional<MetricsLog> metrics;
@@ -338,7 +338,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   // Sharded: every rank writes its shard into rank 0's temporary directory, rank 0 the rest.
   const auto write_run_files = [&](const std::string& temp_dir) {
     write_file_atomic((fs::path(temp_dir) / "config.json").string(), run.config.to_json().dump(2) + "\n");
-    write_file_atomic((fs::path(temp_dir) / "tokenizer.model").string(), read_file(run.data.tokenizer_path));
+    write_file_atomic((fs::path(temp_dir) / "tokenizer.model").string(), read_file(run.data.first().tokenizer_path));
     write_file_atomic((fs::path(temp_dir) / "trainer_state.json").string(), run.state.to_json().dump(2) + "\n");
   };
   auto save_sharded = [&](int64_t step) {
@@ -446,6 +446,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
 
     run.state.step = step;
     run.state.sampler_position = sampler.position();
+    if (run.data.dirs.size() > 1) run.state.source_positions = sampler.source_positions();
     run.state.tokens_seen += tokens_per_step;
     run.state.elapsed_s = elapsed_before + seconds_since(run_start);
     const double tokens_per_s = tokens_per_step / std::max(step_s, 1e-9);
@@ -473,7 +474,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     }
     std::optional<EvalResult> eval;  // every rank evaluates the same windows (FSDP gathers the units)
     if (o.eval_every > 0 && (step % o.eval_every == 0 || step == s.steps)) {
-      eval = evaluate_loss(model, run.data.val.tokens, s.seq_len, s.batch, o.eval_batches);
+      eval = evaluate_loss(model, run.data.val_streams(), s.seq_len, s.batch, o.eval_batches);
     }
     if (world.is_root()) report(step, loss, grad_norm, tokens_per_s, eval, record);
     if (step == end_step || (o.save_every > 0 && step % o.save_every == 0)) save(step);
@@ -499,7 +500,7 @@ RunSetup prepare_run(TrainOptions& o) {
   } else {
     run.state.settings = o.settings;
     if (!o.init_dir.empty()) run.weights_dir = resolve_weights_dir(o.init_dir);
-    if (o.data_dir.empty()) fail("--data DIR is required (a directory written by `trillion tokenize`)");
+    if (o.data_dir.empty()) fail("--data DIR is required (a directory written by `trillion tokenize`, or DIR:W,… a mixture)");
     if (o.out_dir.empty()) fail("--out DIR is required");
     if (fs::exists(fs::path(o.out_dir) / "latest")) {
       fail(o.out_dir, ": already holds a training run (", o.out_dir, "/latest); continue it with --resume ", o.out_dir,
@@ -523,27 +524,32 @@ RunSetup prepare_run(TrainOptions& o) {
     fail("--seq-len ", s.seq_len, " exceeds the model's max_position_embeddings ", run.config.max_position_embeddings);
   }
 
-  run.data = open_data_dir(o.data_dir, run.config.vocab_size);
+  run.data = open_data_mixture(o.data_dir, run.config.vocab_size);
+  const DataDir& data = run.data.first();  // its tokenizer is every source's
   // A checkpoint (resumed, or the weights of --init) must have been trained with the data's tokenizer.
   const fs::path state_path = run.weights_dir.empty() ? fs::path() : fs::path(run.weights_dir) / "trainer_state.json";
   if (!state_path.empty() && fs::exists(state_path) &&
-      TrainerState::load(state_path.string()).tokenizer_hash != run.data.train.tokenizer_hash) {
-    fail(state_path.string(), ": field 'tokenizer_hash' does not match the tokenizer of ", run.data.train.path,
+      TrainerState::load(state_path.string()).tokenizer_hash != data.train.tokenizer_hash) {
+    fail(state_path.string(), ": field 'tokenizer_hash' does not match the tokenizer of ", data.train.path,
          "; the checkpoint was trained with a different tokenizer");
   }
   // A resumed run continues the sampler's position in the same token stream.
-  if (run.resumed && run.state.train_checksum != run.data.train.checksum) {
+  if (run.resumed && run.state.train_checksum != run.data.train_checksum()) {
     fail(state_path.string(), ": field 'train_checksum' is ", hex64(run.state.train_checksum), " but ",
-         run.data.train.path, " has checksum ", hex64(run.data.train.checksum),
-         "; resume with the data the run was trained on");
+         run.data.dirs.size() == 1 ? data.train.path : "the mixture " + o.data_dir, " has checksum ",
+         hex64(run.data.train_checksum()), "; resume with the data the run was trained on");
   }
-  const int64_t train_tokens = static_cast<int64_t>(run.data.train.tokens.size());
-  if (train_tokens < s.seq_len + 1) {
-    fail(run.data.train.path, ": token_count ", train_tokens, " is too small for --seq-len ", s.seq_len,
-         " (needs at least ", s.seq_len + 1, ")");
+  if (run.resumed && run.state.source_positions.size() != (run.data.dirs.size() > 1 ? run.data.dirs.size() : 0)) {
+    fail(state_path.string(), ": field 'source_positions' has ", run.state.source_positions.size(),
+         " entries for a --data of ", run.data.dirs.size(), " directories");
   }
-  if (o.eval_every > 0 && run.data.val.tokens.size() < 2) {
-    fail(run.data.val.path, ": needs at least 2 tokens for --eval-every");
+  for (const DataDir& dir : run.data.dirs) {
+    const int64_t train_tokens = dir.train.token_count();
+    if (train_tokens < s.seq_len + 1) {
+      fail(dir.train.path, ": token_count ", train_tokens, " is too small for --seq-len ", s.seq_len,
+           " (needs at least ", s.seq_len + 1, ")");
+    }
+    if (o.eval_every > 0 && dir.val.token_count() < 2) fail(dir.val.path, ": needs at least 2 tokens for --eval-every");
   }
   if (run.resumed && run.state.step >= s.steps) {
     fail(run.weights_dir, ": the run already finished (step ", run.state.step, " of --steps ", s.steps,
@@ -552,9 +558,9 @@ RunSetup prepare_run(TrainOptions& o) {
   if (o.stop_after > 0 && o.stop_after <= run.state.step) {
     fail("--stop-after ", o.stop_after, " is not after the resumed step ", run.state.step);
   }
-  run.state.tokenizer_hash = run.data.train.tokenizer_hash;
-  run.state.train_checksum = run.data.train.checksum;
-  run.state.data_dir = fs::absolute(o.data_dir).lexically_normal().string();
+  run.state.tokenizer_hash = data.train.tokenizer_hash;
+  run.state.train_checksum = run.data.train_checksum();
+  run.state.data_dir = format_data_mixture(run.data.sources);
   if (o.ep > 1 && (o.recompute != "none" || o.swap != "none" || !o.memory_budget.empty())) {
     fail("--ep ", o.ep, " with --recompute / --swap / --memory-budget: recomputation and swapping under expert ",
          "parallelism are not built yet; expected the default policy (keep)");
@@ -572,7 +578,7 @@ void run_training(TrainOptions options) {
     const ModelConfig config = ModelConfig::load(options.config_path);
     // With --data, the sampler's share is counted too.
     const int64_t train_tokens = options.data_dir.empty() ? 0
-        : static_cast<int64_t>(open_data_dir(options.data_dir, config.vocab_size).train.tokens.size());
+        : open_data_mixture(options.data_dir, config.vocab_size).train_tokens();
     print_memory_plan(options, config, options.settings, train_tokens);
     return;
   }

@@ -30,7 +30,7 @@ namespace trillion {
 
 struct TrainOptions {
   std::string config_path;  // model config.json (optional on --resume / --init: taken from there)
-  std::string data_dir;     // optional on --resume: taken from trainer_state.json
+  std::string data_dir;     // DIR or a mixture DIR:W,… (data/mixture.h); optional on --resume: from trainer_state.json
   std::string out_dir;      // optional on --resume: the resumed run's output directory
   std::string resume_dir;   // OUT dir (uses OUT/latest) or checkpoint dir
   std::string init_dir;     // weights to start a new run from

@@ -64,8 +64,8 @@ TEST(CliTokenize, WritesADataDirectoryHoldingExactlyTheDocuments) {
 
   const DataDir data = open_data_dir(dir.path("a"), 400);
   const Tokenizer tokenizer(data.tokenizer_path);
-  std::vector<std::string> train = decode_documents(tokenizer, data.train.tokens);
-  const std::vector<std::string> val = decode_documents(tokenizer, data.val.tokens);
+  std::vector<std::string> train = decode_documents(tokenizer, testing::all_tokens(data.train));
+  const std::vector<std::string> val = decode_documents(tokenizer, testing::all_tokens(data.val));
   EXPECT_EQ(train.size(), 58u);
   EXPECT_EQ(val.size(), 6u);
   uint64_t train_bytes = 0, val_bytes = 0;

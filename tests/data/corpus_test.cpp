@@ -2,6 +2,7 @@
 // last line without '\n', several gzip members and zstd frames), truncated and corrupt compressed
 // files refused by name; UTF-8 validation at the first bad byte; inputs expanded from directories
 // and globs in order; documents of text, fortune, one-per-line and JSONL files, of any length;
+// fine-tuning forms (prompt/completion, ChatML conversations) as parts with their loss targets;
 // every kind of bad input an error naming the file and line, or skipped and counted.
 #include "data/corpus.h"
 
@@ -112,8 +113,10 @@ std::vector<std::string> documents_of(const std::vector<std::string>& files, con
                                       CorpusCounts* counts = nullptr) {
   std::vector<std::string> documents;
   int64_t last_bytes = 0;
-  const CorpusCounts c = for_each_document(files, options, [&](std::string_view document, int64_t bytes) {
-    documents.push_back(shown(document));
+  const CorpusCounts c = for_each_document(files, options, [&](std::span<const DocumentPart> parts, int64_t bytes) {
+    EXPECT_EQ(parts.size(), 1u);
+    EXPECT_TRUE(parts[0].target);
+    documents.push_back(shown(parts[0].text));
     EXPECT_GE(bytes, last_bytes) << "progress only grows";
     last_bytes = bytes;
   });
@@ -165,6 +168,47 @@ TEST(CorpusDocuments, BadInputNamesTheFileAndLineOrIsSkippedAndCounted) {
     write_file_atomic(dir.path("one.jsonl"), content);
     testing::expect_error([&] { documents_of({dir.path("one.jsonl")}, strict); }, {dir.path("one.jsonl") + message});
   }
+}
+
+// Prompt/completion and ChatML conversations: parts with their targets, in order.
+TEST(CorpusDocuments, FineTuningFormsArePartsWithTheirTargets) {
+  TempDir dir("corpus_fine_tuning");
+  write_file_atomic(dir.path("ft.jsonl"),
+                    "{\"prompt\": \"Q: 2+2?\", \"completion\": \" 4\"}\n"
+                    "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "
+                    "\"content\": \"Hi\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}, {\"role\": \"user\", "
+                    "\"content\": \"Bye\"}, {\"role\": \"assistant\", \"content\": \"Bye!\"}]}\n"
+                    "{\"messages\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n"
+                    "{\"prompt\": \"p\"}\n");
+  std::vector<std::vector<std::pair<std::string, bool>>> documents;
+  CorpusOptions options;
+  options.skip_bad = true;
+  const CorpusCounts counts = for_each_document({dir.path("ft.jsonl")}, options,
+                                                [&](std::span<const DocumentPart> parts, int64_t) {
+                                                  auto& d = documents.emplace_back();
+                                                  for (const DocumentPart& p : parts) d.emplace_back(p.text, p.target);
+                                                });
+  using Parts = std::vector<std::pair<std::string, bool>>;
+  ASSERT_EQ(documents.size(), 2u);
+  EXPECT_EQ(documents[0], (Parts{{"Q: 2+2?", false}, {" 4", true}}));
+  const auto turn = [](const std::string& role, const std::string& content) {
+    const bool assistant = role == "assistant";
+    return Parts{{"<|im_start|>" + role + "\n", false}, {content, assistant}, {"<|im_end|>", assistant}, {"\n", false}};
+  };
+  Parts conversation;
+  for (const auto& [role, content] : {std::pair{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello!"},
+                                      {"user", "Bye"}, {"assistant", "Bye!"}}) {
+    const Parts t = turn(role, content);
+    conversation.insert(conversation.end(), t.begin(), t.end());
+  }
+  EXPECT_EQ(documents[1], conversation);
+  EXPECT_EQ(counts.prompt_completions, 1);
+  EXPECT_EQ(counts.conversations, 1);
+  EXPECT_EQ(counts.invalid_json, 1) << "the robot's role";
+  EXPECT_EQ(counts.missing_field, 1) << "a prompt without a completion";
+  const CorpusOptions strict;
+  testing::expect_error([&] { for_each_document({dir.path("ft.jsonl")}, strict, [](auto, int64_t) {}); },
+                        {dir.path("ft.jsonl") + ":3: message role \"robot\" (expected system, user or assistant)"});
 }
 
 }  // namespace

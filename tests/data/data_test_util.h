@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/shards.h"
 #include "io/atomic_file.h"
 
 namespace trillion::testing {
@@ -84,6 +85,13 @@ inline void write_zstd(const std::string& path, const std::vector<std::string>& 
     bytes += out.substr(0, size);
   }
   write_file_atomic(path, bytes);
+}
+
+// Every token of a split, its shards one after another.
+inline std::vector<int32_t> all_tokens(const TokenSplit& split) {
+  std::vector<int32_t> tokens;
+  for (const TokenShard& shard : split.shards) tokens.insert(tokens.end(), shard.tokens.begin(), shard.tokens.end());
+  return tokens;
 }
 
 // Runs `body`, expecting a trillion::Error whose message contains every one of `parts`.

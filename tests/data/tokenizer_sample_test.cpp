@@ -1,5 +1,5 @@
-// The tokenizer's training sample: sentences are bounded, cut where tokenize's rules say, and
-// together are the text minus whitespace-only pieces; the sample is the bottom-k by key that fits
+// The tokenizer's training sample: sentences are bounded, cut where tokenize's rules say, packed
+// while they fit, and together are the text (a short document is one sentence); the sample is the bottom-k by key that fits
 // the budget (checked against a brute-force selection), in corpus order, and without the excluded
 // documents.
 #include "data/tokenizer_sample.h"
@@ -46,21 +46,20 @@ TEST(TrainingSentences, AreBoundedAndCutAtSentenceEndsSpacesOrCharacters) {
     EXPECT_LE(s.size(), limit);
     EXPECT_EQ(invalid_utf8_offset(s), std::string_view::npos) << "cut inside a character";
   }
-  std::string expected = text;
-  expected.erase(expected.find("  \n"), 3);  // the whitespace-only line
-  EXPECT_EQ(joined(cut), expected);
-  EXPECT_EQ(cut[0], "line one\n");
-  EXPECT_EQ(cut[1], "line two\n");
-  EXPECT_EQ(cut[2].back(), ' ') << "a line of words is cut after a space";
+  EXPECT_EQ(joined(cut), text);
+  EXPECT_EQ(cut[0], "line one\n  \nline two\n") << "short lines packed while they fit";
+  EXPECT_EQ(cut[1].back(), ' ') << "a line of words is cut after a space";
   const auto first_sentence_piece = std::find_if(cut.begin(), cut.end(), [](std::string_view s) { return s[0] == 'A'; });
   ASSERT_NE(first_sentence_piece, cut.end());
   EXPECT_EQ(first_sentence_piece->substr(first_sentence_piece->size() - 2), ". ") << "cut after a sentence end";
+  EXPECT_EQ(training_sentences("a short\n\ndocument\n"), (std::vector<std::string_view>{"a short\n\ndocument\n"}));
+  EXPECT_TRUE(training_sentences(" \n\t\n").empty());
 }
 
 // The kept sentences must be, among all sentences in key order, the longest prefix that fits.
 TEST(TokenizerSample, IsTheBottomKByKeyThatFitsTheBudget) {
   const std::vector<std::string> documents = testing::generated_documents(300, 17);
-  const int64_t budget = 2000;
+  const int64_t budget = 5000;
   TokenizerSample sample(budget, 5);
   for (size_t d = 0; d < documents.size(); ++d) sample.add_document(documents[d], static_cast<int64_t>(d));
   struct Sentence {

@@ -1,7 +1,8 @@
 // Corpora in the shapes users bring, end to end: documents of 30–60 KB (longer than the
 // tokenizer's sentence limit and than any read block of a compressed file) stored one per line
 // with no blank lines, the same documents as JSONL, and as a directory of plain, .gz and .zst
-// files. Each tokenizes (its data directory holds exactly the documents) and trains.
+// files; and split into shards of 1 MB behind an index. Each tokenizes (its data directory holds
+// exactly the documents) and trains.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -42,9 +43,9 @@ std::vector<std::string> decoded_documents(const fs::path& data_dir) {
   const DataDir data = open_data_dir(data_dir.string(), 0);
   const Tokenizer tokenizer(data.tokenizer_path);
   std::vector<std::string> documents;
-  for (const TokenShard* shard : {&data.train, &data.val}) {
+  for (const TokenSplit* split : {&data.train, &data.val}) {
     std::vector<int32_t> current;
-    for (const int32_t id : shard->tokens) {
+    for (const int32_t id : trillion::testing::all_tokens(*split)) {
       if (id != tokenizer.eos_id()) {
         current.push_back(id);
         continue;
@@ -61,7 +62,7 @@ TEST(TokenizeShapes, LongDocumentsPerLineAsJsonlAndInADirectoryTokenizeAndTrain)
   const fs::path root = test_data().root / "shapes";
   fs::remove_all(root);
   fs::create_directories(root / "dir" / "more");
-  const std::vector<std::string> documents = long_documents(12);
+  const std::vector<std::string> documents = long_documents(20);
   std::string lines, jsonl, part[3];
   for (size_t d = 0; d < documents.size(); ++d) {
     lines += documents[d] + "\n";
@@ -84,17 +85,19 @@ TEST(TokenizeShapes, LongDocumentsPerLineAsJsonlAndInADirectoryTokenizeAndTrain)
     const std::vector<std::string>* expected;
   } shapes[] = {{"lines", (root / "corpus.txt").string() + " --doc-per-line", &with_newlines},
                 {"jsonl", (root / "corpus.jsonl").string(), &verbatim},
-                {"directory", (root / "dir").string() + " --doc-per-line", &with_newlines}};
+                {"directory", (root / "dir").string() + " --doc-per-line", &with_newlines},
+                {"shards", (root / "corpus.txt").string() + " --doc-per-line --shard-mb 1", &with_newlines}};
   for (const auto& shape : shapes) {
     const fs::path data = root / ("data_" + shape.name);
     const CommandResult tokenized = run_cli("tokenize --input " + shape.input + " --out " + data.string() +
                                             " --vocab-size 320 --val-fraction 0.2");
     ASSERT_EQ(tokenized.status, 0) << shape.name << ": " << tokenized.output;
-    EXPECT_NE(tokenized.output.find("12 documents (10 train, 2 val"), std::string::npos) << tokenized.output;
+    EXPECT_NE(tokenized.output.find("20 documents (16 train, 4 val"), std::string::npos) << tokenized.output;
+    EXPECT_EQ(fs::exists(data / "train.index.json"), shape.name == "shards") << tokenized.output;
     EXPECT_EQ(decoded_documents(data), *shape.expected) << shape.name;
 
     const fs::path config = root / "tiny_320.json";
-    write_config(config, read_token_shard((data / "train.bin").string()).vocab_size);
+    write_config(config, read_token_split(data.string(), "train").vocab_size);
     const CommandResult trained = run_cli("train --config " + config.string() + " --data " + data.string() +
                                           " --out " + (root / ("run_" + shape.name)).string() +
                                           " --batch 2 --seq-len 32 --steps 3 --log-every 1" + kSmallMfuGemm);
