@@ -10,6 +10,7 @@ packages=(
   libopenblas-openmp-dev            # GEMM (OpenMP build, so it nests in our parallel regions)
   libsentencepiece-dev              # tokenizer training and encoding
   zlib1g-dev libzstd-dev            # .gz and .zst corpus files
+  libpcre2-dev libutf8proc-dev      # Hugging Face tokenizers: pre-tokenizer regexes, NFC
   nlohmann-json3-dev libcli11-dev   # config/metrics JSON, command line
   libgtest-dev libgmock-dev         # tests
   libopenmpi-dev openmpi-bin        # distributed runs (later issues)

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/mixture.h"
 #include "data/tokenizer.h"
 #include "model/config.h"
 #include "model/model.h"
@@ -30,15 +31,15 @@ struct GenerateOptions {
   uint64_t seed = 0;
 };
 
-// The tokenizer: --tokenizer, else --data DIR/tokenizer.model, else the checkpoint's copy, else the
+// The tokenizer: --tokenizer, else --data DIR's (tokenizer_file_in), else the checkpoint's copy, else the
 // training data directory recorded in trainer_state.json.
 std::string find_tokenizer(const GenerateOptions& o, const std::string& weights_dir, const TrainerState* state) {
   if (!o.tokenizer_path.empty()) return o.tokenizer_path;
-  if (!o.data_dir.empty()) return (fs::path(o.data_dir) / "tokenizer.model").string();
-  const fs::path copy = fs::path(weights_dir) / "tokenizer.model";
-  if (fs::exists(copy)) return copy.string();
-  if (state != nullptr) return (fs::path(state->data_dir) / "tokenizer.model").string();
-  fail(weights_dir, ": has no tokenizer.model and no trainer_state.json; pass --tokenizer or --data");
+  if (!o.data_dir.empty()) return tokenizer_file_in(parse_data_mixture(o.data_dir).front().directory);
+  const std::string copy = tokenizer_file_in(weights_dir);
+  if (fs::exists(copy)) return copy;
+  if (state != nullptr) return tokenizer_file_in(parse_data_mixture(state->data_dir).front().directory);
+  fail(weights_dir, ": has no tokenizer.model or tokenizer.json and no trainer_state.json; pass --tokenizer or --data");
 }
 
 template <class T>
@@ -109,7 +110,7 @@ void register_generate(CLI::App& app) {
   GenerateOptions& o = *options;
   cmd->add_option("--checkpoint", o.checkpoint, "Checkpoint directory or a training --out directory")->required();
   cmd->add_option("--data", o.data_dir, "Tokenized data directory whose tokenizer.model to use");
-  cmd->add_option("--tokenizer", o.tokenizer_path, "SentencePiece model file (default: the checkpoint's)");
+  cmd->add_option("--tokenizer", o.tokenizer_path, "SentencePiece model or tokenizer.json (default: the checkpoint's)");
   cmd->add_option("--prompt", o.prompt, "Text to continue");
   cmd->add_option("--max-new-tokens", o.max_new_tokens, "Tokens to generate at most");
   cmd->add_option("--temperature", o.sampling.temperature, "Sampling temperature (0: greedy)");

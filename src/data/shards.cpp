@@ -287,9 +287,9 @@ DataDir open_data_dir(const std::string& directory, int64_t expected_vocab) {
     fail(directory, ": data directory not found (expected tokenizer.model and the train and val splits from `trillion tokenize`)");
   DataDir data;
   data.directory = directory;
-  data.tokenizer_path = (fs::path(directory) / "tokenizer.model").string();
+  data.tokenizer_path = tokenizer_file_in(directory);
   if (!fs::is_regular_file(data.tokenizer_path))
-    fail(data.tokenizer_path, ": missing (a data directory holds tokenizer.model and the train and val splits)");
+    fail(data.tokenizer_path, ": missing (a data directory holds tokenizer.model or tokenizer.json and the train and val splits)");
   const Tokenizer tokenizer(data.tokenizer_path);
   data.train = read_token_split(directory, "train");
   data.val = read_token_split(directory, "val");
@@ -301,8 +301,8 @@ DataDir open_data_dir(const std::string& directory, int64_t expected_vocab) {
       fail(split->path, ": vocab_size ", split->vocab_size, " does not match ", data.tokenizer_path, " (expected ",
            tokenizer.vocab_size(), ")");
   }
-  if (expected_vocab > 0 && tokenizer.vocab_size() != expected_vocab)
-    fail(data.tokenizer_path, ": vocab_size ", tokenizer.vocab_size(), " does not match the model config's vocab_size (expected ",
+  if (expected_vocab > 0 && tokenizer.vocab_size() > expected_vocab)  // a larger model vocab is padding
+    fail(data.tokenizer_path, ": vocab_size ", tokenizer.vocab_size(), " exceeds the model config's vocab_size (expected at most ",
          expected_vocab, ")");
   return data;
 }

@@ -105,7 +105,7 @@ class TokenSplitWriter {
 
 // A `--data DIR` directory: DIR/tokenizer.model and the train and val splits, checked against each
 // other (same tokenizer hash and vocab size) and, when expected_vocab > 0, against the model's
-// vocab_size. Throws trillion::Error naming the file and field on any mismatch or missing file.
+// vocab_size, which may be larger than the tokenizer's (padded vocabularies, as Qwen's). Throws trillion::Error naming the file and field on any mismatch or missing file.
 struct DataDir {
   std::string directory;
   std::string tokenizer_path;

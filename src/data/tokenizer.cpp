@@ -5,12 +5,15 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <filesystem>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/hf_tokenizer.h"
 #include "data/tokenizer_sample.h"
 #include "io/atomic_file.h"
 
@@ -35,26 +38,47 @@ class SentenceIterator : public sentencepiece::SentenceIterator {
 
 uint64_t tokenizer_file_hash(const std::string& model_path) { return hash_name(read_file(model_path)); }
 
-Tokenizer::Tokenizer(const std::string& model_path)
-    : processor_(std::make_unique<sentencepiece::SentencePieceProcessor>()) {
+std::string tokenizer_file_in(const std::string& directory) {
+  const std::filesystem::path json = std::filesystem::path(directory) / "tokenizer.json";
+  return std::filesystem::exists(json) ? json.string() : (std::filesystem::path(directory) / "tokenizer.model").string();
+}
+
+Tokenizer::Tokenizer(const std::string& model_path) {
   const std::string serialized = read_file(model_path);
+  hash_ = hash_name(serialized);
+  if (model_path.ends_with(".json")) {
+    hf_ = std::make_unique<HfTokenizer>(model_path);
+    for (const char* token : kHfEndOfTextTokens) {
+      if (const std::optional<int32_t> id = hf_->token_id(token)) {
+        eos_ = *id;
+        break;
+      }
+    }
+    if (eos_ < 0) fail(model_path, ": has no end-of-text token to end documents (expected an added token <|endoftext|>, ",
+                       "<｜end▁of▁sentence｜>, <|end_of_text|>, </s> or <eos>)");
+    return;
+  }
+  processor_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   const auto status = processor_->LoadFromSerializedProto(serialized);
   if (!status.ok()) fail(model_path, ": not a SentencePiece model: ", status.ToString());
   if (processor_->eos_id() < 0) fail(model_path, ": tokenizer model has no eos piece (expected eos_id >= 0)");
-  hash_ = hash_name(serialized);
+  eos_ = processor_->eos_id();
 }
 
 Tokenizer::~Tokenizer() = default;
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 
-int64_t Tokenizer::vocab_size() const { return processor_->GetPieceSize(); }
+int64_t Tokenizer::vocab_size() const { return hf_ ? hf_->vocab_size() : processor_->GetPieceSize(); }
 
-int32_t Tokenizer::eos_id() const { return processor_->eos_id(); }
+int32_t Tokenizer::eos_id() const { return eos_; }
 
-bool Tokenizer::has_piece(const std::string& piece) const { return !processor_->IsUnknown(processor_->PieceToId(piece)); }
+bool Tokenizer::has_piece(const std::string& piece) const {
+  return hf_ ? hf_->token_id(piece).has_value() : !processor_->IsUnknown(processor_->PieceToId(piece));
+}
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
+  if (hf_) return hf_->encode(text);
   std::vector<int> ids;
   const auto status = processor_->Encode(text, &ids);
   if (!status.ok()) fail("tokenizer: cannot encode text: ", status.ToString());
@@ -62,6 +86,7 @@ std::vector<int32_t> Tokenizer::encode(const std::string& text) const {
 }
 
 std::vector<int32_t> Tokenizer::encode_with_offsets(const std::string& text, std::vector<uint32_t>& begins) const {
+  if (hf_) return hf_->encode_with_offsets(text, begins);
   const sentencepiece::ImmutableSentencePieceText pieces = processor_->EncodeAsImmutableProto(text);
   std::vector<int32_t> ids;
   begins.clear();
@@ -74,6 +99,13 @@ std::vector<int32_t> Tokenizer::encode_with_offsets(const std::string& text, std
 }
 
 std::string Tokenizer::decode(const std::vector<int32_t>& ids) const {
+  if (hf_) {  // eos decodes to "" as in SentencePiece
+    std::vector<int32_t> kept;
+    for (const int32_t id : ids) {
+      if (id != eos_) kept.push_back(id);
+    }
+    return hf_->decode(kept);
+  }
   const std::vector<int> pieces(ids.begin(), ids.end());
   for (int id : pieces) {
     if (id < 0 || id >= processor_->GetPieceSize())

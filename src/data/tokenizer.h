@@ -1,6 +1,7 @@
-// Tokenizer: SentencePiece BPE (Debian's libsentencepiece) trained on the corpus or reused.
-// Its hash (FNV-1a 64 of the serialized model file) is recorded in token shards and checkpoints;
-// a mismatch anywhere is an error.
+// Tokenizer: SentencePiece BPE (Debian's libsentencepiece) trained on the corpus or reused, or a
+// Hugging Face tokenizer.json (data/hf_tokenizer.h: byte-level BPE, as Qwen3 and DeepSeek ship it).
+// Its hash (FNV-1a 64 of the file) is recorded in token shards and checkpoints; a mismatch anywhere
+// is an error. A data directory or checkpoint holds tokenizer.model or tokenizer.json.
 #pragma once
 
 #include <cstdint>
@@ -14,9 +15,20 @@ class SentencePieceProcessor;
 
 namespace trillion {
 
+class HfTokenizer;
+
+// Hugging Face tokenizers do not say which token ends a document: the first of these added
+// tokens that the tokenizer has.
+inline const char* const kHfEndOfTextTokens[] = {"<|endoftext|>", "<｜end▁of▁sentence｜>", "<|end_of_text|>", "</s>",
+                                                  "<eos>"};
+
+// DIR/tokenizer.json when it exists, else DIR/tokenizer.model.
+std::string tokenizer_file_in(const std::string& directory);
+
 class Tokenizer {
  public:
-  // Loads a SentencePiece model file; throws trillion::Error naming the path if it is not one.
+  // Loads a SentencePiece model file, or a tokenizer.json (a name ending in ".json"); throws
+  // trillion::Error naming the path if it is not one.
   explicit Tokenizer(const std::string& model_path);
   ~Tokenizer();
   Tokenizer(Tokenizer&&) noexcept;
@@ -33,7 +45,9 @@ class Tokenizer {
   std::string decode(const std::vector<int32_t>& ids) const;
 
  private:
-  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> processor_;  // one of the two
+  std::unique_ptr<HfTokenizer> hf_;
+  int32_t eos_ = -1;
   uint64_t hash_ = 0;
 };
 

@@ -338,7 +338,8 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   // Sharded: every rank writes its shard into rank 0's temporary directory, rank 0 the rest.
   const auto write_run_files = [&](const std::string& temp_dir) {
     write_file_atomic((fs::path(temp_dir) / "config.json").string(), run.config.to_json().dump(2) + "\n");
-    write_file_atomic((fs::path(temp_dir) / "tokenizer.model").string(), read_file(run.data.first().tokenizer_path));
+    const std::string& tokenizer = run.data.first().tokenizer_path;  // tokenizer.model or tokenizer.json
+    write_file_atomic((fs::path(temp_dir) / fs::path(tokenizer).filename()).string(), read_file(tokenizer));
     write_file_atomic((fs::path(temp_dir) / "trainer_state.json").string(), run.state.to_json().dump(2) + "\n");
   };
   auto save_sharded = [&](int64_t step) {
