@@ -46,6 +46,8 @@ void register_train(CLI::App& app) {
                   "LM-head loss: in-forward (gradients formed chunk by chunk in the forward, 3 GEMM passes) or "
                   "recompute (logits recomputed in the backward, 4 passes, least memory)")
       ->check(CLI::IsMember({"in-forward", "recompute"}));
+  cmd->add_flag("--document-mask", s.document_mask,
+                "Packed rows: no token attends across a document end (the tokenizer's eos); positions restart");
   // Settings of this process only.
   cmd->add_option("--recompute", o.recompute,
                   "Saved activations recomputed before their layer's backward: none, selective (the FFN "
@@ -81,7 +83,7 @@ void register_train(CLI::App& app) {
     TrainOptions& run = *options;
     for (const char* flag : {"steps", "seed", "dtype", "batch", "seq-len", "grad-accum", "lr", "min-lr-ratio", "warmup",
                              "weight-decay", "beta1", "beta2", "eps", "clip", "moe-bias-rate", "indexer-mode",
-                             "indexer-loss-coef", "loss-gradients"}) {
+                             "indexer-loss-coef", "loss-gradients", "document-mask"}) {
       if (cmd->count(std::string("--") + flag) > 0) run.given.insert(flag);
     }
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;

@@ -105,6 +105,7 @@ void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlock
   project_qkv(p, h, positions, n, w, dims, scratch);
 
   AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
+  sizes.doc_start = pass.doc_start;
   T* out = buffer(Tag::attn_out, {n, qw});                     // [n, Hq·d]
   T* lse = buffer(Tag::attn_lse, {batch, dims.q_heads, seq});  // [batch, Hq, seq]
   IndexerOutputs<T> selected;
@@ -162,6 +163,7 @@ void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlo
   }
 
   AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, d, 1.0 / std::sqrt(double(d))};
+  sizes.doc_start = pass.doc_start;
   T* dq = scratch.alloc<T>(n * qw);   // [n, Hq, d]
   T* dk = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] summed over the query heads sharing each KV head
   T* dv = scratch.alloc<T>(n * kvw);  // [n, Hkv, d]

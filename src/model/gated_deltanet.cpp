@@ -156,13 +156,14 @@ void mixer_forward(T* x, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDi
   T* h = buffer(Tag::attn_norm_out, {n, D});   // [n, D]
   rmsnorm_forward(h, rstd, input, w.input_norm, n, D, d.input_norm.eps, d.input_norm.zero_centred);
   const Core<T> c = core_buffers<T>(n, d, store, layer, scratch);
-  const Conv1dSizes conv_sizes{pass.batch, pass.seq, d.conv_channels(), d.conv_width, 0};
+  const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), d.conv_channels(), d.conv_width, pass.segments};
   prepare_core(c, h, n, w, d, scratch,
-               [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, nullptr, conv_sizes); });
+               [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes); });
   T* core = buffer(Tag::la_core, {n, nv, dv});  // [n, nv, dv]
-  const DeltaRuleSizes sizes{pass.batch, pass.seq, nv, d.key_dim, dv, 0, DeltaDecay::per_head};
+  const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), nv, d.key_dim, dv, pass.segments,
+                             DeltaDecay::per_head};
   delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_rep, c.k_rep, c.v, c.g, c.beta,
-                           static_cast<const T*>(nullptr), nullptr, sizes);
+                           static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
   T* norm_rstd = buffer(Tag::la_norm_rstd, {n * nv});  // [n · nv]
   T* normed = buffer(Tag::la_normed, {n, nv * dv});   // [n, nv · dv]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.norm, n * nv, dv, d.norm_eps, GateActivation::silu);
@@ -209,10 +210,10 @@ void mixer_backward(T* dx, const GatedDeltaNetWeights<T>& w, const GatedDeltaNet
   T* dv_heads = scratch.alloc<T>(n * nv * dv);  // [n, nv, dv]
   T* dg = scratch.alloc<T>(n * nv);           // [n, nv]
   T* dbeta = scratch.alloc<T>(n * nv);        // [n, nv]
-  const DeltaRuleSizes sizes{pass.batch, pass.seq, nv, dk, dv, 0, DeltaDecay::per_head};
+  const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), nv, dk, dv, pass.segments, DeltaDecay::per_head};
   delta_rule_chunk_backward(dq_rep, dk_rep, dv_heads, dg, dbeta, static_cast<T*>(nullptr), d_core,
                             static_cast<const T*>(nullptr), q_rep, k_rep, v, g, beta, static_cast<const T*>(nullptr),
-                            nullptr, sizes);
+                            pass.cu_seqlens, sizes);
   T* da = scratch.alloc<T>(n * nv);  // [n, nv]
   T* db = scratch.alloc<T>(n * nv);  // [n, nv]
   decay_gate_backward(da, grads.A_log, grads.dt_bias, dg, a, w.A_log, w.dt_bias, n, nv, 1);
@@ -241,8 +242,8 @@ void mixer_backward(T* dx, const GatedDeltaNetWeights<T>& w, const GatedDeltaNet
   copy_column_block(d_conv_out + nk * dk, dk_raw, n, nk * dk, Ck, nk * dk);
   copy_column_block(d_conv_out + 2 * nk * dk, dv_heads, n, nv * dv, Ck, nv * dv);
   T* d_conv_in = scratch.alloc<T>(n * Ck);  // [n, Ck]
-  conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, nullptr,
-                       Conv1dSizes{pass.batch, pass.seq, Ck, d.conv_width, 0});
+  conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.cu_seqlens,
+                       Conv1dSizes{pass.segment_batch(), pass.segment_seq(), Ck, d.conv_width, pass.segments});
 
   T* d_qkvz = scratch.alloc<T>(n * d.qkvz_rows());  // [n, 2·nk·dk + 2·nv·dv]
   T* d_ba = scratch.alloc<T>(n * 2 * nv);           // [n, 2·nv]

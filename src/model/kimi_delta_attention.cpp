@@ -101,13 +101,14 @@ void mixer_forward(T* x, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaA
   T* x_hat = buffer(Tag::attn_norm_out, {n, H});  // [n, hidden]
   rmsnorm_forward(x_hat, rstd, input, w.input_norm, n, H, d.input_norm.eps, d.input_norm.zero_centred);
   const KdaInputs<T> c = kda_buffers<T>(n, d, store, layer, scratch);
-  const Conv1dSizes conv_sizes{pass.batch, pass.seq, 3 * W, d.conv_width, 0};
+  const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), 3 * W, d.conv_width, pass.segments};
   prepare_inputs(c, x_hat, n, w, d, scratch,
-                 [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, nullptr, conv_sizes); });
+                 [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes); });
   T* core = buffer(Tag::la_core, {n, h, D});  // [n, h, D]
-  const DeltaRuleSizes sizes{pass.batch, pass.seq, h, D, D, 0, DeltaDecay::per_key_channel};
+  const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), h, D, D, pass.segments,
+                             DeltaDecay::per_key_channel};
   delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_scaled, c.k_hat, c.v, c.g, c.beta,
-                           static_cast<const T*>(nullptr), nullptr, sizes);
+                           static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
   T* norm_rstd = buffer(Tag::la_norm_rstd, {n * h});  // [n · h]
   T* normed = buffer(Tag::la_normed, {n, W});        // [n, h·D]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.o_norm, n * h, D, d.norm_eps, GateActivation::sigmoid);
@@ -158,9 +159,10 @@ void mixer_backward(T* dx, const KimiDeltaAttentionWeights<T>& w, const KimiDelt
   T* dv = scratch.alloc<T>(n * W);     // [n, h, D]
   T* dg = scratch.alloc<T>(n * W);     // [n, h, D]
   T* dbeta = scratch.alloc<T>(n * h);  // [n, h]
-  const DeltaRuleSizes sizes{pass.batch, pass.seq, h, D, D, 0, DeltaDecay::per_key_channel};
+  const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), h, D, D, pass.segments,
+                             DeltaDecay::per_key_channel};
   delta_rule_chunk_backward(dq, dk, dv, dg, dbeta, static_cast<T*>(nullptr), d_core, static_cast<const T*>(nullptr),
-                            q_scaled, k_hat, v, g, beta, static_cast<const T*>(nullptr), nullptr, sizes);
+                            q_scaled, k_hat, v, g, beta, static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
   for (int64_t i = 0; i < n * h; ++i) dbeta[i] *= beta[i] * (T(1) - beta[i]);  // through the sigmoid
   linear_grad(dx_hat, grads.b_proj, dbeta, x_hat, w.b_proj, n, H, h, /*accumulate_dx=*/true);
   T* da = scratch.alloc<T>(n * W);  // [n, h·D]
@@ -177,8 +179,8 @@ void mixer_backward(T* dx, const KimiDeltaAttentionWeights<T>& w, const KimiDelt
   copy_column_block(d_conv_out + W, d_raw, n, W, 3 * W, W);
   copy_column_block(d_conv_out + 2 * W, dv, n, W, 3 * W, W);
   T* d_conv_in = scratch.alloc<T>(n * 3 * W);  // [n, 3·h·D]
-  conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, nullptr,
-                       Conv1dSizes{pass.batch, pass.seq, 3 * W, d.conv_width, 0});
+  conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.cu_seqlens,
+                       Conv1dSizes{pass.segment_batch(), pass.segment_seq(), 3 * W, d.conv_width, pass.segments});
   const LinearWeights<T>* projections[] = {&w.q_proj, &w.k_proj, &w.v_proj};
   const LinearWeights<T>* projection_grads[] = {&grads.q_proj, &grads.k_proj, &grads.v_proj};
   T* d_proj = scratch.alloc<T>(n * W);  // [n, h·D] one projection's output gradient at a time

@@ -124,7 +124,7 @@ void mixer_forward(T* x, const MlaWeights<T>& w, const MlaDims& dims, const Laye
   T* v = buffer(Tag::v, {n, H, dims.v});     // [n, H, v]
   expand_keys(k, v, kv, p.kv_a, n, dims);
 
-  const AttentionSizes sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v};
+  const AttentionSizes sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v, pass.doc_start};
   T* out = buffer(Tag::attn_out, {n, dims.o_width()});  // [n, H·v]
   T* lse = buffer(Tag::attn_lse, {batch, H, seq});      // [batch, H, seq]
   IndexerOutputs<T> selected;
@@ -158,7 +158,7 @@ void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, c
 
   T* d_out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]; dx is the gradient wrt the sublayer output
   linear_grad(d_out, grads.o_proj, dx, out, w.o_proj, n, dims.o_width(), D, /*accumulate_dx=*/false);
-  const AttentionSizes sizes{batch, seq, seq, H, H, qk, dims.scale, dv};
+  const AttentionSizes sizes{batch, seq, seq, H, H, qk, dims.scale, dv, pass.doc_start};
   T* dq = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
   T* dk = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
   T* d_v = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]

@@ -300,12 +300,28 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   if (!m.decisions.replaying()) m.decisions.start_recording();
   ensure_size(m.hidden, n * D);
   ensure_size(m.positions, n);
-  for (int64_t i = 0; i < n; ++i) m.positions[i] = static_cast<int32_t>(i % seq);
+  if (m.document_eos >= 0) {  // a document starts at each row's start and after each eos
+    ensure_size(m.doc_start, n);
+    m.cu_seqlens.clear();
+    for (int64_t b = 0; b < batch; ++b) {
+      int32_t start = 0;
+      for (int64_t t = 0; t < seq; ++t) {
+        if (t > 0 && tokens[b * seq + t - 1] == m.document_eos) start = static_cast<int32_t>(t);
+        if (t == start) m.cu_seqlens.push_back(static_cast<int32_t>(b * seq + t));
+        m.doc_start[b * seq + t] = start;
+        m.positions[b * seq + t] = static_cast<int32_t>(t) - start;
+      }
+    }
+    m.cu_seqlens.push_back(static_cast<int32_t>(n));
+  } else {
+    for (int64_t i = 0; i < n; ++i) m.positions[i] = static_cast<int32_t>(i % seq);
+  }
   StepResult result;
   LayerPass pass;
   pass.batch = batch;
   pass.seq = seq;
   pass.positions = m.positions.data();
+  m.document_segments(pass);
   pass.store = save_activations ? &m.store : nullptr;
   pass.decisions = &m.decisions;
   pass.result = &result;
@@ -377,6 +393,22 @@ void Model<T>::set_indexer_training(IndexerMode mode, double coef) {
 }
 
 template <class T>
+void Model<T>::set_document_mask(int32_t eos_id) {
+  Impl& m = *impl_;
+  if (eos_id >= 0) {
+    for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
+      const LayerType type = m.config.layer_types[layer];
+      if (type == LayerType::sparse_attention) {
+        fail("document masks: layer ", layer, " is ", layer_type_name(type),
+             ", whose kernels take no document boundaries yet (built: full attention, MLA and linear attention)");
+      }
+    }
+    if (eos_id >= m.config.vocab_size) fail("document masks: eos id ", eos_id, " outside the vocab ", m.config.vocab_size);
+  }
+  m.document_eos = eos_id;
+}
+
+template <class T>
 void Model<T>::set_loss_gradients(LossGradients mode) {
   impl_->loss_gradients = mode;
 }
@@ -439,6 +471,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   pass.batch = batch;
   pass.seq = seq;
   pass.positions = m.positions.data();
+  m.document_segments(pass);
   pass.indexer = &m.indexer;
   pass.experts = m.exchange;
   for (int layer = static_cast<int>(m.config.num_hidden_layers) - 1; layer >= 0; --layer) {
@@ -483,6 +516,7 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
   pass.batch = batch;
   pass.seq = seq;
   pass.positions = positions.data();
+  document_segments(pass);
   pass.store = &store;
   pass.decisions = &decisions;
   pass.result = &discarded;

@@ -87,6 +87,12 @@ class Model {
   // sparse attention, no indexer loss (transformers' forward). The loss appears in StepResult.aux
   // as "indexer_loss" (mean over sparse layers), its per-layer values in StepResult.indexer.
   void set_indexer_training(IndexerMode mode, double coef);
+  // Document masks (packed rows): with eos_id ≥ 0, a document ends after each eos input token, and
+  // no token attends across a document start; RoPE positions restart at 0 with each document.
+  // Built for full attention, MLA and linear attention (its conv window and state restart); sparse
+  // attention is refused (the error names the layer).
+  // -1: off (the default).
+  void set_document_mask(int32_t eos_id);
   // How the LM head's loss forms its gradients in training (LossGradients; default in_forward).
   void set_loss_gradients(LossGradients mode);
   // The saved activations of training steps: their policies (keep, recompute, swap per tag), the

@@ -30,7 +30,10 @@ struct Model<T>::Impl {
   Buffer<T> hidden;       // [tokens, D] residual stream
   Buffer<T> hidden_grad;  // [tokens, D] its gradient
   Buffer<T> recompute_hidden;  // [tokens, D] the residual stream of a layer being recomputed
-  Buffer<int32_t> positions;  // [tokens]
+  Buffer<int32_t> positions;  // [tokens] RoPE positions: in the row, or in the document (document masks)
+  int32_t document_eos = -1;  // document masks: the token that ends a document (-1: off)
+  Buffer<int32_t> doc_start;  // [tokens] document masks: the row position where each token's document starts
+  std::vector<int32_t> cu_seqlens;  // [documents + 1] document masks: the documents' starts over all tokens
   // Generation: one decode cache per layer (its kinds say how large).
   std::vector<Buffer<T>> caches;
   int64_t cache_capacity = 0;
@@ -46,6 +49,13 @@ struct Model<T>::Impl {
   // Before the backward of `layer`: re-runs the sublayers whose saved tensors the store dropped
   // (mixer from attn_input, FFN from ffn_input), decisions replayed, statistics discarded.
   void recompute(int layer, int64_t batch, int64_t seq);
+  // Document masks (when on): the step's document starts, per row and packed, into the pass.
+  void document_segments(LayerPass& pass) const {
+    if (document_eos < 0) return;
+    pass.doc_start = doc_start.data();
+    pass.cu_seqlens = cu_seqlens.data();
+    pass.segments = static_cast<int64_t>(cu_seqlens.size()) - 1;
+  }
   // The indexer loss term of a forward from its per-layer values (appended to result.aux).
   void add_indexer_loss(StepResult& result) const;
   // Sums and averages a training forward's statistics over the ranks (StatisticsReduction).

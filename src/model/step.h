@@ -159,6 +159,13 @@ struct MoeBalanceGrad {
 struct LayerPass {
   int64_t batch = 0, seq = 0;
   const int32_t* positions = nullptr;       // [batch · seq]
+  const int32_t* doc_start = nullptr;       // [batch · seq] document masks: each token's document start in its row (null: off)
+  const int32_t* cu_seqlens = nullptr;      // [segments + 1] document masks: the documents' starts over all tokens
+  int64_t segments = 0;
+  // The tokens as the linear-attention kernels take them: a segment per row, or with document
+  // masks the documents, packed (batch 1, every token, cu_seqlens).
+  int64_t segment_batch() const { return cu_seqlens != nullptr ? 1 : batch; }
+  int64_t segment_seq() const { return cu_seqlens != nullptr ? batch * seq : seq; }
   ActivationStore* store = nullptr;         // forward: null = nothing saved (evaluation, decoding)
   DecisionLog* decisions = nullptr;         // forward: null = decisions not kept (decoding)
   StepResult* result = nullptr;             // forward: statistics and loss values, or null

@@ -4,7 +4,8 @@
 // head, stacked as the rows (position, head) of one matrix, so each matrix product against the
 // shared key/value tile serves the whole group. Matrix products are single-threaded gemm() calls
 // (ops/gemm.h) inside the OpenMP region (OpenBLAS's OpenMP build runs serially when called from a
-// parallel region). Only tiles that straddle the causal diagonal are masked; tiles above it are skipped.
+// parallel region). Only tiles that straddle the causal diagonal or a document start (doc_start) are
+// masked; tiles above the diagonal, and in the forward those before every row's document, are skipped.
 //
 // Forward: one work item per (batch, kv head, query tile); online softmax over key tiles, saving
 // lse. Backward: D = rowsum(dout ⊙ out), then one work item per (batch, kv head, key tile) that
@@ -48,6 +49,7 @@ struct Geometry {
                    "bad attention sizes");
     TRILLION_CHECK(s.q_len <= s.kv_len, "attention q_len ", s.q_len, " > kv_len ", s.kv_len);
     TRILLION_CHECK(s.q_heads % s.kv_heads == 0, "q_heads ", s.q_heads, " not a multiple of kv_heads ", s.kv_heads);
+    TRILLION_CHECK(s.doc_start == nullptr || s.q_len == s.kv_len, "document masks need q_len == kv_len");
     dv = s.value_dim();
     group = s.q_heads / s.kv_heads;
     q_stride = s.q_heads * s.head_dim;
@@ -59,8 +61,15 @@ struct Geometry {
     k_tiles = (s.kv_len + kKTile - 1) / kKTile;
     rows_max = kQTile * group;
   }
-  // Keys [0, visible_end(t)) are visible to query position t.
+  // Keys [visible_begin(b, t), visible_end(t)) are visible to query position t of row b.
   int64_t visible_end(int64_t t) const { return t + offset + 1; }
+  int64_t visible_begin(int64_t b, int64_t t) const { return s.doc_start != nullptr ? s.doc_start[b * s.q_len + t] : 0; }
+  // The largest visible_begin of the rows [t0, t1): tiles of keys before it hold hidden keys.
+  int64_t latest_begin(int64_t b, int64_t t0, int64_t t1) const {
+    int64_t latest = 0;
+    for (int64_t t = t0; t < t1 && s.doc_start != nullptr; ++t) latest = std::max(latest, visible_begin(b, t));
+    return latest;
+  }
   // Offsets of element (b, t, head h, 0) in q-like / out-like tensors and of (b, j, kv head, 0) in
   // k-like / v-like tensors.
   int64_t q_index(int64_t b, int64_t t, int64_t h) const { return (b * s.q_len + t) * q_stride + h * s.head_dim; }
@@ -81,11 +90,16 @@ void gather_group_rows(T* dst, const T* src, int64_t width, const Geometry& geo,
                 chunk * sizeof(T));
 }
 
-// Sets scores[r, c] = −inf where key j0 + c is not visible to row r's position t0 + r / group.
+// Sets scores[r, c] = −inf where key j0 + c is not visible to row r's position t0 + r / group of
+// batch row b (after the diagonal, or before the query's document).
 template <class T>
-void mask_diagonal(T* scores, int64_t ld, int64_t rows, int64_t cols, const Geometry& geo, int64_t t0, int64_t j0) {
+void mask_hidden(T* scores, int64_t ld, int64_t rows, int64_t cols, const Geometry& geo, int64_t b, int64_t t0,
+                 int64_t j0) {
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t first_hidden = std::max<int64_t>(geo.visible_end(t0 + r / geo.group) - j0, 0);
+    const int64_t t = t0 + r / geo.group;
+    const int64_t first_hidden = std::max<int64_t>(geo.visible_end(t) - j0, 0);
+    const int64_t last_hidden_before = std::min<int64_t>(geo.visible_begin(b, t) - j0, cols);
+    for (int64_t c = 0; c < last_hidden_before; ++c) scores[r * ld + c] = -std::numeric_limits<T>::infinity();
     for (int64_t c = first_hidden; c < cols; ++c) scores[r * ld + c] = -std::numeric_limits<T>::infinity();
   }
 }
@@ -147,19 +161,25 @@ void attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const
     std::fill(row_sum, row_sum + rows, T(0));
 
     const int64_t key_end = geo.visible_end(t1 - 1);  // keys beyond are hidden from every row
-    for (int64_t j0 = 0; j0 < key_end; j0 += kKTile) {
+    const int64_t latest_begin = geo.latest_begin(b, t0, t1);
+    // Key tiles before every row's document are skipped.
+    for (int64_t j0 = geo.visible_begin(b, t0) / kKTile * kKTile; j0 < key_end; j0 += kKTile) {
       const int64_t cols = std::min(kKTile, key_end - j0);
       const T* k_tile = k + geo.k_index(b, j0, kvh);  // [cols, d], row stride k_stride
       const T* v_tile = v + geo.v_index(b, j0, kvh);  // [cols, dv], row stride v_stride
       // scores[rows, cols] = scale · q_rows k_tileᵀ
       gemm<T>(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.k_stride, T(0), scores, kKTile);
-      if (j0 + cols > geo.visible_end(t0)) mask_diagonal(scores, kKTile, rows, cols, geo, t0, j0);
+      if (j0 + cols > geo.visible_end(t0) || latest_begin > j0) mask_hidden(scores, kKTile, rows, cols, geo, b, t0, j0);
       for (int64_t r = 0; r < rows; ++r) {
         T* row = scores + r * kKTile;
-        // Key tiles run from j0 = 0 up and key 0 is visible to every query (visible_end ≥ 1 since
-        // kv_len ≥ q_len), so after the first tile row_max is a finite score (finite inputs) and
-        // the first rescale is exp(−inf) = 0: no row ever has nothing visible.
+        // Every row sees its own position, so once a tile holds a visible key row_max is a finite
+        // score (finite inputs) and the first rescale is exp(−inf) = 0. Until then (document
+        // masks: tiles before this row's document) the row's probabilities are zero.
         const T new_max = std::max(row_max[r], max_value(row, cols));
+        if (new_max == neg_inf) {
+          std::fill(row, row + cols, T(0));
+          continue;
+        }
         const T rescale = std::exp(row_max[r] - new_max);
         row_sum[r] = row_sum[r] * rescale + exp_shifted_sum(row, cols, new_max);
         row_max[r] = new_max;
@@ -231,7 +251,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
       const T* v_tile = v + geo.v_index(b, j0, kvh);  // [cols, dv], row stride v_stride
       std::fill(dk_acc, dk_acc + cols * d, T(0));
       std::fill(dv_acc, dv_acc + cols * dvd, T(0));
-      // First query position that sees key j0.
+      // First query position that sees key j0 (document masks hide more, never less).
       const int64_t first_t = std::max<int64_t>(j0 - geo.offset, 0);
       for (int64_t qt = first_t / kQTile; qt < geo.q_tiles; ++qt) {
         const int64_t t0 = qt * kQTile, t1 = std::min(t0 + kQTile, sizes.q_len);
@@ -245,7 +265,8 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         }
         // probs[rows, cols] = exp(scale · q_rows k_tileᵀ − lse)
         gemm<T>(false, true, rows, cols, d, scale, q_rows, d, k_tile, geo.k_stride, T(0), probs, kKTile);
-        if (j0 + cols > geo.visible_end(t0)) mask_diagonal(probs, kKTile, rows, cols, geo, t0, j0);
+        if (j0 + cols > geo.visible_end(t0) || geo.latest_begin(b, t0, t1) > j0)
+          mask_hidden(probs, kKTile, rows, cols, geo, b, t0, j0);
         for (int64_t r = 0; r < rows; ++r) exp_shifted_sum(probs + r * kKTile, cols, lse_rows[r]);
         // dv_acc[cols, dv] += Pᵀ dout_rows;  dprobs[rows, cols] = dout_rows v_tileᵀ
         gemm<T>(true, false, cols, dvd, rows, T(1), probs, kKTile, dout_rows, dvd, T(1), dv_acc, dvd);

@@ -9,6 +9,8 @@
 // query i (0-based) sees keys j ≤ i + (kv_len − q_len), so q_len == kv_len is training and
 // q_len < kv_len is decoding against a KV cache. scale is usually head_dim^−½. head_dim is the
 // query/key head dim; the value head dim may differ (MLA: 192 and 128).
+// Document masks (packed training rows, q_len == kv_len): with doc_start [batch, q_len], query t
+// sees only keys doc_start[t] ≤ j ≤ t (the first token of its document onward).
 // Gradient rule: dq, dk, dv are written (=).
 #pragma once
 
@@ -25,6 +27,7 @@ struct AttentionSizes {
   int64_t head_dim = 0;  // query/key head dim
   double scale = 0.0;
   int64_t v_dim = 0;  // value (and output) head dim; 0 means head_dim
+  const int32_t* doc_start = nullptr;  // [batch, q_len] first visible key per query; null: 0
   int64_t value_dim() const { return v_dim > 0 ? v_dim : head_dim; }
 };
 

@@ -87,6 +87,7 @@ nlohmann::json TrainerState::to_json() const {
       {"moe_bias_rate", s.moe_bias_rate},
       {"indexer", {{"mode", s.indexer_mode}, {"loss_coef", s.indexer_loss_coef}}},
       {"loss_gradients", s.loss_gradients},
+      {"document_mask", s.document_mask},
   };
   if (!source_positions.empty()) json["source_positions"] = source_positions;
   return json;
@@ -138,6 +139,11 @@ TrainerState TrainerState::load(const std::string& path) {
       fail(path, ": field 'loss_gradients' must be in-forward or recompute, got ", s.loss_gradients);
   } else {
     s.loss_gradients = "recompute";
+  }
+  if (json.contains("document_mask")) {  // older states: off
+    const nlohmann::json& mask = field(json, "document_mask", path);
+    if (!mask.is_boolean()) fail(path, ": field 'document_mask' must be true or false, got ", mask.dump());
+    s.document_mask = mask.get<bool>();
   }
   if (json.contains("indexer")) {  // older states have none: the defaults
     const nlohmann::json& indexer = field(json, "indexer", path);

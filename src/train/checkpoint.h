@@ -41,6 +41,7 @@ struct TrainSettings {
   std::string indexer_mode = "sparse";  // sparse attention layers: "dense" | "warmup" | "sparse" (IndexerMode)
   double indexer_loss_coef = 1.0;       // their indexers' KL loss (0: off)
   std::string loss_gradients = "in-forward";  // LM-head loss: "in-forward" | "recompute" (LossGradients)
+  bool document_mask = false;  // packed rows: no attention across the data's eos (Model::set_document_mask)
 };
 
 struct TrainerState {

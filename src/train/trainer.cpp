@@ -15,6 +15,7 @@
 #include "core/memory.h"
 #include "core/parallel.h"
 #include "data/mixture.h"
+#include "data/tokenizer.h"
 #include "data/shards.h"
 #include "io/atomic_file.h"
 #include "memory/save_policies.h"
@@ -88,6 +89,7 @@ TrainSettings resumed_settings(const TrainOptions& o, const TrainSettings& saved
   check("clip", "optimizer.clip", given.clip, saved.clip);
   check("moe-bias-rate", "moe_bias_rate", given.moe_bias_rate, saved.moe_bias_rate);
   check("loss-gradients", "loss_gradients", given.loss_gradients, saved.loss_gradients);
+  check("document-mask", "document_mask", given.document_mask, saved.document_mask);
   TrainSettings settings = saved;
   // The indexer stage may change on resume (warm-up, then the sparse stage, from one run).
   if (o.given.count("indexer-mode") != 0) settings.indexer_mode = given.indexer_mode;
@@ -289,6 +291,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   const IndexerMode indexer_mode = indexer_mode_from_name(s.indexer_mode);
   model.set_indexer_training(indexer_mode, s.indexer_loss_coef);
   model.set_loss_gradients(s.loss_gradients == "recompute" ? LossGradients::recompute : LossGradients::in_forward);
+  if (s.document_mask) model.set_document_mask(Tokenizer(run.data.first().tokenizer_path).eos_id());
   if (model.sparse_layers() == 0 && (o.given.count("indexer-mode") != 0 || o.given.count("indexer-loss-coef") != 0))
     fail("--indexer-mode / --indexer-loss-coef: the model has no sparse attention layers (deepseek_v32's "
          "indexed_attention); expected neither");

@@ -19,10 +19,11 @@ void check_sizes(const AttentionSizes& s) {
   TRILLION_CHECK(s.q_heads % s.kv_heads == 0, "q_heads ", s.q_heads, " not a multiple of kv_heads ", s.kv_heads);
 }
 
-// probs[q_len, kv_len] = causal softmax(scale · q_h k_hᵀ) for one (batch, head); returns each
-// row's log-sum-exp in lse_row[q_len] when it is not null.
+// probs[q_len, kv_len] = causal softmax(scale · q_h k_hᵀ) for one (batch b, head), keys before a
+// query's document (s.doc_start) hidden too; returns each row's log-sum-exp in lse_row[q_len] when
+// it is not null.
 template <class T>
-void head_probabilities(T* probs, T* lse_row, const T* q_head, const T* k_head, const AttentionSizes& s) {
+void head_probabilities(T* probs, T* lse_row, const T* q_head, const T* k_head, const AttentionSizes& s, int64_t b) {
   const int64_t q_stride = s.q_heads * s.head_dim;
   const int64_t kv_stride = s.kv_heads * s.head_dim;
   const int64_t offset = s.kv_len - s.q_len;
@@ -30,15 +31,17 @@ void head_probabilities(T* probs, T* lse_row, const T* q_head, const T* k_head, 
           probs, s.kv_len);
   parallel_for(s.q_len, [&](int64_t i) {
     T* row = probs + i * s.kv_len;
-    const int64_t visible = i + offset + 1;  // keys 0 .. i + offset
+    const int64_t visible = i + offset + 1;  // keys first .. i + offset
+    const int64_t first = s.doc_start != nullptr ? s.doc_start[b * s.q_len + i] : 0;
     T max_score = -std::numeric_limits<T>::infinity();
-    for (int64_t j = 0; j < visible; ++j) max_score = std::max(max_score, row[j]);
+    for (int64_t j = first; j < visible; ++j) max_score = std::max(max_score, row[j]);
     T sum = 0;
-    for (int64_t j = 0; j < visible; ++j) {
+    for (int64_t j = first; j < visible; ++j) {
       row[j] = std::exp(row[j] - max_score);
       sum += row[j];
     }
-    for (int64_t j = 0; j < visible; ++j) row[j] /= sum;
+    for (int64_t j = first; j < visible; ++j) row[j] /= sum;
+    for (int64_t j = 0; j < first; ++j) row[j] = 0;
     for (int64_t j = visible; j < s.kv_len; ++j) row[j] = 0;
     if (lse_row != nullptr) lse_row[i] = max_score + std::log(sum);
   });
@@ -61,7 +64,7 @@ void attention_ref_forward(T* out, T* lse, const T* q, const T* k, const T* v, c
       const T* k_head = k + b * s.kv_len * kv_stride + kvh * s.head_dim; // [kv_len, head_dim]
       const T* v_head = v + b * s.kv_len * v_stride + kvh * dv;          // [kv_len, v_dim]
       T* out_head = out + b * s.q_len * out_stride + h * dv;             // [q_len, v_dim]
-      head_probabilities(probs.data(), lse + (b * s.q_heads + h) * s.q_len, q_head, k_head, s);
+      head_probabilities(probs.data(), lse + (b * s.q_heads + h) * s.q_len, q_head, k_head, s, b);
       gemm<T>(false, false, s.q_len, dv, s.kv_len, T(1), probs.data(), s.kv_len, v_head, v_stride, T(0),
               out_head, out_stride);
     }
@@ -86,7 +89,7 @@ void attention_ref_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, cons
       const int64_t q_off = b * s.q_len * q_stride + h * s.head_dim;
       const int64_t kv_off = b * s.kv_len * kv_stride + kvh * s.head_dim;
       const int64_t out_off = b * s.q_len * out_stride + h * dvd, v_off = b * s.kv_len * v_stride + kvh * dvd;
-      head_probabilities<T>(probs.data(), nullptr, q + q_off, k + kv_off, s);
+      head_probabilities<T>(probs.data(), nullptr, q + q_off, k + kv_off, s, b);
       // dv[kv_len, v_dim] += Pᵀ dout
       gemm<T>(true, false, s.kv_len, dvd, s.q_len, T(1), probs.data(), s.kv_len, dout + out_off, out_stride,
               T(1), dv + v_off, v_stride);

@@ -1,0 +1,36 @@
+// `trillion train --document-mask`: trains with document masks (the data's eos ends documents),
+// records the setting in the checkpoint and keeps it on resume; a model with a mixer kind that
+// takes no document boundaries yet is refused with the layer named.
+#include <gtest/gtest.h>
+
+#include "train/cli_fixture.h"
+
+namespace trillion::train_test {
+namespace {
+
+TEST(DocumentMaskCli, TrainsRecordsTheSettingAndRefusesOtherMixers) {
+  const TestData& d = test_data();
+  const fs::path out = d.root / "document_mask";
+  fs::remove_all(out);
+  const CommandResult first = run_cli("train " + tiny_run_flags(out) + " --steps 4 --stop-after 2 --document-mask");
+  ASSERT_EQ(first.status, 0) << first.output;
+  const nlohmann::json state = nlohmann::json::parse(read_text(out / "checkpoint-000002" / "trainer_state.json"));
+  EXPECT_EQ(state.at("document_mask"), true);
+  const CommandResult resumed = run_cli("train --resume " + out.string() + kSmallMfuGemm);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(read_metrics(out).size(), 4u);
+
+  const fs::path hybrid = d.root / "tiny_sparse_document_mask.json";
+  nlohmann::json config = nlohmann::json::parse(read_text(fs::path(TRILLION_SOURCE_DIR) / "configs/models/tiny_qwen3_sparse.json"));
+  config["vocab_size"] = d.vocab_size;
+  write_text(hybrid, config.dump());
+  const CommandResult refused =
+      run_cli("train --config " + hybrid.string() + " --data " + d.data_dir.string() + " --out " +
+              (d.root / "document_mask_hybrid").string() + " --steps 2 --batch 2 --seq-len 16 --document-mask" + kSmallMfuGemm);
+  EXPECT_NE(refused.status, 0);
+  EXPECT_NE(refused.output.find("is sparse_attention, whose kernels take no document boundaries"), std::string::npos)
+      << refused.output;
+}
+
+}  // namespace
+}  // namespace trillion::train_test
