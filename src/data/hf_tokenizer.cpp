@@ -119,6 +119,33 @@ struct AddedToken {
 
 bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
 
+// A word character, as single_word tokens see one: a Unicode letter or number, or '_'.
+bool is_word_character(utf8proc_int32_t code_point) {
+  if (code_point == '_') return true;
+  switch (utf8proc_category(code_point)) {
+    case UTF8PROC_CATEGORY_LU: case UTF8PROC_CATEGORY_LL: case UTF8PROC_CATEGORY_LT: case UTF8PROC_CATEGORY_LM:
+    case UTF8PROC_CATEGORY_LO: case UTF8PROC_CATEGORY_ND: case UTF8PROC_CATEGORY_NL: case UTF8PROC_CATEGORY_NO:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Whether the character starting at byte `at` of `text` (or ending just before it) is a word character.
+bool word_character_at(const std::string& text, size_t at) {
+  if (at >= text.size()) return false;
+  utf8proc_int32_t code_point = 0;
+  utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + at),
+                   static_cast<utf8proc_ssize_t>(text.size() - at), &code_point);
+  return is_word_character(code_point);
+}
+bool word_character_before(const std::string& text, size_t at) {
+  if (at == 0) return false;
+  size_t start = at - 1;
+  while (start > 0 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+  return word_character_at(text, start);
+}
+
 const Json& field(const Json& object, const char* name, const std::string& where) {
   if (!object.is_object() || !object.contains(name)) fail(where, ": field '", name, "' is missing");
   return object.at(name);
@@ -340,10 +367,7 @@ struct HfTokenizer::Impl {
       for (const AddedToken& token : added) {  // longest first
         if (token.normalized != normalized || text.compare(at, token.content.size(), token.content) != 0) continue;
         size_t begin = at, end = at + token.content.size();
-        if (token.single_word) {
-          const auto word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
-          if ((begin > 0 && word(text[begin - 1])) || (end < text.size() && word(text[end]))) continue;
-        }
+        if (token.single_word && (word_character_before(text, begin) || word_character_at(text, end))) continue;
         if (token.lstrip) {
           while (begin > from && is_space(text[begin - 1])) --begin;
         }

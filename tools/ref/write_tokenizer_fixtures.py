@@ -11,7 +11,9 @@ Python 3.11. Deterministic (fixed seeds, one thread).
 
   /work/venv-ref/bin/python tools/ref/write_tokenizer_fixtures.py --out tests/fixtures/tokenizers
 writes OUT/test_text.txt and, per pipeline NAME (qwen2, deepseek_v3), OUT/NAME/tokenizer.json and
-OUT/NAME/expected.jsonl (one {"ids": […]} per line of the test text, special tokens on).
+OUT/NAME/expected.jsonl (one {"ids": […]} per line of the test text, special tokens on); and
+OUT/qwen2_flags/: the Qwen2 tokenizer with added tokens of every flag (lstrip, rstrip, single_word,
+normalized, not special), its own test_text.txt of 300 lines around them, and expected.jsonl.
 """
 import argparse
 import json
@@ -20,7 +22,7 @@ import random
 
 os.environ["RAYON_NUM_THREADS"] = "1"  # the trainer's merges do not depend on it, but be plain
 
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 QWEN2_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"""
                r"""\s*[\r\n]+|\s+(?!\S)|\s+""")
@@ -119,6 +121,41 @@ def main():
                 assert tokenizer.decode(ids, skip_special_tokens=False) == (
                     line if name != "qwen2" else __import__("unicodedata").normalize("NFC", line))
                 f.write(json.dumps({"ids": ids}) + "\n")
+    write_flags(args.out, train_text, args.vocab)
+
+
+FLAG_TOKENS = [AddedToken("<left>", lstrip=True, special=True), AddedToken("<right>", rstrip=True, special=True),
+               AddedToken("cafe", single_word=True, special=False), AddedToken("ﬁx", normalized=True, special=False),
+               AddedToken("<both>", lstrip=True, rstrip=True, special=True)]
+
+
+def flag_lines(rng, lines):
+    pieces = ["<left>", "<right>", "<both>", "cafe", "ﬁx", "fix", "café", "cafes", "décafe", "_cafe", "ﬁxed"]
+    out = []
+    for _ in range(lines):
+        parts = []
+        for _ in range(rng.randint(1, 6)):
+            parts.append(rng.choice(pieces + WORDS[:20]))
+            parts.append(rng.choice(["", " ", "  ", "\t", "\n", " \n "]))
+        out.append("".join(parts))
+    return out
+
+
+def write_flags(out, train_text, vocab):
+    tokenizer = build("qwen2")
+    trainer = trainers.BpeTrainer(vocab_size=vocab, min_frequency=2, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
+    tokenizer.train_from_iterator(train_text, trainer=trainer)
+    tokenizer.add_tokens(FLAG_TOKENS)
+    directory = os.path.join(out, "qwen2_flags")
+    os.makedirs(directory, exist_ok=True)
+    tokenizer.save(os.path.join(directory, "tokenizer.json"))
+    lines = flag_lines(random.Random(3), 300)
+    with open(os.path.join(directory, "test_text.txt"), "w", encoding="utf-8", newline="") as f:
+        f.write("".join(line + "\x00" for line in lines))
+    with open(os.path.join(directory, "expected.jsonl"), "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps({"ids": tokenizer.encode(line, add_special_tokens=False).ids}) + "\n")
 
 
 if __name__ == "__main__":
