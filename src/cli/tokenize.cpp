@@ -18,11 +18,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -37,7 +35,6 @@
 #include "data/tokenizer.h"
 #include "data/tokenizer_sample.h"
 #include "io/atomic_file.h"
-#include "io/file_output.h"
 
 namespace trillion {
 namespace {
@@ -211,9 +208,8 @@ void run_tokenize(const TokenizeOptions& options) {
   // The output's tokenizer file keeps the kind of the one reused (tokenizer.json or .model).
   const bool hf = options.tokenizer_path.ends_with(".json");
   const std::string model_path = (fs::path(options.out_dir) / (hf ? "tokenizer.json" : "tokenizer.model")).string();
-  const std::string other_kind = (fs::path(options.out_dir) / (hf ? "tokenizer.model" : "tokenizer.json")).string();
-  if (const int error = file_output().remove_file(other_kind); error != 0 && error != ENOENT)  // an earlier run's
-    fail(other_kind, ": cannot remove: ", std::strerror(error));
+  // An earlier run's tokenizer of the other kind would shadow this one.
+  remove_file_if_present((fs::path(options.out_dir) / (hf ? "tokenizer.model" : "tokenizer.json")).string());
   std::vector<std::string> chat_symbols;  // conversations need ChatML's markers as pieces
   if (counts.conversations > 0) chat_symbols = {kChatStart, kChatEnd};
   int64_t sample_sentences = 0, sample_bytes = 0;

@@ -149,7 +149,7 @@ class FileDocuments {
     }
     chat_text_.clear();
     for (const nlohmann::json& message : messages) {
-      const std::string* role = message.is_object() ? string_of(message, "role", line_number) : nullptr;
+      const std::string* role = string_of(message, "role", line_number);  // a non-object has no fields
       const std::string* content = role != nullptr ? string_of(message, "content", line_number) : nullptr;
       if (content == nullptr) return;
       if (*role != "system" && *role != "user" && *role != "assistant") {

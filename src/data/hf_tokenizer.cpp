@@ -238,22 +238,21 @@ struct HfTokenizer::Impl {
       }
     }
     std::vector<std::string> symbols = characters(word);
+    std::vector<int32_t> rank;  // [symbols − 1] the merge rank of each adjacent pair (INT32_MAX: none)
     for (;;) {
-      int32_t best = INT32_MAX;
-      for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      rank.assign(symbols.empty() ? 0 : symbols.size() - 1, INT32_MAX);
+      for (size_t i = 0; i < rank.size(); ++i) {
         const auto it = merge_rank.find(symbols[i] + " " + symbols[i + 1]);
-        if (it != merge_rank.end()) best = std::min(best, it->second);
+        if (it != merge_rank.end()) rank[i] = it->second;
       }
+      const int32_t best = rank.empty() ? INT32_MAX : *std::min_element(rank.begin(), rank.end());
       if (best == INT32_MAX) break;
-      std::vector<std::string> merged;
+      std::vector<std::string> merged;  // every occurrence of the best pair, left to right
       for (size_t i = 0; i < symbols.size(); ++i) {
-        if (i + 1 < symbols.size()) {
-          const auto it = merge_rank.find(symbols[i] + " " + symbols[i + 1]);
-          if (it != merge_rank.end() && it->second == best) {
-            merged.push_back(symbols[i] + symbols[i + 1]);
-            ++i;
-            continue;
-          }
+        if (i < rank.size() && rank[i] == best) {
+          merged.push_back(symbols[i] + symbols[i + 1]);
+          ++i;
+          continue;
         }
         merged.push_back(symbols[i]);
       }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <bit>
-#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,7 +16,6 @@
 #include "core/rng.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
-#include "io/file_output.h"
 
 namespace trillion {
 namespace {
@@ -53,8 +51,8 @@ std::string hex(uint64_t value) {
 
 }  // namespace
 
-void write_token_shard(const std::string& path, std::span<const int32_t> tokens, uint32_t vocab_size,
-                       uint64_t tokenizer_hash, uint64_t text_bytes) {
+uint64_t write_token_shard(const std::string& path, std::span<const int32_t> tokens, uint32_t vocab_size,
+                           uint64_t tokenizer_hash, uint64_t text_bytes) {
   TRILLION_CHECK(vocab_size > 0 && vocab_size <= static_cast<uint32_t>(INT32_MAX), "vocab_size ", vocab_size);
   bool masked = false;
   for (const int32_t stored : tokens) {
@@ -74,6 +72,7 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens,
   file.write(std::string_view(reinterpret_cast<const char*>(&header), kHeaderBytes));
   file.write(token_bytes);
   file.commit();
+  return header.checksum;
 }
 
 TokenShard read_token_shard(const std::string& path) {
@@ -192,12 +191,6 @@ TokenSplit read_indexed_split(const std::string& directory, const std::string& i
   return split;
 }
 
-// Removes `path` if it exists (a file of the other layout).
-void remove_if_present(const std::string& path) {
-  const int error = file_output().remove_file(path);
-  if (error != 0 && error != ENOENT) fail(path, ": cannot remove: ", std::strerror(error));
-}
-
 }  // namespace
 
 TokenSplit read_token_split(const std::string& directory, const std::string& name) {
@@ -247,12 +240,11 @@ void TokenSplitWriter::add_document(std::span<const int32_t> tokens, int64_t tex
 }
 
 void TokenSplitWriter::write_buffered_shard() {
-  if (written_.empty()) remove_if_present(single_path_of(directory_, name_));  // the other layout's file
+  if (written_.empty()) remove_file_if_present(single_path_of(directory_, name_));  // the other layout's file
   const std::string path = shard_path(written_.size());
-  write_token_shard(path, buffer_, vocab_size_, tokenizer_hash_, buffer_text_bytes_);
-  const std::string_view bytes(reinterpret_cast<const char*>(buffer_.data()), buffer_.size() * sizeof(int32_t));
+  const uint64_t checksum = write_token_shard(path, buffer_, vocab_size_, tokenizer_hash_, buffer_text_bytes_);
   written_.push_back({std::filesystem::path(path).filename().string(), static_cast<int64_t>(buffer_.size()),
-                      buffer_documents_, token_checksum(bytes.data(), bytes.size())});
+                      buffer_documents_, checksum});
   buffer_.clear();
   buffer_documents_ = 0;
   buffer_text_bytes_ = 0;
@@ -260,13 +252,13 @@ void TokenSplitWriter::write_buffered_shard() {
 
 void TokenSplitWriter::finish() {
   if (written_.empty()) {  // everything fits one shard: NAME.bin
-    remove_if_present(index_path_of(directory_, name_));
+    remove_file_if_present(index_path_of(directory_, name_));
     write_token_shard(single_path_of(directory_, name_), buffer_, vocab_size_, tokenizer_hash_, buffer_text_bytes_);
   } else {
     if (!buffer_.empty()) write_buffered_shard();
     write_index();
   }
-  for (size_t k = written_.size(); std::filesystem::exists(shard_path(k)); ++k) remove_if_present(shard_path(k));
+  for (size_t k = written_.size(); std::filesystem::exists(shard_path(k)); ++k) remove_file_if_present(shard_path(k));
 }
 
 void TokenSplitWriter::write_index() const {

@@ -42,9 +42,9 @@ struct TokenShard {
   std::shared_ptr<const MappedFile> mapping;
 };
 
-// Writes atomically (temp file, fsync, rename).
-void write_token_shard(const std::string& path, std::span<const int32_t> tokens, uint32_t vocab_size,
-                       uint64_t tokenizer_hash, uint64_t text_bytes);
+// Writes atomically (temp file, fsync, rename); returns the checksum it stored.
+uint64_t write_token_shard(const std::string& path, std::span<const int32_t> tokens, uint32_t vocab_size,
+                           uint64_t tokenizer_hash, uint64_t text_bytes);
 
 TokenShard read_token_shard(const std::string& path);
 

@@ -90,6 +90,11 @@ void write_file_atomic(const std::string& path, std::string_view contents) {
   file.commit();
 }
 
+void remove_file_if_present(const std::string& path) {
+  const int error = file_output().remove_file(path);
+  if (error != 0 && error != ENOENT) fail(path, ": cannot remove: ", std::strerror(error));
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path, ": cannot open for reading: ", errno_text());

@@ -50,6 +50,10 @@ void write_file_atomic(const std::string& path, std::string_view contents);
 // directories, EINVAL, is accepted).
 void sync_directory(const std::string& directory);
 
+// Removes `path` through the process-wide FileOutput if it exists; throws trillion::Error naming the
+// path on any other failure.
+void remove_file_if_present(const std::string& path);
+
 // Reads a whole file; throws trillion::Error naming the path if it cannot be read.
 std::string read_file(const std::string& path);
 
