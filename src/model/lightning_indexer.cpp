@@ -32,8 +32,11 @@ IndexerDims IndexerDims::from_config(const ModelConfig& config, bool from_latent
 
 namespace {
 
-IndexerSizes sizes_of(const IndexerDims& dims, int64_t batch, int64_t q_len, int64_t kv_len) {
-  return {batch, q_len, kv_len, dims.heads, dims.head_dim, dims.topk, 1.0 / std::sqrt(double(dims.head_dim))};
+// doc_start: the pass's document masks ([batch, q_len], null: none).
+IndexerSizes sizes_of(const IndexerDims& dims, int64_t batch, int64_t q_len, int64_t kv_len,
+                      const int32_t* doc_start = nullptr) {
+  return {batch, q_len, kv_len, dims.heads, dims.head_dim, dims.topk, 1.0 / std::sqrt(double(dims.head_dim)),
+          doc_start};
 }
 
 // q[n, H_I, d_I], k_raw / k [n, d_I] with mean / rstd [n], w [n, H_I] of n tokens at `positions`.
@@ -78,7 +81,7 @@ IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeight
   out.k = scratch.alloc<T>(n * dims.head_dim);
   out.w = scratch.alloc<T>(n * dims.heads);
   project(out.q, k_raw, k_mean, k_rstd, out.k, out.w, q_in, h, pass.positions, n, w, dims);
-  const IndexerSizes sizes = sizes_of(dims, batch, seq, seq);
+  const IndexerSizes sizes = sizes_of(dims, batch, seq, seq, pass.doc_start);
   int32_t* selection = save_or_scratch<int32_t>(pass.store, Tag::attn_indices, layer, Shape{n, topk}, scratch);  // [n, topk]
   const auto select = [&](int32_t* indices) { indexer_topk(indices, out.q, out.k, out.w, sizes); };
   if (pass.decisions != nullptr) {
@@ -104,7 +107,7 @@ void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T
   const IndexerTarget target{q, k, lse, heads, kv_heads, qk_dim, scale};
   const IndexerLossResult r = indexer_loss(dq, dk, dw, out.q, out.k, out.w, out.selection, target,
                                            loss_mode(pass.indexer->mode), pass.indexer->grad_scale,
-                                           sizes_of(dims, batch, seq, seq));
+                                           sizes_of(dims, batch, seq, seq, pass.doc_start));
   if (pass.result != nullptr) pass.result->indexer.push_back({layer, r.loss, r.selected_mass});
 }
 

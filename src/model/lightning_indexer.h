@@ -71,7 +71,7 @@ inline bool attends_sparsely(const IndexerDims& dims, const StepShape& shape) {
   return dims.enabled() && shape.indexer.mode == IndexerMode::sparse;
 }
 inline SparseAttentionSizes sparse_sizes(const AttentionSizes& s, int64_t topk) {
-  return {s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), topk, s.scale};
+  return {s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), topk, s.scale, s.doc_start};
 }
 
 // Names below "model.layers.{l}.self_attn.indexer." (transformers' DeepseekV32Indexer).

@@ -395,16 +395,7 @@ void Model<T>::set_indexer_training(IndexerMode mode, double coef) {
 template <class T>
 void Model<T>::set_document_mask(int32_t eos_id) {
   Impl& m = *impl_;
-  if (eos_id >= 0) {
-    for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
-      const LayerType type = m.config.layer_types[layer];
-      if (type == LayerType::sparse_attention) {
-        fail("document masks: layer ", layer, " is ", layer_type_name(type),
-             ", whose kernels take no document boundaries yet (built: full attention, MLA and linear attention)");
-      }
-    }
-    if (eos_id >= m.config.vocab_size) fail("document masks: eos id ", eos_id, " outside the vocab ", m.config.vocab_size);
-  }
+  if (eos_id >= m.config.vocab_size) fail("document masks: eos id ", eos_id, " outside the vocab ", m.config.vocab_size);
   m.document_eos = eos_id;
 }
 

@@ -4,7 +4,9 @@
 // of kKeyBlock keys one gemm gives head_scores[rows = (query, head), keys] = scale · q kᵀ (the
 // rows (t, h) of q are contiguous, so the query block is one matrix); ReLU and the weighted head
 // sum (heads in increasing order) fold it into tile[query, key] = I. Keys a query cannot see are
-// never read: each query row uses only its first `visible` columns of a block.
+// never read: each query row uses only its visible span of a block's columns (a prefix, or with
+// document masks a middle range). Key blocks wholly before every document start of a query block
+// are skipped.
 //
 // Top-k (streaming): each query keeps a candidate list of up to 2·topk + kKeyBlock candidates,
 // packed as integers whose order is "score descending, then key ascending". Keys arrive in
@@ -22,7 +24,8 @@
 // gradients: dw and dq stay in the item, dk[keys of the block] gets the block's dSᵀ q. The dk
 // adds are ordered by query block: a per-(batch, key block) turn counter makes an item wait until
 // every earlier query block that sees the key block has added its part (items are claimed in
-// increasing order, so the one waited for is running or done). Hence dk is bitwise independent of
+// increasing order, so the one waited for is running or done; with document masks, the query
+// blocks that skip the key block are not waited for). Hence dk is bitwise independent of
 // the thread count, with O(threads · block) workspace and no recompute.
 // Sparse mode: per query, the selected keys are gathered (indexer and main-attention keys), both
 // distributions live on S_t; items of kSparseQueryBlock queries keep their dk rows [queries, topk,
@@ -67,16 +70,32 @@ struct Geometry {
                    " head_dim=", s.head_dim, " topk=", s.topk);
     TRILLION_CHECK(s.q_len <= s.kv_len, "indexer q_len ", s.q_len, " > kv_len ", s.kv_len);
     TRILLION_CHECK(s.kv_len <= std::numeric_limits<int32_t>::max(), "indexer kv_len ", s.kv_len, " exceeds int32");
+    TRILLION_CHECK(s.doc_start == nullptr || s.q_len == s.kv_len, "document masks need q_len == kv_len");
+    for (int64_t i = 0; s.doc_start != nullptr && i < s.batch * s.q_len; ++i)
+      TRILLION_CHECK(s.doc_start[i] >= 0 && s.doc_start[i] <= i % s.q_len, "indexer doc_start[", i / s.q_len, ", ",
+                     i % s.q_len, "] = ", s.doc_start[i], " is not a key position in [0, ", i % s.q_len, "]");
     offset = s.kv_len - s.q_len;
     q_blocks = (s.q_len + kQueryBlock - 1) / kQueryBlock;
     k_blocks = (s.kv_len + kKeyBlock - 1) / kKeyBlock;
     rows_max = kQueryBlock * s.heads;
   }
-  // Keys [0, visible_end(t)) are visible to query t.
+  // Keys [visible_begin(b, t), visible_end(t)) are visible to query t of batch entry b.
+  int64_t visible_begin(int64_t b, int64_t t) const { return s.doc_start != nullptr ? s.doc_start[b * s.q_len + t] : 0; }
   int64_t visible_end(int64_t t) const { return t + offset + 1; }
-  // Keys of [j0, j0 + cols) visible to query t.
-  int64_t visible_in_block(int64_t t, int64_t j0, int64_t cols) const {
-    return std::clamp<int64_t>(visible_end(t) - j0, 0, cols);
+  // The first key block that a query of [t0, t1) sees.
+  int64_t first_key_block(int64_t b, int64_t t0, int64_t t1) const {
+    int64_t begin = visible_begin(b, t0);
+    for (int64_t t = t0 + 1; t < t1; ++t) begin = std::min(begin, visible_begin(b, t));
+    return begin / kKeyBlock;
+  }
+  // The columns [lo, hi) of key block [j0, j0 + cols) visible to query t (lo == hi: none).
+  struct Span {
+    int64_t lo, hi;
+    int64_t size() const { return hi - lo; }
+  };
+  Span visible_in_block(int64_t b, int64_t t, int64_t j0, int64_t cols) const {
+    const int64_t hi = std::clamp<int64_t>(visible_end(t) - j0, 0, cols);
+    return {std::clamp<int64_t>(visible_begin(b, t) - j0, 0, hi), hi};
   }
   const int32_t* index_row(const int32_t* indices, int64_t b, int64_t t) const {
     return indices + (b * s.q_len + t) * s.topk;
@@ -154,11 +173,13 @@ void indexer_topk(int32_t* indices, const T* q, const T* k, const T* w, const In
     }
     bool nan = false;
     const int64_t key_end = geo.visible_end(t1 - 1);
-    for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+    for (int64_t j0 = geo.first_key_block(b, t0, t1) * kKeyBlock; j0 < key_end; j0 += kKeyBlock) {
       const int64_t cols = std::min(kKeyBlock, key_end - j0);
       score_tile(tile, head_scores, q, k, w, geo, b, t0, t1, j0, cols);
-      for (int64_t t = t0; t < t1; ++t)
-        nan |= running[t - t0].offer(tile + (t - t0) * kKeyBlock, geo.visible_in_block(t, j0, cols), j0);
+      for (int64_t t = t0; t < t1; ++t) {
+        const Geometry::Span span = geo.visible_in_block(b, t, j0, cols);
+        nan |= running[t - t0].offer(tile + (t - t0) * kKeyBlock + span.lo, span.size(), j0 + span.lo);
+      }
     }
     if (nan) found_nan.store(true, std::memory_order_relaxed);
     for (int64_t t = t0; t < t1; ++t) running[t - t0].write(indices + (b * sizes.q_len + t) * sizes.topk);
@@ -200,28 +221,44 @@ double kl_and_dI(T* soft, const T* scores, const T* p, int64_t n, T lse_index, T
   return kl;
 }
 
-// For one query row of heads rows head_scores[h, :n] (ld ld): dw_row[h] += Σ dI · ReLU(score), then
-// head_scores ← dS = dI · w · scale · 1[score > 0] for c < n and 0 for c in [n, cols).
+// For one query row of heads rows head_scores[h, :cols] (ld ld) whose visible columns are [lo, hi):
+// dw_row[h] += Σ dI · ReLU(score), then head_scores ← dS = dI · w · scale · 1[score > 0] for c in
+// [lo, hi) and 0 for the other columns (dI is indexed by column).
 template <class T>
 void head_gradients(T* head_scores, int64_t ld, double* dw_row, const T* dI, const T* w_row, int64_t heads,
-                    int64_t n, int64_t cols, T scale) {
+                    int64_t lo, int64_t hi, int64_t cols, T scale) {
   for (int64_t h = 0; h < heads; ++h) {
     T* hs = head_scores + h * ld;
     T dw_sum = 0;
     const T factor = w_row[h] * scale;
-    for (int64_t c = 0; c < n; ++c) {
+    for (int64_t c = lo; c < hi; ++c) {
       dw_sum += dI[c] * relu(hs[c]);
       hs[c] = hs[c] > T(0) ? dI[c] * factor : T(0);
     }
-    std::fill(hs + n, hs + cols, T(0));
+    std::fill(hs, hs + lo, T(0));
+    std::fill(hs + hi, hs + cols, T(0));
     dw_row[h] += dw_sum;
   }
 }
 
+// The dk turn that query block qb waits for at key block kb: the number of earlier query blocks of
+// its batch entry that add to kb's dk rows (those whose visible keys reach into it), given each
+// query block's first key block first_blocks[q_blocks].
+int64_t dk_turn_of(const Geometry& geo, const int64_t* first_blocks, int64_t qb, int64_t kb) {
+  int64_t turn = 0;
+  for (int64_t earlier = 0; earlier < qb; ++earlier) {
+    const int64_t t1 = std::min((earlier + 1) * kQueryBlock, geo.s.q_len);
+    const int64_t last_block = (geo.visible_end(t1 - 1) - 1) / kKeyBlock;
+    turn += first_blocks[earlier] <= kb && kb <= last_block;
+  }
+  return turn;
+}
+
 // Element counts of a loss's Buffers: per thread, its workspace (T), double accumulators and int32
-// keys; and its work items, each with two double partial sums (KL and selected mass).
+// keys; and its work items, each with item_words 8-byte words (the KL and selected-mass partial
+// sums, and in dense mode the item's first key block).
 struct LossBuffers {
-  int64_t per_thread = 0, doubles_per_thread = 0, ints_per_thread = 0, items = 0;
+  int64_t per_thread = 0, doubles_per_thread = 0, ints_per_thread = 0, items = 0, item_words = 2;
 };
 
 // Dense mode. Workspace: head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock] (I), probs
@@ -233,7 +270,7 @@ LossBuffers dense_buffers(const Geometry& geo, const IndexerTarget& t) {
   const int64_t main_rows = kQueryBlock * (t.heads / t.kv_heads), d = geo.s.head_dim;
   return {geo.rows_max * kKeyBlock + 2 * kQueryBlock * kKeyBlock + main_rows * kKeyBlock +
               t.kv_heads * main_rows * t.qk_dim + geo.rows_max * d + kKeyBlock * d + kQueryBlock,
-          geo.rows_max, kQueryBlock * geo.s.topk, geo.s.batch * geo.q_blocks};
+          geo.rows_max, kQueryBlock * geo.s.topk, geo.s.batch * geo.q_blocks, 3};
 }
 
 // Query blocks per batch entry of the sparse loss (one item each).
@@ -271,6 +308,11 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
   // dk turn per (batch, key block): the number of query blocks that have added their part.
   std::unique_ptr<std::atomic<int64_t>[]> dk_turn(new std::atomic<int64_t>[s.batch * geo.k_blocks]);
   for (int64_t i = 0; i < s.batch * geo.k_blocks; ++i) dk_turn[i].store(0);
+  Buffer<int64_t> first_blocks(items);  // [batch, q_blocks]: each item's first key block
+  for (int64_t item = 0; item < items; ++item) {
+    const int64_t b = item / geo.q_blocks, t0 = (item % geo.q_blocks) * kQueryBlock;
+    first_blocks[item] = geo.first_key_block(b, t0, std::min(t0 + kQueryBlock, s.q_len));
+  }
   std::fill(dk, dk + s.batch * s.kv_len * d, T(0));
   std::atomic<int64_t> next_item{0};
 
@@ -290,21 +332,21 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
     for (int64_t item = next_item.fetch_add(1); item < items; item = next_item.fetch_add(1)) {
       const int64_t qb = item % geo.q_blocks, b = item / geo.q_blocks;
       const int64_t t0 = qb * kQueryBlock, t1 = std::min(t0 + kQueryBlock, s.q_len), queries = t1 - t0;
-      const int64_t key_end = geo.visible_end(t1 - 1);
+      const int64_t key_begin = first_blocks[item] * kKeyBlock, key_end = geo.visible_end(t1 - 1);
       // Pass 1: lse_index[query] = log Σ_visible exp(I), online over key blocks.
       T* row_max = probs;  // [queries] scratch for this pass
       T* row_sum = probs + kQueryBlock;
       std::fill(row_max, row_max + queries, -std::numeric_limits<T>::infinity());
       std::fill(row_sum, row_sum + queries, T(0));
-      for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+      for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
         const int64_t cols = std::min(kKeyBlock, key_end - j0);
         score_tile(tile, head_scores, q, k, w, geo, b, t0, t1, j0, cols);
         for (int64_t r = 0; r < queries; ++r) {
-          const int64_t n = geo.visible_in_block(t0 + r, j0, cols);
-          if (n == 0) continue;
-          T* row = tile + r * kKeyBlock;
-          const T new_max = std::max(row_max[r], max_value(row, n));
-          row_sum[r] = row_sum[r] * std::exp(row_max[r] - new_max) + exp_shifted_sum(row, n, new_max);
+          const Geometry::Span span = geo.visible_in_block(b, t0 + r, j0, cols);
+          if (span.size() == 0) continue;
+          T* row = tile + r * kKeyBlock + span.lo;  // [span]
+          const T new_max = std::max(row_max[r], max_value(row, span.size()));
+          row_sum[r] = row_sum[r] * std::exp(row_max[r] - new_max) + exp_shifted_sum(row, span.size(), new_max);
           row_max[r] = new_max;
         }
       }
@@ -332,7 +374,7 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
       double kl = 0.0, mass = 0.0;
 
       // Pass 2: per key block, I and p again, then KL, selected mass, dI and the gradients.
-      for (int64_t j0 = 0; j0 < key_end; j0 += kKeyBlock) {
+      for (int64_t j0 = key_begin; j0 < key_end; j0 += kKeyBlock) {
         const int64_t kb = j0 / kKeyBlock, cols = std::min(kKeyBlock, key_end - j0);
         score_tile(tile, head_scores, q, k, w, geo, b, t0, t1, j0, cols);
         std::fill(probs, probs + queries * kKeyBlock, T(0));
@@ -342,30 +384,32 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
                   main_k + (b * s.kv_len + j0) * tg.kv_stride + kvh * qk, tg.kv_stride, T(0), main_logits,
                   kKeyBlock);
           for (int64_t r = 0; r < queries; ++r) {
-            const int64_t n = geo.visible_in_block(t0 + r, j0, cols);
+            const Geometry::Span span = geo.visible_in_block(b, t0 + r, j0, cols);
             T* p = probs + r * kKeyBlock;
             for (int64_t g = 0; g < group; ++g) {
               T* logits = main_logits + (r * group + g) * kKeyBlock;
-              exp_shifted_sum(logits, n, main_lse[(b * tg.t.heads + kvh * group + g) * s.q_len + t0 + r]);
-              for (int64_t c = 0; c < n; ++c) p[c] += logits[c];
+              exp_shifted_sum(logits + span.lo, span.size(),
+                              main_lse[(b * tg.t.heads + kvh * group + g) * s.q_len + t0 + r]);
+              for (int64_t c = span.lo; c < span.hi; ++c) p[c] += logits[c];
             }
           }
         }
         T* dI = main_logits;  // [kQueryBlock, kKeyBlock] (main_rows ≥ kQueryBlock)
         for (int64_t r = 0; r < queries; ++r) {
-          const int64_t n = geo.visible_in_block(t0 + r, j0, cols);
+          const Geometry::Span span = geo.visible_in_block(b, t0 + r, j0, cols);
+          const int64_t lo = span.lo, n = span.size();
           T* p = probs + r * kKeyBlock;
-          for (int64_t c = 0; c < n; ++c) p[c] *= inv_heads;
+          for (int64_t c = lo; c < span.hi; ++c) p[c] *= inv_heads;
           const int32_t* sel = selected + r * s.topk;
           for (; cursor[r] < selected_count[r] && sel[cursor[r]] < j0 + cols; ++cursor[r])
             mass += static_cast<double>(p[sel[cursor[r]] - j0]);
-          T* dI_row = dI + r * kKeyBlock;
+          T* dI_row = dI + r * kKeyBlock;  // [cols]: its span is written
           const T* scores = tile + r * kKeyBlock;
-          std::copy(scores, scores + n, dI_row);
-          exp_shifted_sum(dI_row, n, lse_index[r]);
-          kl += kl_and_dI(dI_row, scores, p, n, lse_index[r], grad_scale);
+          std::copy(scores + lo, scores + span.hi, dI_row + lo);
+          exp_shifted_sum(dI_row + lo, n, lse_index[r]);
+          kl += kl_and_dI(dI_row + lo, scores + lo, p + lo, n, lse_index[r], grad_scale);
           head_gradients(head_scores + r * heads * kKeyBlock, kKeyBlock, dw_acc + r * heads, dI_row,
-                         w + (b * s.q_len + t0 + r) * heads, heads, n, cols, scale);
+                         w + (b * s.q_len + t0 + r) * heads, heads, lo, span.hi, cols, scale);
         }
         // dq_acc[rows, d] += dS k_block;  dk_part[cols, d] = dSᵀ q_block
         const int64_t rows = queries * heads;
@@ -373,12 +417,12 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
         const T* q_block = q + (b * s.q_len + t0) * heads * d;
         gemm<T>(false, false, rows, d, cols, T(1), head_scores, kKeyBlock, k_block, d, T(1), dq_acc, d);
         gemm<T>(true, false, cols, d, rows, T(1), head_scores, kKeyBlock, q_block, d, T(0), dk_part, d);
-        const int64_t first_block = std::max<int64_t>(j0 - geo.offset, 0) / kQueryBlock;
+        const int64_t my_turn = dk_turn_of(geo, first_blocks.data() + b * geo.q_blocks, qb, kb);
         std::atomic<int64_t>& turn = dk_turn[b * geo.k_blocks + kb];
-        while (turn.load(std::memory_order_acquire) != qb - first_block) std::this_thread::yield();
+        while (turn.load(std::memory_order_acquire) != my_turn) std::this_thread::yield();
         T* dk_rows = dk + (b * s.kv_len + j0) * d;
         for (int64_t i = 0; i < cols * d; ++i) dk_rows[i] += dk_part[i];
-        turn.store(qb - first_block + 1, std::memory_order_release);
+        turn.store(my_turn + 1, std::memory_order_release);
       }
       std::copy(dq_acc, dq_acc + queries * heads * d, dq + (b * s.q_len + t0) * heads * d);
       for (int64_t i = 0; i < queries * heads; ++i) dw[(b * s.q_len + t0) * heads + i] = static_cast<T>(dw_acc[i]);
@@ -431,7 +475,7 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
       for (int64_t t = t0; t < t1; ++t) {
         const int32_t* index_row = geo.index_row(indices, b, t);
         int64_t n = 0;
-        while (n < topk && index_row[n] >= 0 && index_row[n] < geo.visible_end(t)) ++n;
+        while (n < topk && index_row[n] >= geo.visible_begin(b, t) && index_row[n] < geo.visible_end(t)) ++n;
         counts[t - t0] = n;
         if (n == 0 || (n < topk && index_row[n] >= 0)) {
           bad_selection.store(true, std::memory_order_relaxed);
@@ -472,7 +516,7 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
         }
         kl += kl_and_dI(soft, scores, p, n, lse_index, grad_scale);
         std::fill(dw_row, dw_row + heads, 0.0);
-        head_gradients(head_scores, topk, dw_row, soft, w_row, heads, n, n, scale);
+        head_gradients(head_scores, topk, dw_row, soft, w_row, heads, 0, n, n, scale);
         for (int64_t h = 0; h < heads; ++h) dw[(b * s.q_len + t) * heads + h] = static_cast<T>(dw_row[h]);
         // dq[t][heads, d] = dS k_selected;  dk_rows[t − t0][n, d] = dSᵀ q[t]
         gemm<T>(false, false, heads, d, n, T(1), head_scores, topk, k_selected, d, T(0),
@@ -509,7 +553,7 @@ int64_t indexer_loss_workspace_bytes(const IndexerTarget& target, IndexerLossMod
   const LossBuffers b = mode == IndexerLossMode::kDense ? dense_buffers(geo, target) : sparse_buffers(geo, target);
   const int64_t per_thread = b.per_thread * element_bytes + b.doubles_per_thread * int64_t(sizeof(double)) +
                              b.ints_per_thread * int64_t(sizeof(int32_t));
-  return per_thread * threads + 2 * b.items * int64_t(sizeof(double));
+  return per_thread * threads + b.item_words * b.items * 8;
 }
 
 template <class T>

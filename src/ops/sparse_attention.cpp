@@ -64,10 +64,12 @@ struct Geometry {
     TRILLION_CHECK(s.q_len <= s.kv_len, "sparse attention q_len ", s.q_len, " > kv_len ", s.kv_len);
     TRILLION_CHECK(s.kv_len <= std::numeric_limits<int32_t>::max(), "kv_len ", s.kv_len, " exceeds int32 indices");
     TRILLION_CHECK(s.q_heads % s.kv_heads == 0, "q_heads ", s.q_heads, " not a multiple of kv_heads ", s.kv_heads);
+    TRILLION_CHECK(s.doc_start == nullptr || s.q_len == s.kv_len, "document masks need q_len == kv_len");
     group = s.q_heads / s.kv_heads;
     offset = s.kv_len - s.q_len;
   }
-  // Keys [0, visible_end(t)) are visible to query position t.
+  // Keys [visible_begin(b, t), visible_end(t)) are visible to query position t of batch entry b.
+  int64_t visible_begin(int64_t b, int64_t t) const { return s.doc_start != nullptr ? s.doc_start[b * s.q_len + t] : 0; }
   int64_t visible_end(int64_t t) const { return t + offset + 1; }
   // Offsets of (b, t, head h, 0) in q-like ([.., qk_dim]) and out-like ([.., v_dim]) tensors.
   int64_t q_index(int64_t b, int64_t t, int64_t h) const { return ((b * s.q_len + t) * s.q_heads + h) * s.qk_dim; }
@@ -84,7 +86,8 @@ enum RowError : int32_t { kNoKey = -1, kNotVisible = -2, kDuplicate = -3, kKeyAf
 
 // Scans one row indices[topk]: returns its count of valid keys or a RowError, with the offending
 // column in *bad_column. marks[kv_len] is all zero on entry and on return.
-int32_t scan_row(const int32_t* row, int64_t topk, int64_t visible_end, uint8_t* marks, int64_t* bad_column) {
+int32_t scan_row(const int32_t* row, int64_t topk, int64_t visible_begin, int64_t visible_end, uint8_t* marks,
+                 int64_t* bad_column) {
   int32_t count = 0, error = 0;
   bool padded = false;
   for (int64_t c = 0; c < topk && error == 0; ++c) {
@@ -94,7 +97,7 @@ int32_t scan_row(const int32_t* row, int64_t topk, int64_t visible_end, uint8_t*
       continue;
     }
     if (padded) error = kKeyAfterPadding;
-    else if (j < 0 || j >= visible_end) error = kNotVisible;
+    else if (j < visible_begin || j >= visible_end) error = kNotVisible;
     else if (marks[j] != 0) error = kDuplicate;
     else {
       marks[j] = 1;
@@ -120,18 +123,19 @@ Buffer<int32_t> selected_counts(const int32_t* indices, const Geometry& geo) {
   Buffer<uint8_t> marks(marks_count(s, num_threads()));  // [threads, kv_len]
   parallel_for(rows, [&](int64_t r) {
     int64_t unused_column = 0;
-    counts[r] = scan_row(indices + r * s.topk, s.topk, geo.visible_end(r % s.q_len),
+    const int64_t b = r / s.q_len, t = r % s.q_len;
+    counts[r] = scan_row(indices + r * s.topk, s.topk, geo.visible_begin(b, t), geo.visible_end(t),
                          marks.data() + int64_t(omp_get_thread_num()) * s.kv_len, &unused_column);
   });
   for (int64_t r = 0; r < rows; ++r) {
     if (counts[r] > 0) continue;
     const int64_t b = r / s.q_len, t = r % s.q_len;
     int64_t c = 0;
-    scan_row(indices + r * s.topk, s.topk, geo.visible_end(t), marks.data(), &c);
+    scan_row(indices + r * s.topk, s.topk, geo.visible_begin(b, t), geo.visible_end(t), marks.data(), &c);
     const int32_t j = indices[r * s.topk + c];
     TRILLION_CHECK(counts[r] != kNoKey, "sparse attention indices row (", b, ", ", t, ") selects no key");
     TRILLION_CHECK(counts[r] != kNotVisible, "sparse attention indices[", b, ", ", t, ", ", c, "] = ", j,
-                   " is not a key visible to query ", t, " (0 <= j < ", geo.visible_end(t), ")");
+                   " is not a key visible to query ", t, " (", geo.visible_begin(b, t), " <= j < ", geo.visible_end(t), ")");
     TRILLION_CHECK(counts[r] != kDuplicate, "sparse attention indices[", b, ", ", t, ", ", c, "] = ", j,
                    " repeats a key of its row");
     TRILLION_CHECK(counts[r] != kKeyAfterPadding, "sparse attention indices[", b, ", ", t, ", ", c, "] = ", j,

@@ -9,7 +9,8 @@
 //   v, dv: [batch, kv_len, kv_heads, v_dim]        out, dout: [batch, q_len, q_heads, v_dim]
 //   lse: [batch, q_heads, q_len] (saved by forward: log-sum-exp of the scaled selected scores)
 //   indices: [batch, q_len, topk] int32 key positions; a row holds distinct keys, each visible to
-//     its query (j ≤ t + kv_len − q_len, bottom-right causal as in ops/attention.h), in any order,
+//     its query (j ≤ t + kv_len − q_len, bottom-right causal as in ops/attention.h, and j ≥
+//     doc_start[t] with document masks), in any order,
 //     padded with −1 after its count (so a row is a prefix of valid keys then −1s). Every row has
 //     at least one valid key.
 // Query head h reads key/value head h / (q_heads / kv_heads). scale is usually qk_dim^−½.
@@ -32,6 +33,7 @@ struct SparseAttentionSizes {
   int64_t v_dim = 0;
   int64_t topk = 0;  // columns of indices
   double scale = 0.0;
+  const int32_t* doc_start = nullptr;  // [batch, q_len] document masks (q_len == kv_len): first visible key
 };
 
 template <class T>

@@ -2,7 +2,8 @@
 // streamed top-k equals a full stable sort exactly (random scores, heavy exact ties from ReLU zeros
 // and small integers, short rows padded with −1), the KL loss in both modes equals the reference
 // loss, selected mass and gradients, the gradients match central finite differences, results do not
-// depend on the thread count, and KL is 0 exactly when the two distributions agree.
+// depend on the thread count, and KL is 0 exactly when the two distributions agree; all of it again
+// with document masks, where every query sees only its own document.
 #include "ops/indexer.h"
 
 #include <gtest/gtest.h>
@@ -152,7 +153,8 @@ struct LossProblem {
     if (mode == IndexerLossMode::kDense) {
       const std::vector<T> main_v = normal_values<T>(main_k.size(), seed, "main_v");
       std::vector<T> out(main_q.size());
-      const AttentionSizes as{s.batch, s.q_len, s.kv_len, target.heads, target.kv_heads, target.qk_dim, target.scale};
+      AttentionSizes as{s.batch, s.q_len, s.kv_len, target.heads, target.kv_heads, target.qk_dim, target.scale};
+      as.doc_start = s.doc_start;
       attention_forward(out.data(), main_lse.data(), main_q.data(), main_k.data(), main_v.data(), as);
     } else {
       indexer_ref_selected_lse(main_lse.data(), indices.data(), target, s);
@@ -292,6 +294,104 @@ TEST(IndexerTopk, MatchesFullSortWithManyCompactions) {
   EXPECT_EQ(f.topk(), f.ref_topk());
   IndexerInputs<double> d(s, 7);
   EXPECT_EQ(d.topk(), d.ref_topk());
+}
+
+}  // namespace
+}  // namespace trillion
+
+namespace trillion {
+namespace {
+
+// Document masks over rows of 330 (query blocks of 64, key blocks of 256 in the kernels): documents
+// start at and inside block edges; in row 0 the query block [256, 320) lies wholly in a document
+// starting at 256, so it skips key block 0, while in row 1 it does not.
+const std::vector<std::vector<int32_t>> kDocumentStarts = {{0, 61, 130, 256, 300}, {0, 5, 200, 260, 329}};
+
+// doc_start [batch, q_len]: each position's document start, from the starts of each row's documents.
+std::vector<int32_t> document_starts(const std::vector<std::vector<int32_t>>& starts, int64_t q_len) {
+  std::vector<int32_t> doc_start;
+  for (const std::vector<int32_t>& row : starts)
+    for (int64_t t = 0; t < q_len; ++t)
+      doc_start.push_back(*std::prev(std::upper_bound(row.begin(), row.end(), int32_t(t))));
+  return doc_start;
+}
+
+TEST(IndexerDocumentMask, TopkStaysInTheDocumentAndMatchesFullSort) {
+  const std::vector<int32_t> doc_start = document_starts(kDocumentStarts, 330);
+  IndexerSizes s = make_sizes(2, 330, 330, 40);
+  s.doc_start = doc_start.data();
+  for (bool ties : {false, true}) {
+    IndexerInputs<float> f(s, 11);
+    IndexerInputs<double> d(s, 11);
+    if (ties) f.make_ties(), d.make_ties();
+    const std::vector<int32_t> got = f.topk();
+    EXPECT_EQ(got, f.ref_topk()) << "float, ties " << ties;
+    EXPECT_EQ(d.topk(), d.ref_topk()) << "double, ties " << ties;
+    for (int64_t bt = 0; bt < s.batch * s.q_len; ++bt) {  // min(topk, document keys so far), then −1
+      const int64_t t = bt % s.q_len, valid = std::min<int64_t>(s.topk, t - doc_start[bt] + 1);
+      for (int64_t c = 0; c < s.topk; ++c) {
+        const int32_t j = got[bt * s.topk + c];
+        if (c < valid) ASSERT_TRUE(j >= doc_start[bt] && j <= t) << "query " << bt << " slot " << c << " key " << j;
+        else ASSERT_EQ(j, -1) << "query " << bt << " slot " << c;
+      }
+    }
+  }
+}
+
+TEST(IndexerDocumentMask, LossMatchesReferenceAndDoesNotDependOnThreadCount) {
+  const std::vector<int32_t> doc_start = document_starts(kDocumentStarts, 330);
+  IndexerSizes s = make_sizes(2, 330, 330, 40);
+  s.doc_start = doc_start.data();
+  for (IndexerLossMode mode : {IndexerLossMode::kDense, IndexerLossMode::kSparse}) {
+    SCOPED_TRACE(mode_name(mode));
+    LossProblem<double> got(s, mode, 12), want(s, mode, 12);
+    got.run(0.7);
+    want.run_reference(0.7);
+    EXPECT_GT(got.result.loss, 0.0);
+    EXPECT_NEAR(got.result.loss, want.result.loss, 1e-10 * want.result.loss);
+    EXPECT_NEAR(got.result.selected_mass, want.result.selected_mass, 1e-10);
+    EXPECT_LE(relative_error(got.dq, want.dq), 1e-10) << "dq";
+    EXPECT_LE(relative_error(got.dk, want.dk), 1e-10) << "dk";
+    EXPECT_LE(relative_error(got.dw, want.dw), 1e-10) << "dw";
+    LossProblem<float> one(s, mode, 12);
+    test::with_threads(1, [&] { one.run(0.5); });
+    for (int threads : {2, 3}) {
+      LossProblem<float> many(s, mode, 12);
+      test::with_threads(threads, [&] { many.run(0.5); });
+      EXPECT_EQ(one.result.loss, many.result.loss) << threads << " threads";
+      EXPECT_EQ(one.dq, many.dq) << threads << " threads";
+      EXPECT_EQ(one.dk, many.dk) << threads << " threads";
+      EXPECT_EQ(one.dw, many.dw) << threads << " threads";
+    }
+  }
+}
+
+// Central differences with documents of 4, 7 and 1, 6, 4 keys (the selection and target held fixed).
+TEST(IndexerDocumentMask, GradientsMatchFiniteDifferences) {
+  const std::vector<int32_t> doc_start = document_starts({{0, 4}, {0, 1, 7}}, 11);
+  IndexerSizes s = make_sizes(2, 11, 11, 3);
+  s.doc_start = doc_start.data();
+  for (IndexerLossMode mode : {IndexerLossMode::kDense, IndexerLossMode::kSparse}) {
+    SCOPED_TRACE(mode_name(mode));
+    LossProblem<double> p(s, mode, 13);
+    p.run(0.7);
+    const std::vector<double> dq = p.dq, dk = p.dk, dw = p.dw;
+    auto loss = [&] {
+      p.run(0.7);
+      return 0.7 * p.result.loss;
+    };
+    test::expect_gradients_match(loss, {{"q", &p.in.q, &dq}, {"k", &p.in.k, &dk}, {"w", &p.in.w, &dw}});
+  }
+}
+
+TEST(IndexerDocumentMaskDeathTest, DocumentStartAfterTheQueryFails) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  std::vector<int32_t> doc_start = document_starts({{0, 4}}, 6);
+  doc_start[2] = 3;
+  IndexerSizes s = make_sizes(1, 6, 6, 3);
+  s.doc_start = doc_start.data();
+  const IndexerInputs<float> in(s, 14);
+  EXPECT_DEATH(in.topk(), R"(indexer doc_start\[0, 2\] = 3 is not a key position in \[0, 2\])");
 }
 
 }  // namespace

@@ -262,3 +262,30 @@ TEST(SparseAttention, SpecializedHeadDimsMatchReference) {
 
 }  // namespace
 }  // namespace trillion
+
+namespace trillion {
+namespace {
+
+// Document masks: a selected key before the query's document start is refused, naming the range.
+TEST(SparseAttentionDeathTest, KeysOutsideTheQuerysDocumentFailChecks) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  SparseAttentionSizes s = make_sizes(1, 6, 6, 4, 2, 4, 4, 2);
+  const std::vector<int32_t> doc_start = {0, 0, 0, 3, 3, 5};  // [1, 6]: documents [0, 3), [3, 5), [5, 6)
+  s.doc_start = doc_start.data();
+  std::vector<int32_t> valid(s.q_len * s.topk);  // [1, 6, 2]: the document's first key, then the query's own
+  for (int64_t t = 0; t < s.q_len; ++t) {
+    valid[t * s.topk] = doc_start[t];
+    valid[t * s.topk + 1] = t > doc_start[t] ? int32_t(t) : -1;
+  }
+  Problem<float> p(s, valid, 9);
+  sparse_attention_forward(p.out.data(), p.lse.data(), p.q.data(), p.k.data(), p.v.data(), valid.data(), s);
+  for (float x : p.lse) EXPECT_TRUE(std::isfinite(x));
+  p.indices = valid;
+  p.indices[4 * s.topk] = 2;
+  EXPECT_DEATH(
+      sparse_attention_forward(p.out.data(), p.lse.data(), p.q.data(), p.k.data(), p.v.data(), p.indices.data(), s),
+      R"(indices\[0, 4, 0\] = 2 is not a key visible to query 4 \(3 <= j < 5\))");
+}
+
+}  // namespace
+}  // namespace trillion

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <vector>
 
 #include "core/error.h"
@@ -19,8 +18,11 @@ void check_sizes(const IndexerSizes& s) {
   TRILLION_CHECK(s.q_len <= s.kv_len, "indexer q_len ", s.q_len, " > kv_len ", s.kv_len);
 }
 
-// Number of keys visible to query t.
-int64_t visible(const IndexerSizes& s, int64_t t) { return t + s.kv_len - s.q_len + 1; }
+// Whether key j is visible to query t of batch entry b (causal, and within its document).
+bool visible(const IndexerSizes& s, int64_t b, int64_t t, int64_t j) {
+  const int64_t first = s.doc_start != nullptr ? s.doc_start[b * s.q_len + t] : 0;
+  return first <= j && j < t + s.kv_len - s.q_len + 1;
+}
 
 template <class T>
 T dot(const T* a, const T* b, int64_t n) {
@@ -45,7 +47,7 @@ void mean_probabilities(std::vector<T>& p, const IndexerTarget& target, const In
       const T lse = main_lse[(b * target.heads + h) * s.q_len + t];
       for (int64_t j = 0; j < s.kv_len; ++j) {
         const T* k_row = main_k + ((b * s.kv_len + j) * target.kv_heads + h / group) * qk;
-        head_probs[t * s.kv_len + j] = j < visible(s, t) ? std::exp(T(target.scale) * dot(q_row, k_row, qk) - lse) : T(0);
+        head_probs[t * s.kv_len + j] = visible(s, b, t, j) ? std::exp(T(target.scale) * dot(q_row, k_row, qk) - lse) : T(0);
       }
     }
     for (int64_t i = 0; i < s.q_len * s.kv_len; ++i) p[i] += head_probs[i];
@@ -63,7 +65,7 @@ void indexer_ref_scores(T* scores, const T* q, const T* k, const T* w, const Ind
     const int64_t b = bt / s.q_len, t = bt % s.q_len;
     T* row = scores + bt * s.kv_len;  // [kv_len]
     for (int64_t j = 0; j < s.kv_len; ++j) {
-      if (j >= visible(s, t)) {
+      if (!visible(s, b, t, j)) {
         row[j] = -std::numeric_limits<T>::infinity();
         continue;
       }
@@ -83,8 +85,9 @@ void indexer_ref_topk(int32_t* indices, const T* q, const T* k, const T* w, cons
   indexer_ref_scores(scores.data(), q, k, w, s);
   parallel_for(s.batch * s.q_len, [&](int64_t bt) {
     const T* row = scores.data() + bt * s.kv_len;  // [kv_len]
-    std::vector<int32_t> order(visible(s, bt % s.q_len));
-    std::iota(order.begin(), order.end(), 0);
+    std::vector<int32_t> order;  // the visible keys, ascending
+    for (int64_t j = 0; j < s.kv_len; ++j)
+      if (visible(s, bt / s.q_len, bt % s.q_len, j)) order.push_back(static_cast<int32_t>(j));
     std::stable_sort(order.begin(), order.end(), [row](int32_t a, int32_t b) { return row[a] > row[b]; });
     const int64_t kept = std::min<int64_t>(s.topk, static_cast<int64_t>(order.size()));
     int32_t* out = indices + bt * s.topk;  // [topk]
@@ -139,7 +142,7 @@ IndexerLossResult indexer_ref_loss(T* dq, T* dk, T* dw, const T* q, const T* k, 
       std::fill(selected.begin(), selected.end(), 0);
       for (int64_t c = 0; c < s.topk && index_row[c] >= 0; ++c) selected[index_row[c]] = 1;
       for (int64_t j = 0; j < n_keys; ++j)
-        in_domain[j] = mode == IndexerLossMode::kDense ? j < visible(s, t) : selected[j];
+        in_domain[j] = mode == IndexerLossMode::kDense ? visible(s, b, t, j) : selected[j];
       // p on the domain (renormalized there: in sparse mode the caller's lse already is over S_t).
       T top = -std::numeric_limits<T>::infinity();
       for (int64_t j = 0; j < n_keys; ++j)

@@ -28,9 +28,10 @@ void build_mask(uint8_t* selected, const int32_t* indices, int64_t b, const Spar
   for (int64_t t = 0; t < s.q_len; ++t) {
     const int32_t* row = indices + (b * s.q_len + t) * s.topk;
     const int64_t visible_end = t + s.kv_len - s.q_len + 1;
+    const int64_t visible_begin = s.doc_start != nullptr ? s.doc_start[b * s.q_len + t] : 0;
     int64_t count = 0;
     for (int64_t c = 0; c < s.topk && row[c] != -1; ++c, ++count) {
-      TRILLION_CHECK(row[c] >= 0 && row[c] < visible_end, "index ", row[c], " not visible to query ", t);
+      TRILLION_CHECK(row[c] >= visible_begin && row[c] < visible_end, "index ", row[c], " not visible to query ", t);
       TRILLION_CHECK(selected[t * s.kv_len + row[c]] == 0, "index ", row[c], " repeated for query ", t);
       selected[t * s.kv_len + row[c]] = 1;
     }
