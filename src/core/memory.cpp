@@ -6,6 +6,8 @@
 #include <fstream>
 #include <string>
 
+#include "core/error.h"
+
 namespace trillion {
 namespace {
 
@@ -54,7 +56,7 @@ bool reset_peak_rss() {
 
 void* tier_alloc(int64_t bytes, Tier tier) {
   void* p = std::aligned_alloc(kAlign, round_up(bytes));
-  TRILLION_CHECK(p != nullptr, "out of memory allocating ", bytes, " bytes in tier ", tier_name(tier));
+  if (p == nullptr) fail("out of memory allocating ", bytes, " bytes in tier ", tier_name(tier));
   std::memset(p, 0, bytes);
   MemoryStats::add(tier, bytes);
   return p;

@@ -214,6 +214,11 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
   c.vocab_size = fields.required_positive("vocab_size");
   c.hidden_size = fields.required_positive("hidden_size");
   c.num_hidden_layers = fields.required_positive("num_hidden_layers");
+  // Far above any published model (they have at most a few hundred), so that an absurd count is
+  // refused here instead of building millions of layers.
+  constexpr int64_t kMaxLayers = 16384;
+  if (c.num_hidden_layers > kMaxLayers)
+    fields.fail_field("num_hidden_layers", str_cat("got ", c.num_hidden_layers, "; expected at most ", kMaxLayers));
   c.num_attention_heads = fields.required_positive("num_attention_heads");
   c.num_key_value_heads = fields.positive("num_key_value_heads", c.num_attention_heads);
   if (c.num_attention_heads % c.num_key_value_heads != 0)

@@ -21,6 +21,9 @@ constexpr const char* kMetadataFields[] = {"architectures", "dtype", "torch_dtyp
                                            "_name_or_path", "bos_token_id", "eos_token_id", "pad_token_id",
                                            "use_cache", "output_attentions", "output_hidden_states", "return_dict"};
 
+// The largest integer a config field may hold (INT32_MAX).
+constexpr int64_t kMaxConfigInteger = 2147483647;
+
 // Typed access to the fields of one config object; every failure names the source and the field.
 class FieldReader {
  public:
@@ -69,8 +72,11 @@ class FieldReader {
     if (!has(name)) return fallback;
     const nlohmann::json& value = json_.at(name);
     if (!value.is_number_integer()) fail_field(name, str_cat("got ", value.dump(), "; expected an integer"));
-    if (value.is_number_unsigned() && value.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
-      fail_field(name, str_cat("got ", value.dump(), "; expected an integer below 2^63"));
+    // Every size, count and id of a model fits int32 (token ids, key indices); larger is absurd and
+    // would overflow the products of sizes.
+    if (value.is_number_unsigned() ? value.get<uint64_t>() > uint64_t(kMaxConfigInteger)
+                                   : value.get<int64_t>() > kMaxConfigInteger)
+      fail_field(name, str_cat("got ", value.dump(), "; expected at most ", kMaxConfigInteger));
     return value.get<int64_t>();
   }
   int64_t required_positive(const char* name) const {

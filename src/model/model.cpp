@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/machine_memory.h"
 #include "model/family.h"
 #include "model/model_impl.h"
 #include "ops/cross_entropy.h"
@@ -129,6 +130,11 @@ Model<T>::Impl::Impl(const ModelConfig& c) : config(c) {
   check_buildable(config);
   layer_dims = layer_dims_of(config);
   table = build_param_table(config, layer_dims);
+  const int64_t param_bytes = table.total_size() * int64_t(sizeof(T)), grad_bytes = table.trainable_size() * int64_t(sizeof(T));
+  require_memory(param_bytes + grad_bytes, source_of(config) + ": the model",
+                 str_cat(" for its parameters (", human_bytes(double(param_bytes)), ") and gradients (",
+                         human_bytes(double(grad_bytes)), ")"),
+                 "smaller sizes in the model config");
   params = Buffer<T>(table.total_size());
   grads = Buffer<T>(table.trainable_size());
   for (int layer = 0; layer < config.num_hidden_layers; ++layer) {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/rng.h"
+#include "io/safetensors.h"
 
 namespace trillion {
 
@@ -28,6 +29,20 @@ int64_t ParamSpec::numel() const {
   return n;
 }
 
+namespace {
+
+// The element count of a shape, refused past kMaxParamElements (and before int64 overflows).
+int64_t checked_numel(const std::string& name, const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n) || n > kMaxParamElements)
+      fail("parameter ", name, " of shape ", shape_string(shape), " has more than 2^50 elements: expected smaller sizes "
+           "in the model config");
+  return n;
+}
+
+}  // namespace
+
 std::vector<HfKey> ParamSpec::checkpoint_keys() const {
   if (!hf_keys.empty()) return hf_keys;
   return {HfKey{name, shape, 0}};
@@ -37,6 +52,7 @@ void ParamTable::add(ParamSpec spec) {
   TRILLION_CHECK(index_.count(spec.name) == 0, "parameter ", spec.name, " added twice");
   TRILLION_CHECK(spec.unit >= 0, "parameter ", spec.name, " has negative unit ", spec.unit);
   for (int64_t d : spec.shape) TRILLION_CHECK(d > 0, "parameter ", spec.name, " has a non-positive dimension");
+  checked_numel(spec.name, spec.shape);
   int64_t covered = 0;
   for (const HfKey& key : spec.hf_keys) {
     int64_t n = 1;
@@ -71,6 +87,8 @@ void ParamTable::finalize(int64_t pad_multiple) {
            ++next) {
         entries_[next].offset = offset;
         offset += entries_[next].numel();
+        if (offset > kMaxParamElements)
+          fail("the model has more than 2^50 parameter elements: expected smaller sizes in the model config");
       }
       offset = round_up(offset);
       units_[g][unit].end = offset;

@@ -57,6 +57,10 @@ struct ParamSpec {
   std::vector<HfKey> checkpoint_keys() const;
 };
 
+// The most elements a tensor or a whole table may have (2^50, a petabyte of float32 parameters):
+// larger configs are refused with the tensor named, long before byte counts could overflow.
+constexpr int64_t kMaxParamElements = int64_t(1) << 50;
+
 class ParamTable {
  public:
   void add(ParamSpec spec);  // names must be unique; order inside a (group, unit) is kept

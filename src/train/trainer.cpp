@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -12,6 +13,7 @@
 
 #include "bench/timing.h"
 #include "core/error.h"
+#include "core/machine_memory.h"
 #include "core/memory.h"
 #include "core/parallel.h"
 #include "data/mixture.h"
@@ -242,6 +244,22 @@ struct RunSetup {
   TrainerState state;       // settings and, when resumed, the saved progress
 };
 
+// Refuses a run whose planned peak, times the ranks sharing this machine (OpenMPI's local size),
+// exceeds the memory available, before anything large is allocated.
+void require_fits_machine(const MemoryPlan& plan, const ModelConfig& config) {
+  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int64_t local_ranks = local_size != nullptr ? std::max(1, std::atoi(local_size)) : 1;
+  const auto part = [](const char* name, int64_t bytes) { return str_cat(name, " ", human_bytes(double(bytes))); };
+  require_memory(plan.peak_fast * local_ranks,
+                 str_cat("training ", config.source, local_ranks > 1 ? str_cat(" on ", local_ranks, " local ranks") : ""),
+                 str_cat(" at its peak (", plan.peak_at, ", ", plan.policy.name(), ": ", part("parameters", plan.parameters),
+                         ", ", part("gradients", plan.gradients), ", ", part("optimizer state", plan.optimizer_state),
+                         ", ", part("buffers", plan.model_buffers), ", ", part("activations", plan.activations_at_peak),
+                         ", ", part("workspace", plan.workspace_at_peak), local_ranks > 1 ? ", per rank" : "",
+                         ")"),
+                 "a smaller model, --batch or --seq-len, or less memory through --recompute, --swap or --memory-budget");
+}
+
 template <class T>
 void train_loop(const TrainOptions& o, RunSetup& run) {
   const TrainSettings& s = run.state.settings;
@@ -256,6 +274,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   const ParallelMesh mesh(world, o.ep, run.config);  // expert parallelism's groups (parallel/mesh.h)
   // Before anything large is allocated.
   const MemoryPlan plan = memory_plan_of(o, run.config, s, run.data.train_tokens());
+  require_fits_machine(plan, run.config);
   Model<T> model(run.config);
   if (run.weights_dir.empty()) {
     model.init_weights(s.seed);

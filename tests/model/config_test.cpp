@@ -203,6 +203,20 @@ TEST(ModelConfig, OutOfRangeValues) {
   EXPECT_EQ(config_error(json), "configs/x.json: field \"full_attention_interval\": got 0; expected a positive integer");
 }
 
+// Absurd sizes are refused with the field named, at once (no million-layer table is built).
+TEST(ModelConfig, AbsurdSizesAreRefusedByField) {
+  nlohmann::json json = base_config();
+  json["num_hidden_layers"] = 100000000;
+  EXPECT_EQ(config_error(json), "configs/x.json: field \"num_hidden_layers\": got 100000000; expected at most 16384");
+  json = base_config();
+  json["hidden_size"] = int64_t(1) << 40;
+  EXPECT_EQ(config_error(json), "configs/x.json: field \"hidden_size\": got 1099511627776; expected at most 2147483647");
+  json = base_config();
+  json["intermediate_size"] = uint64_t(1) << 63;
+  EXPECT_EQ(config_error(json),
+            "configs/x.json: field \"intermediate_size\": got 9223372036854775808; expected at most 2147483647");
+}
+
 TEST(ModelConfig, HeadCountsMustDivide) {
   nlohmann::json json = base_config();
   json["num_key_value_heads"] = 3;

@@ -1,5 +1,6 @@
 // The parameter table and its initialization: unit-major aligned offsets, unique names,
-// initialization by (seed, name, index) only, initializers and weight decay per parameter kind.
+// initialization by (seed, name, index) only, initializers and weight decay per parameter kind,
+// and the refusal of models too large for the table or the machine.
 #include "model/params.h"
 
 #include <gtest/gtest.h>
@@ -174,6 +175,29 @@ TEST(ParamTable, TiedModelHasNoLmHead) {
   EXPECT_EQ(static_cast<int64_t>(tied.table().units(ParamGroup::dense).size()), 1 + tied.config().num_hidden_layers);
   EXPECT_TRUE(untied.table().contains("lm_head.weight"));
   EXPECT_TRUE(untied.table().find("lm_head.weight").weight_decay);
+}
+
+// Sizes whose products pass 2^50 elements are refused with the tensor named (before any byte count
+// could overflow int64); a model that fits the table but not the machine is refused before its
+// buffers are allocated, with the bytes it needs.
+TEST(ParamTable, OversizedModelsAreRefusedBeforeAllocation) {
+  try {
+    Model<float> model(testing::tiny_config_with({{"hidden_size", 2147483647}, {"intermediate_size", 2147483647}}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("of shape [2147483647, 2147483647] has more than 2^50 elements"),
+              std::string::npos)
+        << e.what();
+  }
+  try {
+    Model<float> model(testing::tiny_config_with({{"head_dim", 1000000000}}));
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find(": the model needs "), std::string::npos) << message;
+    EXPECT_NE(message.find(" for its parameters ("), std::string::npos) << message;
+    EXPECT_NE(message.find(" available ("), std::string::npos) << message;
+  }
 }
 
 }  // namespace
