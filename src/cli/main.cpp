@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "io/crash_points.h"
 #include "parallel/process_group.h"
 
 namespace {
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   trillion::register_info(app);
   trillion::register_export(app);
   try {
+    trillion::install_crash_points_from_environment();  // a test mode (io/crash_points.h); off unless set
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);  // --help, or a bad flag (the same on every rank)

@@ -58,6 +58,11 @@ int PosixFileOutput::open_for_writing(const std::string& path, int* descriptor) 
   return *descriptor < 0 ? errno : 0;
 }
 
+int PosixFileOutput::open_for_appending(const std::string& path, int* descriptor) {
+  *descriptor = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  return *descriptor < 0 ? errno : 0;
+}
+
 int PosixFileOutput::write_some(int descriptor, const char* data, size_t size, size_t* written) {
   const ssize_t result = ::write(descriptor, data, size);
   *written = result < 0 ? 0 : static_cast<size_t>(result);
@@ -124,6 +129,14 @@ int FaultInjectingFileOutput::open_for_writing(const std::string& path, int* des
     return error;
   }
   return target_.open_for_writing(path, descriptor);
+}
+
+int FaultInjectingFileOutput::open_for_appending(const std::string& path, int* descriptor) {
+  if (const int error = injected_error(FileOperation::open)) {
+    *descriptor = -1;
+    return error;
+  }
+  return target_.open_for_appending(path, descriptor);
 }
 
 int FaultInjectingFileOutput::write_some(int descriptor, const char* data, size_t size, size_t* written) {

@@ -1,5 +1,5 @@
-// The one door through which trillion writes files: create a file, write bytes, fsync it, close
-// it, rename it, fsync a directory, remove a file, create a directory, exchange two paths.
+// The one door through which trillion writes files: create a file (or open one to append to),
+// write bytes, fsync it, close it, rename it, fsync a directory, remove a file, create a directory, exchange two paths.
 // Everything that must survive a crash (atomic files, safetensors, checkpoints) goes through the
 // process-wide FileOutput, so a test can swap in one that fails:
 //   - PosixFileOutput: the real system calls (the default);
@@ -32,6 +32,8 @@ class FileOutput {
   virtual ~FileOutput() = default;
   // Creates `path` (or truncates it) for writing, mode 0644; sets *descriptor.
   virtual int open_for_writing(const std::string& path, int* descriptor) = 0;
+  // Opens an existing `path` for writing at its end (O_APPEND); sets *descriptor. Counted as an open.
+  virtual int open_for_appending(const std::string& path, int* descriptor) = 0;
   // Writes up to `size` bytes and sets *written to how many were written (possibly fewer: a
   // short write, which the caller retries with the rest).
   virtual int write_some(int descriptor, const char* data, size_t size, size_t* written) = 0;
@@ -53,6 +55,7 @@ int write_all(FileOutput& output, int descriptor, const char* data, size_t size)
 class PosixFileOutput : public FileOutput {
  public:
   int open_for_writing(const std::string& path, int* descriptor) override;
+  int open_for_appending(const std::string& path, int* descriptor) override;
   int write_some(int descriptor, const char* data, size_t size, size_t* written) override;
   int sync_file(int descriptor) override;
   int close_file(int descriptor) override;
@@ -96,6 +99,7 @@ class FaultInjectingFileOutput : public FileOutput {
   int64_t count(FileOperation operation) const { return counts_[index(operation)]; }
 
   int open_for_writing(const std::string& path, int* descriptor) override;
+  int open_for_appending(const std::string& path, int* descriptor) override;
   int write_some(int descriptor, const char* data, size_t size, size_t* written) override;
   int sync_file(int descriptor) override;
   int close_file(int descriptor) override;

@@ -1,11 +1,14 @@
 // metrics.jsonl writing and the progress line (see metrics.h).
 #include "train/metrics.h"
 
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
+#include "io/file_output.h"
 
 namespace trillion {
 namespace {
@@ -42,19 +45,22 @@ MetricsLog::MetricsLog(const std::string& out_dir, int64_t resume_step)
     : path_((std::filesystem::path(out_dir) / "metrics.jsonl").string()) {
   const bool keep = resume_step > 0 && std::filesystem::exists(path_);
   write_file_atomic(path_, keep ? kept_lines(path_, resume_step) : std::string());
-  file_ = std::fopen(path_.c_str(), "a");
-  if (file_ == nullptr) fail(path_, ": cannot open for appending");
+  if (const int error = file_output().open_for_appending(path_, &descriptor_))
+    fail(path_, ": cannot open for appending: ", std::strerror(error));
 }
 
 MetricsLog::~MetricsLog() {
-  if (file_ != nullptr) std::fclose(file_);
+  if (descriptor_ >= 0) file_output().close_file(descriptor_);  // errors ignored: every line was written
 }
 
 void MetricsLog::append(const nlohmann::json& record) {
   const std::string line = record.dump() + "\n";
-  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
-    fail(path_, ": write failed");
-  }
+  if (const int error = write_all(file_output(), descriptor_, line.data(), line.size()))
+    fail(path_, ": cannot append the metrics of step ", record.value("step", int64_t(-1)), ": ", std::strerror(error));
+}
+
+void MetricsLog::sync() {
+  if (const int error = file_output().sync_file(descriptor_)) fail(path_, ": cannot fsync: ", std::strerror(error));
 }
 
 std::string format_progress(const ProgressLine& p) {

@@ -1,13 +1,14 @@
-// Training metrics: OUT/metrics.jsonl (one JSON object per optimizer step, appended and flushed
-// as the run goes) and the human progress line on stderr.
+// Training metrics: OUT/metrics.jsonl (one JSON object per optimizer step, appended as the run
+// goes) and the human progress line on stderr.
 //
 // A resumed run first rewrites the file (atomically) without the lines of steps after the resumed
 // step, so a run interrupted after its last checkpoint and resumed still yields one valid JSONL
-// line per step.
+// line per step. The lines are written through the file-output interface (io/file_output.h) and
+// fsynced before each checkpoint (sync()): a checkpoint that survives a power loss has every line
+// up to its step.
 #pragma once
 
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -23,12 +24,13 @@ class MetricsLog {
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
-  void append(const nlohmann::json& record);  // one line, flushed
+  void append(const nlohmann::json& record);  // one line, handed to the kernel
+  void sync();  // fsync: every line appended so far is durable
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
-  std::FILE* file_ = nullptr;
+  int descriptor_ = -1;
 };
 
 struct ProgressLine {

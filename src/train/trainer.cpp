@@ -382,6 +382,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   };
   // Every rank takes part (FSDP gathers the parameters and the moments); rank 0 writes.
   auto save = [&](int64_t step) {
+    if (metrics) metrics->sync();  // a checkpoint that survives a power loss has its metrics lines too
     if (fsdp && o.sharded_checkpoints) return save_sharded(step);
     if (fsdp) fsdp->gather_everything();
     if (!world.is_root()) {
