@@ -75,6 +75,9 @@ void register_train(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   cmd->add_option("--stop-after", o.stop_after, "End this process after step K, with a checkpoint");
   cmd->add_option("--save-every", o.save_every, "Checkpoint every K steps (0: only at the end)");
+  cmd->add_option("--keep-last", o.keep_last,
+                  "Keep only the newest N checkpoints (0: all); older ones are removed once a newer one is complete")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--eval-every", o.eval_every, "Validation loss every K steps (0: off)");
   cmd->add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation");
   cmd->add_option("--log-every", o.log_every, "Progress line every K steps");

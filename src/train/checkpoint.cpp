@@ -4,11 +4,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "core/error.h"
 #include "io/atomic_file.h"
@@ -238,6 +240,32 @@ std::string write_checkpoint(const std::string& out_dir, int64_t step,
   if (replaced) fs::remove_all(temp_dir);  // the old contents: the name they had holds the new ones
   write_file_atomic((fs::path(out_dir) / "latest").string(), name + "\n");
   return final_dir.string();
+}
+
+void prune_checkpoints(const std::string& out_dir, int64_t newest_step, int64_t keep_last) {
+  std::vector<int64_t> older;  // steps of complete checkpoints before newest_step
+  std::vector<fs::path> doomed;
+  for (const fs::directory_entry& entry : fs::directory_iterator(out_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(".checkpoint-", 0) == 0) doomed.push_back(entry.path());
+    int64_t step = 0;
+    if (std::sscanf(name.c_str(), "checkpoint-%" SCNd64, &step) == 1 && name == checkpoint_name(step) &&
+        step < newest_step)
+      older.push_back(step);
+  }
+  std::sort(older.begin(), older.end());
+  const int64_t removed = keep_last > 0 ? std::max<int64_t>(0, int64_t(older.size()) - (keep_last - 1)) : 0;
+  FileOutput& output = file_output();
+  for (int64_t i = 0; i < removed; ++i) {
+    const fs::path dir = fs::path(out_dir) / checkpoint_name(older[i]);
+    const fs::path aside = fs::path(out_dir) / ("." + checkpoint_name(older[i]) + ".removing");
+    fs::remove_all(aside);
+    if (const int error = output.rename_file(dir.string(), aside.string()))
+      fail(dir.string(), ": cannot move it aside to remove it (--keep-last ", keep_last, "): ", std::strerror(error));
+    doomed.push_back(aside);
+  }
+  if (removed > 0) sync_directory(out_dir);  // the checkpoints are gone by name before their files go
+  for (const fs::path& path : doomed) fs::remove_all(path);
 }
 
 }  // namespace trillion

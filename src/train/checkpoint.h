@@ -84,4 +84,11 @@ std::string resolve_weights_dir(const std::string& directory);
 std::string write_checkpoint(const std::string& out_dir, int64_t step,
                              const std::function<void(const std::string& temp_dir)>& write_contents);
 
+// After checkpoint `newest_step` is complete (written, and named by OUT/latest): removes the
+// checkpoints of earlier steps beyond the newest keep_last (counting newest_step's; keep_last 0
+// keeps all), and leftovers of interrupted writes and removals (hidden ".checkpoint-…" entries).
+// Each doomed checkpoint is first renamed to a hidden name (through the file-output interface,
+// then a directory sync), so a removal cut short never leaves a partial checkpoint under its name.
+void prune_checkpoints(const std::string& out_dir, int64_t newest_step, int64_t keep_last);
+
 }  // namespace trillion

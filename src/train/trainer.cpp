@@ -378,6 +378,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
       write_checkpoint_index(temp_dir, model.table(), ranks, o.ep, model.params());
       write_run_files(temp_dir);
     });
+    prune_checkpoints(out_dir, step, o.keep_last);
     std::fprintf(stderr, "saved %s (sharded over %lld ranks)\n", dir.c_str(), static_cast<long long>(ranks));
   };
   // Every rank takes part (FSDP gathers the parameters and the moments); rank 0 writes.
@@ -396,6 +397,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
       write_run_files(temp_dir);
     });
     if (fsdp) fsdp->release_everything();
+    prune_checkpoints(out_dir, step, o.keep_last);
     std::fprintf(stderr, "saved %s\n", dir.c_str());
   };
 

@@ -38,6 +38,7 @@ struct TrainOptions {
   std::set<std::string> given;  // names of the TrainSettings flags set on the command line
   int64_t stop_after = 0;       // > 0: end this process after that step, with a checkpoint
   int64_t save_every = 0;       // > 0: checkpoint every that many steps
+  int64_t keep_last = 0;        // > 0: keep only the newest that many checkpoints (train/checkpoint.h)
   int64_t eval_every = 0;       // > 0: validation loss every that many steps
   int64_t eval_batches = 8;     // batches of `batch` windows per evaluation
   int64_t log_every = 1;        // progress line every that many steps
