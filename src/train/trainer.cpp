@@ -34,6 +34,7 @@
 #include "train/metrics.h"
 #include "train/moe_balance.h"
 #include "train/optimizer.h"
+#include "train/run_setup.h"
 #include "train/sharded_checkpoint.h"
 
 namespace trillion {
@@ -44,79 +45,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-void validate_settings(const TrainSettings& s) {
-  if (s.steps < 1) fail("--steps must be ≥ 1, got ", s.steps);
-  if (s.dtype != "float32" && s.dtype != "float64") fail("--dtype must be float32 or float64, got ", s.dtype);
-  if (s.batch < 1) fail("--batch must be ≥ 1, got ", s.batch);
-  const int ranks = ProcessGroup::world().size();
-  if (s.batch % ranks != 0) {
-    fail("--batch ", s.batch, " must be divisible by the ", ranks, " ranks (each trains batch / ranks rows of every ",
-         "micro-batch)");
-  }
-  if (s.seq_len < 1) fail("--seq-len must be ≥ 1, got ", s.seq_len);
-  if (s.grad_accum < 1) fail("--grad-accum must be ≥ 1, got ", s.grad_accum);
-  if (!(s.lr > 0)) fail("--lr must be > 0, got ", s.lr);
-  if (!(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1)) fail("--min-lr-ratio must be in [0, 1], got ", s.min_lr_ratio);
-  if (s.warmup < 0) fail("--warmup must be ≥ 0, got ", s.warmup);
-  if (!(s.weight_decay >= 0)) fail("--weight-decay must be ≥ 0, got ", s.weight_decay);
-  if (!(s.beta1 >= 0 && s.beta1 < 1)) fail("--beta1 must be in [0, 1), got ", s.beta1);
-  if (!(s.beta2 >= 0 && s.beta2 < 1)) fail("--beta2 must be in [0, 1), got ", s.beta2);
-  if (!(s.eps > 0)) fail("--eps must be > 0, got ", s.eps);
-}
-
-// A resumed run keeps the settings saved in trainer_state.json; a flag given on the command line
-// must agree with them (only --steps may change: the schedule then spans the new length).
-TrainSettings resumed_settings(const TrainOptions& o, const TrainSettings& saved, const std::string& state_path) {
-  const TrainSettings& given = o.settings;
-  auto check = [&](const char* flag, const char* field, const auto& given_value, const auto& saved_value) {
-    if (o.given.count(flag) != 0 && !(given_value == saved_value)) {
-      fail(state_path, ": field '", field, "' is ", saved_value, " but --", flag, " ", given_value,
-           " was given; a resumed run keeps its settings");
-    }
-  };
-  check("seed", "seed", given.seed, saved.seed);
-  check("dtype", "dtype", given.dtype, saved.dtype);
-  check("batch", "batch", given.batch, saved.batch);
-  check("seq-len", "seq_len", given.seq_len, saved.seq_len);
-  check("grad-accum", "grad_accum", given.grad_accum, saved.grad_accum);
-  check("lr", "lr_schedule.peak_lr", given.lr, saved.lr);
-  check("min-lr-ratio", "lr_schedule.min_lr_ratio", given.min_lr_ratio, saved.min_lr_ratio);
-  check("warmup", "lr_schedule.warmup", given.warmup, saved.warmup);
-  check("weight-decay", "optimizer.weight_decay", given.weight_decay, saved.weight_decay);
-  check("beta1", "optimizer.beta1", given.beta1, saved.beta1);
-  check("beta2", "optimizer.beta2", given.beta2, saved.beta2);
-  check("eps", "optimizer.eps", given.eps, saved.eps);
-  check("clip", "optimizer.clip", given.clip, saved.clip);
-  check("moe-bias-rate", "moe_bias_rate", given.moe_bias_rate, saved.moe_bias_rate);
-  check("loss-gradients", "loss_gradients", given.loss_gradients, saved.loss_gradients);
-  check("document-mask", "document_mask", given.document_mask, saved.document_mask);
-  TrainSettings settings = saved;
-  // The indexer stage may change on resume (warm-up, then the sparse stage, from one run).
-  if (o.given.count("indexer-mode") != 0) settings.indexer_mode = given.indexer_mode;
-  if (o.given.count("indexer-loss-coef") != 0) settings.indexer_loss_coef = given.indexer_loss_coef;
-  if (o.given.count("steps") != 0 && given.steps != saved.steps) {
-    std::fprintf(stderr, "note: --steps %lld differs from the resumed run's %lld; the LR schedule now spans %lld steps\n",
-                 static_cast<long long>(given.steps), static_cast<long long>(saved.steps),
-                 static_cast<long long>(given.steps));
-    settings.steps = given.steps;
-  }
-  return settings;
-}
-
-// --config given together with a checkpoint must describe the same model.
-void check_same_config(const ModelConfig& given, const std::string& given_path, const ModelConfig& saved,
-                       const std::string& saved_path) {
-  const nlohmann::json a = given.to_json(), b = saved.to_json();
-  if (a == b) return;
-  for (const auto& [key, value] : b.items()) {
-    if (!a.contains(key) || a.at(key) != value) {
-      fail(given_path, ": field '", key, "' is ", a.contains(key) ? a.at(key).dump() : std::string("absent"),
-           " but the checkpoint's ", saved_path, " has ", value.dump());
-    }
-  }
-  fail(given_path, ": differs from the checkpoint's ", saved_path);
 }
 
 // What the activation store did in one step (metrics field "memory"): bytes saved, dropped for and
@@ -235,14 +163,6 @@ void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const T
   std::printf("%s\n", json.dump(2).c_str());
   std::fprintf(stderr, "%s\n", plan.describe().c_str());
 }
-
-struct RunSetup {
-  ModelConfig config;
-  DataMixture data;
-  std::string weights_dir;  // checkpoint or weights to load; empty: seeded initialization
-  bool resumed = false;
-  TrainerState state;       // settings and, when resumed, the saved progress
-};
 
 // Refuses a run whose planned peak, times the ranks sharing this machine (OpenMPI's local size),
 // exceeds the memory available, before anything large is allocated.
@@ -505,94 +425,6 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     if (world.is_root()) report(step, loss, grad_norm, tokens_per_s, eval, record);
     if (step == end_step || (o.save_every > 0 && step % o.save_every == 0)) save(step);
   }
-}
-
-// Resolves config, data, weights and settings for a fresh, --init or --resume run.
-RunSetup prepare_run(TrainOptions& o) {
-  RunSetup run;
-  std::string config_source = o.config_path;
-  if (!o.resume_dir.empty()) {
-    if (!o.init_dir.empty()) fail("--resume and --init are exclusive: --resume continues a run, --init starts one");
-    run.weights_dir = resolve_checkpoint_dir(o.resume_dir);
-    run.resumed = true;
-    const std::string state_path = (fs::path(run.weights_dir) / "trainer_state.json").string();
-    run.state = TrainerState::load(state_path);
-    run.state.settings = resumed_settings(o, run.state.settings, state_path);
-    if (o.data_dir.empty()) o.data_dir = run.state.data_dir;
-    if (o.out_dir.empty()) {
-      o.out_dir = fs::exists(fs::path(o.resume_dir) / "latest") ? o.resume_dir
-                                                                  : fs::path(run.weights_dir).parent_path().string();
-    }
-  } else {
-    run.state.settings = o.settings;
-    if (!o.init_dir.empty()) run.weights_dir = resolve_weights_dir(o.init_dir);
-    if (o.data_dir.empty()) fail("--data DIR is required (a directory written by `trillion tokenize`, or DIR:W,… a mixture)");
-    if (o.out_dir.empty()) fail("--out DIR is required");
-    if (fs::exists(fs::path(o.out_dir) / "latest")) {
-      fail(o.out_dir, ": already holds a training run (", o.out_dir, "/latest); continue it with --resume ", o.out_dir,
-           " or choose another --out");
-    }
-  }
-  validate_settings(run.state.settings);
-  if (o.mfu_gemm_size < 1) fail("--mfu-gemm-size must be ≥ 1, got ", o.mfu_gemm_size);
-  const TrainSettings& s = run.state.settings;
-
-  const std::string checkpoint_config =
-      run.weights_dir.empty() ? std::string() : (fs::path(run.weights_dir) / "config.json").string();
-  if (o.config_path.empty()) {
-    if (checkpoint_config.empty()) fail("--config MODEL.json is required for a new run");
-    run.config = ModelConfig::load(checkpoint_config);
-  } else {
-    run.config = ModelConfig::load(o.config_path);
-    if (run.resumed) check_same_config(run.config, o.config_path, ModelConfig::load(checkpoint_config), checkpoint_config);
-  }
-  if (s.seq_len > run.config.max_position_embeddings) {
-    fail("--seq-len ", s.seq_len, " exceeds the model's max_position_embeddings ", run.config.max_position_embeddings);
-  }
-
-  run.data = open_data_mixture(o.data_dir, run.config.vocab_size);
-  const DataDir& data = run.data.first();  // its tokenizer is every source's
-  // A checkpoint (resumed, or the weights of --init) must have been trained with the data's tokenizer.
-  const fs::path state_path = run.weights_dir.empty() ? fs::path() : fs::path(run.weights_dir) / "trainer_state.json";
-  if (!state_path.empty() && fs::exists(state_path) &&
-      TrainerState::load(state_path.string()).tokenizer_hash != data.train.tokenizer_hash) {
-    fail(state_path.string(), ": field 'tokenizer_hash' does not match the tokenizer of ", data.train.path,
-         "; the checkpoint was trained with a different tokenizer");
-  }
-  // A resumed run continues the sampler's position in the same token stream.
-  if (run.resumed && run.state.train_checksum != run.data.train_checksum()) {
-    fail(state_path.string(), ": field 'train_checksum' is ", hex64(run.state.train_checksum), " but ",
-         run.data.dirs.size() == 1 ? data.train.path : "the mixture " + o.data_dir, " has checksum ",
-         hex64(run.data.train_checksum()), "; resume with the data the run was trained on");
-  }
-  if (run.resumed && run.state.source_positions.size() != (run.data.dirs.size() > 1 ? run.data.dirs.size() : 0)) {
-    fail(state_path.string(), ": field 'source_positions' has ", run.state.source_positions.size(),
-         " entries for a --data of ", run.data.dirs.size(), " directories");
-  }
-  for (const DataDir& dir : run.data.dirs) {
-    const int64_t train_tokens = dir.train.token_count();
-    if (train_tokens < s.seq_len + 1) {
-      fail(dir.train.path, ": token_count ", train_tokens, " is too small for --seq-len ", s.seq_len,
-           " (needs at least ", s.seq_len + 1, ")");
-    }
-    if (o.eval_every > 0 && dir.val.token_count() < 2) fail(dir.val.path, ": needs at least 2 tokens for --eval-every");
-  }
-  if (run.resumed && run.state.step >= s.steps) {
-    fail(run.weights_dir, ": the run already finished (step ", run.state.step, " of --steps ", s.steps,
-         "); pass a larger --steps to continue it");
-  }
-  if (o.stop_after > 0 && o.stop_after <= run.state.step) {
-    fail("--stop-after ", o.stop_after, " is not after the resumed step ", run.state.step);
-  }
-  run.state.tokenizer_hash = data.train.tokenizer_hash;
-  run.state.train_checksum = run.data.train_checksum();
-  run.state.data_dir = format_data_mixture(run.data.sources);
-  if (o.ep > 1 && (o.recompute != "none" || o.swap != "none" || !o.memory_budget.empty())) {
-    fail("--ep ", o.ep, " with --recompute / --swap / --memory-budget: recomputation and swapping under expert ",
-         "parallelism are not built yet; expected the default policy (keep)");
-  }
-  if (ProcessGroup::world().is_root()) fs::create_directories(o.out_dir);
-  return run;
 }
 
 }  // namespace
