@@ -82,6 +82,15 @@ void register_train(CLI::App& app) {
   cmd->add_option("--eval-batches", o.eval_batches, "Batches of validation windows per evaluation");
   cmd->add_option("--log-every", o.log_every, "Progress line every K steps");
   cmd->add_option("--mfu-gemm-size", o.mfu_gemm_size, "Size N of the N³ sgemm whose rate is the MFU ceiling");
+  cmd->add_option("--on-nonfinite", o.on_nonfinite,
+                  "A step whose loss or gradient is not finite: stop (error naming the step and the first "
+                  "non-finite gradient; nothing saved) or skip (drop its update, count it, go on)")
+      ->check(CLI::IsMember({"stop", "skip"}));
+  cmd->add_option("--max-nonfinite-skips", o.max_nonfinite_skips,
+                  "With --on-nonfinite skip: more non-finite steps in a row than this end the run")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--check-numerics", o.check_numerics,
+                "Check every sublayer's output in each forward and name the first non-finite one (slower)");
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
     for (const char* flag : {"steps", "seed", "dtype", "batch", "seq-len", "grad-accum", "lr", "min-lr-ratio", "warmup",

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/error.h"
 #include "core/machine_memory.h"
@@ -346,8 +347,11 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     call(m.hooks.before_forward, 1 + layer);
     const bool last = layer + 1 == m.config.num_hidden_layers;  // its backward comes right after the head
     mixer_sublayer_forward(x, m.layer_params[layer], m.layer_dims[layer], pass, layer, m.scratch);
+    m.check_output(result, x, n * D, layer, "mixer");
     if (pass.store != nullptr) pass.store->end_forward(layer, TagSublayer::mixer, /*backward_next=*/last);
     ffn_sublayer_forward(x, m.layer_params[layer], m.layer_dims[layer], pass, layer, m.scratch);
+    if (layer == m.nan_after_layer) x[0] = std::numeric_limits<T>::quiet_NaN();
+    m.check_output(result, x, n * D, layer, "FFN");
     if (pass.store != nullptr) pass.store->end_forward(layer, TagSublayer::ffn, /*backward_next=*/last);
     call(m.hooks.after_forward, 1 + layer);
   }
@@ -396,6 +400,24 @@ void Model<T>::set_indexer_training(IndexerMode mode, double coef) {
   if (coef < 0.0) fail("indexer loss coefficient ", coef, " must be non-negative");
   impl_->indexer.mode = mode;
   impl_->indexer.coef = coef;
+}
+
+template <class T>
+void Model<T>::set_check_numerics(bool on) {
+  impl_->check_numerics = on;
+}
+
+template <class T>
+void Model<T>::inject_nan_after_layer(int layer) {
+  impl_->nan_after_layer = layer;
+}
+
+template <class T>
+void Model<T>::Impl::check_output(StepResult& result, const T* x, int64_t count, int layer, const char* sublayer) const {
+  if (!check_numerics || !result.first_nonfinite_output.empty()) return;
+  if (std::all_of(x, x + count, [](T value) { return std::isfinite(value); })) return;
+  result.first_nonfinite_output = str_cat("layer ", layer, " (", layer_type_name(config.layer_types[layer]), ") ",
+                                          sublayer, " output");
 }
 
 template <class T>

@@ -89,10 +89,15 @@ class Model {
   void set_indexer_training(IndexerMode mode, double coef);
   // Document masks (packed rows): with eos_id ≥ 0, a document ends after each eos input token, and
   // no token attends across a document start; RoPE positions restart at 0 with each document.
-  // Built for full attention, MLA and linear attention (its conv window and state restart); sparse
-  // attention is refused (the error names the layer).
-  // -1: off (the default).
+  // Built for every mixer kind (linear attention's conv window and state restart, sparse
+  // attention's indexer selects within the document). -1: off (the default).
   void set_document_mask(int32_t eos_id);
+  // --check-numerics: every forward checks the residual stream after each sublayer and names the
+  // first that is not finite in StepResult.first_nonfinite_output (one scan of [tokens, D] each).
+  void set_check_numerics(bool on);
+  // Test hook of the numeric guards: the next forwards write a NaN into the residual stream right
+  // after layer `layer`'s FFN sublayer (-1: off, the default).
+  void inject_nan_after_layer(int layer);
   // How the LM head's loss forms its gradients in training (LossGradients; default in_forward).
   void set_loss_gradients(LossGradients mode);
   // The saved activations of training steps: their policies (keep, recompute, swap per tag), the

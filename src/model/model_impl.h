@@ -32,6 +32,8 @@ struct Model<T>::Impl {
   Buffer<T> recompute_hidden;  // [tokens, D] the residual stream of a layer being recomputed
   Buffer<int32_t> positions;  // [tokens] RoPE positions: in the row, or in the document (document masks)
   int32_t document_eos = -1;  // document masks: the token that ends a document (-1: off)
+  bool check_numerics = false;  // name the first non-finite sublayer output of each forward
+  int nan_after_layer = -1;     // test hook: a NaN after this layer's FFN (-1: off)
   Buffer<int32_t> doc_start;  // [tokens] document masks: the row position where each token's document starts
   std::vector<int32_t> cu_seqlens;  // [documents + 1] document masks: the documents' starts over all tokens
   // Generation: one decode cache per layer (its kinds say how large).
@@ -56,6 +58,8 @@ struct Model<T>::Impl {
     pass.cu_seqlens = cu_seqlens.data();
     pass.segments = static_cast<int64_t>(cu_seqlens.size()) - 1;
   }
+  // --check-numerics: names the sublayer in result unless an earlier one was named or x[count] is finite.
+  void check_output(StepResult& result, const T* x, int64_t count, int layer, const char* sublayer) const;
   // The indexer loss term of a forward from its per-layer values (appended to result.aux).
   void add_indexer_loss(StepResult& result) const;
   // Sums and averages a training forward's statistics over the ranks (StatisticsReduction).

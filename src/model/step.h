@@ -88,6 +88,9 @@ struct StepResult {
   std::vector<LossTerm> aux;        // empty for a model without routers or indexer loss
   std::vector<MoeLayerStats> moe;   // one per MoE layer, in layer order
   std::vector<IndexerLayerStats> indexer;  // one per sparse layer when its loss is on
+  // With Model::set_check_numerics: the first sublayer output that held a NaN or an infinity,
+  // "layer 3 (full_attention) mixer output" (empty: none, or not checked).
+  std::string first_nonfinite_output;
   // lm.loss_sum · scales.lm + Σ coef · value · scales.aux.
   double objective(const LossScales& scales) const;
 };

@@ -31,8 +31,9 @@ struct IndexerSizes {
 };
 
 // Top-k selection, streamed: indices[b, t, :] ← the min(topk, visible_t) visible keys with the largest
-// I[b, t, s], ordered by score descending then key ascending (DESIGN.md's tie rule, as ops/topk.h),
-// padded with −1. Deterministic and independent of the thread count.
+// I[b, t, s], ordered by score descending then key ascending (DESIGN.md's tie rule, as ops/topk.h;
+// a NaN score ranks first, as there), padded with −1. Deterministic and independent of the thread
+// count.
 template <class T>
 void indexer_topk(int32_t* indices, const T* q, const T* k, const T* w, const IndexerSizes& sizes);
 

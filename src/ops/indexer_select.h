@@ -3,15 +3,16 @@
 // candidate list to its best topk, the radix sort of the final list, and the per-query running
 // list that key blocks are offered to in increasing key order. Internal to indexer.cpp.
 //
-// Rank: "score descending, then key ascending" (DESIGN.md's tie rule, as ops/topk.h). The order is
-// total and strict over distinct keys, so every selection step picks a unique set, independent of
-// the algorithm and of the thread count.
+// Rank: "score descending, then key ascending" (DESIGN.md's tie rule, as ops/topk.h), NaN above
+// every number as in ops/topk.h. The order is total and strict over distinct keys, so every
+// selection step picks a unique set, independent of the algorithm and of the thread count.
 #pragma once
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <utility>
 
 #include "ops/simd_intrinsics.h"
@@ -21,7 +22,8 @@ namespace trillion::indexer_select {
 
 // A candidate (score, key) packed into one unsigned integer whose descending order is the ranking
 // "score descending, then key ascending": the score's bits made order-preserving (−0 folded into
-// +0 first, so equal scores tie) above the bitwise complement of the key. Integer comparisons keep
+// +0 first, so equal scores tie; every NaN made the positive quiet NaN, which orders above +∞)
+// above the bitwise complement of the key. Integer comparisons keep
 // selection and sorting cheap and branch-light. 64 bits for float scores, 128 for double.
 template <class T>
 struct PackedRank;
@@ -41,7 +43,8 @@ typename PackedRank<T>::Packed pack_rank(T score, int64_t key) {
   using Bits = typename PackedRank<T>::Bits;
   using Packed = typename PackedRank<T>::Packed;
   constexpr Bits sign = Bits(1) << (8 * sizeof(Bits) - 1);
-  const Bits bits = std::bit_cast<Bits>(T(score + T(0)));
+  const Bits bits = std::isnan(score) ? std::bit_cast<Bits>(std::numeric_limits<T>::quiet_NaN())
+                                      : std::bit_cast<Bits>(T(score + T(0)));
   const Bits ordered = (bits & sign) != 0 ? ~bits : (bits | sign);
   return (Packed(ordered) << 32) | Packed(~static_cast<uint32_t>(key));
 }
@@ -129,8 +132,11 @@ int64_t append_candidates<float, uint64_t>(uint64_t* list, int64_t count, const 
   const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
   for (int64_t c = 0; c < n; c += 8) {
     const __mmask8 valid = n - c >= 8 ? __mmask8(0xFF) : __mmask8((1u << (n - c)) - 1);
-    // score + 0 folds −0 into +0; ordered = bits ^ (sign-extended sign | sign bit), as pack_rank
-    const __m256 x = _mm256_add_ps(_mm256_maskz_loadu_ps(valid, scores + c), _mm256_setzero_ps());
+    // score + 0 folds −0 into +0, NaN becomes the positive quiet NaN; ordered = bits ^
+    // (sign-extended sign | sign bit), as pack_rank
+    const __m256 loaded = _mm256_add_ps(_mm256_maskz_loadu_ps(valid, scores + c), _mm256_setzero_ps());
+    const __m256 x = _mm256_blendv_ps(loaded, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()),
+                                      _mm256_cmp_ps(loaded, loaded, _CMP_UNORD_Q));
     const __m256i bits = _mm256_castps_si256(x);
     const __m256i ordered = _mm256_xor_si256(bits, _mm256_or_si256(_mm256_srai_epi32(bits, 31), sign));
     const __m512i keys = _mm512_add_epi64(_mm512_set1_epi64(j0 + c), lane);
@@ -162,19 +168,18 @@ struct RunningTopk {
     compacted = true;
     worst_kept = *std::min_element(list, list + topk);
   }
-  // Offers the visible scores of one key block, keys j0, j0 + 1, …; returns whether one was NaN
-  // (a block with a NaN is not offered: the caller fails a CHECK).
-  bool offer(const T* scores, int64_t visible, int64_t j0) {
-    bool nan = false;
-    for (int64_t c = 0; c < visible; ++c) nan |= std::isnan(scores[c]);
-    if (nan || visible == 0) return nan;
+  // Offers the visible scores of one key block, keys j0, j0 + 1, ….
+  void offer(const T* scores, int64_t visible, int64_t j0) {
+    if (visible == 0) return;
     // Once the list is compacted only a candidate ranking before the worst kept one can enter
     // (a later key with an equal score ranks after it); most blocks then hold none: the best
-    // candidate a block can offer is its largest score at its first key.
-    if (compacted && !(pack_rank(max_value(scores, visible), j0) > worst_kept)) return false;
+    // candidate a block can offer is its largest score at its first key (a NaN, which ranks
+    // first, always enters).
+    bool nan = false;
+    for (int64_t c = 0; c < visible; ++c) nan |= std::isnan(scores[c]);
+    if (compacted && !nan && !(pack_rank(max_value(scores, visible), j0) > worst_kept)) return;
     if (count > 2 * topk) compact();
     count = append_candidates(list, count, scores, visible, j0, compacted, worst_kept);
-    return false;
   }
   // out[topk] ← the best min(topk, count) keys in rank order, then −1.
   void write(int32_t* out) {

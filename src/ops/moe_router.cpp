@@ -149,19 +149,11 @@ void router_select(int32_t* index, const T* scores, const T* bias, int64_t token
     return;
   }
   Buffer<T> biased(tokens * E);  // [N, E] scores + bias, then masked to the kept groups
-  // NaN is checked here, before masking could hide it behind −∞.
-  std::atomic<bool> found_nan{false};
   parallel_for(tokens, [&](int64_t t) {
     const T* s = scores + t * E;   // [E]
     T* b = biased.data() + t * E;  // [E]
-    bool nan = false;
-    for (int64_t e = 0; e < E; ++e) {
-      b[e] = bias != nullptr ? s[e] + bias[e] : s[e];
-      nan |= std::isnan(b[e]);
-    }
-    if (nan) found_nan.store(true, std::memory_order_relaxed);
+    for (int64_t e = 0; e < E; ++e) b[e] = bias != nullptr ? s[e] + bias[e] : s[e];
   });
-  TRILLION_CHECK(!found_nan.load(), "router_select: NaN in scores + bias of ", tokens, " tokens");
   if (dims.topk_group < dims.n_group) {
     Buffer<T> group_scores(tokens * dims.n_group);           // [N, n_group]
     Buffer<int32_t> group_index(tokens * dims.topk_group);  // [N, topk_group]

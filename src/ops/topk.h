@@ -2,7 +2,9 @@
 // score descending, then by index ascending (DESIGN.md: every top-k breaks ties this way), so the
 // result does not depend on the thread count or on the sorting algorithm. Used by the MoE router
 // and, later, by the sparse-attention indexer. −∞ scores (masked entries) are allowed and rank
-// last; NaN scores are an invariant failure (CHECK). Saves nothing; has no backward (a selection).
+// last; NaN scores rank first (above +∞, as torch.topk ranks them), so a NaN upstream is selected
+// and flows on into the step's loss, where the trainer's numeric guard names it (train/
+// numeric_guard.h). Saves nothing; has no backward (a selection).
 #pragma once
 
 #include <cstdint>

@@ -92,6 +92,7 @@ nlohmann::json TrainerState::to_json() const {
       {"document_mask", s.document_mask},
   };
   if (!source_positions.empty()) json["source_positions"] = source_positions;
+  if (nonfinite_skips > 0) json["nonfinite_skips"] = nonfinite_skips;
   return json;
 }
 
@@ -172,6 +173,11 @@ TrainerState TrainerState::load(const std::string& path) {
     }
     if (sum != state.sampler_position)
       fail(path, ": field 'source_positions' sums to ", sum, ", not 'sampler_position' ", state.sampler_position);
+  }
+  if (json.contains("nonfinite_skips")) {  // only runs that skipped a step
+    state.nonfinite_skips = int_field(json, "nonfinite_skips", path);
+    if (state.nonfinite_skips < 0 || state.nonfinite_skips > state.step)
+      fail(path, ": field 'nonfinite_skips' must be in [0, step=", state.step, "], got ", state.nonfinite_skips);
   }
   if (state.tokens_seen < 0) fail(path, ": field 'tokens_seen' must be >= 0, got ", state.tokens_seen);
   if (state.step < 0 || state.step > s.steps) fail(path, ": field 'step' must be in [0, steps=", s.steps, "], got ", state.step);

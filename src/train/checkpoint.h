@@ -54,6 +54,7 @@ struct TrainerState {
   std::string data_dir;         // the --data spec, directories absolute (data/mixture.h)
   int64_t tokens_seen = 0;
   double elapsed_s = 0.0;
+  int64_t nonfinite_skips = 0;  // steps dropped as non-finite (--on-nonfinite skip) so far
 
   nlohmann::json to_json() const;
   // Parses OUT/checkpoint-*/trainer_state.json; errors name the file and the field.

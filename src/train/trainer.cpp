@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -24,6 +26,7 @@
 #include "model/config.h"
 #include "model/lightning_indexer.h"
 #include "model/model.h"
+#include "ops/adamw.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
@@ -33,8 +36,10 @@
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/moe_balance.h"
+#include "train/numeric_guard.h"
 #include "train/optimizer.h"
 #include "train/run_setup.h"
+#include "train/stop_signals.h"
 #include "train/sharded_checkpoint.h"
 
 namespace trillion {
@@ -354,6 +359,10 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     }
   };
 
+  const StopSignals stop_signals;
+  NumericGuard guard{on_nonfinite_from_name(o.on_nonfinite), o.max_nonfinite_skips, o.check_numerics};
+  model.set_check_numerics(o.check_numerics);
+  const NanInjection nan_injection = nan_injection_from_environment();
   for (int64_t step = start_step + 1; step <= end_step; ++step) {
     const Clock::time_point step_start = Clock::now();
     MemoryStats::reset_peak(Tier::fast);
@@ -371,19 +380,31 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     const ExpertParallelCounters experts_before = experts ? experts->counters() : ExpertParallelCounters{};
     if (fsdp) fsdp->reset_peak();
     hyper.lr = schedule.at(step);
+    std::string nonfinite;  // a dropped non-finite step: what went wrong (numeric_guard.h)
     if (!skipped) {
+      model.inject_nan_after_layer(step == nan_injection.step ? nan_injection.layer : -1);
+      std::string first_output;  // --check-numerics: the first non-finite sublayer output
       for (int64_t micro = 0; micro < s.grad_accum; ++micro) {
         const int64_t at = (micro * s.batch + world.rank() * local_batch) * s.seq_len;  // this rank's rows
         if (fsdp) fsdp->set_last_micro_batch(micro + 1 == s.grad_accum);
         const StepResult result =
             model.forward_backward(inputs.data() + at, targets.data() + at, local_batch, s.seq_len, scales);
         loss_sum += result.lm.loss_sum;
+        if (first_output.empty()) first_output = result.first_nonfinite_output;
         stats.add(result);
       }
       if (ranks > 1) loss_sum = world.all_reduce_sum(loss_sum);
-      grad_norm = optimizer.clip_and_step(step_params, step_grads, step, hyper, s.clip);
+      grad_norm = optimizer.global_grad_norm(step_grads);
+      nonfinite = guard.check(step, loss_sum * scales.lm, grad_norm, first_output, model.table(), optimizer.layout(),
+                              step_grads, world);
+      if (nonfinite.empty()) optimizer.step(step_params, step_grads, step, hyper, clip_factor(grad_norm, s.clip));
       if (!fsdp) model.zero_grads();  // FSDP released (zeroed) each unit's gradients after reducing them
-      for (const auto& hook : after_step) hook(stats);
+      if (nonfinite.empty()) {
+        for (const auto& hook : after_step) hook(stats);
+      } else {
+        ++run.state.nonfinite_skips;
+        if (world.is_root()) std::fprintf(stderr, "skipped (--on-nonfinite skip): %s\n", nonfinite.c_str());
+      }
     }
     const double lm_loss = loss_sum * scales.lm;
     const double loss = lm_loss + stats.aux_objective();
@@ -413,6 +434,11 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     record["memory"]["planned_peak_bytes"] = plan.peak_fast;
     if (budget > 0) record["memory"]["budget_bytes"] = budget;
     if (skipped) record["skipped"] = "no counted targets in the step's micro-batches; weights unchanged";
+    if (!nonfinite.empty()) {
+      record["skipped"] = "not finite; the update was dropped: " + nonfinite;
+      record["loss"] = record["lm_loss"] = nullptr;
+    }
+    if (run.state.nonfinite_skips > 0) record["nonfinite_skips"] = run.state.nonfinite_skips;
     stats.write_metrics(record);
     if (fsdp) record["fsdp"] = fsdp_record(world, *fsdp, fsdp_before, peak_bytes);
     if (experts) {
@@ -423,7 +449,17 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
       eval = evaluate_loss(model, run.data.val_streams(), s.seq_len, s.batch, o.eval_batches);
     }
     if (world.is_root()) report(step, loss, grad_norm, tokens_per_s, eval, record);
-    if (step == end_step || (o.save_every > 0 && step % o.save_every == 0)) save(step);
+    // Preemption (train/stop_signals.h): a signal on any rank stops every rank after this step.
+    const bool stop = step < end_step && stop_signals.stop_requested(world);
+    if (step == end_step || stop || (o.save_every > 0 && step % o.save_every == 0)) save(step);
+    if (stop) {
+      if (world.is_root())
+        std::fprintf(stderr, "stopped after step %lld (%s); continue with: trillion train --resume %s\n",
+                     static_cast<long long>(step),
+                     stop_signals.received() != 0 ? strsignal(stop_signals.received()) : "another rank was signalled",
+                     out_dir.c_str());
+      return;
+    }
   }
 }
 

@@ -7,7 +7,8 @@
 // says), zero the gradients, append a metrics.jsonl line, and checkpoint when due.
 // A run starts fresh (seeded init), from weights (--init: a new run) or resumes (--resume: weights,
 // optimizer, step, schedule and data position, so the continued run is bitwise identical to an
-// uninterrupted one).
+// uninterrupted one). A SIGTERM or SIGINT ends the run after its current step with a checkpoint
+// (train/stop_signals.h).
 //
 // MFU (metrics field `mfu`, float32 runs only): model FLOPs per second (training_flops_per_token ×
 // tokens/s, the active FLOPs for MoE) as a fraction of the ceiling `trillion bench gemm` reports,
@@ -43,6 +44,11 @@ struct TrainOptions {
   int64_t eval_batches = 8;     // batches of `batch` windows per evaluation
   int64_t log_every = 1;        // progress line every that many steps
   int64_t mfu_gemm_size = 2048;  // size of the sgemm that sets the MFU ceiling (see above)
+  // Numeric guards (train/numeric_guard.h): what a non-finite step does, how many may be skipped in
+  // a row, and whether each forward names its first non-finite sublayer output.
+  std::string on_nonfinite = "stop";
+  int64_t max_nonfinite_skips = 10;
+  bool check_numerics = false;
   // Memory policy of the saved activations (memory/save_policies.h); results are bitwise the same
   // under every policy, so these are settings of the process, not of the run.
   std::string recompute = "none";

@@ -387,7 +387,7 @@ TEST(MoeRouter, ThreadCountDoesNotMatter) {
   }
 }
 
-TEST(MoeRouterDeathTest, BadDimsAndNanScoresFailChecks) {
+TEST(MoeRouterDeathTest, BadDimsFailChecks) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   std::vector<float> scores(2 * 8, 0.5f);
   std::vector<int32_t> index(2 * 8);
@@ -399,13 +399,23 @@ TEST(MoeRouterDeathTest, BadDimsAndNanScoresFailChecks) {
   EXPECT_DEATH(run(make_dims(kSigmoid, 8, 2, true, 4, 5)), "topk_group");
   EXPECT_DEATH(run(make_dims(kSigmoid, 8, 5, true, 4, 2)), "fewer than top_k");
   EXPECT_DEATH(run(make_dims(kSoftmax, 8, 2, true, 4, 2)), "sigmoid scoring only");
-  scores[8 + 6] = std::numeric_limits<float>::quiet_NaN();  // in group 3, which the masking would drop
-  EXPECT_DEATH(run(make_dims(kSigmoid, 8, 2, true, 4, 1)), "NaN");
-  EXPECT_DEATH(run(make_dims(kSoftmax, 8, 2, true)), "NaN score in row 1");
   std::vector<float> weight(2 * 2);
   index[3] = 8;
   const RouterDims d = make_dims(kSigmoid, 8, 2, true);
   EXPECT_DEATH(router_weights_forward<float>(weight.data(), scores.data(), index.data(), 2, d), "router index 8");
+}
+
+// A NaN score is selected first (ops/topk.h), with and without group masking, so it flows on.
+TEST(MoeRouter, NanScoresAreSelectedFirst) {
+  std::vector<float> scores(2 * 8, 0.5f);
+  for (int e = 0; e < 8; ++e) scores[8 + e] = 0.1f * float(e);
+  scores[8 + 2] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int32_t> index(2 * 2);
+  router_select<float>(index.data(), scores.data(), nullptr, 2, make_dims(kSigmoid, 8, 2, true));
+  EXPECT_EQ(index[2], 2);
+  EXPECT_EQ(index[3], 7);
+  router_select<float>(index.data(), scores.data(), nullptr, 2, make_dims(kSoftmax, 8, 2, true));
+  EXPECT_EQ(index[2], 2);
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // Deterministic row-wise top-k: against a stable-sort reference on random rows (continuous values,
 // values drawn from a small set so that most entries tie, −∞ entries), k = 1, k = n, odd sizes, both
-// row kernels (small k by insertion, large k by selection); thread-count independence; NaN fails.
+// row kernels (small k by insertion, large k by selection); thread-count independence; NaN ranks first.
 #include "ops/topk.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +18,8 @@ namespace {
 
 using test::random_values;
 
-// Each row's positions stable-sorted by value descending (ties keep ascending positions), first k.
+// Each row's positions stable-sorted by value descending, NaN first (ties keep ascending positions),
+// first k.
 template <class T>
 std::vector<int32_t> topk_reference(const std::vector<T>& scores, int64_t rows, int64_t n, int64_t k) {
   std::vector<int32_t> out;
@@ -26,7 +27,9 @@ std::vector<int32_t> topk_reference(const std::vector<T>& scores, int64_t rows, 
     std::vector<int32_t> order(n);
     std::iota(order.begin(), order.end(), 0);
     const T* row = scores.data() + r * n;
-    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
+      return std::isnan(row[a]) ? !std::isnan(row[b]) : row[a] > row[b];
+    });
     out.insert(out.end(), order.begin(), order.begin() + k);
   }
   return out;
@@ -123,14 +126,29 @@ TEST(TopK, ThreadCountDoesNotMatter) {
   }
 }
 
-TEST(TopKDeathTest, NanScoreAndBadSizesFailChecks) {
+// NaN ranks above every number (+∞ included), NaNs among themselves by index, in both kernels:
+// a NaN upstream is selected and flows on to the loss, where the numeric guard names it.
+TEST(TopK, NanScoresRankFirst) {
+  const int64_t rows = 6, n = 50;
+  std::vector<float> scores = make_scores<float>(rows, n, Values::continuous, 400);
+  scores[4 * n + 31] = std::numeric_limits<float>::quiet_NaN();
+  scores[4 * n + 7] = -std::numeric_limits<float>::quiet_NaN();
+  scores[4 * n + 12] = std::numeric_limits<float>::infinity();
+  for (const int64_t k : {int64_t(3), int64_t(40)}) {  // insertion, selection
+    std::vector<int32_t> top(rows * k);
+    topk_rows<float>(top.data(), scores.data(), rows, n, k);
+    EXPECT_EQ(top[4 * k + 0], 7) << "k=" << k;
+    EXPECT_EQ(top[4 * k + 1], 31) << "k=" << k;
+    EXPECT_EQ(top[4 * k + 2], 12) << "k=" << k;
+    EXPECT_EQ(top, topk_reference(scores, rows, n, k)) << "k=" << k;
+  }
+}
+
+TEST(TopKDeathTest, BadSizesFailChecks) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   const int64_t rows = 6, n = 50;
   std::vector<float> scores = make_scores<float>(rows, n, Values::continuous, 400);
-  scores[4 * n + 2] = std::numeric_limits<float>::quiet_NaN();
   std::vector<int32_t> top(rows * n);
-  EXPECT_DEATH(topk_rows<float>(top.data(), scores.data(), rows, n, 3), "NaN score in row 4");   // insertion
-  EXPECT_DEATH(topk_rows<float>(top.data(), scores.data(), rows, n, 40), "NaN score in row 4");  // selection
   EXPECT_DEATH(topk_rows<float>(top.data(), scores.data(), rows, n, 0), "topk sizes");
   EXPECT_DEATH(topk_rows<float>(top.data(), scores.data(), rows, n, n + 1), "topk sizes");
 }

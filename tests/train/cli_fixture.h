@@ -4,6 +4,8 @@
 // trained run that the checkpoint, eval and generate tests inspect.
 #pragma once
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -20,6 +22,8 @@
 
 #include "core/rng.h"
 #include "data/shards.h"
+
+extern char** environ;
 
 namespace trillion::train_test {
 
@@ -53,6 +57,26 @@ inline CommandResult run_shell(const std::string& command) {
 inline CommandResult run_cli(const std::string& args, const std::string& env = "OMP_NUM_THREADS=1",
                              bool stdout_only = false) {
   return run_shell(env + " " + TRILLION_BINARY + " " + args + (stdout_only ? " 2>/dev/null" : " 2>&1"));
+}
+
+// Starts the trillion binary with `args` (split at spaces) in the background, its output appended
+// to `log`, behind `launcher` if given (such as "mpirun -np 2"); returns its pid (-1 if it could
+// not start). For tests that signal or kill a run.
+inline pid_t spawn_trillion(const std::string& args, const fs::path& log, const std::string& launcher = "") {
+  std::vector<std::string> words;
+  std::istringstream in(launcher + " " + TRILLION_BINARY + " " + args);
+  for (std::string word; in >> word;) words.push_back(word);
+  std::vector<char*> argv;
+  for (std::string& word : words) argv.push_back(word.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  pid_t pid = -1;
+  const int error = posix_spawnp(&pid, argv[0], &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  return error == 0 ? pid : -1;
 }
 
 inline std::string read_text(const fs::path& path) {

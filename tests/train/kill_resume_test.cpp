@@ -2,11 +2,8 @@
 // every step with --keep-last 2, each time resumed (or started again while no checkpoint is
 // complete): the finished run's losses and final weights are bitwise those of an uninterrupted
 // run, and only the newest two checkpoints remain. Also --keep-last's own rules.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -14,7 +11,6 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -23,31 +19,11 @@
 #include "train/checkpoint.h"
 #include "train/cli_fixture.h"
 
-extern char** environ;
-
 namespace trillion::train_test {
 namespace {
 
 constexpr int64_t kSteps = 400;  // 20 kills reach step ~80 here: start-up takes most of each try
 constexpr int kKills = 20;
-
-// Starts the trillion binary with `args` (split at spaces), output to `log`; returns its pid.
-pid_t spawn_trillion(const std::string& args, const fs::path& log) {
-  std::vector<std::string> words = {TRILLION_BINARY};
-  std::istringstream in(args);
-  for (std::string word; in >> word;) words.push_back(word);
-  std::vector<char*> argv;
-  for (std::string& word : words) argv.push_back(word.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-  posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = -1;
-  const int error = posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  return error == 0 ? pid : -1;
-}
 
 // Checkpoint directories (complete ones, by name) in `out`.
 std::vector<std::string> checkpoints_in(const fs::path& out) {

@@ -88,7 +88,9 @@ void indexer_ref_topk(int32_t* indices, const T* q, const T* k, const T* w, cons
     std::vector<int32_t> order;  // the visible keys, ascending
     for (int64_t j = 0; j < s.kv_len; ++j)
       if (visible(s, bt / s.q_len, bt % s.q_len, j)) order.push_back(static_cast<int32_t>(j));
-    std::stable_sort(order.begin(), order.end(), [row](int32_t a, int32_t b) { return row[a] > row[b]; });
+    std::stable_sort(order.begin(), order.end(), [row](int32_t a, int32_t b) {
+      return std::isnan(row[a]) ? !std::isnan(row[b]) : row[a] > row[b];  // NaN first, as ops/topk.h
+    });
     const int64_t kept = std::min<int64_t>(s.topk, static_cast<int64_t>(order.size()));
     int32_t* out = indices + bt * s.topk;  // [topk]
     std::copy(order.begin(), order.begin() + kept, out);

@@ -16,7 +16,7 @@ namespace trillion {
 template <class T>
 void indexer_ref_scores(T* scores, const T* q, const T* k, const T* w, const IndexerSizes& sizes);
 
-// indices[batch, q_len, topk] ← per row, the visible keys stable-sorted by score descending (so
+// indices[batch, q_len, topk] ← per row, the visible keys stable-sorted by score descending, NaN first (so
 // ties keep key order), the first min(topk, visible) of them, then −1.
 template <class T>
 void indexer_ref_topk(int32_t* indices, const T* q, const T* k, const T* w, const IndexerSizes& sizes);
