@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev         # tests
   libopenmpi-dev openmpi-bin        # distributed runs (later issues)
   fortunes fortunes-min             # the default corpus: fortune cookie files
+  clang libclang-rt-14-dev libomp-14-dev   # the parsers' libFuzzer targets (scripts/fuzz.sh)
 )
 
 start=$(date +%s)

@@ -6,3 +6,6 @@ bash scripts/setup.sh
 start=$(date +%s)
 ctest --test-dir build --output-on-failure -j"$(nproc)" --timeout 900
 echo "tests: finished in $(($(date +%s) - start)) s" >&2
+start=$(date +%s)
+bash scripts/fuzz.sh  # the parsers' fuzz targets: a fixed number of executions each, under ASan + UBSan
+echo "fuzz targets: built and run in $(($(date +%s) - start)) s" >&2

@@ -324,6 +324,19 @@ nlohmann::json ModelConfig::to_json() const {
       {"index_head_dim", index_head_dim},
       {"index_topk", index_topk},
   };
+  if (model_type == "kimi_linear") {  // its own form, as its config.json has it (parse_kimi_linear_attention)
+    nlohmann::json kda = nlohmann::json::array(), full = nlohmann::json::array();
+    for (int64_t l = 0; l < num_hidden_layers; ++l)
+      (layer_types[l] == LayerType::linear_attention ? kda : full).push_back(l + 1);
+    for (const char* generic : {"linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim",
+                                "linear_value_head_dim", "linear_conv_kernel_dim"})
+      json.erase(generic);
+    nlohmann::json block = {{"short_conv_kernel_size", linear_conv_kernel_dim}, {"kda_layers", kda},
+                            {"full_attn_layers", full}};
+    if (linear_num_key_heads > 0) block["num_heads"] = linear_num_key_heads;  // 0: never given (no KDA layer)
+    if (linear_key_head_dim > 0) block["head_dim"] = linear_key_head_dim;
+    json["linear_attn_config"] = block;
+  }
   if (!family.always_qk_norm) json["use_qk_norm"] = use_qk_norm;
   if (family.mla) {
     json["q_lora_rank"] = q_lora_rank > 0 ? nlohmann::json(q_lora_rank) : nlohmann::json(nullptr);

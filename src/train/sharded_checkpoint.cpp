@@ -94,17 +94,33 @@ void read_sharded_checkpoint(const std::string& dir, const ParamTable& table, T*
          " tensors; the model config's parameter table has ", table.entries().size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ParamSpec& spec = table.entries()[i];
-    if (tensors[i].value("name", "") != spec.name || tensors[i].value("offset", int64_t{-1}) != spec.offset)
+    const nlohmann::json& tensor = tensors[i];
+    if (!tensor.is_object() || !tensor.contains("name") || tensor.at("name") != spec.name || !tensor.contains("offset") ||
+        tensor.at("offset") != spec.offset)
       fail(index_path, ": field 'tensors' entry ", i, " is ", tensors[i].dump(), "; the model config's parameter table has ",
            spec.name, " at flat offset ", spec.offset);
   }
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
-  for (const nlohmann::json& slice : field("slices")) {
-    const std::string file = slice.at("file");
-    const int64_t global = slice.at("global"), count = slice.at("count");
-    const std::string k = std::to_string(slice.at("k").get<int64_t>());
-    if (global < 0 || count < 0 || global + count > table.trainable_size())
-      fail(index_path, ": slice [", global, ", ", global + count, ") of ", file, " lies outside the trainable elements");
+  const nlohmann::json& slices = field("slices");
+  if (!slices.is_array()) fail(index_path, ": field 'slices' is ", slices.dump(), "; expected an array");
+  for (size_t i = 0; i < slices.size(); ++i) {
+    const nlohmann::json& slice = slices[i];
+    const auto has = [&](const char* name, bool text) {
+      return slice.is_object() && slice.contains(name) &&
+             (text ? slice.at(name).is_string() : slice.at(name).is_number_integer());
+    };
+    if (!has("file", true) || !has("k", false) || !has("global", false) || !has("count", false))
+      fail(index_path, ": field 'slices' entry ", i, " is ", slice.dump(),
+           "; expected {\"file\": a shard file name, \"k\", \"global\", \"count\": integers}");
+    const std::string file = slice.at("file").get<std::string>();
+    const int64_t global = slice.at("global").get<int64_t>(), count = slice.at("count").get<int64_t>();
+    const int64_t k_index = slice.at("k").get<int64_t>();
+    if (file.empty() || file.find('/') != std::string::npos || file == "." || file == "..")
+      fail(index_path, ": field 'slices' entry ", i, " names the file \"", file, "\"; expected a plain name in shards/");
+    if (k_index < 0) fail(index_path, ": field 'slices' entry ", i, " has k ", k_index, "; expected k >= 0");
+    if (global < 0 || count < 0 || count > table.trainable_size() - global)
+      fail(index_path, ": slice [", global, ", +", count, ") of ", file, " lies outside the trainable elements");
+    const std::string k = std::to_string(k_index);
     auto& reader = readers[file];
     if (!reader) reader = std::make_unique<SafetensorsReader>((fs::path(dir) / "shards" / file).string());
     reader->read("params." + k, {count}, params + global);

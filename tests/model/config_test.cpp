@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
+#include "io/atomic_file.h"
 #include "io/test_files.h"
 
 namespace trillion {
@@ -110,6 +112,30 @@ TEST(ModelConfig, JsonRoundTrip) {
   EXPECT_EQ(ModelConfig::from_json(written, "round trip").to_json(), written);
   EXPECT_EQ(written["rope_parameters"]["rope_theta"], 1e6);
   EXPECT_EQ(written["tie_word_embeddings"], true);
+}
+
+// Every committed config, and the fuzzer's find (a kimi_linear config without KDA layers), reads
+// back exactly what it writes: a checkpoint's config.json is this JSON, so a family whose written
+// form did not read back could not be resumed (Kimi-Linear's could not, until it was written in
+// its own linear_attn_config form).
+TEST(ModelConfig, EveryCommittedConfigRoundTripsExactly) {
+  std::vector<std::string> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(kConfigDir)) paths.push_back(entry.path().string());
+  ASSERT_GE(paths.size(), 20u);
+  nlohmann::json no_kda = nlohmann::json::parse(read_file(kConfigDir + "tiny_kimi_linear.json"));
+  no_kda.erase("layer_types");
+  for (const ModelConfig& config : [&] {
+         std::vector<ModelConfig> configs;
+         for (const std::string& path : paths) configs.push_back(ModelConfig::load(path));
+         configs.push_back(ModelConfig::from_json(no_kda, "tiny_kimi_linear.json without layer_types"));
+         return configs;
+       }()) {
+    const nlohmann::json written = config.to_json();
+    EXPECT_EQ(ModelConfig::from_json(written, config.source + " (written)").to_json(), written) << config.source;
+  }
+  const nlohmann::json kimi = ModelConfig::load(kConfigDir + "tiny_kimi_linear.json").to_json();
+  EXPECT_TRUE(kimi.contains("linear_attn_config")) << kimi.dump();
+  EXPECT_FALSE(kimi.contains("linear_num_key_heads")) << kimi.dump();
 }
 
 TEST(ModelConfig, CommittedConfigsLoad) {
