@@ -1,6 +1,14 @@
 // The progress line: its fields, and no truncation or overflow when a number prints very long.
+// metrics.jsonl through the file-output interface: a resumed log keeps the lines up to its step,
+// and a failed append or fsync is an error naming the file (fault injection).
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
+
+#include "io/atomic_file.h"
+#include "io/file_output.h"
+#include "io/test_files.h"
 #include "train/metrics.h"
 
 namespace trillion {
@@ -41,6 +49,34 @@ TEST(ProgressLine, HugeNumbersAreNotCut) {
   EXPECT_GT(line.size(), 1200u);
   EXPECT_NE(line.find(" | MFU 50.0% | val 1"), std::string::npos) << line;
   EXPECT_TRUE(line.ends_with(" | ETA 1:00:00")) << line;
+}
+
+TEST(MetricsLog, KeepsLinesUpToTheResumedStepAndNamesTheFileOnFailure) {
+  testing::ScratchDir dir;
+  const std::string path = dir.path() + "/metrics.jsonl";
+  {
+    MetricsLog log(dir.path(), 0);
+    for (int step = 1; step <= 3; ++step) log.append({{"step", step}, {"loss", 1.0 / step}});
+    log.sync();
+  }
+  {
+    MetricsLog resumed(dir.path(), 2);
+    resumed.append({{"step", 3}, {"loss", 0.25}});
+  }
+  EXPECT_EQ(read_file(path), "{\"loss\":1.0,\"step\":1}\n{\"loss\":0.5,\"step\":2}\n{\"loss\":0.25,\"step\":3}\n");
+
+  for (const FileOperation operation : {FileOperation::write, FileOperation::fsync}) {
+    MetricsLog log(dir.path(), 3);  // its atomic rewrite, before the faults
+    FaultInjectingFileOutput output;
+    output.fail_nth(operation, 1, operation == FileOperation::write ? ENOSPC : EIO);
+    ScopedFileOutput scope(output);
+    const std::string message = testing::error_message([&] {
+      log.append({{"step", 4}, {"loss", 0.2}});
+      log.sync();
+    });
+    EXPECT_NE(message.find(path), std::string::npos) << message;
+    EXPECT_NE(message.find(std::strerror(operation == FileOperation::write ? ENOSPC : EIO)), std::string::npos) << message;
+  }
 }
 
 }  // namespace
