@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <filesystem>
 
 #include <nlohmann/json.hpp>
@@ -158,12 +159,20 @@ TokenSplit read_indexed_split(const std::string& directory, const std::string& i
   };
   if (field(index, "format") != "trillion-token-shards" || field(index, "version") != 1)
     fail(index_path, ": fields 'format' / 'version' are not \"trillion-token-shards\" / 1");
+  // A non-negative integer up to `most` (a float or a negative number is refused, not converted).
+  const auto count = [&](const nlohmann::json& object, const char* name, uint64_t most) {
+    const nlohmann::json& value = field(object, name);
+    if (!value.is_number_unsigned() || value.get<uint64_t>() > most)
+      fail(index_path, ": field '", name, "' is ", value.dump(), "; expected an integer in [0, ", most, "]");
+    return value.get<uint64_t>();
+  };
+  constexpr uint64_t kAny = std::numeric_limits<uint64_t>::max();
   TokenSplit split;
   split.path = index_path;
   try {
-    split.vocab_size = field(index, "vocab_size").get<uint32_t>();
-    split.tokenizer_hash = field(index, "tokenizer_hash").get<uint64_t>();
-    split.text_bytes = field(index, "text_bytes").get<uint64_t>();
+    split.vocab_size = static_cast<uint32_t>(count(index, "vocab_size", uint64_t(INT32_MAX)));
+    split.tokenizer_hash = count(index, "tokenizer_hash", kAny);
+    split.text_bytes = count(index, "text_bytes", kAny);
     std::vector<uint64_t> checksums;
     int64_t tokens = 0;
     for (const nlohmann::json& entry : field(index, "shards")) {
@@ -173,8 +182,8 @@ TokenSplit read_indexed_split(const std::string& directory, const std::string& i
       const auto expect = [&](bool same, const char* what) {
         if (!same) fail(shard.path, ": ", what, " does not match ", index_path, " (", entry.dump(), ")");
       };
-      expect(shard.tokens.size() == field(entry, "tokens").get<uint64_t>(), "token_count");
-      expect(shard.checksum == field(entry, "checksum").get<uint64_t>(), "checksum");
+      expect(shard.tokens.size() == count(entry, "tokens", kAny), "token_count");
+      expect(shard.checksum == count(entry, "checksum", kAny), "checksum");
       expect(shard.vocab_size == split.vocab_size, "vocab_size");
       expect(shard.tokenizer_hash == split.tokenizer_hash, "tokenizer_hash");
       checksums.push_back(shard.checksum);
@@ -182,7 +191,7 @@ TokenSplit read_indexed_split(const std::string& directory, const std::string& i
       split.shards.push_back(std::move(shard));
     }
     if (split.shards.empty()) fail(index_path, ": field 'shards' is empty");
-    if (tokens != field(index, "tokens").get<int64_t>())
+    if (uint64_t(tokens) != count(index, "tokens", uint64_t(INT64_MAX)))
       fail(index_path, ": field 'tokens' is ", field(index, "tokens").dump(), ", the shards hold ", tokens);
     split.checksum = combined_checksum(checksums);
   } catch (const nlohmann::json::exception& e) {
