@@ -38,7 +38,8 @@ void expect_gradients_match(const ModelConfig& config) {
   test::with_threads(1, [&] { report = check_model_gradients(config, options); });
   ASSERT_TRUE(report.full);
   int64_t trainable = 0;
-  for (const ParamSpec& spec : Model<double>(config).table().entries()) trainable += spec.trainable();
+  const Model<double> model(config);  // named: a temporary in the range would be gone before the loop
+  for (const ParamSpec& spec : model.table().entries()) trainable += spec.trainable();
   EXPECT_EQ(static_cast<int64_t>(report.tensors.size()), trainable);
   for (const TensorCheck& t : report.tensors) {
     EXPECT_LE(t.rel_err, 1e-6) << t.name << " max_abs_err " << t.max_abs_err << " max_ref " << t.max_ref;

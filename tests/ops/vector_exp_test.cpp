@@ -105,7 +105,7 @@ void check_isas_agree(const CounterRng& rng) {
     const T sum2 = under(VectorIsa::avx2, [&] { return exp_shifted_sum(x2.data(), n, shift); });
     const T sum5 = under(VectorIsa::avx512, [&] { return exp_shifted_sum(x5.data(), n, shift); });
     expect_same_bits("sum", sum2, sum5);
-    EXPECT_EQ(std::memcmp(x2.data(), x5.data(), n * sizeof(T)), 0) << "n " << n;
+    EXPECT_TRUE(n == 0 || std::memcmp(x2.data(), x5.data(), n * sizeof(T)) == 0) << "n " << n;  // empty: null data
   }
 }
 

@@ -41,8 +41,9 @@ TEST_P(DistributedGradcheck, TheShardedGradientIsOneProcesss) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, DistributedGradcheck,
-    testing::Values(Layout{"tiny_qwen3_moe", 2, 1}, Layout{"tiny_qwen3_moe", 4, 2}, Layout{"tiny_glm4_moe", 4, 4},
-                    Layout{"tiny_qwen3_next_hybrid", 2, 2}, Layout{"tiny_kimi_linear", 4, 2},
+    testing::Values(Layout{"tiny_qwen3_moe", 2, 1, ""}, Layout{"tiny_qwen3_moe", 4, 2, ""},
+                    Layout{"tiny_glm4_moe", 4, 4, ""}, Layout{"tiny_qwen3_next_hybrid", 2, 2, ""},
+                    Layout{"tiny_kimi_linear", 4, 2, ""},
                     Layout{"tiny_deepseek_v32", 2, 2, "--indexer-mode dense --indexer-loss-coef 0.5"}),
     [](const testing::TestParamInfo<Layout>& info) {
       return info.param.config + "_" + std::to_string(info.param.ranks) + "ranks_ep" + std::to_string(info.param.ep);

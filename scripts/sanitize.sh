@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The test suite built with sanitizers (CMake's TRILLION_SANITIZE, docs/reliability.md):
+#   bash scripts/sanitize.sh [address]   AddressSanitizer + UndefinedBehaviorSanitizer into build-asan/,
+#                                        then the whole suite; any report fails its test
+#   bash scripts/sanitize.sh thread      ThreadSanitizer into build-tsan/, then the tests whose code
+#                                        runs threads of its own (tools/sanitizers/tsan_tests.txt:
+#                                        the swap engine and its prefetch, signals, crash points)
+# OpenMPI's (and its libraries') allocations kept until exit are suppressed by
+# tools/sanitizers/lsan.supp; mpirun's ranks inherit the sanitizer settings.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=${1:-address}
+dir=build-asan
+[ "$kind" = thread ] && dir=build-tsan
+cmake -S . -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRILLION_SANITIZE="$kind" >/dev/null
+cmake --build "$dir" -j"$(nproc)"
+# The slow unwinder gives leak reports full stacks (OpenMPI's libraries lack frame pointers), so the
+# suppressions can match them by library; OpenMPI keeps its components loaded so their frames resolve.
+export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:check_initialization_order=1
+export LSAN_OPTIONS=suppressions=$PWD/tools/sanitizers/lsan.supp:print_suppressions=0
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+export OMPI_MCA_mca_base_component_disable_dlclose=1  # mpirun's local ranks inherit this environment
+start=$(date +%s)
+if [ "$kind" = thread ]; then
+  # One OpenMP thread: libgomp is not instrumented, so its own synchronization would read as races;
+  # the threads under test are the swap engine's and the signal handler's, not OpenMP's.
+  export OMP_NUM_THREADS=1
+  ctest --test-dir "$dir" --output-on-failure -j"$(nproc)" --timeout 1800 -R "$(cat tools/sanitizers/tsan_tests.txt)"
+else
+  ctest --test-dir "$dir" --output-on-failure -j"$(nproc)" --timeout 1800
+fi
+echo "sanitize ($kind): suite finished in $(($(date +%s) - start)) s" >&2
