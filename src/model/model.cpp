@@ -1,5 +1,5 @@
-// Model<T>: parameter table, layer stack, final norm, fused LM-head cross-entropy, router losses,
-// and generation with a decode cache. Checkpoints are in weights.cpp.
+// Model<T>: parameter table, layer stack, final norm, fused LM-head cross-entropy, router losses.
+// Generation with a decode cache is in generation.cpp, checkpoints in weights.cpp.
 #include "model/model.h"
 
 #include <algorithm>
@@ -49,10 +49,6 @@ void check_buildable(const ModelConfig& config) {
                  "layer_types / mlp_layer_types do not have ", config.num_hidden_layers, " entries");
 }
 
-NormSpec final_norm_spec(const ModelConfig& config) {
-  return {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
-}
-
 std::vector<DecoderLayerDims> layer_dims_of(const ModelConfig& config) {
   std::vector<DecoderLayerDims> dims;
   for (int layer = 0; layer < config.num_hidden_layers; ++layer) dims.push_back(DecoderLayerDims::from_config(config, layer));
@@ -73,20 +69,6 @@ ParamTable build_param_table(const ModelConfig& config, const std::vector<Decode
     add_decoder_layer_params(table, layer_dims[layer], layer);
   table.finalize(64);
   return table.with_checkpoint_renames(family_of(config.model_type).checkpoint_renames);
-}
-
-void check_tokens(const int32_t* tokens, const int32_t* targets, int64_t count, int64_t vocab) {
-  for (int64_t i = 0; i < count; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab) fail("token ", tokens[i], " at position ", i, " is outside [0, ", vocab, ")");
-    if (targets != nullptr && targets[i] != kIgnoreIndex && (targets[i] < 0 || targets[i] >= vocab))
-      fail("target ", targets[i], " at position ", i, " is outside [0, ", vocab, ") and is not ", kIgnoreIndex);
-  }
-}
-
-// Grows (never shrinks) a buffer to at least `count` elements.
-template <class U>
-void ensure_size(Buffer<U>& buffer, int64_t count) {
-  if (buffer.size() < count) buffer = Buffer<U>(count);
 }
 
 void call(const std::function<void(int)>& hook, int unit) {
@@ -557,46 +539,6 @@ ActivationStore& Model<T>::activations() {
 template <class T>
 void Model<T>::reset_workspace() {
   impl_->scratch.reset();
-}
-
-template <class T>
-void Model<T>::start_generation(int64_t max_len) {
-  Impl& m = *impl_;
-  if (max_len <= 0) fail("generation length ", max_len, " must be positive");
-  m.caches.clear();
-  for (const DecoderLayerDims& dims : m.layer_dims) {
-    m.caches.emplace_back(dims.decode_cache_elements(max_len));
-    m.caches.back().zero();  // recurrent states and conv windows start at zero
-  }
-  m.cache_capacity = max_len;
-  m.cache_length = 0;
-}
-
-template <class T>
-void Model<T>::generate_step(const int32_t* tokens, int64_t n, T* last_logits) {
-  Impl& m = *impl_;
-  TRILLION_CHECK(n > 0, "generate_step needs at least one token");
-  if (m.cache_length + n > m.cache_capacity)
-    fail("generation: ", m.cache_length + n, " tokens exceed the KV cache of ", m.cache_capacity,
-         " (start_generation's max_len)");
-  const int64_t D = m.config.hidden_size, V = m.config.vocab_size;
-  check_tokens(tokens, nullptr, n, V);
-  ensure_size(m.hidden, n * D);
-  T* params = m.params.data();
-  T* x = m.hidden.data();  // [n, D]
-  embedding_forward(x, m.embedding(params), tokens, n, D, V);
-  for (int layer = 0; layer < m.config.num_hidden_layers; ++layer) {
-    decoder_layer_decode(x, n, m.cache_length, m.cache_capacity, m.caches[layer].data(), m.layer_params[layer],
-                         m.layer_dims[layer], m.scratch);
-  }
-  m.scratch.reset();
-  const NormSpec norm = final_norm_spec(m.config);
-  T* h = m.scratch.template alloc<T>(D);  // [1, D] final-normed last token
-  T* rstd = m.scratch.template alloc<T>(1);  // [1]
-  rmsnorm_forward(h, rstd, x + (n - 1) * D, m.final_norm(params), 1, D, norm.eps, norm.zero_centred);
-  linear(last_logits, h, LinearWeights<T>{m.lm_head(params)}, 1, D, V, /*accumulate=*/false);  // [1, V]
-  m.cache_length += n;
-  m.scratch.reset();
 }
 
 template <class T>

@@ -1,15 +1,38 @@
-// Model<T>::Impl, shared by model.cpp (layer stack, loss, generation) and weights.cpp
-// (checkpoints). Internal to src/model/.
+// Model<T>::Impl, shared by model.cpp (layer stack, loss), generation.cpp (decoding) and
+// weights.cpp (checkpoints), with the helpers they share. Internal to src/model/.
 #pragma once
 
 #include <vector>
 
 #include "core/memory.h"
 #include "memory/activation_store.h"
+#include "core/error.h"
 #include "model/decoder_layer.h"
+#include "model/family.h"
 #include "model/model.h"
+#include "ops/cross_entropy.h"
 
 namespace trillion {
+
+// The final RMSNorm of a config's family (zero-centred for Qwen3-Next).
+inline NormSpec final_norm_spec(const ModelConfig& config) {
+  return {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
+}
+
+// Fails naming the position when a token (or a target other than kIgnoreIndex) is outside the vocab.
+inline void check_tokens(const int32_t* tokens, const int32_t* targets, int64_t count, int64_t vocab) {
+  for (int64_t i = 0; i < count; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) fail("token ", tokens[i], " at position ", i, " is outside [0, ", vocab, ")");
+    if (targets != nullptr && targets[i] != kIgnoreIndex && (targets[i] < 0 || targets[i] >= vocab))
+      fail("target ", targets[i], " at position ", i, " is outside [0, ", vocab, ") and is not ", kIgnoreIndex);
+  }
+}
+
+// Grows (never shrinks) a buffer to at least `count` elements.
+template <class U>
+void ensure_size(Buffer<U>& buffer, int64_t count) {
+  if (buffer.size() < count) buffer = Buffer<U>(count);
+}
 
 template <class T>
 struct Model<T>::Impl {
