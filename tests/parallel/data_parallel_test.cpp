@@ -38,18 +38,6 @@ CommandResult train_on(int ranks, const std::string& flags) {
   return run_shell("OMP_NUM_THREADS=1 " + mpirun(ranks) + " train " + flags + " 2>&1");
 }
 
-// A config from configs/models with the test corpus's vocab and the given fields changed.
-fs::path config_with(const std::string& name, const nlohmann::json& changes) {
-  nlohmann::json config =
-      nlohmann::json::parse(read_file(std::string(TRILLION_SOURCE_DIR) + "/configs/models/" + name + ".json"));
-  config["vocab_size"] = test_data().vocab_size;
-  if (!changes.is_null()) config.update(changes);
-  const std::string variant = std::to_string(std::hash<std::string>{}(changes.dump()));
-  const fs::path out = test_data().root / (name + "_" + variant + ".json");
-  write_text(out, config.dump(2));
-  return out;
-}
-
 struct RunResult {
   std::vector<nlohmann::json> metrics;
   fs::path out;

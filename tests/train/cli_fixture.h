@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -179,6 +180,18 @@ inline const TestData& test_data() {
     return d;
   }();
   return data;
+}
+
+// A config from configs/models with the test corpus's vocab and the given fields changed (null:
+// none), written into the test root; returns its path.
+inline fs::path config_with(const std::string& name, const nlohmann::json& changes) {
+  nlohmann::json config = nlohmann::json::parse(read_text(fs::path(TRILLION_SOURCE_DIR) / "configs/models" / (name + ".json")));
+  config["vocab_size"] = test_data().vocab_size;
+  if (!changes.is_null()) config.update(changes);
+  const std::string variant = std::to_string(std::hash<std::string>{}(changes.dump()));
+  const fs::path out = test_data().root / (name + "_" + variant + ".json");
+  write_text(out, config.dump(2));
+  return out;
 }
 
 // A small sgemm for the MFU ceiling, so that each tiny run does not spend seconds timing 2048³.

@@ -20,10 +20,7 @@ TEST(DocumentMaskCli, TrainsRecordsTheSettingAndKeepsItOnResumeForEveryMixer) {
   EXPECT_EQ(read_metrics(out).size(), 4u);
 
   // Sparse attention (the indexer's top-k and loss) trains with the mask too.
-  const fs::path sparse = d.root / "tiny_sparse_document_mask.json";
-  nlohmann::json config = nlohmann::json::parse(read_text(fs::path(TRILLION_SOURCE_DIR) / "configs/models/tiny_qwen3_sparse.json"));
-  config["vocab_size"] = d.vocab_size;
-  write_text(sparse, config.dump());
+  const fs::path sparse = config_with("tiny_qwen3_sparse", nullptr);
   const CommandResult trained =
       run_cli("train --config " + sparse.string() + " --data " + d.data_dir.string() + " --out " +
               (d.root / "document_mask_sparse").string() + " --steps 2 --batch 2 --seq-len 16 --document-mask" + kSmallMfuGemm);

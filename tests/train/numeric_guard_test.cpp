@@ -18,15 +18,6 @@ namespace {
 
 const std::string kNanAtStep3 = "OMP_NUM_THREADS=1 TRILLION_TEST_NAN_AFTER_LAYER=1@3";
 
-// configs/models/NAME.json with the test corpus's vocab, written into the test root; returns its path.
-fs::path committed_config(const std::string& name) {
-  nlohmann::json config = nlohmann::json::parse(read_text(fs::path(TRILLION_SOURCE_DIR) / ("configs/models/" + name + ".json")));
-  config["vocab_size"] = test_data().vocab_size;
-  const fs::path path = test_data().root / ("nonfinite_" + name + ".json");
-  write_text(path, config.dump());
-  return path;
-}
-
 std::vector<nlohmann::json> losses_json(const fs::path& out) {
   std::vector<nlohmann::json> losses;
   for (const nlohmann::json& record : read_metrics(out)) losses.push_back(record.at("loss"));
@@ -65,7 +56,7 @@ TEST(NumericGuard, StopNamesTheStepLayerAndGradientAndKeepsTheLastCheckpoint) {
 
 TEST(NumericGuard, SkipDropsTheUpdateButConsumesTheStep) {
   const TestData& d = test_data();
-  const fs::path config_path = committed_config("tiny_glm4_moe"), out = d.root / "nonfinite_skip";
+  const fs::path config_path = config_with("tiny_glm4_moe", nullptr), out = d.root / "nonfinite_skip";
   fs::remove_all(out);
   // A sigmoid router with aux-loss-free biases: those must stay too.
   const std::string flags = "train --config " + config_path.string() + " --data " + d.data_dir.string() + " --out " +
@@ -107,7 +98,7 @@ TEST(NumericGuard, SkipDropsTheUpdateButConsumesTheStep) {
 // and go on to the end.
 TEST(NumericGuard, RanksSkipTogetherUnderMpirun) {
   const TestData& d = test_data();
-  const fs::path config_path = committed_config("tiny_qwen3_moe"), out = d.root / "nonfinite_mpi";
+  const fs::path config_path = config_with("tiny_qwen3_moe", nullptr), out = d.root / "nonfinite_mpi";
   fs::remove_all(out);
   const CommandResult run = run_shell(
       kNanAtStep3 + " " + TRILLION_MPIEXEC + " --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 -x " +

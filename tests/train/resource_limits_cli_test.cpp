@@ -13,11 +13,7 @@ namespace {
 // Trains the demo config with `field` set to `value`; returns the result and the seconds it took.
 std::pair<CommandResult, double> train_demo_with(const char* field, int64_t value, const std::string& flags = "") {
   const TestData& d = test_data();
-  nlohmann::json config = nlohmann::json::parse(read_text(fs::path(TRILLION_SOURCE_DIR) / "configs/models/demo.json"));
-  config["vocab_size"] = d.vocab_size;
-  if (field != nullptr) config[field] = value;
-  const fs::path path = d.root / (std::string("resource_limits_") + (field != nullptr ? field : "batch") + ".json");
-  write_text(path, config.dump());
+  const fs::path path = config_with("demo", field != nullptr ? nlohmann::json{{field, value}} : nlohmann::json());
   const auto start = std::chrono::steady_clock::now();
   const CommandResult result = run_cli("train --config " + path.string() + " --data " + d.data_dir.string() + " --out " +
                                        (d.root / "resource_limits_out").string() + " --steps 1" + flags);
