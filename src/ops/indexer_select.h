@@ -15,7 +15,6 @@
 #include <limits>
 #include <utility>
 
-#include "ops/simd_intrinsics.h"
 #include "ops/vector_exp.h"
 
 namespace trillion::indexer_select {
@@ -120,35 +119,13 @@ int64_t append_candidates(Packed* list, int64_t count, const T* scores, int64_t 
   return count;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512VL__)
-// The float case eight candidates at a time: pack_rank in 64-bit lanes, then a compress-store of
-// the lanes that pass the filter (same values, same order).
+// The float case eight candidates at a time, through the vector kernels of the instruction set in
+// use (ops/vector_exp.h: the same values in the same order).
 template <>
-int64_t append_candidates<float, uint64_t>(uint64_t* list, int64_t count, const float* scores, int64_t n, int64_t j0,
-                                           bool filter, uint64_t bar) {
-  const __m512i bar_v = _mm512_set1_epi64(static_cast<long long>(bar));
-  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
-  const __m512i low32 = _mm512_set1_epi64(0xFFFFFFFFll);
-  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
-  for (int64_t c = 0; c < n; c += 8) {
-    const __mmask8 valid = n - c >= 8 ? __mmask8(0xFF) : __mmask8((1u << (n - c)) - 1);
-    // score + 0 folds −0 into +0, NaN becomes the positive quiet NaN; ordered = bits ^
-    // (sign-extended sign | sign bit), as pack_rank
-    const __m256 loaded = _mm256_add_ps(_mm256_maskz_loadu_ps(valid, scores + c), _mm256_setzero_ps());
-    const __m256 x = _mm256_blendv_ps(loaded, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()),
-                                      _mm256_cmp_ps(loaded, loaded, _CMP_UNORD_Q));
-    const __m256i bits = _mm256_castps_si256(x);
-    const __m256i ordered = _mm256_xor_si256(bits, _mm256_or_si256(_mm256_srai_epi32(bits, 31), sign));
-    const __m512i keys = _mm512_add_epi64(_mm512_set1_epi64(j0 + c), lane);
-    const __m512i packed = _mm512_or_si512(_mm512_slli_epi64(_mm512_cvtepu32_epi64(ordered), 32),
-                                           _mm512_xor_si512(keys, low32));  // low half: ~key
-    const __mmask8 keep = filter ? __mmask8(valid & _mm512_cmpgt_epu64_mask(packed, bar_v)) : valid;
-    _mm512_mask_compressstoreu_epi64(list + count, keep, packed);
-    count += std::popcount(static_cast<unsigned>(keep));
-  }
-  return count;
+inline int64_t append_candidates<float, uint64_t>(uint64_t* list, int64_t count, const float* scores, int64_t n,
+                                                  int64_t j0, bool filter, uint64_t bar) {
+  return vector_kernels().append_ranked_candidates(list, count, scores, n, j0, filter, bar);
 }
-#endif
 
 // One query's running top-k over the keys seen so far (keys arrive in increasing order).
 template <class T>

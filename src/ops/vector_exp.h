@@ -10,6 +10,10 @@
 // the same 64-byte lane layout (16 floats or 8 doubles; AVX2 as two 32-byte halves) and reduce the
 // lanes in the same fixed tree, so they give the same bits: results depend only on the inputs.
 //
+// append_ranked_candidates is the lightning indexer's candidate packing (ops/indexer_select.h): it
+// appends pack_rank(scores[c], j0 + c) for c < n to list, only those above `bar` when filter is set,
+// in key order, and returns the new count; eight candidates per step (a compress-store on AVX-512).
+//
 // The instruction set is AVX-512 where the CPU has it, AVX2 + FMA otherwise; the environment
 // variable TRILLION_ISA=avx2 (or avx512) overrides the choice, so the AVX2 path runs and is tested
 // on AVX-512 machines too. A CPU with neither is refused with a message naming what is missing.
@@ -29,6 +33,8 @@ struct VectorKernels {
   double (*exp_shifted_sum_f64)(double* x, int64_t n, double shift);
   float (*max_value_f32)(const float* x, int64_t n);
   double (*max_value_f64)(const double* x, int64_t n);
+  int64_t (*append_ranked_candidates)(uint64_t* list, int64_t count, const float* scores, int64_t n, int64_t j0,
+                                      bool filter, uint64_t bar);
 };
 const VectorKernels& avx2_vector_kernels();
 const VectorKernels& avx512_vector_kernels();

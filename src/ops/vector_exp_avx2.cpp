@@ -126,10 +126,45 @@ double max_value_f64(const double* x, int64_t n) {
   return lane_tree_max(acc_lo, acc_hi);
 }
 
+// The AVX-512 kernel's candidates, eight per step, as two halves of four 64-bit lanes; without a
+// compress-store, the lanes that pass the filter are copied in order from a stored step.
+int64_t append_ranked_candidates(uint64_t* list, int64_t count, const float* scores, int64_t n, int64_t j0,
+                                 bool filter, uint64_t bar) {
+  const __m256i flip = _mm256_set1_epi64x(std::numeric_limits<long long>::min());  // unsigned order as signed
+  const __m256i bar_v = _mm256_xor_si256(_mm256_set1_epi64x(static_cast<long long>(bar)), flip);
+  const __m256i sign = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256i low32 = _mm256_set1_epi64x(0xFFFFFFFFll);
+  const __m256i lane = _mm256_setr_epi64x(0, 1, 2, 3);
+  alignas(32) uint64_t step[8];  // [8] the step's packed candidates
+  for (int64_t c = 0; c < n; c += 8) {
+    const __m256i valid = lanes_below_f32(n - c);
+    const __m256 loaded = _mm256_add_ps(_mm256_maskload_ps(scores + c, valid), _mm256_setzero_ps());
+    const __m256 x = _mm256_blendv_ps(loaded, _mm256_set1_ps(std::numeric_limits<float>::quiet_NaN()),
+                                      _mm256_cmp_ps(loaded, loaded, _CMP_UNORD_Q));
+    const __m256i bits = _mm256_castps_si256(x);
+    const __m256i ordered = _mm256_xor_si256(bits, _mm256_or_si256(_mm256_srai_epi32(bits, 31), sign));
+    unsigned keep = static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(valid)));
+    unsigned above = 0;
+    for (int half = 0; half < 2; ++half) {
+      const __m128i ordered_half = half == 0 ? _mm256_castsi256_si128(ordered) : _mm256_extracti128_si256(ordered, 1);
+      const __m256i keys = _mm256_add_epi64(_mm256_set1_epi64x(j0 + c + 4 * half), lane);
+      const __m256i packed = _mm256_or_si256(_mm256_slli_epi64(_mm256_cvtepu32_epi64(ordered_half), 32),
+                                             _mm256_xor_si256(keys, low32));  // low half: ~key
+      _mm256_store_si256(reinterpret_cast<__m256i*>(step + 4 * half), packed);
+      const __m256i gt = _mm256_cmpgt_epi64(_mm256_xor_si256(packed, flip), bar_v);
+      above |= static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(gt))) << (4 * half);
+    }
+    if (filter) keep &= above;
+    for (; keep != 0; keep &= keep - 1) list[count++] = step[__builtin_ctz(keep)];
+  }
+  return count;
+}
+
 }  // namespace
 
 const VectorKernels& avx2_vector_kernels() {
-  static const VectorKernels kernels{exp_shifted_sum_f32, exp_shifted_sum_f64, max_value_f32, max_value_f64};
+  static const VectorKernels kernels{exp_shifted_sum_f32, exp_shifted_sum_f64, max_value_f32, max_value_f64,
+                                     append_ranked_candidates};
   return kernels;
 }
 

@@ -1,5 +1,6 @@
 // The vector kernels of ops/vector_exp.h with AVX-512 (this file is compiled with -mavx512f): 16
-// floats or 8 doubles per instruction, the tail under a mask, 2^k by vscalefps.
+// floats or 8 doubles per instruction, the tail under a mask, 2^k by vscalefps; only AVX-512F
+// instructions, which every AVX-512 CPU has.
 #include <limits>
 
 #include "ops/simd_intrinsics.h"
@@ -94,10 +95,39 @@ double max_value_f64(const double* x, int64_t n) {
   return lane_tree_max(low_half(acc), high_half(acc));
 }
 
+// Eight candidates per step: the order-preserving score bits (ops/indexer_select.h's pack_rank) in
+// 32-bit lanes, widened into the high halves of 64-bit lanes above ~key, then a compress-store of
+// the lanes that pass the filter.
+int64_t append_ranked_candidates(uint64_t* list, int64_t count, const float* scores, int64_t n, int64_t j0,
+                                 bool filter, uint64_t bar) {
+  const __m512i bar_v = _mm512_set1_epi64(static_cast<long long>(bar));
+  const __m512i sign = _mm512_set1_epi32(static_cast<int>(0x80000000u));
+  const __m512i low32 = _mm512_set1_epi64(0xFFFFFFFFll);
+  const __m512i lane = _mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t c = 0; c < n; c += 8) {
+    const __mmask8 valid = tail_mask8(n - c);
+    // score + 0 folds −0 into +0; every NaN becomes the positive quiet NaN; ordered = bits ^
+    // (sign-extended sign | sign bit)
+    const __m512 loaded = _mm512_add_ps(_mm512_maskz_loadu_ps(valid, scores + c), _mm512_setzero_ps());
+    const __m512 x = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(loaded, loaded, _CMP_UNORD_Q), loaded,
+                                          _mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()));
+    const __m512i bits = _mm512_castps_si512(x);
+    const __m512i ordered = _mm512_xor_si512(bits, _mm512_or_si512(_mm512_srai_epi32(bits, 31), sign));
+    const __m512i keys = _mm512_add_epi64(_mm512_set1_epi64(j0 + c), lane);
+    const __m512i packed = _mm512_or_si512(_mm512_slli_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(ordered)), 32),
+                                           _mm512_xor_si512(keys, low32));  // low half: ~key
+    const __mmask8 keep = filter ? __mmask8(valid & _mm512_cmpgt_epu64_mask(packed, bar_v)) : valid;
+    _mm512_mask_compressstoreu_epi64(list + count, keep, packed);
+    count += __builtin_popcount(static_cast<unsigned>(keep));
+  }
+  return count;
+}
+
 }  // namespace
 
 const VectorKernels& avx512_vector_kernels() {
-  static const VectorKernels kernels{exp_shifted_sum_f32, exp_shifted_sum_f64, max_value_f32, max_value_f64};
+  static const VectorKernels kernels{exp_shifted_sum_f32, exp_shifted_sum_f64, max_value_f32, max_value_f64,
+                                     append_ranked_candidates};
   return kernels;
 }
 

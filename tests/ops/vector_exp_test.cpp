@@ -1,6 +1,7 @@
 // The vector kernels of ops/vector_exp.h on each instruction set the CPU has: exp within ~1 ulp of
 // std::exp with the documented edges (underflow to 0, overflow to +inf, NaN kept), the maximum, and
-// the AVX2 and AVX-512 kernels giving the same bits on random rows of every length up to 70.
+// the AVX2 and AVX-512 kernels giving the same bits on random rows of every length up to 70, and the
+// indexer's candidate packing equal to the scalar pack_rank loop.
 #include "ops/vector_exp.h"
 
 #include <gtest/gtest.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "ops/indexer_select.h"
 
 namespace trillion {
 namespace {
@@ -70,6 +72,36 @@ TEST_P(VectorExp, MatchesStdExpAtTheEdges) {
   EXPECT_TRUE(std::isnan(edges_d[2]));
   EXPECT_NEAR(edges_d[3], std::exp(709.0), 4e-16 * std::exp(709.0));
   EXPECT_EQ(edges_d[4], 0.0);
+}
+
+// Every length to 37 (tails of each step) from a nonzero count and key offset, unfiltered and
+// filtered at a bar among the scores, with NaN, ±0, ±inf and ties inside: the same list, in the same
+// order, as the scalar pack_rank loop.
+TEST_P(VectorExp, AppendRankedCandidatesMatchesPackRank) {
+  const CounterRng rng(5, "ranked candidates");
+  uint64_t counter = 0;
+  for (int64_t n = 0; n <= 37; ++n) {
+    std::vector<float> scores(n);  // [n]
+    for (int64_t i = 0; i < n; ++i) scores[i] = static_cast<float>(std::round(rng.normal(counter++) * 4.0) / 2.0);
+    const float specials[] = {NAN, -0.0f, 0.0f, INFINITY, -INFINITY, -NAN};
+    for (int64_t i = 0; i < n; i += 5) scores[i] = specials[(i / 5) % 6];
+    const int64_t j0 = 1000 + 3 * n, start = n % 3;
+    for (const bool filter : {false, true}) {
+      const uint64_t bar = n > 0 ? indexer_select::pack_rank(scores[n / 2], j0 + n / 2) : 0;
+      std::vector<uint64_t> want(start + n, 7), got(start + n, 7);  // the first `start` entries are kept
+      int64_t want_count = start;
+      for (int64_t c = 0; c < n; ++c) {
+        const uint64_t packed = indexer_select::pack_rank(scores[c], j0 + c);
+        if (!filter || packed > bar) want[want_count++] = packed;
+      }
+      const int64_t got_count =
+          vector_kernels().append_ranked_candidates(got.data(), start, scores.data(), n, j0, filter, bar);
+      ASSERT_EQ(got_count, want_count) << "n " << n << " filter " << filter;
+      want.resize(want_count);
+      got.resize(got_count);
+      EXPECT_EQ(got, want) << "n " << n << " filter " << filter;
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, VectorExp, ::testing::Values(VectorIsa::avx2, VectorIsa::avx512),
