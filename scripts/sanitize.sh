@@ -8,7 +8,8 @@
 #                                        runs threads of its own (tools/sanitizers/tsan_tests.txt:
 #                                        the swap engine and its prefetch, signals, crash points)
 # OpenMPI's (and its libraries') allocations kept until exit are suppressed by
-# tools/sanitizers/lsan.supp; mpirun's ranks inherit the sanitizer settings.
+# tools/sanitizers/lsan.supp (and its lock order in TSan by tsan.supp); mpirun's ranks inherit the
+# sanitizer settings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kind=${1:-address}
@@ -30,13 +31,13 @@ echo "sanitize ($kind): built in $(($(date +%s) - start)) s" >&2
 export ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0:check_initialization_order=1
 export LSAN_OPTIONS=suppressions=$PWD/tools/sanitizers/lsan.supp:print_suppressions=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tools/sanitizers/tsan.supp
 export OMPI_MCA_mca_base_component_disable_dlclose=1  # mpirun's local ranks inherit this environment
 start=$(date +%s)
 if [ "$kind" = thread ]; then
-  # One OpenMP thread: libgomp is not instrumented, so its own synchronization would read as races;
-  # the threads under test are the swap engine's and the signal handler's, not OpenMP's.
-  export OMP_NUM_THREADS=1
+  # Two OpenMP threads: libgomp is not instrumented, but every region announces its fork and join
+  # to TSan (core/parallel.h), so races between a region's threads are found, not its own barriers.
+  export OMP_NUM_THREADS=2
   ctest --test-dir "$dir" --output-on-failure -j"$(nproc)" --timeout 1800 -R "$(cat tools/sanitizers/tsan_tests.txt)"
 elif [ -n "$quick" ]; then
   skip=$(grep -v -e '^#' -e '^$' tools/sanitizers/asan_quick_skip.txt | paste -sd'|')

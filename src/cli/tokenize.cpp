@@ -116,8 +116,7 @@ class BatchEncoder {
   }
   void flush() {
     std::vector<std::vector<int32_t>> ids(batch_.size());
-#pragma omp parallel for schedule(dynamic, 1)
-    for (int64_t d = 0; d < static_cast<int64_t>(batch_.size()); ++d) {
+    parallel_for_dynamic(static_cast<int64_t>(batch_.size()), [&](int64_t d) {
       const Document& document = batch_[d];
       if (document.part_target.size() == 1 && document.part_target[0]) {
         ids[d] = tokenizer_.encode(document.text);
@@ -133,7 +132,7 @@ class BatchEncoder {
       }
       const bool eos_target = document.part_target.empty() || document.part_target.back();
       ids[d].push_back(eos_target ? tokenizer_.eos_id() : static_cast<int32_t>(tokenizer_.eos_id() | kNotTargetBit));
-    }
+    });
     for (size_t d = 0; d < batch_.size(); ++d, ++next_document_) {
       TRILLION_CHECK(next_document_ < static_cast<int64_t>(is_val_.size()), "more documents than counted");
       (is_val_[next_document_] ? val_ : train_).add_document(ids[d], static_cast<int64_t>(batch_[d].text.size()));

@@ -10,7 +10,33 @@
 
 #include "core/phase_clock.h"
 
+#if defined(__SANITIZE_THREAD__)
+#include <sanitizer/tsan_interface.h>
+#endif
+
 namespace trillion {
+
+// ThreadSanitizer cannot see libgomp's own synchronization (Debian's libgomp is not instrumented),
+// so in a TSan build (scripts/sanitize.sh thread) each region tells it the two happens-before edges
+// a region is: everything before the fork precedes every thread's body, and every body precedes
+// what follows the join. Other builds compile these to nothing. One access stays outside the
+// edges: the block of shared variables that GCC fills right before the fork and each thread reads
+// first; tools/sanitizers/tsan.supp drops the reports whose top frame is parallel_region itself.
+inline char g_tsan_fork_token = 0, g_tsan_join_token = 0;
+inline void tsan_release(void* token) {
+#if defined(__SANITIZE_THREAD__)
+  __tsan_release(token);
+#else
+  (void)token;
+#endif
+}
+inline void tsan_acquire(void* token) {
+#if defined(__SANITIZE_THREAD__)
+  __tsan_acquire(token);
+#else
+  (void)token;
+#endif
+}
 
 inline int num_threads() { return omp_get_max_threads(); }
 
@@ -20,12 +46,16 @@ template <class Body>
 void parallel_region(const Body& body) {
   RegionClock clock;
   clock.region_begin();
+  tsan_release(&g_tsan_fork_token);
 #pragma omp parallel
   {
+    tsan_acquire(&g_tsan_fork_token);
     clock.thread_enter();
     body();
     clock.thread_leave();
+    tsan_release(&g_tsan_join_token);
   }
+  tsan_acquire(&g_tsan_join_token);
   clock.region_end();
 }
 
