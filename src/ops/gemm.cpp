@@ -30,6 +30,18 @@ void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, doub
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
+// ThreadSanitizer builds run OpenBLAS on the calling thread: the threads of its own OpenMP regions
+// synchronize in libgomp, which TSan cannot see (core/parallel.h announces only the engine's
+// regions), so their writes to C would read as races. OpenBLAS takes its thread count from
+// omp_get_max_threads() at each call. Other builds leave OpenBLAS its threads.
+struct BlasOnCallingThread {
+#if defined(__SANITIZE_THREAD__)
+  const int saved = omp_get_max_threads();
+  BlasOnCallingThread() { omp_set_num_threads(1); }
+  ~BlasOnCallingThread() { omp_set_num_threads(saved); }
+#endif
+};
+
 }  // namespace
 
 template <class T>
@@ -47,6 +59,7 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
                      ldc <= blas_max,
                  "gemm m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
                  " exceed the BLAS integer limit ", blas_max);
+  [[maybe_unused]] const BlasOnCallingThread one_thread_under_tsan;
   blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
