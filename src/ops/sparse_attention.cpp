@@ -41,6 +41,7 @@
 #include "core/memory.h"
 #include "core/parallel.h"
 #include "ops/vector_exp.h"
+#include "ops/vector_lane_tree.h"
 
 namespace trillion {
 namespace {
@@ -172,17 +173,17 @@ struct Chunk {
   static void store(T* p, const type& v) { std::memcpy(p, &v, sizeof(v)); }
 };
 
-// The sum of a chunk's lanes in the fixed tree of ops/vector_lane_tree.h (lane i with lane
-// i + half, halving each time), written once for every instruction set so all give the same bits.
-template <class T>
-T lane_sum(const typename Chunk<T>::type& v) {
-  constexpr int64_t lanes = Chunk<T>::kLanes;
-  T t[lanes];  // [lanes]
-  std::memcpy(t, &v, sizeof(t));
-  for (int64_t half = lanes / 2; half >= 1; half /= 2) {
-    for (int64_t i = 0; i < half; ++i) t[i] = t[i + half] + t[i];
-  }
-  return t[0];
+// The sum of a chunk's lanes in the fixed tree of ops/vector_lane_tree.h, the one the vector
+// kernels reduce with (AVX only, so every build has it): all builds give the same bits.
+inline float lane_sum(const Chunk<float>::type& v) {
+  __m256 halves[2];  // lanes 0–7, 8–15
+  std::memcpy(halves, &v, sizeof(halves));
+  return lane_tree_sum(halves[0], halves[1]);
+}
+inline double lane_sum(const Chunk<double>::type& v) {
+  __m256d halves[2];  // lanes 0–3, 4–7
+  std::memcpy(halves, &v, sizeof(halves));
+  return lane_tree_sum(halves[0], halves[1]);
 }
 
 // dots[g · ld + c] ← scale · Σ_e a[g · dim + e] · row_of(c)[e] for g < rows, c < count: the rows
@@ -201,7 +202,7 @@ void row_dots_fixed(T* __restrict dots, int64_t ld, const T* __restrict a, int64
       const T* a_row = a + g * dim;  // [dim]
       typename V::type acc = {};
       for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) acc += V::load(a_row + e0) * V::load(row + e0);
-      T sum = full > 0 ? lane_sum<T>(acc) : T(0);
+      T sum = full > 0 ? lane_sum(acc) : T(0);
       for (int64_t e = full; e < dim; ++e) sum += a_row[e] * row[e];
       dots[g * ld + c] = scale * sum;
     }

@@ -1,7 +1,8 @@
 // The fixed lane trees that reduce the vector kernels' 64-byte accumulators (ops/vector_exp.h),
-// shared by the AVX-512 and the AVX2 kernels so both give the same bits. The accumulator is given
-// as its two 32-byte halves (lanes 0–7 and 8–15 of floats, 0–3 and 4–7 of doubles): lane i is
-// paired with lane i + 8 (i + 4), then i + 4 (i + 2), then i + 2, then i + 1.
+// shared by the AVX-512 and the AVX2 kernels and the sparse attention dots, so all give the same
+// bits. The accumulator is given as its two 32-byte halves (lanes 0–7 and 8–15 of floats, 0–3 and
+// 4–7 of doubles): lane i is paired with lane i + 8 (i + 4), then i + 4 (i + 2), then i + 2, then
+// i + 1.
 //
 // The functions are in an unnamed namespace on purpose: each kernel file compiles its own copy for
 // its own instruction set (one shared inline definition could be taken from the AVX-512 file and
