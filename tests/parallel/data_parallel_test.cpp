@@ -27,15 +27,9 @@
 namespace trillion::train_test {
 namespace {
 
-// `mpirun -np ranks` (root allowed, more ranks than cores allowed) with one OpenMP thread per rank.
-std::string mpirun(int ranks) {
-  return std::string(TRILLION_MPIEXEC) + " --oversubscribe --allow-run-as-root -np " + std::to_string(ranks) +
-         " -x OMP_NUM_THREADS=1 " + TRILLION_BINARY;
-}
-
 CommandResult train_on(int ranks, const std::string& flags) {
   if (ranks == 1) return run_cli("train " + flags);
-  return run_shell("OMP_NUM_THREADS=1 " + mpirun(ranks) + " train " + flags + " 2>&1");
+  return run_shell("OMP_NUM_THREADS=1 " + mpirun_launcher(ranks) + " " + TRILLION_BINARY + " train " + flags + " 2>&1");
 }
 
 struct RunResult {

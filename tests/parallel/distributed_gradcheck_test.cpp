@@ -27,8 +27,7 @@ TEST_P(DistributedGradcheck, TheShardedGradientIsOneProcesss) {
   // gradcheck's defaults: every element, against finite differences at its default tolerance too;
   // one sequence per rank (2 ranks: tests/model's batch of 2).
   const CommandResult r = run_shell(
-      "OMP_NUM_THREADS=1 " + std::string(TRILLION_MPIEXEC) + " --oversubscribe --allow-run-as-root -np " +
-      std::to_string(l.ranks) + " -x OMP_NUM_THREADS=1 " + TRILLION_BINARY + " gradcheck --config " +
+      "OMP_NUM_THREADS=1 " + mpirun_launcher(l.ranks) + " " + TRILLION_BINARY + " gradcheck --config " +
       TRILLION_SOURCE_DIR + "/configs/models/" + l.config + ".json --batch " + std::to_string(l.ranks) + " --ep " + std::to_string(l.ep) +
       " " + l.extra + " 2>&1");
   ASSERT_EQ(r.status, 0) << r.output;

@@ -13,9 +13,8 @@ namespace trillion::train_test {
 namespace {
 
 nlohmann::json bench(int ranks, const std::string& flags) {
-  const CommandResult r = run_shell("OMP_NUM_THREADS=1 " + std::string(TRILLION_MPIEXEC) +
-                                    " --oversubscribe --allow-run-as-root -np " + std::to_string(ranks) +
-                                    " -x OMP_NUM_THREADS=1 " + TRILLION_BINARY + " bench moe-parallel --json " + flags +
+  const CommandResult r = run_shell("OMP_NUM_THREADS=1 " + mpirun_launcher(ranks) + " " + TRILLION_BINARY +
+                                    " bench moe-parallel --json " + flags +
                                     " 2>/dev/null");
   EXPECT_EQ(r.status, 0) << r.output;
   return r.status == 0 ? nlohmann::json::parse(r.output) : nlohmann::json();

@@ -40,8 +40,7 @@ std::pair<CommandResult, double> signal_rank_one(int signal, const std::string& 
   const fs::path out = test_data().root / name;
   fs::remove_all(out);
   const TestData& d = test_data();
-  const std::string command = "OMP_NUM_THREADS=1 timeout 180 " + std::string(TRILLION_MPIEXEC) +
-                              " --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 " + TRILLION_BINARY +
+  const std::string command = "OMP_NUM_THREADS=1 timeout 180 " + mpirun_launcher(2) + " " + TRILLION_BINARY +
                               " train --config " + d.config_path.string() + " --data " + d.data_dir.string() +
                               " --out " + out.string() + " --steps 1000000 --batch 2 --seq-len 16 --log-every 1000" +
                               kSmallMfuGemm + " --collective-timeout 5 2>&1";

@@ -141,12 +141,29 @@ inline void write_config(const fs::path& path, int64_t vocab_size) {
 // The directory of this test process's data and runs.
 inline fs::path test_root() { return fs::path(::testing::TempDir()) / ("trillion_train_test_" + std::to_string(getpid())); }
 
-// Removes test_root() when the test program ends (registered once, whichever test file includes this).
+// The session directory of this test process's mpiruns. OpenMPI 4.1's mpiruns otherwise share
+// /tmp/ompi.HOST.UID/, and one that ends removes it while a concurrent one (ctest -j2) is creating
+// its pid.N inside: "A call to mkdir was unable to create the desired directory".
+inline fs::path mpi_session_root() {
+  return fs::path(::testing::TempDir()) / ("trillion_ompi_" + std::to_string(getpid()));
+}
+
+// `mpirun -np ranks` with one OpenMP thread per rank, root and more ranks than cores allowed, and its
+// own session directory; a command prefix without quotes (spawn_trillion splits it at spaces).
+inline std::string mpirun_launcher(int ranks) {
+  fs::create_directories(mpi_session_root());
+  return std::string(TRILLION_MPIEXEC) + " --oversubscribe --allow-run-as-root --mca orte_tmpdir_base " +
+         mpi_session_root().string() + " -np " + std::to_string(ranks) + " -x OMP_NUM_THREADS=1";
+}
+
+// Removes test_root() and mpi_session_root() when the test program ends (registered once, whichever
+// test file includes this).
 class RemoveTestRoot : public ::testing::Environment {
  public:
   void TearDown() override {
     std::error_code ignored;
     fs::remove_all(test_root(), ignored);
+    fs::remove_all(mpi_session_root(), ignored);
   }
 };
 inline ::testing::Environment* const kRemoveTestRoot = ::testing::AddGlobalTestEnvironment(new RemoveTestRoot);

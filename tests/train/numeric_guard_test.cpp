@@ -101,7 +101,7 @@ TEST(NumericGuard, RanksSkipTogetherUnderMpirun) {
   const fs::path config_path = config_with("tiny_qwen3_moe", nullptr), out = d.root / "nonfinite_mpi";
   fs::remove_all(out);
   const CommandResult run = run_shell(
-      kNanAtStep3 + " " + TRILLION_MPIEXEC + " --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1 -x " +
+      kNanAtStep3 + " " + mpirun_launcher(2) + " -x " +
       "TRILLION_TEST_NAN_AFTER_LAYER " + TRILLION_BINARY + " train --config " + config_path.string() + " --data " +
       d.data_dir.string() + " --out " + out.string() + " --batch 2 --seq-len 16 --steps 4 --ep 2 --on-nonfinite skip" +
       kSmallMfuGemm + " 2>&1");

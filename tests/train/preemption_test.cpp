@@ -119,7 +119,7 @@ TEST(Preemption, ASecondSignalExitsAtOnceAndTheLastCheckpointResumes) {
 // Under mpirun the stop is collective: one rank signalled, both stop after the same step and
 // checkpoint, mpirun exits 0, and two ranks resume into their uninterrupted run bitwise.
 TEST(Preemption, OneSignalledRankStopsEveryRankAfterTheSameStep) {
-  const std::string launcher = std::string(TRILLION_MPIEXEC) + " --oversubscribe --allow-run-as-root -np 2 -x OMP_NUM_THREADS=1";
+  const std::string launcher = mpirun_launcher(2);
   const fs::path uninterrupted = test_data().root / "preemption_mpi_baseline", out = test_data().root / "preemption_mpi";
   fs::remove_all(uninterrupted);
   const CommandResult whole = run_shell("OMP_NUM_THREADS=1 " + launcher + " " + TRILLION_BINARY + " train " +
