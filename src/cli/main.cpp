@@ -31,8 +31,8 @@ int main(int argc, char** argv) {
     std::string names;
     for (const std::string& name : missing) names += (names.empty() ? "" : ", ") + name;
     std::fprintf(stderr,
-                 "error: this build of trillion uses %s, which this CPU lacks; build with "
-                 "-DTRILLION_NATIVE=OFF (AVX2 + FMA, any x86-64-v3 machine) or on this machine\n",
+                 "error: this build of trillion uses %s, which this CPU lacks; the default build "
+                 "(-DTRILLION_NATIVE=OFF) needs AVX2 and FMA only (any x86-64-v3 machine)\n",
                  names.c_str());
     return 1;
   }

@@ -7,7 +7,8 @@
 // in backward) run as row_dots, one 64-byte vector accumulator per (head, key) whose lanes are
 // summed (the head dims 64, 128 and 192 unrolled at compile time); weighted sums of rows (P·v,
 // dS·k, and the dk/dv scatters) run as add_weighted_rows, vector accumulators held in registers
-// across the summed rows. Measured at 8192 tokens, top-k 512, 8 query and 2 kv heads of 64: both
+// across the summed rows. Both are vector kernels chosen at start-up (ops/vector_rows.h: AVX-512,
+// or AVX2 with the same bits). Measured at 8192 tokens, top-k 512, 8 query and 2 kv heads of 64: both
 // beat gathering the rows into a tile for an OpenBLAS gemm of 4-row operands, whose packing copy
 // cost as much as the gather (docs/benchmarks.md, "Sparse attention"; software prefetching of the
 // scattered rows a few keys ahead was tried and gained nothing measurable). Workspace is a few
@@ -41,7 +42,6 @@
 #include "core/memory.h"
 #include "core/parallel.h"
 #include "ops/vector_exp.h"
-#include "ops/vector_lane_tree.h"
 
 namespace trillion {
 namespace {
@@ -160,103 +160,6 @@ int64_t kernel_bytes(const SparseAttentionSizes& s, int threads, int64_t per_thr
          std::max(marks_count(s, threads) * int64_t(sizeof(uint8_t)), per_thread * threads * element_bytes);
 }
 
-// 64 bytes of T as one GCC/Clang vector value (one AVX-512 register, two AVX2 ones).
-template <class T>
-struct Chunk {
-  typedef T type __attribute__((vector_size(64)));
-  static constexpr int64_t kLanes = 64 / sizeof(T);
-  static type load(const T* p) {
-    type v;
-    std::memcpy(&v, p, sizeof(v));
-    return v;
-  }
-  static void store(T* p, const type& v) { std::memcpy(p, &v, sizeof(v)); }
-};
-
-// The sum of a chunk's lanes in the fixed tree of ops/vector_lane_tree.h, the one the vector
-// kernels reduce with (AVX only, so every build has it): all builds give the same bits.
-inline float lane_sum(const Chunk<float>::type& v) {
-  __m256 halves[2];  // lanes 0–7, 8–15
-  std::memcpy(halves, &v, sizeof(halves));
-  return lane_tree_sum(halves[0], halves[1]);
-}
-inline double lane_sum(const Chunk<double>::type& v) {
-  __m256d halves[2];  // lanes 0–3, 4–7
-  std::memcpy(halves, &v, sizeof(halves));
-  return lane_tree_sum(halves[0], halves[1]);
-}
-
-// dots[g · ld + c] ← scale · Σ_e a[g · dim + e] · row_of(c)[e] for g < rows, c < count: the rows
-// of a [rows, dim] (a few query heads, in L1) against rows read in place (no gather, no packing).
-// Per (g, c) one 64-byte accumulator over the full chunks, its lanes summed, then the scalar tail.
-// kChunks > 0 is dim's count of 64-byte chunks known at compile time (no tail; the loop unrolls),
-// 0 any dim.
-template <int64_t kChunks, class T, class RowOf>
-void row_dots_fixed(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t rows, const RowOf& row_of,
-                    int64_t count, int64_t dim, T scale) {
-  using V = Chunk<T>;
-  const int64_t full = kChunks > 0 ? kChunks * V::kLanes : dim / V::kLanes * V::kLanes;
-  for (int64_t c = 0; c < count; ++c) {
-    const T* row = row_of(c);  // [dim]
-    for (int64_t g = 0; g < rows; ++g) {
-      const T* a_row = a + g * dim;  // [dim]
-      typename V::type acc = {};
-      for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) acc += V::load(a_row + e0) * V::load(row + e0);
-      T sum = full > 0 ? lane_sum(acc) : T(0);
-      for (int64_t e = full; e < dim; ++e) sum += a_row[e] * row[e];
-      dots[g * ld + c] = scale * sum;
-    }
-  }
-}
-
-// row_dots_fixed with the head dims of the benchmark and model shapes (64, 128, 192 floats; half
-// as many doubles) specialized, any other dim generic. Same sums in the same order either way.
-template <class T, class RowOf>
-void row_dots(T* dots, int64_t ld, const T* a, int64_t rows, const RowOf& row_of, int64_t count, int64_t dim,
-              T scale) {
-  constexpr int64_t lanes = Chunk<T>::kLanes;
-  if (dim == 4 * lanes) row_dots_fixed<4>(dots, ld, a, rows, row_of, count, dim, scale);
-  else if (dim == 8 * lanes) row_dots_fixed<8>(dots, ld, a, rows, row_of, count, dim, scale);
-  else if (dim == 12 * lanes) row_dots_fixed<12>(dots, ld, a, rows, row_of, count, dim, scale);
-  else row_dots_fixed<0>(dots, ld, a, rows, row_of, count, dim, scale);
-}
-
-// dst[dim] += Σ_c weights[c · weight_stride] · row_of(c)[0, dim), c = 0 .. count − 1 in order. dst
-// is walked in 64-byte chunks held in a register across all c, so each row is read once per chunk
-// and dst loaded and stored once; the tail is the same sum, scalar.
-template <class T, class RowOf>
-void add_weighted_rows(T* __restrict dst, const T* __restrict weights, int64_t weight_stride, int64_t count,
-                       const RowOf& row_of, int64_t dim) {
-  using V = Chunk<T>;
-  int64_t e0 = 0;
-  for (; e0 + 4 * V::kLanes <= dim; e0 += 4 * V::kLanes) {  // four independent accumulator chains
-    typename V::type acc0 = V::load(dst + e0), acc1 = V::load(dst + e0 + V::kLanes),
-                     acc2 = V::load(dst + e0 + 2 * V::kLanes), acc3 = V::load(dst + e0 + 3 * V::kLanes);
-    for (int64_t c = 0; c < count; ++c) {
-      const T w = weights[c * weight_stride];
-      const T* row = row_of(c) + e0;
-      acc0 += w * V::load(row);
-      acc1 += w * V::load(row + V::kLanes);
-      acc2 += w * V::load(row + 2 * V::kLanes);
-      acc3 += w * V::load(row + 3 * V::kLanes);
-    }
-    V::store(dst + e0, acc0);
-    V::store(dst + e0 + V::kLanes, acc1);
-    V::store(dst + e0 + 2 * V::kLanes, acc2);
-    V::store(dst + e0 + 3 * V::kLanes, acc3);
-  }
-  for (; e0 + V::kLanes <= dim; e0 += V::kLanes) {
-    typename V::type acc = V::load(dst + e0);  // dst[e0, e0 + kLanes)
-    for (int64_t c = 0; c < count; ++c) acc += weights[c * weight_stride] * V::load(row_of(c) + e0);
-    V::store(dst + e0, acc);
-  }
-  for (; e0 < dim; ++e0) {
-    T acc = dst[e0];
-    for (int64_t c = 0; c < count; ++c) acc += weights[c * weight_stride] * row_of(c)[e0];
-    dst[e0] = acc;
-  }
-}
-
 }  // namespace
 
 int64_t sparse_attention_forward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
@@ -295,8 +198,8 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
       for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
         const int64_t n = std::min(kKeyTile, count - c0);
         // scores[group, n] = scale · q_rows · k[b, selected[c0 + c], kvh], read in place
-        auto k_row = [&](int64_t c) { return k + geo.kv_index(b, selected[c0 + c], kvh, qk_dim); };
-        row_dots(scores, kKeyTile, q_rows, group, k_row, n, qk_dim, scale);
+        const RowSet<T> k_rows{k + geo.kv_index(b, 0, kvh, qk_dim), sizes.kv_heads * qk_dim, selected + c0};
+        row_dots(scores, kKeyTile, q_rows, group, k_rows, n, qk_dim, scale);
         for (int64_t g = 0; g < group; ++g) {
           T* score_row = scores + g * kKeyTile;
           // The first tile's rescale is exp(−inf − finite) = 0 on the zero accumulator.
@@ -308,9 +211,9 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
           for (int64_t e = 0; e < v_dim; ++e) out_row[e] *= rescale;
         }
         // out_rows[g] += Σ_c P[g, c] v[b, selected[c0 + c], kvh], read in place
-        auto v_row = [&](int64_t c) { return v + geo.kv_index(b, selected[c0 + c], kvh, v_dim); };
+        const RowSet<T> v_rows{v + geo.kv_index(b, 0, kvh, v_dim), sizes.kv_heads * v_dim, selected + c0};
         for (int64_t g = 0; g < group; ++g)
-          add_weighted_rows(out_rows + g * v_dim, scores + g * kKeyTile, 1, n, v_row, v_dim);
+          add_weighted_rows(out_rows + g * v_dim, scores + g * kKeyTile, 1, n, v_rows, v_dim);
       }
       for (int64_t g = 0; g < group; ++g) {
         const T inv = T(1) / row_sum[g];
@@ -359,18 +262,18 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
       }
       for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
         const int64_t n = std::min(kKeyTile, count - c0);
-        // The selected keys' rows, read in place: k_row(c) [qk_dim], v_row(c) [v_dim].
-        auto k_row = [&](int64_t c) { return k + geo.kv_index(b, selected[c0 + c], kvh, qk_dim); };
-        auto v_row = [&](int64_t c) { return v + geo.kv_index(b, selected[c0 + c], kvh, v_dim); };
-        // probs[group, n] = exp(scale · q_rows · k_row − lse);  dprobs[group, n] = dout_rows · v_row
-        row_dots(probs, kKeyTile, q_rows, group, k_row, n, qk_dim, scale);
+        // The selected keys' rows, read in place: k_rows [n, qk_dim], v_rows [n, v_dim].
+        const RowSet<T> k_rows{k + geo.kv_index(b, 0, kvh, qk_dim), sizes.kv_heads * qk_dim, selected + c0};
+        const RowSet<T> v_rows{v + geo.kv_index(b, 0, kvh, v_dim), sizes.kv_heads * v_dim, selected + c0};
+        // probs[group, n] = exp(scale · q_rows · k_rows − lse);  dprobs[group, n] = dout_rows · v_rows
+        row_dots(probs, kKeyTile, q_rows, group, k_rows, n, qk_dim, scale);
         for (int64_t g = 0; g < group; ++g) exp_shifted_sum(probs + g * kKeyTile, n, lse_rows[g]);
-        row_dots(dprobs, kKeyTile, dout_rows, group, v_row, n, v_dim, T(1));
+        row_dots(dprobs, kKeyTile, dout_rows, group, v_rows, n, v_dim, T(1));
         // dv[selected key c] += Σ_g P[g, c] dout_rows[g]
-        auto dout_row = [&](int64_t g) { return dout_rows + g * v_dim; };
+        const RowSet<T> dout_set{dout_rows, v_dim, nullptr};  // [group, v_dim]
         for (int64_t c = 0; c < n; ++c)
           add_weighted_rows(dv + geo.kv_index(b, selected[c0 + c], kvh, v_dim), probs + c, kKeyTile, group,
-                            dout_row, v_dim);
+                            dout_set, v_dim);
         // probs ← scale · dS = scale · P ⊙ (dP − D)
         for (int64_t g = 0; g < group; ++g) {
           T* p = probs + g * kKeyTile;
@@ -378,13 +281,13 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
           const T dot = dot_rows[g];
           for (int64_t c = 0; c < n; ++c) p[c] = scale * (p[c] * (dp[c] - dot));
         }
-        // dq_rows[g] += Σ_c scale · dS[g, c] k_row(c)
+        // dq_rows[g] += Σ_c scale · dS[g, c] k_rows[c]
         for (int64_t g = 0; g < group; ++g)
-          add_weighted_rows(dq_rows + g * qk_dim, probs + g * kKeyTile, 1, n, k_row, qk_dim);
+          add_weighted_rows(dq_rows + g * qk_dim, probs + g * kKeyTile, 1, n, k_rows, qk_dim);
         // dk[selected key c] += Σ_g scale · dS[g, c] q_rows[g]
-        auto q_row = [&](int64_t g) { return q_rows + g * qk_dim; };
+        const RowSet<T> q_set{q_rows, qk_dim, nullptr};  // [group, qk_dim]
         for (int64_t c = 0; c < n; ++c)
-          add_weighted_rows(dk + geo.kv_index(b, selected[c0 + c], kvh, qk_dim), probs + c, kKeyTile, group, q_row,
+          add_weighted_rows(dk + geo.kv_index(b, selected[c0 + c], kvh, qk_dim), probs + c, kKeyTile, group, q_set,
                             qk_dim);
       }
     }

@@ -10,6 +10,9 @@
 // the same 64-byte lane layout (16 floats or 8 doubles; AVX2 as two 32-byte halves) and reduce the
 // lanes in the same fixed tree, so they give the same bits: results depend only on the inputs.
 //
+// row_dots and add_weighted_rows are sparse attention's products against rows read in place
+// (ops/vector_rows.h).
+//
 // append_ranked_candidates is the lightning indexer's candidate packing (ops/indexer_select.h): it
 // appends pack_rank(scores[c], j0 + c) for c < n to list, only those above `bar` when filter is set,
 // in key order, and returns the new count; eight candidates per step (a compress-store on AVX-512).
@@ -27,6 +30,14 @@ enum class VectorIsa { avx2, avx512 };
 const char* vector_isa_name(VectorIsa isa);
 bool cpu_supports(VectorIsa isa);
 
+// Rows of a matrix read in place: row c starts at base + (index ? index[c] : c) · stride.
+template <class T>
+struct RowSet {
+  const T* base;
+  int64_t stride;
+  const int32_t* index;  // or nullptr: rows c = 0, 1, …
+};
+
 // The kernels of one instruction set.
 struct VectorKernels {
   float (*exp_shifted_sum_f32)(float* x, int64_t n, float shift);
@@ -35,6 +46,14 @@ struct VectorKernels {
   double (*max_value_f64)(const double* x, int64_t n);
   int64_t (*append_ranked_candidates)(uint64_t* list, int64_t count, const float* scores, int64_t n, int64_t j0,
                                       bool filter, uint64_t bar);
+  void (*row_dots_f32)(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<float>& set,
+                       int64_t count, int64_t dim, float scale);
+  void (*row_dots_f64)(double* dots, int64_t ld, const double* a, int64_t rows, const RowSet<double>& set,
+                       int64_t count, int64_t dim, double scale);
+  void (*add_weighted_rows_f32)(float* dst, const float* weights, int64_t weight_stride, int64_t count,
+                                const RowSet<float>& set, int64_t dim);
+  void (*add_weighted_rows_f64)(double* dst, const double* weights, int64_t weight_stride, int64_t count,
+                                const RowSet<double>& set, int64_t dim);
 };
 const VectorKernels& avx2_vector_kernels();
 const VectorKernels& avx512_vector_kernels();
@@ -53,5 +72,24 @@ inline double exp_shifted_sum(double* x, int64_t n, double shift) {
 }
 inline float max_value(const float* x, int64_t n) { return vector_kernels().max_value_f32(x, n); }
 inline double max_value(const double* x, int64_t n) { return vector_kernels().max_value_f64(x, n); }
+
+// dots[g · ld + c] ← scale · Σ_e a[g · dim + e] · row(c)[e] for g < rows, c < count.
+inline void row_dots(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<float>& set, int64_t count,
+                     int64_t dim, float scale) {
+  vector_kernels().row_dots_f32(dots, ld, a, rows, set, count, dim, scale);
+}
+inline void row_dots(double* dots, int64_t ld, const double* a, int64_t rows, const RowSet<double>& set,
+                     int64_t count, int64_t dim, double scale) {
+  vector_kernels().row_dots_f64(dots, ld, a, rows, set, count, dim, scale);
+}
+// dst[dim] += Σ_c weights[c · weight_stride] · row(c)[0, dim), c = 0 .. count − 1 in order.
+inline void add_weighted_rows(float* dst, const float* weights, int64_t weight_stride, int64_t count,
+                              const RowSet<float>& set, int64_t dim) {
+  vector_kernels().add_weighted_rows_f32(dst, weights, weight_stride, count, set, dim);
+}
+inline void add_weighted_rows(double* dst, const double* weights, int64_t weight_stride, int64_t count,
+                              const RowSet<double>& set, int64_t dim) {
+  vector_kernels().add_weighted_rows_f64(dst, weights, weight_stride, count, set, dim);
+}
 
 }  // namespace trillion

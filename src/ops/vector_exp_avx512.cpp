@@ -6,6 +6,7 @@
 #include "ops/simd_intrinsics.h"
 #include "ops/vector_exp.h"
 #include "ops/vector_lane_tree.h"
+#include "ops/vector_rows.h"
 
 namespace trillion {
 namespace {
@@ -127,7 +128,11 @@ int64_t append_ranked_candidates(uint64_t* list, int64_t count, const float* sco
 
 const VectorKernels& avx512_vector_kernels() {
   static const VectorKernels kernels{exp_shifted_sum_f32, exp_shifted_sum_f64, max_value_f32, max_value_f64,
-                                     append_ranked_candidates};
+                                     append_ranked_candidates,
+                                     row_dots<float>,
+                                     row_dots<double>,
+                                     add_weighted_rows<float>,
+                                     add_weighted_rows<double>};
   return kernels;
 }
 

@@ -14,6 +14,18 @@
 namespace trillion {
 namespace {
 
+// The 32-byte vector type of a 64-byte accumulator's halves.
+template <class T>
+struct Halves;
+template <>
+struct Halves<float> {
+  using type = __m256;
+};
+template <>
+struct Halves<double> {
+  using type = __m256d;
+};
+
 inline float lane_tree_sum(__m256 lo, __m256 hi) {
   const __m256 t8 = _mm256_add_ps(hi, lo);
   const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));

@@ -55,7 +55,9 @@ TEST_P(HfTokenizerParity, EncodesAsTheTokenizersLibraryAndDecodesBack) {
                     << ::testing::PrintToString(ids);
     }
     // lstrip / rstrip tokens swallow whitespace that no decoding brings back.
-    if (!flags) EXPECT_EQ(tokenizer.decode(got), lines[i]) << "line " << i;
+    if (!flags) {
+      EXPECT_EQ(tokenizer.decode(got), lines[i]) << "line " << i;
+    }
     for (const int32_t id : got) special += id >= tokenizer.vocab_size() - 5 ? 1 : 0;
   }
   EXPECT_EQ(mismatches, 0u);

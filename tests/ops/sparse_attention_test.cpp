@@ -1,7 +1,7 @@
 // Sparse attention over selected keys (ops/sparse_attention.h): against the tiled dense attention
 // (ops/attention.h) with the full causal selection, against the masked dense reference (ops/ref/)
-// with random selections, central finite differences in double, thread-count independence, and
-// the index checks.
+// with random selections, central finite differences in double, thread-count independence, the
+// same bits on both instruction sets, and the index checks.
 #include "ops/sparse_attention.h"
 
 #include <gtest/gtest.h>
@@ -17,6 +17,7 @@
 #include "ops/attention.h"
 #include "ops/finite_diff.h"
 #include "ops/ref/sparse_attention_ref.h"
+#include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
@@ -285,6 +286,39 @@ TEST(SparseAttentionDeathTest, KeysOutsideTheQuerysDocumentFailChecks) {
   EXPECT_DEATH(
       sparse_attention_forward(p.out.data(), p.lse.data(), p.q.data(), p.k.data(), p.v.data(), p.indices.data(), s),
       R"(indices\[0, 4, 0\] = 2 is not a key visible to query 4 \(3 <= j < 5\))");
+}
+
+}  // namespace
+}  // namespace trillion
+
+namespace trillion {
+namespace {
+
+// The row kernels run on AVX-512 or on AVX2 (ops/vector_rows.h, chosen at start-up): both give the
+// same bits, on the specialized head dims and on odd ones with a scalar tail, in float and double.
+template <class T>
+void expect_isas_agree(const SparseAttentionSizes& s, uint64_t seed) {
+  const std::vector<int32_t> indices = random_indices(s, seed);
+  const Problem<T> base = convert<T>(Problem<float>(s, indices, seed));
+  Problem<T> avx2 = base, avx512 = base;
+  const VectorIsa previous = vector_isa();
+  set_vector_isa(VectorIsa::avx2);
+  avx2.run_sparse();
+  set_vector_isa(VectorIsa::avx512);
+  avx512.run_sparse();
+  set_vector_isa(previous);
+  for (auto [a, b] : {std::pair{&avx2.out, &avx512.out}, {&avx2.lse, &avx512.lse}, {&avx2.dq, &avx512.dq},
+                      {&avx2.dk, &avx512.dk}, {&avx2.dv, &avx512.dv}})
+    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(T)), 0) << "qk " << s.qk_dim << " v " << s.v_dim;
+}
+
+TEST(SparseAttention, BothInstructionSetsGiveTheSameBits) {
+  if (!cpu_supports(VectorIsa::avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+  for (const SparseAttentionSizes& s : {make_sizes(1, 70, 70, 4, 2, 64, 128, 40), make_sizes(1, 40, 45, 2, 2, 192, 128, 30),
+                                        make_sizes(2, 50, 60, 4, 2, 72, 21, 33)}) {
+    expect_isas_agree<float>(s, 8);
+    expect_isas_agree<double>(s, 9);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,156 @@
+// Sparse attention's row kernels (ops/sparse_attention.cpp), written once on 64-byte chunks and
+// compiled once per instruction set by ops/vector_exp_avx512.cpp and ops/vector_exp_avx2.cpp into
+// their VectorKernels tables (ops/vector_exp.h), which start-up chooses between:
+//
+// - row_dots: dots[g · ld + c] ← scale · Σ_e a[g · dim + e] · row(c)[e] for g < rows, c < count,
+//   the rows of a small [rows, dim] matrix (a few query heads, in L1) against rows read in place
+//   (no gather, no packing). Per (g, c) one 64-byte accumulator over dim's full chunks, its lanes
+//   summed in the fixed tree of ops/vector_lane_tree.h, then the scalar tail.
+// - add_weighted_rows: dst[dim] += Σ_c weights[c · weight_stride] · row(c)[0, dim), c = 0 .. count − 1
+//   in order. dst is walked in 64-byte chunks held in registers across all c (four chunks at a
+//   time), so each row is read once per chunk and dst loaded and stored once; the tail is the same
+//   sum, scalar.
+//
+// A chunk is one AVX-512 register, or two AVX2 registers as two 32-byte halves: a 64-byte GCC
+// vector type without AVX-512 is lowered through the stack. Either way lane i of a chunk sums the
+// same products in the same order (no contraction: -ffp-contract=off), so both instruction sets
+// give the same bits.
+//
+// Everything is in an unnamed namespace on purpose, as in ops/vector_lane_tree.h: each kernel file
+// compiles its own copy for its own instruction set.
+#pragma once
+
+#include <cstring>
+
+#include "ops/vector_exp.h"
+#include "ops/vector_lane_tree.h"
+
+namespace trillion {
+namespace {
+
+#if defined(__AVX512F__)
+// 64 bytes of T as one vector value (one AVX-512 register).
+template <class T>
+struct Chunk {
+  typedef T type __attribute__((vector_size(64)));
+  static constexpr int64_t kLanes = 64 / sizeof(T);
+  static type load(const T* p) {
+    type v;
+    std::memcpy(&v, p, sizeof(v));
+    return v;
+  }
+  static void store(T* p, const type& v) { std::memcpy(p, &v, sizeof(v)); }
+  static T lane_sum(const type& v) {
+    typename Halves<T>::type halves[2];  // lanes [0, kLanes / 2), [kLanes / 2, kLanes)
+    std::memcpy(halves, &v, sizeof(halves));
+    return lane_tree_sum(halves[0], halves[1]);
+  }
+};
+#else
+// 64 bytes of T as two 32-byte vector values (two AVX2 registers).
+template <class T>
+struct Chunk {
+  typedef T half __attribute__((vector_size(32)));
+  struct type {
+    half lo, hi;  // lanes [0, kLanes / 2), [kLanes / 2, kLanes)
+    type& operator+=(const type& o) {
+      lo += o.lo;
+      hi += o.hi;
+      return *this;
+    }
+    friend type operator*(const type& a, const type& b) { return {a.lo * b.lo, a.hi * b.hi}; }
+    friend type operator*(T w, const type& b) { return {w * b.lo, w * b.hi}; }
+  };
+  static constexpr int64_t kLanes = 64 / sizeof(T);
+  static type load(const T* p) {
+    type v;
+    std::memcpy(&v.lo, p, sizeof(half));
+    std::memcpy(&v.hi, p + kLanes / 2, sizeof(half));
+    return v;
+  }
+  static void store(T* p, const type& v) {
+    std::memcpy(p, &v.lo, sizeof(half));
+    std::memcpy(p + kLanes / 2, &v.hi, sizeof(half));
+  }
+  static T lane_sum(const type& v) {
+    typename Halves<T>::type lo, hi;
+    std::memcpy(&lo, &v.lo, sizeof(lo));
+    std::memcpy(&hi, &v.hi, sizeof(hi));
+    return lane_tree_sum(lo, hi);
+  }
+};
+#endif
+
+// Row c of a RowSet (ops/vector_exp.h).
+template <class T>
+inline const T* row_of(const RowSet<T>& set, int64_t c) {
+  return set.base + (set.index != nullptr ? int64_t(set.index[c]) : c) * set.stride;
+}
+
+// row_dots with dim's count of 64-byte chunks known at compile time (kChunks > 0: no tail, the
+// loop unrolls), or any dim (kChunks = 0).
+template <int64_t kChunks, class T>
+void row_dots_fixed(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t rows, const RowSet<T>& set,
+                    int64_t count, int64_t dim, T scale) {
+  using V = Chunk<T>;
+  const int64_t full = kChunks > 0 ? kChunks * V::kLanes : dim / V::kLanes * V::kLanes;
+  for (int64_t c = 0; c < count; ++c) {
+    const T* row = row_of(set, c);  // [dim]
+    for (int64_t g = 0; g < rows; ++g) {
+      const T* a_row = a + g * dim;  // [dim]
+      typename V::type acc = {};
+      for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) acc += V::load(a_row + e0) * V::load(row + e0);
+      T sum = full > 0 ? V::lane_sum(acc) : T(0);
+      for (int64_t e = full; e < dim; ++e) sum += a_row[e] * row[e];
+      dots[g * ld + c] = scale * sum;
+    }
+  }
+}
+
+// The head dims of the benchmark and model shapes (64, 128, 192 floats; half as many doubles)
+// specialized, any other dim generic. Same sums in the same order either way.
+template <class T>
+void row_dots(T* dots, int64_t ld, const T* a, int64_t rows, const RowSet<T>& set, int64_t count, int64_t dim,
+              T scale) {
+  constexpr int64_t lanes = Chunk<T>::kLanes;
+  if (dim == 4 * lanes) row_dots_fixed<4>(dots, ld, a, rows, set, count, dim, scale);
+  else if (dim == 8 * lanes) row_dots_fixed<8>(dots, ld, a, rows, set, count, dim, scale);
+  else if (dim == 12 * lanes) row_dots_fixed<12>(dots, ld, a, rows, set, count, dim, scale);
+  else row_dots_fixed<0>(dots, ld, a, rows, set, count, dim, scale);
+}
+
+template <class T>
+void add_weighted_rows(T* __restrict dst, const T* __restrict weights, int64_t weight_stride, int64_t count,
+                       const RowSet<T>& set, int64_t dim) {
+  using V = Chunk<T>;
+  int64_t e0 = 0;
+  for (; e0 + 4 * V::kLanes <= dim; e0 += 4 * V::kLanes) {  // four independent accumulator chains
+    typename V::type acc0 = V::load(dst + e0), acc1 = V::load(dst + e0 + V::kLanes),
+                     acc2 = V::load(dst + e0 + 2 * V::kLanes), acc3 = V::load(dst + e0 + 3 * V::kLanes);
+    for (int64_t c = 0; c < count; ++c) {
+      const T w = weights[c * weight_stride];
+      const T* row = row_of(set, c) + e0;
+      acc0 += w * V::load(row);
+      acc1 += w * V::load(row + V::kLanes);
+      acc2 += w * V::load(row + 2 * V::kLanes);
+      acc3 += w * V::load(row + 3 * V::kLanes);
+    }
+    V::store(dst + e0, acc0);
+    V::store(dst + e0 + V::kLanes, acc1);
+    V::store(dst + e0 + 2 * V::kLanes, acc2);
+    V::store(dst + e0 + 3 * V::kLanes, acc3);
+  }
+  for (; e0 + V::kLanes <= dim; e0 += V::kLanes) {
+    typename V::type acc = V::load(dst + e0);  // dst[e0, e0 + kLanes)
+    for (int64_t c = 0; c < count; ++c) acc += weights[c * weight_stride] * V::load(row_of(set, c) + e0);
+    V::store(dst + e0, acc);
+  }
+  for (; e0 < dim; ++e0) {
+    T acc = dst[e0];
+    for (int64_t c = 0; c < count; ++c) acc += weights[c * weight_stride] * row_of(set, c)[e0];
+    dst[e0] = acc;
+  }
+}
+
+}  // namespace
+}  // namespace trillion
