@@ -48,7 +48,9 @@ nlohmann::json run_step_bench(const StepBenchOptions& o) {
   };
   for (int i = 0; i < o.warmup; ++i) train_step();
 
-  std::vector<double> step_seconds;
+  SgemmProblem gemm(o.gemm_size);
+  gemm.run();  // warm-up
+  std::vector<double> step_seconds, gemm_seconds;
   PhaseTimes total;  // summed over the timed steps
   double worst_coverage_error = 0.0;
   MemoryStats::reset_peak(Tier::fast);
@@ -67,9 +69,12 @@ nlohmann::json run_step_bench(const StepBenchOptions& o) {
     total.idle += times.idle;
     total.threads = times.threads;
     worst_coverage_error = std::max(worst_coverage_error, std::abs(accounted / times.threads / seconds - 1.0));
+    const auto gemm_start = std::chrono::steady_clock::now();
+    gemm.run();
+    gemm_seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - gemm_start).count());
   }
   const TimingResult timing = summarize(step_seconds);
-  const double gemm_rate = measure_sgemm_rate(o.gemm_size);
+  const double gemm_rate = gemm.flops() / std::max(summarize(gemm_seconds).median_s, 1e-9);
   const double flops_per_token = model.training_flops_per_token(o.seq_len);
   const double tokens_per_s = static_cast<double>(n) / timing.median_s;
 

@@ -4,7 +4,8 @@
 // Reports the median step time and tokens/s; MFU = training FLOPs per token (the trainer's formula,
 // Model::training_flops_per_token: 6 · active parameters per token plus attention's 12 · (seq / 2)
 // · Hq · head_dim per layer, the LM head counted) × tokens/s over the sgemm rate measured in the
-// same process; and the phase clock's breakdown (core/phase_clock.h): per phase (gemm, attention,
+// same process, one sgemm run after each timed step (median), so the ceiling sees the steps' load
+// on a shared machine; and the phase clock's breakdown (core/phase_clock.h): per phase (gemm, attention,
 // moe, elementwise, loss, optimizer, other) and idle, the team's thread-seconds per step divided by
 // the thread count, so they add up to the step's wall time (`coverage`: their sum over the step
 // time measured around it).
