@@ -1,5 +1,5 @@
 // Finite-difference gradient checking for the op tests (plus small helpers they share: random
-// values, relative error, running with a given OpenMP thread count).
+// values, relative error, running with a given OpenMP thread count or vector instruction set).
 //
 // Every op test builds a scalar loss L = Σ out ⊙ R with a fixed random R (so every output element
 // matters with its own weight), runs the op's backward with dout = R, and compares each analytic
@@ -21,6 +21,7 @@
 
 #include "core/relative_error.h"
 #include "core/rng.h"
+#include "ops/vector_exp.h"
 
 namespace trillion::test {
 
@@ -101,6 +102,17 @@ void with_threads(int threads, const Fn& fn) {
   omp_set_num_threads(threads);
   fn();
   omp_set_num_threads(previous);
+}
+
+// Returns fn() run with the vector kernels of `isa`, then restores the instruction set in use.
+template <class Fn>
+auto with_isa(VectorIsa isa, const Fn& fn) {
+  struct Restore {
+    VectorIsa previous;
+    ~Restore() { set_vector_isa(previous); }
+  } restore{vector_isa()};
+  set_vector_isa(isa);
+  return fn();
 }
 
 }  // namespace trillion::test

@@ -17,7 +17,6 @@
 #include "ops/attention.h"
 #include "ops/finite_diff.h"
 #include "ops/ref/sparse_attention_ref.h"
-#include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
@@ -301,12 +300,8 @@ void expect_isas_agree(const SparseAttentionSizes& s, uint64_t seed) {
   const std::vector<int32_t> indices = random_indices(s, seed);
   const Problem<T> base = convert<T>(Problem<float>(s, indices, seed));
   Problem<T> avx2 = base, avx512 = base;
-  const VectorIsa previous = vector_isa();
-  set_vector_isa(VectorIsa::avx2);
-  avx2.run_sparse();
-  set_vector_isa(VectorIsa::avx512);
-  avx512.run_sparse();
-  set_vector_isa(previous);
+  test::with_isa(VectorIsa::avx2, [&] { avx2.run_sparse(); });
+  test::with_isa(VectorIsa::avx512, [&] { avx512.run_sparse(); });
   for (auto [a, b] : {std::pair{&avx2.out, &avx512.out}, {&avx2.lse, &avx512.lse}, {&avx2.dq, &avx512.dq},
                       {&avx2.dk, &avx512.dk}, {&avx2.dv, &avx512.dv}})
     EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(T)), 0) << "qk " << s.qk_dim << " v " << s.v_dim;

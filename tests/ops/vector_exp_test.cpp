@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/rng.h"
+#include "ops/finite_diff.h"
 #include "ops/indexer_select.h"
 
 namespace trillion {
@@ -107,16 +108,6 @@ TEST_P(VectorExp, AppendRankedCandidatesMatchesPackRank) {
 INSTANTIATE_TEST_SUITE_P(Isas, VectorExp, ::testing::Values(VectorIsa::avx2, VectorIsa::avx512),
                          [](const ::testing::TestParamInfo<VectorIsa>& info) { return vector_isa_name(info.param); });
 
-// Runs f under `isa`, restoring the instruction set in use after.
-template <class F>
-auto under(VectorIsa isa, F&& f) {
-  const VectorIsa previous = vector_isa();
-  set_vector_isa(isa);
-  auto result = f();
-  set_vector_isa(previous);
-  return result;
-}
-
 template <class T>
 void expect_same_bits(const char* what, T a, T b) {
   EXPECT_EQ(std::memcmp(&a, &b, sizeof(T)), 0) << what << ": " << a << " vs " << b;
@@ -131,11 +122,11 @@ void check_isas_agree(const CounterRng& rng) {
     if (n > 5) x[3] = -std::numeric_limits<T>::infinity(), x[5] = T(-0.0);
     const T shift = static_cast<T>(rng.normal(counter++));
     std::vector<T> x2 = x, x5 = x;
-    const T max2 = under(VectorIsa::avx2, [&] { return max_value(x2.data(), n); });
-    const T max5 = under(VectorIsa::avx512, [&] { return max_value(x5.data(), n); });
+    const T max2 = test::with_isa(VectorIsa::avx2, [&] { return max_value(x2.data(), n); });
+    const T max5 = test::with_isa(VectorIsa::avx512, [&] { return max_value(x5.data(), n); });
     expect_same_bits("max", max2, max5);
-    const T sum2 = under(VectorIsa::avx2, [&] { return exp_shifted_sum(x2.data(), n, shift); });
-    const T sum5 = under(VectorIsa::avx512, [&] { return exp_shifted_sum(x5.data(), n, shift); });
+    const T sum2 = test::with_isa(VectorIsa::avx2, [&] { return exp_shifted_sum(x2.data(), n, shift); });
+    const T sum5 = test::with_isa(VectorIsa::avx512, [&] { return exp_shifted_sum(x5.data(), n, shift); });
     expect_same_bits("sum", sum2, sum5);
     EXPECT_TRUE(n == 0 || std::memcmp(x2.data(), x5.data(), n * sizeof(T)) == 0) << "n " << n;  // empty: null data
   }
