@@ -13,7 +13,7 @@ packages=(
   libpcre2-dev libutf8proc-dev      # Hugging Face tokenizers: pre-tokenizer regexes, NFC
   nlohmann-json3-dev libcli11-dev   # config/metrics JSON, command line
   libgtest-dev libgmock-dev         # tests
-  libopenmpi-dev openmpi-bin        # distributed runs (later issues)
+  libopenmpi-dev openmpi-bin        # distributed runs (mpirun: FSDP, expert parallelism)
   fortunes fortunes-min             # the default corpus: fortune cookie files
   clang libclang-rt-14-dev libomp-14-dev   # the parsers' libFuzzer targets (scripts/fuzz.sh)
 )

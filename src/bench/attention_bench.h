@@ -21,7 +21,8 @@ struct AttentionBenchOptions {
   int64_t batch = 1;
   int runs = 10;            // timed runs of the tiled kernel (after one warm-up)
   int baseline_runs = 10;   // timed runs of the reference (after one warm-up)
-  // DESIGN.md asks for the median of at least 10 runs; fewer are for smoke tests only.
+  // docs/architecture.md ("Benchmarks") asks for the median of at least 10 runs; fewer are for smoke
+  // tests only.
   int64_t gemm_size = 2048; // size of the sgemm that measures the ceiling
 };
 

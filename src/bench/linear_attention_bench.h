@@ -35,7 +35,8 @@ struct LinearAttentionBenchOptions {
   std::string decay = "both";  // per_head, per_key_channel or both
   int runs = 10;               // timed runs of the chunked kernel (after one warm-up), and of the sgemm
   int baseline_runs = 10;      // timed runs of the recurrent kernel and (per head) the unfused one (after one warm-up)
-  // DESIGN.md asks for the median of at least 10 runs; fewer are for smoke tests only.
+  // docs/architecture.md ("Benchmarks") asks for the median of at least 10 runs; fewer are for smoke
+  // tests only.
   int64_t gemm_size = 2048;  // size of the sgemm that measures the ceiling
   uint64_t seed = 1;         // inputs
 };

@@ -25,7 +25,8 @@ struct LossBenchOptions {
   double z_loss = 0.0;      // z-loss coefficient of the fused and plain paths
   int runs = 10;            // timed runs of the fused path and of the sgemm ceiling (after one warm-up)
   int baseline_runs = 10;   // timed runs of the recompute and plain paths (after one warm-up)
-  // DESIGN.md asks for the median of at least 10 runs; fewer are for smoke tests only.
+  // docs/architecture.md ("Benchmarks") asks for the median of at least 10 runs; fewer are for smoke
+  // tests only.
   int64_t gemm_size = 2048; // size of the sgemm that measures the ceiling
 };
 

@@ -27,7 +27,8 @@ struct MoeBenchOptions {
   int64_t expert_width = 256;  // I (moe_intermediate_size)
   int runs = 10;               // timed runs of the fused chain (after one warm-up), and of the sgemm
   int baseline_runs = 10;      // timed runs of the fragmented chain (after one warm-up)
-  // DESIGN.md asks for the median of at least 10 runs; fewer are for smoke tests only.
+  // docs/architecture.md ("Benchmarks") asks for the median of at least 10 runs; fewer are for smoke
+  // tests only.
   int64_t gemm_size = 2048;  // size of the sgemm that measures the ceiling
   uint64_t seed = 1;         // inputs, router and expert weights
 };

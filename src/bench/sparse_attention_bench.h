@@ -16,9 +16,10 @@
 //           the dense attention's lse, and in sparse mode, its target the sparse attention's lse;
 //   mla:    the sparse and dense paths again with MLA's shapes (qk 192, v 128, kv_heads = heads =
 //           mla_heads), with their own speedup (mla_speedup).
-// max_rel_err: the fused path against the plain one (out, lse, dq, dk, dv, DESIGN.md's relative
-// error per tensor); topk_mismatch_rows counts rows whose selected key sets differ (the two score
-// the keys with different float summation orders, so a near tie at rank topk may fall either way).
+// max_rel_err: the fused path against the plain one (out, lse, dq, dk, dv; the relative error per
+// tensor of docs/architecture.md, "Relative error"); topk_mismatch_rows counts rows whose selected
+// key sets differ (the two score the keys with different float summation orders, so a near tie at
+// rank topk may fall either way).
 // When some differ, the attention tensors are compared with one extra untimed plain attention over
 // the fused path's selection, so that max_rel_err measures the kernels and not the tie.
 //
@@ -50,7 +51,8 @@ struct SparseAttentionBenchOptions {
   int64_t mla_heads = 8;        // heads = kv_heads of the MLA-shaped line (qk 192, v 128); 0 skips it
   int runs = 10;                // timed runs of sparse, dense, sgemm, indexer loss and MLA (after one warm-up)
   int baseline_runs = 2;        // timed runs of the plain path (after its first run)
-  // DESIGN.md asks for the median of at least 10 runs; fewer are for smoke tests only.
+  // docs/architecture.md ("Benchmarks") asks for the median of at least 10 runs; fewer are for smoke
+  // tests only.
   int64_t gemm_size = 2048;     // size of the sgemm that measures the ceiling
   uint64_t seed = 1;            // inputs
 };

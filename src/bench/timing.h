@@ -71,8 +71,8 @@ std::pair<TimingResult, TimingResult> time_interleaved(const FnA& fn_a, const Fn
   return {summarize(seconds_a), summarize(seconds_b)};
 }
 
-// The summary fields every fused-vs-baseline benchmark reports (DESIGN.md section 4): speedup
-// (baseline / fused median time), max_rel_err, ceiling_fraction (flops per fused second over the
+// The summary fields every fused-vs-baseline benchmark reports (docs/architecture.md, "Benchmarks"):
+// speedup (baseline / fused median time), max_rel_err, ceiling_fraction (flops per fused second over the
 // sgemm ceiling), the times and GFLOP/s, and peak bytes with memory_ratio (baseline / fused).
 inline nlohmann::json bench_summary(const char* bench, const TimingResult& fused, const TimingResult& baseline,
                                     double max_rel_err, double flops, double ceiling_gflops, int64_t ceiling_gemm_size,

@@ -1,4 +1,4 @@
-// Errors, as DESIGN.md section 3 says:
+// Errors, as docs/architecture.md ("Errors") says:
 //  - bad input (config, data, checkpoint, CLI) throws trillion::Error with one clear message that
 //    names the file, the field and the expected value; main() catches it, prints it, exits non-zero;
 //  - internal invariants use TRILLION_CHECK, which prints file, line and condition and aborts;

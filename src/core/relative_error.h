@@ -1,5 +1,6 @@
-// The project's one definition of relative error (DESIGN.md section 4), used by tests, gradient
-// checks and benchmarks alike: per tensor, max|a − b| / max(max|b|, 1e-30), b being the reference.
+// The project's one definition of relative error (docs/architecture.md, "Relative error"), used by
+// tests, gradient checks and benchmarks alike: per tensor, max|a − b| / max(max|b|, 1e-30), b being
+// the reference.
 #pragma once
 
 #include <algorithm>

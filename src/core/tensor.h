@@ -1,8 +1,8 @@
 // Tensor<T>: a non-owning, row-major, contiguous view with a shape of up to 6 dimensions.
 // Storage comes from core/memory.h (Buffer::view, Arena::tensor hand out views); expect_shape aborts
 // with file and line on a mismatch. Ops take raw pointers plus sizes (llm.c style, shapes in
-// comments); the modules of issue 2 do too, and views are for code that passes tensors around
-// (the parallel plan and the swap engine of later issues).
+// comments), and so do the modules; Shape describes the activation store's saved tensors
+// (memory/activation_store.h), and views serve tests and code that passes tensors around.
 #pragma once
 
 #include <array>

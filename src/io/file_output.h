@@ -9,9 +9,9 @@
 //   - ScopedFileOutput: installs a replacement for the lifetime of a scope.
 // The operations are system-call sized and report failure as an errno value instead of throwing:
 // the caller (AtomicFileWriter in atomic_file.h) knows which file the user asked for, so it
-// builds the trillion::Error message and removes its temporary file. A later crash-point harness
-// is one more FileOutput: count operations like FaultInjectingFileOutput, stop the process (or
-// throw) after the k-th one, or forget the bytes written since a file's last fsync.
+// builds the trillion::Error message and removes its temporary file. The crash-point harness
+// (io/crash_points.h) is one more FileOutput: it counts operations like FaultInjectingFileOutput,
+// stops the process after the k-th one and can forget the bytes written since a file's last fsync.
 #pragma once
 
 #include <array>

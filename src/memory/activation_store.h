@@ -1,7 +1,8 @@
 // ActivationStore: the one place where modules keep the activations their backward needs, and where
-// the memory policy is applied (DESIGN.md: keep, recompute or swap per saved tensor). Each saved
-// tensor is an entry keyed by a static tag (memory/activation_tags.h) and a layer index (the head's
-// final norm and loss use layer L, the number of decoder layers), with its dtype and shape.
+// the memory policy is applied (docs/architecture.md, "Saved tensors": keep, recompute or swap per
+// saved tensor). Each saved tensor is an entry keyed by a static tag (memory/activation_tags.h) and
+// a layer index (the head's final norm and loss use layer L, the number of decoder layers), with its
+// dtype and shape.
 //
 // The store sees each layer's life through events the layer loops send, per part: a decoder
 // layer's mixer sublayer and its FFN sublayer (the tags' TagSublayer), the head (layer L) as one.

@@ -1,6 +1,6 @@
 // The slow tier on CPU: saved activations copied to a file on local disk by one background thread
-// and read back before their layer's backward (DESIGN.md: swap offloads in the background during
-// forward and prefetches in reverse layer order during backward).
+// and read back before their layer's backward (docs/architecture.md, "Saved tensors": swap offloads
+// in the background during forward and prefetches in reverse layer order during backward).
 //
 // The file is created in a directory the user names and unlinked at once (nothing is left behind,
 // even after a crash). It is opened with O_DIRECT where the file system allows it, so its bytes

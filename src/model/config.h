@@ -28,7 +28,7 @@ const char* layer_type_name(LayerType type);
 enum class FfnType { dense, sparse };
 const char* ffn_type_name(FfnType type);
 
-// How the router's load-balancing loss is formed (REFERENCES.md, "MoE routing and balancing").
+// How the router's load-balancing loss is formed (docs/architecture.md, "MoE routing and balancing").
 enum class AuxLossType {
   pooled,     // transformers' Qwen: E · Σ_e f_e P_e over all MoE layers' tokens together, f_e = count_e / T
   per_layer,  // Megatron: Σ_layers E · Σ_e f_e P_e with f_e = count_e / (T · k)
@@ -69,7 +69,7 @@ struct ModelConfig {
   std::string hidden_act = "silu";  // MLP activation; only "silu" is built
   std::vector<LayerType> layer_types;  // size num_hidden_layers; from `layer_types` or `full_attention_interval`
 
-  // Linear attention (Gated DeltaNet / KDA), kept for later issues.
+  // Linear attention: Gated DeltaNet (qwen3_next) and Kimi Delta Attention (kimi_linear).
   int64_t linear_num_key_heads = 0, linear_num_value_heads = 0;
   int64_t linear_key_head_dim = 0, linear_value_head_dim = 0, linear_conv_kernel_dim = 4;
 

@@ -1,5 +1,6 @@
 // Family conventions by model_type (see family.h). Sources: transformers 5.x modelling and
-// configuration files of each family (HF-FACTS.md sections 1, 2, 3, 4, 8).
+// configuration files of each family (docs/architecture.md, "Family conventions" and "Float32 traps of
+// transformers").
 #include "model/family.h"
 
 #include "core/error.h"

@@ -1,5 +1,5 @@
 // Family conventions chosen by `model_type`, in one place: what transformers' modelling code of
-// each family does that its config.json does not say (HF-FACTS.md).
+// each family does that its config.json does not say (docs/architecture.md, "Family conventions").
 //
 //   family        norms           attention              router    FFN placement rule
 //   qwen3         x̂·w             q_norm/k_norm          –         dense

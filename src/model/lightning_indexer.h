@@ -1,7 +1,8 @@
 // The lightning indexer of a sparse attention layer (DeepSeek-V3.2's DSA), as a part a mixer kind
 // owns: it scores every visible key for each query, selects the top-k keys the layer's attention
-// then runs over, and trains itself against the layer's main attention (REFERENCES.md, "Sparse
-// attention"; ops/indexer.h has the math). H_I heads of d_I, r = qk_rope_head_dim:
+// then runs over, and trains itself against the layer's main attention (docs/architecture.md, "The
+// lightning indexer" and "The indexer's loss"; ops/indexer.h has the math).
+// H_I heads of d_I, r = qk_rope_head_dim:
 //   q_I = wq(q_in)                  [n, H_I, d_I]  q_in: MLA's query latent (q_a_layernorm output,
 //                                                 tensor indexer.wq_b) or, on a plain attention
 //                                                 layer, its normed input h (tensor indexer.wq)

@@ -1,6 +1,6 @@
 // The parameter table: one description of every tensor of a model (internal name, Hugging Face
 // key(s), shape, group, FSDP unit, initializer, weight decay, trainable) that drives the flat
-// buffers, initialization, checkpoint names, optimizer groups and, later, sharding.
+// buffers, initialization, checkpoint names, optimizer groups and sharding (parallel/shard_layout.h).
 //
 // Flat buffers are group-major (dense | expert | lora | buffer), then unit-major inside a group:
 // unit 0 holds the embeddings, unit 1 + l decoder layer l, unit 1 + L the final norm and the LM head

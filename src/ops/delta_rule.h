@@ -1,6 +1,6 @@
 // The gated delta rule (linear attention of Gated DeltaNet / Qwen3-Next and of Kimi Delta
-// Attention), forward and backward. This file holds the recurrent form, one token at a time; the
-// chunked form (same results to rounding, for training) will join it.
+// Attention), forward and backward: the recurrent form, one token at a time (delta_rule.cpp), and the
+// chunked form below (delta_rule_chunk.cpp; same results to rounding, for training).
 //
 // Per sequence segment and value head, with a state S[K, V] and tokens t in order:
 //   S ← Diag(exp(g_t)) S            (per-head decay: g_t scalar, S ← exp(g_t) S)

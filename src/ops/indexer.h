@@ -1,6 +1,6 @@
 // The lightning indexer of DeepSeek-V3.2's sparse attention: a cheap score of every visible key for
 // each query, the top-k selection it feeds, and the indexer's training loss against the main
-// attention (REFERENCES.md, "Sparse attention").
+// attention (docs/architecture.md, "The lightning indexer" and "The indexer's loss").
 //
 //   I[b, t, s] = Σ_h w[b, t, h] · ReLU(scale · q[b, t, h] · k[b, s])   for visible keys s
 //
@@ -31,7 +31,8 @@ struct IndexerSizes {
 };
 
 // Top-k selection, streamed: indices[b, t, :] ← the min(topk, visible_t) visible keys with the largest
-// I[b, t, s], ordered by score descending then key ascending (DESIGN.md's tie rule, as ops/topk.h;
+// I[b, t, s], ordered by score descending then key ascending (the tie rule of docs/architecture.md,
+// "Determinism", as ops/topk.h;
 // a NaN score ranks first, as there), padded with −1. Deterministic and independent of the thread
 // count.
 template <class T>

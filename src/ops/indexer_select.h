@@ -3,7 +3,8 @@
 // candidate list to its best topk, the radix sort of the final list, and the per-query running
 // list that key blocks are offered to in increasing key order. Internal to indexer.cpp.
 //
-// Rank: "score descending, then key ascending" (DESIGN.md's tie rule, as ops/topk.h), NaN above
+// Rank: "score descending, then key ascending" (the tie rule of docs/architecture.md, "Determinism",
+// as ops/topk.h), NaN above
 // every number as in ops/topk.h. The order is total and strict over distinct keys, so every
 // selection step picks a unique set, independent of the algorithm and of the thread count.
 #pragma once

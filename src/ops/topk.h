@@ -1,7 +1,8 @@
 // Deterministic top-k over the rows of a score matrix: the k largest scores of each row, ordered by
-// score descending, then by index ascending (DESIGN.md: every top-k breaks ties this way), so the
-// result does not depend on the thread count or on the sorting algorithm. Used by the MoE router
-// and, later, by the sparse-attention indexer. −∞ scores (masked entries) are allowed and rank
+// score descending, then by index ascending (docs/architecture.md, "Determinism": every top-k breaks
+// ties this way), so the result does not depend on the thread count or on the sorting algorithm. Used
+// by the MoE router; the sparse-attention indexer's streamed selection (ops/indexer_select.h) ranks
+// the same way. −∞ scores (masked entries) are allowed and rank
 // last; NaN scores rank first (above +∞, as torch.topk ranks them), so a NaN upstream is selected
 // and flows on into the step's loss, where the trainer's numeric guard names it (train/
 // numeric_guard.h). Saves nothing; has no backward (a selection).

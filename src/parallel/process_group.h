@@ -1,4 +1,4 @@
-// ProcessGroup: the ranks a collective runs over (DESIGN.md, "Distributed = MPI").
+// ProcessGroup: the ranks a collective runs over (docs/architecture.md, "The parallel layout").
 //
 // A process started by mpirun (OpenMPI, or any launcher that sets PMI/PMIx variables) joins MPI's
 // world on first use of ProcessGroup::world(); a process started without one is a group of one

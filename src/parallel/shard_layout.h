@@ -1,6 +1,6 @@
 // ShardLayout: which elements of the trainable parameters one rank owns under FSDP (with expert
-// parallelism), and where they sit in its shard (DESIGN.md, "Parameters": the flat buffers are
-// group-major, then unit-major).
+// parallelism), and where they sit in its shard (docs/architecture.md, "Parameters and the flat
+// buffers": the flat buffers are group-major, then unit-major).
 //
 // Mesh: world = ep × edp, rank = edp index · ep + ep index. A range is split over a group in order:
 // the group's rank g owns the g-th of its contiguous pieces (sizes differ by at most one element),

@@ -5,8 +5,8 @@
 // matters with its own weight), runs the op's backward with dout = R, and compares each analytic
 // gradient with central differences of L in double:
 //   dL/dx_i ≈ (L(x + h e_i) − L(x − h e_i)) / 2h,  h = rel_step · max(1, |x_i|).
-// Relative error per tensor as DESIGN.md defines it: max|a − b| / max(max|b|, 1e-30), with b the
-// numerical gradient.
+// Relative error per tensor as docs/architecture.md ("Relative error") defines it:
+// max|a − b| / max(max|b|, 1e-30), with b the numerical gradient.
 #pragma once
 
 #include <gtest/gtest.h>

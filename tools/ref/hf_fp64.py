@@ -3,7 +3,8 @@
 Written for (tools/ref/requirements.txt): torch 2.15.0 (PyPI wheel, 2.15.0+cu132, run on CPU),
 transformers 5.24.0, safetensors 0.8.0, Python 3.11.
 
-transformers computes parts of a float64 model in float32 (HF-FACTS.md section 0.9): RMSNorm casts to
+transformers computes parts of a float64 model in float32 (docs/architecture.md, section
+"Float32 traps of transformers"): RMSNorm casts to
 float32, the RoPE inv_freq table is built in float32 and cos/sin are computed in float32, the routers
 compute their softmax / sigmoid logits in float32, eager attention's softmax is float32, the qwen
 aux loss accumulates in float32 and ForCausalLMLoss upcasts to float32; the linear attentions (qwen3_next
