@@ -17,7 +17,7 @@ namespace trillion {
 namespace {
 
 using test::json_lines;
-using test::run_command;
+using test::run_shell;
 
 constexpr const char* kTinyArgs =
     " --tokens 130 --heads 2 --key-dim 8 --value-dim 8 --runs 2 --baseline-runs 2 --gemm-size 64";
@@ -126,8 +126,8 @@ TEST(LinearAttentionBench, TinyRunBothDecayKinds) {
 }
 
 TEST(LinearAttentionBench, CliSingleKindLastLineIsItsSummary) {
-  const auto [status, output] = run_command(std::string(TRILLION_BINARY) + " bench linear-attention --json" +
-                                            kTinyArgs + " --decay per_key_channel --seed 5");
+  const auto [status, output] = run_shell(std::string(TRILLION_BINARY) + " bench linear-attention --json" +
+                                          kTinyArgs + " --decay per_key_channel --seed 5");
   ASSERT_EQ(status, 0) << output;
   const size_t last = output.rfind("\n{");
   ASSERT_NE(last, std::string::npos) << output;
@@ -142,7 +142,7 @@ TEST(LinearAttentionBench, CliSingleKindLastLineIsItsSummary) {
 
 TEST(LinearAttentionBench, CliBothKindsLastLineIsCombinedSummary) {
   const auto [status, output] =
-      run_command(std::string(TRILLION_BINARY) + " bench linear-attention --json" + kTinyArgs);
+      run_shell(std::string(TRILLION_BINARY) + " bench linear-attention --json" + kTinyArgs);
   ASSERT_EQ(status, 0) << output;
   const std::vector<nlohmann::json> lines = json_lines(output);
   ASSERT_EQ(lines.size(), 9u) << output;
@@ -160,13 +160,13 @@ TEST(LinearAttentionBench, CliBothKindsLastLineIsCombinedSummary) {
 }
 
 TEST(LinearAttentionBench, CliTextOutputAndBadDecay) {
-  const auto [status, output] = run_command(std::string(TRILLION_BINARY) + " bench linear-attention" + kTinyArgs +
-                                            " --decay per_head 2>&1");
+  const auto [status, output] = run_shell(std::string(TRILLION_BINARY) + " bench linear-attention" + kTinyArgs +
+                                          " --decay per_head 2>&1");
   ASSERT_EQ(status, 0) << output;
   EXPECT_NE(output.find("speedup over recurrent"), std::string::npos) << output;
   EXPECT_NE(output.find("fewer than 10 runs"), std::string::npos) << output;
   const auto [bad_status, bad_output] =
-      run_command(std::string(TRILLION_BINARY) + " bench linear-attention --decay per_token 2>&1");
+      run_shell(std::string(TRILLION_BINARY) + " bench linear-attention --decay per_token 2>&1");
   EXPECT_NE(bad_status, 0);
   EXPECT_NE(bad_output.find("--decay"), std::string::npos) << bad_output;
 }

@@ -15,12 +15,12 @@ namespace trillion {
 namespace {
 
 using test::json_lines;
-using test::run_command;
+using test::run_shell;
 
 constexpr const char* kTinyArgs = " --tokens 70 --hidden 24 --vocab 300 --runs 2 --baseline-runs 1 --gemm-size 64";
 
 TEST(LossBench, TinyRunReportsAccurateJson) {
-  const auto [status, output] = run_command(std::string(TRILLION_BINARY) + " bench loss --json" + kTinyArgs);
+  const auto [status, output] = run_shell(std::string(TRILLION_BINARY) + " bench loss --json" + kTinyArgs);
   ASSERT_EQ(status, 0) << output;
   const std::vector<nlohmann::json> lines = json_lines(output);
   ASSERT_EQ(lines.size(), 5u) << output;
@@ -57,7 +57,7 @@ TEST(LossBench, TinyRunReportsAccurateJson) {
 
 TEST(LossBench, TextOutputWithZLoss) {
   const auto [status, output] =
-      run_command(std::string(TRILLION_BINARY) + " bench loss --z-loss 1e-4" + kTinyArgs + " 2>&1");
+      run_shell(std::string(TRILLION_BINARY) + " bench loss --z-loss 1e-4" + kTinyArgs + " 2>&1");
   ASSERT_EQ(status, 0) << output;
   EXPECT_NE(output.find("speedup over plain"), std::string::npos) << output;
   EXPECT_NE(output.find("z-loss=0.0001"), std::string::npos) << output;
@@ -66,7 +66,7 @@ TEST(LossBench, TextOutputWithZLoss) {
 
 TEST(LossBench, RejectsBadOptions) {
   for (const char* args : {" --tokens 0", " --z-loss -1", " --runs 0"}) {
-    const auto [status, output] = run_command(std::string(TRILLION_BINARY) + " bench loss" + args + " 2>&1");
+    const auto [status, output] = run_shell(std::string(TRILLION_BINARY) + " bench loss" + args + " 2>&1");
     EXPECT_NE(status, 0) << args;
     EXPECT_NE(output.find("bench loss:"), std::string::npos) << args << ": " << output;
   }

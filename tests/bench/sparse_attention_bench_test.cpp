@@ -16,7 +16,7 @@ namespace trillion {
 namespace {
 
 using test::json_lines;
-using test::run_command;
+using test::run_shell;
 
 constexpr const char* kTinyArgs =
     " --seq-len 96 --topk 16 --heads 4 --kv-heads 2 --head-dim 16 --index-heads 2 --index-head-dim 16"
@@ -39,7 +39,7 @@ TEST(SparseAttentionBench, FlopFormulas) {
 
 TEST(SparseAttentionBench, TinyRunReportsAccurateJson) {
   const auto [status, output] =
-      run_command(std::string(TRILLION_BINARY) + " bench sparse-attention --json --mla-heads 2" + kTinyArgs);
+      run_shell(std::string(TRILLION_BINARY) + " bench sparse-attention --json --mla-heads 2" + kTinyArgs);
   ASSERT_EQ(status, 0) << output;
   const std::vector<nlohmann::json> lines = json_lines(output);
   ASSERT_EQ(lines.size(), 9u) << output;
@@ -83,8 +83,8 @@ TEST(SparseAttentionBench, TinyRunReportsAccurateJson) {
 }
 
 TEST(SparseAttentionBench, TextOutputAndMlaSkipped) {
-  const auto [status, output] = run_command(std::string(TRILLION_BINARY) + " bench sparse-attention" + kTinyArgs +
-                                            " --mla-heads 0 --v-dim 8 2>&1");
+  const auto [status, output] = run_shell(std::string(TRILLION_BINARY) + " bench sparse-attention" + kTinyArgs +
+                                          " --mla-heads 0 --v-dim 8 2>&1");
   ASSERT_EQ(status, 0) << output;
   EXPECT_NE(output.find("speedup over dense"), std::string::npos) << output;
   EXPECT_NE(output.find("fewer than 10 runs"), std::string::npos) << output;
@@ -94,7 +94,7 @@ TEST(SparseAttentionBench, TextOutputAndMlaSkipped) {
 
 TEST(SparseAttentionBench, RejectsHeadsNotDivisibleByKvHeads) {
   const auto [status, output] =
-      run_command(std::string(TRILLION_BINARY) + " bench sparse-attention --seq-len 8 --heads 3 --kv-heads 2 2>&1");
+      run_shell(std::string(TRILLION_BINARY) + " bench sparse-attention --seq-len 8 --heads 3 --kv-heads 2 2>&1");
   EXPECT_NE(status, 0);
   EXPECT_NE(output.find("--heads 3 must be a multiple of --kv-heads 2"), std::string::npos) << output;
 }

@@ -14,7 +14,7 @@ nlohmann::json step_summary(const std::string& config, const std::string& sizes 
   const std::string command = std::string(TRILLION_BINARY) + " bench step --json --config " +
                               std::string(TRILLION_SOURCE_DIR) + "/configs/models/" + config + " " + sizes +
                               " --warmup 1 --gemm-size 64 2>/dev/null";
-  const auto [status, output] = test::run_command(command);
+  const auto [status, output] = test::run_shell(command);
   EXPECT_EQ(status, 0) << output;
   const std::vector<nlohmann::json> lines = test::json_lines(output);
   EXPECT_EQ(lines.size(), 1u) << output;
@@ -61,9 +61,9 @@ TEST(StepBench, EveryDemoConfigSteps) {
 }
 
 TEST(StepBench, RejectsBadSizes) {
-  const auto [status, output] = test::run_command(std::string(TRILLION_BINARY) + " bench step --config " +
-                                                  std::string(TRILLION_SOURCE_DIR) +
-                                                  "/configs/models/tiny.json --batch 0 2>&1");
+  const auto [status, output] = test::run_shell(std::string(TRILLION_BINARY) + " bench step --config " +
+                                                std::string(TRILLION_SOURCE_DIR) +
+                                                "/configs/models/tiny.json --batch 0 2>&1");
   EXPECT_NE(status, 0);
   EXPECT_NE(output.find("--batch and --seq-len must be ≥ 1"), std::string::npos) << output;
 }

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "bench/bench_run.h"
+#include "test_support/command.h"
 
 namespace trillion {
 namespace {
@@ -14,7 +14,7 @@ namespace {
 TEST(CpuFeatures, TheBuildMachineHasWhatTheBuildUses) {
   const std::vector<std::string> missing = missing_cpu_features();
   EXPECT_TRUE(missing.empty()) << missing.front();
-  const auto [status, output] = test::run_command(std::string(TRILLION_BINARY) + " --help 2>&1");
+  const auto [status, output] = test::run_shell(std::string(TRILLION_BINARY) + " --help 2>&1");
   EXPECT_EQ(status, 0) << output;
   EXPECT_EQ(output.find("which this CPU lacks"), std::string::npos) << output;
 }

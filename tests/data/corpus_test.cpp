@@ -15,11 +15,12 @@
 #include "data/data_test_util.h"
 #include "data/line_reader.h"
 #include "io/atomic_file.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
 
-using testing::TempDir;
+using test::ScratchDir;
 using testing::write_gzip;
 using testing::write_zstd;
 namespace fs = std::filesystem;
@@ -36,7 +37,7 @@ std::vector<std::string> lines_of(const std::string& path) {
 }
 
 TEST(LineReader, PlainGzipAndZstdGiveTheSameLines) {
-  TempDir dir("line_reader");
+  ScratchDir dir("line_reader");
   const std::string long_line(3 << 20, 'x');  // three read blocks
   const std::string text = "first\r\n\n" + long_line + "\nlast without newline";
   const std::vector<std::string> expected = {"first\r", "", long_line, "last without newline"};
@@ -54,7 +55,7 @@ TEST(LineReader, PlainGzipAndZstdGiveTheSameLines) {
 }
 
 TEST(LineReader, TruncatedAndCorruptCompressedFilesAreRefusedByName) {
-  TempDir dir("line_reader_bad");
+  ScratchDir dir("line_reader_bad");
   std::string text;
   for (int i = 0; i < 20000; ++i) text += "line " + std::to_string(i * 7919 % 10007) + "\n";
   write_gzip(dir.path("t.gz"), {text});
@@ -87,7 +88,7 @@ TEST(Utf8, TheFirstInvalidByteIsFound) {
 }
 
 TEST(CorpusInputs, DirectoriesAndPatternsExpandInOrder) {
-  TempDir dir("corpus_inputs");
+  ScratchDir dir("corpus_inputs");
   fs::create_directories(dir.path("d/sub"));
   fs::create_directories(dir.path("d/.git"));
   for (const char* name : {"d/b.txt", "d/a.txt", "d/sub/c.jsonl", "d/.hidden", "d/.git/x", "p1.txt", "p2.txt"})
@@ -126,7 +127,7 @@ std::vector<std::string> documents_of(const std::vector<std::string>& files, con
 }
 
 TEST(CorpusDocuments, EachFileKindSplitsAsDocumented) {
-  TempDir dir("corpus_documents");
+  ScratchDir dir("corpus_documents");
   const std::string huge(2 << 20, 'w');  // longer than any block or sentence limit
   write_file_atomic(dir.path("plain.txt"), "\n one\ntwo \n \t\n\n" + huge + "\n\nthree");
   write_file_atomic(dir.path("fortune"), "f1\n\nstill f1\n%\nf2\n%\n");
@@ -144,7 +145,7 @@ TEST(CorpusDocuments, EachFileKindSplitsAsDocumented) {
 }
 
 TEST(CorpusDocuments, BadInputNamesTheFileAndLineOrIsSkippedAndCounted) {
-  TempDir dir("corpus_bad");
+  ScratchDir dir("corpus_bad");
   write_file_atomic(dir.path("bad.txt"), "good\n\nbad \xFF here\nsame doc\n\nfine\n");
   write_file_atomic(dir.path("bad.jsonl"), "{\"text\": \"a\"}\n[1]\n{\"txt\": \"x\"}\n{\"text\": 5}\n{\"text\": \n"
                                            "{\"text\": \"\xC3\x28\"}\n{\"text\": \"z\"}\n");
@@ -172,7 +173,7 @@ TEST(CorpusDocuments, BadInputNamesTheFileAndLineOrIsSkippedAndCounted) {
 
 // Prompt/completion and ChatML conversations: parts with their targets, in order.
 TEST(CorpusDocuments, FineTuningFormsArePartsWithTheirTargets) {
-  TempDir dir("corpus_fine_tuning");
+  ScratchDir dir("corpus_fine_tuning");
   write_file_atomic(dir.path("ft.jsonl"),
                     "{\"prompt\": \"Q: 2+2?\", \"completion\": \" 4\"}\n"
                     "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", "

@@ -1,10 +1,9 @@
-// Helpers for the data tests: a per-test temporary directory, a generated text corpus, gzip and
-// zstd files of several members / frames, and expecting a trillion::Error whose message contains
-// given parts.
+// Helpers for the data tests: a generated text corpus, gzip and zstd files of several members /
+// frames, and expecting a trillion::Error whose message contains given parts. (Their temporary
+// directories are test::ScratchDir, test_support/scratch_dir.h.)
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <zlib.h>
 #include <zstd.h>
 
@@ -19,24 +18,6 @@
 #include "io/atomic_file.h"
 
 namespace trillion::testing {
-
-// A fresh directory under the system temp dir, removed with its contents on destruction.
-class TempDir {
- public:
-  explicit TempDir(const std::string& name)
-      : path_(std::filesystem::temp_directory_path() / ("trillion_data_" + name + "_" + std::to_string(::getpid()))) {
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~TempDir() { std::filesystem::remove_all(path_); }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  std::string path(const std::string& file) const { return (path_ / file).string(); }
-  std::string str() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 // `count` documents of pseudo-random words (syllables from a fixed list, so BPE has merges to
 // learn), with punctuation, newlines, leading spaces and a few non-ASCII characters.

@@ -16,6 +16,7 @@
 
 #include "data/data_test_util.h"
 #include "io/atomic_file.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
@@ -80,7 +81,7 @@ TEST(HfTokenizer, AddedTokensAndLookups) {
 }
 
 TEST(HfTokenizer, UnsupportedPartsAreRefusedByFileAndField) {
-  testing::TempDir dir("hf_tokenizer_bad");
+  test::ScratchDir dir("hf_tokenizer_bad");
   const nlohmann::json good = nlohmann::json::parse(read_file(kFixtures + "/qwen2/tokenizer.json"));
   const auto refused = [&](const std::function<void(nlohmann::json&)>& change, const std::string& message) {
     nlohmann::json bad = good;

@@ -11,6 +11,7 @@
 
 #include "data/data_test_util.h"
 #include "data/tokenizer.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
@@ -109,7 +110,7 @@ TEST(MixtureSampler, OneSourceIsThePlainSampler) {
 }
 
 TEST(DataMixture, DirectoriesOfDifferentTokenizersAreRefused) {
-  testing::TempDir dir("mixture_tokenizers");
+  test::ScratchDir dir("mixture_tokenizers");
   for (const auto& [name, seed] : {std::pair{"a", 1}, {"b", 1}, {"c", 2}}) {
     const std::string d = dir.path(name);
     std::filesystem::create_directories(d);

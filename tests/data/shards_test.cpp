@@ -13,17 +13,18 @@
 #include "data/data_test_util.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
 
 using testing::expect_error;
-using testing::TempDir;
+using test::ScratchDir;
 
 const std::vector<int32_t> kTokens = {5, 0, 99, 17, 1, 42, 3, 1};
 
 TEST(TokenShard, RoundTripsEveryField) {
-  TempDir dir("shard_roundtrip");
+  ScratchDir dir("shard_roundtrip");
   write_token_shard(dir.path("s.bin"), kTokens, 100, 0x1234abcd5678ef90ull, 777);
   EXPECT_EQ(std::filesystem::file_size(dir.path("s.bin")), 64 + 4 * kTokens.size());
   const TokenShard shard = read_token_shard(dir.path("s.bin"));
@@ -43,7 +44,7 @@ TEST(TokenShard, RoundTripsEveryField) {
 // with a message naming the file and containing `expected`.
 void expect_corruption_rejected(const std::string& name, const std::function<void(std::string&)>& corrupt,
                                 const std::string& expected) {
-  TempDir dir("shard_" + name);
+  ScratchDir dir("shard_" + name);
   const std::string path = dir.path("s.bin");
   write_token_shard(path, kTokens, 100, 7, 10);
   std::string bytes = read_file(path);
@@ -70,7 +71,7 @@ TEST(TokenShard, RejectsEachCorruption) {
 // Loss masks: a shard with untargeted tokens is version 2 and keeps bit 31 of their ids; in a
 // version-1 shard that bit is an out-of-range id.
 TEST(TokenShard, LossMasksRoundTripInVersionTwo) {
-  TempDir dir("shard_masks");
+  ScratchDir dir("shard_masks");
   const std::vector<int32_t> stored = {5, static_cast<int32_t>(7 | kNotTargetBit), 9, 1};
   write_token_shard(dir.path("m.bin"), stored, 100, 3, 8);
   EXPECT_EQ(read_file(dir.path("m.bin"))[8], 2) << "version 2";
@@ -99,13 +100,13 @@ TEST(UnigramBaseline, IsAddOneSmoothedCrossEntropy) {
 // documents and an index, read back as the same streams; a split that fits one shard is NAME.bin,
 // and rewriting one layout removes the other's files.
 TEST(TokenSplit, ShardsWholeDocumentsBehindAnIndexAndSwitchesLayouts) {
-  TempDir dir("token_split");
+  ScratchDir dir("token_split");
   const std::vector<std::vector<int32_t>> documents = {{5, 6, 7, 1}, {8, 1}, {9, 9, 9, 9, 9, 1}, {2, 1}, {3, 3, 1}};
-  TokenSplitWriter writer(dir.str(), "train", 20, 77, 10);
+  TokenSplitWriter writer(dir.path(), "train", 20, 77, 10);
   for (const std::vector<int32_t>& d : documents) writer.add_document(d, 3);
   writer.finish();
   EXPECT_EQ(writer.shards(), 3);  // a shard ends where the next document would pass 10 tokens
-  const TokenSplit split = read_token_split(dir.str(), "train");
+  const TokenSplit split = read_token_split(dir.path(), "train");
   EXPECT_EQ(split.path, dir.path("train.index.json"));
   std::vector<size_t> sizes;
   for (const TokenShard& shard : split.shards) sizes.push_back(shard.tokens.size());
@@ -121,23 +122,23 @@ TEST(TokenSplit, ShardsWholeDocumentsBehindAnIndexAndSwitchesLayouts) {
   nlohmann::json wrong = index;
   wrong["shards"][1]["tokens"] = 7;
   write_file_atomic(dir.path("train.index.json"), wrong.dump());
-  expect_error([&] { read_token_split(dir.str(), "train"); }, {dir.path("train-00001.bin"), "token_count does not match"});
+  expect_error([&] { read_token_split(dir.path(), "train"); }, {dir.path("train-00001.bin"), "token_count does not match"});
   wrong = index;
   wrong.erase("tokens");
   write_file_atomic(dir.path("train.index.json"), wrong.dump());
-  expect_error([&] { read_token_split(dir.str(), "train"); }, {dir.path("train.index.json"), "field 'tokens' is missing"});
+  expect_error([&] { read_token_split(dir.path(), "train"); }, {dir.path("train.index.json"), "field 'tokens' is missing"});
   write_file_atomic(dir.path("train.index.json"), index.dump());
   write_token_shard(dir.path("train.bin"), kTokens, 100, 7, 10);
-  expect_error([&] { read_token_split(dir.str(), "train"); }, {"both train.bin and train.index.json"});
+  expect_error([&] { read_token_split(dir.path(), "train"); }, {"both train.bin and train.index.json"});
 
-  TokenSplitWriter single(dir.str(), "train", 20, 77, 100);
+  TokenSplitWriter single(dir.path(), "train", 20, 77, 100);
   for (const std::vector<int32_t>& d : documents) single.add_document(d, 3);
   single.finish();
   EXPECT_EQ(single.shards(), 0);
   EXPECT_FALSE(std::filesystem::exists(dir.path("train.index.json")));
   EXPECT_FALSE(std::filesystem::exists(dir.path("train-00000.bin")));
   EXPECT_FALSE(std::filesystem::exists(dir.path("train-00002.bin")));
-  const TokenSplit one = read_token_split(dir.str(), "train");
+  const TokenSplit one = read_token_split(dir.path(), "train");
   EXPECT_EQ(one.path, dir.path("train.bin"));
   EXPECT_EQ(testing::all_tokens(one), testing::all_tokens(split));
   EXPECT_EQ(one.checksum, one.shards.at(0).checksum);
@@ -147,7 +148,7 @@ TEST(TokenSplit, ShardsWholeDocumentsBehindAnIndexAndSwitchesLayouts) {
 class DataDirTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new TempDir("datadir");
+    dir_ = new ScratchDir("datadir");
     train_tokenizer(testing::generated_documents(100, 9), 400, dir_->path("tokenizer.model"));
   }
   static void TearDownTestSuite() { delete dir_; }
@@ -156,38 +157,38 @@ class DataDirTest : public ::testing::Test {
     write_token_shard(dir_->path("train.bin"), kTokens, 400, hash_, 100);
     write_token_shard(dir_->path("val.bin"), std::vector<int32_t>{3, 4, 1}, 400, hash_, 20);
   }
-  static TempDir* dir_;
+  static ScratchDir* dir_;
   uint64_t hash_ = 0;
 };
-TempDir* DataDirTest::dir_ = nullptr;
+ScratchDir* DataDirTest::dir_ = nullptr;
 
 TEST_F(DataDirTest, OpensAConsistentDirectory) {
-  const DataDir data = open_data_dir(dir_->str(), 400);
+  const DataDir data = open_data_dir(dir_->path(), 400);
   EXPECT_EQ(data.tokenizer_path, dir_->path("tokenizer.model"));
   EXPECT_EQ(testing::all_tokens(data.train), kTokens);
   EXPECT_EQ(testing::all_tokens(data.val), (std::vector<int32_t>{3, 4, 1}));
   EXPECT_EQ(data.val.text_bytes, 20u);
-  EXPECT_NO_THROW(open_data_dir(dir_->str(), 0)) << "expected_vocab 0 skips the model check";
+  EXPECT_NO_THROW(open_data_dir(dir_->path(), 0)) << "expected_vocab 0 skips the model check";
 }
 
 TEST_F(DataDirTest, NamesTheMissingDirectoryOrFile) {
   expect_error([&] { open_data_dir(dir_->path("nope"), 400); }, {dir_->path("nope"), "data directory not found"});
   std::filesystem::remove(dir_->path("val.bin"));
-  expect_error([&] { open_data_dir(dir_->str(), 400); }, {dir_->path("val.bin"), "missing"});
+  expect_error([&] { open_data_dir(dir_->path(), 400); }, {dir_->path("val.bin"), "missing"});
 }
 
 TEST_F(DataDirTest, RejectsTokenizerHashMismatch) {
   write_token_shard(dir_->path("val.bin"), std::vector<int32_t>{3, 4, 1}, 400, hash_ + 1, 20);
-  expect_error([&] { open_data_dir(dir_->str(), 400); }, {dir_->path("val.bin"), "tokenizer_hash", "tokenizer.model", "expected"});
+  expect_error([&] { open_data_dir(dir_->path(), 400); }, {dir_->path("val.bin"), "tokenizer_hash", "tokenizer.model", "expected"});
 }
 
 TEST_F(DataDirTest, RejectsVocabMismatchWithTokenizerAndModel) {
   write_token_shard(dir_->path("train.bin"), kTokens, 500, hash_, 100);
-  expect_error([&] { open_data_dir(dir_->str(), 400); }, {dir_->path("train.bin"), "vocab_size 500", "expected 400"});
+  expect_error([&] { open_data_dir(dir_->path(), 400); }, {dir_->path("train.bin"), "vocab_size 500", "expected 400"});
   write_token_shard(dir_->path("train.bin"), kTokens, 400, hash_, 100);
-  expect_error([&] { open_data_dir(dir_->str(), 300); },
+  expect_error([&] { open_data_dir(dir_->path(), 300); },
                {dir_->path("tokenizer.model"), "vocab_size 400", "exceeds the model config", "expected at most 300"});
-  EXPECT_NO_THROW(open_data_dir(dir_->str(), 512)) << "a padded model vocab";
+  EXPECT_NO_THROW(open_data_dir(dir_->path(), 512)) << "a padded model vocab";
 }
 
 }  // namespace

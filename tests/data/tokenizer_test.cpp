@@ -3,24 +3,26 @@
 #include "data/tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 
 #include "core/rng.h"
 #include "data/data_test_util.h"
 #include "io/atomic_file.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
 
 using testing::expect_error;
 using testing::generated_documents;
-using testing::TempDir;
+using test::ScratchDir;
 
 constexpr int64_t kVocab = 400;
 
 TEST(Tokenizer, TrainsAndRoundTripsExactly) {
-  TempDir dir("tokenizer_roundtrip");
+  ScratchDir dir("tokenizer_roundtrip");
   const std::vector<std::string> documents = generated_documents(200, 1);
   train_tokenizer(documents, kVocab, dir.path("t.model"));
   const Tokenizer tokenizer(dir.path("t.model"));
@@ -49,7 +51,7 @@ TEST(Tokenizer, TrainsAndRoundTripsExactly) {
 }
 
 TEST(Tokenizer, TrainingIsDeterministicAndHashIsOfTheFile) {
-  TempDir dir("tokenizer_hash");
+  ScratchDir dir("tokenizer_hash");
   const std::vector<std::string> documents = generated_documents(120, 2);
   train_tokenizer(documents, kVocab, dir.path("a.model"));
   train_tokenizer(documents, kVocab, dir.path("b.model"));
@@ -65,7 +67,7 @@ TEST(Tokenizer, TrainingIsDeterministicAndHashIsOfTheFile) {
 }
 
 TEST(Tokenizer, BadModelsAndImpossibleVocabsAreErrors) {
-  TempDir dir("tokenizer_errors");
+  ScratchDir dir("tokenizer_errors");
   write_file_atomic(dir.path("not.model"), "this is not a protobuf");
   expect_error([&] { Tokenizer tokenizer(dir.path("not.model")); }, {dir.path("not.model"), "not a SentencePiece model"});
   expect_error([&] { Tokenizer tokenizer(dir.path("missing.model")); }, {dir.path("missing.model")});

@@ -11,12 +11,13 @@
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
 #include "io/test_files.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
 
 using testing::error_message;
-using testing::ScratchDir;
+using test::ScratchDir;
 using testing::write_bytes;
 
 const std::string kShardedFixture = std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/safetensors/sharded";
@@ -39,11 +40,11 @@ TEST(Checkpoint, ShardedRoundTrip) {
   writer.add("big", DType::F64, {3, 5}, proj.data());        // 120 bytes alone: shard 3
   writer.write(dir.path());
 
-  EXPECT_FALSE(std::filesystem::exists(dir.file("model.safetensors")));
+  EXPECT_FALSE(std::filesystem::exists(dir.path("model.safetensors")));
   for (const char* shard : {"model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
                             "model-00003-of-00003.safetensors"})
-    EXPECT_TRUE(std::filesystem::exists(dir.file(shard))) << shard;
-  const nlohmann::json index = nlohmann::json::parse(read_file(dir.file("model.safetensors.index.json")));
+    EXPECT_TRUE(std::filesystem::exists(dir.path(shard))) << shard;
+  const nlohmann::json index = nlohmann::json::parse(read_file(dir.path("model.safetensors.index.json")));
   EXPECT_EQ(index["metadata"]["total_size"], 48 + 24 + 30 + 120);
   EXPECT_EQ(index["weight_map"]["embed"], "model-00001-of-00003.safetensors");
   EXPECT_EQ(index["weight_map"]["norm"], "model-00002-of-00003.safetensors");
@@ -64,7 +65,7 @@ TEST(Checkpoint, ShardedRoundTrip) {
   EXPECT_EQ(out_norm, norm);
   EXPECT_EQ(out_big, proj);
   EXPECT_EQ(out_proj[14], 8.5f);
-  EXPECT_EQ(reader.shard_of("proj").path(), dir.file("model-00002-of-00003.safetensors"));
+  EXPECT_EQ(reader.shard_of("proj").path(), dir.path("model-00002-of-00003.safetensors"));
 }
 
 TEST(Checkpoint, SingleFileReplacesShardedAndBack) {
@@ -74,13 +75,13 @@ TEST(Checkpoint, SingleFileReplacesShardedAndBack) {
   sharded.add("a", DType::F32, {2}, a.data());
   sharded.add("b", DType::F32, {2}, a.data() + 2);
   sharded.write(dir.path());
-  EXPECT_TRUE(std::filesystem::exists(dir.file("model.safetensors.index.json")));
+  EXPECT_TRUE(std::filesystem::exists(dir.path("model.safetensors.index.json")));
 
   CheckpointWriter single;
   single.add("a", DType::F32, {4}, a.data());
   single.write(dir.path());
-  EXPECT_TRUE(std::filesystem::exists(dir.file("model.safetensors")));
-  EXPECT_FALSE(std::filesystem::exists(dir.file("model.safetensors.index.json")));
+  EXPECT_TRUE(std::filesystem::exists(dir.path("model.safetensors")));
+  EXPECT_FALSE(std::filesystem::exists(dir.path("model.safetensors.index.json")));
   CheckpointReader reader(dir.path());
   EXPECT_EQ(reader.names(), std::vector<std::string>{"a"});
   std::vector<float> out(4);
@@ -88,7 +89,7 @@ TEST(Checkpoint, SingleFileReplacesShardedAndBack) {
   EXPECT_EQ(out, a);
 
   sharded.write(dir.path());
-  EXPECT_FALSE(std::filesystem::exists(dir.file("model.safetensors")));
+  EXPECT_FALSE(std::filesystem::exists(dir.path("model.safetensors")));
   EXPECT_EQ(CheckpointReader(dir.path()).names(), (std::vector<std::string>{"a", "b"}));
 }
 
@@ -111,8 +112,8 @@ TEST(Checkpoint, RejectsBrokenCheckpoints) {
   const std::vector<float> a = {1, 2};
   SafetensorsWriter shard;
   shard.add("a", DType::F32, {2}, a.data());
-  shard.write(dir.file("shard-1.safetensors"));
-  const std::string index_path = dir.file("model.safetensors.index.json");
+  shard.write(dir.path("shard-1.safetensors"));
+  const std::string index_path = dir.path("model.safetensors.index.json");
 
   write_bytes(index_path, R"({"weight_map": {"a": "shard-1.safetensors", "b": "shard-2.safetensors"}})");
   std::string message = error_message([&] { CheckpointReader reader(dir.path()); });
@@ -140,7 +141,7 @@ TEST(Checkpoint, RejectsBrokenCheckpoints) {
   message = error_message([&] { reader.read("lm_head.weight", {2}, out.data()); });
   EXPECT_EQ(message, dir.path() + ": checkpoint has no tensor \"lm_head.weight\"");
   message = error_message([&] { reader.read("a", {1, 2}, out.data()); });
-  EXPECT_EQ(message, dir.file("shard-1.safetensors") + ": tensor \"a\": shape [2]; expected [1, 2]");
+  EXPECT_EQ(message, dir.path("shard-1.safetensors") + ": tensor \"a\": shape [2]; expected [1, 2]");
 }
 
 TEST(Checkpoint, WriterRejectsDuplicateNamesAcrossShards) {

@@ -13,12 +13,13 @@
 
 #include "io/atomic_file.h"
 #include "io/test_files.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
 
 namespace fs = std::filesystem;
-using testing::ScratchDir;
+using test::ScratchDir;
 
 // Runs `work` with a crash point after its k-th file operation, in a child that must be stopped there.
 void crash_during(int64_t k, bool drop_unsynced, const std::function<void()>& work) {

@@ -22,12 +22,13 @@
 #include "io/half_float.h"
 #include "io/safetensors.h"
 #include "io/test_files.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
 
 using testing::error_message;
-using testing::ScratchDir;
+using test::ScratchDir;
 using testing::write_bytes;
 
 // One tensor as the reference writer sees it: values held as double, or as float when
@@ -119,9 +120,9 @@ TEST(FileOutput, StreamedSafetensorsMatchTheConcatenatingWriter) {
   SafetensorsWriter writer;
   add_all(writer, tensors);
   for (const auto& [key, value] : metadata) writer.set_metadata(key, value);
-  writer.write(dir.file("streamed.safetensors"));
+  writer.write(dir.path("streamed.safetensors"));
   const std::string expected = reference_file_bytes(tensors, metadata);
-  EXPECT_EQ(read_file(dir.file("streamed.safetensors")), expected);
+  EXPECT_EQ(read_file(dir.path("streamed.safetensors")), expected);
   uint64_t header_length = 0;
   std::memcpy(&header_length, expected.data(), 8);
   EXPECT_EQ(static_cast<uint64_t>(writer.data_bytes()), expected.size() - 8 - header_length);
@@ -137,13 +138,13 @@ TEST(FileOutput, ShortWritesAreRetried) {
   ScopedFileOutput scope(output);
   SafetensorsWriter writer;
   add_all(writer, tensors);
-  writer.write(dir.file("short.safetensors"));
+  writer.write(dir.path("short.safetensors"));
   const std::string expected = reference_file_bytes(tensors, {});
-  EXPECT_EQ(read_file(dir.file("short.safetensors")), expected);
+  EXPECT_EQ(read_file(dir.path("short.safetensors")), expected);
   EXPECT_GE(output.count(FileOperation::write), static_cast<int64_t>(expected.size() / 5));
 
-  write_file_atomic(dir.file("short.txt"), "twenty-three bytes long");
-  EXPECT_EQ(read_file(dir.file("short.txt")), "twenty-three bytes long");
+  write_file_atomic(dir.path("short.txt"), "twenty-three bytes long");
+  EXPECT_EQ(read_file(dir.path("short.txt")), "twenty-three bytes long");
 }
 
 // What a failure of each kind must say, after the path it names.
@@ -198,13 +199,13 @@ TEST(FileOutput, EveryFailureOfASafetensorsWriteIsCleanAndKeepsThePreviousFile) 
   const std::vector<ReferenceTensor> tensors = sample_tensors();
   SafetensorsWriter writer;
   add_all(writer, tensors);
-  const std::string path = dir.file("model.safetensors");
+  const std::string path = dir.path("model.safetensors");
   check_every_failure(dir.path(), path, [&] { writer.write(path); });
 }
 
 TEST(FileOutput, EveryFailureOfAnAtomicWriteIsCleanAndKeepsThePreviousFile) {
   ScratchDir dir;
-  const std::string path = dir.file("latest");
+  const std::string path = dir.path("latest");
   check_every_failure(dir.path(), path, [&] { write_file_atomic(path, "checkpoint-00000042\n"); });
 }
 
@@ -213,7 +214,7 @@ TEST(FileOutput, NoSpaceOnTheThirdWriteOfAStreamedFileFailsCleanly) {
   const std::vector<ReferenceTensor> tensors = sample_tensors();
   SafetensorsWriter writer;
   add_all(writer, tensors);
-  const std::string path = dir.file("model.safetensors");
+  const std::string path = dir.path("model.safetensors");
   FaultInjectingFileOutput output;
   output.fail_nth(FileOperation::write, 3, ENOSPC);
   ScopedFileOutput scope(output);
@@ -229,21 +230,21 @@ TEST(FileOutput, DirectoriesThatRefuseFsyncAreAccepted) {
   FaultInjectingFileOutput output;
   output.fail_nth(FileOperation::sync_directory, 1, EINVAL);
   ScopedFileOutput scope(output);
-  write_file_atomic(dir.file("out.txt"), "kept");
-  EXPECT_EQ(read_file(dir.file("out.txt")), "kept");
+  write_file_atomic(dir.path("out.txt"), "kept");
+  EXPECT_EQ(read_file(dir.path("out.txt")), "kept");
   EXPECT_EQ(output.count(FileOperation::sync_directory), 1);
 }
 
 TEST(FileOutput, AbandonedStreamRemovesItsTemporaryFile) {
   ScratchDir dir;
-  write_bytes(dir.file("out.bin"), "old");
+  write_bytes(dir.path("out.bin"), "old");
   {
-    AtomicFileWriter file(dir.file("out.bin"));
+    AtomicFileWriter file(dir.path("out.bin"));
     file.write("partial new contents");
     EXPECT_TRUE(std::filesystem::exists(file.temp_path()));
   }
   EXPECT_EQ(entries_in(dir.path()), 1u);
-  EXPECT_EQ(read_file(dir.file("out.bin")), "old");
+  EXPECT_EQ(read_file(dir.path("out.bin")), "old");
 }
 
 // Records where every write's bytes came from, so a test can tell a write from the caller's own
@@ -276,8 +277,8 @@ TEST(FileOutput, StreamingNeedsOnlyTheStagingBufferNotTheFileSize) {
   ScopedFileOutput scope(output);
   const int64_t before = MemoryStats::current(Tier::fast);
   MemoryStats::reset_peak(Tier::fast);
-  writer.write(dir.file("big.safetensors"));
-  const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(dir.file("big.safetensors")));
+  writer.write(dir.path("big.safetensors"));
+  const int64_t file_bytes = static_cast<int64_t>(std::filesystem::file_size(dir.path("big.safetensors")));
   EXPECT_GT(file_bytes, 8 * staging);
   EXPECT_LE(MemoryStats::peak(Tier::fast) - before, staging);
   EXPECT_EQ(MemoryStats::current(Tier::fast), before);

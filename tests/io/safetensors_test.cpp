@@ -5,6 +5,7 @@
 #include "io/safetensors.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -14,13 +15,14 @@
 #include "io/atomic_file.h"
 #include "io/half_float.h"
 #include "io/test_files.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
 
 using testing::error_message;
 using testing::safetensors_bytes;
-using testing::ScratchDir;
+using test::ScratchDir;
 using testing::write_bytes;
 
 const std::string kFixtureDir = std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/safetensors";
@@ -44,9 +46,9 @@ TEST(Safetensors, RoundTripsEveryDtypeFromDouble) {
     writer.add(std::string("t_") + dtype_name(dtype), dtype, {3, 5}, values.data());
   writer.set_metadata("format", "pt");
   EXPECT_EQ(writer.data_bytes(), 15 * (4 + 8 + 2 + 2));
-  writer.write(dir.file("all.safetensors"));
+  writer.write(dir.path("all.safetensors"));
 
-  SafetensorsReader reader(dir.file("all.safetensors"));
+  SafetensorsReader reader(dir.path("all.safetensors"));
   EXPECT_EQ(reader.metadata().at("format"), "pt");
   ASSERT_EQ(reader.tensors().size(), 4u);
   for (DType dtype : {DType::F32, DType::F64, DType::BF16, DType::F16}) {
@@ -82,9 +84,9 @@ TEST(Safetensors, RoundTripsFromFloatIncludingEmptyAndScalar) {
   writer.add("f64", DType::F64, {7}, values.data());
   writer.add("scalar", DType::F32, {}, values.data());
   writer.add("empty", DType::F16, {0, 3}, values.data());
-  writer.write(dir.file("f.safetensors"));
+  writer.write(dir.path("f.safetensors"));
 
-  SafetensorsReader reader(dir.file("f.safetensors"));
+  SafetensorsReader reader(dir.path("f.safetensors"));
   std::vector<float> bf16(7), f64(7), scalar(1);
   reader.read("bf16", {7}, bf16.data());
   reader.read("f64", {7}, f64.data());
@@ -105,9 +107,9 @@ TEST(Safetensors, WritesThePythonPackageLayout) {
   writer.add("a_half", DType::F16, {1}, values.data());
   writer.add("b_double", DType::F64, {5}, values.data());
   writer.add("c_float", DType::F32, {3}, values.data());
-  writer.write(dir.file("layout.safetensors"));
+  writer.write(dir.path("layout.safetensors"));
 
-  const std::string bytes = read_file(dir.file("layout.safetensors"));
+  const std::string bytes = read_file(dir.path("layout.safetensors"));
   uint64_t header_length = 0;
   std::memcpy(&header_length, bytes.data(), 8);
   EXPECT_EQ(header_length % 8, 0u);
@@ -116,11 +118,11 @@ TEST(Safetensors, WritesThePythonPackageLayout) {
   EXPECT_EQ(header.substr(0, 2), "{\"");
   EXPECT_EQ(header.find_last_not_of(' '), header.find_last_of('}'));  // padded with spaces
   // Larger elements first, so every tensor is aligned to its element size.
-  SafetensorsReader reader(dir.file("layout.safetensors"));
+  SafetensorsReader reader(dir.path("layout.safetensors"));
   EXPECT_EQ(reader.info("b_double").begin, 0);
   EXPECT_EQ(reader.info("c_float").begin, 40);
   EXPECT_EQ(reader.info("a_half").begin, 52);
-  EXPECT_FALSE(std::filesystem::exists(dir.file("layout.safetensors.tmp." + std::to_string(::getpid()))));
+  EXPECT_FALSE(std::filesystem::exists(dir.path("layout.safetensors.tmp." + std::to_string(::getpid()))));
 }
 
 TEST(Safetensors, ReadsTheFileWrittenByThePythonPackage) {
@@ -171,7 +173,7 @@ class MalformedSafetensors : public ::testing::Test {
     write_bytes(path(), safetensors_bytes(header, std::string(data_bytes, '\0')));
     return error_message([&] { SafetensorsReader reader(path()); });
   }
-  std::string path() const { return dir_.file("bad.safetensors"); }
+  std::string path() const { return dir_.path("bad.safetensors"); }
   ScratchDir dir_;
 };
 
@@ -261,7 +263,7 @@ TEST_F(MalformedSafetensors, WrongExpectedShapeOrNameOnRead) {
   EXPECT_EQ(message, path() + ": tensor \"w\": shape [2, 3]; expected [3, 2]");
   message = error_message([&] { reader.read("v", {2, 3}, out.data()); });
   EXPECT_EQ(message, path() + ": no tensor \"v\" in this file");
-  message = error_message([&] { SafetensorsReader missing(dir_.file("missing.safetensors")); });
+  message = error_message([&] { SafetensorsReader missing(dir_.path("missing.safetensors")); });
   EXPECT_NE(message.find("missing.safetensors: cannot open for reading"), std::string::npos) << message;
 }
 

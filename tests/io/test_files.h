@@ -1,38 +1,16 @@
-// Helpers for tests that write files: a scratch directory removed at the end of the test, raw
-// byte writes, and capture of the message of an expected trillion::Error.
+// Helpers for tests that write files: raw byte writes, and capture of the message of an expected
+// trillion::Error. (Their scratch directories are test::ScratchDir, test_support/scratch_dir.h.)
 #pragma once
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdint>
-#include <filesystem>
 #include <fstream>
 #include <string>
 
 #include "core/error.h"
 
 namespace trillion::testing {
-
-// A fresh directory under the system temporary directory, named after the running test.
-class ScratchDir {
- public:
-  ScratchDir() {
-    const ::testing::TestInfo* test = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() /
-            str_cat("trillion_", test->test_suite_name(), "_", test->name(), "_", ::getpid());
-    std::filesystem::remove_all(path_);
-    std::filesystem::create_directories(path_);
-  }
-  ~ScratchDir() { std::filesystem::remove_all(path_); }
-  ScratchDir(const ScratchDir&) = delete;
-  ScratchDir& operator=(const ScratchDir&) = delete;
-  std::string file(const std::string& name) const { return (path_ / name).string(); }
-  std::string path() const { return path_.string(); }
-
- private:
-  std::filesystem::path path_;
-};
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);

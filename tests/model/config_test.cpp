@@ -11,12 +11,13 @@
 
 #include "io/atomic_file.h"
 #include "io/test_files.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
 
 using testing::error_message;
-using testing::ScratchDir;
+using test::ScratchDir;
 using testing::write_bytes;
 
 const std::string kConfigDir = std::string(TRILLION_SOURCE_DIR) + "/configs/models/";
@@ -491,15 +492,15 @@ TEST(ModelConfig, LayerKindsAndExpertsNeedTheirFields) {
 
 TEST(ModelConfig, LoadNamesTheFile) {
   ScratchDir dir;
-  const std::string path = dir.file("config.json");
+  const std::string path = dir.path("config.json");
   write_bytes(path, "{\"vocab_size\": 10,");
   EXPECT_EQ(error_message([&] { ModelConfig::load(path); }).rfind(path + ": not valid JSON", 0), 0u);
   nlohmann::json json = base_config();
   json["layer_types"] = {"full_attention", "full_attention", "mamba"};
   write_bytes(path, json.dump());
   EXPECT_EQ(error_message([&] { ModelConfig::load(path); }).rfind(path + ": field \"layer_types\"[2]", 0), 0u);
-  EXPECT_EQ(error_message([&] { ModelConfig::load(dir.file("absent.json")); })
-                .rfind(dir.file("absent.json") + ": cannot open for reading", 0),
+  EXPECT_EQ(error_message([&] { ModelConfig::load(dir.path("absent.json")); })
+                .rfind(dir.path("absent.json") + ": cannot open for reading", 0),
             0u);
 }
 

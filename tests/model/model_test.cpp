@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "model/gradient_check.h"
 #include "ops/finite_diff.h"
 #include "test_configs.h"
+#include "test_support/command.h"
 
 namespace trillion {
 namespace {
@@ -346,15 +346,10 @@ TEST(Model, TrainingFlopsPerToken) {
 TEST(GradcheckCommand, PassesOnTinyAndPrintsJsonLast) {
   const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
                               testing::model_config_path("tiny.json") + " --seq-len 5 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output, last_line;
-  char line[512];
-  while (std::fgets(line, sizeof line, pipe) != nullptr) {
-    output += line;
-    last_line = line;
-  }
-  const int status = pclose(pipe);
+  const auto [status, output] = test::run_shell(command);
+  // Its last line (the JSON summary), from after the newline before the final one.
+  const size_t last_begin = output.rfind('\n', output.size() < 2 ? 0 : output.size() - 2);
+  const std::string last_line = last_begin == std::string::npos ? output : output.substr(last_begin + 1);
   EXPECT_EQ(status, 0) << output;
   const nlohmann::json summary = nlohmann::json::parse(last_line);
   EXPECT_LE(summary.at("max_rel_err").get<double>(), 1e-6);
@@ -411,12 +406,8 @@ TEST(GradcheckCommand, RejectsZeroDirections) {
   for (const char* flags : {"--directions 0", "--max-elements -1", "--step 0", "--tolerance 0"}) {
     const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
                                 testing::model_config_path("tiny.json") + " " + flags + " 2>&1";
-    FILE* pipe = popen(command.c_str(), "r");
-    ASSERT_NE(pipe, nullptr);
-    std::string output;
-    char line[512];
-    while (std::fgets(line, sizeof line, pipe) != nullptr) output += line;
-    EXPECT_NE(pclose(pipe), 0) << flags << ": " << output;
+    const auto [status, output] = test::run_shell(command);
+    EXPECT_NE(status, 0) << flags << ": " << output;
     EXPECT_EQ(output.rfind("error: ", 0), 0u) << flags << ": " << output;
     EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << flags << ": " << output;
     const std::string flag_name = std::string(flags).substr(0, std::string(flags).find(' '));
@@ -428,7 +419,7 @@ TEST(GradcheckCommand, FailsOutsideTolerance) {
   const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
                               testing::model_config_path("tiny.json") +
                               " --seq-len 3 --batch 1 --tolerance 1e-14 >/dev/null 2>&1";
-  EXPECT_NE(std::system(command.c_str()), 0);
+  EXPECT_NE(test::run_shell(command).status, 0);
 }
 
 }  // namespace

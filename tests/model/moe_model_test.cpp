@@ -15,6 +15,7 @@
 #include "model/model.h"
 #include "ops/finite_diff.h"
 #include "test_configs.h"
+#include "test_support/scratch_dir.h"
 #include "train/moe_balance.h"
 
 namespace trillion {
@@ -177,13 +178,8 @@ TEST(MoeModel, UnitHooksRunAroundEveryUnitInOrder) {
 
 class MoeWeightsFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("trillion_moe_weights_" + std::to_string(::getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
+  const test::ScratchDir scratch_{"moe_weights"};
+  const fs::path dir_{scratch_.path()};
 };
 
 // Written with per-expert keys (save_pretrained's default); read back from them and from the fused

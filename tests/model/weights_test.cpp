@@ -10,6 +10,7 @@
 #include "io/safetensors.h"
 #include "model/model.h"
 #include "test_configs.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
@@ -18,18 +19,12 @@ namespace fs = std::filesystem;
 
 class Weights : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("trillion_weights_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  // The subdirectory `sub` of this test's scratch directory, made if missing.
   std::string dir(const std::string& sub) const {
-    fs::create_directories(dir_ / sub);
-    return (dir_ / sub).string();
+    fs::create_directories(dir_.path(sub));
+    return dir_.path(sub);
   }
-  fs::path dir_;
+  test::ScratchDir dir_;
 };
 
 std::string error_of(const std::function<void()>& f) {

@@ -7,16 +7,15 @@
 #include <omp.h>
 
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "bench/bench_run.h"
 #include "core/rng.h"
 #include "ops/finite_diff.h"
 #include "ops/ref/attention_ref.h"
+#include "test_support/command.h"
 
 namespace trillion {
 namespace {
@@ -233,15 +232,15 @@ TEST(AttentionBench, TinyRunReportsAccurateJson) {
   const std::string command = std::string(TRILLION_BINARY) +
                               " bench attention --json --seq-len 64 --heads 4 --kv-heads 2 --head-dim 16 "
                               "--runs 2 --baseline-runs 2 --gemm-size 128";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output, last_line;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) {
-    output += buffer;
-    if (buffer[0] == '{') last_line = buffer;
+  const auto [status, output] = test::run_shell(command);
+  std::string last_line;  // the last line that is a JSON object: the summary
+  for (size_t begin = 0; begin < output.size();) {
+    size_t end = output.find('\n', begin);
+    if (end == std::string::npos) end = output.size();
+    if (output[begin] == '{') last_line = output.substr(begin, end - begin);
+    begin = end + 1;
   }
-  ASSERT_EQ(pclose(pipe), 0) << output;
+  ASSERT_EQ(status, 0) << output;
   const nlohmann::json summary = nlohmann::json::parse(last_line);
   EXPECT_EQ(summary.at("bench"), "attention");
   EXPECT_LT(summary.at("max_rel_err").get<double>(), 1e-4);
@@ -257,9 +256,9 @@ TEST(AttentionBench, TinyRunReportsAccurateJson) {
 // refused with the expected ones named.
 TEST(AttentionBench, VectorIsaOverride) {
   const auto run = [](const std::string& isa) {
-    return test::run_command("TRILLION_ISA=" + isa + " " + std::string(TRILLION_BINARY) +
-                             " bench attention --json --seq-len 32 --heads 2 --kv-heads 1 --head-dim 16 --runs 1 "
-                             "--baseline-runs 1 --gemm-size 64 2>&1");
+    return test::run_shell("TRILLION_ISA=" + isa + " " + std::string(TRILLION_BINARY) +
+                           " bench attention --json --seq-len 32 --heads 2 --kv-heads 1 --head-dim 16 --runs 1 "
+                           "--baseline-runs 1 --gemm-size 64 2>&1");
   };
   const auto [status, output] = run("avx2");
   ASSERT_EQ(status, 0) << output;
@@ -274,12 +273,8 @@ TEST(AttentionBench, VectorIsaOverride) {
 TEST(AttentionBench, RejectsHeadsNotDivisibleByKvHeads) {
   const std::string command =
       std::string(TRILLION_BINARY) + " bench attention --seq-len 8 --heads 3 --kv-heads 2 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
-  EXPECT_NE(pclose(pipe), 0);
+  const auto [status, output] = test::run_shell(command);
+  EXPECT_NE(status, 0);
   EXPECT_NE(output.find("--heads 3 must be a multiple of --kv-heads 2"), std::string::npos) << output;
 }
 

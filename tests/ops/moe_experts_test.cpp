@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -22,6 +21,7 @@
 #include "core/rng.h"
 #include "ops/finite_diff.h"
 #include "ops/ref/moe_ref.h"
+#include "test_support/command.h"
 
 namespace trillion {
 namespace {
@@ -357,21 +357,11 @@ TEST(MoePlan, RandomRoutingInvariants) {
   }
 }
 
-// Runs a command; returns its exit status and stdout (+ stderr when the command redirects it).
-std::pair<int, std::string> run_command(const std::string& command) {
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return {-1, ""};
-  std::string output;
-  char buffer[4096];
-  while (std::fgets(buffer, sizeof(buffer), pipe) != nullptr) output += buffer;
-  return {pclose(pipe), output};
-}
-
 TEST(MoeBench, TinyRunReportsAccurateJson) {
   const auto [status, output] =
-      run_command(std::string(TRILLION_BINARY) +
-                  " bench moe --json --tokens 37 --hidden 24 --experts 6 --top-k 2 --expert-width 20 "
-                  "--runs 2 --baseline-runs 2 --gemm-size 128 --seed 3");
+      test::run_shell(std::string(TRILLION_BINARY) +
+                      " bench moe --json --tokens 37 --hidden 24 --experts 6 --top-k 2 --expert-width 20 "
+                      "--runs 2 --baseline-runs 2 --gemm-size 128 --seed 3");
   ASSERT_EQ(status, 0) << output;
   const size_t last = output.rfind("\n{");
   ASSERT_NE(last, std::string::npos) << output;
@@ -400,7 +390,7 @@ TEST(MoeBench, TinyRunReportsAccurateJson) {
 
 TEST(MoeBench, RejectsTopKAboveExperts) {
   const auto [status, output] =
-      run_command(std::string(TRILLION_BINARY) + " bench moe --tokens 8 --experts 4 --top-k 5 2>&1");
+      test::run_shell(std::string(TRILLION_BINARY) + " bench moe --tokens 8 --experts 4 --top-k 5 2>&1");
   EXPECT_NE(status, 0);
   EXPECT_NE(output.find("--top-k 5 must be in [1, --experts 4]"), std::string::npos) << output;
 }

@@ -13,6 +13,7 @@
 #include "io/atomic_file.h"
 #include "io/file_output.h"
 #include "io/test_files.h"
+#include "test_support/scratch_dir.h"
 #include "train/checkpoint.h"
 
 namespace trillion {
@@ -20,7 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::error_message;
-using testing::ScratchDir;
+using test::ScratchDir;
 
 // A checkpoint of one file whose contents say which attempt wrote it.
 std::string write_one(const std::string& out, int64_t step, const std::string& contents) {

@@ -6,12 +6,10 @@
 
 #include <fcntl.h>
 #include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -23,6 +21,8 @@
 
 #include "core/rng.h"
 #include "data/shards.h"
+#include "test_support/command.h"
+#include "test_support/scratch_dir.h"
 
 extern char** environ;
 
@@ -30,27 +30,13 @@ namespace trillion::train_test {
 
 namespace fs = std::filesystem;
 
-struct CommandResult {
-  int status = -1;
-  std::string output;  // stdout and stderr together
-};
+// The one command runner (test_support/command.h): CommandResult{status, output} and run_shell.
+using test::CommandResult;
+using test::run_shell;
 
 // Two OpenMP threads that sleep rather than spin while waiting (same results, far less CPU burnt on
 // a busy machine).
 inline const std::string kTwoThreads = "OMP_NUM_THREADS=2 OMP_WAIT_POLICY=passive";
-
-// Runs a shell command line and collects its stdout (and what the line redirects into it).
-inline CommandResult run_shell(const std::string& command) {
-  CommandResult result;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  char buffer[4096];
-  size_t n;
-  while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) result.output.append(buffer, n);
-  const int status = pclose(pipe);
-  result.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
 
 // Runs `env TRILLION_BINARY args` through the shell; stderr is captured too unless stdout_only.
 // One OpenMP thread unless `env` says otherwise: the tiny models gain nothing from more, and on a
@@ -138,42 +124,33 @@ inline void write_config(const fs::path& path, int64_t vocab_size) {
   write_text(path, config.dump(2));
 }
 
-// The directory of this test process's data and runs.
-inline fs::path test_root() { return fs::path(::testing::TempDir()) / ("trillion_train_test_" + std::to_string(getpid())); }
+// The directory of this test process's data and runs: a ScratchDir made on first use and removed
+// when the test program ends.
+inline fs::path test_root() {
+  static const test::ScratchDir dir("train_test");
+  return dir.path();
+}
 
-// The session directory of this test process's mpiruns. OpenMPI 4.1's mpiruns otherwise share
-// /tmp/ompi.HOST.UID/, and one that ends removes it while a concurrent one (ctest -j2) is creating
-// its pid.N inside: "A call to mkdir was unable to create the desired directory".
+// The session directory of this test process's mpiruns (a ScratchDir like test_root()). OpenMPI
+// 4.1's mpiruns otherwise share /tmp/ompi.HOST.UID/, and one that ends removes it while a
+// concurrent one (ctest -j2) is creating its pid.N inside: "A call to mkdir was unable to create
+// the desired directory".
 inline fs::path mpi_session_root() {
-  return fs::path(::testing::TempDir()) / ("trillion_ompi_" + std::to_string(getpid()));
+  static const test::ScratchDir dir("ompi");
+  return dir.path();
 }
 
 // `mpirun -np ranks` with one OpenMP thread per rank, root and more ranks than cores allowed, and its
 // own session directory; a command prefix without quotes (spawn_trillion splits it at spaces).
 inline std::string mpirun_launcher(int ranks) {
-  fs::create_directories(mpi_session_root());
   return std::string(TRILLION_MPIEXEC) + " --oversubscribe --allow-run-as-root --mca orte_tmpdir_base " +
          mpi_session_root().string() + " -np " + std::to_string(ranks) + " -x OMP_NUM_THREADS=1";
 }
-
-// Removes test_root() and mpi_session_root() when the test program ends (registered once, whichever
-// test file includes this).
-class RemoveTestRoot : public ::testing::Environment {
- public:
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(test_root(), ignored);
-    fs::remove_all(mpi_session_root(), ignored);
-  }
-};
-inline ::testing::Environment* const kRemoveTestRoot = ::testing::AddGlobalTestEnvironment(new RemoveTestRoot);
 
 inline const TestData& test_data() {
   static const TestData data = [] {
     TestData d;
     d.root = test_root();
-    fs::remove_all(d.root);
-    fs::create_directories(d.root);
     const std::vector<std::string> words = {"the", "cat", "sat", "on", "a", "mat", "dog", "ran", "to", "big",
                                             "red", "house", "and", "then", "slept", "under", "tree", "small",
                                             "bird", "sang", "in", "morning", "light", "river", "flows"};

@@ -9,6 +9,7 @@
 #include "io/atomic_file.h"
 #include "io/file_output.h"
 #include "io/test_files.h"
+#include "test_support/scratch_dir.h"
 #include "train/metrics.h"
 
 namespace trillion {
@@ -52,7 +53,7 @@ TEST(ProgressLine, HugeNumbersAreNotCut) {
 }
 
 TEST(MetricsLog, KeepsLinesUpToTheResumedStepAndNamesTheFileOnFailure) {
-  testing::ScratchDir dir;
+  test::ScratchDir dir;
   const std::string path = dir.path() + "/metrics.jsonl";
   {
     MetricsLog log(dir.path(), 0);

@@ -5,11 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
+#include <string>
 
 #include "core/error.h"
 #include "core/rng.h"
 #include "io/safetensors.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
@@ -108,7 +109,8 @@ TEST(Optimizer, CheckpointRoundTripIsBitwise) {
   for (size_t i = 0; i < g.size(); ++i) grads[i] = static_cast<float>(g[i]);
   optimizer.step(params.data(), grads.data(), 1, AdamWHyper{});
   optimizer.step(params.data(), grads.data(), 2, AdamWHyper{});
-  const std::string path = (std::filesystem::path(testing::TempDir()) / "optimizer_roundtrip.safetensors").string();
+  const test::ScratchDir dir("optimizer_roundtrip");
+  const std::string path = dir.path("optimizer_roundtrip.safetensors");
   optimizer.save(path);
   const SafetensorsReader reader(path);
   EXPECT_TRUE(reader.contains("model.layers.0.mlp.up_proj.weight.exp_avg"));

@@ -16,13 +16,14 @@
 #include "io/test_files.h"
 #include "model/model.h"
 #include "model/test_configs.h"
+#include "test_support/scratch_dir.h"
 
 namespace trillion {
 namespace {
 
 namespace fs = std::filesystem;
 using testing::error_message;
-using testing::ScratchDir;
+using test::ScratchDir;
 
 constexpr int kRanks = 4, kEp = 2;
 
