@@ -1,6 +1,8 @@
 // Tier accounting, aligned allocation, per-step arenas and the OS view of resident memory.
 #include "core/memory.h"
 
+#include <sys/mman.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -15,6 +17,10 @@ std::atomic<int64_t> g_current[kNumTiers];
 std::atomic<int64_t> g_peak[kNumTiers];
 
 constexpr int64_t kAlign = 64;
+// Allocations of at least this size are anonymous mappings: their pages read as zero without a
+// zero-filling pass, and only the pages a step touches become resident (FSDP's flat buffers hold
+// just the units in use, parallel/fsdp.h).
+constexpr int64_t kMappedBytes = int64_t{1} << 20;
 
 int64_t round_up(int64_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
@@ -55,15 +61,25 @@ bool reset_peak_rss() {
 }
 
 void* tier_alloc(int64_t bytes, Tier tier) {
-  void* p = std::aligned_alloc(kAlign, round_up(bytes));
+  void* p = nullptr;
+  if (bytes >= kMappedBytes) {
+    p = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+  } else {
+    p = std::aligned_alloc(kAlign, round_up(bytes));
+    if (p != nullptr) std::memset(p, 0, bytes);
+  }
   if (p == nullptr) fail("out of memory allocating ", bytes, " bytes in tier ", tier_name(tier));
-  std::memset(p, 0, bytes);
   MemoryStats::add(tier, bytes);
   return p;
 }
 
 void tier_free(void* p, int64_t bytes, Tier tier) {
-  std::free(p);
+  if (bytes >= kMappedBytes) {
+    munmap(p, static_cast<size_t>(bytes));
+  } else {
+    std::free(p);
+  }
   MemoryStats::sub(tier, bytes);
 }
 

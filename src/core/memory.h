@@ -1,4 +1,4 @@
-// Tiered memory with byte accounting (DESIGN.md: memory is a first-class, measured quantity).
+// Tiered memory with byte accounting (docs/architecture.md, "Memory accounting").
 //
 // Tier::fast is RAM on CPU (HBM on an accelerator); Tier::slow is the swap tier (host / disk).
 // Every large buffer is a Buffer<T> or comes from an Arena; both count their bytes in the global
@@ -39,7 +39,8 @@ int64_t current_rss_bytes();
 // peak then stays the process's).
 bool reset_peak_rss();
 
-// Raw 64-byte-aligned, zero-filled allocation counted against a tier.
+// Raw 64-byte-aligned, zero-filled allocation counted against a tier. From 1 MiB on it is an
+// anonymous mapping, whose pages become resident only when first touched.
 void* tier_alloc(int64_t bytes, Tier tier);
 void tier_free(void* p, int64_t bytes, Tier tier);
 
