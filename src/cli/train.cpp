@@ -1,4 +1,4 @@
-// `trillion train`: flags of the training run (DESIGN.md section 4); the loop is in train/trainer.h.
+// `trillion train`: flags of the training run (docs/architecture.md, "Commands and their outputs"); the loop is in train/trainer.h.
 #include "cli/commands.h"
 #include "train/trainer.h"
 

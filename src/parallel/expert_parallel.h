@@ -1,6 +1,6 @@
 // ExpertParallel: the routed experts of every MoE layer split over an expert-parallel group of ep
 // ranks (rank p of the group owns experts [p · E/ep, (p + 1) · E/ep)), with all-to-all dispatch and
-// combine (DESIGN.md, "Distributed = MPI"; the seam is model/step.h's ExpertExchange).
+// combine (docs/architecture.md, "The parallel layout"; the seam is model/step.h's ExpertExchange).
 //
 // Forward of one MoE layer on each rank, for its own tokens:
 //   1. its permuted rows (the plan's expert-major order: rows bound for one owner are contiguous)

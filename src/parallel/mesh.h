@@ -1,4 +1,4 @@
-// ParallelMesh: the layout of a parallel run (DESIGN.md, "Distributed = MPI"): world = ep × edp,
+// ParallelMesh: the layout of a parallel run (docs/architecture.md, "The parallel layout"): world = ep × edp,
 // rank = edp index · ep + ep index. Dense parameters are sharded over the world; the routed
 // experts are split over the expert-parallel group (the ep ranks of one edp index) and each ep
 // slice sharded over its edp group (the edp ranks of one ep index). One object validates the

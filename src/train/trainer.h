@@ -1,4 +1,4 @@
-// `trillion train`: the training loop (DESIGN.md section 4).
+// `trillion train`: the training loop (docs/architecture.md, "Commands and their outputs").
 //
 // Per optimizer step: draw grad_accum micro-batches of [batch, seq_len] windows from the sampler,
 // count the non-ignored targets of the whole step, run forward_backward on each micro-batch with
