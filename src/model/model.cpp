@@ -22,8 +22,9 @@ namespace {
 
 std::string source_of(const ModelConfig& config) { return config.source.empty() ? "config" : config.source; }
 
-// Rejects layer kinds the config describes but the engine does not declare yet (MLA, linear and
-// sparse attention), naming the file: they can be neither built nor counted.
+// Rejects layer kinds the config describes but the engine does not declare (linear attention
+// outside qwen3_next's Gated DeltaNet and kimi_linear's KDA), naming the file: they can be neither
+// built nor counted.
 void check_kinds_declared(const ModelConfig& config) {
   const std::string source = source_of(config);
   const bool kimi = config.model_type == "kimi_linear";
@@ -92,9 +93,13 @@ UnitOrder unit_order(const ModelConfig& config) {
   return order;
 }
 
-ParamCounts count_parameters(const ModelConfig& config) {
+ParamTable param_table_of(const ModelConfig& config) {
   check_kinds_declared(config);
-  const ParamTable table = build_param_table(config, layer_dims_of(config));
+  return build_param_table(config, layer_dims_of(config));
+}
+
+ParamCounts count_parameters(const ModelConfig& config) {
+  const ParamTable table = param_table_of(config);
   ParamCounts counts;
   counts.dense = table.num_elements(ParamGroup::dense);
   counts.expert = table.num_elements(ParamGroup::expert);
@@ -354,6 +359,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     // The loss scale is known: the gradient wrt h is formed now, tile by tile, and the head's
     // weight gradient accumulated (tied: into the embedding's, which embedding_backward adds to).
     T* dh = buffer(ActivationTag::loss_dh, {n, D});  // [n, D]
+    call(m.hooks.before_gradients, head_fsdp_unit);
     result.lm = lm_head_cross_entropy_forward_backward(dh, m.lm_head(m.grads.data()), static_cast<T*>(nullptr), h,
                                                        m.lm_head(params), targets, scales.lm, 0.0, n, D, V);
   } else {
@@ -445,6 +451,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   const int head = static_cast<int>(m.config.num_hidden_layers);  // the head's entries: layer L
   const int head_fsdp_unit = head_unit(m.config);
   call(m.hooks.before_backward, head_fsdp_unit);
+  call(m.hooks.before_gradients, head_fsdp_unit);
   m.store.begin_backward(head, TagSublayer::head);
   {
     m.scratch.reset();
@@ -477,6 +484,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   pass.experts = m.exchange;
   for (int layer = static_cast<int>(m.config.num_hidden_layers) - 1; layer >= 0; --layer) {
     call(m.hooks.before_backward, 1 + layer);
+    call(m.hooks.before_gradients, 1 + layer);
     m.store.begin_backward(layer, TagSublayer::ffn);
     m.recompute(layer, batch, seq);
     MoeBalanceGrad balance;
@@ -494,6 +502,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
     call(m.hooks.after_backward, 1 + layer);
   }
   if (head_fsdp_unit != 0) call(m.hooks.before_backward, 0);
+  call(m.hooks.before_gradients, 0);
   embedding_backward(m.embedding(grads), dx, tokens, n, D, V);
   call(m.hooks.after_backward, 0);
   m.store.clear();

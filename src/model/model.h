@@ -1,5 +1,5 @@
 // Model<T>: the decoder-only language model built from a ModelConfig, single-device (parallelism
-// is applied to it later). Owns the parameter table, flat parameter and gradient buffers, the
+// is applied to it through its hooks, parallel/). Owns the parameter table, flat parameter and gradient buffers, the
 // pointers of every layer bound once, the per-step activation store and the decision log; forward
 // and backward are explicit.
 //
@@ -24,7 +24,7 @@
 namespace trillion {
 
 // Parameter counts of a config, from its parameter table alone (no weights are allocated); a
-// layer kind not declared yet (MLA, linear or sparse attention) is an error, not a guess. total = trainable parameters (what
+// linear_attention layer outside qwen3_next and kimi_linear is an error, not a guess. total = trainable parameters (what
 // transformers' num_parameters() counts: buffers excluded); active = the parameters one token
 // uses: dense ones and k / E of the routed experts.
 struct ParamCounts {
@@ -33,6 +33,8 @@ struct ParamCounts {
   int64_t trainable_storage = 0;  // elements of the gradient buffer (and of each AdamW moment)
 };
 ParamCounts count_parameters(const ModelConfig& config);
+// The parameter table a Model of the config lays out (shapes and offsets; nothing allocated).
+ParamTable param_table_of(const ModelConfig& config);
 
 // The FSDP units (the parameter table's units) in the order a training step reaches them: its
 // forward's before_forward hooks, then its backward's before_backward hooks. Unit 0 holds the
@@ -49,7 +51,7 @@ UnitOrder unit_order(const ModelConfig& config);
 template <class T>
 class Model {
  public:
-  // Validates the config for what is built (other layer kinds: "not built yet" error).
+  // Validates the config for what is built (linear attention outside its families: "not built yet").
   explicit Model(const ModelConfig& config);
   ~Model();
   Model(const Model&) = delete;

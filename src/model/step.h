@@ -60,7 +60,7 @@ struct MoeLayerStats {
   double max_over_mean() const;            // max load / mean load
 };
 
-// How sparse attention layers run in training and what their indexers learn from (REFERENCES.md):
+// How sparse attention layers run in training and what their indexers learn from (docs/architecture.md, "The indexer's loss"):
 // dense and warmup run the main attention dense and train the indexer against it over every
 // visible key (warmup: DeepSeek-V3.2's first stage, where the trainer freezes everything but the
 // indexers; dense: everything trains, the baseline a sparse continuation is compared with);
@@ -116,6 +116,9 @@ class DecisionLog {
 
 struct UnitHooks {
   std::function<void(int unit)> before_forward, after_forward, before_backward, after_backward;
+  // Before the model first writes a unit's gradients in a step: the head's in a training forward
+  // whose loss forms its gradients there, every unit's at its backward (it may come again).
+  std::function<void(int unit)> before_gradients;
 };
 
 // Every rank runs each training forward on its equal share of the batch. The MoE layers' expert

@@ -69,11 +69,34 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
   }
   state_.assign(units, UnitState::released);
   in_flight_.resize(pieces_of_unit_.size());
+  grads_resident_.assign(units, false);
+  held_bytes_of_unit_.assign(units, 0);
+  for (const ShardLayout::Unit& piece : layout.units()) {
+    if (piece.held) held_bytes_of_unit_[piece.table_unit] += piece.count * static_cast<int64_t>(sizeof(T));
+  }
   layout.copy_to_shard(model.params(), shard_params_.data());
   release_everything();
   for (const ShardLayout::Unit& piece : layout.units()) {
     release_range(model.grads(), piece.begin, piece.begin + piece.count, /*zero_ends=*/true);
+    uncount(piece.count * static_cast<int64_t>(sizeof(T)));
   }
+}
+
+template <class T>
+Fsdp<T>::~Fsdp() {
+  MemoryStats::add(Tier::fast, uncounted_bytes_);  // the model's buffers count whole again when freed
+}
+
+template <class T>
+void Fsdp<T>::count(int64_t bytes) {
+  MemoryStats::add(Tier::fast, bytes);
+  uncounted_bytes_ -= bytes;
+}
+
+template <class T>
+void Fsdp<T>::uncount(int64_t bytes) {
+  MemoryStats::sub(Tier::fast, bytes);
+  uncounted_bytes_ += bytes;
 }
 
 // Each before-hook completes its unit's gather and starts the next one's in the model's unit order.
@@ -93,6 +116,11 @@ UnitHooks Fsdp<T>::hooks() {
     release(unit);
     if (last_micro_batch_) reduce_scatter(unit);
   };
+  h.before_gradients = [this](int unit) {
+    if (grads_resident_[unit]) return;
+    grads_resident_[unit] = true;
+    count(held_bytes_of_unit_[unit]);
+  };
   return h;
 }
 
@@ -106,6 +134,7 @@ void Fsdp<T>::start_gather(int unit) {
                                                        model_.params() + piece.begin, piece.counts, piece.displs));
     counters_.gathered_bytes += moved_bytes(piece);
     gathered_now_ += piece.count * static_cast<int64_t>(sizeof(T));
+    count(piece.count * static_cast<int64_t>(sizeof(T)));
   }
   state_[unit] = UnitState::in_flight;
   counters_.peak_gathered_bytes = std::max(counters_.peak_gathered_bytes, gathered_now_);
@@ -129,6 +158,7 @@ void Fsdp<T>::release(int unit) {
     const ShardLayout::Unit& piece = layout_.units()[i];
     release_range(model_.params(), piece.begin, piece.begin + piece.count, /*zero_ends=*/false);
     gathered_now_ -= piece.count * static_cast<int64_t>(sizeof(T));
+    uncount(piece.count * static_cast<int64_t>(sizeof(T)));
   }
 }
 
@@ -141,6 +171,8 @@ void Fsdp<T>::reduce_scatter(int unit) {
     counters_.reduce_scattered_bytes += moved_bytes(piece);
     release_range(model_.grads(), piece.begin, piece.begin + piece.count, /*zero_ends=*/true);  // zero for the next step
   }
+  if (grads_resident_[unit]) uncount(held_bytes_of_unit_[unit]);
+  grads_resident_[unit] = false;
 }
 
 template <class T>
@@ -155,12 +187,14 @@ void Fsdp<T>::gather_everything() {
   for (const UnitState state : state_)
     TRILLION_CHECK(state == UnitState::released, "FSDP gathers everything only between steps");
   layout_.gather_everything(group_, shard_params_.data(), model_.params());
+  for (const ShardLayout::Unit& piece : layout_.units()) count(piece.count * static_cast<int64_t>(sizeof(T)));
 }
 
 template <class T>
 void Fsdp<T>::release_everything() {
   for (const ShardLayout::Unit& piece : layout_.units()) {
     release_range(model_.params(), piece.begin, piece.begin + piece.count, /*zero_ends=*/false);
+    uncount(piece.count * static_cast<int64_t>(sizeof(T)));
   }
 }
 

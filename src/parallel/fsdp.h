@@ -1,5 +1,5 @@
 // Fsdp<T>: fully sharded parameters and gradients for one single-device Model, applied through its
-// unit hooks (DESIGN.md: "parallelism is applied to it"). The FSDP units are the parameter table's
+// unit hooks (docs/architecture.md, "Parallelism is applied to the model"). The FSDP units are the parameter table's
 // units (model.h's unit_order): 0 the embeddings, 1 + l decoder layer l (its dense and expert ranges
 // together), 1 + L the final norm and the LM head; tied embeddings make those one unit, 0, in use
 // from the embedding to the head.
@@ -21,6 +21,12 @@
 // Counted per rank: bytes moved by the gathers and the reduce-scatters (each collective moves the
 // unit's elements other than this rank's piece, in or out: the volume of a ring algorithm) and the
 // peak of gathered parameter bytes (in flight included).
+//
+// MemoryStats' fast tier follows what is resident: the released ranges of the model's flat buffers
+// are taken out of it, a unit's parameters count from the start of their gather to their release,
+// its gradients from the model's first write of them in a step (UnitHooks::before_gradients) to
+// their reduce-scatter. So a rank's measured peak is its shard, the units in use and its
+// activations, as the memory plan counts them (train/memory_plan.h).
 #pragma once
 
 #include <cstdint>
@@ -46,6 +52,7 @@ class Fsdp {
   // `group` is the world, `edp` this rank's edp group (the ranks of its ep index: they share its
   // expert slices); both must outlive this object.
   Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& edp, const ShardLayout& layout);
+  ~Fsdp();
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
 
@@ -76,17 +83,22 @@ class Fsdp {
   void gather(int unit);        // completes it (starting it first unless prefetched)
   void release(int unit);
   void reduce_scatter(int unit);
+  void count(int64_t bytes);    // resident again: into MemoryStats' fast tier
+  void uncount(int64_t bytes);  // released: out of it
   Model<T>& model_;
   const ProcessGroup& group_;
   const ProcessGroup& edp_;
   const ShardLayout& layout_;
   std::vector<std::vector<int>> pieces_of_unit_;  // [table units] indices into layout_.units()
   std::vector<UnitState> state_;                  // [table units]
+  std::vector<bool> grads_resident_;              // [table units] written since their last reduce-scatter
+  std::vector<int64_t> held_bytes_of_unit_;       // [table units] bytes of the ranges this rank gathers
   std::vector<int> next_forward_, next_backward_;  // [table units] the unit after it in unit_order, or -1
   std::vector<std::vector<ProcessGroup::Pending>> in_flight_;  // [table units] gathers not yet complete
   Buffer<T> shard_params_, shard_grads_;          // [layout.shard_size()] each
   bool last_micro_batch_ = true;
   int64_t gathered_now_ = 0;  // parameter bytes gathered at the moment
+  int64_t uncounted_bytes_ = 0;  // bytes of the model's flat buffers taken out of MemoryStats
   FsdpCounters counters_;
 };
 

@@ -15,6 +15,7 @@
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
+#include "parallel/shard_layout.h"
 
 namespace trillion {
 namespace {
@@ -26,6 +27,7 @@ struct LayerBytes {
   int64_t kept[2] = {};     // resident from its forward to its backward
   int64_t swapped[2] = {};  // written to the slow tier
   int64_t paged_ffn = 0;    // freed when the FFN part of the backward ends
+  int64_t small = 0;        // entries below the paged size: the store frees them when the step ends
   int64_t first = 0;        // swapped, read back for the backward's first part (FFN + checkpoint)
   int64_t dropped = 0;      // dropped for recompute
   int64_t throwaway = 0;    // copies handed out for kept tensors while its sublayers are re-run
@@ -53,6 +55,7 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
     const int64_t counted = ActivationStore::held_bytes(s.bytes, min_paged);
     b.all[ffn] += counted;
     if (paged && ffn) b.paged_ffn += counted;
+    if (!paged) b.small += counted;
     if (paged && recompute.count(s.tag)) {
       b.dropped += counted;  // refilled in place by recompute
       continue;
@@ -76,6 +79,56 @@ int64_t sum_kept(const std::vector<LayerBytes>& layers, size_t below) {
   for (size_t j = 0; j < below; ++j) total += layers[j].total_kept();
   return total;
 }
+
+// FSDP's units in use at the events of a step (parallel/fsdp.h's hooks, in model.h's unit order),
+// in bytes of the ranges this rank gathers: the parameters gathered (the unit in use, the one
+// prefetched after it, and tied embeddings' unit 0 from the embedding to the end) and the
+// gradients written and not yet reduce-scattered. One rank: nothing is gathered or released.
+class UnitsInUse {
+ public:
+  UnitsInUse(const ModelConfig& config, const StepMemoryShape& shape, bool head_gradients_in_forward)
+      : layers_(config.num_hidden_layers),
+        head_(head_unit(config)),
+        sharded_(shape.ranks > 1),
+        accumulating_(shape.grad_accum > 1),
+        head_gradients_in_forward_(head_gradients_in_forward),
+        held_(config.num_hidden_layers + 2, 0) {
+    if (!sharded_) return;
+    const ShardLayout layout(param_table_of(config), shape.rank, shape.ranks, shape.ep);
+    for (const ShardLayout::Unit& piece : layout.units())
+      if (piece.held) held_[piece.table_unit] += piece.count * shape.element_bytes;
+  }
+  int64_t embedding_forward() const { return bytes({0, 1}, {}); }
+  int64_t layer_forward(int l) const {  // unit 1 + l, the next one prefetched
+    const int next = l + 1 < layers_ ? 2 + l : (head_ != 0 ? head_ : -1);
+    return bytes({1 + l, next, tied() ? 0 : -1}, {});
+  }
+  int64_t loss() const { return bytes({head_}, {head_gradients_in_forward_ ? head_ : -1}); }
+  int64_t loss_backward() const { return bytes({head_, layers_}, {head_}); }
+  int64_t layer_backward(int l) const {  // unit 1 + l, the one below prefetched
+    const int next = l > 0 ? l : (tied() ? -1 : 0);
+    return bytes({1 + l, next, tied() ? 0 : -1}, {1 + l, tied() ? 0 : -1});
+  }
+  int64_t embedding_backward() const { return bytes({0}, {0}); }
+
+ private:
+  bool tied() const { return head_ == 0; }
+  // Gathered parameters of `params` and written gradients of `grads` (-1: none; each unit once).
+  int64_t bytes(std::set<int> params, std::set<int> grads) const {
+    if (!sharded_) return 0;
+    if (accumulating_) {  // the earlier micro-batches wrote every unit's gradients
+      grads.clear();
+      for (size_t unit = 0; unit < held_.size(); ++unit) grads.insert(static_cast<int>(unit));
+    }
+    int64_t total = 0;
+    for (const std::set<int>* units : {&params, &grads})
+      for (const int unit : *units) total += unit >= 0 ? held_[unit] : 0;
+    return total;
+  }
+  int layers_, head_;
+  bool sharded_, accumulating_, head_gradients_in_forward_;
+  std::vector<int64_t> held_;  // [table units] bytes of this rank's held ranges
+};
 
 }  // namespace
 
@@ -106,9 +159,18 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
 
   MemoryPlan plan;
   plan.policy = policy;
-  plan.parameters = counts.storage * e;
-  plan.gradients = counts.trainable_storage * e;
-  plan.optimizer_state = 2 * counts.trainable_storage * e;  // AdamW's two moments
+  plan.ranks = shape.ranks;
+  plan.rank = shape.rank;
+  // The rank's shard of the trainable elements (one rank: all of them, at their flat offsets).
+  const int64_t shard = shape.ranks > 1
+      ? ShardLayout(param_table_of(config), shape.rank, shape.ranks, shape.ep).shard_size() : counts.trainable_storage;
+  const int64_t unsharded = counts.storage - counts.trainable_storage;  // buffers: every rank keeps them whole
+  plan.parameters = (shard + unsharded) * e;
+  plan.gradients = shard * e;
+  plan.optimizer_state = 2 * shard * e;  // AdamW's two moments
+  // Every rank initializes or loads the whole parameters, then takes its shard (parallel/fsdp.h).
+  plan.start_up = counts.storage * e + (shape.ranks > 1 ? plan.parameters - unsharded * e + plan.gradients : 0) +
+                  plan.optimizer_state;
   std::vector<LayerBytes> layers;
   bool any_dropped = false;
   for (int l = 0; l < config.num_hidden_layers; ++l) {
@@ -127,6 +189,9 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   const auto head_entry = [&](int64_t bytes) { return ActivationStore::held_bytes(bytes, shape.policy_min_bytes); };
   const bool in_forward = shape.loss == LossGradients::in_forward;
   const int64_t head = head_entry(n * D * e) * 2 + head_entry(n * e) + (in_forward ? head_entry(n * D * e) : head_entry(n * e));
+  int64_t small_after = 0;  // the small entries of the head and the layers whose backward is done
+  for (const int64_t bytes : {n * D * e, n * D * e, n * e, in_forward ? n * D * e : n * e})
+    small_after += ActivationStore::is_paged(bytes, shape.policy_min_bytes) ? 0 : head_entry(bytes);
   plan.activations_saved += head;
   const int64_t loss_forward = in_forward ? forward_backward_workspace_bytes(n, V, e)
                                           : forward_then_backward_workspace_bytes(n, D, V, e, shape.threads);
@@ -137,49 +202,63 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
       in_forward ? norm_backward : Arena::rounded(n * D * e) + std::max(loss_forward, norm_backward);
 
   const int L = static_cast<int>(layers.size());
-  const auto consider = [&](int64_t activations, int64_t workspace, const std::string& where) {
-    if (activations + workspace > plan.activations_at_peak + plan.workspace_at_peak || plan.peak_at.empty()) {
+  const UnitsInUse units(config, shape, in_forward);
+  const auto consider = [&](int64_t activations, int64_t workspace, int64_t gathered, const std::string& where) {
+    if (activations + workspace + gathered >
+            plan.activations_at_peak + plan.workspace_at_peak + plan.gathered_at_peak ||
+        plan.peak_at.empty()) {
       plan.activations_at_peak = activations;
       plan.workspace_at_peak = workspace;
+      plan.gathered_at_peak = gathered;
       plan.peak_at = where;
     }
   };
+  consider(0, 0, units.embedding_forward(), "the embedding's forward");
   // The forward of each part, with the writes of the part before still in flight (the writer at
   // most one part behind); the last layer's swap tags stay resident, so none are in flight at the head.
   for (int l = 0; l < L; ++l) {
     const std::string where = "forward of layer " + std::to_string(l);
     const int64_t writing = l > 0 ? layers[l - 1].swapped[1] : 0;
     const LayerBytes& b = layers[l];
-    consider(sum_kept(layers, l) + writing + b.all[0], b.workspace, where + ", mixer");
-    consider(sum_kept(layers, l) + b.kept[0] + b.swapped[0] + b.all[1], b.workspace, where + ", FFN");
+    consider(sum_kept(layers, l) + writing + b.all[0], b.workspace, units.layer_forward(l), where + ", mixer");
+    consider(sum_kept(layers, l) + b.kept[0] + b.swapped[0] + b.all[1], b.workspace, units.layer_forward(l),
+             where + ", FFN");
   }
-  consider(sum_kept(layers, L) + head, loss_forward, "the loss");
-  consider(sum_kept(layers, L) + head, loss_backward, "the loss's backward");
+  consider(sum_kept(layers, L) + head, loss_forward, units.loss(), "the loss");
+  consider(sum_kept(layers, L) + head, loss_backward, units.loss_backward(), "the loss's backward");
   // A layer's backward: its FFN part with the whole layer resident (its mixer's entries prefetched),
   // then its mixer part with the FFN's entries freed and the layer below's first part prefetched.
   for (int l = L - 1; l >= 0; --l) {
     const std::string where = "backward of layer " + std::to_string(l);
     const LayerBytes& b = layers[l];
-    consider(sum_kept(layers, l) + b.total() + b.throwaway, b.workspace, where + ", FFN");
+    consider(small_after + sum_kept(layers, l) + b.total() + b.throwaway, b.workspace, units.layer_backward(l),
+             where + ", FFN");
     const int64_t prefetch = l > 0 ? layers[l - 1].first : 0;
-    consider(sum_kept(layers, l) + b.total() - b.paged_ffn + prefetch, b.workspace, where + ", mixer");
+    consider(small_after + sum_kept(layers, l) + b.total() - b.paged_ffn + prefetch, b.workspace,
+             units.layer_backward(l), where + ", mixer");
+    small_after += b.small;
   }
-  consider(0, embedding_backward_workspace_bytes(n, V), "the embedding's backward");
+  consider(small_after, embedding_backward_workspace_bytes(n, V), units.embedding_backward(),
+           "the embedding's backward");
   plan.peak_fast = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +
-                   plan.activations_at_peak + plan.workspace_at_peak;
+                   plan.activations_at_peak + plan.workspace_at_peak + plan.gathered_at_peak;
   return plan;
 }
 
 nlohmann::json MemoryPlan::to_json() const {
   return {{"policy", {{"recompute", policy.recompute}, {"swap", policy.swap}, {"name", policy.name()}}},
+          {"rank", rank},
+          {"ranks", ranks},
           {"fast", {{"parameters", parameters},
                     {"gradients", gradients},
                     {"optimizer_state", optimizer_state},
                     {"model_buffers", model_buffers},
                     {"activations_at_peak", activations_at_peak},
                     {"workspace_at_peak", workspace_at_peak},
+                    {"gathered_at_peak", gathered_at_peak},
                     {"peak", peak_fast},
-                    {"peak_at", peak_at}}},
+                    {"peak_at", peak_at},
+                    {"start_up", start_up}}},
           {"slow", {{"peak", peak_slow}}},
           {"activations_saved", activations_saved}};
 }
@@ -190,11 +269,14 @@ std::string MemoryPlan::describe() const {
     std::snprintf(text, sizeof(text), "%.1f MiB", double(bytes) / double(1 << 20));
     return std::string(text);
   };
-  return "memory plan (" + policy.name() + "): fast tier peak " + mib(peak_fast) + " at " + peak_at +
+  const std::string of_rank = ranks > 1 ? " of rank " + std::to_string(rank) + " / " + std::to_string(ranks) : "";
+  const std::string shard = ranks > 1 ? " (shards)" : "";
+  return "memory plan" + of_rank + " (" + policy.name() + "): fast tier peak " + mib(peak_fast) + " at " + peak_at +
          "\n  parameters " + mib(parameters) + ", gradients " + mib(gradients) + ", optimizer state " +
-         mib(optimizer_state) + ", model buffers " + mib(model_buffers) + "\n  activations " +
+         mib(optimizer_state) + shard + ", model buffers " + mib(model_buffers) +
+         (ranks > 1 ? ", gathered units " + mib(gathered_at_peak) : std::string()) + "\n  activations " +
          mib(activations_at_peak) + " of " + mib(activations_saved) + " saved, workspace " + mib(workspace_at_peak) +
-         "\n  slow tier (swap file) " + mib(peak_slow);
+         "\n  start-up " + mib(start_up) + "; slow tier (swap file) " + mib(peak_slow);
 }
 
 std::vector<MemoryPolicy> budget_candidates() {

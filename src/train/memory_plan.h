@@ -2,14 +2,24 @@
 // the fast-tier bytes of parameters, gradients, AdamW state, the model's buffers, the saved
 // activations under a policy (keep / recompute / swap per tag, memory/save_policies.h) and the
 // workspaces of the kernels, followed through the step's events as the activation store applies
-// them (DESIGN.md: a shape-only dry run of a step gives the plan `--memory-budget` uses):
+// them (docs/architecture.md, "The memory plan": a shape-only dry run of a step gives the plan `--memory-budget` uses):
 //   forward of layer l   the kept tensors of layers < l (the swapped ones of l − 1 still writing),
 //                        all of l's, its workspace;
 //   the loss             every layer's kept tensors, the head's, the loss's chunk of logits;
 //   backward of layer l  the kept tensors of layers < l, all of l's (refilled, read back), the
-//                        throwaway copies of a re-run sublayer, layer l − 1's prefetch, workspace.
+//                        throwaway copies of a re-run sublayer, layer l − 1's prefetch, workspace,
+//                        and the small entries (under the paged size) of the head and the layers
+//                        above, which the store frees only when the step ends.
 // The peak is the largest of these. Each layer kind reports its saved tensors and workspace
 // (model/memory_sizes.h), the loss its chunk (ops/cross_entropy.h).
+//
+// Per rank of a parallel run (parallel/mesh.h, parallel/fsdp.h): the rank's shard of parameters,
+// gradients and moments (parallel/shard_layout.h: its expert slices included), the buffers every
+// rank keeps whole, and at each event the FSDP units it has gathered (the one in use, the one
+// prefetched, the tied embeddings' throughout) and the units whose gradients are written and not
+// yet reduce-scattered (the one in its backward, the tied embeddings' from the head on; every
+// unit's while micro-batches accumulate). Before the first step every rank holds the whole
+// parameters (initialized or loaded, then sharded): the start-up figure.
 //
 // `--memory-budget` tries the policies from the cheapest on (measured on the MoE demo, docs/benchmarks.md:
 // keep-all, swap selective, swap full, recompute selective, recompute full, recompute full with the
@@ -43,12 +53,19 @@ struct StepMemoryShape {
   int64_t policy_min_bytes = ActivationStore::kPagedMinBytes;  // smaller saved tensors are always kept
   bool swap_bf16 = false;                  // swapped float32 tensors stored as bfloat16
   int64_t sampler_windows = 0;             // the data sampler's permutation (int64 each; 0: no data yet)
+  // The parallel layout: this rank of `ranks` (FSDP over all of them), routed experts over groups
+  // of `ep`; `batch` is the rank's rows of a micro-batch, `grad_accum` micro-batches a step.
+  int ranks = 1, rank = 0, ep = 1;
+  int64_t grad_accum = 1;
 };
 
 struct MemoryPlan {
   MemoryPolicy policy;
-  // Fast tier, bytes.
+  int ranks = 1, rank = 0;
+  // Fast tier, bytes. Several ranks: parameters (the rank's shard and the unsharded buffers),
+  // gradients and optimizer state are the rank's shard; the units in use are counted apart.
   int64_t parameters = 0, gradients = 0, optimizer_state = 0;
+  int64_t gathered_at_peak = 0;    // FSDP: gathered parameters and written gradients of units
   int64_t model_buffers = 0;       // residual stream and its gradient, positions, the recompute copy,
                                    // the sampler's permutation, the bf16 swap's staging buffer
   int64_t activations_saved = 0;   // every tensor the forward saves (before any policy)
@@ -56,6 +73,7 @@ struct MemoryPlan {
   int64_t workspace_at_peak = 0;
   int64_t peak_fast = 0;
   std::string peak_at;             // "forward of layer 3", "the loss", "backward of layer 0", …
+  int64_t start_up = 0;            // before the first step: whole parameters and the shard's state
   // Slow tier: the swap file's bytes at most (every swapped tensor of a step).
   int64_t peak_slow = 0;
   nlohmann::json to_json() const;

@@ -75,12 +75,13 @@ std::vector<int64_t> column_of(const std::vector<int64_t>& table, int64_t width,
 // Metrics field "fsdp": this step's bytes moved by the gathers and reduce-scatters and the peak of
 // gathered parameters on this rank; the shard's resident state (parameters, gradients and both
 // moments) and the elements it gathers to use; and every rank's peak fast-tier and resident bytes
-// (a collective: all ranks call it).
+// and its planned peak (a collective: all ranks call it).
 template <class T>
 nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const FsdpCounters& before,
-                           int64_t peak_bytes) {
+                           int64_t peak_bytes, int64_t planned_peak_bytes) {
   const FsdpCounters& now = fsdp.counters();
-  const std::vector<int64_t> memory = world.all_gather_values<int64_t>({peak_bytes, peak_rss_bytes()});  // [ranks, 2]
+  const std::vector<int64_t> memory =
+      world.all_gather_values<int64_t>({peak_bytes, peak_rss_bytes(), planned_peak_bytes});  // [ranks, 3]
   return {{"ranks", world.size()},
           {"gathered_bytes", now.gathered_bytes - before.gathered_bytes},
           {"reduce_scattered_bytes", now.reduce_scattered_bytes - before.reduce_scattered_bytes},
@@ -88,8 +89,9 @@ nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const
           {"shard_elements", fsdp.shard_size()},
           {"held_elements", fsdp.held_elements()},
           {"shard_state_bytes", 4 * fsdp.shard_size() * static_cast<int64_t>(sizeof(T))},
-          {"rank_peak_bytes", column_of(memory, 2, 0)},
-          {"rank_peak_rss_bytes", column_of(memory, 2, 1)}};
+          {"rank_peak_bytes", column_of(memory, 3, 0)},
+          {"rank_peak_rss_bytes", column_of(memory, 3, 1)},
+          {"rank_planned_peak_bytes", column_of(memory, 3, 2)}};
 }
 
 // Metrics field "expert_parallel": every rank's bytes of this step's dispatches (rows sent to other
@@ -122,9 +124,14 @@ nlohmann::json expert_parallel_record(const ProcessGroup& world, int ep, const E
 }
 
 // train_tokens: the training split's size (0 before the data is known: a dry run).
-StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens) {
+// rank: whose plan (every rank's differs a little: the shards' sizes, the expert slices).
+StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens, int rank) {
   StepMemoryShape shape;
-  shape.batch = s.batch / ProcessGroup::world().size();  // this rank's rows
+  shape.ranks = ProcessGroup::world().size();
+  shape.rank = rank;
+  shape.ep = o.ep;
+  shape.grad_accum = s.grad_accum;
+  shape.batch = s.batch / shape.ranks;  // this rank's rows
   shape.seq = s.seq_len;
   shape.element_bytes = s.dtype == "float64" ? 8 : 4;
   shape.indexer.mode = indexer_mode_from_name(s.indexer_mode);
@@ -140,8 +147,8 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
 // The policy the run uses and its plan: --recompute / --swap as given, or, with --memory-budget and
 // neither given, the cheapest candidate that fits; a given policy over the budget is an error.
 MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
-                          int64_t train_tokens) {
-  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens);
+                          int64_t train_tokens, int rank) {
+  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens, rank);
   const bool chosen_by_user = o.recompute != "none" || o.swap != "none";
   if (o.memory_budget.empty() || chosen_by_user) {
     MemoryPlan plan = plan_memory(config, shape, MemoryPolicy{o.recompute, o.swap});
@@ -153,35 +160,51 @@ MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, cons
   return choose_policy(config, shape, parse_bytes(o.memory_budget, "--memory-budget"));
 }
 
-// --dry-run: the plan of the chosen policy (JSON on stdout, lines on stderr) and every candidate's peak.
+// --dry-run: the plan of the chosen policy (JSON on stdout, lines on stderr) and every candidate's
+// peak; under mpirun rank 0 prints them for rank 0 and every rank's plan ("rank_plans").
 void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
                        int64_t train_tokens) {
-  const MemoryPlan plan = memory_plan_of(o, config, s, train_tokens);
+  const ProcessGroup& world = ProcessGroup::world();
+  if (!world.is_root()) return;
+  const MemoryPlan plan = memory_plan_of(o, config, s, train_tokens, 0);
   nlohmann::json json = plan.to_json();
   nlohmann::json candidates = nlohmann::json::array();
-  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens);
+  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens, 0);
   for (const MemoryPolicy& policy : budget_candidates()) {
     const MemoryPlan other = plan_memory(config, shape, policy);
     candidates.push_back({{"policy", policy.name()}, {"peak_fast", other.peak_fast}, {"peak_slow", other.peak_slow}});
   }
   json["candidates"] = candidates;
-  std::printf("%s\n", json.dump(2).c_str());
   std::fprintf(stderr, "%s\n", plan.describe().c_str());
+  if (world.size() > 1) {
+    json["rank_plans"] = nlohmann::json::array({json["fast"]});
+    for (int rank = 1; rank < world.size(); ++rank) {
+      const MemoryPlan other = memory_plan_of(o, config, s, train_tokens, rank);
+      json["rank_plans"].push_back(other.to_json()["fast"]);
+      std::fprintf(stderr, "%s\n", other.describe().c_str());
+    }
+  }
+  std::printf("%s\n", json.dump(2).c_str());
 }
 
-// Refuses a run whose planned peak, times the ranks sharing this machine (OpenMPI's local size),
-// exceeds the memory available, before anything large is allocated.
+// Refuses a run whose planned peak (the step's or start-up's, whichever is larger), times the ranks
+// sharing this machine (OpenMPI's local size), exceeds the memory available, before anything
+// large is allocated. Each rank's plan counts its shards, so FSDP runs that fit sharded start.
 void require_fits_machine(const MemoryPlan& plan, const ModelConfig& config) {
   const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const int64_t local_ranks = local_size != nullptr ? std::max(1, std::atoi(local_size)) : 1;
   const auto part = [](const char* name, int64_t bytes) { return str_cat(name, " ", human_bytes(double(bytes))); };
-  require_memory(plan.peak_fast * local_ranks,
+  const std::string shards = plan.ranks > 1 ? " (the rank's shards)" : "";
+  const std::string where = plan.start_up > plan.peak_fast
+      ? str_cat(" at start-up (", part("the whole parameters before sharding", plan.start_up), shards, ")")
+      : str_cat(" at its peak (", plan.peak_at, ", ", plan.policy.name(), ": ", part("parameters", plan.parameters),
+                ", ", part("gradients", plan.gradients), ", ", part("optimizer state", plan.optimizer_state), shards,
+                plan.ranks > 1 ? str_cat(", ", part("gathered units", plan.gathered_at_peak)) : "", ", ",
+                part("buffers", plan.model_buffers), ", ", part("activations", plan.activations_at_peak), ", ",
+                part("workspace", plan.workspace_at_peak), ")");
+  require_memory(std::max(plan.peak_fast, plan.start_up) * local_ranks,
                  str_cat("training ", config.source, local_ranks > 1 ? str_cat(" on ", local_ranks, " local ranks") : ""),
-                 str_cat(" at its peak (", plan.peak_at, ", ", plan.policy.name(), ": ", part("parameters", plan.parameters),
-                         ", ", part("gradients", plan.gradients), ", ", part("optimizer state", plan.optimizer_state),
-                         ", ", part("buffers", plan.model_buffers), ", ", part("activations", plan.activations_at_peak),
-                         ", ", part("workspace", plan.workspace_at_peak), local_ranks > 1 ? ", per rank" : "",
-                         ")"),
+                 str_cat(where, local_ranks > 1 ? " per rank" : ""),
                  "a smaller model, --batch or --seq-len, or less memory through --recompute, --swap or --memory-budget");
 }
 
@@ -198,7 +221,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   const int64_t ranks = world.size(), local_batch = s.batch / ranks;
   const ParallelMesh mesh(world, o.ep, run.config);  // expert parallelism's groups (parallel/mesh.h)
   // Before anything large is allocated.
-  const MemoryPlan plan = memory_plan_of(o, run.config, s, run.data.train_tokens());
+  const MemoryPlan plan = memory_plan_of(o, run.config, s, run.data.train_tokens(), world.rank());
   require_fits_machine(plan, run.config);
   Model<T> model(run.config);
   if (run.weights_dir.empty()) {
@@ -206,7 +229,6 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
   } else if (!is_sharded_checkpoint(run.weights_dir)) {
     model.load_weights(run.weights_dir);
   }
-  model.zero_grads();
   if (ranks > 1) {
     model.set_statistics_reduction(
         {world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }});
@@ -440,7 +462,7 @@ void train_loop(const TrainOptions& o, RunSetup& run) {
     }
     if (run.state.nonfinite_skips > 0) record["nonfinite_skips"] = run.state.nonfinite_skips;
     stats.write_metrics(record);
-    if (fsdp) record["fsdp"] = fsdp_record(world, *fsdp, fsdp_before, peak_bytes);
+    if (fsdp) record["fsdp"] = fsdp_record(world, *fsdp, fsdp_before, peak_bytes, plan.peak_fast);
     if (experts) {
       record["expert_parallel"] = expert_parallel_record(world, o.ep, experts->counters(), experts_before, stats);
     }
