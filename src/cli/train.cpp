@@ -62,6 +62,10 @@ void register_train(CLI::App& app) {
                   "Under mpirun: expert-parallel degree (routed experts split over groups of EP ranks; divides the ranks)");
   cmd->add_option("--ep-chunks", o.ep_chunks,
                   "Under mpirun with --ep: token chunks per MoE layer whose exchange overlaps the others' experts");
+  cmd->add_option("--expert-imbalance", o.expert_imbalance,
+                  "With --ep: the memory plan's rows received by a rank's experts per MoE layer, as a multiple of "
+                  "its own routed rows (the start-up check's and --dry-run's margin for uneven routing; default 1.25)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--sharded-checkpoints", o.sharded_checkpoints,
                 "Under mpirun: each rank writes its shard of the checkpoint (no gather); `trillion export` converts");
   cmd->add_option("--collective-timeout", o.collective_timeout_s,

@@ -12,8 +12,10 @@
 #include "model/decoder_layer.h"
 #include "model/memory_sizes.h"
 #include "model/model.h"
+#include "model/moe.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
+#include "ops/moe_experts.h"
 #include "ops/norm.h"
 #include "parallel/shard_layout.h"
 
@@ -37,12 +39,48 @@ struct LayerBytes {
   int64_t total_kept() const { return kept[0] + kept[1]; }
 };
 
+// Expert parallelism (parallel/expert_parallel.h, one chunk): an MoE layer's routed rows leave the
+// store. This rank's experts keep the R rows they receive (their input, gate_up, act, out) and the
+// layer its own rows' outputs (returned), from the forward to the end of the FFN's backward; the
+// forward's dispatch copy, expert outputs and unit weights, and the backward's row gradients both
+// ways, are the exchange's workspace. R = ⌈imbalance · rows⌉, rows the rank's own (capacity-bounded).
+struct Exchange {
+  bool on = false;
+  int64_t held = 0, workspace = 0;
+};
+
+Exchange exchange_of(const DecoderLayerDims& dims, const StepShape& step, int ep, double imbalance) {
+  if (ep <= 1 || !dims.is_moe()) return {};
+  const MoeDims& moe = std::get<MoeDims>(dims.ffn);
+  const int64_t n = step.tokens(), e = step.element_bytes, k = moe.top_k(), H = dims.hidden, I = moe.width;
+  const int64_t capacity = moe.capacity(n);
+  const int64_t rows = capacity > 0 ? std::min(n * k, moe.experts() * capacity) : n * k;
+  const int64_t R = static_cast<int64_t>(std::ceil(imbalance * double(rows)));
+  const MoeExpertDims local{H, I, moe.experts() / ep};
+  Exchange x;
+  x.on = true;
+  x.held = (R * (2 * H + 3 * I) + rows * H) * e;
+  const int64_t forward = (rows * H + R * H + R) * e + moe_experts_forward_workspace_bytes(local, e, step.threads);
+  const int64_t backward = Arena::rounded(n * k * e) + (2 * rows * H + 2 * R * H + 2 * R) * e +
+                           moe_experts_backward_workspace_bytes(R, 1, local, e, step.threads);
+  x.workspace = std::max(forward, backward);
+  return x;
+}
+
+bool exchanged_tag(ActivationTag tag) {
+  return tag == ActivationTag::expert_gate_up || tag == ActivationTag::expert_act || tag == ActivationTag::expert_out;
+}
+
 // As the store counts them: paged entries by their bytes, small ones by the arena's rounding. Swap
 // tags of the last layer stay resident (ActivationStore::end_forward, backward_next): `swaps` false.
 LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, const std::set<ActivationTag>& recompute,
-                       const std::set<ActivationTag>& swap, bool swaps, int64_t min_paged, bool swap_bf16) {
+                       const std::set<ActivationTag>& swap, bool swaps, int64_t min_paged, bool swap_bf16,
+                       const Exchange& exchange) {
   LayerBytes b;
-  const std::vector<SavedSize> sizes = dims.saved_sizes(step);
+  std::vector<SavedSize> sizes = dims.saved_sizes(step);
+  if (exchange.on)
+    sizes.erase(std::remove_if(sizes.begin(), sizes.end(), [](const SavedSize& s) { return exchanged_tag(s.tag); }),
+                sizes.end());
   bool rerun_mixer = false, rerun_ffn = false;
   for (const SavedSize& s : sizes) {  // which sublayers Model::recompute re-runs
     if (!ActivationStore::is_paged(s.bytes, min_paged) || !recompute.count(s.tag)) continue;
@@ -70,7 +108,10 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
       b.kept[ffn] += counted;
     }
   }
-  b.workspace = dims.workspace_bytes(step);
+  b.workspace = std::max(dims.workspace_bytes(step), exchange.workspace);
+  b.all[1] += exchange.held;
+  b.kept[1] += exchange.held;
+  b.paged_ffn += exchange.held;
   return b;
 }
 
@@ -175,8 +216,9 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   bool any_dropped = false;
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     const bool swaps = l + 1 < config.num_hidden_layers;
-    layers.push_back(layer_bytes(DecoderLayerDims::from_config(config, l), step, recompute, swap, swaps,
-                                 shape.policy_min_bytes, shape.swap_bf16));
+    const DecoderLayerDims dims = DecoderLayerDims::from_config(config, l);
+    layers.push_back(layer_bytes(dims, step, recompute, swap, swaps, shape.policy_min_bytes, shape.swap_bf16,
+                                 exchange_of(dims, step, shape.ep, shape.expert_imbalance)));
     plan.activations_saved += layers.back().total();
     plan.peak_slow += layers.back().file;
     any_dropped = any_dropped || layers.back().dropped > 0;

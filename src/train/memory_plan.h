@@ -19,7 +19,11 @@
 // prefetched, the tied embeddings' throughout) and the units whose gradients are written and not
 // yet reduce-scattered (the one in its backward, the tied embeddings' from the head on; every
 // unit's while micro-batches accumulate). Before the first step every rank holds the whole
-// parameters (initialized or loaded, then sharded): the start-up figure.
+// parameters (initialized or loaded, then sharded): the start-up figure. With ep > 1 an MoE layer's
+// routed rows live in the expert exchange (parallel/expert_parallel.h), whatever the policy: the
+// rows this rank's experts receive (expert_imbalance times its own) with their activations, and its
+// own rows' outputs, from the layer's forward to its FFN backward; the exchange's buffers of the
+// moment count as the layer's workspace.
 //
 // `--memory-budget` tries the policies from the cheapest on (measured on the MoE demo, docs/benchmarks.md:
 // keep-all, swap selective, swap full, recompute selective, recompute full, recompute full with the
@@ -57,6 +61,8 @@ struct StepMemoryShape {
   // of `ep`; `batch` is the rank's rows of a micro-batch, `grad_accum` micro-batches a step.
   int ranks = 1, rank = 0, ep = 1;
   int64_t grad_accum = 1;
+  // ep > 1: the rows this rank's experts receive per MoE layer, as a multiple of its own routed rows.
+  double expert_imbalance = 1.0;
 };
 
 struct MemoryPlan {

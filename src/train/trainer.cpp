@@ -130,6 +130,7 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
   shape.ranks = ProcessGroup::world().size();
   shape.rank = rank;
   shape.ep = o.ep;
+  shape.expert_imbalance = o.expert_imbalance;
   shape.grad_accum = s.grad_accum;
   shape.batch = s.batch / shape.ranks;  // this rank's rows
   shape.seq = s.seq_len;
