@@ -1,9 +1,14 @@
 // Set-up of a training run (see run_setup.h).
 #include "train/run_setup.h"
 
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/machine_memory.h"
+#include "core/parallel.h"
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
@@ -64,6 +69,28 @@ void check_same_config(const ModelConfig& given, const std::string& given_path, 
     }
   }
   fail(given_path, ": differs from the checkpoint's ", saved_path);
+}
+
+// train_tokens: the training split's size (0 before the data is known: a dry run).
+// rank: whose plan (every rank's differs a little: the shards' sizes, the expert slices).
+StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens, int rank) {
+  StepMemoryShape shape;
+  shape.ranks = ProcessGroup::world().size();
+  shape.rank = rank;
+  shape.ep = o.ep;
+  shape.expert_imbalance = o.expert_imbalance;
+  shape.grad_accum = s.grad_accum;
+  shape.batch = s.batch / shape.ranks;  // this rank's rows
+  shape.seq = s.seq_len;
+  shape.element_bytes = s.dtype == "float64" ? 8 : 4;
+  shape.indexer.mode = indexer_mode_from_name(s.indexer_mode);
+  shape.indexer.coef = s.indexer_loss_coef;
+  shape.loss = s.loss_gradients == "recompute" ? LossGradients::recompute : LossGradients::in_forward;
+  shape.threads = num_threads();
+  shape.policy_min_bytes = o.policy_min_bytes;
+  shape.swap_bf16 = o.swap_bf16;
+  shape.sampler_windows = train_tokens > 0 ? (train_tokens - 1) / s.seq_len : 0;
+  return shape;
 }
 
 }  // namespace
@@ -173,6 +200,70 @@ RunSetup prepare_run(TrainOptions& o) {
   }
   if (ProcessGroup::world().is_root()) fs::create_directories(o.out_dir);
   return run;
+}
+
+// The policy the run uses and its plan: --recompute / --swap as given, or, with --memory-budget and
+// neither given, the cheapest candidate that fits; a given policy over the budget is an error.
+MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
+                          int64_t train_tokens, int rank) {
+  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens, rank);
+  const bool chosen_by_user = o.recompute != "none" || o.swap != "none";
+  if (o.memory_budget.empty() || chosen_by_user) {
+    MemoryPlan plan = plan_memory(config, shape, MemoryPolicy{o.recompute, o.swap});
+    if (!o.memory_budget.empty() && plan.peak_fast > parse_bytes(o.memory_budget, "--memory-budget"))
+      fail("--memory-budget ", o.memory_budget, ": the planned peak of ", plan.policy.name(), " is ", plan.peak_fast,
+           " bytes; expected a larger budget, or leave --recompute / --swap to the budget");
+    return plan;
+  }
+  return choose_policy(config, shape, parse_bytes(o.memory_budget, "--memory-budget"));
+}
+
+// --dry-run: the plan of the chosen policy (JSON on stdout, lines on stderr) and every candidate's
+// peak; under mpirun rank 0 prints them for rank 0 and every rank's plan ("rank_plans").
+void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
+                       int64_t train_tokens) {
+  const ProcessGroup& world = ProcessGroup::world();
+  if (!world.is_root()) return;
+  const MemoryPlan plan = memory_plan_of(o, config, s, train_tokens, 0);
+  nlohmann::json json = plan.to_json();
+  nlohmann::json candidates = nlohmann::json::array();
+  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens, 0);
+  for (const MemoryPolicy& policy : budget_candidates()) {
+    const MemoryPlan other = plan_memory(config, shape, policy);
+    candidates.push_back({{"policy", policy.name()}, {"peak_fast", other.peak_fast}, {"peak_slow", other.peak_slow}});
+  }
+  json["candidates"] = candidates;
+  std::fprintf(stderr, "%s\n", plan.describe().c_str());
+  if (world.size() > 1) {
+    json["rank_plans"] = nlohmann::json::array({json["fast"]});
+    for (int rank = 1; rank < world.size(); ++rank) {
+      const MemoryPlan other = memory_plan_of(o, config, s, train_tokens, rank);
+      json["rank_plans"].push_back(other.to_json()["fast"]);
+      std::fprintf(stderr, "%s\n", other.describe().c_str());
+    }
+  }
+  std::printf("%s\n", json.dump(2).c_str());
+}
+
+// Refuses a run whose planned peak (the step's or start-up's, whichever is larger), times the ranks
+// sharing this machine (OpenMPI's local size), exceeds the memory available, before anything
+// large is allocated. Each rank's plan counts its shards, so FSDP runs that fit sharded start.
+void require_fits_machine(const MemoryPlan& plan, const ModelConfig& config) {
+  const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const int64_t local_ranks = local_size != nullptr ? std::max(1, std::atoi(local_size)) : 1;
+  const auto part = [](const char* name, int64_t bytes) { return str_cat(name, " ", human_bytes(double(bytes))); };
+  const std::string shards = plan.ranks > 1 ? " (the rank's shards)" : "";
+  const std::string where = plan.start_up > plan.peak_fast
+      ? str_cat(" at start-up (", part("the whole parameters before sharding", plan.start_up), shards, ")")
+      : str_cat(" at its peak (", plan.peak_at, ", ", plan.policy.name(), ": ", part("parameters", plan.parameters),
+                ", ", part("gradients", plan.gradients), ", ", part("optimizer state", plan.optimizer_state), shards,
+                plan.ranks > 1 ? str_cat(", ", part("gathered units", plan.gathered_at_peak)) : "", ", ",
+                part("buffers", plan.model_buffers), ", ", part("activations", plan.activations_at_peak), ", ",
+                part("workspace", plan.workspace_at_peak), ")");
+  require_memory(std::max(plan.peak_fast, plan.start_up) * local_ranks,
+                 str_cat("training ", config.source, local_ranks > 1 ? str_cat(" on ", local_ranks, " local ranks") : ""),
+                 str_cat(where, local_ranks > 1 ? " per rank" : ""),
+                 "a smaller model, --batch or --seq-len, or less memory through --recompute, --swap or --memory-budget");
 }
 
 }  // namespace trillion

@@ -1,6 +1,7 @@
 // A training run's set-up before its first step: the settings checked, the config, data, weights
 // and trainer state resolved for a fresh, --init or --resume run (what a resumed run may change and
-// what it must keep), and the output directory created.
+// what it must keep), the output directory created, and the memory plan of every rank's step that
+// the run is checked against before anything large is allocated.
 #pragma once
 
 #include <string>
@@ -8,6 +9,7 @@
 #include "data/mixture.h"
 #include "model/config.h"
 #include "train/checkpoint.h"
+#include "train/memory_plan.h"
 #include "train/trainer.h"
 
 namespace trillion {
@@ -25,5 +27,18 @@ void validate_settings(const TrainSettings& s);
 
 // Resolves config, data, weights and settings for a fresh, --init or --resume run.
 RunSetup prepare_run(TrainOptions& o);
+
+// The memory plan of `rank`'s step (train/memory_plan.h) with the run's policy: --recompute / --swap
+// as given, or, with --memory-budget and neither given, the cheapest candidate that fits; a given
+// policy over the budget is an error. train_tokens: the training split's size (0: not known).
+MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
+                          int64_t train_tokens, int rank);
+// --dry-run: the plan (JSON on stdout, lines on stderr), every candidate's peak, and under mpirun
+// every rank's plan; rank 0 prints.
+void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
+                       int64_t train_tokens);
+// Refuses a run whose planned peak (the step's or start-up's), times the ranks on this machine,
+// exceeds the memory available, before anything large is allocated.
+void require_fits_machine(const MemoryPlan& plan, const ModelConfig& config);
 
 }  // namespace trillion
