@@ -1,5 +1,9 @@
 // `trillion train`: flags of the training run (docs/architecture.md, "Commands and their outputs"); the loop is in train/trainer.h.
+#include <type_traits>
+#include <variant>
+
 #include "cli/commands.h"
+#include "train/settings.h"
 #include "train/trainer.h"
 
 namespace trillion {
@@ -16,38 +20,21 @@ void register_train(CLI::App& app) {
   CLI::Option* resume = cmd->add_option("--resume", o.resume_dir, "Continue a run: its --out directory or a checkpoint");
   CLI::Option* init = cmd->add_option("--init", o.init_dir, "Start a new run from these model weights");
   resume->excludes(init);
-  // Settings that define the run; on --resume they come from trainer_state.json.
-  cmd->add_option("--steps", s.steps, "Length of the run in optimizer steps (the LR schedule spans it)");
-  cmd->add_option("--seed", s.seed, "Seed of initialization and data order");
-  cmd->add_option("--dtype", s.dtype, "Parameter and compute type")->check(CLI::IsMember({"float32", "float64"}));
-  cmd->add_option("--batch", s.batch, "Sequences per micro-batch");
-  cmd->add_option("--seq-len", s.seq_len, "Tokens per sequence");
-  cmd->add_option("--grad-accum", s.grad_accum, "Micro-batches per optimizer step");
-  cmd->add_option("--lr", s.lr, "Peak learning rate");
-  cmd->add_option("--min-lr-ratio", s.min_lr_ratio, "Final learning rate as a fraction of the peak");
-  cmd->add_option("--warmup", s.warmup, "Linear warmup steps (default: steps / 20)");
-  cmd->add_option("--weight-decay", s.weight_decay, "AdamW decoupled weight decay");
-  cmd->add_option("--beta1", s.beta1, "AdamW β1");
-  cmd->add_option("--beta2", s.beta2, "AdamW β2");
-  cmd->add_option("--eps", s.eps, "AdamW ε");
-  cmd->add_option("--clip", s.clip, "Global gradient-norm clip (≤ 0: off)");
-  cmd->add_option("--moe-bias-rate", s.moe_bias_rate,
-                  "Aux-loss-free balancing of sigmoid routers: after each step b += rate · sign(mean load − load) "
-                  "(0: off)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--indexer-mode", s.indexer_mode,
-                  "Sparse attention layers: warmup (dense attention, only the indexers learn), sparse (attention "
-                  "over the indexer's top-k, all learn), dense (dense attention, all learn)")
-      ->check(CLI::IsMember({"dense", "warmup", "sparse"}));
-  cmd->add_option("--indexer-loss-coef", s.indexer_loss_coef,
-                  "Coefficient of the indexers' KL loss against the main attention (0: off)")
-      ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--loss-gradients", s.loss_gradients,
-                  "LM-head loss: in-forward (gradients formed chunk by chunk in the forward, 3 GEMM passes) or "
-                  "recompute (logits recomputed in the backward, 4 passes, least memory)")
-      ->check(CLI::IsMember({"in-forward", "recompute"}));
-  cmd->add_flag("--document-mask", s.document_mask,
-                "Packed rows: no token attends across a document end (the tokenizer's eos); positions restart");
+  // Settings that define the run (train/settings.h); on --resume they come from trainer_state.json.
+  for (const Setting& setting : training_settings()) {
+    const std::string flag = std::string("--") + setting.flag;
+    std::visit(
+        [&](auto member) {
+          if constexpr (std::is_same_v<decltype(member), bool TrainSettings::*>) {
+            cmd->add_flag(flag, s.*member, setting.help);
+          } else {
+            CLI::Option* option = cmd->add_option(flag, s.*member, setting.help);
+            if (!setting.choices.empty()) option->check(CLI::IsMember(setting.choices));
+            if (setting.non_negative) option->check(CLI::NonNegativeNumber);
+          }
+        },
+        setting.member);
+  }
   // Settings of this process only.
   cmd->add_option("--recompute", o.recompute,
                   "Saved activations recomputed before their layer's backward: none, selective (the FFN "
@@ -97,11 +84,8 @@ void register_train(CLI::App& app) {
                 "Check every sublayer's output in each forward and name the first non-finite one (slower)");
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
-    for (const char* flag : {"steps", "seed", "dtype", "batch", "seq-len", "grad-accum", "lr", "min-lr-ratio", "warmup",
-                             "weight-decay", "beta1", "beta2", "eps", "clip", "moe-bias-rate", "indexer-mode",
-                             "indexer-loss-coef", "loss-gradients", "document-mask"}) {
-      if (cmd->count(std::string("--") + flag) > 0) run.given.insert(flag);
-    }
+    for (const Setting& setting : training_settings())
+      if (cmd->count(std::string("--") + setting.flag) > 0) run.given.insert(setting.flag);
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;
     run_training(run);
   });

@@ -60,37 +60,19 @@ std::string hex64(uint64_t value) {
 }
 
 nlohmann::json TrainerState::to_json() const {
-  const TrainSettings& s = settings;
   nlohmann::json json = {
       {"format", "trillion-trainer-state-1"},
       {"step", step},
-      {"steps", s.steps},
-      {"seed", s.seed},
-      {"dtype", s.dtype},
       {"sampler_position", sampler_position},
       {"tokens_seen", tokens_seen},
       {"elapsed_s", elapsed_s},
       {"tokenizer_hash", hex64(tokenizer_hash)},
       {"train_checksum", hex64(train_checksum)},
       {"data_dir", data_dir},
-      {"batch", s.batch},
-      {"seq_len", s.seq_len},
-      {"grad_accum", s.grad_accum},
-      {"lr_schedule",
-       {{"kind", "warmup_cosine"}, {"peak_lr", s.lr}, {"min_lr_ratio", s.min_lr_ratio}, {"warmup", s.warmup},
-        {"total_steps", s.steps}}},
-      {"optimizer",
-       {{"kind", "adamw"},
-        {"weight_decay", s.weight_decay},
-        {"beta1", s.beta1},
-        {"beta2", s.beta2},
-        {"eps", s.eps},
-        {"clip", s.clip}}},
-      {"moe_bias_rate", s.moe_bias_rate},
-      {"indexer", {{"mode", s.indexer_mode}, {"loss_coef", s.indexer_loss_coef}}},
-      {"loss_gradients", s.loss_gradients},
-      {"document_mask", s.document_mask},
+      {"lr_schedule", {{"kind", "warmup_cosine"}, {"total_steps", settings.steps}}},
+      {"optimizer", {{"kind", "adamw"}}},
   };
+  write_settings(settings, json);  // train/settings.h: each at its field
   if (!source_positions.empty()) json["source_positions"] = source_positions;
   if (nonfinite_skips > 0) json["nonfinite_skips"] = nonfinite_skips;
   return json;
@@ -105,59 +87,15 @@ TrainerState TrainerState::load(const std::string& path) {
   }
   if (!json.is_object()) fail(path, ": expected a JSON object");
   TrainerState state;
-  TrainSettings& s = state.settings;
   state.step = int_field(json, "step", path);
-  s.steps = int_field(json, "steps", path);
-  const nlohmann::json& seed = field(json, "seed", path);
-  if (!seed.is_number_unsigned()) fail(path, ": field 'seed' must be a non-negative integer, got ", seed.dump());
-  s.seed = seed.get<uint64_t>();
-  s.dtype = string_field(json, "dtype", path);
-  if (s.dtype != "float32" && s.dtype != "float64") fail(path, ": field 'dtype' must be float32 or float64, got ", s.dtype);
+  state.settings = read_settings(json, path);
+  const TrainSettings& s = state.settings;
   state.sampler_position = int_field(json, "sampler_position", path);
   state.tokens_seen = int_field(json, "tokens_seen", path);
   state.elapsed_s = number_field(json, "elapsed_s", path);
   state.tokenizer_hash = hex64_field(json, "tokenizer_hash", path);
   state.train_checksum = hex64_field(json, "train_checksum", path);
   state.data_dir = string_field(json, "data_dir", path);
-  s.batch = int_field(json, "batch", path);
-  s.seq_len = int_field(json, "seq_len", path);
-  s.grad_accum = int_field(json, "grad_accum", path);
-  const nlohmann::json& schedule = field(json, "lr_schedule", path);
-  const std::string schedule_path = path + " lr_schedule";
-  s.lr = number_field(schedule, "peak_lr", schedule_path);
-  s.min_lr_ratio = number_field(schedule, "min_lr_ratio", schedule_path);
-  s.warmup = int_field(schedule, "warmup", schedule_path);
-  const nlohmann::json& optimizer = field(json, "optimizer", path);
-  const std::string optimizer_path = path + " optimizer";
-  s.weight_decay = number_field(optimizer, "weight_decay", optimizer_path);
-  s.beta1 = number_field(optimizer, "beta1", optimizer_path);
-  s.beta2 = number_field(optimizer, "beta2", optimizer_path);
-  s.eps = number_field(optimizer, "eps", optimizer_path);
-  s.clip = number_field(optimizer, "clip", optimizer_path);
-  s.moe_bias_rate = json.contains("moe_bias_rate") ? number_field(json, "moe_bias_rate", path) : 0.0;  // older states
-  if (!(s.moe_bias_rate >= 0.0)) fail(path, ": field 'moe_bias_rate' must be >= 0, got ", s.moe_bias_rate);
-  if (json.contains("loss_gradients")) {  // older states: recomputed in the backward
-    s.loss_gradients = string_field(json, "loss_gradients", path);
-    if (s.loss_gradients != "in-forward" && s.loss_gradients != "recompute")
-      fail(path, ": field 'loss_gradients' must be in-forward or recompute, got ", s.loss_gradients);
-  } else {
-    s.loss_gradients = "recompute";
-  }
-  if (json.contains("document_mask")) {  // older states: off
-    const nlohmann::json& mask = field(json, "document_mask", path);
-    if (!mask.is_boolean()) fail(path, ": field 'document_mask' must be true or false, got ", mask.dump());
-    s.document_mask = mask.get<bool>();
-  }
-  if (json.contains("indexer")) {  // older states have none: the defaults
-    const nlohmann::json& indexer = field(json, "indexer", path);
-    const std::string indexer_path = path + " indexer";
-    s.indexer_mode = string_field(indexer, "mode", indexer_path);
-    if (s.indexer_mode != "dense" && s.indexer_mode != "warmup" && s.indexer_mode != "sparse")
-      fail(indexer_path, ": field 'mode' must be dense, warmup or sparse, got ", s.indexer_mode);
-    s.indexer_loss_coef = number_field(indexer, "loss_coef", indexer_path);
-    if (!(s.indexer_loss_coef >= 0.0))
-      fail(indexer_path, ": field 'loss_coef' must be >= 0, got ", s.indexer_loss_coef);
-  }
   if (state.sampler_position < 0) {
     fail(path, ": field 'sampler_position' must be >= 0, got ", state.sampler_position);
   }

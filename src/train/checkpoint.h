@@ -19,30 +19,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace trillion {
+#include "train/settings.h"
 
-// Everything that defines the sequence of optimizer steps of a run (a resumed run must agree).
-struct TrainSettings {
-  int64_t steps = 100;  // the run's length; the LR schedule spans it
-  uint64_t seed = 1234;
-  std::string dtype = "float32";  // "float32" | "float64"
-  int64_t batch = 8;              // sequences per micro-batch
-  int64_t seq_len = 256;
-  int64_t grad_accum = 1;         // micro-batches per optimizer step
-  double lr = 3e-3;               // peak learning rate
-  double min_lr_ratio = 0.1;
-  int64_t warmup = 0;             // warmup steps
-  double weight_decay = 0.1;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double clip = 1.0;  // global grad-norm clip; ≤ 0 disables
-  double moe_bias_rate = 0.0;  // aux-loss-free balancing: b += rate · sign(mean load − load); 0 = off
-  std::string indexer_mode = "sparse";  // sparse attention layers: "dense" | "warmup" | "sparse" (IndexerMode)
-  double indexer_loss_coef = 1.0;       // their indexers' KL loss (0: off)
-  std::string loss_gradients = "in-forward";  // LM-head loss: "in-forward" | "recompute" (LossGradients)
-  bool document_mask = false;  // packed rows: no attention across the data's eos (Model::set_document_mask)
-};
+namespace trillion {
 
 struct TrainerState {
   TrainSettings settings;

@@ -18,45 +18,6 @@ namespace trillion {
 namespace fs = std::filesystem;
 namespace {
 
-// A resumed run keeps the settings saved in trainer_state.json; a flag given on the command line
-// must agree with them (only --steps may change: the schedule then spans the new length).
-TrainSettings resumed_settings(const TrainOptions& o, const TrainSettings& saved, const std::string& state_path) {
-  const TrainSettings& given = o.settings;
-  auto check = [&](const char* flag, const char* field, const auto& given_value, const auto& saved_value) {
-    if (o.given.count(flag) != 0 && !(given_value == saved_value)) {
-      fail(state_path, ": field '", field, "' is ", saved_value, " but --", flag, " ", given_value,
-           " was given; a resumed run keeps its settings");
-    }
-  };
-  check("seed", "seed", given.seed, saved.seed);
-  check("dtype", "dtype", given.dtype, saved.dtype);
-  check("batch", "batch", given.batch, saved.batch);
-  check("seq-len", "seq_len", given.seq_len, saved.seq_len);
-  check("grad-accum", "grad_accum", given.grad_accum, saved.grad_accum);
-  check("lr", "lr_schedule.peak_lr", given.lr, saved.lr);
-  check("min-lr-ratio", "lr_schedule.min_lr_ratio", given.min_lr_ratio, saved.min_lr_ratio);
-  check("warmup", "lr_schedule.warmup", given.warmup, saved.warmup);
-  check("weight-decay", "optimizer.weight_decay", given.weight_decay, saved.weight_decay);
-  check("beta1", "optimizer.beta1", given.beta1, saved.beta1);
-  check("beta2", "optimizer.beta2", given.beta2, saved.beta2);
-  check("eps", "optimizer.eps", given.eps, saved.eps);
-  check("clip", "optimizer.clip", given.clip, saved.clip);
-  check("moe-bias-rate", "moe_bias_rate", given.moe_bias_rate, saved.moe_bias_rate);
-  check("loss-gradients", "loss_gradients", given.loss_gradients, saved.loss_gradients);
-  check("document-mask", "document_mask", given.document_mask, saved.document_mask);
-  TrainSettings settings = saved;
-  // The indexer stage may change on resume (warm-up, then the sparse stage, from one run).
-  if (o.given.count("indexer-mode") != 0) settings.indexer_mode = given.indexer_mode;
-  if (o.given.count("indexer-loss-coef") != 0) settings.indexer_loss_coef = given.indexer_loss_coef;
-  if (o.given.count("steps") != 0 && given.steps != saved.steps) {
-    std::fprintf(stderr, "note: --steps %lld differs from the resumed run's %lld; the LR schedule now spans %lld steps\n",
-                 static_cast<long long>(given.steps), static_cast<long long>(saved.steps),
-                 static_cast<long long>(given.steps));
-    settings.steps = given.steps;
-  }
-  return settings;
-}
-
 // --config given together with a checkpoint must describe the same model.
 void check_same_config(const ModelConfig& given, const std::string& given_path, const ModelConfig& saved,
                        const std::string& saved_path) {
@@ -124,7 +85,7 @@ RunSetup prepare_run(TrainOptions& o) {
     run.resumed = true;
     const std::string state_path = (fs::path(run.weights_dir) / "trainer_state.json").string();
     run.state = TrainerState::load(state_path);
-    run.state.settings = resumed_settings(o, run.state.settings, state_path);
+    run.state.settings = resumed_settings(run.state.settings, o.settings, o.given, state_path);
     if (o.data_dir.empty()) o.data_dir = run.state.data_dir;
     if (o.out_dir.empty()) {
       o.out_dir = fs::exists(fs::path(o.resume_dir) / "latest") ? o.resume_dir
