@@ -196,15 +196,4 @@ class ActivationStore {
   StoreCounters counters_;
 };
 
-// Storage for an activation a module's backward needs: saved in `store` under (tag, layer), or, in
-// a forward-only pass (store == nullptr), a temporary from `scratch` that the caller resets.
-template <class T>
-T* save_or_scratch(ActivationStore* store, ActivationTag tag, int layer, int64_t count, Arena& scratch) {
-  return store != nullptr ? store->save<T>(tag, layer, count) : scratch.alloc<T>(count);
-}
-template <class T>
-T* save_or_scratch(ActivationStore* store, ActivationTag tag, int layer, const Shape& shape, Arena& scratch) {
-  return store != nullptr ? store->save<T>(tag, layer, shape) : scratch.alloc<T>(shape.numel());
-}
-
 }  // namespace trillion

@@ -22,7 +22,6 @@ AttentionBlockDims AttentionBlockDims::from_config(const ModelConfig& config, bo
   dims.head_dim = config.head_dim;
   dims.rope = config.rope_spec(config.rotary_dim(), false);
   const Family family = family_of(config.model_type);
-  dims.input_norm = {config.rms_norm_eps, family.zero_centred_norms};
   dims.qk_norm = {config.rms_norm_eps, family.zero_centred_norms};
   dims.has_qk_norm = config.use_qk_norm;
   dims.bias = config.attention_bias;
@@ -77,37 +76,49 @@ void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, 
 
 }  // namespace
 
-template <class T>
-void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, const LayerPass& pass,
-                   int layer, Arena& scratch) {
+// Saved in mixer_forward's order: the projections, the attention's output and log-sum-exp, then the
+// indexer's (sparse layers) and the gated output.
+std::vector<SavedTensor> saved_tensors(const AttentionBlockDims& dims, const SavedExtent& extent) {
   using Tag = ActivationTag;
-  const int32_t* positions = pass.positions;
-  const int64_t batch = pass.batch, seq = pass.seq;
-  ActivationStore* store = pass.store;
-  const int64_t n = batch * seq, D = dims.hidden, d = dims.head_dim, qw = dims.q_width();
-  // Saved for the backward, or (store == nullptr: forward only) temporaries of this sublayer.
-  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
-  T* input = buffer(Tag::attn_input, {n, D});  // [n, D]
-  std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = buffer(Tag::attn_norm_rstd, {n});  // [n]
-  T* h = buffer(Tag::attn_norm_out, {n, D});   // [n, D]
-  rmsnorm_forward(h, rstd, input, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
+  const int64_t n = extent.tokens(), d = dims.head_dim, qw = dims.q_width();
+  std::vector<SavedTensor> list{{Tag::q_raw, {n, dims.q_heads, d}},  // [n, Hq, d] before q_norm
+                                {Tag::q_rstd, {n * dims.q_heads}},   // [n · Hq]
+                                {Tag::q, {n, dims.q_heads, d}}};     // [n, Hq, d] after q_norm and RoPE
+  if (dims.gated) list.push_back({Tag::gate, {n, qw}});              // [n, Hq·d]
+  list.insert(list.end(), {{Tag::k_raw, {n, dims.kv_heads, d}},      // [n, Hkv, d] before k_norm
+                           {Tag::k_rstd, {n * dims.kv_heads}},       // [n · Hkv]
+                           {Tag::k, {n, dims.kv_heads, d}},          // [n, Hkv, d] after k_norm and RoPE
+                           {Tag::v, {n, dims.kv_heads, d}},          // [n, Hkv, d]
+                           {Tag::attn_out, {n, qw}},                 // [n, Hq·d]
+                           {Tag::attn_lse, {extent.batch, dims.q_heads, extent.seq}}});  // [batch, Hq, seq]
+  const std::vector<SavedTensor> indexer = saved_tensors(dims.indexer, extent);
+  list.insert(list.end(), indexer.begin(), indexer.end());
+  if (dims.gated) list.push_back({Tag::o_proj_in, {n, qw}});  // [n, Hq·d] out · sigmoid(gate)
+  return list;
+}
 
+template <class T>
+void mixer_forward(T* x, const T* h, const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims,
+                   const LayerPass& pass, int layer, Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t batch = pass.batch, seq = pass.seq;
+  const int64_t n = batch * seq, D = dims.hidden, qw = dims.q_width();
+  const SavedWriter saves(saved_tensors(dims, SavedExtent::of(pass)), pass.store, layer, scratch);
   Projections<T> p;
-  p.q_raw = buffer(Tag::q_raw, {n, dims.q_heads, d});          // [n, Hq, d]
-  p.q_rstd = buffer(Tag::q_rstd, {n * dims.q_heads});          // [n · Hq]
-  p.q = buffer(Tag::q, {n, dims.q_heads, d});                  // [n, Hq, d]
-  p.gate = dims.gated ? buffer(Tag::gate, {n, qw}) : nullptr;  // [n, Hq·d]
-  p.k_raw = buffer(Tag::k_raw, {n, dims.kv_heads, d});         // [n, Hkv, d]
-  p.k_rstd = buffer(Tag::k_rstd, {n * dims.kv_heads});         // [n · Hkv]
-  p.k = buffer(Tag::k, {n, dims.kv_heads, d});                 // [n, Hkv, d]
-  p.v = buffer(Tag::v, {n, dims.kv_heads, d});                 // [n, Hkv, d]
-  project_qkv(p, h, positions, n, w, dims, scratch);
+  p.q_raw = saves.out<T>(Tag::q_raw);                        // [n, Hq, d]
+  p.q_rstd = saves.out<T>(Tag::q_rstd);                      // [n · Hq]
+  p.q = saves.out<T>(Tag::q);                                // [n, Hq, d]
+  p.gate = dims.gated ? saves.out<T>(Tag::gate) : nullptr;   // [n, Hq·d]
+  p.k_raw = saves.out<T>(Tag::k_raw);                        // [n, Hkv, d]
+  p.k_rstd = saves.out<T>(Tag::k_rstd);                      // [n · Hkv]
+  p.k = saves.out<T>(Tag::k);                                // [n, Hkv, d]
+  p.v = saves.out<T>(Tag::v);                                // [n, Hkv, d]
+  project_qkv(p, h, pass.positions, n, w, dims, scratch);
 
   AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
   sizes.doc_start = pass.doc_start;
-  T* out = buffer(Tag::attn_out, {n, qw});                     // [n, Hq·d]
-  T* lse = buffer(Tag::attn_lse, {batch, dims.q_heads, seq});  // [batch, Hq, seq]
+  T* out = saves.out<T>(Tag::attn_out);  // [n, Hq·d]
+  T* lse = saves.out<T>(Tag::attn_lse);  // [batch, Hq, seq]
   IndexerOutputs<T> selected;
   if (dims.indexer.enabled()) selected = indexer_forward(h, h, w.indexer, dims.indexer, pass, layer, scratch);
   if (attends_sparsely(dims.indexer, pass))
@@ -119,7 +130,7 @@ void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlock
                   layer, scratch);
   const T* o_in = out;  // [n, Hq·d]
   if (dims.gated) {
-    T* gated = buffer(Tag::o_proj_in, {n, qw});  // [n, Hq·d] out · sigmoid(gate)
+    T* gated = saves.out<T>(Tag::o_proj_in);  // [n, Hq·d] out · sigmoid(gate)
     sigmoid_gate_forward(gated, out, p.gate, n * qw);
     o_in = gated;
   }
@@ -127,39 +138,35 @@ void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlock
 }
 
 template <class T>
-void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& grads,
-                    const AttentionBlockDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
-                    Arena& scratch) {
+T* mixer_backward(const T* dy, const T* h, const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& grads,
+                  const AttentionBlockDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
+                  Arena& scratch) {
   using Tag = ActivationTag;
   const int32_t* positions = pass.positions;
   const int64_t batch = pass.batch, seq = pass.seq;
   const int64_t n = batch * seq, D = dims.hidden, d = dims.head_dim, qw = dims.q_width(), kvw = dims.kv_width();
-  const T* input = store.get<T>(Tag::attn_input, layer, n * D);
-  const T* rstd = store.get<T>(Tag::attn_norm_rstd, layer, n);
-  const T* h = store.get<T>(Tag::attn_norm_out, layer, n * D);
-  const T* q_raw = store.get<T>(Tag::q_raw, layer, n * qw);
-  const T* q_rstd = store.get<T>(Tag::q_rstd, layer, n * dims.q_heads);
-  const T* q = store.get<T>(Tag::q, layer, n * qw);
-  const T* k_raw = store.get<T>(Tag::k_raw, layer, n * kvw);
-  const T* k_rstd = store.get<T>(Tag::k_rstd, layer, n * dims.kv_heads);
-  const T* k = store.get<T>(Tag::k, layer, n * kvw);
-  const T* v = store.get<T>(Tag::v, layer, n * kvw);
-  const T* out = store.get<T>(Tag::attn_out, layer, n * qw);
-  const T* lse = store.get<T>(Tag::attn_lse, layer, batch * dims.q_heads * seq);
+  const SavedReader saved(saved_tensors(dims, SavedExtent::of(pass)), store, layer);
+  const T* q_raw = saved.in<T>(Tag::q_raw);    // [n, Hq, d]
+  const T* q_rstd = saved.in<T>(Tag::q_rstd);  // [n · Hq]
+  const T* q = saved.in<T>(Tag::q);            // [n, Hq, d]
+  const T* k_raw = saved.in<T>(Tag::k_raw);    // [n, Hkv, d]
+  const T* k_rstd = saved.in<T>(Tag::k_rstd);  // [n · Hkv]
+  const T* k = saved.in<T>(Tag::k);            // [n, Hkv, d]
+  const T* v = saved.in<T>(Tag::v);            // [n, Hkv, d]
+  const T* out = saved.in<T>(Tag::attn_out);   // [n, Hq·d]
+  const T* lse = saved.in<T>(Tag::attn_lse);   // [batch, Hq, seq]
 
-  // o_proj: dx is the gradient wrt the sublayer output y.
+  // o_proj: dy is the gradient wrt the sublayer output.
   T* d_o_in = scratch.alloc<T>(n * qw);  // [n, Hq·d]
   T* d_out = d_o_in;                     // [n, Hq, d] gradient wrt the attention output
   T* d_gate = nullptr;                   // [n, Hq, d]
   if (dims.gated) {
-    const T* o_in = store.get<T>(Tag::o_proj_in, layer, n * qw);
-    linear_grad(d_o_in, grads.o_proj, dx, o_in, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
-    const T* gate = store.get<T>(Tag::gate, layer, n * qw);
+    linear_grad(d_o_in, grads.o_proj, dy, saved.in<T>(Tag::o_proj_in), w.o_proj, n, qw, D, /*accumulate_dx=*/false);
     d_out = scratch.alloc<T>(n * qw);
     d_gate = scratch.alloc<T>(n * qw);
-    sigmoid_gate_backward(d_out, d_gate, d_o_in, out, gate, n * qw);
+    sigmoid_gate_backward(d_out, d_gate, d_o_in, out, saved.in<T>(Tag::gate), n * qw);
   } else {
-    linear_grad(d_o_in, grads.o_proj, dx, out, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
+    linear_grad(d_o_in, grads.o_proj, dy, out, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
   }
 
   AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, d, 1.0 / std::sqrt(double(d))};
@@ -168,7 +175,7 @@ void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlo
   T* dk = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] summed over the query heads sharing each KV head
   T* dv = scratch.alloc<T>(n * kvw);  // [n, Hkv, d]
   if (attends_sparsely(dims.indexer, pass)) {
-    const int32_t* selection = store.get<int32_t>(Tag::attn_indices, layer, n * dims.indexer.topk);
+    const int32_t* selection = saved.in<int32_t>(Tag::attn_indices);  // [n, topk]
     sparse_attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
   } else {
     attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
@@ -201,22 +208,17 @@ void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlo
   linear_grad(dh, grads.k_proj, dk_raw, h, w.k_proj, n, D, kvw, /*accumulate_dx=*/true);
   linear_grad(dh, grads.v_proj, dv, h, w.v_proj, n, D, kvw, /*accumulate_dx=*/true);
   if (dims.indexer.enabled()) indexer_backward(h, h, w.indexer, grads.indexer, dims.indexer, pass, store, layer, scratch);
-  // Residual: dx (gradient wrt the output) += gradient through the input norm.
-  rmsnorm_backward(dx, grads.input_norm, dh, input, w.input_norm, rstd, n, D, dims.input_norm.zero_centred,
-                   /*accumulate_dx=*/true);
+  return dh;
 }
 
 template <class T>
-void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const AttentionBlockWeights<T>& w,
-                  const AttentionBlockDims& dims, Arena& scratch) {
+void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T* cache,
+                  const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, Arena& scratch) {
   const int64_t D = dims.hidden, qw = dims.q_width(), kvw = dims.kv_width();
   T* k_cache = cache;                    // [max_len, Hkv, d]
   T* v_cache = cache + max_len * kvw;    // [max_len, Hkv, d]
   int32_t* positions = scratch.alloc<int32_t>(n);  // [n]
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(past + i);
-  T* rstd = scratch.alloc<T>(n);     // [n]
-  T* h = scratch.alloc<T>(n * D);    // [n, D]
-  rmsnorm_forward(h, rstd, x, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
   Projections<T> p;
   p.q_raw = scratch.alloc<T>(n * qw);
   p.q_rstd = scratch.alloc<T>(n * dims.q_heads);
@@ -245,23 +247,6 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
     o_in = gated;
   }
   linear(x, o_in, w.o_proj, n, qw, D, /*accumulate=*/true);  // residual: x[n, D] += o_in · o_projᵀ
-}
-
-// mixer_forward's saves, in its order, then the indexer's (sparse layers).
-std::vector<SavedSize> saved_sizes(const AttentionBlockDims& dims, const StepShape& shape) {
-  using Tag = ActivationTag;
-  const int64_t n = shape.tokens(), e = shape.element_bytes, D = dims.hidden;
-  const int64_t qw = dims.q_width(), kvw = dims.kv_width();
-  std::vector<SavedSize> sizes{{Tag::attn_input, n * D * e}, {Tag::attn_norm_rstd, n * e},
-                               {Tag::attn_norm_out, n * D * e}, {Tag::q_raw, n * qw * e},
-                               {Tag::q_rstd, n * dims.q_heads * e}, {Tag::q, n * qw * e}};
-  if (dims.gated) sizes.push_back({Tag::gate, n * qw * e});
-  sizes.insert(sizes.end(), {{Tag::k_raw, n * kvw * e}, {Tag::k_rstd, n * dims.kv_heads * e},
-                             {Tag::k, n * kvw * e}, {Tag::v, n * kvw * e}, {Tag::attn_out, n * qw * e},
-                             {Tag::attn_lse, n * dims.q_heads * e}});
-  if (dims.gated) sizes.push_back({Tag::o_proj_in, n * qw * e});
-  for (const SavedSize& s : saved_sizes(dims.indexer, shape)) sizes.push_back(s);
-  return sizes;
 }
 
 // Nothing is freed within either pass; each holds at one of its kernel calls the scratch allocated
@@ -296,13 +281,12 @@ int64_t workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape) 
   return std::max(forward, backward);
 }
 
-#define TRILLION_INSTANTIATE(T)                                                                                \
-  template void mixer_forward<T>(T*, const AttentionBlockWeights<T>&, const AttentionBlockDims&, const LayerPass&, \
-                                 int, Arena&);                                                                   \
-  template void mixer_backward<T>(T*, const AttentionBlockWeights<T>&, const AttentionBlockWeights<T>&,          \
-                                  const AttentionBlockDims&, const LayerPass&, const ActivationStore&, int,      \
-                                  Arena&);                                                                       \
-  template void mixer_decode<T>(T*, int64_t, int64_t, int64_t, T*, const AttentionBlockWeights<T>&,              \
+#define TRILLION_INSTANTIATE(T)                                                                                 \
+  template void mixer_forward<T>(T*, const T*, const AttentionBlockWeights<T>&, const AttentionBlockDims&,        \
+                                 const LayerPass&, int, Arena&);                                                  \
+  template T* mixer_backward<T>(const T*, const T*, const AttentionBlockWeights<T>&, const AttentionBlockWeights<T>&, \
+                                const AttentionBlockDims&, const LayerPass&, const ActivationStore&, int, Arena&); \
+  template void mixer_decode<T>(T*, const T*, int64_t, int64_t, int64_t, T*, const AttentionBlockWeights<T>&,    \
                                 const AttentionBlockDims&, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)

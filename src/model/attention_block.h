@@ -10,10 +10,10 @@
 // .wk [d_I, D], .k_norm (weight, bias) [d_I], .weights_proj [H_I, D]; RoPE on the first rotary_dim
 // dims of its query and key): attention then runs over its top-k keys, the query heads of a KV head
 // sharing one selection, or stays dense in the indexer's warm-up.
-// Training forward saves through the ActivationStore (tags attn_input … o_proj_in), a forward-only
-// pass keeps them in scratch; decoding
-// runs n new tokens against a KV cache. Gradient rule: the residual gradient dx is accumulated
-// (+=) with the sublayer's input gradient; parameter gradients accumulate (+=).
+// Training forward saves through the ActivationStore (saved_tensors: q_raw … o_proj_in), a
+// forward-only pass keeps them in scratch; decoding runs n new tokens against a KV cache.
+// Gradient rule: the backward returns the gradient wrt its input h; parameter gradients
+// accumulate (+=).
 #pragma once
 
 #include <vector>
@@ -44,7 +44,6 @@ struct AttentionBlockDims {
   int64_t kv_heads = 0;    // Hkv
   int64_t head_dim = 0;    // d
   RopeSpec rope;  // on the first rope.rotary_dim dims of each head
-  NormSpec input_norm;      // input_layernorm
   NormSpec qk_norm;         // q_norm / k_norm (per head)
   bool has_qk_norm = true;  // q_norm / k_norm present
   bool bias = false;        // q/k/v projections have a bias (attention_bias)
@@ -60,7 +59,6 @@ struct AttentionBlockDims {
 // Pointers into a flat buffer (the parameters, or their gradients), Hugging Face shapes.
 template <class T>
 struct AttentionBlockWeights {
-  T* input_norm = nullptr;   // [D]
   LinearWeights<T> q_proj;   // [q_proj_out, D], bias [q_proj_out]
   LinearWeights<T> k_proj;   // [Hkv·d, D], bias [Hkv·d]
   LinearWeights<T> v_proj;   // [Hkv·d, D], bias [Hkv·d]
@@ -75,7 +73,6 @@ struct AttentionBlockWeights {
 template <class T, class Visit>
 void visit_params(AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, Visit&& visit) {
   const int64_t D = dims.hidden;
-  visit(w.input_norm, norm_row("input_layernorm.weight", D, dims.input_norm));
   visit(w.q_proj.weight, weight_row("self_attn.q_proj.weight", {dims.q_proj_out(), D}, dims.init.std_in));
   if (dims.bias) visit(w.q_proj.bias, bias_row("self_attn.q_proj.bias", dims.q_proj_out()));
   visit(w.k_proj.weight, weight_row("self_attn.k_proj.weight", {dims.kv_width(), D}, dims.init.std_in));
@@ -107,33 +104,35 @@ inline double flops_per_token(const AttentionBlockDims& dims, int64_t seq) {
          flops_per_token(dims.indexer, seq);
 }
 
-// The mixer interface every mixer kind implements (model/decoder_layer.h dispatches on it).
-// x[batch·seq, D] += attention sublayer(x); pass.positions[batch·seq] are 0..seq−1 per sequence.
-// Saves what the backward needs in pass.store under `layer`; a null store (forward only, e.g.
-// evaluation) keeps everything in `scratch` instead. Temporaries come from `scratch` (the caller
-// resets it between sublayers).
+// The mixer interface every mixer kind implements (model/decoder_layer.h dispatches on it; the
+// decoder layer owns the input norm, h = input_layernorm(x), and the residual around it).
+// x[batch·seq, D] += sublayer(h) for h[batch·seq, D]; pass.positions[batch·seq] are 0..seq−1 per
+// sequence. Saves what the backward needs (saved_tensors) in pass.store under `layer`; a null
+// store (forward only, e.g. evaluation) keeps everything in `scratch` instead. Temporaries come
+// from `scratch` (the caller resets it between sublayers).
 template <class T>
-void mixer_forward(T* x, const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, const LayerPass& pass,
-                   int layer, Arena& scratch);
+void mixer_forward(T* x, const T* h, const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims,
+                   const LayerPass& pass, int layer, Arena& scratch);
 
-// dx[batch·seq, D]: gradient wrt the sublayer's output on entry; the sublayer's input gradient is
-// added (+=), so on return it is the gradient wrt x. grads += parameter gradients.
+// dy[batch·seq, D]: the gradient wrt the sublayer's output. Returns dh[batch·seq, D] in `scratch`,
+// the gradient wrt h (the decoder layer carries it through the input norm while that scratch is
+// still held). grads += parameter gradients.
 template <class T>
-void mixer_backward(T* dx, const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& grads,
-                    const AttentionBlockDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
-                    Arena& scratch);
+T* mixer_backward(const T* dy, const T* h, const AttentionBlockWeights<T>& w, const AttentionBlockWeights<T>& grads,
+                  const AttentionBlockDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
+                  Arena& scratch);
 
-// Decoding (batch 1): x[n, D] += sublayer(x) for n new tokens at positions past..past+n−1; their
+// Decoding (batch 1): x[n, D] += sublayer(h) for n new tokens at positions past..past+n−1; their
 // keys and values are written to rows past.. of k_cache / v_cache [max_len, Hkv, d] and attention
 // runs with q_len = n, kv_len = past + n (bottom-right causal). The cache is keys [max_len, Hkv, d]
 // then values [max_len, Hkv, d].
 template <class T>
-void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const AttentionBlockWeights<T>& w,
-                  const AttentionBlockDims& dims, Arena& scratch);
+void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T* cache,
+                  const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, Arena& scratch);
 
-// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
-// saves, and the most scratch its forward or backward holds at once.
-std::vector<SavedSize> saved_sizes(const AttentionBlockDims& dims, const StepShape& shape);
+// The tensors its training forward saves (model/saved_tensors.h), and the memory plan's most
+// scratch its forward or backward holds at once (model/memory_sizes.h).
+std::vector<SavedTensor> saved_tensors(const AttentionBlockDims& dims, const SavedExtent& extent);
 int64_t workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -8,6 +8,7 @@
 
 #include "core/phase_clock.h"
 #include "model/family.h"
+#include "model/sublayer_input.h"
 #include "ops/norm.h"
 
 namespace trillion {
@@ -15,6 +16,7 @@ namespace trillion {
 DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int layer) {
   DecoderLayerDims dims;
   dims.hidden = config.hidden_size;
+  dims.mixer_norm = {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
   if (config.layer_types[layer] == LayerType::linear_attention && config.model_type == "kimi_linear") {
     dims.mixer = KimiDeltaAttentionDims::from_config(config);
   } else if (config.layer_types[layer] == LayerType::linear_attention) {
@@ -43,14 +45,13 @@ double DecoderLayerDims::flops_per_token(int64_t seq) const {
 }
 
 std::vector<SavedSize> DecoderLayerDims::saved_sizes(const StepShape& shape) const {
-  const auto of_kind = [&](const auto& d) { return trillion::saved_sizes(d, shape); };
-  std::vector<SavedSize> sizes = std::visit(of_kind, mixer);
-  const int64_t n = shape.tokens(), e = shape.element_bytes;
-  sizes.push_back({ActivationTag::ffn_input, n * hidden * e});
-  sizes.push_back({ActivationTag::ffn_norm_rstd, n * e});
-  sizes.push_back({ActivationTag::ffn_norm_out, n * hidden * e});
-  for (const SavedSize& s : std::visit(of_kind, ffn)) sizes.push_back(s);
-  return sizes;
+  const SavedExtent extent = shape.extent();
+  const auto of_kind = [&](const auto& d) { return saved_tensors(d, extent); };
+  std::vector<SavedTensor> list = input_saved_tensors(kMixerInput, extent.tokens(), hidden);
+  for (const auto& part : {std::visit(of_kind, mixer), input_saved_tensors(kFfnInput, extent.tokens(), hidden),
+                           std::visit(of_kind, ffn)})
+    list.insert(list.end(), part.begin(), part.end());
+  return trillion::saved_sizes(list, shape.element_bytes);
 }
 
 // The FFN's backward runs with dh [n, D] already in the scratch (ffn_sublayer_backward), and the FFN
@@ -91,9 +92,10 @@ void select_kind(const DimsVariant& dims, WeightsVariant& weights) {
 
 }  // namespace
 
-// The layer's tensors: its mixer's, the FFN norm, its FFN's (each kind's visit_params).
+// The layer's tensors: the input norm, its mixer's, the FFN norm, its FFN's (each kind's visit_params).
 template <class T, class Visit>
 void visit_params(DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, Visit&& visit) {
+  visit(w.input_norm, norm_row("input_layernorm.weight", dims.hidden, dims.mixer_norm));
   select_kind<T>(dims.mixer, w.mixer);
   with_kind<T>(dims.mixer, [&](const auto& d, auto& kind) { visit_params(kind, d, visit); }, w.mixer);
   visit(w.ffn_norm, norm_row("post_attention_layernorm.weight", dims.hidden, dims.ffn_norm));
@@ -119,7 +121,8 @@ void mixer_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const Decoder
                             int layer, Arena& scratch) {
   PhaseScope scope(Phase::attention);
   scratch.reset();
-  with_kind<T>(dims.mixer, [&](const auto& d, const auto& kind) { mixer_forward(x, kind, d, pass, layer, scratch); },
+  const T* h = sublayer_input_forward(x, w.input_norm, dims.mixer_norm, kMixerInput, dims.hidden, pass, layer, scratch);
+  with_kind<T>(dims.mixer, [&](const auto& d, const auto& kind) { mixer_forward(x, h, kind, d, pass, layer, scratch); },
                w.mixer);
 }
 
@@ -127,14 +130,8 @@ template <class T>
 void ffn_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, const LayerPass& pass,
                           int layer, Arena& scratch) {
   PhaseScope scope(Phase::elementwise);  // the MLP's and MoE's own scopes inside
-  using Tag = ActivationTag;
   scratch.reset();
-  const int64_t n = pass.batch * pass.seq, D = dims.hidden;
-  T* input = save_or_scratch<T>(pass.store, Tag::ffn_input, layer, Shape{n, D}, scratch);  // [n, D]
-  std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = save_or_scratch<T>(pass.store, Tag::ffn_norm_rstd, layer, Shape{n}, scratch);  // [n]
-  T* h = save_or_scratch<T>(pass.store, Tag::ffn_norm_out, layer, Shape{n, D}, scratch);   // [n, D]
-  rmsnorm_forward(h, rstd, input, w.ffn_norm, n, D, dims.ffn_norm.eps, dims.ffn_norm.zero_centred);
+  const T* h = sublayer_input_forward(x, w.ffn_norm, dims.ffn_norm, kFfnInput, dims.hidden, pass, layer, scratch);
   with_kind<T>(dims.ffn, [&](const auto& d, const auto& kind) { ffn_forward(x, h, kind, d, pass, layer, scratch); },
                w.ffn);
 }
@@ -144,21 +141,17 @@ void ffn_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const Decoder
                            const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
                            Arena& scratch) {
   PhaseScope scope(Phase::elementwise);  // the MLP's and MoE's own scopes inside
-  using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, D = dims.hidden;
   scratch.reset();
-  const T* input = store.get<T>(Tag::ffn_input, layer, n * D);  // [n, D]
-  const T* rstd = store.get<T>(Tag::ffn_norm_rstd, layer, n);   // [n]
-  const T* h = store.get<T>(Tag::ffn_norm_out, layer, n * D);   // [n, D]
+  const SublayerInput<T> in = saved_sublayer_input<T>(kFfnInput, D, pass, store, layer);
   T* dh = scratch.alloc<T>(n * D);  // [n, D] gradient wrt the FFN's normed input (zero-filled)
   with_kind<T>(
       dims.ffn,
       [&](const auto& d, const auto& kind, const auto& kind_grads) {
-        ffn_backward(dh, dx, h, kind, kind_grads, d, pass, store, layer, scratch);
+        ffn_backward(dh, dx, in.h, kind, kind_grads, d, pass, store, layer, scratch);
       },
       w.ffn, grads.ffn);
-  rmsnorm_backward(dx, grads.ffn_norm, dh, input, w.ffn_norm, rstd, n, D, dims.ffn_norm.zero_centred,
-                   /*accumulate_dx=*/true);
+  sublayer_input_backward(dx, grads.ffn_norm, dh, in, w.ffn_norm, dims.ffn_norm, n, D, /*accumulate=*/true);
   scratch.reset();
 }
 
@@ -167,27 +160,36 @@ void mixer_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const Decod
                              const DecoderLayerDims& dims, const LayerPass& pass, const ActivationStore& store,
                              int layer, Arena& scratch) {
   PhaseScope scope(Phase::attention);
+  const int64_t n = pass.batch * pass.seq, D = dims.hidden;
   scratch.reset();
+  const SublayerInput<T> in = saved_sublayer_input<T>(kMixerInput, D, pass, store, layer);
+  const T* dh = nullptr;  // [n, D] gradient wrt the mixer's normed input, in its scratch
   with_kind<T>(
       dims.mixer,
       [&](const auto& d, const auto& kind, const auto& kind_grads) {
-        mixer_backward(dx, kind, kind_grads, d, pass, store, layer, scratch);
+        dh = mixer_backward(dx, in.h, kind, kind_grads, d, pass, store, layer, scratch);
       },
       w.mixer, grads.mixer);
+  sublayer_input_backward(dx, grads.input_norm, dh, in, w.input_norm, dims.mixer_norm, n, D, /*accumulate=*/true);
 }
 
 template <class T>
 void decoder_layer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const DecoderLayerWeights<T>& w,
                           const DecoderLayerDims& dims, Arena& scratch) {
-  scratch.reset();
-  with_kind<T>(
-      dims.mixer, [&](const auto& d, const auto& kind) { mixer_decode(x, n, past, max_len, cache, kind, d, scratch); },
-      w.mixer);
-  scratch.reset();
   const int64_t D = dims.hidden;
-  T* rstd = scratch.alloc<T>(n);   // [n]
-  T* h = scratch.alloc<T>(n * D);  // [n, D]
-  rmsnorm_forward(h, rstd, x, w.ffn_norm, n, D, dims.ffn_norm.eps, dims.ffn_norm.zero_centred);
+  const auto normed = [&](const T* weight, const NormSpec& norm) {
+    scratch.reset();
+    T* rstd = scratch.alloc<T>(n);   // [n]
+    T* h = scratch.alloc<T>(n * D);  // [n, D]
+    rmsnorm_forward(h, rstd, x, weight, n, D, norm.eps, norm.zero_centred);
+    return h;
+  };
+  const T* h = normed(w.input_norm, dims.mixer_norm);  // [n, D]
+  with_kind<T>(
+      dims.mixer,
+      [&](const auto& d, const auto& kind) { mixer_decode(x, h, n, past, max_len, cache, kind, d, scratch); },
+      w.mixer);
+  h = normed(w.ffn_norm, dims.ffn_norm);
   LayerPass pass;
   pass.batch = 1;
   pass.seq = n;

@@ -1,21 +1,28 @@
 // A decoder layer is a mixer and an FFN, each of a declared kind, chosen per layer from the config
 // by the family's rules (model/family.h, ModelConfig::layer_types and mlp_layer_types):
 //
-//   x ← x + Mixer(x)                     mixer kinds (their input norm inside): full attention,
-//                                        Gated DeltaNet (qwen3_next's linear_attention),
-//                                        Kimi Delta Attention (kimi_linear's), multi-head latent
-//                                        attention (deepseek_v3's, kimi_linear's full_attention)
+//   x ← x + Mixer(RMSNorm(x))            mixer kinds: full attention, Gated DeltaNet (qwen3_next's
+//                                        linear_attention), Kimi Delta Attention (kimi_linear's),
+//                                        multi-head latent attention (deepseek_v3's, kimi_linear's
+//                                        full_attention)
 //   x ← x + FFN(RMSNorm(x))              FFN kinds: dense SwiGLU MLP, mixture of experts
+//
+// The layer owns both input norms (input_layernorm, post_attention_layernorm) and the residual
+// bookkeeping: each sublayer's forward saves the residual stream entering it and its norm's output
+// and statistics, and its backward carries the kind's input gradient through the norm.
 //
 // A kind is its dims struct (from the config, naming its weights struct as Dims::Weights<T>), its
 // weights struct of pointers, and free functions of one shape, found by overloading:
 //   visit_params(weights, dims, visit)           its tensors, declared once (model/param_rows.h)
 //   flops_per_token(dims, seq)                   training FLOPs per token
+//   saved_tensors(dims, extent)                  the tensors its training forward saves, declared
+//                                                once (model/saved_tensors.h)
+//   workspace_bytes(dims, shape)                 its most scratch at once (model/memory_sizes.h)
 //   mixers: mixer_forward / mixer_backward / mixer_decode, cache_elements(dims, max_len)
 //   FFNs:   ffn_forward / ffn_backward
 // Adding a kind means writing its files, adding it to the variant below (the registration line),
-// choosing it in DecoderLayerDims::from_config (the family's rule) and listing the tensors it saves
-// in the ActivationTag enum (memory/activation_store.h).
+// choosing it in DecoderLayerDims::from_config (the family's rule) and adding the tags of the
+// tensors it saves to TRILLION_ACTIVATION_TAGS (memory/activation_tags.h).
 // `scratch` holds temporaries and is reset at the start of each sublayer.
 #pragma once
 
@@ -50,6 +57,7 @@ struct KindWeights<T, std::variant<Kinds...>> {
 };
 
 struct DecoderLayerDims {
+  NormSpec mixer_norm;  // input_layernorm
   MixerDims mixer;
   NormSpec ffn_norm;  // post_attention_layernorm
   FfnDims ffn;
@@ -57,9 +65,9 @@ struct DecoderLayerDims {
   static DecoderLayerDims from_config(const ModelConfig& config, int layer);
   bool is_moe() const { return std::holds_alternative<MoeDims>(ffn); }
   double flops_per_token(int64_t seq) const;        // training, forward + backward
-  // The memory plan's sizes of the layer (model/memory_sizes.h): its mixer's and FFN's saved
-  // tensors and the FFN sublayer's own (ffn_input, its norm), and the most scratch either
-  // sublayer's forward or backward holds at once.
+  // The memory plan's sizes of the layer (model/memory_sizes.h): the tensors both sublayers save
+  // (each one's input and norm, then its kind's), and the most scratch either sublayer's forward or
+  // backward holds at once.
   std::vector<SavedSize> saved_sizes(const StepShape& shape) const;
   int64_t workspace_bytes(const StepShape& shape) const;
   int64_t decode_cache_elements(int64_t max_len) const;
@@ -67,6 +75,7 @@ struct DecoderLayerDims {
 
 template <class T>
 struct DecoderLayerWeights {
+  T* input_norm = nullptr;  // [D]
   typename KindWeights<T, MixerDims>::type mixer;
   T* ffn_norm = nullptr;  // [D]
   typename KindWeights<T, FfnDims>::type ffn;

@@ -21,7 +21,6 @@ GatedDeltaNetDims GatedDeltaNetDims::from_config(const ModelConfig& config) {
   d.key_dim = config.linear_key_head_dim;
   d.value_dim = config.linear_value_head_dim;
   d.conv_width = config.linear_conv_kernel_dim;
-  d.input_norm = {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
   d.norm_eps = config.rms_norm_eps;
   d.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
   return d;
@@ -118,84 +117,95 @@ void prepare_core(const Core<T>& c, const T* h, int64_t n, const GatedDeltaNetWe
   for (int64_t i = 0; i < n * nv; ++i) c.beta[i] = T(1) / (T(1) + std::exp(-c.b[i]));
 }
 
-// Core buffers of n tokens: saved under `layer` when `store` is non-null, else scratch.
+// Core buffers of n tokens: where `saves` puts them (the store, or scratch), with the temporaries.
 template <class T>
-Core<T> core_buffers(int64_t n, const GatedDeltaNetDims& d, ActivationStore* store, int layer, Arena& scratch) {
+Core<T> core_buffers(int64_t n, const GatedDeltaNetDims& d, const SavedWriter& saves, Arena& scratch) {
   using Tag = ActivationTag;
-  const int64_t nk = d.key_heads, dk = d.key_dim, nv = d.value_heads, dv = d.value_dim;
-  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
+  const int64_t dk = d.key_dim, nv = d.value_heads;
   Core<T> c;
-  c.conv_in = buffer(Tag::la_conv_in, {n, d.conv_channels()});  // [n, Cc]
-  c.z = buffer(Tag::la_z, {n, nv, dv});                         // [n, nv, dv]
-  c.b = scratch.alloc<T>(n * nv);
-  c.a = buffer(Tag::la_a, {n, nv});              // [n, nv]
-  c.q_hat = buffer(Tag::la_q_hat, {n, nk, dk});  // [n, nk, dk]
-  c.q_inv = buffer(Tag::la_q_inv, {n * nk});     // [n · nk]
-  c.k_hat = buffer(Tag::la_k_hat, {n, nk, dk});  // [n, nk, dk]
-  c.k_inv = buffer(Tag::la_k_inv, {n * nk});     // [n · nk]
-  c.v = buffer(Tag::la_v, {n, nv, dv});          // [n, nv, dv]
-  c.g = buffer(Tag::la_g, {n, nv});              // [n, nv]
-  c.beta = buffer(Tag::la_beta, {n, nv});        // [n, nv]
-  c.q_rep = scratch.alloc<T>(n * nv * dk);
-  c.k_rep = scratch.alloc<T>(n * nv * dk);
+  c.conv_in = saves.out<T>(Tag::la_conv_in);  // [n, Cc]
+  c.z = saves.out<T>(Tag::la_z);              // [n, nv, dv]
+  c.b = scratch.alloc<T>(n * nv);             // [n, nv]
+  c.a = saves.out<T>(Tag::la_a);              // [n, nv]
+  c.q_hat = saves.out<T>(Tag::la_q_hat);      // [n, nk, dk]
+  c.q_inv = saves.out<T>(Tag::la_q_inv);      // [n · nk]
+  c.k_hat = saves.out<T>(Tag::la_k_hat);      // [n, nk, dk]
+  c.k_inv = saves.out<T>(Tag::la_k_inv);      // [n · nk]
+  c.v = saves.out<T>(Tag::la_v);              // [n, nv, dv]
+  c.g = saves.out<T>(Tag::la_g);              // [n, nv]
+  c.beta = saves.out<T>(Tag::la_beta);        // [n, nv]
+  c.q_rep = scratch.alloc<T>(n * nv * dk);    // [n, nv, dk]
+  c.k_rep = scratch.alloc<T>(n * nv * dk);    // [n, nv, dk]
   return c;
 }
 
 }  // namespace
 
+// Saved in mixer_forward's order: the conv's input, the projections' and the core's inputs, the delta
+// rule's output, the gated norm's statistics and output.
+std::vector<SavedTensor> saved_tensors(const GatedDeltaNetDims& d, const SavedExtent& extent) {
+  using Tag = ActivationTag;
+  const int64_t n = extent.tokens(), nk = d.key_heads, dk = d.key_dim, nv = d.value_heads, dv = d.value_dim;
+  return {{Tag::la_conv_in, {n, d.conv_channels()}},  // [n, Cc] [q | k | v] before the conv
+          {Tag::la_z, {n, nv, dv}},                   // [n, nv, dv]
+          {Tag::la_a, {n, nv}},                       // [n, nv]
+          {Tag::la_q_hat, {n, nk, dk}},               // [n, nk, dk]
+          {Tag::la_q_inv, {n * nk}},                  // [n · nk]
+          {Tag::la_k_hat, {n, nk, dk}},               // [n, nk, dk]
+          {Tag::la_k_inv, {n * nk}},                  // [n · nk]
+          {Tag::la_v, {n, nv, dv}},                   // [n, nv, dv]
+          {Tag::la_g, {n, nv}},                       // [n, nv]
+          {Tag::la_beta, {n, nv}},                    // [n, nv]
+          {Tag::la_core, {n, nv, dv}},                // [n, nv, dv]
+          {Tag::la_norm_rstd, {n * nv}},              // [n · nv]
+          {Tag::la_normed, {n, nv * dv}}};            // [n, nv · dv]
+}
+
 template <class T>
-void mixer_forward(T* x, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& d, const LayerPass& pass,
-                   int layer, Arena& scratch) {
+void mixer_forward(T* x, const T* h, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& d,
+                   const LayerPass& pass, int layer, Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, D = d.hidden, nv = d.value_heads, dv = d.value_dim;
-  ActivationStore* store = pass.store;
-  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
-  T* input = buffer(Tag::attn_input, {n, D});  // [n, D]
-  std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = buffer(Tag::attn_norm_rstd, {n});   // [n]
-  T* h = buffer(Tag::attn_norm_out, {n, D});   // [n, D]
-  rmsnorm_forward(h, rstd, input, w.input_norm, n, D, d.input_norm.eps, d.input_norm.zero_centred);
-  const Core<T> c = core_buffers<T>(n, d, store, layer, scratch);
+  const SavedWriter saves(saved_tensors(d, SavedExtent::of(pass)), pass.store, layer, scratch);
+  const Core<T> c = core_buffers<T>(n, d, saves, scratch);
   const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), d.conv_channels(), d.conv_width, pass.segments};
   prepare_core(c, h, n, w, d, scratch,
                [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes); });
-  T* core = buffer(Tag::la_core, {n, nv, dv});  // [n, nv, dv]
+  T* core = saves.out<T>(Tag::la_core);  // [n, nv, dv]
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), nv, d.key_dim, dv, pass.segments,
                              DeltaDecay::per_head};
   delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_rep, c.k_rep, c.v, c.g, c.beta,
                            static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
-  T* norm_rstd = buffer(Tag::la_norm_rstd, {n * nv});  // [n · nv]
-  T* normed = buffer(Tag::la_normed, {n, nv * dv});   // [n, nv · dv]
+  T* norm_rstd = saves.out<T>(Tag::la_norm_rstd);  // [n · nv]
+  T* normed = saves.out<T>(Tag::la_normed);        // [n, nv · dv]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.norm, n * nv, dv, d.norm_eps, GateActivation::silu);
   linear(x, normed, w.out_proj, n, nv * dv, D, /*accumulate=*/true);  // residual
 }
 
 template <class T>
-void mixer_backward(T* dx, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetWeights<T>& grads,
-                    const GatedDeltaNetDims& d, const LayerPass& pass, const ActivationStore& store, int layer,
-                    Arena& scratch) {
+T* mixer_backward(const T* dy, const T* h, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetWeights<T>& grads,
+                  const GatedDeltaNetDims& d, const LayerPass& pass, const ActivationStore& store, int layer,
+                  Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, D = d.hidden, nk = d.key_heads, dk = d.key_dim, nv = d.value_heads;
   const int64_t dv = d.value_dim, Ck = d.conv_channels(), r = d.group();
-  const T* input = store.get<T>(Tag::attn_input, layer, n * D);
-  const T* rstd = store.get<T>(Tag::attn_norm_rstd, layer, n);
-  const T* h = store.get<T>(Tag::attn_norm_out, layer, n * D);
-  const T* conv_in = store.get<T>(Tag::la_conv_in, layer, n * Ck);
-  const T* z = store.get<T>(Tag::la_z, layer, n * nv * dv);
-  const T* a = store.get<T>(Tag::la_a, layer, n * nv);
-  const T* q_hat = store.get<T>(Tag::la_q_hat, layer, n * nk * dk);
-  const T* q_inv = store.get<T>(Tag::la_q_inv, layer, n * nk);
-  const T* k_hat = store.get<T>(Tag::la_k_hat, layer, n * nk * dk);
-  const T* k_inv = store.get<T>(Tag::la_k_inv, layer, n * nk);
-  const T* v = store.get<T>(Tag::la_v, layer, n * nv * dv);
-  const T* g = store.get<T>(Tag::la_g, layer, n * nv);
-  const T* beta = store.get<T>(Tag::la_beta, layer, n * nv);
-  const T* core = store.get<T>(Tag::la_core, layer, n * nv * dv);
-  const T* norm_rstd = store.get<T>(Tag::la_norm_rstd, layer, n * nv);
-  const T* normed = store.get<T>(Tag::la_normed, layer, n * nv * dv);
+  const SavedReader saved(saved_tensors(d, SavedExtent::of(pass)), store, layer);
+  const T* conv_in = saved.in<T>(Tag::la_conv_in);      // [n, Ck]
+  const T* z = saved.in<T>(Tag::la_z);                  // [n, nv, dv]
+  const T* a = saved.in<T>(Tag::la_a);                  // [n, nv]
+  const T* q_hat = saved.in<T>(Tag::la_q_hat);          // [n, nk, dk]
+  const T* q_inv = saved.in<T>(Tag::la_q_inv);          // [n · nk]
+  const T* k_hat = saved.in<T>(Tag::la_k_hat);          // [n, nk, dk]
+  const T* k_inv = saved.in<T>(Tag::la_k_inv);          // [n · nk]
+  const T* v = saved.in<T>(Tag::la_v);                  // [n, nv, dv]
+  const T* g = saved.in<T>(Tag::la_g);                  // [n, nv]
+  const T* beta = saved.in<T>(Tag::la_beta);            // [n, nv]
+  const T* core = saved.in<T>(Tag::la_core);            // [n, nv, dv]
+  const T* norm_rstd = saved.in<T>(Tag::la_norm_rstd);  // [n · nv]
+  const T* normed = saved.in<T>(Tag::la_normed);        // [n, nv · dv]
 
   T* d_normed = scratch.alloc<T>(n * nv * dv);  // [n, nv · dv]
-  linear_grad(d_normed, grads.out_proj, dx, normed, w.out_proj, n, nv * dv, D, /*accumulate_dx=*/false);
+  linear_grad(d_normed, grads.out_proj, dy, normed, w.out_proj, n, nv * dv, D, /*accumulate_dx=*/false);
   T* d_core = scratch.alloc<T>(n * nv * dv);  // [n, nv, dv]
   T* dz = scratch.alloc<T>(n * nv * dv);      // [n, nv, dv]
   gated_rmsnorm_backward(d_core, dz, grads.norm, d_normed, core, z, w.norm, norm_rstd, n * nv, dv,
@@ -251,20 +261,17 @@ void mixer_backward(T* dx, const GatedDeltaNetWeights<T>& w, const GatedDeltaNet
   T* dh = scratch.alloc<T>(n * D);  // [n, D]
   linear_grad(dh, grads.in_proj_qkvz, d_qkvz, h, w.in_proj_qkvz, n, D, d.qkvz_rows(), /*accumulate_dx=*/false);
   linear_grad(dh, grads.in_proj_ba, d_ba, h, w.in_proj_ba, n, D, 2 * nv, /*accumulate_dx=*/true);
-  rmsnorm_backward(dx, grads.input_norm, dh, input, w.input_norm, rstd, n, D, d.input_norm.zero_centred,
-                   /*accumulate_dx=*/true);
+  return dh;
 }
 
 template <class T>
-void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const GatedDeltaNetWeights<T>& w,
-                  const GatedDeltaNetDims& d, Arena& scratch) {
+void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T* cache,
+                  const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& d, Arena& scratch) {
   const int64_t D = d.hidden, nv = d.value_heads, dv = d.value_dim, Ck = d.conv_channels();
   T* history = cache;                                 // [W − 1, Ck]
   T* state = cache + (d.conv_width - 1) * Ck;         // [nv, dk, dv]
-  T* rstd = scratch.alloc<T>(n);     // [n]
-  T* h = scratch.alloc<T>(n * D);    // [n, D]
-  rmsnorm_forward(h, rstd, x, w.input_norm, n, D, d.input_norm.eps, d.input_norm.zero_centred);
-  const Core<T> c = core_buffers<T>(n, d, nullptr, 0, scratch);
+  const SavedWriter temporaries(saved_tensors(d, SavedExtent{1, n}), nullptr, 0, scratch);
+  const Core<T> c = core_buffers<T>(n, d, temporaries, scratch);
   const Conv1dSizes conv_sizes{1, n, Ck, d.conv_width, 0};
   prepare_core(c, h, n, w, d, scratch,
                [&](T* out, const T* in) { conv1d_silu_decode(out, history, in, w.conv, n, conv_sizes); });
@@ -279,25 +286,11 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
   linear(x, normed, w.out_proj, n, nv * dv, D, /*accumulate=*/true);
 }
 
-std::vector<SavedSize> saved_sizes(const GatedDeltaNetDims& d, const StepShape& shape) {
-  using Tag = ActivationTag;
-  const int64_t n = shape.tokens(), e = shape.element_bytes, nk = d.key_heads, dk = d.key_dim;
-  const int64_t nv = d.value_heads, dv = d.value_dim;
-  return {{Tag::attn_input, n * d.hidden * e},  {Tag::attn_norm_rstd, n * e},
-          {Tag::attn_norm_out, n * d.hidden * e}, {Tag::la_conv_in, n * d.conv_channels() * e},
-          {Tag::la_z, n * nv * dv * e},         {Tag::la_a, n * nv * e},
-          {Tag::la_q_hat, n * nk * dk * e},     {Tag::la_q_inv, n * nk * e},
-          {Tag::la_k_hat, n * nk * dk * e},     {Tag::la_k_inv, n * nk * e},
-          {Tag::la_v, n * nv * dv * e},         {Tag::la_g, n * nv * e},
-          {Tag::la_beta, n * nv * e},           {Tag::la_core, n * nv * dv * e},
-          {Tag::la_norm_rstd, n * nv * e},      {Tag::la_normed, n * nv * dv * e}};
-}
-
 // Forward: b, q_rep, k_rep (core_buffers), qkvz, ba, conv_out, q_raw, k_raw (prepare_core), then the
 // delta rule's scratch. Backward, at each kernel with temporaries: the delta rule after d_normed,
 // d_core, dz, dv_heads [n, nv·dv], q_rep, k_rep, dq_rep, dk_rep [n, nv·dk], d_conv_out [n, Ck], dg,
 // dbeta [n, nv]; the conv after da, db [n, nv], dq_hat, dk_hat, dq_raw, dk_raw [n, nk·dk],
-// d_conv_in [n, Ck]; the input norm after d_qkvz, d_ba, dh.
+// d_conv_in [n, Ck]; the decoder layer's input norm after d_qkvz, d_ba, dh.
 int64_t workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes;
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
@@ -316,12 +309,11 @@ int64_t workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                  \
-  template void mixer_forward<T>(T*, const GatedDeltaNetWeights<T>&, const GatedDeltaNetDims&, const LayerPass&, \
-                                 int, Arena&);                                                                   \
-  template void mixer_backward<T>(T*, const GatedDeltaNetWeights<T>&, const GatedDeltaNetWeights<T>&,           \
-                                  const GatedDeltaNetDims&, const LayerPass&, const ActivationStore&, int,      \
-                                  Arena&);                                                                       \
-  template void mixer_decode<T>(T*, int64_t, int64_t, int64_t, T*, const GatedDeltaNetWeights<T>&,              \
+  template void mixer_forward<T>(T*, const T*, const GatedDeltaNetWeights<T>&, const GatedDeltaNetDims&,         \
+                                 const LayerPass&, int, Arena&);                                                 \
+  template T* mixer_backward<T>(const T*, const T*, const GatedDeltaNetWeights<T>&, const GatedDeltaNetWeights<T>&, \
+                                const GatedDeltaNetDims&, const LayerPass&, const ActivationStore&, int, Arena&); \
+  template void mixer_decode<T>(T*, const T*, int64_t, int64_t, int64_t, T*, const GatedDeltaNetWeights<T>&,     \
                                 const GatedDeltaNetDims&, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)

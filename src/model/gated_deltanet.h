@@ -13,10 +13,10 @@
 // Ck = 2 · nk · dk + nv · dv conv channels. in_proj_qkvz's rows are interleaved per key-head group
 // g: [q_g (dk) | k_g (dk) | v_g (r · dv) | z_g (r · dv)], in_proj_ba's [b_g (r) | a_g (r)]; value
 // head g · r + j belongs to group g (transformers' fix_query_key_value_ordering).
-// Saves (training) through the ActivationStore: attn_input, attn_norm_rstd, attn_norm_out, the
-// la_* tags (no per-token states: the delta rule's backward recomputes them). Decode cache: the
+// Saves (training) through the ActivationStore the la_* tags (saved_tensors; no per-token states:
+// the delta rule's backward recomputes them). Decode cache: the
 // conv window [W − 1, Ck], then the recurrent state [nv, dk, dv].
-// Gradient rule: dx accumulates (+=) the sublayer's input gradient; parameter gradients (+=).
+// Gradient rule: the backward returns the gradient wrt its input h; parameter gradients (+=).
 #pragma once
 
 #include <vector>
@@ -43,7 +43,6 @@ struct GatedDeltaNetDims {
   int64_t key_heads = 0, value_heads = 0;     // nk, nv
   int64_t key_dim = 0, value_dim = 0;         // dk, dv
   int64_t conv_width = 4;                     // W
-  NormSpec input_norm;                        // input_layernorm
   double norm_eps = 1e-6;                     // the gated output norm (plain weight)
   InitStds init;
   static GatedDeltaNetDims from_config(const ModelConfig& config);
@@ -54,7 +53,6 @@ struct GatedDeltaNetDims {
 
 template <class T>
 struct GatedDeltaNetWeights {
-  T* input_norm = nullptr;       // [D]
   LinearWeights<T> in_proj_qkvz; // [2·nk·dk + 2·nv·dv, D]
   LinearWeights<T> in_proj_ba;   // [2·nv, D]
   T* conv = nullptr;             // [Ck, 1, W]
@@ -69,7 +67,6 @@ struct GatedDeltaNetWeights {
 template <class T, class Visit>
 void visit_params(GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& d, Visit&& visit) {
   const int64_t D = d.hidden, nv = d.value_heads;
-  visit(w.input_norm, norm_row("input_layernorm.weight", D, d.input_norm));
   visit(w.in_proj_qkvz.weight, weight_row("linear_attn.in_proj_qkvz.weight", {d.qkvz_rows(), D}, d.init.std_in));
   visit(w.in_proj_ba.weight, weight_row("linear_attn.in_proj_ba.weight", {2 * nv, D}, d.init.std_in));
   visit(w.conv, weight_row("linear_attn.conv1d.weight", {d.conv_channels(), 1, d.conv_width}, d.init.std_in));
@@ -97,19 +94,19 @@ inline int64_t cache_elements(const GatedDeltaNetDims& d, int64_t /*max_len*/) {
 
 // The mixer interface (model/attention_block.h).
 template <class T>
-void mixer_forward(T* x, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& dims, const LayerPass& pass,
-                   int layer, Arena& scratch);
+void mixer_forward(T* x, const T* h, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& dims,
+                   const LayerPass& pass, int layer, Arena& scratch);
 template <class T>
-void mixer_backward(T* dx, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetWeights<T>& grads,
-                    const GatedDeltaNetDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
-                    Arena& scratch);
+T* mixer_backward(const T* dy, const T* h, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetWeights<T>& grads,
+                  const GatedDeltaNetDims& dims, const LayerPass& pass, const ActivationStore& store, int layer,
+                  Arena& scratch);
 template <class T>
-void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const GatedDeltaNetWeights<T>& w,
-                  const GatedDeltaNetDims& dims, Arena& scratch);
+void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T* cache,
+                  const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& dims, Arena& scratch);
 
-// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
-// saves, and the most scratch its forward or backward holds at once.
-std::vector<SavedSize> saved_sizes(const GatedDeltaNetDims& dims, const StepShape& shape);
+// The tensors its training forward saves (model/saved_tensors.h), and the memory plan's most
+// scratch its forward or backward holds at once (model/memory_sizes.h).
+std::vector<SavedTensor> saved_tensors(const GatedDeltaNetDims& dims, const SavedExtent& extent);
 int64_t workspace_bytes(const GatedDeltaNetDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -19,7 +19,6 @@ KimiDeltaAttentionDims KimiDeltaAttentionDims::from_config(const ModelConfig& co
   d.heads = config.linear_num_value_heads;
   d.head_dim = config.linear_value_head_dim;
   d.conv_width = config.linear_conv_kernel_dim;
-  d.input_norm = {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
   d.norm_eps = config.rms_norm_eps;
   d.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
   return d;
@@ -33,26 +32,24 @@ struct KdaInputs {
   T *conv_in, *q_hat, *q_inv, *k_hat, *k_inv, *v, *f_low, *a, *g, *beta, *g_low, *z, *q_scaled;
 };
 
+// Where `saves` puts them (the store, or scratch), with the scaled query a temporary.
 template <class T>
-KdaInputs<T> kda_buffers(int64_t n, const KimiDeltaAttentionDims& d, ActivationStore* store, int layer,
-                         Arena& scratch) {
+KdaInputs<T> kda_buffers(int64_t n, const KimiDeltaAttentionDims& d, const SavedWriter& saves, Arena& scratch) {
   using Tag = ActivationTag;
-  const int64_t W = d.width(), D = d.head_dim, h = d.heads;
-  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
   KdaInputs<T> c;
-  c.conv_in = buffer(Tag::la_conv_in, {n, 3 * W});  // [n, 3·h·D]
-  c.q_hat = buffer(Tag::la_q_hat, {n, h, D});       // [n, h, D]
-  c.q_inv = buffer(Tag::la_q_inv, {n * h});         // [n · h]
-  c.k_hat = buffer(Tag::la_k_hat, {n, h, D});       // [n, h, D]
-  c.k_inv = buffer(Tag::la_k_inv, {n * h});         // [n · h]
-  c.v = buffer(Tag::la_v, {n, h, D});               // [n, h, D]
-  c.f_low = buffer(Tag::la_f_low, {n, D});          // [n, D]
-  c.a = buffer(Tag::la_a, {n, W});                  // [n, h·D]
-  c.g = buffer(Tag::la_g, {n, W});                  // [n, h·D]
-  c.beta = buffer(Tag::la_beta, {n, h});            // [n, h]
-  c.g_low = buffer(Tag::la_g_low, {n, D});          // [n, D]
-  c.z = buffer(Tag::la_z, {n, h, D});               // [n, h, D]
-  c.q_scaled = scratch.alloc<T>(n * W);
+  c.conv_in = saves.out<T>(Tag::la_conv_in);    // [n, 3·h·D]
+  c.q_hat = saves.out<T>(Tag::la_q_hat);        // [n, h, D]
+  c.q_inv = saves.out<T>(Tag::la_q_inv);        // [n · h]
+  c.k_hat = saves.out<T>(Tag::la_k_hat);        // [n, h, D]
+  c.k_inv = saves.out<T>(Tag::la_k_inv);        // [n · h]
+  c.v = saves.out<T>(Tag::la_v);                // [n, h, D]
+  c.f_low = saves.out<T>(Tag::la_f_low);        // [n, D]
+  c.a = saves.out<T>(Tag::la_a);                // [n, h·D]
+  c.g = saves.out<T>(Tag::la_g);                // [n, h·D]
+  c.beta = saves.out<T>(Tag::la_beta);          // [n, h]
+  c.g_low = saves.out<T>(Tag::la_g_low);        // [n, D]
+  c.z = saves.out<T>(Tag::la_z);                // [n, h, D]
+  c.q_scaled = scratch.alloc<T>(n * d.width());  // [n, h, D]
   return c;
 }
 
@@ -88,60 +85,74 @@ void prepare_inputs(const KdaInputs<T>& c, const T* x_hat, int64_t n, const Kimi
 
 }  // namespace
 
+// Saved in mixer_forward's order: the conv's input and the delta rule's inputs (kda_buffers), its
+// output, the gated norm's statistics and output.
+std::vector<SavedTensor> saved_tensors(const KimiDeltaAttentionDims& d, const SavedExtent& extent) {
+  using Tag = ActivationTag;
+  const int64_t n = extent.tokens(), W = d.width(), D = d.head_dim, h = d.heads;
+  return {{Tag::la_conv_in, {n, 3 * W}},  // [n, 3·h·D] [q | k | v] before the conv
+          {Tag::la_q_hat, {n, h, D}},     // [n, h, D]
+          {Tag::la_q_inv, {n * h}},       // [n · h]
+          {Tag::la_k_hat, {n, h, D}},     // [n, h, D]
+          {Tag::la_k_inv, {n * h}},       // [n · h]
+          {Tag::la_v, {n, h, D}},         // [n, h, D]
+          {Tag::la_f_low, {n, D}},        // [n, D]
+          {Tag::la_a, {n, W}},            // [n, h·D]
+          {Tag::la_g, {n, W}},            // [n, h·D]
+          {Tag::la_beta, {n, h}},         // [n, h]
+          {Tag::la_g_low, {n, D}},        // [n, D]
+          {Tag::la_z, {n, h, D}},         // [n, h, D]
+          {Tag::la_core, {n, h, D}},      // [n, h, D]
+          {Tag::la_norm_rstd, {n * h}},   // [n · h]
+          {Tag::la_normed, {n, W}}};      // [n, h·D]
+}
+
 template <class T>
-void mixer_forward(T* x, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& d,
+void mixer_forward(T* x, const T* x_hat, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& d,
                    const LayerPass& pass, int layer, Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
-  ActivationStore* store = pass.store;
-  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
-  T* input = buffer(Tag::attn_input, {n, H});  // [n, hidden]
-  std::memcpy(input, x, n * H * sizeof(T));
-  T* rstd = buffer(Tag::attn_norm_rstd, {n});   // [n]
-  T* x_hat = buffer(Tag::attn_norm_out, {n, H});  // [n, hidden]
-  rmsnorm_forward(x_hat, rstd, input, w.input_norm, n, H, d.input_norm.eps, d.input_norm.zero_centred);
-  const KdaInputs<T> c = kda_buffers<T>(n, d, store, layer, scratch);
+  const SavedWriter saves(saved_tensors(d, SavedExtent::of(pass)), pass.store, layer, scratch);
+  const KdaInputs<T> c = kda_buffers<T>(n, d, saves, scratch);
   const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), 3 * W, d.conv_width, pass.segments};
   prepare_inputs(c, x_hat, n, w, d, scratch,
                  [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes); });
-  T* core = buffer(Tag::la_core, {n, h, D});  // [n, h, D]
+  T* core = saves.out<T>(Tag::la_core);  // [n, h, D]
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), h, D, D, pass.segments,
                              DeltaDecay::per_key_channel};
   delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_scaled, c.k_hat, c.v, c.g, c.beta,
                            static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
-  T* norm_rstd = buffer(Tag::la_norm_rstd, {n * h});  // [n · h]
-  T* normed = buffer(Tag::la_normed, {n, W});        // [n, h·D]
+  T* norm_rstd = saves.out<T>(Tag::la_norm_rstd);  // [n · h]
+  T* normed = saves.out<T>(Tag::la_normed);        // [n, h·D]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.o_norm, n * h, D, d.norm_eps, GateActivation::sigmoid);
   linear(x, normed, w.o_proj, n, W, H, /*accumulate=*/true);  // residual
 }
 
 template <class T>
-void mixer_backward(T* dx, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionWeights<T>& grads,
-                    const KimiDeltaAttentionDims& d, const LayerPass& pass, const ActivationStore& store, int layer,
-                    Arena& scratch) {
+T* mixer_backward(const T* dy, const T* x_hat, const KimiDeltaAttentionWeights<T>& w,
+                  const KimiDeltaAttentionWeights<T>& grads, const KimiDeltaAttentionDims& d, const LayerPass& pass,
+                  const ActivationStore& store, int layer, Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
-  const T* input = store.get<T>(Tag::attn_input, layer, n * H);
-  const T* rstd = store.get<T>(Tag::attn_norm_rstd, layer, n);
-  const T* x_hat = store.get<T>(Tag::attn_norm_out, layer, n * H);
-  const T* conv_in = store.get<T>(Tag::la_conv_in, layer, n * 3 * W);
-  const T* q_hat = store.get<T>(Tag::la_q_hat, layer, n * W);
-  const T* q_inv = store.get<T>(Tag::la_q_inv, layer, n * h);
-  const T* k_hat = store.get<T>(Tag::la_k_hat, layer, n * W);
-  const T* k_inv = store.get<T>(Tag::la_k_inv, layer, n * h);
-  const T* v = store.get<T>(Tag::la_v, layer, n * W);
-  const T* f_low = store.get<T>(Tag::la_f_low, layer, n * D);
-  const T* a = store.get<T>(Tag::la_a, layer, n * W);
-  const T* g = store.get<T>(Tag::la_g, layer, n * W);
-  const T* beta = store.get<T>(Tag::la_beta, layer, n * h);
-  const T* g_low = store.get<T>(Tag::la_g_low, layer, n * D);
-  const T* z = store.get<T>(Tag::la_z, layer, n * W);
-  const T* core = store.get<T>(Tag::la_core, layer, n * W);
-  const T* norm_rstd = store.get<T>(Tag::la_norm_rstd, layer, n * h);
-  const T* normed = store.get<T>(Tag::la_normed, layer, n * W);
+  const SavedReader saved(saved_tensors(d, SavedExtent::of(pass)), store, layer);
+  const T* conv_in = saved.in<T>(Tag::la_conv_in);      // [n, 3·h·D]
+  const T* q_hat = saved.in<T>(Tag::la_q_hat);          // [n, h, D]
+  const T* q_inv = saved.in<T>(Tag::la_q_inv);          // [n · h]
+  const T* k_hat = saved.in<T>(Tag::la_k_hat);          // [n, h, D]
+  const T* k_inv = saved.in<T>(Tag::la_k_inv);          // [n · h]
+  const T* v = saved.in<T>(Tag::la_v);                  // [n, h, D]
+  const T* f_low = saved.in<T>(Tag::la_f_low);          // [n, D]
+  const T* a = saved.in<T>(Tag::la_a);                  // [n, h·D]
+  const T* g = saved.in<T>(Tag::la_g);                  // [n, h·D]
+  const T* beta = saved.in<T>(Tag::la_beta);            // [n, h]
+  const T* g_low = saved.in<T>(Tag::la_g_low);          // [n, D]
+  const T* z = saved.in<T>(Tag::la_z);                  // [n, h, D]
+  const T* core = saved.in<T>(Tag::la_core);            // [n, h, D]
+  const T* norm_rstd = saved.in<T>(Tag::la_norm_rstd);  // [n · h]
+  const T* normed = saved.in<T>(Tag::la_normed);        // [n, h·D]
 
   T* d_normed = scratch.alloc<T>(n * W);  // [n, h·D]
-  linear_grad(d_normed, grads.o_proj, dx, normed, w.o_proj, n, W, H, /*accumulate_dx=*/false);
+  linear_grad(d_normed, grads.o_proj, dy, normed, w.o_proj, n, W, H, /*accumulate_dx=*/false);
   T* d_core = scratch.alloc<T>(n * W);  // [n, h, D]
   T* dz = scratch.alloc<T>(n * W);      // [n, h, D]
   gated_rmsnorm_backward(d_core, dz, grads.o_norm, d_normed, core, z, w.o_norm, norm_rstd, n * h, D,
@@ -188,20 +199,17 @@ void mixer_backward(T* dx, const KimiDeltaAttentionWeights<T>& w, const KimiDelt
     copy_column_block(d_proj, d_conv_in + p * W, n, 3 * W, W, W);
     linear_grad(dx_hat, *projection_grads[p], d_proj, x_hat, *projections[p], n, H, W, /*accumulate_dx=*/true);
   }
-  rmsnorm_backward(dx, grads.input_norm, dx_hat, input, w.input_norm, rstd, n, H, d.input_norm.zero_centred,
-                   /*accumulate_dx=*/true);
+  return dx_hat;
 }
 
 template <class T>
-void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const KimiDeltaAttentionWeights<T>& w,
-                  const KimiDeltaAttentionDims& d, Arena& scratch) {
+void mixer_decode(T* x, const T* x_hat, int64_t n, int64_t past, int64_t max_len, T* cache,
+                  const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& d, Arena& scratch) {
   const int64_t H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
   T* history = cache;                              // [W_conv − 1, 3·h·D]
   T* state = cache + (d.conv_width - 1) * 3 * W;   // [h, D, D]
-  T* rstd = scratch.alloc<T>(n);     // [n]
-  T* x_hat = scratch.alloc<T>(n * H);  // [n, hidden]
-  rmsnorm_forward(x_hat, rstd, x, w.input_norm, n, H, d.input_norm.eps, d.input_norm.zero_centred);
-  const KdaInputs<T> c = kda_buffers<T>(n, d, nullptr, 0, scratch);
+  const SavedWriter temporaries(saved_tensors(d, SavedExtent{1, n}), nullptr, 0, scratch);
+  const KdaInputs<T> c = kda_buffers<T>(n, d, temporaries, scratch);
   const Conv1dSizes conv_sizes{1, n, 3 * W, d.conv_width, 0};
   prepare_inputs(c, x_hat, n, w, d, scratch,
                  [&](T* out, const T* in) { conv1d_silu_decode(out, history, in, w.conv, n, conv_sizes); });
@@ -216,24 +224,11 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
   linear(x, normed, w.o_proj, n, W, H, /*accumulate=*/true);
 }
 
-std::vector<SavedSize> saved_sizes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
-  using Tag = ActivationTag;
-  const int64_t n = shape.tokens(), e = shape.element_bytes, W = d.width(), D = d.head_dim, h = d.heads;
-  return {{Tag::attn_input, n * d.hidden * e},  {Tag::attn_norm_rstd, n * e},
-          {Tag::attn_norm_out, n * d.hidden * e}, {Tag::la_conv_in, n * 3 * W * e},
-          {Tag::la_q_hat, n * W * e},           {Tag::la_q_inv, n * h * e},
-          {Tag::la_k_hat, n * W * e},           {Tag::la_k_inv, n * h * e},
-          {Tag::la_v, n * W * e},               {Tag::la_f_low, n * D * e},
-          {Tag::la_a, n * W * e},               {Tag::la_g, n * W * e},
-          {Tag::la_beta, n * h * e},            {Tag::la_g_low, n * D * e},
-          {Tag::la_z, n * W * e},               {Tag::la_core, n * W * e},
-          {Tag::la_norm_rstd, n * h * e},       {Tag::la_normed, n * W * e}};
-}
-
 // Forward: q_scaled, proj, q_raw, k_raw [n, h·D] and conv_out [n, 3·h·D], then the delta rule's
 // scratch. Backward, at each kernel with temporaries: the delta rule after d_normed, d_core, dz,
 // q_scaled, dq, dk, dv, dg [n, h·D], dx_hat [n, hidden], d_low [n, D], dbeta [n, h]; the conv after
-// da, d_raw [n, h·D], d_conv_out, d_conv_in [n, 3·h·D]; the input norm after d_proj [n, h·D].
+// da, d_raw [n, h·D], d_conv_out, d_conv_in [n, 3·h·D]; the decoder layer's input norm after d_proj
+// [n, h·D].
 int64_t workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, W = d.width(), D = d.head_dim;
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
@@ -250,12 +245,12 @@ int64_t workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape)
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                   \
-  template void mixer_forward<T>(T*, const KimiDeltaAttentionWeights<T>&, const KimiDeltaAttentionDims&,          \
+  template void mixer_forward<T>(T*, const T*, const KimiDeltaAttentionWeights<T>&, const KimiDeltaAttentionDims&, \
                                  const LayerPass&, int, Arena&);                                                  \
-  template void mixer_backward<T>(T*, const KimiDeltaAttentionWeights<T>&, const KimiDeltaAttentionWeights<T>&,   \
-                                  const KimiDeltaAttentionDims&, const LayerPass&, const ActivationStore&, int,   \
-                                  Arena&);                                                                        \
-  template void mixer_decode<T>(T*, int64_t, int64_t, int64_t, T*, const KimiDeltaAttentionWeights<T>&,           \
+  template T* mixer_backward<T>(const T*, const T*, const KimiDeltaAttentionWeights<T>&,                          \
+                                const KimiDeltaAttentionWeights<T>&, const KimiDeltaAttentionDims&,               \
+                                const LayerPass&, const ActivationStore&, int, Arena&);                           \
+  template void mixer_decode<T>(T*, const T*, int64_t, int64_t, int64_t, T*, const KimiDeltaAttentionWeights<T>&, \
                                 const KimiDeltaAttentionDims&, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)

@@ -13,9 +13,9 @@
 // self_attn.forget_gate.{f_a_proj, f_b_proj, dt_bias, A_log [1, 1, h, 1]}); the checkpoint keys
 // are Moonshot's, which save_pretrained writes: q_conv1d / k_conv1d / v_conv1d, and the forget
 // gate's tensors directly under self_attn (the family's renames, model/family.h).
-// Saves: attn_input, attn_norm_rstd, attn_norm_out and the la_* tags (no per-token states).
+// Saves: the la_* tags (saved_tensors; no per-token states).
 // Decode cache: the conv window [W − 1, 3·h·D], then the recurrent state [h, D, D].
-// Gradient rule: dx accumulates (+=) the sublayer's input gradient; parameter gradients (+=).
+// Gradient rule: the backward returns the gradient wrt its input x̂; parameter gradients (+=).
 #pragma once
 
 #include <vector>
@@ -42,7 +42,6 @@ struct KimiDeltaAttentionDims {
   int64_t heads = 0;      // h (linear_num_heads)
   int64_t head_dim = 0;   // D (linear_head_dim)
   int64_t conv_width = 4; // W
-  NormSpec input_norm;
   double norm_eps = 1e-5;  // o_norm
   InitStds init;
   static KimiDeltaAttentionDims from_config(const ModelConfig& config);
@@ -51,7 +50,6 @@ struct KimiDeltaAttentionDims {
 
 template <class T>
 struct KimiDeltaAttentionWeights {
-  T* input_norm = nullptr;     // [hidden]
   LinearWeights<T> q_proj, k_proj, v_proj;  // [h·D, hidden] each
   T* conv = nullptr;           // [3·h·D, 1, W]
   LinearWeights<T> f_a_proj;   // [D, hidden]
@@ -71,7 +69,6 @@ template <class T, class Visit>
 void visit_params(KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& d, Visit&& visit) {
   const int64_t H = d.hidden, D = d.head_dim, W = d.width(), K = d.conv_width;
   const double in = d.init.std_in;
-  visit(w.input_norm, norm_row("input_layernorm.weight", H, d.input_norm));
   visit(w.q_proj.weight, weight_row("self_attn.q_proj.weight", {W, H}, in));
   visit(w.k_proj.weight, weight_row("self_attn.k_proj.weight", {W, H}, in));
   visit(w.v_proj.weight, weight_row("self_attn.v_proj.weight", {W, H}, in));
@@ -109,19 +106,19 @@ inline int64_t cache_elements(const KimiDeltaAttentionDims& d, int64_t /*max_len
 }
 
 template <class T>
-void mixer_forward(T* x, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& dims,
+void mixer_forward(T* x, const T* x_hat, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& dims,
                    const LayerPass& pass, int layer, Arena& scratch);
 template <class T>
-void mixer_backward(T* dx, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionWeights<T>& grads,
-                    const KimiDeltaAttentionDims& dims, const LayerPass& pass, const ActivationStore& store,
-                    int layer, Arena& scratch);
+T* mixer_backward(const T* dy, const T* x_hat, const KimiDeltaAttentionWeights<T>& w,
+                  const KimiDeltaAttentionWeights<T>& grads, const KimiDeltaAttentionDims& dims, const LayerPass& pass,
+                  const ActivationStore& store, int layer, Arena& scratch);
 template <class T>
-void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const KimiDeltaAttentionWeights<T>& w,
-                  const KimiDeltaAttentionDims& dims, Arena& scratch);
+void mixer_decode(T* x, const T* x_hat, int64_t n, int64_t past, int64_t max_len, T* cache,
+                  const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& dims, Arena& scratch);
 
-// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
-// saves, and the most scratch its forward or backward holds at once.
-std::vector<SavedSize> saved_sizes(const KimiDeltaAttentionDims& dims, const StepShape& shape);
+// The tensors its training forward saves (model/saved_tensors.h), and the memory plan's most
+// scratch its forward or backward holds at once (model/memory_sizes.h).
+std::vector<SavedTensor> saved_tensors(const KimiDeltaAttentionDims& dims, const SavedExtent& extent);
 int64_t workspace_bytes(const KimiDeltaAttentionDims& dims, const StepShape& shape);
 
 }  // namespace trillion

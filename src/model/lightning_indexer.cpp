@@ -70,23 +70,23 @@ template <class T>
 IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeights<T>& w, const IndexerDims& dims,
                                   const LayerPass& pass, int layer, Arena& scratch) {
   using Tag = ActivationTag;
-  const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, topk = dims.topk;
+  const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq;
   // wk's output and its LayerNorm statistics are saved for the loss's backward, else temporaries.
-  ActivationStore* keep = loss_on(pass) ? pass.store : nullptr;  // null: scratch
-  T* k_raw = save_or_scratch<T>(keep, Tag::idx_k_raw, layer, Shape{n, dims.head_dim}, scratch);  // [n, d_I]
-  T* k_mean = save_or_scratch<T>(keep, Tag::idx_k_mean, layer, Shape{n}, scratch);                // [n]
-  T* k_rstd = save_or_scratch<T>(keep, Tag::idx_k_rstd, layer, Shape{n}, scratch);                // [n]
+  const SavedWriter saves(saved_tensors(dims, SavedExtent::of(pass)), pass.store, layer, scratch);
+  T* k_raw = saves.out<T>(Tag::idx_k_raw);    // [n, d_I]
+  T* k_mean = saves.out<T>(Tag::idx_k_mean);  // [n]
+  T* k_rstd = saves.out<T>(Tag::idx_k_rstd);  // [n]
   IndexerOutputs<T> out;
   out.q = scratch.alloc<T>(n * dims.heads * dims.head_dim);
   out.k = scratch.alloc<T>(n * dims.head_dim);
   out.w = scratch.alloc<T>(n * dims.heads);
   project(out.q, k_raw, k_mean, k_rstd, out.k, out.w, q_in, h, pass.positions, n, w, dims);
   const IndexerSizes sizes = sizes_of(dims, batch, seq, seq, pass.doc_start);
-  int32_t* selection = save_or_scratch<int32_t>(pass.store, Tag::attn_indices, layer, Shape{n, topk}, scratch);  // [n, topk]
+  int32_t* selection = saves.out<int32_t>(Tag::attn_indices);  // [n, topk]
   const auto select = [&](int32_t* indices) { indexer_topk(indices, out.q, out.k, out.w, sizes); };
   if (pass.decisions != nullptr) {
-    const int32_t* decided = pass.decisions->decide(DecisionKind::selection, layer, n * topk, select);
-    std::copy(decided, decided + n * topk, selection);
+    const int32_t* decided = pass.decisions->decide(DecisionKind::selection, layer, n * dims.topk, select);
+    std::copy(decided, decided + n * dims.topk, selection);
   } else {
     select(selection);
   }
@@ -100,10 +100,11 @@ void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T
                    Arena& scratch) {
   using Tag = ActivationTag;
   if (!loss_on(pass)) return;
-  const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq;
-  T* dq = save_or_scratch<T>(pass.store, Tag::idx_dq, layer, Shape{n, dims.heads, dims.head_dim}, scratch);  // [n, H_I, d_I]
-  T* dk = save_or_scratch<T>(pass.store, Tag::idx_dk, layer, Shape{n, dims.head_dim}, scratch);              // [n, d_I]
-  T* dw = save_or_scratch<T>(pass.store, Tag::idx_dw, layer, Shape{n, dims.heads}, scratch);                 // [n, H_I]
+  const int64_t batch = pass.batch, seq = pass.seq;
+  const SavedWriter saves(saved_tensors(dims, SavedExtent::of(pass)), pass.store, layer, scratch);
+  T* dq = saves.out<T>(Tag::idx_dq);  // [n, H_I, d_I]
+  T* dk = saves.out<T>(Tag::idx_dk);  // [n, d_I]
+  T* dw = saves.out<T>(Tag::idx_dw);  // [n, H_I]
   const IndexerTarget target{q, k, lse, heads, kv_heads, qk_dim, scale};
   const IndexerLossResult r = indexer_loss(dq, dk, dw, out.q, out.k, out.w, out.selection, target,
                                            loss_mode(pass.indexer->mode), pass.indexer->grad_scale,
@@ -118,12 +119,15 @@ void indexer_backward(const T* q_in, const T* h, const IndexerWeights<T>& w, con
   using Tag = ActivationTag;
   if (!store.contains(Tag::idx_dq, layer)) return;  // the loss was off in this forward
   const int64_t n = pass.batch * pass.seq, hd = dims.heads * dims.head_dim, D = dims.hidden, di = dims.head_dim;
+  SavedExtent extent = SavedExtent::of(pass);
+  extent.indexer_loss = true;  // as in that forward
+  const SavedReader saved(saved_tensors(dims, extent), store, layer);
   T* dq = scratch.alloc<T>(n * hd);  // [n, H_I, d_I]
   T* dk = scratch.alloc<T>(n * di);  // [n, d_I]
   T* dw = scratch.alloc<T>(n * dims.heads);  // [n, H_I] wrt weights_proj's output
-  std::memcpy(dq, store.get<T>(Tag::idx_dq, layer, n * hd), n * hd * sizeof(T));
-  std::memcpy(dk, store.get<T>(Tag::idx_dk, layer, n * di), n * di * sizeof(T));
-  const T* dw_scaled = store.get<T>(Tag::idx_dw, layer, n * dims.heads);
+  std::memcpy(dq, saved.in<T>(Tag::idx_dq), n * hd * sizeof(T));
+  std::memcpy(dk, saved.in<T>(Tag::idx_dk), n * di * sizeof(T));
+  const T* dw_scaled = saved.in<T>(Tag::idx_dw);  // [n, H_I]
   const T head_scale = T(1.0 / std::sqrt(double(dims.heads)));
   for (int64_t i = 0; i < n * dims.heads; ++i) dw[i] = dw_scaled[i] * head_scale;
   rope_backward(dq, pass.positions, n, dims.heads, di, 0, dims.rope);
@@ -131,9 +135,8 @@ void indexer_backward(const T* q_in, const T* h, const IndexerWeights<T>& w, con
   // Detached inputs: only the indexer's own tensors get gradients (null dx).
   linear_grad<T>(nullptr, grads.wq, dq, q_in, w.wq, n, dims.q_in, hd, false);
   T* dk_raw = scratch.alloc<T>(n * di);  // [n, d_I]
-  layer_norm_backward(dk_raw, grads.k_norm_weight, grads.k_norm_bias, dk, store.get<T>(Tag::idx_k_raw, layer, n * di),
-                      w.k_norm_weight, store.get<T>(Tag::idx_k_mean, layer, n), store.get<T>(Tag::idx_k_rstd, layer, n),
-                      n, di, /*accumulate_dx=*/false);
+  layer_norm_backward(dk_raw, grads.k_norm_weight, grads.k_norm_bias, dk, saved.in<T>(Tag::idx_k_raw), w.k_norm_weight,
+                      saved.in<T>(Tag::idx_k_mean), saved.in<T>(Tag::idx_k_rstd), n, di, /*accumulate_dx=*/false);
   linear_grad<T>(nullptr, grads.wk, dk_raw, h, w.wk, n, D, di, false);
   linear_grad<T>(nullptr, grads.weights_proj, dw, h, w.weights_proj, n, D, dims.heads, false);
 }
@@ -154,21 +157,22 @@ const int32_t* indexer_decode(const T* q_in, const T* h, int64_t n, int64_t past
   return selection;
 }
 
-// Saved: the selection always; with the loss on, wk's output with its LayerNorm statistics and the
-// loss's gradients wrt q_I, k_I, w_I.
-std::vector<SavedSize> saved_sizes(const IndexerDims& dims, const StepShape& shape) {
+// Saved in the forward's order: wk's output with its LayerNorm statistics (kept with the loss on,
+// else temporaries), the selection, and with the loss on its gradients wrt q_I, k_I, w_I.
+std::vector<SavedTensor> saved_tensors(const IndexerDims& dims, const SavedExtent& extent) {
   using Tag = ActivationTag;
   if (!dims.enabled()) return {};
-  const int64_t n = shape.tokens(), e = shape.element_bytes, hd = dims.heads * dims.head_dim;
-  std::vector<SavedSize> sizes{{Tag::attn_indices, n * dims.topk * int64_t(sizeof(int32_t))}};
-  if (loss_on(shape))
-    sizes.insert(sizes.end(), {{Tag::idx_k_raw, n * dims.head_dim * e},
-                               {Tag::idx_k_mean, n * e},
-                               {Tag::idx_k_rstd, n * e},
-                               {Tag::idx_dq, n * hd * e},
-                               {Tag::idx_dk, n * dims.head_dim * e},
-                               {Tag::idx_dw, n * dims.heads * e}});
-  return sizes;
+  const int64_t n = extent.tokens();
+  const bool loss = extent.indexer_loss;
+  std::vector<SavedTensor> list{{Tag::idx_k_raw, {n, dims.head_dim}, loss},  // [n, d_I]
+                                {Tag::idx_k_mean, {n}, loss},                // [n]
+                                {Tag::idx_k_rstd, {n}, loss},                // [n]
+                                {Tag::attn_indices, {n, dims.topk}}};        // [n, topk] int32
+  if (loss)
+    list.insert(list.end(), {{Tag::idx_dq, {n, dims.heads, dims.head_dim}},  // [n, H_I, d_I]
+                             {Tag::idx_dk, {n, dims.head_dim}},              // [n, d_I]
+                             {Tag::idx_dw, {n, dims.heads}}});               // [n, H_I]
+  return list;
 }
 
 // q_I, k_I, w_I, and (loss off) wk's output with its statistics; the selection and the loss's

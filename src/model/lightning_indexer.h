@@ -133,13 +133,13 @@ template <class T>
 const int32_t* indexer_decode(const T* q_in, const T* h, int64_t n, int64_t past, T* k_cache,
                               const IndexerWeights<T>& w, const IndexerDims& dims, Arena& scratch);
 
-// The memory plan's sizes of this part (model/memory_sizes.h), each 0 without an indexer: the tensors
-// its training forward saves; the scratch indexer_forward and indexer_backward leave in the mixer's
+// The tensors its training forward saves (model/saved_tensors.h; none without an indexer). The
+// memory plan's sizes of this part (model/memory_sizes.h), each 0 without an indexer: the scratch indexer_forward and indexer_backward leave in the mixer's
 // arena (the mixer's later kernels run on top of it); the most its forward (indexer_forward, then
 // indexer_train against a main attention of heads, kv_heads and qk_dim) and its backward hold at
 // once beyond the saved tensors, its kernels' temporaries included, which the mixer adds to its own
 // scratch at that point.
-std::vector<SavedSize> saved_sizes(const IndexerDims& dims, const StepShape& shape);
+std::vector<SavedTensor> saved_tensors(const IndexerDims& dims, const SavedExtent& extent);
 int64_t forward_scratch_bytes(const IndexerDims& dims, const StepShape& shape);
 int64_t backward_scratch_bytes(const IndexerDims& dims, const StepShape& shape);
 int64_t forward_workspace_bytes(const IndexerDims& dims, const StepShape& shape, int64_t heads, int64_t kv_heads,

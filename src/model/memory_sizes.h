@@ -1,7 +1,7 @@
 // What the memory plan asks of each layer kind, from shapes alone (no data, nothing allocated):
-//   saved_sizes(dims, shape)      the tensors one training forward of the kind saves in the
-//                                 activation store, tag by tag, in bytes (exactly what save() is
-//                                 asked for; MoE: the routed rows at their bound, N · k);
+//   saved_tensors(dims, extent)   the tensors one training forward of the kind saves in the
+//                                 activation store (model/saved_tensors.h; the plan's extent
+//                                 sizes MoE's routed rows at their bound, N · k);
 //   workspace_bytes(dims, shape)  the most fast-tier bytes the kind's forward or backward holds at
 //                                 once beyond what it saves: the layer's scratch arena (each
 //                                 allocation rounded up to 64 bytes, as the Arena does) and the
@@ -16,6 +16,7 @@
 
 #include "core/memory.h"
 #include "memory/activation_tags.h"
+#include "model/saved_tensors.h"
 #include "model/step.h"
 
 namespace trillion {
@@ -26,11 +27,8 @@ struct StepShape {
   int threads = 1;            // OpenMP threads: kernels keep per-thread workspaces
   IndexerTraining indexer;    // sparse layers' mode and loss (coef > 0: the indexer loss is on)
   int64_t tokens() const { return batch * seq; }
-};
-
-struct SavedSize {
-  ActivationTag tag;
-  int64_t bytes;
+  // The saved tensors' extent of a training step of this shape (MoE's routed rows at their bound).
+  SavedExtent extent() const { return {batch, seq, -1, indexer.coef > 0.0}; }
 };
 
 }  // namespace trillion

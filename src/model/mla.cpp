@@ -28,7 +28,6 @@ MlaDims MlaDims::from_config(const ModelConfig& config, bool sparse) {
   dims.rope = config.rope_spec(config.qk_rope_head_dim, config.rope_interleave);
   dims.scale = 1.0 / std::sqrt(double(dims.qk())) * (family.yarn_softmax_mscale ? config.yarn_softmax_factor() : 1.0);
   dims.bias = config.attention_bias;
-  dims.input_norm = {config.rms_norm_eps, false};
   dims.latent_norm = {1e-6, false};
   dims.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
   if (sparse) dims.indexer = IndexerDims::from_config(config, /*from_latent=*/true);
@@ -48,6 +47,23 @@ struct Latents {
   T* kv_rstd;   // [n]
   T* latent;    // [n, r_kv]       c = kv_a_layernorm(c_raw)
 };
+
+// Where `saves` puts the latents (the store, or scratch).
+template <class T>
+Latents<T> latent_buffers(const SavedWriter& saves, const MlaDims& dims) {
+  using Tag = ActivationTag;
+  Latents<T> p{};
+  if (dims.q_lora_rank > 0) {
+    p.q_a = saves.out<T>(Tag::mla_q_a);            // [n, r_q]
+    p.q_a_rstd = saves.out<T>(Tag::mla_q_a_rstd);  // [n]
+    p.q_latent = saves.out<T>(Tag::mla_q_latent);  // [n, r_q]
+  }
+  p.q = saves.out<T>(Tag::q);                // [n, H, qk]
+  p.kv_a = saves.out<T>(Tag::mla_kv_a);      // [n, r_kv + rope]
+  p.kv_rstd = saves.out<T>(Tag::mla_kv_rstd);  // [n]
+  p.latent = saves.out<T>(Tag::mla_latent);  // [n, r_kv]
+  return p;
+}
 
 template <class T>
 void project_latents(const Latents<T>& p, const T* h, int64_t n, const MlaWeights<T>& w, const MlaDims& dims) {
@@ -90,43 +106,49 @@ void expand_keys(T* k, T* v, const T* kv, const T* kv_a, int64_t n, const MlaDim
 
 }  // namespace
 
+// Saved in mixer_forward's order: the query latent (q LoRA), the query, kv_a and the latent, the
+// expanded keys and values, the attention's output and log-sum-exp, then the indexer's (sparse layers).
+std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& extent) {
+  using Tag = ActivationTag;
+  const int64_t n = extent.tokens(), H = dims.heads, rq = dims.q_lora_rank;
+  std::vector<SavedTensor> list;
+  if (rq > 0)
+    list.insert(list.end(), {{Tag::mla_q_a, {n, rq}},        // [n, r_q]
+                             {Tag::mla_q_a_rstd, {n}},       // [n]
+                             {Tag::mla_q_latent, {n, rq}}});  // [n, r_q]
+  list.insert(list.end(), {{Tag::q, {n, H, dims.qk()}},                // [n, H, qk]
+                           {Tag::mla_kv_a, {n, dims.kv_a_out()}},      // [n, r_kv + rope]
+                           {Tag::mla_kv_rstd, {n}},                    // [n]
+                           {Tag::mla_latent, {n, dims.kv_lora_rank}},  // [n, r_kv]
+                           {Tag::k, {n, H, dims.qk()}},                // [n, H, qk]
+                           {Tag::v, {n, H, dims.v}},                   // [n, H, v]
+                           {Tag::attn_out, {n, dims.o_width()}},       // [n, H·v]
+                           {Tag::attn_lse, {extent.batch, H, extent.seq}}});  // [batch, H, seq]
+  const std::vector<SavedTensor> indexer = saved_tensors(dims.indexer, extent);
+  list.insert(list.end(), indexer.begin(), indexer.end());
+  return list;
+}
+
 template <class T>
-void mixer_forward(T* x, const MlaWeights<T>& w, const MlaDims& dims, const LayerPass& pass, int layer,
+void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims, const LayerPass& pass, int layer,
                    Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, D = dims.hidden, H = dims.heads;
-  const int64_t rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
-  const auto buffer = [&](Tag tag, const Shape& shape) {
-    return save_or_scratch<T>(pass.store, tag, layer, shape, scratch);
-  };
-  T* input = buffer(Tag::attn_input, {n, D});  // [n, D]
-  std::memcpy(input, x, n * D * sizeof(T));
-  T* rstd = buffer(Tag::attn_norm_rstd, {n});  // [n]
-  T* h = buffer(Tag::attn_norm_out, {n, D});  // [n, D]
-  rmsnorm_forward(h, rstd, input, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
-
-  Latents<T> p{};
-  if (rq > 0) {
-    p.q_a = buffer(Tag::mla_q_a, {n, rq});            // [n, r_q]
-    p.q_a_rstd = buffer(Tag::mla_q_a_rstd, {n});      // [n]
-    p.q_latent = buffer(Tag::mla_q_latent, {n, rq});  // [n, r_q]
-  }
-  p.q = buffer(Tag::q, {n, H, dims.qk()});               // [n, H, qk]
-  p.kv_a = buffer(Tag::mla_kv_a, {n, dims.kv_a_out()});  // [n, r_kv + rope]
-  p.kv_rstd = buffer(Tag::mla_kv_rstd, {n});             // [n]
-  p.latent = buffer(Tag::mla_latent, {n, rkv});          // [n, r_kv]
+  const int64_t rkv = dims.kv_lora_rank;
+  const SavedWriter saves(saved_tensors(dims, SavedExtent::of(pass)), pass.store, layer, scratch);
+  const Latents<T> p = latent_buffers<T>(saves, dims);
   project_latents(p, h, n, w, dims);
   rotate_positions(p.q, p.kv_a, pass.positions, n, dims, /*backward=*/false);
 
   T* kv = scratch.alloc<T>(n * dims.kv_b_out());  // [n, H, nope + v]
   linear(kv, p.latent, w.kv_b_proj, n, rkv, dims.kv_b_out(), /*accumulate=*/false);
-  T* k = buffer(Tag::k, {n, H, dims.qk()});  // [n, H, qk]
-  T* v = buffer(Tag::v, {n, H, dims.v});     // [n, H, v]
+  T* k = saves.out<T>(Tag::k);  // [n, H, qk]
+  T* v = saves.out<T>(Tag::v);  // [n, H, v]
   expand_keys(k, v, kv, p.kv_a, n, dims);
 
   const AttentionSizes sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v, pass.doc_start};
-  T* out = buffer(Tag::attn_out, {n, dims.o_width()});  // [n, H·v]
-  T* lse = buffer(Tag::attn_lse, {batch, H, seq});      // [batch, H, seq]
+  T* out = saves.out<T>(Tag::attn_out);  // [n, H·v]
+  T* lse = saves.out<T>(Tag::attn_lse);  // [batch, H, seq]
   IndexerOutputs<T> selected;
   if (dims.indexer.enabled()) selected = indexer_forward(p.q_latent, h, w.indexer, dims.indexer, pass, layer, scratch);
   if (attends_sparsely(dims.indexer, pass))
@@ -139,31 +161,29 @@ void mixer_forward(T* x, const MlaWeights<T>& w, const MlaDims& dims, const Laye
 }
 
 template <class T>
-void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, const MlaDims& dims,
-                    const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
+T* mixer_backward(const T* dy, const T* h, const MlaWeights<T>& w, const MlaWeights<T>& grads, const MlaDims& dims,
+                  const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
   using Tag = ActivationTag;
   const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, D = dims.hidden, H = dims.heads;
   const int64_t rq = dims.q_lora_rank, rkv = dims.kv_lora_rank, nope = dims.nope, dv = dims.v, qk = dims.qk();
-  const T* input = store.get<T>(Tag::attn_input, layer, n * D);
-  const T* rstd = store.get<T>(Tag::attn_norm_rstd, layer, n);
-  const T* h = store.get<T>(Tag::attn_norm_out, layer, n * D);
-  const T* q = store.get<T>(Tag::q, layer, n * dims.q_width());
-  const T* kv_a = store.get<T>(Tag::mla_kv_a, layer, n * dims.kv_a_out());
-  const T* kv_rstd = store.get<T>(Tag::mla_kv_rstd, layer, n);
-  const T* latent = store.get<T>(Tag::mla_latent, layer, n * rkv);
-  const T* k = store.get<T>(Tag::k, layer, n * dims.q_width());
-  const T* v = store.get<T>(Tag::v, layer, n * dims.o_width());
-  const T* out = store.get<T>(Tag::attn_out, layer, n * dims.o_width());
-  const T* lse = store.get<T>(Tag::attn_lse, layer, batch * H * seq);
+  const SavedReader saved(saved_tensors(dims, SavedExtent::of(pass)), store, layer);
+  const T* q = saved.in<T>(Tag::q);                  // [n, H, qk]
+  const T* kv_a = saved.in<T>(Tag::mla_kv_a);        // [n, r_kv + rope]
+  const T* kv_rstd = saved.in<T>(Tag::mla_kv_rstd);  // [n]
+  const T* latent = saved.in<T>(Tag::mla_latent);    // [n, r_kv]
+  const T* k = saved.in<T>(Tag::k);                  // [n, H, qk]
+  const T* v = saved.in<T>(Tag::v);                  // [n, H, v]
+  const T* out = saved.in<T>(Tag::attn_out);         // [n, H·v]
+  const T* lse = saved.in<T>(Tag::attn_lse);         // [batch, H, seq]
 
-  T* d_out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]; dx is the gradient wrt the sublayer output
-  linear_grad(d_out, grads.o_proj, dx, out, w.o_proj, n, dims.o_width(), D, /*accumulate_dx=*/false);
+  T* d_out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]; dy is the gradient wrt the sublayer output
+  linear_grad(d_out, grads.o_proj, dy, out, w.o_proj, n, dims.o_width(), D, /*accumulate_dx=*/false);
   const AttentionSizes sizes{batch, seq, seq, H, H, qk, dims.scale, dv, pass.doc_start};
   T* dq = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
   T* dk = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
   T* d_v = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]
   if (attends_sparsely(dims.indexer, pass)) {
-    const int32_t* selection = store.get<int32_t>(Tag::attn_indices, layer, n * dims.indexer.topk);
+    const int32_t* selection = saved.in<int32_t>(Tag::attn_indices);  // [n, topk]
     sparse_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
   } else {
     attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
@@ -198,9 +218,9 @@ void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, c
   if (rq == 0) {
     linear_grad(dh, grads.q_proj, dq, h, w.q_proj, n, D, dims.q_width(), /*accumulate_dx=*/false);
   } else {
-    const T* q_a = store.get<T>(Tag::mla_q_a, layer, n * rq);
-    const T* q_a_rstd = store.get<T>(Tag::mla_q_a_rstd, layer, n);
-    const T* q_latent = store.get<T>(Tag::mla_q_latent, layer, n * rq);
+    const T* q_a = saved.in<T>(Tag::mla_q_a);            // [n, r_q]
+    const T* q_a_rstd = saved.in<T>(Tag::mla_q_a_rstd);  // [n]
+    const T* q_latent = saved.in<T>(Tag::mla_q_latent);  // [n, r_q]
     T* d_q_latent = scratch.alloc<T>(n * rq);  // [n, r_q]
     T* d_q_a = scratch.alloc<T>(n * rq);       // [n, r_q]
     linear_grad(d_q_latent, grads.q_b_proj, dq, q_latent, w.q_b_proj, n, rq, dims.q_width(), false);
@@ -209,32 +229,19 @@ void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, c
     if (dims.indexer.enabled()) indexer_backward(q_latent, h, w.indexer, grads.indexer, dims.indexer, pass, store, layer, scratch);
   }
   linear_grad(dh, grads.kv_a_proj, d_kv_a, h, w.kv_a_proj, n, D, dims.kv_a_out(), /*accumulate_dx=*/true);
-  // Residual: dx (gradient wrt the output) += gradient through the input norm.
-  rmsnorm_backward(dx, grads.input_norm, dh, input, w.input_norm, rstd, n, D, dims.input_norm.zero_centred,
-                   /*accumulate_dx=*/true);
+  return dh;
 }
 
 template <class T>
-void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const MlaWeights<T>& w,
+void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T* cache, const MlaWeights<T>& w,
                   const MlaDims& dims, Arena& scratch) {
-  const int64_t D = dims.hidden, H = dims.heads, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
+  const int64_t D = dims.hidden, H = dims.heads, rkv = dims.kv_lora_rank;
   const int64_t nope = dims.nope, r = dims.rope_dim, dv = dims.v, qk = dims.qk(), cw = dims.kv_a_out();
   TRILLION_CHECK(past + n <= max_len, "MLA decode past ", past, " + n ", n, " > max_len ", max_len);
   int32_t* positions = scratch.alloc<int32_t>(n);  // [n]
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(past + i);
-  T* rstd = scratch.alloc<T>(n);   // [n]
-  T* h = scratch.alloc<T>(n * D);  // [n, D]
-  rmsnorm_forward(h, rstd, x, w.input_norm, n, D, dims.input_norm.eps, dims.input_norm.zero_centred);
-  Latents<T> p{};
-  if (rq > 0) {
-    p.q_a = scratch.alloc<T>(n * rq);
-    p.q_a_rstd = scratch.alloc<T>(n);
-    p.q_latent = scratch.alloc<T>(n * rq);
-  }
-  p.q = scratch.alloc<T>(n * dims.q_width());
-  p.kv_a = scratch.alloc<T>(n * cw);
-  p.kv_rstd = scratch.alloc<T>(n);
-  p.latent = scratch.alloc<T>(n * rkv);
+  const SavedWriter temporaries(saved_tensors(dims, SavedExtent{1, n}), nullptr, 0, scratch);
+  const Latents<T> p = latent_buffers<T>(temporaries, dims);
   project_latents(p, h, n, w, dims);
   rotate_positions(p.q, p.kv_a, positions, n, dims, /*backward=*/false);
   for (int64_t t = 0; t < n; ++t) {  // cache rows past..: [c | k_rot]
@@ -271,28 +278,12 @@ void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, cons
   linear(x, out, w.o_proj, n, dims.o_width(), D, /*accumulate=*/true);  // residual: x[n, D] += o_proj(out)
 }
 
-// mixer_forward's saves, in its order, then the indexer's (sparse layers).
-std::vector<SavedSize> saved_sizes(const MlaDims& dims, const StepShape& shape) {
-  using Tag = ActivationTag;
-  const int64_t n = shape.tokens(), e = shape.element_bytes, D = dims.hidden, rq = dims.q_lora_rank;
-  std::vector<SavedSize> sizes{{Tag::attn_input, n * D * e}, {Tag::attn_norm_rstd, n * e},
-                               {Tag::attn_norm_out, n * D * e}};
-  if (rq > 0)
-    sizes.insert(sizes.end(), {{Tag::mla_q_a, n * rq * e}, {Tag::mla_q_a_rstd, n * e}, {Tag::mla_q_latent, n * rq * e}});
-  sizes.insert(sizes.end(), {{Tag::q, n * dims.q_width() * e}, {Tag::mla_kv_a, n * dims.kv_a_out() * e},
-                             {Tag::mla_kv_rstd, n * e}, {Tag::mla_latent, n * dims.kv_lora_rank * e},
-                             {Tag::k, n * dims.q_width() * e}, {Tag::v, n * dims.o_width() * e},
-                             {Tag::attn_out, n * dims.o_width() * e}, {Tag::attn_lse, n * dims.heads * e}});
-  for (const SavedSize& s : saved_sizes(dims.indexer, shape)) sizes.push_back(s);
-  return sizes;
-}
-
 // Nothing is freed within either pass; each holds at one of its kernel calls the scratch allocated
 // so far and that kernel's temporaries. Forward: (DeepSeek) RoPE's tables; kv_b_proj's output with
 // the indexer's forward, or with its scratch and the attention's temporaries. Backward: d_out, dq,
 // dk, d_v with the attention's temporaries; d_kv, d_kv_a with RoPE's tables; d_latent, c_raw,
 // d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with q_a_layernorm's
-// partials or the indexer's backward, then with its scratch and the input norm's partials.
+// partials or the indexer's backward, then with its scratch and the decoder layer's input norm's partials.
 int64_t workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
   const int64_t kv = Arena::rounded(n * dims.kv_b_out() * e), qk = Arena::rounded(n * dims.q_width() * e);
@@ -319,11 +310,12 @@ int64_t workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   return std::max(forward, backward);
 }
 
-#define TRILLION_INSTANTIATE(T)                                                                                   \
-  template void mixer_forward<T>(T*, const MlaWeights<T>&, const MlaDims&, const LayerPass&, int, Arena&);        \
-  template void mixer_backward<T>(T*, const MlaWeights<T>&, const MlaWeights<T>&, const MlaDims&, const LayerPass&, \
-                                  const ActivationStore&, int, Arena&);                                           \
-  template void mixer_decode<T>(T*, int64_t, int64_t, int64_t, T*, const MlaWeights<T>&, const MlaDims&, Arena&);
+#define TRILLION_INSTANTIATE(T)                                                                                    \
+  template void mixer_forward<T>(T*, const T*, const MlaWeights<T>&, const MlaDims&, const LayerPass&, int, Arena&); \
+  template T* mixer_backward<T>(const T*, const T*, const MlaWeights<T>&, const MlaWeights<T>&, const MlaDims&,     \
+                                const LayerPass&, const ActivationStore&, int, Arena&);                            \
+  template void mixer_decode<T>(T*, const T*, int64_t, int64_t, int64_t, T*, const MlaWeights<T>&, const MlaDims&, \
+                                Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)
 #undef TRILLION_INSTANTIATE

@@ -21,8 +21,9 @@
 // nope part becomes W_UKᵀ q_nope (W_UK: that head's k_nope rows of kv_b_proj), attention runs with one
 // key head [c | k_rot] and values c, and W_UV (its v rows) maps the result back; scores and outputs
 // are those of the expanded form.
-// Training forward saves through the ActivationStore (tags attn_input … attn_lse, mla_*).
-// Gradient rule: the residual gradient dx is accumulated (+=); parameter gradients accumulate (+=).
+// Training forward saves through the ActivationStore (saved_tensors: q, k, v, attn_out, attn_lse,
+// mla_*). Gradient rule: the backward returns the gradient wrt its input h; parameter gradients
+// accumulate (+=).
 #pragma once
 
 #include <vector>
@@ -59,7 +60,6 @@ struct MlaDims {
   RopeSpec rope;            // rope.rotary_dim = rope_dim
   double scale = 0.0;       // softmax scale
   bool bias = false;        // attention_bias
-  NormSpec input_norm;      // input_layernorm
   NormSpec latent_norm;     // q_a_layernorm, kv_a_layernorm (eps 1e-6)
   InitStds init;
   IndexerDims indexer;      // enabled on sparse layers
@@ -74,7 +74,6 @@ struct MlaDims {
 // Pointers into a flat buffer (the parameters, or their gradients), Hugging Face shapes.
 template <class T>
 struct MlaWeights {
-  T* input_norm = nullptr;      // [D]
   LinearWeights<T> q_proj;      // [H·qk, D] (q_lora_rank 0)
   LinearWeights<T> q_a_proj;    // [r_q, D], bias [r_q]
   T* q_a_norm = nullptr;        // [r_q]
@@ -90,7 +89,6 @@ struct MlaWeights {
 template <class T, class Visit>
 void visit_params(MlaWeights<T>& w, const MlaDims& dims, Visit&& visit) {
   const int64_t D = dims.hidden;
-  visit(w.input_norm, norm_row("input_layernorm.weight", D, dims.input_norm));
   if (dims.q_lora_rank == 0) {
     visit(w.q_proj.weight, weight_row("self_attn.q_proj.weight", {dims.q_width(), D}, dims.init.std_in));
   } else {
@@ -133,22 +131,18 @@ inline double flops_per_token(const MlaDims& dims, int64_t seq) {
 
 // The mixer interface (model/attention_block.h documents it).
 template <class T>
-void mixer_forward(T* x, const MlaWeights<T>& w, const MlaDims& dims, const LayerPass& pass, int layer,
+void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims, const LayerPass& pass, int layer,
                    Arena& scratch);
-
 template <class T>
-void mixer_backward(T* dx, const MlaWeights<T>& w, const MlaWeights<T>& grads, const MlaDims& dims,
-                    const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch);
-
-// Decoding (batch 1): x[n, D] += sublayer(x) for n new tokens at positions past..past+n−1; their
-// [c | k_rot] rows are written to rows past.. of cache [max_len, r_kv + rope].
+T* mixer_backward(const T* dy, const T* h, const MlaWeights<T>& w, const MlaWeights<T>& grads, const MlaDims& dims,
+                  const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch);
 template <class T>
-void mixer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cache, const MlaWeights<T>& w,
+void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T* cache, const MlaWeights<T>& w,
                   const MlaDims& dims, Arena& scratch);
 
-// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
-// saves, and the most scratch its forward or backward holds at once.
-std::vector<SavedSize> saved_sizes(const MlaDims& dims, const StepShape& shape);
+// The tensors its training forward saves (model/saved_tensors.h), and the memory plan's most
+// scratch its forward or backward holds at once (model/memory_sizes.h).
+std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& extent);
 int64_t workspace_bytes(const MlaDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -23,9 +23,10 @@ void mlp_forward(T* y, const T* h, int64_t n, const MlpWeights<T>& w, const MlpD
                  ActivationStore* store, int layer, Arena& scratch) {
   const int64_t D = dims.hidden, I = dims.intermediate;
   const MlpTags tags = tags_of(dims);
-  T* gate = save_or_scratch<T>(store, tags.gate, layer, Shape{n, I}, scratch);  // [n, I]
-  T* up = save_or_scratch<T>(store, tags.up, layer, Shape{n, I}, scratch);      // [n, I]
-  T* act = save_or_scratch<T>(store, tags.act, layer, Shape{n, I}, scratch);    // [n, I] silu(gate) · up
+  const SavedWriter saves(saved_tensors(dims, n), store, layer, scratch);
+  T* gate = saves.out<T>(tags.gate);  // [n, I]
+  T* up = saves.out<T>(tags.up);      // [n, I]
+  T* act = saves.out<T>(tags.act);    // [n, I] silu(gate) · up
   linear(gate, h, w.gate_proj, n, D, I, /*accumulate=*/false);
   linear(up, h, w.up_proj, n, D, I, /*accumulate=*/false);
   swiglu_forward(act, gate, up, n * I);
@@ -37,9 +38,10 @@ void mlp_backward(T* dh, const T* dy, const T* h, int64_t n, const MlpWeights<T>
                   const MlpDims& dims, const ActivationStore& store, int layer, Arena& scratch) {
   const int64_t D = dims.hidden, I = dims.intermediate;
   const MlpTags tags = tags_of(dims);
-  const T* gate = store.get<T>(tags.gate, layer, n * I);
-  const T* up = store.get<T>(tags.up, layer, n * I);
-  const T* act = store.get<T>(tags.act, layer, n * I);
+  const SavedReader saved(saved_tensors(dims, n), store, layer);
+  const T* gate = saved.in<T>(tags.gate);  // [n, I]
+  const T* up = saved.in<T>(tags.up);      // [n, I]
+  const T* act = saved.in<T>(tags.act);    // [n, I]
   T* d_act = scratch.alloc<T>(n * I);  // [n, I]
   linear_grad(d_act, grads.down_proj, dy, act, w.down_proj, n, I, D, /*accumulate_dx=*/false);
   T* d_gate = scratch.alloc<T>(n * I);  // [n, I]
@@ -49,10 +51,10 @@ void mlp_backward(T* dh, const T* dy, const T* h, int64_t n, const MlpWeights<T>
   linear_grad(dh, grads.up_proj, d_up, h, w.up_proj, n, D, I, /*accumulate_dx=*/true);
 }
 
-std::vector<SavedSize> saved_sizes(const MlpDims& dims, const StepShape& shape) {
+std::vector<SavedTensor> saved_tensors(const MlpDims& dims, int64_t tokens) {
   const MlpTags tags = tags_of(dims);
-  const int64_t bytes = shape.tokens() * dims.intermediate * shape.element_bytes;  // [n, I] each
-  return {{tags.gate, bytes}, {tags.up, bytes}, {tags.act, bytes}};
+  const int64_t I = dims.intermediate;
+  return {{tags.gate, {tokens, I}}, {tags.up, {tokens, I}}, {tags.act, {tokens, I}}};  // [n, I] each
 }
 
 // Training forward: nothing in scratch (its three tensors are saved); backward: d_act, d_gate, d_up [n, I].

@@ -77,9 +77,12 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MlpWeights<T>& w, const 
   mlp_backward(dh, dy, h, pass.batch * pass.seq, w, grads, dims, store, layer, scratch);
 }
 
-// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
-// saves, and the most scratch its forward or backward holds at once.
-std::vector<SavedSize> saved_sizes(const MlpDims& dims, const StepShape& shape);
+// The tensors its training forward of n tokens saves (model/saved_tensors.h), and the memory plan's
+// most scratch its forward or backward holds at once (model/memory_sizes.h).
+std::vector<SavedTensor> saved_tensors(const MlpDims& dims, int64_t tokens);
+inline std::vector<SavedTensor> saved_tensors(const MlpDims& dims, const SavedExtent& extent) {
+  return saved_tensors(dims, extent.tokens());
+}
 int64_t workspace_bytes(const MlpDims& dims, const StepShape& shape);
 
 }  // namespace trillion

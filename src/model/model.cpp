@@ -12,6 +12,7 @@
 #include "core/machine_memory.h"
 #include "model/family.h"
 #include "model/model_impl.h"
+#include "model/sublayer_input.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "model/linear.h"
@@ -91,6 +92,15 @@ UnitOrder unit_order(const ModelConfig& config) {
     order.backward.push_back(0);
   }
   return order;
+}
+
+std::vector<SavedTensor> head_saved_tensors(int64_t tokens, int64_t hidden, bool gradients_in_forward) {
+  std::vector<SavedTensor> list = input_saved_tensors(kHeadInput, tokens, hidden);
+  if (gradients_in_forward)
+    list.push_back({ActivationTag::loss_dh, {tokens, hidden}});  // [n, D]
+  else
+    list.push_back({ActivationTag::loss_lse, {tokens}});  // [n]
+  return list;
 }
 
 ParamTable param_table_of(const ModelConfig& config) {
@@ -345,25 +355,20 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   m.scratch.reset();
   if (pass.store != nullptr) pass.store->release_free_pages();
   const int head = static_cast<int>(m.config.num_hidden_layers);  // the head's entries: layer L
-  const auto buffer = [&](ActivationTag tag, Shape shape) {
-    return save_or_scratch<T>(pass.store, tag, head, shape, m.scratch);
-  };
   if (head_fsdp_unit != 0) call(m.hooks.before_forward, head_fsdp_unit);
-  const NormSpec norm = final_norm_spec(m.config);
-  T* final_input = buffer(ActivationTag::final_input, {n, D});  // [n, D]
-  std::memcpy(final_input, x, n * D * sizeof(T));
-  T* rstd = buffer(ActivationTag::final_norm_rstd, {n});  // [n]
-  T* h = buffer(ActivationTag::final_norm_out, {n, D});   // [n, D]
-  rmsnorm_forward(h, rstd, final_input, m.final_norm(params), n, D, norm.eps, norm.zero_centred);
-  if (pass.store != nullptr && m.loss_gradients == LossGradients::in_forward) {
+  const bool gradients_in_forward = pass.store != nullptr && m.loss_gradients == LossGradients::in_forward;
+  const SavedWriter saves(head_saved_tensors(n, D, gradients_in_forward), pass.store, head, m.scratch);
+  const T* h = sublayer_input_forward(x, m.final_norm(params), final_norm_spec(m.config), kHeadInput, D, pass, head,
+                                      m.scratch);  // [n, D]
+  if (gradients_in_forward) {
     // The loss scale is known: the gradient wrt h is formed now, tile by tile, and the head's
     // weight gradient accumulated (tied: into the embedding's, which embedding_backward adds to).
-    T* dh = buffer(ActivationTag::loss_dh, {n, D});  // [n, D]
+    T* dh = saves.out<T>(ActivationTag::loss_dh);  // [n, D]
     call(m.hooks.before_gradients, head_fsdp_unit);
     result.lm = lm_head_cross_entropy_forward_backward(dh, m.lm_head(m.grads.data()), static_cast<T*>(nullptr), h,
                                                        m.lm_head(params), targets, scales.lm, 0.0, n, D, V);
   } else {
-    T* lse = buffer(ActivationTag::loss_lse, {n});  // [n]
+    T* lse = saves.out<T>(ActivationTag::loss_lse);  // [n]
     result.lm = lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
   }
   if (pass.store != nullptr) pass.store->end_forward(head, TagSublayer::head, /*backward_next=*/true);
@@ -450,37 +455,36 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   T* dx = m.hidden_grad.data();  // [n, D] gradient of the residual stream
   const int head = static_cast<int>(m.config.num_hidden_layers);  // the head's entries: layer L
   const int head_fsdp_unit = head_unit(m.config);
-  call(m.hooks.before_backward, head_fsdp_unit);
-  call(m.hooks.before_gradients, head_fsdp_unit);
-  m.store.begin_backward(head, TagSublayer::head);
-  {
-    m.scratch.reset();
-    const NormSpec norm = final_norm_spec(m.config);
-    const T* final_input = m.store.template get<T>(ActivationTag::final_input, head, n * D);
-    const T* rstd = m.store.template get<T>(ActivationTag::final_norm_rstd, head, n);
-    const T* h = m.store.template get<T>(ActivationTag::final_norm_out, head, n * D);
-    const T* dh = nullptr;  // [n, D] gradient wrt the final norm's output
-    if (m.store.contains(ActivationTag::loss_dh, head)) {
-      dh = m.store.template get<T>(ActivationTag::loss_dh, head, n * D);  // formed in the forward
-    } else {
-      const T* lse = m.store.template get<T>(ActivationTag::loss_lse, head, n);
-      T* recomputed = m.scratch.template alloc<T>(n * D);  // [n, D]
-      // Tied head: its dw lands in the embedding gradient, which embedding_backward adds to below.
-      lm_head_cross_entropy_backward(recomputed, m.lm_head(grads), h, m.lm_head(params), targets, lse, scales.lm, n,
-                                     D, V);
-      dh = recomputed;
-    }
-    rmsnorm_backward(dx, m.final_norm(grads), dh, final_input, m.final_norm(params), rstd, n, D, norm.zero_centred,
-                     /*accumulate_dx=*/false);
-  }
-  m.store.end_backward(head, TagSublayer::head);
-  if (head_fsdp_unit != 0) call(m.hooks.after_backward, head_fsdp_unit);
   LayerPass pass;
   pass.batch = batch;
   pass.seq = seq;
   pass.positions = m.positions.data();
   m.document_segments(pass);
   pass.indexer = &m.indexer;
+  call(m.hooks.before_backward, head_fsdp_unit);
+  call(m.hooks.before_gradients, head_fsdp_unit);
+  m.store.begin_backward(head, TagSublayer::head);
+  {
+    m.scratch.reset();
+    const bool gradients_in_forward = m.store.contains(ActivationTag::loss_dh, head);
+    const SublayerInput<T> in = saved_sublayer_input<T>(kHeadInput, D, pass, m.store, head);
+    const SavedReader saved(head_saved_tensors(n, D, gradients_in_forward), m.store, head);
+    const T* dh = nullptr;  // [n, D] gradient wrt the final norm's output
+    if (gradients_in_forward) {
+      dh = saved.in<T>(ActivationTag::loss_dh);  // formed in the forward
+    } else {
+      const T* lse = saved.in<T>(ActivationTag::loss_lse);  // [n]
+      T* recomputed = m.scratch.template alloc<T>(n * D);  // [n, D]
+      // Tied head: its dw lands in the embedding gradient, which embedding_backward adds to below.
+      lm_head_cross_entropy_backward(recomputed, m.lm_head(grads), in.h, m.lm_head(params), targets, lse, scales.lm, n,
+                                     D, V);
+      dh = recomputed;
+    }
+    sublayer_input_backward(dx, m.final_norm(grads), dh, in, m.final_norm(params), final_norm_spec(m.config), n, D,
+                            /*accumulate=*/false);
+  }
+  m.store.end_backward(head, TagSublayer::head);
+  if (head_fsdp_unit != 0) call(m.hooks.after_backward, head_fsdp_unit);
   pass.experts = m.exchange;
   for (int layer = static_cast<int>(m.config.num_hidden_layers) - 1; layer >= 0; --layer) {
     call(m.hooks.before_backward, 1 + layer);
@@ -519,7 +523,7 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
   const int64_t n = batch * seq, D = config.hidden_size;
   ensure_size(recompute_hidden, n * D);
   T* x = recompute_hidden.data();  // [n, D]
-  const ActivationTag start = mixer ? ActivationTag::attn_input : ActivationTag::ffn_input;
+  const ActivationTag start = (mixer ? kMixerInput : kFfnInput).input;  // [n, D] the checkpoint
   std::memcpy(x, store.template get<T>(start, layer, n * D), n * D * sizeof(T));
   StepResult discarded;  // routing statistics and losses were reported by the forward
   LayerPass pass;

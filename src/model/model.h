@@ -17,6 +17,7 @@
 
 #include "model/config.h"
 #include "model/params.h"
+#include "model/saved_tensors.h"
 #include "memory/activation_store.h"
 #include "model/step.h"
 #include "ops/cross_entropy.h"
@@ -35,6 +36,10 @@ struct ParamCounts {
 ParamCounts count_parameters(const ModelConfig& config);
 // The parameter table a Model of the config lays out (shapes and offsets; nothing allocated).
 ParamTable param_table_of(const ModelConfig& config);
+// The tensors the head saves under layer L in a training forward of n tokens (model/saved_tensors.h):
+// the final norm's input, statistics and output, and the loss's gradient wrt that output when it
+// is formed in the forward, else the LM head's log-sum-exp.
+std::vector<SavedTensor> head_saved_tensors(int64_t tokens, int64_t hidden, bool gradients_in_forward);
 
 // The FSDP units (the parameter table's units) in the order a training step reaches them: its
 // forward's before_forward hooks, then its backward's before_backward hooks. Unit 0 holds the

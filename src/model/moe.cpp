@@ -94,38 +94,40 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   DecisionLog not_kept;  // decoding: the decision is taken and dropped
   DecisionLog& decisions = pass.decisions != nullptr ? *pass.decisions : not_kept;
   const int64_t n = batch * seq, D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
-  const auto buffer = [&](Tag tag, const Shape& shape) { return save_or_scratch<T>(store, tag, layer, shape, scratch); };
-  T* logits = buffer(Tag::router_logits, {n, E});  // [n, E]
+  SavedExtent extent = SavedExtent::of(pass);  // the routed rows: set once the plan is built
+  const SavedWriter router_saves(saved_tensors(dims, extent), store, layer, scratch);
+  T* logits = router_saves.out<T>(Tag::router_logits);  // [n, E]
   linear(logits, h, w.router, n, D, E, /*accumulate=*/false);
-  T* scores = buffer(Tag::router_scores, {n, E});  // [n, E]
+  T* scores = router_saves.out<T>(Tag::router_scores);  // [n, E]
   router_scores_forward(scores, logits, n, dims.router);
-  int32_t* index = save_or_scratch<int32_t>(store, Tag::router_index, layer, Shape{n, k}, scratch);  // [n, k]
+  int32_t* index = router_saves.out<int32_t>(Tag::router_index);  // [n, k]
   const int32_t* decided = decisions.decide(DecisionKind::routing, layer, n * k, [&](int32_t* out) {
     router_select(out, scores, w.correction_bias, n, dims.router);
   });
   std::copy(decided, decided + n * k, index);
-  T* weight = buffer(Tag::router_weight, {n, k});  // [n, k]
+  T* weight = router_saves.out<T>(Tag::router_weight);  // [n, k]
   router_weights_forward(weight, scores, index, n, dims.router);
 
   // Capacity applies where routing is recorded (training, evaluation); decoding is dropless, so a
   // prompt gives the same logits in one prefill as token by token.
   MoePlan plan;
   moe_plan_build(plan, index, n, k, E, pass.decisions != nullptr ? dims.capacity(n) : 0);
-  const int64_t rows = plan.rows();
+  extent.routed_rows = plan.rows();
+  const SavedWriter saves(saved_tensors(dims, extent), store, layer, scratch);
   const MoeExpertDims expert_dims{D, I, E};
   if (pass.experts != nullptr) {
     pass.experts->forward(y, h, w.gate_up, w.down, weight, plan, expert_dims, layer);  // it keeps its rows
   } else {
-    T* gate_up_out = buffer(Tag::expert_gate_up, {rows, 2 * I});  // [rows, 2I]
-    T* act = buffer(Tag::expert_act, {rows, I});                  // [rows, I]
-    T* expert_out = buffer(Tag::expert_out, {rows, D});           // [rows, D]
+    T* gate_up_out = saves.out<T>(Tag::expert_gate_up);  // [rows, 2I]
+    T* act = saves.out<T>(Tag::expert_act);              // [rows, I]
+    T* expert_out = saves.out<T>(Tag::expert_out);       // [rows, D]
     moe_experts_forward(y, gate_up_out, act, expert_out, h, w.gate_up, w.down, weight, plan, expert_dims);
   }
 
   if (dims.shared.intermediate > 0) {
     if (dims.shared_gated) {
-      T* out = buffer(Tag::shared_out, {n, D});        // [n, D]
-      T* logit = buffer(Tag::shared_gate_logit, {n});   // [n]
+      T* out = saves.out<T>(Tag::shared_out);            // [n, D]
+      T* logit = saves.out<T>(Tag::shared_gate_logit);   // [n]
       mlp_forward(out, h, n, w.shared, dims.shared, /*accumulate=*/false, store, layer, scratch);
       linear(logit, h, w.shared_gate, n, D, 1, /*accumulate=*/false);
       add_gated(y, out, logit, n, D);
@@ -157,21 +159,24 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   const MoeBalanceGrad& balance = *pass.balance;
   const int64_t batch = pass.batch, seq = pass.seq;
   const int64_t n = batch * seq, D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
-  const T* logits = store.get<T>(Tag::router_logits, layer, n * E);
-  const T* scores = store.get<T>(Tag::router_scores, layer, n * E);
-  const int32_t* index = store.get<int32_t>(Tag::router_index, layer, n * k);
-  const T* weight = store.get<T>(Tag::router_weight, layer, n * k);
+  SavedExtent extent = SavedExtent::of(pass);
+  const SavedReader router_saved(saved_tensors(dims, extent), store, layer);
+  const T* logits = router_saved.in<T>(Tag::router_logits);          // [n, E]
+  const T* scores = router_saved.in<T>(Tag::router_scores);          // [n, E]
+  const int32_t* index = router_saved.in<int32_t>(Tag::router_index);  // [n, k]
+  const T* weight = router_saved.in<T>(Tag::router_weight);          // [n, k]
   MoePlan plan;  // rebuilt from the kept decision: the same plan as in forward
   moe_plan_build(plan, index, n, k, E, dims.capacity(n));
-  const int64_t rows = plan.rows();
+  extent.routed_rows = plan.rows();
+  const SavedReader saved(saved_tensors(dims, extent), store, layer);
   T* dweight = scratch.alloc<T>(n * k);  // [n, k]
   if (pass.experts != nullptr) {
     pass.experts->backward(dh, dweight, grads.gate_up, grads.down, dy, w.gate_up, w.down, weight, plan,
                            MoeExpertDims{D, I, E}, layer);
   } else {
-    const T* gate_up_out = store.get<T>(Tag::expert_gate_up, layer, rows * 2 * I);
-    const T* act = store.get<T>(Tag::expert_act, layer, rows * I);
-    const T* expert_out = store.get<T>(Tag::expert_out, layer, rows * D);
+    const T* gate_up_out = saved.in<T>(Tag::expert_gate_up);  // [rows, 2I]
+    const T* act = saved.in<T>(Tag::expert_act);              // [rows, I]
+    const T* expert_out = saved.in<T>(Tag::expert_out);       // [rows, D]
     moe_experts_backward(dh, dweight, grads.gate_up, grads.down, dy, h, gate_up_out, act, expert_out, w.gate_up,
                          w.down, weight, plan, MoeExpertDims{D, I, E});
   }
@@ -194,8 +199,8 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
     mlp_backward(dh, dy, h, n, w.shared, grads.shared, dims.shared, store, layer, scratch);
     return;
   }
-  const T* out = store.get<T>(Tag::shared_out, layer, n * D);
-  const T* logit = store.get<T>(Tag::shared_gate_logit, layer, n);
+  const T* out = saved.in<T>(Tag::shared_out);           // [n, D]
+  const T* logit = saved.in<T>(Tag::shared_gate_logit);  // [n]
   T* d_out = scratch.alloc<T>(n * D);  // [n, D] dy · sigmoid(logit)
   T* d_logit = scratch.alloc<T>(n);    // [n]   Σ_c dy · out · σ'(logit)
   parallel_for(n, [&](int64_t t) {
@@ -211,27 +216,31 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   linear_grad(dh, grads.shared_gate, d_logit, h, w.shared_gate, n, D, 1, /*accumulate_dx=*/true);
 }
 
+// Saved in the forward's order: the router's tensors, the routed experts' rows (R: the extent's
+// routed rows, or their bound), then the shared expert's.
+std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& extent) {
+  using Tag = ActivationTag;
+  const int64_t n = extent.tokens(), D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
+  const int64_t rows = extent.routed_rows >= 0 ? extent.routed_rows : routed_rows_bound(dims, n);
+  std::vector<SavedTensor> list{{Tag::router_logits, {n, E}},     // [n, E]
+                                {Tag::router_scores, {n, E}},     // [n, E]
+                                {Tag::router_index, {n, k}},      // [n, k] int32
+                                {Tag::router_weight, {n, k}},     // [n, k]
+                                {Tag::expert_gate_up, {rows, 2 * I}},  // [R, 2I]
+                                {Tag::expert_act, {rows, I}},     // [R, I]
+                                {Tag::expert_out, {rows, D}}};    // [R, D]
+  if (dims.shared.intermediate == 0) return list;
+  if (dims.shared_gated) list.insert(list.end(), {{Tag::shared_out, {n, D}}, {Tag::shared_gate_logit, {n}}});
+  const std::vector<SavedTensor> shared = saved_tensors(dims.shared, n);
+  list.insert(list.end(), shared.begin(), shared.end());
+  return list;
+}
+
 // The routed rows R at their bound: N · k dropless; with a capacity each expert keeps at most
 // `capacity` slots, so R = Σ_e min(slots_e, capacity) ≤ min(N · k, E · capacity).
-std::vector<SavedSize> saved_sizes(const MoeDims& dims, const StepShape& shape) {
-  using Tag = ActivationTag;
-  const int64_t n = shape.tokens(), e = shape.element_bytes, D = dims.hidden, E = dims.experts(), k = dims.top_k();
-  const int64_t I = dims.width, capacity = dims.capacity(n);
-  const int64_t rows = capacity > 0 ? std::min(n * k, E * capacity) : n * k;
-  std::vector<SavedSize> sizes = {{Tag::router_logits, n * E * e},
-                                  {Tag::router_scores, n * E * e},
-                                  {Tag::router_index, n * k * int64_t(sizeof(int32_t))},
-                                  {Tag::router_weight, n * k * e},
-                                  {Tag::expert_gate_up, rows * 2 * I * e},
-                                  {Tag::expert_act, rows * I * e},
-                                  {Tag::expert_out, rows * D * e}};
-  if (dims.shared.intermediate == 0) return sizes;
-  if (dims.shared_gated) {
-    sizes.push_back({Tag::shared_out, n * D * e});
-    sizes.push_back({Tag::shared_gate_logit, n * e});
-  }
-  for (const SavedSize& s : saved_sizes(dims.shared, shape)) sizes.push_back(s);
-  return sizes;
+int64_t routed_rows_bound(const MoeDims& dims, int64_t tokens) {
+  const int64_t k = dims.top_k(), capacity = dims.capacity(tokens);
+  return capacity > 0 ? std::min(tokens * k, dims.experts() * capacity) : tokens * k;
 }
 
 // Training forward: nothing in scratch (everything it allocates is saved), so the largest of its

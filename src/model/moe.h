@@ -112,9 +112,11 @@ template <class T>
 void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const MoeWeights<T>& grads,
                   const MoeDims& dims, const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch);
 
-// The memory plan's sizes of this kind (model/memory_sizes.h): the tensors its training forward
-// saves, and the most scratch its forward or backward holds at once.
-std::vector<SavedSize> saved_sizes(const MoeDims& dims, const StepShape& shape);
+// The tensors its training forward saves (model/saved_tensors.h; the routed rows at their bound
+// when the extent does not give them), and the memory plan's most scratch its forward or backward
+// holds at once (model/memory_sizes.h).
+std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& extent);
+int64_t routed_rows_bound(const MoeDims& dims, int64_t tokens);
 int64_t workspace_bytes(const MoeDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -227,13 +227,15 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   plan.model_buffers = 2 * n * D * e + n * 4 + (any_dropped ? n * D * e : 0) + shape.sampler_windows * 8 +
                        (shape.swap_bf16 && plan.peak_slow > 0 ? SwapEngine::kStagingBytes : 0);
 
-  // The head: final_input, final_norm_rstd, final_norm_out, and loss_dh or loss_lse.
-  const auto head_entry = [&](int64_t bytes) { return ActivationStore::held_bytes(bytes, shape.policy_min_bytes); };
+  // The head's saved tensors.
   const bool in_forward = shape.loss == LossGradients::in_forward;
-  const int64_t head = head_entry(n * D * e) * 2 + head_entry(n * e) + (in_forward ? head_entry(n * D * e) : head_entry(n * e));
+  int64_t head = 0;
   int64_t small_after = 0;  // the small entries of the head and the layers whose backward is done
-  for (const int64_t bytes : {n * D * e, n * D * e, n * e, in_forward ? n * D * e : n * e})
-    small_after += ActivationStore::is_paged(bytes, shape.policy_min_bytes) ? 0 : head_entry(bytes);
+  for (const SavedSize& s : saved_sizes(head_saved_tensors(n, D, in_forward), e)) {
+    const int64_t held = ActivationStore::held_bytes(s.bytes, shape.policy_min_bytes);
+    head += held;
+    small_after += ActivationStore::is_paged(s.bytes, shape.policy_min_bytes) ? 0 : held;
+  }
   plan.activations_saved += head;
   const int64_t loss_forward = in_forward ? forward_backward_workspace_bytes(n, V, e)
                                           : forward_then_backward_workspace_bytes(n, D, V, e, shape.threads);

@@ -1,0 +1,128 @@
+// Saved tensors, declared once per layer kind (docs/architecture.md, "Saved tensors"). Each kind
+// defines, next to its forward and backward,
+//
+//   std::vector<SavedTensor> saved_tensors(const KindDims& dims, const SavedExtent& extent);
+//
+// listing every tensor its training forward saves, in the forward's order: the tag (whose element
+// type follows its kind: int32 for decisions, the model's floating type for every other,
+// memory/activation_tags.h), the shape from the kind's dimensions and the pass's extent, and
+// whether this pass keeps it (the indexer's key statistics are kept only with its loss on; when not
+// kept, the forward still writes the tensor, into its scratch). That one list gives
+//   the forward's buffers:    SavedWriter saves(list, pass.store, layer, scratch);
+//                             T* q = saves.out<T>(Tag::q);   // in the store, or scratch when
+//                                                            // nothing is saved (store null)
+//   the backward's tensors:   SavedReader saved(list, store, layer);
+//                             const T* q = saved.in<T>(Tag::q);
+//   the memory plan's bytes:  saved_sizes(list, element_bytes).
+// Adding a saved tensor to a kind is one line in its saved_tensors and the out/in calls that use
+// it; a new tag is one line in TRILLION_ACTIVATION_TAGS.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "core/tensor.h"
+#include "memory/activation_store.h"
+#include "memory/activation_tags.h"
+#include "model/step.h"
+
+namespace trillion {
+
+// What a pass's saved tensors are sized by.
+struct SavedExtent {
+  int64_t batch = 0, seq = 0;
+  int64_t routed_rows = -1;   // MoE: the routed rows its plan keeps (−1: their bound, as the memory plan counts)
+  bool indexer_loss = false;  // sparse layers: the indexer's loss is on (its gradients are saved)
+  int64_t tokens() const { return batch * seq; }
+  // A layer pass's extent (MoE sets the routed rows once its plan is built).
+  static SavedExtent of(const LayerPass& pass) {
+    return {pass.batch, pass.seq, -1, pass.indexer != nullptr && pass.indexer->coef > 0.0};
+  }
+};
+
+struct SavedTensor {
+  ActivationTag tag;
+  Shape shape;
+  bool kept = true;  // false: written by the forward as a temporary, never saved
+};
+
+// Bytes of the saved tensors one training forward of a kind keeps, tag by tag.
+struct SavedSize {
+  ActivationTag tag;
+  int64_t bytes;
+};
+
+inline int64_t saved_element_bytes(ActivationTag tag, int64_t element_bytes) {
+  return tag_kind(tag) == TagKind::decision ? int64_t(sizeof(int32_t)) : element_bytes;
+}
+
+inline std::vector<SavedSize> saved_sizes(const std::vector<SavedTensor>& list, int64_t element_bytes) {
+  std::vector<SavedSize> sizes;
+  for (const SavedTensor& s : list)
+    if (s.kept) sizes.push_back({s.tag, s.shape.numel() * saved_element_bytes(s.tag, element_bytes)});
+  return sizes;
+}
+
+namespace saved_detail {
+
+inline const SavedTensor& find(const std::vector<SavedTensor>& list, ActivationTag tag) {
+  for (const SavedTensor& s : list)
+    if (s.tag == tag) return s;
+  fail("saved tensor ", activation_tag_name(tag), " is not in its layer kind's saved_tensors");
+}
+
+// E is int32_t for decisions and the model's floating type for every other tag.
+template <class E>
+void check_element(ActivationTag tag) {
+  constexpr bool integer = std::is_same_v<E, int32_t>;
+  TRILLION_CHECK((tag_kind(tag) == TagKind::decision) == integer, "saved tensor ", activation_tag_name(tag),
+                 ": element type does not match its tag's kind");
+}
+
+}  // namespace saved_detail
+
+// The forward's side: where each declared tensor is written.
+class SavedWriter {
+ public:
+  // store null: nothing is saved (evaluation), every tensor is a temporary of `scratch`.
+  SavedWriter(std::vector<SavedTensor> list, ActivationStore* store, int layer, Arena& scratch)
+      : list_(std::move(list)), store_(store), layer_(layer), scratch_(scratch) {}
+
+  template <class E>
+  E* out(ActivationTag tag) const {
+    saved_detail::check_element<E>(tag);
+    const SavedTensor& s = saved_detail::find(list_, tag);
+    return store_ != nullptr && s.kept ? store_->save<E>(tag, layer_, s.shape) : scratch_.alloc<E>(s.shape.numel());
+  }
+
+ private:
+  std::vector<SavedTensor> list_;
+  ActivationStore* store_;
+  int layer_;
+  Arena& scratch_;
+};
+
+// The backward's side: each declared tensor as the forward saved it.
+class SavedReader {
+ public:
+  SavedReader(std::vector<SavedTensor> list, const ActivationStore& store, int layer)
+      : list_(std::move(list)), store_(store), layer_(layer) {}
+
+  template <class E>
+  const E* in(ActivationTag tag) const {
+    saved_detail::check_element<E>(tag);
+    const SavedTensor& s = saved_detail::find(list_, tag);
+    TRILLION_CHECK(s.kept, "saved tensor ", activation_tag_name(tag), " is not kept in this pass");
+    return store_.get<E>(tag, layer_, s.shape.numel());
+  }
+
+ private:
+  std::vector<SavedTensor> list_;
+  const ActivationStore& store_;
+  int layer_;
+};
+
+}  // namespace trillion
