@@ -107,8 +107,8 @@ inline double flops_per_token(const AttentionBlockDims& dims, int64_t seq) {
 // The mixer interface every mixer kind implements (model/decoder_layer.h dispatches on it; the
 // decoder layer owns the input norm, h = input_layernorm(x), and the residual around it).
 // x[batch·seq, D] += sublayer(h) for h[batch·seq, D]; pass.positions[batch·seq] are 0..seq−1 per
-// sequence. Saves what the backward needs (saved_tensors) in pass.store under `layer`; a null
-// store (forward only, e.g. evaluation) keeps everything in `scratch` instead. Temporaries come
+// sequence. A pass that saves (train, recompute) keeps what the backward needs (saved_tensors) in
+// pass.store under `layer`; eval and decode passes keep everything in `scratch` instead. Temporaries come
 // from `scratch` (the caller resets it between sublayers).
 template <class T>
 void mixer_forward(T* x, const T* h, const AttentionBlockWeights<T>& w, const AttentionBlockDims& dims,

@@ -190,9 +190,7 @@ void decoder_layer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cac
       [&](const auto& d, const auto& kind) { mixer_decode(x, h, n, past, max_len, cache, kind, d, scratch); },
       w.mixer);
   h = normed(w.ffn_norm, dims.ffn_norm);
-  LayerPass pass;
-  pass.batch = 1;
-  pass.seq = n;
+  const LayerPass pass(PassMode::decode, 1, n);
   with_kind<T>(dims.ffn, [&](const auto& d, const auto& kind) { ffn_forward(x, h, kind, d, pass, 0, scratch); }, w.ffn);
 }
 

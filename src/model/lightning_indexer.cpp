@@ -55,7 +55,7 @@ void project(T* q, T* k_raw, T* k_mean, T* k_rstd, T* k, T* w_out, const T* q_in
 }
 
 // The loss is computed whenever its coefficient is on (evaluation reports it too); its gradients are
-// kept only in training (pass.store set).
+// kept only by a pass that saves (train, recompute).
 bool loss_on(const LayerPass& pass) { return pass.indexer != nullptr && pass.indexer->coef > 0.0; }
 // The same of a training step's shape (its forward always has the model's IndexerTraining).
 bool loss_on(const StepShape& shape) { return shape.indexer.coef > 0.0; }
@@ -84,7 +84,7 @@ IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeight
   const IndexerSizes sizes = sizes_of(dims, batch, seq, seq, pass.doc_start);
   int32_t* selection = saves.out<int32_t>(Tag::attn_indices);  // [n, topk]
   const auto select = [&](int32_t* indices) { indexer_topk(indices, out.q, out.k, out.w, sizes); };
-  if (pass.decisions != nullptr) {
+  if (pass.keeps_decisions()) {
     const int32_t* decided = pass.decisions->decide(DecisionKind::selection, layer, n * dims.topk, select);
     std::copy(decided, decided + n * dims.topk, selection);
   } else {

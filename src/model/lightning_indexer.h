@@ -114,7 +114,7 @@ IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeight
 // The indexer loss of one layer against the main attention the layer ran (detached): q [n, H, qk],
 // k [n, Hkv, qk], lse [batch, H, seq] (dense in warm-up, over the selection in sparse mode), scale its
 // softmax scale. With the loss on (pass.indexer with coef > 0) the loss and the selected attention
-// mass go to pass.result; in training (pass.store set) the gradients wrt q_I, k_I, w_I are saved for
+// mass go to pass.result; in a pass that saves (train, recompute) the gradients wrt q_I, k_I, w_I are saved for
 // the backward.
 template <class T>
 void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T* lse, int64_t heads, int64_t kv_heads,

@@ -295,9 +295,10 @@ MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer,
 
 template <class T>
 StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
-                                   bool save_activations, const LossScales& scales) {
+                                   PassMode mode, const LossScales& scales) {
   Impl& m = *this;
   TRILLION_CHECK(batch > 0 && seq > 0, "batch ", batch, " and seq ", seq, " must be positive");
+  TRILLION_CHECK(mode == PassMode::train || mode == PassMode::eval, "a model forward is a train or eval pass");
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   check_tokens(tokens, targets, n, V);
   m.store.clear();
@@ -321,16 +322,15 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     for (int64_t i = 0; i < n; ++i) m.positions[i] = static_cast<int32_t>(i % seq);
   }
   StepResult result;
-  LayerPass pass;
-  pass.batch = batch;
-  pass.seq = seq;
+  LayerPass pass(mode, batch, seq);
   pass.positions = m.positions.data();
   m.document_segments(pass);
-  pass.store = save_activations ? &m.store : nullptr;
+  pass.store = pass.saves() ? &m.store : nullptr;
   pass.decisions = &m.decisions;
   pass.result = &result;
   const int sparse = m.sparse_layers();
-  const int ranks = save_activations ? m.reduction.ranks : 1;  // shares the statistics are over
+  // The shares the statistics are over: a training step's ranks, or this rank's batch alone.
+  const int ranks = mode == PassMode::train ? m.reduction.ranks : 1;
   m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse / ranks : 0.0;
   pass.indexer = &m.indexer;
   pass.experts = m.exchange;
@@ -345,18 +345,18 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     const bool last = layer + 1 == m.config.num_hidden_layers;  // its backward comes right after the head
     mixer_sublayer_forward(x, m.layer_params[layer], m.layer_dims[layer], pass, layer, m.scratch);
     m.check_output(result, x, n * D, layer, "mixer");
-    if (pass.store != nullptr) pass.store->end_forward(layer, TagSublayer::mixer, /*backward_next=*/last);
+    if (pass.saves()) pass.store->end_forward(layer, TagSublayer::mixer, /*backward_next=*/last);
     ffn_sublayer_forward(x, m.layer_params[layer], m.layer_dims[layer], pass, layer, m.scratch);
     if (layer == m.nan_after_layer) x[0] = std::numeric_limits<T>::quiet_NaN();
     m.check_output(result, x, n * D, layer, "FFN");
-    if (pass.store != nullptr) pass.store->end_forward(layer, TagSublayer::ffn, /*backward_next=*/last);
+    if (pass.saves()) pass.store->end_forward(layer, TagSublayer::ffn, /*backward_next=*/last);
     call(m.hooks.after_forward, 1 + layer);
   }
   m.scratch.reset();
-  if (pass.store != nullptr) pass.store->release_free_pages();
+  if (pass.saves()) pass.store->release_free_pages();
   const int head = static_cast<int>(m.config.num_hidden_layers);  // the head's entries: layer L
   if (head_fsdp_unit != 0) call(m.hooks.before_forward, head_fsdp_unit);
-  const bool gradients_in_forward = pass.store != nullptr && m.loss_gradients == LossGradients::in_forward;
+  const bool gradients_in_forward = mode == PassMode::train && m.loss_gradients == LossGradients::in_forward;
   const SavedWriter saves(head_saved_tensors(n, D, gradients_in_forward), pass.store, head, m.scratch);
   const T* h = sublayer_input_forward(x, m.final_norm(params), final_norm_spec(m.config), kHeadInput, D, pass, head,
                                       m.scratch);  // [n, D]
@@ -371,7 +371,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     T* lse = saves.out<T>(ActivationTag::loss_lse);  // [n]
     result.lm = lm_head_cross_entropy_forward(lse, h, m.lm_head(params), targets, n, D, V);
   }
-  if (pass.store != nullptr) pass.store->end_forward(head, TagSublayer::head, /*backward_next=*/true);
+  if (pass.saves()) pass.store->end_forward(head, TagSublayer::head, /*backward_next=*/true);
   call(m.hooks.after_forward, head_fsdp_unit);
   if (ranks > 1) m.reduce_statistics(result);
   m.add_router_losses(result, n * ranks);
@@ -438,7 +438,7 @@ int Model<T>::sparse_layers() const {
 // Forward only: nothing is saved, so its memory is one sublayer's, not every layer's.
 template <class T>
 StepResult Model<T>::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
-  StepResult result = impl_->forward(tokens, targets, batch, seq, /*save_activations=*/false, LossScales{});
+  StepResult result = impl_->forward(tokens, targets, batch, seq, PassMode::eval, LossScales{});
   impl_->scratch.reset();
   return result;
 }
@@ -447,7 +447,7 @@ template <class T>
 StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                       const LossScales& scales) {
   Impl& m = *impl_;
-  const StepResult result = m.forward(tokens, targets, batch, seq, /*save_activations=*/true, scales);
+  const StepResult result = m.forward(tokens, targets, batch, seq, PassMode::train, scales);
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   T* params = m.params.data();
   T* grads = m.grads.data();
@@ -455,9 +455,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   T* dx = m.hidden_grad.data();  // [n, D] gradient of the residual stream
   const int head = static_cast<int>(m.config.num_hidden_layers);  // the head's entries: layer L
   const int head_fsdp_unit = head_unit(m.config);
-  LayerPass pass;
-  pass.batch = batch;
-  pass.seq = seq;
+  LayerPass pass(PassMode::train, batch, seq);  // the backward of the training forward
   pass.positions = m.positions.data();
   m.document_segments(pass);
   pass.indexer = &m.indexer;
@@ -526,9 +524,7 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
   const ActivationTag start = (mixer ? kMixerInput : kFfnInput).input;  // [n, D] the checkpoint
   std::memcpy(x, store.template get<T>(start, layer, n * D), n * D * sizeof(T));
   StepResult discarded;  // routing statistics and losses were reported by the forward
-  LayerPass pass;
-  pass.batch = batch;
-  pass.seq = seq;
+  LayerPass pass(PassMode::recompute, batch, seq);
   pass.positions = positions.data();
   document_segments(pass);
   pass.store = &store;

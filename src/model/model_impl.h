@@ -65,11 +65,12 @@ struct Model<T>::Impl {
   int64_t cache_length = 0;
 
   explicit Impl(const ModelConfig& c);
-  // Forward and loss terms. save_activations: saves every activation the backward needs in `store`
-  // (training); otherwise nothing is saved and temporaries live in `scratch` one sublayer at a time.
-  // scales: the step's loss scales, for the losses whose gradients are formed in the forward (the
-  // LM head's in training unless loss_gradients is recompute; the indexer's).
-  StepResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, bool save_activations,
+  // Forward and loss terms, in mode train (saves every activation the backward needs in `store`,
+  // statistics reduced across the ranks) or eval (nothing is saved, temporaries live in `scratch`
+  // one sublayer at a time; this rank's statistics). scales: the step's loss scales, for the
+  // losses whose gradients are formed in the forward (the LM head's in training unless
+  // loss_gradients is recompute; the indexer's).
+  StepResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, PassMode mode,
                      const LossScales& scales);
   // Before the backward of `layer`: re-runs the sublayers whose saved tensors the store dropped
   // (mixer from attn_input, FFN from ffn_input), decisions replayed, statistics discarded.

@@ -90,9 +90,8 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   using Tag = ActivationTag;
   const int64_t batch = pass.batch, seq = pass.seq;
   ActivationStore* store = pass.store;
-  StepResult* result = pass.result;
   DecisionLog not_kept;  // decoding: the decision is taken and dropped
-  DecisionLog& decisions = pass.decisions != nullptr ? *pass.decisions : not_kept;
+  DecisionLog& decisions = pass.keeps_decisions() ? *pass.decisions : not_kept;
   const int64_t n = batch * seq, D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
   SavedExtent extent = SavedExtent::of(pass);  // the routed rows: set once the plan is built
   const SavedWriter router_saves(saved_tensors(dims, extent), store, layer, scratch);
@@ -111,7 +110,7 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   // Capacity applies where routing is recorded (training, evaluation); decoding is dropless, so a
   // prompt gives the same logits in one prefill as token by token.
   MoePlan plan;
-  moe_plan_build(plan, index, n, k, E, pass.decisions != nullptr ? dims.capacity(n) : 0);
+  moe_plan_build(plan, index, n, k, E, pass.mode != PassMode::decode ? dims.capacity(n) : 0);
   extent.routed_rows = plan.rows();
   const SavedWriter saves(saved_tensors(dims, extent), store, layer, scratch);
   const MoeExpertDims expert_dims{D, I, E};
@@ -136,7 +135,7 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
     }
   }
 
-  if (result == nullptr) return;
+  if (pass.mode == PassMode::decode) return;  // no statistics
   MoeLayerStats stats;
   stats.layer = layer;
   stats.tokens_per_expert.assign(E, 0);
@@ -147,7 +146,7 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   if (dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0)
     stats.sequence_aux = sequence_aux_loss<T>(nullptr, scores, index, batch, seq, dims.router, 0.0);
   if (dims.z_coef != 0.0) stats.z_loss = router_z_loss<T>(nullptr, logits, n, E, 0.0);
-  result->moe.push_back(std::move(stats));
+  pass.result->moe.push_back(std::move(stats));
 }
 
 template <class T>

@@ -99,9 +99,8 @@ void visit_params(MoeWeights<T>& w, const MoeDims& dims, Visit&& visit) {
 double flops_per_token(const MoeDims& dims, int64_t seq);
 
 // The FFN interface (model/mlp.h). y[n, D] += MoE(h[n, D]) for n = batch · seq tokens; the
-// routing decision goes through pass.decisions (null: taken and not kept, as in decoding, which
-// is also dropless), the layer's statistics and per-layer loss values into pass.result (when
-// non-null).
+// routing decision goes through pass.decisions (decode: taken and not kept, and dropless), the
+// layer's statistics and per-layer loss values into pass.result (every mode but decode).
 template <class T>
 void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, const LayerPass& pass, int layer,
                  Arena& scratch);

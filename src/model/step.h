@@ -162,7 +162,25 @@ struct MoeBalanceGrad {
   double z_scale = 0.0;            // z_coef · aux scale
 };
 
+// What a pass through the layers is for: each mode fixes what the pass saves, which decisions it
+// keeps and what it reports, instead of leaving that to which of LayerPass's pointers are null.
+enum class PassMode {
+  train,      // a training step's forward (and its backward): saves every tensor the backward needs
+              // in the store, records the decisions (routing, selection), reports statistics and
+              // losses, which the model reduces across ranks; MoE capacity applies
+  recompute,  // re-runs a sublayer whose saved tensors were dropped: refills the store, replays the
+              // recorded decisions, its statistics discarded
+  eval,       // a forward only (evaluation, gradient checking): saves nothing (temporaries in the
+              // scratch), records the decisions (capacity applies), reports this rank's statistics
+  decode,     // generation: saves nothing, takes each decision and drops it (MoE dropless), reports
+              // nothing
+};
+
 struct LayerPass {
+  LayerPass(PassMode mode, int64_t batch, int64_t seq) : mode(mode), batch(batch), seq(seq) {}
+  PassMode mode;
+  bool saves() const { return mode == PassMode::train || mode == PassMode::recompute; }
+  bool keeps_decisions() const { return mode != PassMode::decode; }
   int64_t batch = 0, seq = 0;
   const int32_t* positions = nullptr;       // [batch · seq]
   const int32_t* doc_start = nullptr;       // [batch · seq] document masks: each token's document start in its row (null: off)
@@ -172,9 +190,9 @@ struct LayerPass {
   // masks the documents, packed (batch 1, every token, cu_seqlens).
   int64_t segment_batch() const { return cu_seqlens != nullptr ? 1 : batch; }
   int64_t segment_seq() const { return cu_seqlens != nullptr ? batch * seq : seq; }
-  ActivationStore* store = nullptr;         // forward: null = nothing saved (evaluation, decoding)
-  DecisionLog* decisions = nullptr;         // forward: null = decisions not kept (decoding)
-  StepResult* result = nullptr;             // forward: statistics and loss values, or null
+  ActivationStore* store = nullptr;         // where a pass that saves() saves (train, recompute)
+  DecisionLog* decisions = nullptr;         // where a pass that keeps_decisions() keeps them
+  StepResult* result = nullptr;             // forward: statistics and loss values (every mode but decode)
   const MoeBalanceGrad* balance = nullptr;  // backward of MoE layers
   const IndexerTraining* indexer = nullptr;  // sparse layers: mode and loss (null: sparse, no loss)
   ExpertExchange* experts = nullptr;         // where the routed experts run (null: here)
