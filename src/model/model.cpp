@@ -517,7 +517,6 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
   const bool mixer = store.reruns(layer, TagSublayer::mixer);
   const bool ffn = store.reruns(layer, TagSublayer::ffn);
   if (!mixer && !ffn) return;
-  TRILLION_CHECK(exchange == nullptr, "recomputing layer ", layer, " under expert parallelism is not built");
   const int64_t n = batch * seq, D = config.hidden_size;
   ensure_size(recompute_hidden, n * D);
   T* x = recompute_hidden.data();  // [n, D]
@@ -531,6 +530,7 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
   pass.decisions = &decisions;
   pass.result = &discarded;
   pass.indexer = &indexer;
+  pass.experts = exchange;  // under expert parallelism the FFN's re-run exchanges its rows again
   const bool was_replaying = decisions.replaying();
   decisions.start_replay();  // never re-route, never re-select
   store.begin_recompute(layer);

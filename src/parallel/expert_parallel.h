@@ -24,7 +24,10 @@
 // Kept per layer between forward and backward (counted in the fast tier): the received rows and
 // their owner-side expert activations (gate_up, act, out: R_recv rows), and the returned output
 // rows (the layer's own rows). R_recv is the number of rows routed to this rank's experts, at most
-// ep · N · k. Capacity applies per rank to its own tokens. Recomputation is not built with it.
+// ep · N · k. Capacity applies per rank to its own tokens. A recomputed MoE sublayer calls forward
+// again: every rank of the group re-runs the same layers (their stores hold the same shapes), so
+// the exchange is repeated and its state rebuilt, bitwise the same; these rows are not the store's,
+// so no policy drops or swaps them.
 #pragma once
 
 #include <cstdint>

@@ -155,10 +155,6 @@ RunSetup prepare_run(TrainOptions& o) {
   run.state.tokenizer_hash = data.train.tokenizer_hash;
   run.state.train_checksum = run.data.train_checksum();
   run.state.data_dir = format_data_mixture(run.data.sources);
-  if (o.ep > 1 && (o.recompute != "none" || o.swap != "none" || !o.memory_budget.empty())) {
-    fail("--ep ", o.ep, " with --recompute / --swap / --memory-budget: recomputation and swapping under expert ",
-         "parallelism are not built yet; expected the default policy (keep)");
-  }
   if (ProcessGroup::world().is_root()) fs::create_directories(o.out_dir);
   return run;
 }

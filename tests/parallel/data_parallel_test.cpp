@@ -298,9 +298,26 @@ TEST(DataParallelErrors, ExpertParallelDegreesAreValidated) {
   EXPECT_NE(uneven.status, 0);
   EXPECT_NE(uneven.output.find("the model's 6 routed experts must split evenly over 4 ranks"), std::string::npos)
       << uneven.output;
-  const CommandResult recompute = train_on(2, flags + " --ep 2 --recompute full");
-  EXPECT_NE(recompute.status, 0);
-  EXPECT_NE(recompute.output.find("are not built yet"), std::string::npos) << recompute.output;
+}
+
+// Under expert parallelism a recomputed MoE sublayer exchanges its rows again on every rank; with
+// every saved tensor under the policy (--policy-min-bytes 1), recompute and swap give keep-all's
+// losses to the bit.
+TEST(DataParallelPolicies, RecomputeAndSwapUnderExpertParallelismEqualKeepAllBitwise) {
+  const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
+  const RunResult keep = run(config, 2, "float32", 3, "--ep 2");
+  for (const auto& [policy, counter] : {std::pair{"--recompute full", "recomputed_bytes"},
+                                        std::pair{"--swap full", "swapped_out_bytes"}}) {
+    const RunResult other = run(config, 2, "float32", 3, std::string("--ep 2 --policy-min-bytes 1 ") + policy);
+    ASSERT_EQ(other.metrics.size(), keep.metrics.size()) << policy;
+    for (size_t i = 0; i < keep.metrics.size(); ++i) {
+      for (const char* field : {"loss", "lm_loss"}) {
+        EXPECT_EQ(other.metrics[i].at(field).get<double>(), keep.metrics[i].at(field).get<double>())
+            << policy << ", step " << i + 1 << " " << field;
+      }
+      EXPECT_GT(other.metrics[i].at("memory").at(counter).get<int64_t>(), 0) << policy << ": the policy acted";
+    }
+  }
 }
 
 }  // namespace
