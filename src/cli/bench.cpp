@@ -270,19 +270,18 @@ void run_loss(bool json, const LossBenchOptions& options) {
       summary.at("ceiling_gflops").get<double>(), summary.at("memory_ratio").get<double>());
 }
 
-}  // namespace
-
-void register_bench(CLI::App& app) {
-  CLI::App* bench = app.add_subcommand("bench", "Measure kernel performance on this machine");
-  bench->require_subcommand(1);
-
+// `trillion bench gemm`.
+void add_gemm_bench(CLI::App* bench) {
   CLI::App* gemm = bench->add_subcommand("gemm", "sgemm GFLOP/s at size³ (median of 10 runs after warm-up)");
   auto gemm_json = std::make_shared<bool>(false);
   auto gemm_size = std::make_shared<int64_t>(2048);
   gemm->add_flag("--json", *gemm_json, "One JSON line instead of text");
   gemm->add_option("--size", *gemm_size, "Matrix size N of the N×N×N product")->capture_default_str();
   gemm->callback([gemm_json, gemm_size] { run_gemm(*gemm_json, *gemm_size); });
+}
 
+// `trillion bench attention`.
+void add_attention_bench(CLI::App* bench) {
   CLI::App* attention =
       bench->add_subcommand("attention", "Tiled causal GQA attention forward+backward vs the plain reference");
   auto attention_json = std::make_shared<bool>(false);
@@ -304,7 +303,10 @@ void register_bench(CLI::App& app) {
   attention->add_option("--gemm-size", options->gemm_size, "Size of the sgemm that sets the ceiling")
       ->capture_default_str();
   attention->callback([attention_json, options] { run_attention(*attention_json, *options); });
+}
 
+// `trillion bench moe`.
+void add_moe_bench(CLI::App* bench) {
   CLI::App* moe = bench->add_subcommand(
       "moe", "MoE layer (router + fused experts) forward+backward vs the fragmented expert baseline");
   auto moe_json = std::make_shared<bool>(false);
@@ -325,7 +327,10 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   moe->add_option("--seed", moe_options->seed, "Seed of the inputs and weights")->capture_default_str();
   moe->callback([moe_json, moe_options] { run_moe(*moe_json, *moe_options); });
+}
 
+// `trillion bench linear-attention`.
+void add_linear_attention_bench(CLI::App* bench) {
   CLI::App* linear = bench->add_subcommand(
       "linear-attention", "Chunked gated delta rule forward+backward vs the recurrent kernel");
   auto linear_json = std::make_shared<bool>(false);
@@ -349,7 +354,10 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   linear->add_option("--seed", linear_options->seed, "Seed of the inputs")->capture_default_str();
   linear->callback([linear_json, linear_options] { run_linear_attention(*linear_json, *linear_options); });
+}
 
+// `trillion bench sparse-attention`.
+void add_sparse_attention_bench(CLI::App* bench) {
   CLI::App* sparse = bench->add_subcommand(
       "sparse-attention", "DeepSeek sparse attention (indexer top-k + sparse fwd+bwd) vs dense causal attention");
   auto sparse_json = std::make_shared<bool>(false);
@@ -374,7 +382,10 @@ void register_bench(CLI::App& app) {
   sparse->add_option("--gemm-size", so->gemm_size, "Size of the sgemm that sets the ceiling")->capture_default_str();
   sparse->add_option("--seed", so->seed, "Seed of the inputs")->capture_default_str();
   sparse->callback([sparse_json, so] { run_sparse_attention(*sparse_json, *so); });
+}
 
+// `trillion bench loss`.
+void add_loss_bench(CLI::App* bench) {
   CLI::App* loss = bench->add_subcommand(
       "loss", "LM head cross-entropy with gradients in the forward vs recompute-in-backward and plain 3-gemm");
   auto loss_json = std::make_shared<bool>(false);
@@ -392,7 +403,10 @@ void register_bench(CLI::App& app) {
       ->capture_default_str();
   loss->add_option("--gemm-size", lo->gemm_size, "Size of the sgemm that sets the ceiling")->capture_default_str();
   loss->callback([loss_json, lo] { run_loss(*loss_json, *lo); });
+}
 
+// `trillion bench step`.
+void add_step_bench(CLI::App* bench) {
   CLI::App* step = bench->add_subcommand(
       "step", "Whole training steps of a model config (forward, backward, AdamW) with the time per phase");
   auto step_json = std::make_shared<bool>(false);
@@ -407,7 +421,10 @@ void register_bench(CLI::App& app) {
   step->add_option("--seed", st->seed, "Seed of the weights and tokens")->capture_default_str();
   step->add_option("--gemm-size", st->gemm_size, "Size of the sgemm that sets the MFU ceiling")->capture_default_str();
   step->callback([step_json, st] { run_step(*step_json, *st); });
+}
 
+// `trillion bench moe-parallel`.
+void add_moe_parallel_bench(CLI::App* bench) {
   CLI::App* mp = bench->add_subcommand(
       "moe-parallel", "Under mpirun: training steps with the expert exchange serial and pipelined over chunks");
   auto mp_json = std::make_shared<bool>(false);
@@ -437,6 +454,21 @@ void register_bench(CLI::App& app) {
                 pipelined.at("wait_s").get<double>(), summary.at("speedup").get<double>(),
                 100.0 * summary.at("hidden_fraction").get<double>());
   });
+}
+
+}  // namespace
+
+void register_bench(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Measure kernel performance on this machine");
+  bench->require_subcommand(1);
+  add_gemm_bench(bench);
+  add_attention_bench(bench);
+  add_moe_bench(bench);
+  add_linear_attention_bench(bench);
+  add_sparse_attention_bench(bench);
+  add_loss_bench(bench);
+  add_step_bench(bench);
+  add_moe_parallel_bench(bench);
 }
 
 }  // namespace trillion
