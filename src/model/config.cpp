@@ -250,7 +250,8 @@ ModelConfig ModelConfig::from_json(const nlohmann::json& json, const std::string
   c.linear_value_head_dim = fields.non_negative("linear_value_head_dim", 0);
   c.linear_conv_kernel_dim = fields.positive("linear_conv_kernel_dim", c.linear_conv_kernel_dim);
   const std::vector<std::string> unread_nested =
-      c.model_type == "kimi_linear" ? parse_kimi_linear_attention(fields, c) : std::vector<std::string>{};
+      family.linear_attention == LinearAttention::kimi_delta ? parse_kimi_linear_attention(fields, c)
+                                                             : std::vector<std::string>{};
   if (uses(c.layer_types, LayerType::linear_attention)) {
     for (const auto& [name, value] : {std::pair{"linear_num_key_heads", c.linear_num_key_heads},
                                       std::pair{"linear_num_value_heads", c.linear_num_value_heads},
@@ -324,7 +325,7 @@ nlohmann::json ModelConfig::to_json() const {
       {"index_head_dim", index_head_dim},
       {"index_topk", index_topk},
   };
-  if (model_type == "kimi_linear") {  // its own form, as its config.json has it (parse_kimi_linear_attention)
+  if (family.linear_attention == LinearAttention::kimi_delta) {  // its own form, as its config.json has it (parse_kimi_linear_attention)
     nlohmann::json kda = nlohmann::json::array(), full = nlohmann::json::array();
     for (int64_t l = 0; l < num_hidden_layers; ++l)
       (layer_types[l] == LayerType::linear_attention ? kda : full).push_back(l + 1);

@@ -14,19 +14,21 @@
 namespace trillion {
 
 DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int layer) {
+  const Family family = family_of(config.model_type);
+  const LayerType type = config.layer_types[layer];
   DecoderLayerDims dims;
   dims.hidden = config.hidden_size;
-  dims.mixer_norm = {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
-  if (config.layer_types[layer] == LayerType::linear_attention && config.model_type == "kimi_linear") {
+  dims.mixer_norm = {config.rms_norm_eps, family.zero_centred_norms};
+  if (type == LayerType::linear_attention && family.linear_attention == LinearAttention::kimi_delta) {
     dims.mixer = KimiDeltaAttentionDims::from_config(config);
-  } else if (config.layer_types[layer] == LayerType::linear_attention) {
-    dims.mixer = GatedDeltaNetDims::from_config(config);  // qwen3_next (model.cpp's check_kinds_declared)
-  } else if (family_of(config.model_type).mla) {
-    dims.mixer = MlaDims::from_config(config, config.layer_types[layer] == LayerType::sparse_attention);
+  } else if (type == LayerType::linear_attention) {
+    dims.mixer = GatedDeltaNetDims::from_config(config);  // the family's (model.cpp's check_kinds_declared)
+  } else if (family.mla) {
+    dims.mixer = MlaDims::from_config(config, type == LayerType::sparse_attention);
   } else {
-    dims.mixer = AttentionBlockDims::from_config(config, config.layer_types[layer] == LayerType::sparse_attention);
+    dims.mixer = AttentionBlockDims::from_config(config, type == LayerType::sparse_attention);
   }
-  dims.ffn_norm = {config.rms_norm_eps, family_of(config.model_type).zero_centred_norms};
+  dims.ffn_norm = {config.rms_norm_eps, family.zero_centred_norms};
   if (config.is_moe_layer(layer)) {
     dims.ffn = MoeDims::from_config(config);
   } else {

@@ -24,6 +24,7 @@ Family family_of(const std::string& model_type) {
     f.default_experts = 128, f.default_top_k = 8, f.default_expert_width = 768;
     f.default_aux_loss_coef = 0.001;
   } else if (model_type == "qwen3_next") {  // Qwen3NextConfig
+    f.linear_attention = LinearAttention::gated_deltanet;
     f.zero_centred_norms = true;
     f.gated_attention = true;
     f.always_qk_norm = true;
@@ -56,6 +57,7 @@ Family family_of(const std::string& model_type) {
     f.default_shared_experts = 1;
     f.default_routed_scaling_factor = 2.5;
   } else if (model_type == "kimi_linear") {  // KimiLinearConfig
+    f.linear_attention = LinearAttention::kimi_delta;
     f.mla = true;
     f.mla_rope = false;
     f.router = RouterScoring::sigmoid;

@@ -19,7 +19,15 @@
 
 namespace trillion {
 
+// The mixer of a family's linear_attention layers.
+enum class LinearAttention {
+  none,            // the family has no linear attention
+  gated_deltanet,  // qwen3_next: Gated DeltaNet
+  kimi_delta,      // kimi_linear: Kimi Delta Attention, its sizes in config.json's linear_attn_config block
+};
+
 struct Family {
+  LinearAttention linear_attention = LinearAttention::none;
   bool zero_centred_norms = false;  // every RMSNorm except linear attention's gated one
   bool gated_attention = false;     // q_proj carries a sigmoid output gate per head
   bool always_qk_norm = false;      // q_norm / k_norm regardless of use_qk_norm

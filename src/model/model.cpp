@@ -28,8 +28,7 @@ std::string source_of(const ModelConfig& config) { return config.source.empty() 
 // built nor counted.
 void check_kinds_declared(const ModelConfig& config) {
   const std::string source = source_of(config);
-  const bool kimi = config.model_type == "kimi_linear";
-  const bool linear_built = config.model_type == "qwen3_next" || kimi;
+  const bool linear_built = family_of(config.model_type).linear_attention != LinearAttention::none;
   for (size_t i = 0; i < config.layer_types.size(); ++i) {
     const LayerType type = config.layer_types[i];
     const bool built = type != LayerType::linear_attention || linear_built;
