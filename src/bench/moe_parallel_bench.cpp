@@ -8,9 +8,8 @@
 #include "core/error.h"
 #include "core/rng.h"
 #include "model/model.h"
-#include "parallel/expert_parallel.h"
-#include "parallel/fsdp.h"
 #include "parallel/mesh.h"
+#include "parallel/parallel_plan.h"
 #include "parallel/process_group.h"
 #include "parallel/shard_layout.h"
 
@@ -21,25 +20,22 @@ nlohmann::json run_moe_parallel_bench(const MoeParallelBenchOptions& o) {
   const int ranks = world.size();
   if (o.ep < 2 || ranks % o.ep != 0)
     fail("bench moe-parallel: --ep ", o.ep, " must be ≥ 2 and divide the ", ranks, " ranks (run it under mpirun)");
-  if (o.batch < ranks || o.batch % ranks != 0 || o.seq_len < 1)
-    fail("bench moe-parallel: --batch ", o.batch, " must be a multiple of the ", ranks, " ranks, --seq-len ≥ 1");
+  if (o.seq_len < 1) fail("bench moe-parallel: --seq-len must be ≥ 1, got ", o.seq_len);
   if (o.steps < 1 || o.rounds < 1 || o.warmup < 0 || o.chunks < 2)
     fail("bench moe-parallel: --steps and --rounds must be ≥ 1, --warmup ≥ 0, --chunks ≥ 2");
   const ModelConfig config = ModelConfig::load(o.config);
   const ParallelMesh mesh(world, o.ep, config);
+  const int64_t rows = mesh.rows_per_rank(o.batch, "bench moe-parallel: --batch");
 
   Model<float> model(config);
   model.init_weights(o.seed);
   model.zero_grads();
-  model.set_statistics_reduction({ranks, [&world](double* v, int64_t n) { world.all_reduce_sum(v, n); }});
   const ShardLayout layout(model.table(), world.rank(), ranks, o.ep);
-  Fsdp<float> fsdp(model, world, mesh.edp_group(), layout);
-  model.set_unit_hooks(fsdp.hooks());
-  ExpertParallel experts(mesh.ep_group());
-  model.set_expert_exchange(&experts);
+  ParallelPlan<float> plan(model, mesh, layout);
+  ExpertParallel& experts = *plan.experts();  // ep ≥ 2
 
   // Random token rows of the global batch; this rank trains its rows.
-  const int64_t rows = o.batch / ranks, n = rows * o.seq_len, V = config.vocab_size;
+  const int64_t n = rows * o.seq_len, V = config.vocab_size;
   const CounterRng rng(o.seed, "bench moe-parallel tokens");
   std::vector<int32_t> tokens(n), targets(n);  // [rows, seq] each
   for (int64_t i = 0; i < n; ++i) {

@@ -88,7 +88,7 @@ class Model {
   // its own batch's (evaluation runs the same batches on every rank).
   void set_statistics_reduction(StatisticsReduction reduction);
   // Expert parallelism (null: every expert runs here; must outlive its use): every forward uses
-  // it, so every rank of its group must run the same forwards; recomputation is refused with it.
+  // it, so every rank of its group must run the same forwards, recomputation included.
   void set_expert_exchange(ExpertExchange* exchange);
   // How sparse attention layers train (IndexerTraining: mode, indexer-loss coefficient). Default:
   // sparse attention, no indexer loss (transformers' forward). The loss appears in StepResult.aux

@@ -15,6 +15,15 @@ void validate_mesh(int ranks, int ep, const ModelConfig& config) {
 
 }  // namespace
 
+int64_t ParallelMesh::rows_per_rank(int64_t batch, int ranks, const std::string& flag) {
+  if (batch < 1) fail(flag, " must be ≥ 1, got ", batch);
+  if (batch % ranks != 0) {
+    fail(flag, " ", batch, " must be divisible by the ", ranks, " ranks (each trains batch / ranks rows of every ",
+         "micro-batch)");
+  }
+  return batch / ranks;
+}
+
 ParallelMesh::ParallelMesh(const ProcessGroup& world, int ep, const ModelConfig& config)
     : world_(world),
       ep_((validate_mesh(world.size(), ep, config), ep)),  // validated before any split

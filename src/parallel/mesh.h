@@ -2,8 +2,12 @@
 // rank = edp index · ep + ep index. Dense parameters are sharded over the world; the routed
 // experts are split over the expert-parallel group (the ep ranks of one edp index) and each ep
 // slice sharded over its edp group (the edp ranks of one ep index). One object validates the
-// degrees against the world and the model, with errors naming the flag and the values.
+// degrees against the world and the model, and the batch against the ranks, with errors naming the
+// flag and the values.
 #pragma once
+
+#include <cstdint>
+#include <string>
 
 #include "model/config.h"
 #include "parallel/process_group.h"
@@ -20,6 +24,13 @@ class ParallelMesh {
   const ProcessGroup& edp_group() const { return edp_group_; }  // the ranks of this rank's ep index
   int ep() const { return ep_; }
   int edp() const { return world_.size() / ep_; }
+
+  // The rows of a global batch each of `ranks` ranks trains (every rank its own share of every
+  // micro-batch); fails naming `flag` unless the ranks split it evenly.
+  static int64_t rows_per_rank(int64_t batch, int ranks, const std::string& flag);
+  int64_t rows_per_rank(int64_t batch, const std::string& flag) const {
+    return rows_per_rank(batch, world_.size(), flag);
+  }
 
  private:
   const ProcessGroup& world_;

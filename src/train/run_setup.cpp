@@ -12,6 +12,7 @@
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
+#include "parallel/mesh.h"
 #include "parallel/process_group.h"
 
 namespace trillion {
@@ -59,12 +60,7 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
 void validate_settings(const TrainSettings& s) {
   if (s.steps < 1) fail("--steps must be ≥ 1, got ", s.steps);
   if (s.dtype != "float32" && s.dtype != "float64") fail("--dtype must be float32 or float64, got ", s.dtype);
-  if (s.batch < 1) fail("--batch must be ≥ 1, got ", s.batch);
-  const int ranks = ProcessGroup::world().size();
-  if (s.batch % ranks != 0) {
-    fail("--batch ", s.batch, " must be divisible by the ", ranks, " ranks (each trains batch / ranks rows of every ",
-         "micro-batch)");
-  }
+  ParallelMesh::rows_per_rank(s.batch, ProcessGroup::world().size(), "--batch");
   if (s.seq_len < 1) fail("--seq-len must be ≥ 1, got ", s.seq_len);
   if (s.grad_accum < 1) fail("--grad-accum must be ≥ 1, got ", s.grad_accum);
   if (!(s.lr > 0)) fail("--lr must be > 0, got ", s.lr);

@@ -25,6 +25,7 @@
 #include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
+#include "parallel/parallel_plan.h"
 #include "parallel/process_group.h"
 #include "train/evaluate.h"
 #include "train/lr_schedule.h"
@@ -92,8 +93,9 @@ class Trainer {
   const MemoryPlan plan_;    // checked against the machine before anything large is allocated
   Model<T> model_;
   Optimizer<T> optimizer_;
-  std::optional<Fsdp<T>> fsdp_;
-  std::optional<ExpertParallel> experts_;
+  std::optional<ParallelPlan<T>> parallel_;  // the mesh applied to the model (parallel/parallel_plan.h)
+  Fsdp<T>* fsdp_ = nullptr;             // the plan's, null on one rank
+  ExpertParallel* experts_ = nullptr;   // the plan's, null without --ep
   T* step_params_ = nullptr;  // the parameters and gradients AdamW updates: the shard, or everything
   T* step_grads_ = nullptr;
   int64_t budget_ = 0;  // --memory-budget in bytes (0: none)
@@ -177,18 +179,11 @@ void Trainer<T>::load_weights() {
 // The statistics reduction over the ranks, FSDP's hooks, the expert exchange.
 template <class T>
 void Trainer<T>::set_up_parallelism() {
-  if (ranks_ > 1) {
-    model_.set_statistics_reduction(
-        {world_.size(), [this](double* values, int64_t count) { world_.all_reduce_sum(values, count); }});
-    fsdp_.emplace(model_, world_, mesh_.edp_group(), optimizer_.layout());
-    model_.set_unit_hooks(fsdp_->hooks());
-  }
-  if (o_.ep > 1) {
-    experts_.emplace(mesh_.ep_group(), o_.ep_chunks);
-    model_.set_expert_exchange(&*experts_);
-  }
-  step_params_ = fsdp_ ? fsdp_->shard_params() : model_.params();
-  step_grads_ = fsdp_ ? fsdp_->shard_grads() : model_.grads();
+  parallel_.emplace(model_, mesh_, optimizer_.layout(), o_.ep_chunks);
+  fsdp_ = parallel_->fsdp();
+  experts_ = parallel_->experts();
+  step_params_ = parallel_->step_params();
+  step_grads_ = parallel_->step_grads();
 }
 
 // The indexer's stage, the loss's gradients, document masks, and the activation store's policy.
