@@ -255,7 +255,7 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // d_out and d_gate, dq, dk, dv with the attention's temporaries or RoPE's tables; (q/k norms) dq_raw
 // and dk_raw with their norms' partials; dh and (gated) d_q_and_gate with the indexer's backward,
 // then with its scratch and the input norm's partials.
-int64_t workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape) {
+Workspace workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, d = dims.head_dim;
   const int64_t q = Arena::rounded(n * dims.q_width() * e), kv = Arena::rounded(n * dims.kv_width() * e);
   const int64_t q_and_gate = dims.gated ? Arena::rounded(n * dims.q_proj_out() * e) : 0;
@@ -278,7 +278,7 @@ int64_t workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape) 
        inputs + std::max(backward_workspace_bytes(dims.indexer, shape),
                          backward_scratch_bytes(dims.indexer, shape) +
                              rmsnorm_backward_workspace_bytes(n, dims.hidden, true))});
-  return std::max(forward, backward);
+  return {forward, backward};
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                 \

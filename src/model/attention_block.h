@@ -133,6 +133,6 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // The tensors its training forward saves (model/saved_tensors.h), and the memory plan's most
 // scratch its forward or backward holds at once (model/memory_sizes.h).
 std::vector<SavedTensor> saved_tensors(const AttentionBlockDims& dims, const SavedExtent& extent);
-int64_t workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape);
+Workspace workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape);
 
 }  // namespace trillion

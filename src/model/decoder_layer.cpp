@@ -57,12 +57,13 @@ std::vector<SavedSize> DecoderLayerDims::saved_sizes(const StepShape& shape) con
 }
 
 // The FFN's backward runs with dh [n, D] already in the scratch (ffn_sublayer_backward), and the FFN
-// norm's backward after it with the FFN's scratch still held (bounded by its whole workspace).
-int64_t DecoderLayerDims::workspace_bytes(const StepShape& shape) const {
+// norm's backward after it with the FFN's scratch still held (bounded by its backward's workspace).
+LayerWorkspace DecoderLayerDims::workspace_bytes(const StepShape& shape) const {
   const auto of_kind = [&](const auto& d) { return trillion::workspace_bytes(d, shape); };
+  const Workspace m = std::visit(of_kind, mixer), f = std::visit(of_kind, ffn);
   const int64_t dh = Arena::rounded(shape.tokens() * hidden * shape.element_bytes);
   const int64_t ffn_norm = rmsnorm_backward_workspace_bytes(shape.tokens(), hidden, /*has_dw=*/true);
-  return std::max(std::visit(of_kind, mixer), dh + std::visit(of_kind, ffn) + ffn_norm);
+  return {m.forward, f.forward, dh + f.backward + ffn_norm, m.backward};
 }
 
 int64_t DecoderLayerDims::decode_cache_elements(int64_t max_len) const {

@@ -26,6 +26,7 @@
 // `scratch` holds temporaries and is reset at the start of each sublayer.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <variant>
@@ -56,6 +57,13 @@ struct KindWeights<T, std::variant<Kinds...>> {
   using type = std::variant<typename Kinds::template Weights<T>...>;
 };
 
+// A decoder layer's workspace in each part of a training step.
+struct LayerWorkspace {
+  int64_t mixer_forward = 0, ffn_forward = 0, ffn_backward = 0, mixer_backward = 0;
+  int64_t forward() const { return std::max(mixer_forward, ffn_forward); }
+  int64_t backward() const { return std::max(ffn_backward, mixer_backward); }
+};
+
 struct DecoderLayerDims {
   NormSpec mixer_norm;  // input_layernorm
   MixerDims mixer;
@@ -66,10 +74,10 @@ struct DecoderLayerDims {
   bool is_moe() const { return std::holds_alternative<MoeDims>(ffn); }
   double flops_per_token(int64_t seq) const;        // training, forward + backward
   // The memory plan's sizes of the layer (model/memory_sizes.h): the tensors both sublayers save
-  // (each one's input and norm, then its kind's), and the most scratch either sublayer's forward or
+  // (each one's input and norm, then its kind's), and the most scratch each sublayer's forward and
   // backward holds at once.
   std::vector<SavedSize> saved_sizes(const StepShape& shape) const;
-  int64_t workspace_bytes(const StepShape& shape) const;
+  LayerWorkspace workspace_bytes(const StepShape& shape) const;
   int64_t decode_cache_elements(int64_t max_len) const;
 };
 

@@ -291,7 +291,7 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // d_core, dz, dv_heads [n, nv·dv], q_rep, k_rep, dq_rep, dk_rep [n, nv·dk], d_conv_out [n, Ck], dg,
 // dbeta [n, nv]; the conv after da, db [n, nv], dq_hat, dk_hat, dq_raw, dk_raw [n, nk·dk],
 // d_conv_in [n, Ck]; the decoder layer's input norm after d_qkvz, d_ba, dh.
-int64_t workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
+Workspace workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes;
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
   const int64_t nk = d.key_heads, dk = d.key_dim, nv = d.value_heads, dv = d.value_dim, Ck = d.conv_channels();
@@ -305,7 +305,7 @@ int64_t workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
       std::max({at_delta + delta_rule_chunk_backward_workspace_bytes(dk, dv, shape.seq, e, shape.threads),
                 at_conv + conv1d_silu_backward_workspace_bytes(n, Ck, d.conv_width, e),
                 at_norm + rmsnorm_backward_workspace_bytes(n, d.hidden, /*has_dw=*/true)});
-  return std::max(forward, backward);
+  return {forward, backward};
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                  \

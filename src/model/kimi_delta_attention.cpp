@@ -229,7 +229,7 @@ void mixer_decode(T* x, const T* x_hat, int64_t n, int64_t past, int64_t max_len
 // q_scaled, dq, dk, dv, dg [n, h·D], dx_hat [n, hidden], d_low [n, D], dbeta [n, h]; the conv after
 // da, d_raw [n, h·D], d_conv_out, d_conv_in [n, 3·h·D]; the decoder layer's input norm after d_proj
 // [n, h·D].
-int64_t workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
+Workspace workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, W = d.width(), D = d.head_dim;
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
   const int64_t forward =
@@ -241,7 +241,7 @@ int64_t workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape)
       std::max({at_delta + delta_rule_chunk_backward_workspace_bytes(D, D, shape.seq, e, shape.threads),
                 at_conv + conv1d_silu_backward_workspace_bytes(n, 3 * W, d.conv_width, e),
                 at_norm + rmsnorm_backward_workspace_bytes(n, d.hidden, /*has_dw=*/true)});
-  return std::max(forward, backward);
+  return {forward, backward};
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                   \

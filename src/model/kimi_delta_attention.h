@@ -119,6 +119,6 @@ void mixer_decode(T* x, const T* x_hat, int64_t n, int64_t past, int64_t max_len
 // The tensors its training forward saves (model/saved_tensors.h), and the memory plan's most
 // scratch its forward or backward holds at once (model/memory_sizes.h).
 std::vector<SavedTensor> saved_tensors(const KimiDeltaAttentionDims& dims, const SavedExtent& extent);
-int64_t workspace_bytes(const KimiDeltaAttentionDims& dims, const StepShape& shape);
+Workspace workspace_bytes(const KimiDeltaAttentionDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -2,8 +2,9 @@
 //   saved_tensors(dims, extent)   the tensors one training forward of the kind saves in the
 //                                 activation store (model/saved_tensors.h; the plan's extent
 //                                 sizes MoE's routed rows at their bound, N · k);
-//   workspace_bytes(dims, shape)  the most fast-tier bytes the kind's forward or backward holds at
-//                                 once beyond what it saves: the layer's scratch arena (each
+//   workspace_bytes(dims, shape)  the most fast-tier bytes the kind's training forward, and its
+//                                 backward, holds at once beyond what it saves: the layer's
+//                                 scratch arena (each
 //                                 allocation rounded up to 64 bytes, as the Arena does) and the
 //                                 temporaries its kernels allocate (Buffers, per thread where they
 //                                 are per thread; each kernel states its own next to its code).
@@ -20,6 +21,11 @@
 #include "model/step.h"
 
 namespace trillion {
+
+// A kind's workspace in each pass of a training step.
+struct Workspace {
+  int64_t forward = 0, backward = 0;
+};
 
 struct StepShape {
   int64_t batch = 0, seq = 0;

@@ -284,7 +284,7 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // dk, d_v with the attention's temporaries; d_kv, d_kv_a with RoPE's tables; d_latent, c_raw,
 // d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with q_a_layernorm's
 // partials or the indexer's backward, then with its scratch and the decoder layer's input norm's partials.
-int64_t workspace_bytes(const MlaDims& dims, const StepShape& shape) {
+Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
   const int64_t kv = Arena::rounded(n * dims.kv_b_out() * e), qk = Arena::rounded(n * dims.q_width() * e);
   const int64_t o = Arena::rounded(n * dims.o_width() * e), latent = Arena::rounded(n * rkv * e);
@@ -307,7 +307,7 @@ int64_t workspace_bytes(const MlaDims& dims, const StepShape& shape) {
       std::max({attention + main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/true),
                 keys + rope, latents + rmsnorm_backward_workspace_bytes(n, rkv, true),
                 inputs + std::max(q_lora, input_norm)});
-  return std::max(forward, backward);
+  return {forward, backward};
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                    \

@@ -58,8 +58,8 @@ std::vector<SavedTensor> saved_tensors(const MlpDims& dims, int64_t tokens) {
 }
 
 // Training forward: nothing in scratch (its three tensors are saved); backward: d_act, d_gate, d_up [n, I].
-int64_t workspace_bytes(const MlpDims& dims, const StepShape& shape) {
-  return 3 * Arena::rounded(shape.tokens() * dims.intermediate * shape.element_bytes);
+Workspace workspace_bytes(const MlpDims& dims, const StepShape& shape) {
+  return {0, 3 * Arena::rounded(shape.tokens() * dims.intermediate * shape.element_bytes)};
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                              \

@@ -83,6 +83,6 @@ std::vector<SavedTensor> saved_tensors(const MlpDims& dims, int64_t tokens);
 inline std::vector<SavedTensor> saved_tensors(const MlpDims& dims, const SavedExtent& extent) {
   return saved_tensors(dims, extent.tokens());
 }
-int64_t workspace_bytes(const MlpDims& dims, const StepShape& shape);
+Workspace workspace_bytes(const MlpDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -247,7 +247,7 @@ int64_t routed_rows_bound(const MoeDims& dims, int64_t tokens) {
 // each kernel with temporaries: the experts' after dweight [n, k]; the sequence loss's after dscores
 // [n, E]; the z-loss's after dlogits [n, E]; then the shared expert's (gated: after d_out [n, D] and
 // d_logit [n]).
-int64_t workspace_bytes(const MoeDims& dims, const StepShape& shape) {
+Workspace workspace_bytes(const MoeDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, E = dims.experts(), k = dims.top_k();
   const MoeExpertDims expert_dims{dims.hidden, dims.width, E};
   const bool sequence = dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0, z = dims.z_coef != 0.0;
@@ -261,9 +261,9 @@ int64_t workspace_bytes(const MoeDims& dims, const StepShape& shape) {
                                dweight + dscores + sequence_bytes, dweight + 2 * dscores + z_bytes});
   if (dims.shared.intermediate > 0) {
     const int64_t gated = dims.shared_gated ? Arena::rounded(n * dims.hidden * e) + Arena::rounded(n * e) : 0;
-    backward = std::max(backward, dweight + 2 * dscores + gated + workspace_bytes(dims.shared, shape));
+    backward = std::max(backward, dweight + 2 * dscores + gated + workspace_bytes(dims.shared, shape).backward);
   }
-  return std::max(forward, backward);
+  return {forward, backward};
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                 \

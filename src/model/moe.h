@@ -116,6 +116,6 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
 // holds at once (model/memory_sizes.h).
 std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& extent);
 int64_t routed_rows_bound(const MoeDims& dims, int64_t tokens);
-int64_t workspace_bytes(const MoeDims& dims, const StepShape& shape);
+Workspace workspace_bytes(const MoeDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -32,9 +32,12 @@ struct LayerBytes {
   int64_t small = 0;        // entries below the paged size: the store frees them when the step ends
   int64_t first = 0;        // swapped, read back for the backward's first part (FFN + checkpoint)
   int64_t dropped = 0;      // dropped for recompute
+  int64_t dropped_ffn = 0;  // of which the FFN's: refilled only when the FFN is re-run, after the mixer
   int64_t throwaway = 0;    // copies handed out for kept tensors while its sublayers are re-run
+  int64_t throwaway_mixer = 0;  // of which the mixer's
   int64_t file = 0;         // the swapped tensors' bytes in the swap file
-  int64_t workspace = 0;
+  LayerWorkspace workspace;  // each part's, the expert exchange's included
+  bool rerun_mixer = false, rerun_ffn = false;  // the sublayers recompute re-runs before the FFN's backward
   int64_t total() const { return all[0] + all[1]; }
   int64_t total_kept() const { return kept[0] + kept[1]; }
 };
@@ -46,15 +49,15 @@ struct LayerBytes {
 // ways, are the exchange's workspace. R = ⌈imbalance · rows⌉, rows the rank's own (capacity-bounded).
 struct Exchange {
   bool on = false;
-  int64_t held = 0, workspace = 0;
+  int64_t held = 0;
+  Workspace workspace;
 };
 
 Exchange exchange_of(const DecoderLayerDims& dims, const StepShape& step, int ep, double imbalance) {
   if (ep <= 1 || !dims.is_moe()) return {};
   const MoeDims& moe = std::get<MoeDims>(dims.ffn);
   const int64_t n = step.tokens(), e = step.element_bytes, k = moe.top_k(), H = dims.hidden, I = moe.width;
-  const int64_t capacity = moe.capacity(n);
-  const int64_t rows = capacity > 0 ? std::min(n * k, moe.experts() * capacity) : n * k;
+  const int64_t rows = routed_rows_bound(moe, n);
   const int64_t R = static_cast<int64_t>(std::ceil(imbalance * double(rows)));
   const MoeExpertDims local{H, I, moe.experts() / ep};
   Exchange x;
@@ -63,7 +66,7 @@ Exchange exchange_of(const DecoderLayerDims& dims, const StepShape& step, int ep
   const int64_t forward = (rows * H + R * H + R) * e + moe_experts_forward_workspace_bytes(local, e, step.threads);
   const int64_t backward = Arena::rounded(n * k * e) + (2 * rows * H + 2 * R * H + 2 * R) * e +
                            moe_experts_backward_workspace_bytes(R, 1, local, e, step.threads);
-  x.workspace = std::max(forward, backward);
+  x.workspace = {forward, backward};
   return x;
 }
 
@@ -96,9 +99,13 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
     if (!paged) b.small += counted;
     if (paged && recompute.count(s.tag)) {
       b.dropped += counted;  // refilled in place by recompute
+      if (ffn) b.dropped_ffn += counted;
       continue;
     }
-    if (ffn ? rerun_ffn : rerun_mixer) b.throwaway += Arena::rounded(s.bytes);
+    if (ffn ? rerun_ffn : rerun_mixer) {
+      b.throwaway += Arena::rounded(s.bytes);
+      if (!ffn) b.throwaway_mixer += Arena::rounded(s.bytes);
+    }
     if (paged && swaps && swap.count(s.tag)) {
       b.swapped[ffn] += counted;
       if (ffn || (rerun_mixer && s.tag == ActivationTag::attn_input)) b.first += counted;
@@ -108,7 +115,11 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
       b.kept[ffn] += counted;
     }
   }
-  b.workspace = std::max(dims.workspace_bytes(step), exchange.workspace);
+  b.workspace = dims.workspace_bytes(step);
+  b.workspace.ffn_forward = std::max(b.workspace.ffn_forward, exchange.workspace.forward);
+  b.workspace.ffn_backward = std::max(b.workspace.ffn_backward, exchange.workspace.backward);
+  b.rerun_mixer = rerun_mixer;
+  b.rerun_ffn = rerun_ffn;
   b.all[1] += exchange.held;
   b.kept[1] += exchange.held;
   b.paged_ffn += exchange.held;
@@ -264,9 +275,10 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
     const std::string where = "forward of layer " + std::to_string(l);
     const int64_t writing = l > 0 ? layers[l - 1].swapped[1] : 0;
     const LayerBytes& b = layers[l];
-    consider(sum_kept(layers, l) + writing + b.all[0], b.workspace, units.layer_forward(l), where + ", mixer");
-    consider(sum_kept(layers, l) + b.kept[0] + b.swapped[0] + b.all[1], b.workspace, units.layer_forward(l),
-             where + ", FFN");
+    consider(sum_kept(layers, l) + writing + b.all[0], b.workspace.mixer_forward, units.layer_forward(l),
+             where + ", mixer");
+    consider(sum_kept(layers, l) + b.kept[0] + b.swapped[0] + b.all[1], b.workspace.ffn_forward,
+             units.layer_forward(l), where + ", FFN");
   }
   consider(sum_kept(layers, L) + head, loss_forward, units.loss(), "the loss");
   consider(sum_kept(layers, L) + head, loss_backward, units.loss_backward(), "the loss's backward");
@@ -275,10 +287,15 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   for (int l = L - 1; l >= 0; --l) {
     const std::string where = "backward of layer " + std::to_string(l);
     const LayerBytes& b = layers[l];
-    consider(small_after + sum_kept(layers, l) + b.total() + b.throwaway, b.workspace, units.layer_backward(l),
-             where + ", FFN");
+    const int64_t resident = small_after + sum_kept(layers, l) + b.total();
+    if (b.rerun_mixer)
+      consider(resident - b.dropped_ffn + b.throwaway_mixer, b.workspace.mixer_forward, units.layer_backward(l),
+               where + ", the mixer's recompute");
+    if (b.rerun_ffn)
+      consider(resident + b.throwaway, b.workspace.ffn_forward, units.layer_backward(l), where + ", the FFN's recompute");
+    consider(resident + b.throwaway, b.workspace.ffn_backward, units.layer_backward(l), where + ", FFN");
     const int64_t prefetch = l > 0 ? layers[l - 1].first : 0;
-    consider(small_after + sum_kept(layers, l) + b.total() - b.paged_ffn + prefetch, b.workspace,
+    consider(small_after + sum_kept(layers, l) + b.total() - b.paged_ffn + prefetch, b.workspace.mixer_backward,
              units.layer_backward(l), where + ", mixer");
     small_after += b.small;
   }

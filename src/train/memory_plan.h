@@ -3,13 +3,15 @@
 // activations under a policy (keep / recompute / swap per tag, memory/save_policies.h) and the
 // workspaces of the kernels, followed through the step's events as the activation store applies
 // them (docs/architecture.md, "The memory plan": a shape-only dry run of a step gives the plan `--memory-budget` uses):
-//   forward of layer l   the kept tensors of layers < l (the swapped ones of l − 1 still writing),
-//                        all of l's, its workspace;
+//   forward of layer l   per sublayer: the kept tensors of layers < l (the swapped ones of l − 1
+//                        still writing), l's so far, that sublayer's forward workspace;
 //   the loss             every layer's kept tensors, the head's, the loss's chunk of logits;
-//   backward of layer l  the kept tensors of layers < l, all of l's (refilled, read back), the
-//                        throwaway copies of a re-run sublayer, layer l − 1's prefetch, workspace,
-//                        and the small entries (under the paged size) of the head and the layers
-//                        above, which the store frees only when the step ends.
+//   backward of layer l  the kept tensors of layers < l, l's (refilled, read back), and the small
+//                        entries (under the paged size) of the head and the layers above, which
+//                        the store frees only when the step ends; then per part: a re-run mixer
+//                        (the FFN's dropped tensors not yet refilled) with its forward workspace, a
+//                        re-run FFN with its, each with the throwaway copies of its kept tensors;
+//                        the FFN's backward; the mixer's backward with layer l − 1's prefetch.
 // The peak is the largest of these. Each layer kind reports its saved tensors and workspace
 // (model/memory_sizes.h), the loss its chunk (ops/cross_entropy.h).
 //

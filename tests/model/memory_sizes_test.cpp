@@ -1,13 +1,14 @@
 // The memory plan's shape-only sizes against the real store and the fast tier, for every layer
 // kind that has landed: each layer's saved tensors (tag by tag, bytes exactly: the mixer's and the
-// FFN sublayer's), and its workspace estimate an upper bound, not a loose one, of what its forward
-// and backward hold beyond the saved tensors (MemoryStats' peak in the unit: scratch arena and the
-// kernels' own temporaries).
+// FFN sublayer's), and its forward's and its backward's workspace estimates each an upper bound, not
+// a loose one, of what that pass holds beyond the saved tensors (MemoryStats' peak in the unit:
+// scratch arena and the kernels' own temporaries).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/parallel.h"
@@ -101,12 +102,13 @@ void check_sizes(const std::string& config_name, IndexerMode mode, double indexe
     const SizeMap expected = by_tag(dims.saved_sizes(shape));
     EXPECT_EQ(expected, saved[layer]) << where << "\n  estimated: " << describe(expected)
                                       << "\n  saved:     " << describe(saved[layer]);
-    const int64_t measured = std::max(forward_peak[layer], backward_peak[layer]);
-    const int64_t estimate = dims.workspace_bytes(shape);
-    EXPECT_GE(estimate, measured) << where << " forward peak " << forward_peak[layer] << " backward peak "
-                                  << backward_peak[layer];
-    EXPECT_LE(estimate, measured + measured / 4 + (int64_t{64} << 10))
-        << where << " forward peak " << forward_peak[layer] << " backward peak " << backward_peak[layer];
+    const LayerWorkspace estimate = dims.workspace_bytes(shape);
+    for (const auto& [pass, estimated, measured] :
+         {std::tuple{"forward", estimate.forward(), forward_peak[layer]},
+          std::tuple{"backward", estimate.backward(), backward_peak[layer]}}) {
+      EXPECT_GE(estimated, measured) << where << " " << pass;
+      EXPECT_LE(estimated, measured + measured / 4 + (int64_t{64} << 10)) << where << " " << pass;
+    }
   }
 }
 

@@ -1,6 +1,6 @@
 // The shape-only memory plan against a real step: for every layer kind and every policy the budget
 // tries, the planned fast-tier peak is an upper bound of MemoryStats' measured peak of a step
-// (parameters, gradients, AdamW state, buffers, activations, workspaces) within 20 %; the budget
+// (parameters, gradients, AdamW state, buffers, activations, workspaces) within 5 %; the budget
 // takes the cheapest policy that fits or names the smallest budget; sizes parse as users write them.
 #include "train/memory_plan.h"
 
@@ -68,13 +68,14 @@ TEST_P(MemoryPlanTest, PlannedPeakBoundsTheMeasuredOne) {
         const MemoryPlan plan = plan_memory(config, shape, policy);
         const int64_t measured = measured_peak<float>(config, shape, policy);
         EXPECT_GE(plan.peak_fast, measured) << GetParam() << " " << policy.name() << "\n" << plan.describe();
-        // Within 20 %: a layer's workspace is its forward's or its backward's, whichever is larger,
-        // and counted at every point of the layer (the indexer's top-k buffers in its backward too).
-        // Under swap the plan counts the writer one layer behind, its bound; how much sooner the
-        // writes end is up to the disk, so only the bound is checked there.
+        // Within 5 %: each part of a layer counts its own pass's workspace (the forward's, the
+        // backward's, a recompute's re-run). Under swap the plan counts the writer one layer
+        // behind, its bound; how much sooner the writes end is up to the disk, so only the bound is
+        // checked there.
         if (policy.swap == "none") {
-          EXPECT_LE(plan.peak_fast, measured + measured / 5) << GetParam() << " " << policy.name() << "\n"
-                                                             << plan.describe();
+          EXPECT_LE(plan.peak_fast, measured + measured / 20)
+              << GetParam() << " " << policy.name() << " planned / measured " << double(plan.peak_fast) / measured
+              << "\n" << plan.describe();
         }
       }
     }
