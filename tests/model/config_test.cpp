@@ -400,8 +400,9 @@ TEST(ModelConfig, MoeFamilyDefaultsAndFamilyFieldNamesOnWrite) {
 }
 
 // DeepSeek's MLA fields, q_lora_rank null (one q_proj), YaRN from rope_parameters with the numbers
-// transformers derives (HF-FACTS section 3: factor 4, mscale = mscale_all_dim = 1 on qk_head_dim 12
-// gives the softmax scale 0.374260670390 and a cos/sin factor 1), and the round trip.
+// transformers derives (docs/architecture.md, "Float32 traps of transformers": factor 4,
+// mscale = mscale_all_dim = 1 on qk_head_dim 12 gives the softmax scale 0.374260670390 and a cos/sin
+// factor 1), and the round trip.
 TEST(ModelConfig, MlaFieldsAndYarn) {
   nlohmann::json json = {{"model_type", "deepseek_v3"}, {"vocab_size", 100}, {"hidden_size", 32},
                          {"num_hidden_layers", 2}, {"num_attention_heads", 4}, {"intermediate_size", 48},

@@ -39,7 +39,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 IGNORE = -100
 
-# YaRN (HF-FACTS section 3): _compute_yarn_parameters builds inv_freq in float32 (pos_freqs, the linear ramp).
+# YaRN (docs/architecture.md, "Float32 traps of transformers"): _compute_yarn_parameters builds
+# inv_freq in float32 (pos_freqs, the linear ramp).
 # The rotary modules look it up in the ROPE_INIT_FUNCTIONS dict, so that entry is replaced too ("D[key]"
 # paths name a dict item).
 ROPE_YARN = ("transformers.modeling_rope_utils", ["_compute_yarn_parameters", "ROPE_INIT_FUNCTIONS[yarn]"])
@@ -61,7 +62,8 @@ SITES = {
         "eager_attention_forward",
         "load_balancing_loss_func",
     ]),
-    # Gated DeltaNet (HF-FACTS section 2): the gated norm (fp32 norm and fp32 silu(z)), the decay
+    # Gated DeltaNet (docs/architecture.md, "Float32 traps of transformers"): the gated norm (fp32 norm
+    # and fp32 silu(z)), the decay
     # g = -exp(A_log.float()) * softplus(a.float() + dt_bias) in the layer's forward, and the fp32 casts at
     # the top of both kernels. The kernels are module globals (decorated by use_kernel_func_from_hub_with_
     # fallback, re-applied by the recompile: it binds the torch function again), looked up at call time.
@@ -77,7 +79,8 @@ SITES = {
         "eager_attention_forward",
         "load_balancing_loss_func",
     ]),
-    # KDA (HF-FACTS section 4): both norms, the per-channel forget gate, the router, the fp32 casts of
+    # KDA (docs/architecture.md, "Float32 traps of transformers"): both norms, the per-channel forget
+    # gate, the router, the fp32 casts of
     # both kernels (the chunk kernel also has `decay_mask ... .exp().float()`), the layer's forward (its
     # only site stores the cached state: use_cache=True only) and eager attention (MLA layers only).
     # No RoPE (kimi's MLA is NoPE) and no aux loss.
@@ -91,7 +94,8 @@ SITES = {
         "recurrent_kimi_delta_attention",
         "eager_attention_forward",
     ]),
-    # DeepSeek-V3 (HF-FACTS section 3): RMSNorm (q_a / kv_a layernorms too), the default RoPE table and its
+    # DeepSeek-V3 (docs/architecture.md, "Float32 traps of transformers"): RMSNorm (q_a / kv_a layernorms
+    # too), the default RoPE table and its
     # forward, YaRN's table (rope_type "yarn"; its attention_factor and the MLA softmax mscale are Python
     # floats), the sigmoid router (gate weight and e_score_correction_bias are created float32: .to(float64)
     # fixes them) and eager attention. No aux loss.
@@ -102,7 +106,8 @@ SITES = {
         "DeepseekV3TopkRouter.forward",
         "eager_attention_forward",
     ]), ROPE_YARN],
-    # DeepSeek-V3.2 (HF-FACTS section 5): as deepseek_v3, plus the lightning indexer's `.float()` scores
+    # DeepSeek-V3.2 (docs/architecture.md, "Float32 traps of transformers"): as deepseek_v3, plus the
+    # lightning indexer's `.float()` scores
     # (DeepseekV32Indexer.forward; the rewrite keeps its @torch.no_grad, so the indexer parameters still
     # get no gradient). Its k_norm is an nn.LayerNorm (float64 as is).
     "deepseek_v32": [("transformers.models.deepseek_v32.modeling_deepseek_v32", [

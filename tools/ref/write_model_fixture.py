@@ -61,8 +61,8 @@ Linear-attention fixtures: tiny_qwen3_next_hybrid (GDN layers 0, 2; gated attent
 shared expert in 1-3; aux loss 0.01) and tiny_kimi_linear_kda (KDA in every layer; dense MLP in layer 0,
 sigmoid-routed MoE with e_score_correction_bias in 1-3; no aux loss). from_pretrained(dtype=float64) of the
 kimi fixture truncates forget_gate.dt_bias, mlp.gate.weight and e_score_correction_bias to float32
-(_keep_in_fp32_modules_strict; HF-FACTS 0.5): the reload check reports that drift (~1e-8), the fixture
-itself is the float64 model.
+(_keep_in_fp32_modules_strict; docs/architecture.md, "Float32 traps of transformers"): the reload check
+reports that drift (~1e-8), the fixture itself is the float64 model.
 MLA fixtures: tiny_deepseek_v3 (q LoRA, interleaved RoPE, dense layer 0, sigmoid-routed grouped MoE in 1-2),
 tiny_deepseek_v3_yarn (q_proj, half-split RoPE, YaRN factor 4 over 16 original positions: inv_freq, and the
 softmax scale qk_head_dim^-0.5 · mscale(4, mscale_all_dim)², cos / sin factor mscale/mscale_all_dim = 1),
@@ -111,14 +111,14 @@ FIXTURES = {
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64, rms_norm_eps=1e-6,
         rope_parameters=dict(ROPE, partial_rotary_factor=0.5), initializer_range=0.02, attention_bias=False,
         tie_word_embeddings=False, layer_types=["full_attention"] * 2)),
-    # HF-FACTS section 7
+    # The tiny test configs of each family, as transformers builds them:
     "tiny_qwen3_moe": ("qwen3_moe", dict(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
         norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0], max_position_embeddings=64,
         rms_norm_eps=1e-6, rope_parameters=dict(ROPE), output_router_logits=True, router_aux_loss_coef=0.01,
         tie_word_embeddings=False)),
-    # HF-FACTS section 7 with every layer full_attention
+    # qwen3_next's tiny test config with every layer full_attention
     "tiny_qwen3_next_moe": ("qwen3_next", dict(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, layer_types=["full_attention"] * 4, linear_conv_kernel_dim=4,
@@ -133,7 +133,7 @@ FIXTURES = {
         n_routed_experts=8, n_shared_experts=1, n_group=2, topk_group=1, num_experts_per_tok=2,
         norm_topk_prob=True, routed_scaling_factor=2.5, moe_intermediate_size=16, max_position_embeddings=64,
         rms_norm_eps=1e-5, rope_parameters=dict(ROPE, partial_rotary_factor=0.5), tie_word_embeddings=False)),
-    # HF-FACTS section 7's qwen3_next as given: Gated DeltaNet layers 0 and 2, gated full attention 1 and 3
+    # The tiny test config of qwen3_next as given: Gated DeltaNet layers 0 and 2, gated full attention 1 and 3
     "tiny_qwen3_next_hybrid": ("qwen3_next", dict(
         vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8,
@@ -143,7 +143,7 @@ FIXTURES = {
         num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[0],
         max_position_embeddings=64, rms_norm_eps=1e-6, rope_parameters=dict(ROPE, partial_rotary_factor=0.5),
         output_router_logits=True, router_aux_loss_coef=0.01, tie_word_embeddings=False)),
-    # HF-FACTS section 7's kimi_linear with every layer KDA (layer_types wins over linear_attn_config; the
+    # The tiny test config of kimi_linear with every layer KDA (layer_types wins over linear_attn_config; the
     # MLA fields stay, unused). save_pretrained writes layer_types (0-indexed), no linear_attn_config.
     "tiny_kimi_linear_kda": ("kimi_linear", dict(
         vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=4,
@@ -153,7 +153,7 @@ FIXTURES = {
         n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.446, linear_num_heads=2,
         linear_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=64, rms_norm_eps=1e-5,
         pad_token_id=None, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
-    # HF-FACTS section 7's kimi_linear, 3:1 as Kimi Linear: KDA layers 0-2, NoPE MLA (q_proj: q_lora_rank None) 3
+    # The tiny test config of kimi_linear, 3:1 as Kimi Linear: KDA layers 0-2, NoPE MLA (q_proj: q_lora_rank None) 3
     "tiny_kimi_linear": ("kimi_linear", dict(
         vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=4,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
@@ -163,7 +163,7 @@ FIXTURES = {
         n_group=1, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.446, linear_num_heads=2,
         linear_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=64, rms_norm_eps=1e-5,
         pad_token_id=None, bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)),
-    # HF-FACTS section 7's deepseek_v3: MLA with q LoRA, interleaved RoPE; dense layer 0, sigmoid-routed MoE
+    # The tiny test config of deepseek_v3: MLA with q LoRA, interleaved RoPE; dense layer 0, sigmoid-routed MoE
     # with groups and e_score_correction_bias in 1-2
     "tiny_deepseek_v3": ("deepseek_v3", dict(DEEPSEEK_V3)),
     # the same with q_proj (q_lora_rank None), half-split RoPE and YaRN (factor 4 over 16 original positions)
@@ -172,7 +172,7 @@ FIXTURES = {
         rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                          "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0,
                          "mscale": 1.0, "mscale_all_dim": 1.0})),
-    # HF-FACTS section 7's deepseek_v32: 2 layers of indexed MLA (index_topk 4 < SEQ), MoE in layer 1
+    # The tiny test config of deepseek_v32: 2 layers of indexed MLA (index_topk 4 < SEQ), MoE in layer 1
     "tiny_deepseek_v32": ("deepseek_v32", dict(
         vocab_size=128, hidden_size=32, intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=2,
         first_k_dense_replace=1, num_attention_heads=4, num_key_value_heads=4, n_routed_experts=8,
