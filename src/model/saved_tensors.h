@@ -69,9 +69,11 @@ inline std::vector<SavedSize> saved_sizes(const std::vector<SavedTensor>& list, 
 namespace saved_detail {
 
 inline const SavedTensor& find(const std::vector<SavedTensor>& list, ActivationTag tag) {
+  const SavedTensor* found = nullptr;
   for (const SavedTensor& s : list)
-    if (s.tag == tag) return s;
-  fail("saved tensor ", activation_tag_name(tag), " is not in its layer kind's saved_tensors");
+    if (s.tag == tag) found = &s;
+  TRILLION_CHECK(found != nullptr, "saved tensor ", activation_tag_name(tag), " is not in its layer kind's saved_tensors");
+  return *found;
 }
 
 // E is int32_t for decisions and the model's floating type for every other tag.
