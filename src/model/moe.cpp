@@ -216,18 +216,19 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
 }
 
 // Saved in the forward's order: the router's tensors, the routed experts' rows (R: the extent's
-// routed rows, or their bound), then the shared expert's.
+// routed rows, or their bound; none when the expert exchange keeps them), then the shared expert's.
 std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& extent) {
   using Tag = ActivationTag;
   const int64_t n = extent.tokens(), D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
   const int64_t rows = extent.routed_rows >= 0 ? extent.routed_rows : routed_rows_bound(dims, n);
-  std::vector<SavedTensor> list{{Tag::router_logits, {n, E}},     // [n, E]
-                                {Tag::router_scores, {n, E}},     // [n, E]
-                                {Tag::router_index, {n, k}},      // [n, k] int32
-                                {Tag::router_weight, {n, k}},     // [n, k]
-                                {Tag::expert_gate_up, {rows, 2 * I}},  // [R, 2I]
-                                {Tag::expert_act, {rows, I}},     // [R, I]
-                                {Tag::expert_out, {rows, D}}};    // [R, D]
+  std::vector<SavedTensor> list{{Tag::router_logits, {n, E}},   // [n, E]
+                                {Tag::router_scores, {n, E}},   // [n, E]
+                                {Tag::router_index, {n, k}},    // [n, k] int32
+                                {Tag::router_weight, {n, k}}};  // [n, k]
+  if (!extent.experts_exchanged)
+    list.insert(list.end(), {{Tag::expert_gate_up, {rows, 2 * I}},  // [R, 2I]
+                             {Tag::expert_act, {rows, I}},          // [R, I]
+                             {Tag::expert_out, {rows, D}}});        // [R, D]
   if (dims.shared.intermediate == 0) return list;
   if (dims.shared_gated) list.insert(list.end(), {{Tag::shared_out, {n, D}}, {Tag::shared_gate_logit, {n}}});
   const std::vector<SavedTensor> shared = saved_tensors(dims.shared, n);

@@ -36,10 +36,11 @@ struct SavedExtent {
   int64_t batch = 0, seq = 0;
   int64_t routed_rows = -1;   // MoE: the routed rows its plan keeps (−1: their bound, as the memory plan counts)
   bool indexer_loss = false;  // sparse layers: the indexer's loss is on (its gradients are saved)
+  bool experts_exchanged = false;  // MoE: the routed rows live in the expert exchange, not the store
   int64_t tokens() const { return batch * seq; }
   // A layer pass's extent (MoE sets the routed rows once its plan is built).
   static SavedExtent of(const LayerPass& pass) {
-    return {pass.batch, pass.seq, -1, pass.indexer != nullptr && pass.indexer->coef > 0.0};
+    return {pass.batch, pass.seq, -1, pass.indexer != nullptr && pass.indexer->coef > 0.0, pass.experts != nullptr};
   }
 };
 

@@ -70,20 +70,13 @@ Exchange exchange_of(const DecoderLayerDims& dims, const StepShape& step, int ep
   return x;
 }
 
-bool exchanged_tag(ActivationTag tag) {
-  return tag == ActivationTag::expert_gate_up || tag == ActivationTag::expert_act || tag == ActivationTag::expert_out;
-}
-
 // As the store counts them: paged entries by their bytes, small ones by the arena's rounding. Swap
 // tags of the last layer stay resident (ActivationStore::end_forward, backward_next): `swaps` false.
 LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, const std::set<ActivationTag>& recompute,
                        const std::set<ActivationTag>& swap, bool swaps, int64_t min_paged, bool swap_bf16,
                        const Exchange& exchange) {
   LayerBytes b;
-  std::vector<SavedSize> sizes = dims.saved_sizes(step);
-  if (exchange.on)
-    sizes.erase(std::remove_if(sizes.begin(), sizes.end(), [](const SavedSize& s) { return exchanged_tag(s.tag); }),
-                sizes.end());
+  const std::vector<SavedSize> sizes = dims.saved_sizes(step);
   bool rerun_mixer = false, rerun_ffn = false;
   for (const SavedSize& s : sizes) {  // which sublayers Model::recompute re-runs
     if (!ActivationStore::is_paged(s.bytes, min_paged) || !recompute.count(s.tag)) continue;
@@ -206,6 +199,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   step.element_bytes = e;
   step.threads = shape.threads;
   step.indexer = shape.indexer;
+  step.experts_exchanged = shape.ep > 1;
   const bool has_sparse = std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention) > 0;
   if (!has_sparse) step.indexer.coef = 0.0;
 
