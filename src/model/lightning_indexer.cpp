@@ -56,9 +56,9 @@ void project(T* q, T* k_raw, T* k_mean, T* k_rstd, T* k, T* w_out, const T* q_in
 
 // The loss is computed whenever its coefficient is on (evaluation reports it too); its gradients are
 // kept only by a pass that saves (train, recompute).
-bool loss_on(const LayerPass& pass) { return pass.indexer != nullptr && pass.indexer->coef > 0.0; }
+bool loss_on(const LayerPass& pass) { return SavedExtent::of(pass).indexer_loss; }
 // The same of a training step's shape (its forward always has the model's IndexerTraining).
-bool loss_on(const StepShape& shape) { return shape.indexer.coef > 0.0; }
+bool loss_on(const StepShape& shape) { return shape.extent().indexer_loss; }
 // The loss's mode in a pass of this indexer mode: over the selection (sparse), else every visible key.
 IndexerLossMode loss_mode(IndexerMode mode) {
   return mode == IndexerMode::sparse ? IndexerLossMode::kSparse : IndexerLossMode::kDense;

@@ -96,8 +96,6 @@ class Trainer {
   std::optional<ParallelPlan<T>> parallel_;  // the mesh applied to the model (parallel/parallel_plan.h)
   Fsdp<T>* fsdp_ = nullptr;             // the plan's, null on one rank
   ExpertParallel* experts_ = nullptr;   // the plan's, null without --ep
-  T* step_params_ = nullptr;  // the parameters and gradients AdamW updates: the shard, or everything
-  T* step_grads_ = nullptr;
   int64_t budget_ = 0;  // --memory-budget in bytes (0: none)
   std::optional<MixtureSampler> sampler_;  // made once the model and its modes are set up
   LrSchedule schedule_;
@@ -182,8 +180,6 @@ void Trainer<T>::set_up_parallelism() {
   parallel_.emplace(model_, mesh_, optimizer_.layout(), o_.ep_chunks);
   fsdp_ = parallel_->fsdp();
   experts_ = parallel_->experts();
-  step_params_ = parallel_->step_params();
-  step_grads_ = parallel_->step_grads();
 }
 
 // The indexer's stage, the loss's gradients, document masks, and the activation store's policy.
@@ -277,11 +273,12 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
       outcome.stats.add(result);
     }
     if (ranks_ > 1) loss_sum = world_.all_reduce_sum(loss_sum);
-    outcome.grad_norm = optimizer_.global_grad_norm(step_grads_);
+    outcome.grad_norm = optimizer_.global_grad_norm(parallel_->step_grads());
     outcome.nonfinite = guard.check(step, loss_sum * scales.lm, outcome.grad_norm, first_output, model_.table(),
-                                    optimizer_.layout(), step_grads_, world_);
+                                    optimizer_.layout(), parallel_->step_grads(), world_);
     if (outcome.nonfinite.empty())
-      optimizer_.step(step_params_, step_grads_, step, hyper_, clip_factor(outcome.grad_norm, s_.clip));
+      optimizer_.step(parallel_->step_params(), parallel_->step_grads(), step, hyper_,
+                      clip_factor(outcome.grad_norm, s_.clip));
     if (!fsdp_) model_.zero_grads();  // FSDP released (zeroed) each unit's gradients after reducing them
     if (outcome.nonfinite.empty()) {
       for (const auto& hook : after_step_) hook(outcome.stats);
