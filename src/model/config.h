@@ -5,7 +5,9 @@
 // (`rope_parameters` dict) and as older versions did (top-level `rope_theta`,
 // `partial_rotary_factor`, `rope_scaling`), with the families' attribute-map names
 // (`num_local_experts`, Kimi's `num_experts_per_token`, `moe_renormalize`, `num_expert_group`, …).
-// `model_type` selects the family conventions (model/family.h). A field that would change the model
+// `model_type` selects the family conventions (model/family.h). The reader and the writer both come
+// from one declaration of the fields (config.cpp's describe_config), so what to_json writes,
+// from_json reads back as the same config. A field that would change the model
 // and is not built is an error; fields the engine does not read are listed in `unread_fields`
 // (ModelConfig::load prints them as one warning). Every error names the file, the field and what was
 // expected (trillion::Error).
@@ -46,6 +48,7 @@ struct RopeScaling {
   double mscale = 0.0, mscale_all_dim = 0.0;  // 0: absent
   double attention_factor = 0.0;              // 0: derived from factor, mscale, mscale_all_dim
   bool truncate = true;
+  bool operator==(const RopeScaling&) const = default;
 };
 
 struct ModelConfig {
@@ -115,6 +118,7 @@ struct ModelConfig {
   // from_json of the file; prints one warning line listing unread fields, if any.
   static ModelConfig load(const std::string& path);
   nlohmann::json to_json() const;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 }  // namespace trillion

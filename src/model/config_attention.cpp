@@ -1,6 +1,6 @@
-// ModelConfig's attention settings (see config.h): RoPE with YaRN scaling from `rope_parameters` /
-// `rope_scaling`, multi-head latent attention's dims, Kimi-Linear's linear-attention names; and the
-// RoPE a layer builds from them.
+// ModelConfig's structured attention fields (config_fields.h): RoPE with YaRN scaling from
+// `rope_parameters` / `rope_scaling`, Kimi-Linear's linear-attention names and linear_attn_config;
+// and the RoPE a layer builds from them.
 #include <map>
 #include <utility>
 
@@ -27,9 +27,7 @@ void parse_yarn(const FieldReader& sub, RopeScaling& y) {
 
 }  // namespace
 
-// RoPE settings: transformers 5.x's `rope_parameters` dict and the older top-level fields; when
-// both give a value they must agree. Plain RoPE and YaRN are built.
-void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c) {
+void RopeParameters::read(const FieldReader& fields, const Family& family, ModelConfig& c) {
   c.rope_theta = fields.positive_number("rope_theta", c.rope_theta);
   c.partial_rotary_factor = fields.positive_number("partial_rotary_factor", family.default_partial_rotary_factor);
   // Where each value came from: the first source that gave it; every later one must agree.
@@ -76,32 +74,20 @@ void parse_rope(const FieldReader& fields, const Family& family, ModelConfig& c)
         static_cast<double>(c.max_position_embeddings) / c.rope_scaling.original_max_position_embeddings;
 }
 
-// Multi-head latent attention's dims (transformers' DeepseekV3Config / KimiLinearConfig defaults
-// when absent; q_lora_rank null means one q_proj).
-void parse_mla(const FieldReader& fields, const Family& family, ModelConfig& c) {
-  c.q_lora_rank = fields.is_null("q_lora_rank") ? 0 : fields.positive("q_lora_rank", family.default_q_lora_rank);
-  c.kv_lora_rank = fields.positive("kv_lora_rank", 512);
-  c.qk_nope_head_dim = fields.positive("qk_nope_head_dim", 128);
-  c.qk_rope_head_dim = fields.positive("qk_rope_head_dim", 64);
-  c.v_head_dim = fields.positive("v_head_dim", 128);
-  const bool interleave = fields.boolean("rope_interleave", true);  // read either way: deepseek_v32 ignores it
-  c.rope_interleave = family.mla_always_interleaved || interleave;
-  if (fields.has("qk_head_dim") && fields.integer("qk_head_dim", 0) != c.qk_head_dim())
-    fields.fail_field("qk_head_dim", str_cat("got ", fields.integer("qk_head_dim", 0), "; expected qk_nope_head_dim + ",
-                                             "qk_rope_head_dim = ", c.qk_head_dim()));
-  if (c.num_key_value_heads != c.num_attention_heads)
-    fields.fail_field("num_key_value_heads", str_cat("got ", c.num_key_value_heads, "; expected num_attention_heads = ",
-                                                     c.num_attention_heads, " (multi-head latent attention)"));
-  if (family.mla_rope && c.qk_rope_head_dim % 2 != 0)
-    fields.fail_field("qk_rope_head_dim", str_cat("got ", c.qk_rope_head_dim, "; expected an even number"));
+void RopeParameters::write(nlohmann::json& json, const Family&, const ModelConfig& c) {
+  nlohmann::json& rope = json["rope_parameters"];
+  rope = {{"rope_type", c.rope_scaling.type}, {"rope_theta", c.rope_theta},
+          {"partial_rotary_factor", c.partial_rotary_factor}};
+  if (c.rope_scaling.type != "yarn") return;
+  const RopeScaling& y = c.rope_scaling;
+  rope.update({{"factor", y.factor}, {"original_max_position_embeddings", y.original_max_position_embeddings},
+               {"beta_fast", y.beta_fast}, {"beta_slow", y.beta_slow}, {"truncate", y.truncate}});
+  if (y.mscale != 0.0) rope["mscale"] = y.mscale;
+  if (y.mscale_all_dim != 0.0) rope["mscale_all_dim"] = y.mscale_all_dim;
+  if (y.attention_factor > 0.0) rope["attention_factor"] = y.attention_factor;
 }
 
-// Kimi-Linear's names for its delta-attention layers (one head count and head dim for q, k and v)
-// and the checkpoint form `linear_attn_config` {full_attn_layers, kda_layers (1-indexed), head_dim,
-// num_heads, short_conv_kernel_size}, which overrides them and sets layer_types.
-// Returns the keys of linear_attn_config it did not read (listed with the config's unread fields).
-std::vector<std::string> parse_kimi_linear_attention(const FieldReader& fields, ModelConfig& c) {
-  std::vector<std::string> unread;
+void KimiLinearAttention::read(const FieldReader& fields, const Family&, ModelConfig& c) {
   int64_t heads = fields.non_negative("linear_num_heads", 0), dim = fields.non_negative("linear_head_dim", 0);
   c.linear_conv_kernel_dim = fields.positive("linear_conv_kernel_dim", c.linear_conv_kernel_dim);
   if (fields.has("linear_attn_config")) {
@@ -130,11 +116,21 @@ std::vector<std::string> parse_kimi_linear_attention(const FieldReader& fields, 
           sub.fail_field("kda_layers", str_cat("layer ", l + 1, " is named ", seen[l], " times in full_attn_layers and ",
                                                "kda_layers; expected each layer exactly once"));
     }
-    for (const std::string& key : sub.unread()) unread.push_back("linear_attn_config." + key);
+    for (const std::string& key : sub.unread()) fields.add_unread("linear_attn_config." + key);
   }
   c.linear_num_key_heads = c.linear_num_value_heads = heads;
   c.linear_key_head_dim = c.linear_value_head_dim = dim;
-  return unread;
+}
+
+void KimiLinearAttention::write(nlohmann::json& json, const Family&, const ModelConfig& c) {
+  nlohmann::json kda = nlohmann::json::array(), full = nlohmann::json::array();
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    (c.layer_types[l] == LayerType::linear_attention ? kda : full).push_back(l + 1);
+  nlohmann::json block = {{"short_conv_kernel_size", c.linear_conv_kernel_dim}, {"kda_layers", kda},
+                          {"full_attn_layers", full}};
+  if (c.linear_num_key_heads > 0) block["num_heads"] = c.linear_num_key_heads;  // 0: never given (no KDA layer)
+  if (c.linear_key_head_dim > 0) block["head_dim"] = c.linear_key_head_dim;
+  json["linear_attn_config"] = block;
 }
 
 }  // namespace config_detail
@@ -142,23 +138,6 @@ std::vector<std::string> parse_kimi_linear_attention(const FieldReader& fields, 
 int64_t ModelConfig::rotary_dim() const {
   return static_cast<int64_t>(std::floor(partial_rotary_factor * static_cast<double>(head_dim)));
 }
-
-namespace config_detail {
-
-nlohmann::json rope_json(const ModelConfig& c) {
-  nlohmann::json rope = {{"rope_type", c.rope_scaling.type}, {"rope_theta", c.rope_theta},
-                         {"partial_rotary_factor", c.partial_rotary_factor}};
-  if (c.rope_scaling.type != "yarn") return rope;
-  const RopeScaling& y = c.rope_scaling;
-  rope.update({{"factor", y.factor}, {"original_max_position_embeddings", y.original_max_position_embeddings},
-               {"beta_fast", y.beta_fast}, {"beta_slow", y.beta_slow}, {"truncate", y.truncate}});
-  if (y.mscale != 0.0) rope["mscale"] = y.mscale;
-  if (y.mscale_all_dim != 0.0) rope["mscale_all_dim"] = y.mscale_all_dim;
-  if (y.attention_factor > 0.0) rope["attention_factor"] = y.attention_factor;
-  return rope;
-}
-
-}  // namespace config_detail
 
 namespace {
 // YaRN's magnitude correction 0.1 · m · ln(scale) + 1 (1 for scale ≤ 1).

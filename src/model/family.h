@@ -62,7 +62,8 @@ struct Family {
 // The conventions of a known model_type (CHECK-fails on an unknown one: config parsing rejects those).
 Family family_of(const std::string& model_type);
 
-// The model types a config may name, comma-separated (for error messages).
+// The model types a config may name: a list, and comma-separated (for error messages).
+std::vector<std::string> model_types();
 std::string known_model_types();
 bool is_known_model_type(const std::string& model_type);
 

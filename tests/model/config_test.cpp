@@ -139,6 +139,32 @@ TEST(ModelConfig, EveryCommittedConfigRoundTripsExactly) {
   EXPECT_FALSE(kimi.contains("linear_num_key_heads")) << kimi.dump();
 }
 
+// Reading what to_json wrote gives the same ModelConfig, member by member: for every family's
+// defaults (a minimal config of each model_type) and every committed config.
+TEST(ModelConfig, WrittenConfigReadsBackAsTheSameConfig) {
+  std::vector<ModelConfig> configs;
+  for (const std::string& type : model_types()) {
+    nlohmann::json json = base_config();
+    json["model_type"] = type;
+    json["index_n_heads"] = 2;  // deepseek_v32's layers are sparse unless layer_types says otherwise
+    json["index_head_dim"] = 8;
+    configs.push_back(ModelConfig::from_json(json, str_cat(type, " with its family's defaults")));
+  }
+  ASSERT_EQ(configs.size(), 7u);
+  for (const auto& entry : std::filesystem::directory_iterator(kConfigDir))
+    configs.push_back(ModelConfig::load(entry.path().string()));
+  for (const ModelConfig& config : configs) {
+    ModelConfig read_back = ModelConfig::from_json(config.to_json(), config.source);
+    read_back.unread_fields = config.unread_fields;  // what the file had besides the model
+    EXPECT_TRUE(read_back == config) << config.source << ": wrote " << config.to_json().dump() << ", read back "
+                                     << read_back.to_json().dump();
+  }
+  // The check can fail: a member the writer left out reads back as its default.
+  ModelConfig changed = configs.back();
+  changed.initializer_range *= 2.0;
+  EXPECT_FALSE(changed == configs.back());
+}
+
 TEST(ModelConfig, CommittedConfigsLoad) {
   const ModelConfig tiny = ModelConfig::load(kConfigDir + "tiny.json");
   EXPECT_EQ(tiny.model_type, "qwen3");
