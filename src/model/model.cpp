@@ -169,8 +169,6 @@ void Model<T>::set_expert_exchange(ExpertExchange* exchange) {
 }
 template <class T>
 void Model<T>::set_statistics_reduction(StatisticsReduction reduction) {
-  TRILLION_CHECK(reduction.ranks >= 1 && (reduction.ranks == 1 || reduction.sum), "statistics reduction over ",
-                 reduction.ranks, " ranks needs a sum");
   impl_->reduction = std::move(reduction);
 }
 
@@ -202,19 +200,18 @@ void Model<T>::Impl::reduce_statistics(StepResult& result) const {
   for (const IndexerLayerStats& s : result.indexer) packed.insert(packed.end(), {s.loss, s.selected_mass});
   if (packed.empty()) return;
   reduction.sum(packed.data(), static_cast<int64_t>(packed.size()));
-  const double ranks = double(reduction.ranks);
   const double* next = packed.data();
   const auto take_count = [&] { return static_cast<int64_t>(std::llround(*next++)); };  // sums of integers, exact
   for (MoeLayerStats& s : result.moe) {
     for (int64_t& count : s.tokens_per_expert) count = take_count();
     for (double& sum : s.prob_sums) sum = *next++;
     s.dropped = take_count();
-    s.sequence_aux = *next++ / ranks;
-    s.z_loss = *next++ / ranks;
+    s.sequence_aux = reduction.batch_mean(*next++);
+    s.z_loss = reduction.batch_mean(*next++);
   }
   for (IndexerLayerStats& s : result.indexer) {
-    s.loss = *next++ / ranks;
-    s.selected_mass = *next++ / ranks;
+    s.loss = reduction.batch_mean(*next++);
+    s.selected_mass = reduction.batch_mean(*next++);
   }
 }
 
@@ -261,12 +258,12 @@ void Model<T>::Impl::add_router_losses(StepResult& result, int64_t tokens) const
 
 template <class T>
 MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer, int64_t tokens,
-                                            double aux_scale, int ranks) const {
+                                            double aux_scale) const {
   const MoeDims& moe = std::get<MoeDims>(layer_dims[layer].ffn);
   const int64_t E = moe.experts(), k = moe.top_k();
   const double L = double(result.moe.size()), N = double(tokens), coef = moe.aux_coef * aux_scale;
   MoeBalanceGrad grad;
-  grad.z_scale = moe.z_coef * aux_scale / ranks;  // a mean over this rank's share
+  grad.z_scale = reduction.batch_mean(moe.z_coef * aux_scale);  // a mean over this rank's share
   if (coef == 0.0) return grad;
   const MoeLayerStats* own = nullptr;
   for (const MoeLayerStats& s : result.moe) own = s.layer == layer ? &s : own;
@@ -286,7 +283,7 @@ MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer,
         grad.per_expert[e] = coef * double(E) * (double(own->tokens_per_expert[e]) / (N * double(k))) / N;
       break;
     case AuxLossType::sequence:
-      grad.sequence_scale = coef / ranks;  // a mean over this rank's sequences
+      grad.sequence_scale = reduction.batch_mean(coef);  // a mean over this rank's sequences
       break;
   }
   return grad;
@@ -328,9 +325,9 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   pass.decisions = &m.decisions;
   pass.result = &result;
   const int sparse = m.sparse_layers();
-  // The shares the statistics are over: a training step's ranks, or this rank's batch alone.
-  const int ranks = mode == PassMode::train ? m.reduction.ranks : 1;
-  m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse / ranks : 0.0;
+  // The shares the statistics are over: a training step's, or this rank's batch alone.
+  const StatisticsReduction one_share, &shares = mode == PassMode::train ? m.reduction : one_share;
+  m.indexer.grad_scale = sparse > 0 ? shares.batch_mean(m.indexer.coef * scales.aux / sparse) : 0.0;
   pass.indexer = &m.indexer;
   pass.experts = m.exchange;
   T* params = m.params.data();
@@ -372,8 +369,8 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   }
   if (pass.saves()) pass.store->end_forward(head, TagSublayer::head, /*backward_next=*/true);
   call(m.hooks.after_forward, head_fsdp_unit);
-  if (ranks > 1) m.reduce_statistics(result);
-  m.add_router_losses(result, n * ranks);
+  if (shares.combines()) m.reduce_statistics(result);
+  m.add_router_losses(result, shares.batch_tokens(n));
   m.add_indexer_loss(result);
   return result;
 }
@@ -490,7 +487,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
     m.recompute(layer, batch, seq);
     MoeBalanceGrad balance;
     if (m.layer_dims[layer].is_moe()) {
-      balance = m.balance_grad(result, layer, n * m.reduction.ranks, scales.aux, m.reduction.ranks);
+      balance = m.balance_grad(result, layer, m.reduction.batch_tokens(n), scales.aux);
     }
     pass.balance = &balance;
     ffn_sublayer_backward(dx, m.layer_params[layer], m.layer_grads[layer], m.layer_dims[layer], pass, m.store, layer,

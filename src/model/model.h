@@ -84,8 +84,8 @@ class Model {
   DecisionLog& decisions();
   // Called around each FSDP unit (unit_order) in forward and backward; identity by default.
   void set_unit_hooks(UnitHooks hooks);
-  // Data parallelism: forward_backward's statistics over all ranks (step.h); forward_loss keeps
-  // its own batch's (evaluation runs the same batches on every rank).
+  // Data parallelism: forward_backward's statistics over the batch's shares (step.h); forward_loss
+  // keeps its own batch's (evaluation runs the same batches on every rank).
   void set_statistics_reduction(StatisticsReduction reduction);
   // Expert parallelism (null: every expert runs here; must outlive its use): every forward uses
   // it, so every rank of its group must run the same forwards, recomputation included.

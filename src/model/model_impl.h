@@ -45,7 +45,7 @@ struct Model<T>::Impl {
   ActivationStore store;  // saved activations of the current step
   DecisionLog decisions;
   UnitHooks hooks;
-  StatisticsReduction reduction;  // training forwards: statistics over the data-parallel ranks
+  StatisticsReduction reduction;  // training forwards: statistics over the data-parallel batch's shares
   ExpertExchange* exchange = nullptr;  // training: where the routed experts run (null: here)
   IndexerTraining indexer;  // sparse layers' mode and loss; grad_scale set per forward
   LossGradients loss_gradients = LossGradients::in_forward;
@@ -66,7 +66,7 @@ struct Model<T>::Impl {
 
   explicit Impl(const ModelConfig& c);
   // Forward and loss terms, in mode train (saves every activation the backward needs in `store`,
-  // statistics reduced across the ranks) or eval (nothing is saved, temporaries live in `scratch`
+  // statistics reduced over the batch's shares) or eval (nothing is saved, temporaries live in `scratch`
   // one sublayer at a time; this rank's statistics). scales: the step's loss scales, for the
   // losses whose gradients are formed in the forward (the LM head's in training unless
   // loss_gradients is recompute; the indexer's).
@@ -86,14 +86,13 @@ struct Model<T>::Impl {
   void check_output(StepResult& result, const T* x, int64_t count, int layer, const char* sublayer) const;
   // The indexer loss term of a forward from its per-layer values (appended to result.aux).
   void add_indexer_loss(StepResult& result) const;
-  // Sums and averages a training forward's statistics over the ranks (StatisticsReduction).
+  // Sums and averages a training forward's statistics over the batch's shares (StatisticsReduction).
   void reduce_statistics(StepResult& result) const;
   // The router loss terms of a forward from its per-layer statistics (appended to result.aux);
   // tokens: of the whole batch the statistics cover.
   void add_router_losses(StepResult& result, int64_t tokens) const;
-  // The balance-loss gradient handed to MoE layer `layer`'s backward; tokens as above, ranks the
-  // number of equal shares the per-token means average over.
-  MoeBalanceGrad balance_grad(const StepResult& result, int layer, int64_t tokens, double aux_scale, int ranks) const;
+  // The balance-loss gradient handed to MoE layer `layer`'s backward; tokens as above.
+  MoeBalanceGrad balance_grad(const StepResult& result, int layer, int64_t tokens, double aux_scale) const;
   const MoeDims* first_moe() const;  // null without MoE layers
   int sparse_layers() const;         // layers of type sparse_attention
   T* embedding(T* base) const { return base + table.find("model.embed_tokens.weight").offset; }

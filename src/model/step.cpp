@@ -2,10 +2,16 @@
 #include "model/step.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 
 namespace trillion {
+
+StatisticsReduction::StatisticsReduction(int shares, std::function<void(double* values, int64_t count)> sum)
+    : shares_(shares), sum_(std::move(sum)) {
+  TRILLION_CHECK(shares >= 1 && (shares == 1 || sum_), "statistics reduction over ", shares, " shares needs a sum");
+}
 
 const char* indexer_mode_name(IndexerMode mode) {
   switch (mode) {

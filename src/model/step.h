@@ -7,7 +7,7 @@
 //   UnitHooks    called before and after each FSDP unit's forward and backward (identity on one
 //                rank; FSDP's gather/free plug in here);
 //   StatisticsReduction  how a training forward's routing statistics and loss values become those
-//                of the whole data-parallel batch (identity on one rank);
+//                of the whole data-parallel batch (one share: as they are);
 //   ExpertExchange  expert parallelism: where an MoE layer's routed experts run (null: here);
 //   LayerPass    what the layer loops hand every layer kind in forward and backward.
 #pragma once
@@ -122,14 +122,26 @@ struct UnitHooks {
 };
 
 // Every rank runs each training forward on its equal share of the batch. The MoE layers' expert
-// counts and score sums (and dropped slots) are summed over the ranks, so the router losses, their
+// counts and score sums (and dropped slots) are summed over the shares, so the router losses, their
 // gradients and the bias update see the whole batch's load; the per-token and per-sequence means
 // (sequence-wise balance loss, z-loss, the indexers' loss and selected mass) are averaged, which is
-// the batch's mean since the shares are equal, and their gradients scaled by 1 / ranks. `sum` adds
-// `count` doubles in place over the ranks. One rank (the default): nothing to do.
-struct StatisticsReduction {
-  int ranks = 1;
-  std::function<void(double* values, int64_t count)> sum;
+// the batch's mean since the shares are equal, and their gradients scaled likewise. The parallel
+// plan sets this; the model only asks it to combine. The default, one share, combines nothing.
+class StatisticsReduction {
+ public:
+  StatisticsReduction() = default;
+  // `shares` equal shares of the batch; `sum` adds `count` doubles in place over them.
+  StatisticsReduction(int shares, std::function<void(double* values, int64_t count)> sum);
+  bool combines() const { return shares_ > 1; }
+  void sum(double* values, int64_t count) const { sum_(values, count); }
+  // The batch's mean from the sum over the shares of each share's mean; and the scale of a share's
+  // mean's gradient as the batch mean's.
+  double batch_mean(double sum_of_share_means) const { return sum_of_share_means / shares_; }
+  int64_t batch_tokens(int64_t share_tokens) const { return share_tokens * shares_; }
+
+ private:
+  int shares_ = 1;
+  std::function<void(double* values, int64_t count)> sum_;
 };
 
 // Expert parallelism (parallel/expert_parallel.h): the routed experts are split over a group of

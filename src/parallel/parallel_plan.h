@@ -31,8 +31,8 @@ class ParallelPlan {
   ParallelPlan(Model<T>& model, const ParallelMesh& mesh, const ShardLayout& layout, int exchange_chunks = 1) {
     const ProcessGroup& world = mesh.world();
     if (world.size() > 1) {
-      model.set_statistics_reduction(
-          {world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }});
+      model.set_statistics_reduction(StatisticsReduction(
+          world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }));
       fsdp_.emplace(model, world, mesh.edp_group(), layout);
       model.set_unit_hooks(fsdp_->hooks());
     }
