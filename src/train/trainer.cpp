@@ -94,8 +94,6 @@ class Trainer {
   Model<T> model_;
   Optimizer<T> optimizer_;
   std::optional<ParallelPlan<T>> parallel_;  // the mesh applied to the model (parallel/parallel_plan.h)
-  Fsdp<T>* fsdp_ = nullptr;             // the plan's, null on one rank
-  ExpertParallel* experts_ = nullptr;   // the plan's, null without --ep
   int64_t budget_ = 0;  // --memory-budget in bytes (0: none)
   std::optional<MixtureSampler> sampler_;  // made once the model and its modes are set up
   LrSchedule schedule_;
@@ -178,8 +176,6 @@ void Trainer<T>::load_weights() {
 template <class T>
 void Trainer<T>::set_up_parallelism() {
   parallel_.emplace(model_, mesh_, optimizer_.layout(), o_.ep_chunks);
-  fsdp_ = parallel_->fsdp();
-  experts_ = parallel_->experts();
 }
 
 // The indexer's stage, the loss's gradients, document masks, and the activation store's policy.
@@ -256,16 +252,17 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
   const LossScales scales{outcome.skipped ? 0.0 : 1.0 / static_cast<double>(count),
                           1.0 / static_cast<double>(s_.grad_accum)};
   double loss_sum = 0.0;
-  if (fsdp_) outcome.fsdp_before = fsdp_->counters();
-  if (experts_) outcome.experts_before = experts_->counters();
-  if (fsdp_) fsdp_->reset_peak();
+  Fsdp<T>* fsdp = parallel_->fsdp();                 // null on one rank
+  ExpertParallel* experts = parallel_->experts();  // null without --ep
+  if (fsdp) outcome.fsdp_before = fsdp->counters(), fsdp->reset_peak();
+  if (experts) outcome.experts_before = experts->counters();
   hyper_.lr = schedule_.at(step);
   if (!outcome.skipped) {
     model_.inject_nan_after_layer(step == nan_injection.step ? nan_injection.layer : -1);
     std::string first_output;  // --check-numerics: the first non-finite sublayer output
     for (int64_t micro = 0; micro < s_.grad_accum; ++micro) {
       const int64_t at = (micro * s_.batch + world_.rank() * local_batch_) * s_.seq_len;  // this rank's rows
-      if (fsdp_) fsdp_->set_last_micro_batch(micro + 1 == s_.grad_accum);
+      if (fsdp) fsdp->set_last_micro_batch(micro + 1 == s_.grad_accum);
       const StepResult result =
           model_.forward_backward(inputs_.data() + at, targets_.data() + at, local_batch_, s_.seq_len, scales);
       loss_sum += result.lm.loss_sum;
@@ -279,7 +276,7 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
     if (outcome.nonfinite.empty())
       optimizer_.step(parallel_->step_params(), parallel_->step_grads(), step, hyper_,
                       clip_factor(outcome.grad_norm, s_.clip));
-    if (!fsdp_) model_.zero_grads();  // FSDP released (zeroed) each unit's gradients after reducing them
+    if (!fsdp) model_.zero_grads();  // FSDP released (zeroed) each unit's gradients after reducing them
     if (outcome.nonfinite.empty()) {
       for (const auto& hook : after_step_) hook(outcome.stats);
     } else {
@@ -326,11 +323,11 @@ nlohmann::json Trainer<T>::record(int64_t step, const StepOutcome& outcome) {
   }
   if (run_.state.nonfinite_skips > 0) line["nonfinite_skips"] = run_.state.nonfinite_skips;
   outcome.stats.write_metrics(line);
-  if (fsdp_) line["fsdp"] = fsdp_record(world_, *fsdp_, outcome.fsdp_before, peak_bytes, plan_.peak_fast);
-  if (experts_) {
+  if (const Fsdp<T>* fsdp = parallel_->fsdp())
+    line["fsdp"] = fsdp_record(world_, *fsdp, outcome.fsdp_before, peak_bytes, plan_.peak_fast);
+  if (const ExpertParallel* experts = parallel_->experts())
     line["expert_parallel"] =
-        expert_parallel_record(world_, o_.ep, experts_->counters(), outcome.experts_before, outcome.stats);
-  }
+        expert_parallel_record(world_, o_.ep, experts->counters(), outcome.experts_before, outcome.stats);
   return line;
 }
 
@@ -379,7 +376,7 @@ template <class T>
 void Trainer<T>::save_sharded(int64_t step) {
   const auto write_shard = [&](std::string temp_dir) {
     world_.broadcast(temp_dir);
-    write_checkpoint_shard(temp_dir, optimizer_.layout(), fsdp_->shard_params(), optimizer_.exp_avg(),
+    write_checkpoint_shard(temp_dir, optimizer_.layout(), parallel_->fsdp()->shard_params(), optimizer_.exp_avg(),
                            optimizer_.exp_avg_sq());
     world_.barrier();  // every rank's file is complete
   };
@@ -398,11 +395,12 @@ void Trainer<T>::save_sharded(int64_t step) {
 template <class T>
 void Trainer<T>::save(int64_t step) {
   if (metrics_) metrics_->sync();  // a checkpoint that survives a power loss has its metrics lines too
-  if (fsdp_ && o_.sharded_checkpoints) return save_sharded(step);
-  if (fsdp_) fsdp_->gather_everything();
+  Fsdp<T>* fsdp = parallel_->fsdp();  // null on one rank
+  if (fsdp && o_.sharded_checkpoints) return save_sharded(step);
+  if (fsdp) fsdp->gather_everything();
   if (!world_.is_root()) {
     optimizer_.save(std::string());
-    if (fsdp_) fsdp_->release_everything();
+    if (fsdp) fsdp->release_everything();
     return;
   }
   const std::string dir = write_checkpoint(o_.out_dir, step, [&](const std::string& temp_dir) {
@@ -410,7 +408,7 @@ void Trainer<T>::save(int64_t step) {
     optimizer_.save((fs::path(temp_dir) / "optimizer.safetensors").string());
     write_run_files(temp_dir);
   });
-  if (fsdp_) fsdp_->release_everything();
+  if (fsdp) fsdp->release_everything();
   prune_checkpoints(o_.out_dir, step, o_.keep_last);
   std::fprintf(stderr, "saved %s\n", dir.c_str());
 }
