@@ -330,15 +330,18 @@ void SafetensorsWriter::write(const std::string& path) const {
 
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
+  const auto stored_as_held = [](const Entry& entry) {
+    return entry.dtype == (entry.data_is_double ? DType::F64 : DType::F32);
+  };
   int64_t offset = 0;
-  int64_t largest_tensor_bytes = 0;
+  int64_t largest_converted_bytes = 0;  // of the tensors stored in another dtype than held (0: none)
   for (const auto* item : order) {
     const int64_t bytes = item->second.numel * dtype_bytes(item->second.dtype);
     header[item->first] = {{"dtype", dtype_name(item->second.dtype)},
                            {"shape", item->second.shape},
                            {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
-    largest_tensor_bytes = std::max(largest_tensor_bytes, bytes);
+    if (!stored_as_held(item->second)) largest_converted_bytes = std::max(largest_converted_bytes, bytes);
   }
   std::string header_text = header.dump();
   header_text.append((8 - header_text.size() % 8) % 8, ' ');
@@ -351,12 +354,12 @@ void SafetensorsWriter::write(const std::string& path) const {
   write_bytes(&header_length, 8);
   file.write(header_text);
   // Holds a whole number of elements of every tensor that needs it: kStagingBytes is a multiple
-  // of 8, and a smaller buffer is the size of the largest tensor.
-  Buffer<unsigned char> staging(std::min(kStagingBytes, largest_tensor_bytes));
+  // of 8, and a smaller buffer is the size of the largest such tensor (none: no buffer).
+  Buffer<unsigned char> staging(std::min(kStagingBytes, largest_converted_bytes));
   for (const auto* item : order) {
     const Entry& entry = item->second;
     const int64_t element_bytes = dtype_bytes(entry.dtype);
-    if (entry.dtype == (entry.data_is_double ? DType::F64 : DType::F32)) {  // stored as held
+    if (stored_as_held(entry)) {
       write_bytes(entry.data, entry.numel * element_bytes);
       continue;
     }

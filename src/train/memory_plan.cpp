@@ -231,6 +231,11 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   // hidden, its gradient, positions; the recompute copy; the sampler; the bf16 swap's staging buffer.
   plan.model_buffers = 2 * n * D * e + n * 4 + (any_dropped ? n * D * e : 0) + shape.sampler_windows * 8 +
                        (shape.swap_bf16 && plan.peak_slow > 0 ? SwapEngine::kStagingBytes : 0);
+  // A whole checkpoint: every rank gathers the trainable parameters (Fsdp::gather_everything) and
+  // both moments (Optimizer::save) beside its shards and buffers; the step's activations are gone.
+  if (shape.ranks > 1 && shape.whole_checkpoints)
+    plan.checkpoint_save = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +
+                           3 * counts.trainable_storage * e;
 
   // The head's saved tensors.
   const bool in_forward = shape.loss == LossGradients::in_forward;
@@ -313,7 +318,8 @@ nlohmann::json MemoryPlan::to_json() const {
                     {"gathered_at_peak", gathered_at_peak},
                     {"peak", peak_fast},
                     {"peak_at", peak_at},
-                    {"start_up", start_up}}},
+                    {"start_up", start_up},
+                    {"checkpoint_save", checkpoint_save}}},
           {"slow", {{"peak", peak_slow}}},
           {"activations_saved", activations_saved}};
 }
@@ -331,7 +337,9 @@ std::string MemoryPlan::describe() const {
          mib(optimizer_state) + shard + ", model buffers " + mib(model_buffers) +
          (ranks > 1 ? ", gathered units " + mib(gathered_at_peak) : std::string()) + "\n  activations " +
          mib(activations_at_peak) + " of " + mib(activations_saved) + " saved, workspace " + mib(workspace_at_peak) +
-         "\n  start-up " + mib(start_up) + "; slow tier (swap file) " + mib(peak_slow);
+         "\n  start-up " + mib(start_up) +
+         (checkpoint_save > 0 ? ", a whole checkpoint's save " + mib(checkpoint_save) : std::string()) +
+         "; slow tier (swap file) " + mib(peak_slow);
 }
 
 std::vector<MemoryPolicy> budget_candidates() {

@@ -21,7 +21,9 @@
 // prefetched, the tied embeddings' throughout) and the units whose gradients are written and not
 // yet reduce-scattered (the one in its backward, the tied embeddings' from the head on; every
 // unit's while micro-batches accumulate). Before the first step every rank holds the whole
-// parameters (initialized or loaded, then sharded): the start-up figure. With ep > 1 an MoE layer's
+// parameters (initialized or loaded, then sharded): the start-up figure; and a whole checkpoint's
+// save gathers the whole parameters and both moments on every rank beside its shards: the
+// checkpoint figure (--sharded-checkpoints writes the shards instead). With ep > 1 an MoE layer's
 // routed rows live in the expert exchange (parallel/expert_parallel.h), whatever the policy: the
 // rows this rank's experts receive (expert_imbalance times its own) with their activations, and its
 // own rows' outputs, from the layer's forward to its FFN backward; the exchange's buffers of the
@@ -65,6 +67,9 @@ struct StepMemoryShape {
   int64_t grad_accum = 1;
   // ep > 1: the rows this rank's experts receive per MoE layer, as a multiple of its own routed rows.
   double expert_imbalance = 1.0;
+  // ranks > 1: checkpoints are whole (not --sharded-checkpoints), so a save gathers the whole
+  // parameters and both moments on every rank.
+  bool whole_checkpoints = false;
 };
 
 struct MemoryPlan {
@@ -82,6 +87,7 @@ struct MemoryPlan {
   int64_t peak_fast = 0;
   std::string peak_at;             // "forward of layer 3", "the loss", "backward of layer 0", …
   int64_t start_up = 0;            // before the first step: whole parameters and the shard's state
+  int64_t checkpoint_save = 0;     // a whole checkpoint's save on several ranks (0: none, or sharded)
   // Slow tier: the swap file's bytes at most (every swapped tensor of a step).
   int64_t peak_slow = 0;
   nlohmann::json to_json() const;

@@ -52,6 +52,7 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
   shape.policy_min_bytes = o.policy_min_bytes;
   shape.swap_bf16 = o.swap_bf16;
   shape.sampler_windows = train_tokens > 0 ? (train_tokens - 1) / s.seq_len : 0;
+  shape.whole_checkpoints = !o.sharded_checkpoints;
   return shape;
 }
 
@@ -198,25 +199,35 @@ void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const T
   std::printf("%s\n", json.dump(2).c_str());
 }
 
-// Refuses a run whose planned peak (the step's or start-up's, whichever is larger), times the ranks
-// sharing this machine (OpenMPI's local size), exceeds the memory available, before anything
-// large is allocated. Each rank's plan counts its shards, so FSDP runs that fit sharded start.
+// Refuses a run whose planned peak (the step's, start-up's or a whole checkpoint's save, whichever is
+// largest), times the ranks sharing this machine (OpenMPI's local size), exceeds the memory
+// available, before anything large is allocated. Each rank's plan counts its shards, so FSDP runs
+// that fit sharded start.
 void require_fits_machine(const MemoryPlan& plan, const ModelConfig& config) {
   const char* local_size = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   const int64_t local_ranks = local_size != nullptr ? std::max(1, std::atoi(local_size)) : 1;
   const auto part = [](const char* name, int64_t bytes) { return str_cat(name, " ", human_bytes(double(bytes))); };
   const std::string shards = plan.ranks > 1 ? " (the rank's shards)" : "";
-  const std::string where = plan.start_up > plan.peak_fast
-      ? str_cat(" at start-up (", part("the whole parameters before sharding", plan.start_up), shards, ")")
-      : str_cat(" at its peak (", plan.peak_at, ", ", plan.policy.name(), ": ", part("parameters", plan.parameters),
-                ", ", part("gradients", plan.gradients), ", ", part("optimizer state", plan.optimizer_state), shards,
-                plan.ranks > 1 ? str_cat(", ", part("gathered units", plan.gathered_at_peak)) : "", ", ",
-                part("buffers", plan.model_buffers), ", ", part("activations", plan.activations_at_peak), ", ",
-                part("workspace", plan.workspace_at_peak), ")");
-  require_memory(std::max(plan.peak_fast, plan.start_up) * local_ranks,
+  const int64_t largest = std::max({plan.peak_fast, plan.start_up, plan.checkpoint_save});
+  std::string where, instead;
+  if (largest == plan.checkpoint_save && plan.checkpoint_save > plan.peak_fast) {
+    where = str_cat(" at a checkpoint's save (", part("the whole parameters and both moments gathered on every rank",
+                                                      plan.checkpoint_save), ")");
+    instead = "--sharded-checkpoints, ";
+  } else if (largest == plan.start_up && plan.start_up > plan.peak_fast) {
+    where = str_cat(" at start-up (", part("the whole parameters before sharding", plan.start_up), shards, ")");
+  } else {
+    where = str_cat(" at its peak (", plan.peak_at, ", ", plan.policy.name(), ": ", part("parameters", plan.parameters),
+                    ", ", part("gradients", plan.gradients), ", ", part("optimizer state", plan.optimizer_state), shards,
+                    plan.ranks > 1 ? str_cat(", ", part("gathered units", plan.gathered_at_peak)) : "", ", ",
+                    part("buffers", plan.model_buffers), ", ", part("activations", plan.activations_at_peak), ", ",
+                    part("workspace", plan.workspace_at_peak), ")");
+  }
+  require_memory(largest * local_ranks,
                  str_cat("training ", config.source, local_ranks > 1 ? str_cat(" on ", local_ranks, " local ranks") : ""),
                  str_cat(where, local_ranks > 1 ? " per rank" : ""),
-                 "a smaller model, --batch or --seq-len, or less memory through --recompute, --swap or --memory-budget");
+                 str_cat(instead, "a smaller model, --batch or --seq-len, or less memory through --recompute, --swap or "
+                                  "--memory-budget"));
 }
 
 }  // namespace trillion

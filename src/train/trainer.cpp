@@ -397,6 +397,7 @@ void Trainer<T>::save(int64_t step) {
   if (metrics_) metrics_->sync();  // a checkpoint that survives a power loss has its metrics lines too
   Fsdp<T>* fsdp = parallel_->fsdp();  // null on one rank
   if (fsdp && o_.sharded_checkpoints) return save_sharded(step);
+  MemoryStats::reset_peak(Tier::fast);  // the save's own peak, against the plan's checkpoint_save
   if (fsdp) fsdp->gather_everything();
   if (!world_.is_root()) {
     optimizer_.save(std::string());
@@ -408,9 +409,14 @@ void Trainer<T>::save(int64_t step) {
     optimizer_.save((fs::path(temp_dir) / "optimizer.safetensors").string());
     write_run_files(temp_dir);
   });
+  const int64_t peak = MemoryStats::peak(Tier::fast);
   if (fsdp) fsdp->release_everything();
   prune_checkpoints(o_.out_dir, step, o_.keep_last);
-  std::fprintf(stderr, "saved %s\n", dir.c_str());
+  if (fsdp)
+    std::fprintf(stderr, "saved %s (gathered whole: rank 0's peak %lld bytes, planned %lld)\n", dir.c_str(),
+                 static_cast<long long>(peak), static_cast<long long>(plan_.checkpoint_save));
+  else
+    std::fprintf(stderr, "saved %s\n", dir.c_str());
 }
 
 }  // namespace

@@ -7,11 +7,12 @@
 // the plan bounds the measurement and lies within 5 % of it. With --ep the plan needs the routing's imbalance (the rows a rank's
 // experts receive, as a multiple of its own): the test reads each rank's from the run's routing
 // loads and asks `--dry-run --expert-imbalance` for that rank's plan. `--dry-run` under mpirun
-// prints every rank's plan; and a 0.48 B dense Qwen3 that one rank's plan refused on four local
+// prints every rank's plan; a whole checkpoint's save stays within its plan; and a 0.48 B dense Qwen3 that one rank's plan refused on four local
 // ranks fits sharded, trains a step, and stays within 5 % of its plan.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -151,6 +152,33 @@ TEST(ParallelMemoryPlan, DryRunPrintsEveryRanksPlan) {
     EXPECT_LT(rank.at("peak").get<int64_t>(), whole.at("fast").at("peak").get<int64_t>());
   }
   EXPECT_EQ(whole.at("fast").at("gathered_at_peak"), 0);
+}
+
+// A whole checkpoint's save under FSDP gathers the whole parameters and both moments on every
+// rank: the plan's checkpoint_save, which the start-up check counts. `trillion train` prints rank
+// 0's measured peak of each save beside it; --sharded-checkpoints plans none.
+TEST(ParallelMemoryPlan, AWholeCheckpointsSaveStaysWithinItsPlan) {
+  for (const auto& [name, ep] : {std::pair{"demo", 1}, std::pair{"demo_moe", 2}}) {
+    const fs::path config = config_with(name, nullptr);
+    const fs::path out = test_data().root / (std::string("whole_save_") + name);
+    fs::remove_all(out);
+    const std::string shape = "--config " + config.string() + " --batch 4 --seq-len 32 --ep " + std::to_string(ep);
+    const CommandResult r = train_on(2, shape + " --data " + test_data().data_dir.string() + " --out " + out.string() +
+                                            " --steps 1" + kSmallMfuGemm);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const std::string marker = "gathered whole: rank 0's peak ";
+    const size_t at = r.output.find(marker);
+    ASSERT_NE(at, std::string::npos) << r.output;
+    long long measured = 0, planned = 0;
+    ASSERT_EQ(std::sscanf(r.output.c_str() + at + marker.size(), "%lld bytes, planned %lld", &measured, &planned), 2)
+        << r.output;
+    expect_within(planned, measured, 0.05, name);
+    const CommandResult sharded =
+        run_shell(mpirun_prefix(2) + TRILLION_BINARY + " train " + shape + " --dry-run --sharded-checkpoints 2>/dev/null");
+    ASSERT_EQ(sharded.status, 0) << sharded.output;
+    EXPECT_EQ(nlohmann::json::parse(sharded.output).at("fast").at("checkpoint_save"), 0);
+    fs::remove_all(out);
+  }
 }
 
 // The model of the issue that found the unsharded check: hidden 2048, 10 layers, vocabulary 8192,
