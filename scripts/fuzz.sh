@@ -16,7 +16,8 @@ if [ "${1:-}" != "--long" ]; then
 fi
 runs=${2:-1000000}
 mkdir -p build-fuzz/long
-for target in safetensors config token_shard shard_index trainer_state sharded_index; do
+for source in fuzz/*_fuzz.cpp; do  # every target (fuzz/CMakeLists.txt builds one per file)
+  target=$(basename "$source" _fuzz.cpp)
   corpus=build-fuzz/fuzz/corpus/$target
   log=build-fuzz/long/$target.log
   start=$(date +%s)
