@@ -152,10 +152,10 @@ TEST(MoeModel, UnitHooksRunAroundEveryUnitInOrder) {
     model.init_weights(1);
     std::vector<std::string> calls;
     UnitHooks hooks;
-    hooks.before_forward = [&](int unit) { calls.push_back("f" + std::to_string(unit)); };
-    hooks.after_forward = [&](int unit) { calls.push_back("F" + std::to_string(unit)); };
-    hooks.before_backward = [&](int unit) { calls.push_back("b" + std::to_string(unit)); };
-    hooks.after_backward = [&](int unit) { calls.push_back("B" + std::to_string(unit)); };
+    hooks.before_forward = [&](int unit) { calls.push_back(str_cat("f", unit)); };
+    hooks.after_forward = [&](int unit) { calls.push_back(str_cat("F", unit)); };
+    hooks.before_backward = [&](int unit) { calls.push_back(str_cat("b", unit)); };
+    hooks.after_backward = [&](int unit) { calls.push_back(str_cat("B", unit)); };
     model.set_unit_hooks(hooks);
     const std::vector<int32_t> tokens = random_tokens(8, config.vocab_size, 3);
     model.forward_backward(tokens.data(), tokens.data(), 1, 8, LossScales{0.125});
@@ -167,8 +167,8 @@ TEST(MoeModel, UnitHooksRunAroundEveryUnitInOrder) {
     EXPECT_EQ(calls, expected) << (tied ? "tied" : "untied");
     const UnitOrder order = unit_order(config);  // the before-hooks' units
     std::vector<std::string> before;
-    for (const int unit : order.forward) before.push_back("f" + std::to_string(unit));
-    for (const int unit : order.backward) before.push_back("b" + std::to_string(unit));
+    for (const int unit : order.forward) before.push_back(str_cat("f", unit));
+    for (const int unit : order.backward) before.push_back(str_cat("b", unit));
     std::vector<std::string> called_before;
     for (const std::string& call : calls)
       if (call[0] == 'f' || call[0] == 'b') called_before.push_back(call);

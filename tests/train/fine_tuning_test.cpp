@@ -69,7 +69,7 @@ TEST(FineTuning, PromptCompletionMasksTrainAndEvaluateOnlyTheCompletions) {
         const std::string text = tokenizer.decode(prompt);
         ASSERT_EQ(completion_of.count(text), 1u) << text;
         // (SentencePiece decodes a leading "▁" as nothing: the completions begin with a space.)
-        EXPECT_EQ(" " + tokenizer.decode(completion), completion_of[text]);
+        EXPECT_EQ(str_cat(" ", tokenizer.decode(completion)), completion_of[text]);
         (split == &dir.val ? val_targets : train_targets) += static_cast<int64_t>(completion.size()) + 1;
         if (split == &dir.val) val_prompts.push_back(text);
         ++documents;
