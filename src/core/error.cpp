@@ -19,4 +19,13 @@ void check_failed(const char* file, int line, const char* condition, const std::
   std::abort();
 }
 
+std::string one_of(const std::vector<std::string>& choices) {
+  std::string text;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    text += i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ";
+    text += choices[i];
+  }
+  return text;
+}
+
 }  // namespace trillion

@@ -8,6 +8,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace trillion {
 
@@ -23,6 +24,9 @@ std::string str_cat(const Parts&... parts) {
   (out << ... << parts);
   return out.str();
 }
+
+// The choices of an error's "expected …": "a", "a or b", "a, b or c".
+std::string one_of(const std::vector<std::string>& choices);
 
 // Throws trillion::Error with the concatenated message.
 template <class... Parts>

@@ -207,12 +207,12 @@ class ConfigReader {
   template <class Enum>
   void choice(Enum& value, const char* name, std::initializer_list<Enum> choices, const char* (*name_of)(Enum)) {
     const std::string text = fields_.string(name, name_of(value));
-    std::string allowed;
+    std::vector<std::string> names;
     for (Enum option : choices) {
       if (text == name_of(option)) return void(value = option);
-      allowed += str_cat(allowed.empty() ? "" : option == *(choices.end() - 1) ? " or " : ", ", name_of(option));
+      names.push_back(name_of(option));
     }
-    fields_.fail_field(name, str_cat("got \"", text, "\"; expected ", allowed));
+    fields_.fail_field(name, str_cat("got \"", text, "\"; expected ", one_of(names)));
   }
   // A field whose JSON form is not one value: Field::read and Field::write.
   template <class Field>

@@ -3,6 +3,8 @@
 // transformers").
 #include "model/family.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace trillion {
@@ -103,14 +105,13 @@ std::vector<std::string> model_types() {
 }
 
 bool is_known_model_type(const std::string& model_type) {
-  for (const FamilyEntry& entry : kFamilies)
-    if (model_type == entry.model_type) return true;
-  return false;
+  const std::vector<std::string> types = model_types();
+  return std::find(types.begin(), types.end(), model_type) != types.end();
 }
 
 std::string known_model_types() {
   std::string text;
-  for (const FamilyEntry& entry : kFamilies) text += (text.empty() ? "" : ", ") + std::string(entry.model_type);
+  for (const std::string& type : model_types()) text += (text.empty() ? "" : ", ") + type;
   return text;
 }
 

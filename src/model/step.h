@@ -179,7 +179,7 @@ struct MoeBalanceGrad {
 enum class PassMode {
   train,      // a training step's forward (and its backward): saves every tensor the backward needs
               // in the store, records the decisions (routing, selection), reports statistics and
-              // losses, which the model reduces across ranks; MoE capacity applies
+              // losses, which the model reduces over the batch's shares; MoE capacity applies
   recompute,  // re-runs a sublayer whose saved tensors were dropped: refills the store, replays the
               // recorded decisions, its statistics discarded
   eval,       // a forward only (evaluation, gradient checking): saves nothing (temporaries in the

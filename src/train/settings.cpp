@@ -10,14 +10,6 @@
 namespace trillion {
 namespace {
 
-// "a", "a or b", "a, b or c".
-std::string one_of(const std::vector<std::string>& choices) {
-  std::string text;
-  for (size_t i = 0; i < choices.size(); ++i)
-    text += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
-  return text;
-}
-
 // The groups of a dotted field and its last key: "lr_schedule.peak_lr" → {"lr_schedule"}, "peak_lr".
 std::pair<std::vector<std::string>, std::string> split_field(const std::string& field) {
   std::vector<std::string> groups;

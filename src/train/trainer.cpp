@@ -254,7 +254,10 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
   double loss_sum = 0.0;
   Fsdp<T>* fsdp = parallel_->fsdp();                 // null on one rank
   ExpertParallel* experts = parallel_->experts();  // null without --ep
-  if (fsdp) outcome.fsdp_before = fsdp->counters(), fsdp->reset_peak();
+  if (fsdp) {
+    outcome.fsdp_before = fsdp->counters();
+    fsdp->reset_peak();
+  }
   if (experts) outcome.experts_before = experts->counters();
   hyper_.lr = schedule_.at(step);
   if (!outcome.skipped) {
