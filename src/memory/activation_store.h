@@ -93,7 +93,7 @@ class ActivationStore {
   ActivationStore& operator=(const ActivationStore&) = delete;
 
   // The policy of every entry saved under `tag` from the next step on. attn_input (the layer's
-  // recompute checkpoint) and the head's tags cannot be recompute. swap needs set_swap_directory.
+  // recompute checkpoint), the head's tags and the exchanged ones cannot be recompute. swap needs set_swap_directory.
   void set_policy(ActivationTag tag, SavePolicy policy);
   SavePolicy policy(ActivationTag tag) const { return policies_[static_cast<int>(tag)]; }
   // Where the swap file goes (a directory on local disk); buffered: never O_DIRECT (tests).

@@ -1,4 +1,4 @@
-// The activation tags' names, sublayers and kinds, from the one list in activation_tags.h.
+// The activation tags' names, sublayers, kinds and element types, from the one list in activation_tags.h.
 #include "memory/activation_tags.h"
 
 #include "core/error.h"
@@ -10,9 +10,11 @@ struct TagInfo {
   const char* name;
   TagSublayer sublayer;
   TagKind kind;
+  TagElement element;
 };
 
-#define TRILLION_TAG_ROW(name, sublayer, kind) {#name, TagSublayer::sublayer, TagKind::kind},
+#define TRILLION_TAG_ROW(name, sublayer, kind, element) \
+  {#name, TagSublayer::sublayer, TagKind::kind, TagElement::element},
 constexpr TagInfo kTags[] = {TRILLION_ACTIVATION_TAGS(TRILLION_TAG_ROW)};
 #undef TRILLION_TAG_ROW
 
@@ -26,6 +28,7 @@ const TagInfo& info(ActivationTag tag) {
 const char* activation_tag_name(ActivationTag tag) { return info(tag).name; }
 TagSublayer tag_sublayer(ActivationTag tag) { return info(tag).sublayer; }
 TagKind tag_kind(ActivationTag tag) { return info(tag).kind; }
+TagElement tag_element(ActivationTag tag) { return info(tag).element; }
 
 ActivationTag activation_tag_from_name(const std::string& name) {
   std::string names;

@@ -34,15 +34,20 @@ std::vector<ActivationTag> tag_list(const std::string& spec, const char* option)
 }
 
 bool in_decoder_layer(ActivationTag tag) { return tag_sublayer(tag) != TagSublayer::head; }
+// What recompute can refill: not the checkpoint, nor the rows that came over the expert exchange.
+bool recomputable(ActivationTag tag) {
+  return tag != ActivationTag::attn_input && tag_kind(tag) != TagKind::exchanged;
+}
 
 }  // namespace
 
 std::vector<ActivationTag> recompute_tags(const std::string& spec) {
   if (spec == "none") return {};
   if (spec == "selective")
-    return tags_where([](ActivationTag t) { return tag_sublayer(t) == TagSublayer::ffn && t != ActivationTag::ffn_input; });
-  if (spec == "full")
-    return tags_where([](ActivationTag t) { return in_decoder_layer(t) && t != ActivationTag::attn_input; });
+    return tags_where([](ActivationTag t) {
+      return tag_sublayer(t) == TagSublayer::ffn && t != ActivationTag::ffn_input && recomputable(t);
+    });
+  if (spec == "full") return tags_where([](ActivationTag t) { return in_decoder_layer(t) && recomputable(t); });
   return tag_list(spec, "--recompute");
 }
 
@@ -50,7 +55,8 @@ std::vector<ActivationTag> swap_tags(const std::string& spec) {
   if (spec == "none") return {};
   if (spec == "selective")
     return tags_where([](ActivationTag t) {
-      return in_decoder_layer(t) && (tag_kind(t) == TagKind::gemm || tag_kind(t) == TagKind::attention);
+      const TagKind kind = tag_kind(t);
+      return in_decoder_layer(t) && (kind == TagKind::gemm || kind == TagKind::attention || kind == TagKind::exchanged);
     });
   if (spec == "full") return tags_where(in_decoder_layer);
   return tag_list(spec, "--swap");

@@ -6,9 +6,12 @@
 //                          (router, grouped GEMMs, shared expert) is re-run from ffn_input before
 //                          its backward (Megatron's `mlp` / `moe` recompute modules)
 //               full       every decoder-layer tensor except attn_input: the whole layer is re-run
+//               Neither drops the rows of the expert exchange (kind exchanged): a re-run MoE layer
+//               does not exchange again, so every rank may re-run what it dropped alone.
 //   --swap      none       (the default)
-//               selective  the outputs of GEMMs, grouped GEMMs and attention kernels (tags of kind
-//                          gemm or attention): the tensors most expensive to recompute
+//               selective  the outputs of GEMMs, grouped GEMMs and attention kernels, and the
+//                          exchanged rows (kinds gemm, attention, exchanged): the tensors most
+//                          expensive to recompute
 //               full       every decoder-layer tensor
 // The head's tensors (final norm, loss) are used as soon as the backward starts and are always
 // kept. A tag may not be both recomputed and swapped.

@@ -32,10 +32,17 @@ struct StepShape {
   int64_t element_bytes = 4;  // sizeof(T): 4 for float, 8 for double
   int threads = 1;            // OpenMP threads: kernels keep per-thread workspaces
   IndexerTraining indexer;    // sparse layers' mode and loss (coef > 0: the indexer loss is on)
-  bool experts_exchanged = false;  // ep > 1: MoE layers' routed rows live in the expert exchange
+  bool experts_exchanged = false;  // ep > 1: MoE layers' routed rows run on their experts' owners
+  double expert_imbalance = 1.0;   // … which receive at most this times a rank's own routed rows
   int64_t tokens() const { return batch * seq; }
   // The saved tensors' extent of a training step of this shape (MoE's routed rows at their bound).
-  SavedExtent extent() const { return {batch, seq, -1, indexer.coef > 0.0, experts_exchanged}; }
+  SavedExtent extent() const {
+    return {.batch = batch,
+            .seq = seq,
+            .indexer_loss = indexer.coef > 0.0,
+            .experts_exchanged = experts_exchanged,
+            .received_imbalance = expert_imbalance};
+  }
 };
 
 }  // namespace trillion

@@ -81,6 +81,20 @@ void add_gated(T* y, const T* out, const T* logit, int64_t n, int64_t D) {
   });
 }
 
+// The exchanged saved tensors as the expert exchange takes them (model/step.h), each from `index`
+// (int32) or `real` (the floating type): the forward's buffers or the backward's tensors.
+template <class T, class Index, class Real>
+ExchangedRows<T> exchanged_rows(int64_t received, const Index& index, const Real& real) {
+  using Tag = ActivationTag;
+  return {received,
+          index(Tag::ep_row_source),  // [R]
+          real(Tag::ep_received),     // [R, D]
+          real(Tag::ep_gate_up),      // [R, 2I]
+          real(Tag::ep_act),          // [R, I]
+          real(Tag::ep_out),          // [R, D]
+          real(Tag::ep_returned)};    // [rows, D]
+}
+
 }  // namespace
 
 template <class T>
@@ -115,7 +129,14 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   const SavedWriter saves(saved_tensors(dims, extent), store, layer, scratch);
   const MoeExpertDims expert_dims{D, I, E};
   if (pass.experts != nullptr) {
-    pass.experts->forward(y, h, w.gate_up, w.down, weight, plan, expert_dims, layer);  // it keeps its rows
+    // A re-run finds the exchanged rows kept (they are never dropped), so it does not exchange again.
+    if (pass.mode != PassMode::recompute)
+      pass.experts->forward(y, h, w.gate_up, w.down, weight, plan, expert_dims, [&](int64_t received) {
+        extent.received_rows = received;
+        const SavedWriter rows(saved_tensors(dims, extent), store, layer, scratch);
+        return exchanged_rows<T>(
+            received, [&](Tag tag) { return rows.out<int32_t>(tag); }, [&](Tag tag) { return rows.out<T>(tag); });
+      });
   } else {
     T* gate_up_out = saves.out<T>(Tag::expert_gate_up);  // [rows, 2I]
     T* act = saves.out<T>(Tag::expert_act);              // [rows, I]
@@ -170,8 +191,12 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   const SavedReader saved(saved_tensors(dims, extent), store, layer);
   T* dweight = scratch.alloc<T>(n * k);  // [n, k]
   if (pass.experts != nullptr) {
+    extent.received_rows = store.shape(Tag::ep_received, layer)[0];  // R: the other ranks' routing
+    const SavedReader rows(saved_tensors(dims, extent), store, layer);
+    const ExchangedRows<const T> saved_rows = exchanged_rows<const T>(
+        extent.received_rows, [&](Tag tag) { return rows.in<int32_t>(tag); }, [&](Tag tag) { return rows.in<T>(tag); });
     pass.experts->backward(dh, dweight, grads.gate_up, grads.down, dy, w.gate_up, w.down, weight, plan,
-                           MoeExpertDims{D, I, E}, layer);
+                           MoeExpertDims{D, I, E}, saved_rows);
   } else {
     const T* gate_up_out = saved.in<T>(Tag::expert_gate_up);  // [rows, 2I]
     const T* act = saved.in<T>(Tag::expert_act);              // [rows, I]
@@ -215,8 +240,9 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   linear_grad(dh, grads.shared_gate, d_logit, h, w.shared_gate, n, D, 1, /*accumulate_dx=*/true);
 }
 
-// Saved in the forward's order: the router's tensors, the routed experts' rows (R: the extent's
-// routed rows, or their bound; none when the expert exchange keeps them), then the shared expert's.
+// Saved in the forward's order: the router's tensors, the routed experts' rows (rows: the extent's
+// routed rows, or their bound), or under the expert exchange the rows this rank's experts received
+// (R) and its own rows' returned outputs; then the shared expert's.
 std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& extent) {
   using Tag = ActivationTag;
   const int64_t n = extent.tokens(), D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
@@ -225,15 +251,29 @@ std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& e
                                 {Tag::router_scores, {n, E}},   // [n, E]
                                 {Tag::router_index, {n, k}},    // [n, k] int32
                                 {Tag::router_weight, {n, k}}};  // [n, k]
-  if (!extent.experts_exchanged)
-    list.insert(list.end(), {{Tag::expert_gate_up, {rows, 2 * I}},  // [R, 2I]
-                             {Tag::expert_act, {rows, I}},          // [R, I]
-                             {Tag::expert_out, {rows, D}}});        // [R, D]
+  if (extent.experts_exchanged) {
+    const int64_t R = received_rows(extent, rows);
+    list.insert(list.end(), {{Tag::ep_row_source, {R}},       // [R] int32
+                             {Tag::ep_received, {R, D}},      // [R, D]
+                             {Tag::ep_gate_up, {R, 2 * I}},   // [R, 2I]
+                             {Tag::ep_act, {R, I}},           // [R, I]
+                             {Tag::ep_out, {R, D}},           // [R, D]
+                             {Tag::ep_returned, {rows, D}}});  // [rows, D]
+  } else {
+    list.insert(list.end(), {{Tag::expert_gate_up, {rows, 2 * I}},  // [rows, 2I]
+                             {Tag::expert_act, {rows, I}},          // [rows, I]
+                             {Tag::expert_out, {rows, D}}});        // [rows, D]
+  }
   if (dims.shared.intermediate == 0) return list;
   if (dims.shared_gated) list.insert(list.end(), {{Tag::shared_out, {n, D}}, {Tag::shared_gate_logit, {n}}});
   const std::vector<SavedTensor> shared = saved_tensors(dims.shared, n);
   list.insert(list.end(), shared.begin(), shared.end());
   return list;
+}
+
+int64_t received_rows(const SavedExtent& extent, int64_t routed_rows) {
+  if (extent.received_rows >= 0) return extent.received_rows;
+  return static_cast<int64_t>(std::ceil(extent.received_imbalance * double(routed_rows)));
 }
 
 // The routed rows R at their bound: N · k dropless; with a capacity each expert keeps at most
@@ -247,19 +287,29 @@ int64_t routed_rows_bound(const MoeDims& dims, int64_t tokens) {
 // kernels' temporaries: router_select's, the experts', and the routing statistics'. Backward, at
 // each kernel with temporaries: the experts' after dweight [n, k]; the sequence loss's after dscores
 // [n, E]; the z-loss's after dlogits [n, E]; then the shared expert's (gated: after d_out [n, D] and
-// d_logit [n]).
+// d_logit [n]). Under the expert exchange (parallel/expert_parallel.h, one chunk: more chunks hold
+// less at once) the experts' are the exchange's: in forward the dispatch copy [rows, D], the
+// experts' outputs [R, D] and unit weights [R] beside the grouped GEMMs'; in backward the row
+// gradients both ways ([rows, D] and [R, D] twice), unit weights and their unused gradients [R].
 Workspace workspace_bytes(const MoeDims& dims, const StepShape& shape) {
-  const int64_t n = shape.tokens(), e = shape.element_bytes, E = dims.experts(), k = dims.top_k();
-  const MoeExpertDims expert_dims{dims.hidden, dims.width, E};
+  const int64_t n = shape.tokens(), e = shape.element_bytes, E = dims.experts(), k = dims.top_k(), D = dims.hidden;
+  const MoeExpertDims expert_dims{D, dims.width, E};
   const bool sequence = dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0, z = dims.z_coef != 0.0;
   const int64_t sequence_bytes = sequence ? sequence_aux_loss_workspace_bytes(shape.batch, shape.seq, E) : 0;
   const int64_t z_bytes = z ? router_z_loss_workspace_bytes(n) : 0;
-  const int64_t forward = std::max({router_select_workspace_bytes(n, dims.router, e, shape.threads),
-                                    moe_experts_forward_workspace_bytes(expert_dims, e, shape.threads),
+  int64_t experts_forward = moe_experts_forward_workspace_bytes(expert_dims, e, shape.threads);
+  int64_t experts_backward = moe_experts_backward_workspace_bytes(n, k, expert_dims, e, shape.threads);
+  if (shape.experts_exchanged) {
+    const int64_t rows = routed_rows_bound(dims, n), R = received_rows(shape.extent(), rows);
+    experts_forward += (rows * D + R * D + R) * e;
+    experts_backward = (2 * rows * D + 2 * R * D + 2 * R) * e +
+                       moe_experts_backward_workspace_bytes(R, 1, expert_dims, e, shape.threads);
+  }
+  const int64_t forward = std::max({router_select_workspace_bytes(n, dims.router, e, shape.threads), experts_forward,
                                     expert_load_workspace_bytes(n, E), sequence_bytes, z_bytes});
   const int64_t dweight = Arena::rounded(n * k * e), dscores = Arena::rounded(n * E * e);
-  int64_t backward = std::max({dweight + moe_experts_backward_workspace_bytes(n, k, expert_dims, e, shape.threads),
-                               dweight + dscores + sequence_bytes, dweight + 2 * dscores + z_bytes});
+  int64_t backward = std::max({dweight + experts_backward, dweight + dscores + sequence_bytes,
+                               dweight + 2 * dscores + z_bytes});
   if (dims.shared.intermediate > 0) {
     const int64_t gated = dims.shared_gated ? Arena::rounded(n * dims.hidden * e) + Arena::rounded(n * e) : 0;
     backward = std::max(backward, dweight + 2 * dscores + gated + workspace_bytes(dims.shared, shape).backward);

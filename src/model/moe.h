@@ -116,6 +116,8 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
 // holds at once (model/memory_sizes.h).
 std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& extent);
 int64_t routed_rows_bound(const MoeDims& dims, int64_t tokens);
+// Under the expert exchange: the rows this rank's experts receive (the extent's, or its bound).
+int64_t received_rows(const SavedExtent& extent, int64_t routed_rows);
 Workspace workspace_bytes(const MoeDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -4,8 +4,7 @@
 //   std::vector<SavedTensor> saved_tensors(const KindDims& dims, const SavedExtent& extent);
 //
 // listing every tensor its training forward saves, in the forward's order: the tag (whose element
-// type follows its kind: int32 for decisions, the model's floating type for every other,
-// memory/activation_tags.h), the shape from the kind's dimensions and the pass's extent, and
+// type the tag table gives: int32, or the model's floating type, memory/activation_tags.h), the shape from the kind's dimensions and the pass's extent, and
 // whether this pass keeps it (the indexer's key statistics are kept only with its loss on; when not
 // kept, the forward still writes the tensor, into its scratch). That one list gives
 //   the forward's buffers:    SavedWriter saves(list, pass.store, layer, scratch);
@@ -36,11 +35,19 @@ struct SavedExtent {
   int64_t batch = 0, seq = 0;
   int64_t routed_rows = -1;   // MoE: the routed rows its plan keeps (−1: their bound, as the memory plan counts)
   bool indexer_loss = false;  // sparse layers: the indexer's loss is on (its gradients are saved)
-  bool experts_exchanged = false;  // MoE: the routed rows live in the expert exchange, not the store
+  bool experts_exchanged = false;  // MoE: the routed rows run on their experts' owners (model/step.h)
+  // Under the exchange: the rows this rank's experts receive (−1: ⌈received_imbalance · routed rows⌉,
+  // the memory plan's bound).
+  int64_t received_rows = -1;
+  double received_imbalance = 1.0;
   int64_t tokens() const { return batch * seq; }
-  // A layer pass's extent (MoE sets the routed rows once its plan is built).
+  // A layer pass's extent (MoE sets the routed rows once its plan is built, the received rows once
+  // the exchange knows them).
   static SavedExtent of(const LayerPass& pass) {
-    return {pass.batch, pass.seq, -1, pass.indexer != nullptr && pass.indexer->coef > 0.0, pass.experts != nullptr};
+    return {.batch = pass.batch,
+            .seq = pass.seq,
+            .indexer_loss = pass.indexer != nullptr && pass.indexer->coef > 0.0,
+            .experts_exchanged = pass.experts != nullptr};
   }
 };
 
@@ -57,7 +64,7 @@ struct SavedSize {
 };
 
 inline int64_t saved_element_bytes(ActivationTag tag, int64_t element_bytes) {
-  return tag_kind(tag) == TagKind::decision ? int64_t(sizeof(int32_t)) : element_bytes;
+  return tag_element(tag) == TagElement::int32 ? int64_t(sizeof(int32_t)) : element_bytes;
 }
 
 inline std::vector<SavedSize> saved_sizes(const std::vector<SavedTensor>& list, int64_t element_bytes) {
@@ -77,12 +84,12 @@ inline const SavedTensor& find(const std::vector<SavedTensor>& list, ActivationT
   return *found;
 }
 
-// E is int32_t for decisions and the model's floating type for every other tag.
+// E is int32_t for int32 tags and the model's floating type for every other.
 template <class E>
 void check_element(ActivationTag tag) {
   constexpr bool integer = std::is_same_v<E, int32_t>;
-  TRILLION_CHECK((tag_kind(tag) == TagKind::decision) == integer, "saved tensor ", activation_tag_name(tag),
-                 ": element type does not match its tag's kind");
+  TRILLION_CHECK((tag_element(tag) == TagElement::int32) == integer, "saved tensor ", activation_tag_name(tag),
+                 ": element type does not match its tag's kind of element (int32 or floating)");
 }
 
 }  // namespace saved_detail

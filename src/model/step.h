@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -144,23 +145,42 @@ class StatisticsReduction {
   std::function<void(double* values, int64_t count)> sum_;
 };
 
+// What the expert exchange keeps from an MoE layer's forward for its backward: saved tensors the
+// MoE kind declares (tags of kind exchanged, memory/activation_tags.h), held by the activation store
+// like every other. R = the rows this rank's experts received, rows = this rank's own routed rows.
+template <class T>  // T: the model's floating type in forward, const in backward
+struct ExchangedRows {
+  using Index = std::conditional_t<std::is_const_v<T>, const int32_t, int32_t>;
+  int64_t received = 0;      // R
+  Index* source = nullptr;   // [R] (chunk · ep + source rank) · local experts + local expert
+  T* rows_in = nullptr;      // [R, H] the rows received
+  T* gate_up_out = nullptr;  // [R, 2I] their experts' activations
+  T* act = nullptr;          // [R, I]
+  T* expert_out = nullptr;   // [R, H]
+  T* returned = nullptr;     // [rows, H] the own rows' outputs, back from their owners
+};
+// The forward asks for its buffers once it knows R.
+template <class T>
+using ExchangedRowsFor = std::function<ExchangedRows<T>(int64_t received)>;
+
 // Expert parallelism (parallel/expert_parallel.h): the routed experts are split over a group of
 // ranks, and an MoE layer's permuted rows travel to the ranks that own their experts and back. The
 // same contract as moe_experts_forward / moe_experts_backward (the weights hold every expert; a rank
-// reads and accumulates only its own experts' slices); it keeps what its backward needs per layer.
+// reads and accumulates only its own experts' slices); what its backward needs, it saves through
+// `save` and gets back as `saved`.
 class ExpertExchange {
  public:
   virtual ~ExpertExchange() = default;
   virtual void forward(float* y, const float* x, const float* gate_up, const float* down, const float* weight,
-                       const MoePlan& plan, const MoeExpertDims& dims, int layer) = 0;
+                       const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<float>& save) = 0;
   virtual void forward(double* y, const double* x, const double* gate_up, const double* down, const double* weight,
-                       const MoePlan& plan, const MoeExpertDims& dims, int layer) = 0;
+                       const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<double>& save) = 0;
   virtual void backward(float* dx, float* dweight, float* dgate_up, float* ddown, const float* dy,
                         const float* gate_up, const float* down, const float* weight, const MoePlan& plan,
-                        const MoeExpertDims& dims, int layer) = 0;
+                        const MoeExpertDims& dims, const ExchangedRows<const float>& saved) = 0;
   virtual void backward(double* dx, double* dweight, double* dgate_up, double* ddown, const double* dy,
                         const double* gate_up, const double* down, const double* weight, const MoePlan& plan,
-                        const MoeExpertDims& dims, int layer) = 0;
+                        const MoeExpertDims& dims, const ExchangedRows<const double>& saved) = 0;
 };
 
 class ActivationStore;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -15,24 +16,65 @@
 namespace trillion {
 namespace {
 
-// One chunk of one MoE layer: its rows on the way out and what came back, and the rows its owners
-// received, with their activations.
-template <class T>
-struct Chunk {
-  std::vector<int32_t> rows;                  // plan rows of the chunk's tokens, expert-major
-  std::vector<int64_t> send_rows, recv_rows;  // [ep] rows to / from each rank of the group
-  std::vector<int32_t> recv_expert;           // [R] the local expert of each received row
-  Buffer<T> received;                         // [R, H] the rows this rank's experts got
-  Buffer<T> gate_up_out, act, expert_out;     // [R, 2I], [R, I], [R, H] the owner-side activations
-  Buffer<T> returned;                         // [rows, H] the outputs of the chunk's own rows
+// The plan's rows cut into token chunks (chunk c: tokens [c·N/C, (c+1)·N/C)) in one walk over its
+// expert-major rows, so each chunk's rows stay expert-major; the order of the layer's own rows in
+// the dispatch and in ep_returned. Built alike in forward and backward from the plan.
+struct ChunkedRows {
+  std::vector<int64_t> first;                // [C + 1] each chunk's first place
+  std::vector<int32_t> row;                  // [rows] the plan row at each place
+  std::vector<int32_t> place;                // [plan rows] the place of each plan row
+  std::vector<std::vector<int64_t>> expert;  // [C][E] rows per expert in each chunk
+  std::vector<std::vector<int64_t>> sent;    // [C][ep] rows to each rank of the group
 };
 
-// What one MoE layer keeps from its forward for its backward.
-template <class T>
-struct LayerState {
-  std::vector<Chunk<T>> chunks;
-  std::vector<int32_t> row_chunk, row_position;  // [plan rows] the chunk of each row and its place there
+ChunkedRows chunk_rows(const MoePlan& plan, int64_t C, int64_t E, int ep) {
+  const int64_t k = plan.top_k, N = plan.tokens, local = E / ep;
+  ChunkedRows out;
+  out.expert.assign(C, std::vector<int64_t>(E, 0));
+  out.sent.assign(C, std::vector<int64_t>(ep, 0));
+  std::vector<std::vector<int32_t>> rows(C);
+  for (int64_t e = 0; e < E; ++e)
+    for (int64_t r = plan.offsets[e]; r < plan.offsets[e + 1]; ++r) {
+      const int64_t token = plan.row_slot[r] / k, c = ((token + 1) * C - 1) / N;  // c·N/C ≤ token < (c+1)·N/C
+      rows[c].push_back(static_cast<int32_t>(r));
+      ++out.expert[c][e];
+      ++out.sent[c][e / local];
+    }
+  out.first.assign(C + 1, 0);
+  out.place.assign(plan.rows(), 0);
+  for (int64_t c = 0; c < C; ++c) {
+    out.first[c + 1] = out.first[c] + static_cast<int64_t>(rows[c].size());
+    for (const int32_t r : rows[c]) {
+      out.place[r] = static_cast<int32_t>(out.row.size());
+      out.row.push_back(r);
+    }
+  }
+  return out;
+}
+
+// The rows this rank's experts receive, from their source codes (model/step.h's ExchangedRows):
+// chunk-major, then by source rank, then by local expert.
+struct ReceivedRows {
+  std::vector<int64_t> first;                // [C + 1] each chunk's first received row
+  std::vector<std::vector<int64_t>> from;    // [C][ep] rows from each rank of the group
+  std::vector<std::vector<int32_t>> expert;  // [C][R_c] the local expert of each row
 };
+
+ReceivedRows received_rows(const int32_t* source, int64_t R, int64_t C, int ep, int64_t local) {
+  ReceivedRows out;
+  out.first.assign(C + 1, 0);
+  out.from.assign(C, std::vector<int64_t>(ep, 0));
+  out.expert.assign(C, {});
+  for (int64_t i = 0; i < R; ++i) {
+    const int64_t c = source[i] / local / ep, s = source[i] / local % ep;
+    TRILLION_CHECK(c < C, "an exchanged row of chunk ", c, " in a backward of ", C, " chunks");
+    ++out.from[c][s];
+    out.expert[c].push_back(static_cast<int32_t>(source[i] % local));
+    ++out.first[c + 1];
+  }
+  for (int64_t c = 0; c < C; ++c) out.first[c + 1] += out.first[c];
+  return out;
+}
 
 std::vector<int64_t> times(const std::vector<int64_t>& counts, int64_t factor) {
   std::vector<int64_t> out(counts);
@@ -71,13 +113,7 @@ Buffer<T> ones(int64_t count) {
 
 }  // namespace
 
-template <class T>
-struct ExpertParallel::Layers {
-  std::map<int, LayerState<T>> by_layer;
-};
-
 ExpertParallel::ExpertParallel(const ProcessGroup& group, int chunks) : group_(group) { set_chunks(chunks); }
-ExpertParallel::~ExpertParallel() = default;
 
 void ExpertParallel::finish_timed(ProcessGroup::Pending& pending) {
   const auto start = std::chrono::steady_clock::now();
@@ -90,88 +126,64 @@ void ExpertParallel::set_chunks(int chunks) {
   chunks_ = chunks;
 }
 
-template <>
-ExpertParallel::Layers<float>& ExpertParallel::layers<float>() {
-  if (!float_layers_) float_layers_ = std::make_unique<Layers<float>>();
-  return *float_layers_;
-}
-template <>
-ExpertParallel::Layers<double>& ExpertParallel::layers<double>() {
-  if (!double_layers_) double_layers_ = std::make_unique<Layers<double>>();
-  return *double_layers_;
+int64_t ExpertParallel::chunks_of(int64_t tokens) const {
+  return std::max<int64_t>(1, std::min<int64_t>(chunks_, tokens));
 }
 
 template <class T>
 void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* down, const T* weight,
-                                  const MoePlan& plan, const MoeExpertDims& dims, int layer) {
+                                  const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<T>& save) {
   PhaseScope scope(Phase::moe);
   const int ep = group_.size(), me = group_.rank();
   const int64_t E = dims.experts, H = dims.hidden, I = dims.intermediate, k = plan.top_k, N = plan.tokens;
   TRILLION_CHECK(E % ep == 0, E, " experts do not split over ", ep, " expert-parallel ranks");
-  const int64_t local = E / ep, C = std::max<int64_t>(1, std::min<int64_t>(chunks_, N));
-  LayerState<T>& st = layers<T>().by_layer[layer];
-  st = LayerState<T>{};
-  st.chunks.resize(C);
-  st.row_chunk.assign(plan.rows(), 0);
-  st.row_position.assign(plan.rows(), 0);
+  const int64_t local = E / ep, C = chunks_of(N);
+  TRILLION_CHECK(C * E <= std::numeric_limits<int32_t>::max(), C, " chunks of ", E,
+                 " experts overflow the exchanged rows' sources");
+  const ChunkedRows own = chunk_rows(plan, C, E, ep);
 
-  // Each chunk's rows (tokens [c·N/C, (c+1)·N/C)), in one walk over the plan's expert-major rows,
-  // so each chunk's rows stay expert-major; their counts per expert exchanged up front.
-  std::vector<std::vector<int64_t>> expert_rows(C, std::vector<int64_t>(E, 0));  // [C][E]
-  for (int64_t e = 0; e < E; ++e)
-    for (int64_t r = plan.offsets[e]; r < plan.offsets[e + 1]; ++r) {
-      const int64_t token = plan.row_slot[r] / k, c = ((token + 1) * C - 1) / N;  // c·N/C ≤ token < (c+1)·N/C
-      Chunk<T>& ch = st.chunks[c];
-      st.row_chunk[r] = static_cast<int32_t>(c);
-      st.row_position[r] = static_cast<int32_t>(ch.rows.size());
-      ch.rows.push_back(static_cast<int32_t>(r));
-      ++expert_rows[c][e];
-    }
-  std::vector<Buffer<T>> outgoing(C);
+  // Each chunk's counts per expert, exchanged up front: the received rows' sources, then their buffers.
+  std::vector<int32_t> source;  // [R]
   for (int64_t c = 0; c < C; ++c) {
-    Chunk<T>& ch = st.chunks[c];
     std::vector<int64_t> recv_counts(E);  // [E]: [ep, local] blocks
-    group_.all_to_all_counts(expert_rows[c].data(), recv_counts.data(), local);
-    ch.send_rows.assign(ep, 0);
-    ch.recv_rows.assign(ep, 0);
-    for (int64_t e = 0; e < E; ++e) {
-      ch.send_rows[e / local] += expert_rows[c][e];
-      ch.recv_rows[e / local] += recv_counts[e];
-    }
-    for (int s = 0; s < ep; ++s)
-      for (int64_t e = 0; e < local; ++e) ch.recv_expert.insert(ch.recv_expert.end(), recv_counts[s * local + e], e);
-    const int64_t rows = static_cast<int64_t>(ch.rows.size()), R = static_cast<int64_t>(ch.recv_expert.size());
-    outgoing[c] = Buffer<T>(rows * H);  // [rows, H] each row carries its token's input
-    parallel_for(rows, [&](int64_t i) {
-      const T* in = x + (plan.row_slot[ch.rows[i]] / k) * H;
-      std::copy(in, in + H, outgoing[c].data() + i * H);
-    });
-    ch.received = Buffer<T>(R * H);
-    ch.returned = Buffer<T>(rows * H);
-    counters_.dispatched_bytes += (rows - ch.send_rows[me]) * H * static_cast<int64_t>(sizeof(T));
-    counters_.combined_bytes += (R - ch.recv_rows[me]) * H * static_cast<int64_t>(sizeof(T));
+    group_.all_to_all_counts(own.expert[c].data(), recv_counts.data(), local);
+    for (int64_t s = 0; s < ep; ++s)
+      for (int64_t e = 0; e < local; ++e)
+        source.insert(source.end(), recv_counts[s * local + e], static_cast<int32_t>((c * ep + s) * local + e));
   }
+  const ExchangedRows<T> rows = save(static_cast<int64_t>(source.size()));
+  std::copy(source.begin(), source.end(), rows.source);
+  const ReceivedRows received = received_rows(rows.source, rows.received, C, ep, local);
+  const int64_t own_rows = plan.rows();
+  Buffer<T> outgoing(own_rows * H);  // [rows, H] each row carries its token's input
+  parallel_for(own_rows, [&](int64_t i) {
+    const T* in = x + (plan.row_slot[own.row[i]] / k) * H;
+    std::copy(in, in + H, outgoing.data() + i * H);
+  });
+  int64_t to_me = 0, from_me = 0;  // rows this rank sends to itself: they never leave it
+  for (int64_t c = 0; c < C; ++c) {
+    to_me += own.sent[c][me];
+    from_me += received.from[c][me];
+  }
+  counters_.dispatched_bytes += (own_rows - to_me) * H * static_cast<int64_t>(sizeof(T));
+  counters_.combined_bytes += (rows.received - from_me) * H * static_cast<int64_t>(sizeof(T));
 
   // The pipeline: chunk c + 1's dispatch and chunk c − 1's combine in flight during chunk c's experts.
-  std::vector<Buffer<T>> out_rows(C);
+  Buffer<T> out_rows(rows.received * H);  // [R, H] the experts' outputs (zero: the kernel adds 1 · out)
   const auto start = [&](int64_t c) {
-    Chunk<T>& ch = st.chunks[c];
-    return group_.start_all_to_all(outgoing[c].data(), times(ch.send_rows, H), ch.received.data(),
-                                   times(ch.recv_rows, H));
+    const int64_t at = received.first[c];
+    return group_.start_all_to_all(outgoing.data() + own.first[c] * H, times(own.sent[c], H),
+                                   rows.rows_in + at * H, times(received.from[c], H));
   };
   const auto compute = [&](int64_t c) {
-    Chunk<T>& ch = st.chunks[c];
-    const int64_t R = static_cast<int64_t>(ch.recv_expert.size());
+    const int64_t at = received.first[c], R = received.first[c + 1] - at;
     const Buffer<T> unit_weight = ones<T>(R);
-    out_rows[c] = Buffer<T>(R * H);  // [R, H] (zero: the kernel adds 1 · out)
-    ch.gate_up_out = Buffer<T>(R * 2 * I);
-    ch.act = Buffer<T>(R * I);
-    ch.expert_out = Buffer<T>(R * H);
-    moe_experts_forward(out_rows[c].data(), ch.gate_up_out.data(), ch.act.data(), ch.expert_out.data(),
-                        ch.received.data(), gate_up + me * local * 2 * I * H, down + me * local * H * I,
-                        unit_weight.data(), owner_plan(ch.recv_expert, local), MoeExpertDims{H, I, local});
-    return group_.start_all_to_all(out_rows[c].data(), times(ch.recv_rows, H), ch.returned.data(),
-                                   times(ch.send_rows, H));
+    moe_experts_forward(out_rows.data() + at * H, rows.gate_up_out + at * 2 * I, rows.act + at * I,
+                        rows.expert_out + at * H, rows.rows_in + at * H, gate_up + me * local * 2 * I * H,
+                        down + me * local * H * I, unit_weight.data(), owner_plan(received.expert[c], local),
+                        MoeExpertDims{H, I, local});
+    return group_.start_all_to_all(out_rows.data() + at * H, times(received.from[c], H),
+                                   rows.returned + own.first[c] * H, times(own.sent[c], H));
   };
   pipeline(C, start, compute, [&](ProcessGroup::Pending& p) { finish_timed(p); });
 
@@ -181,7 +193,7 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
       const int32_t r = plan.slot_row[t * k + j];
       if (r < 0) continue;  // dropped by the capacity
       const T w = weight[t * k + j];
-      const T* out = st.chunks[st.row_chunk[r]].returned.data() + st.row_position[r] * H;
+      const T* out = rows.returned + own.place[r] * H;
       for (int64_t c = 0; c < H; ++c) y[t * H + c] += w * out[c];
     }
   });
@@ -190,19 +202,16 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
 template <class T>
 void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* gate_up,
                                    const T* down, const T* weight, const MoePlan& plan, const MoeExpertDims& dims,
-                                   int layer) {
+                                   const ExchangedRows<const T>& saved) {
   PhaseScope scope(Phase::moe);
   const int ep = group_.size(), me = group_.rank();
   const int64_t E = dims.experts, H = dims.hidden, I = dims.intermediate, k = plan.top_k, N = plan.tokens;
-  const int64_t local = E / ep;
-  auto found = layers<T>().by_layer.find(layer);
-  TRILLION_CHECK(found != layers<T>().by_layer.end(), "expert-parallel backward of layer ", layer, " without its forward");
-  LayerState<T>& st = found->second;
-  const int64_t C = static_cast<int64_t>(st.chunks.size());
+  const int64_t local = E / ep, C = chunks_of(N), own_rows = plan.rows();
+  const ChunkedRows own = chunk_rows(plan, C, E, ep);
+  const ReceivedRows received = received_rows(saved.source, saved.received, C, ep, local);
 
-  // The combine's backward: dweight here, the weighted output gradients of each chunk's rows.
-  std::vector<Buffer<T>> d_rows(C);
-  for (int64_t c = 0; c < C; ++c) d_rows[c] = Buffer<T>(static_cast<int64_t>(st.chunks[c].rows.size()) * H);
+  // The combine's backward: dweight here, the weighted output gradients of the own rows.
+  Buffer<T> d_rows(own_rows * H);  // [rows, H]
   parallel_for(N, [&](int64_t t) {
     for (int64_t j = 0; j < k; ++j) {
       const int64_t slot = t * k + j;
@@ -211,9 +220,8 @@ void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, con
         dweight[slot] = T(0);
         continue;
       }
-      const Chunk<T>& ch = st.chunks[st.row_chunk[r]];
-      const T* out = ch.returned.data() + st.row_position[r] * H;
-      T* d = d_rows[st.row_chunk[r]].data() + st.row_position[r] * H;
+      const T* out = saved.returned + own.place[r] * H;
+      T* d = d_rows.data() + own.place[r] * H;
       T dot = T(0);
       for (int64_t c = 0; c < H; ++c) {
         dot += dy[t * H + c] * out[c];
@@ -225,30 +233,27 @@ void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, con
 
   // The pipeline as in forward: dispatch the output gradients, the owners' expert backward (weight
   // gradients summed chunk by chunk), the input gradients back.
-  std::vector<Buffer<T>> dy_received(C), dx_received(C), dx_rows(C);
+  Buffer<T> dy_received(saved.received * H), dx_received(saved.received * H);  // [R, H] each
+  Buffer<T> dx_rows(own_rows * H);                                             // [rows, H]
   const auto start = [&](int64_t c) {
-    Chunk<T>& ch = st.chunks[c];
-    dy_received[c] = Buffer<T>(static_cast<int64_t>(ch.recv_expert.size()) * H);
-    return group_.start_all_to_all(d_rows[c].data(), times(ch.send_rows, H), dy_received[c].data(),
-                                   times(ch.recv_rows, H));
+    return group_.start_all_to_all(d_rows.data() + own.first[c] * H, times(own.sent[c], H),
+                                   dy_received.data() + received.first[c] * H, times(received.from[c], H));
   };
   const auto compute = [&](int64_t c) {
-    Chunk<T>& ch = st.chunks[c];
-    const int64_t rows = static_cast<int64_t>(ch.rows.size()), R = static_cast<int64_t>(ch.recv_expert.size());
+    const int64_t at = received.first[c], R = received.first[c + 1] - at;
     const Buffer<T> unit_weight = ones<T>(R);
-    dx_received[c] = Buffer<T>(R * H);  // [R, H] (zero: the kernel accumulates)
-    Buffer<T> unused_dweight(R);        // [R] <dy, out> of the unit weights
-    moe_experts_backward(dx_received[c].data(), unused_dweight.data(),
+    Buffer<T> unused_dweight(R);  // [R] <dy, out> of the unit weights
+    moe_experts_backward(dx_received.data() + at * H, unused_dweight.data(),
                          dgate_up != nullptr ? dgate_up + me * local * 2 * I * H : nullptr,
-                         ddown != nullptr ? ddown + me * local * H * I : nullptr, dy_received[c].data(),
-                         ch.received.data(), ch.gate_up_out.data(), ch.act.data(), ch.expert_out.data(),
-                         gate_up + me * local * 2 * I * H, down + me * local * H * I, unit_weight.data(),
-                         owner_plan(ch.recv_expert, local), MoeExpertDims{H, I, local});
-    dx_rows[c] = Buffer<T>(rows * H);
-    counters_.dispatched_bytes += (rows - ch.send_rows[me]) * H * static_cast<int64_t>(sizeof(T));
-    counters_.combined_bytes += (R - ch.recv_rows[me]) * H * static_cast<int64_t>(sizeof(T));
-    return group_.start_all_to_all(dx_received[c].data(), times(ch.recv_rows, H), dx_rows[c].data(),
-                                   times(ch.send_rows, H));
+                         ddown != nullptr ? ddown + me * local * H * I : nullptr, dy_received.data() + at * H,
+                         saved.rows_in + at * H, saved.gate_up_out + at * 2 * I, saved.act + at * I,
+                         saved.expert_out + at * H, gate_up + me * local * 2 * I * H, down + me * local * H * I,
+                         unit_weight.data(), owner_plan(received.expert[c], local), MoeExpertDims{H, I, local});
+    const int64_t element = sizeof(T);
+    counters_.dispatched_bytes += (own.first[c + 1] - own.first[c] - own.sent[c][me]) * H * element;
+    counters_.combined_bytes += (R - received.from[c][me]) * H * element;
+    return group_.start_all_to_all(dx_received.data() + at * H, times(received.from[c], H),
+                                   dx_rows.data() + own.first[c] * H, times(own.sent[c], H));
   };
   pipeline(C, start, compute, [&](ProcessGroup::Pending& p) { finish_timed(p); });
 
@@ -257,30 +262,30 @@ void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, con
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = plan.slot_row[t * k + j];
       if (r < 0) continue;
-      const T* d = dx_rows[st.row_chunk[r]].data() + st.row_position[r] * H;
+      const T* d = dx_rows.data() + own.place[r] * H;
       for (int64_t c = 0; c < H; ++c) dx[t * H + c] += d[c];
     }
   });
-  layers<T>().by_layer.erase(found);
 }
 
 void ExpertParallel::forward(float* y, const float* x, const float* gate_up, const float* down, const float* weight,
-                             const MoePlan& plan, const MoeExpertDims& dims, int layer) {
-  forward_impl(y, x, gate_up, down, weight, plan, dims, layer);
+                             const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<float>& save) {
+  forward_impl(y, x, gate_up, down, weight, plan, dims, save);
 }
 void ExpertParallel::forward(double* y, const double* x, const double* gate_up, const double* down,
-                             const double* weight, const MoePlan& plan, const MoeExpertDims& dims, int layer) {
-  forward_impl(y, x, gate_up, down, weight, plan, dims, layer);
+                             const double* weight, const MoePlan& plan, const MoeExpertDims& dims,
+                             const ExchangedRowsFor<double>& save) {
+  forward_impl(y, x, gate_up, down, weight, plan, dims, save);
 }
 void ExpertParallel::backward(float* dx, float* dweight, float* dgate_up, float* ddown, const float* dy,
                               const float* gate_up, const float* down, const float* weight, const MoePlan& plan,
-                              const MoeExpertDims& dims, int layer) {
-  backward_impl(dx, dweight, dgate_up, ddown, dy, gate_up, down, weight, plan, dims, layer);
+                              const MoeExpertDims& dims, const ExchangedRows<const float>& saved) {
+  backward_impl(dx, dweight, dgate_up, ddown, dy, gate_up, down, weight, plan, dims, saved);
 }
 void ExpertParallel::backward(double* dx, double* dweight, double* dgate_up, double* ddown, const double* dy,
                               const double* gate_up, const double* down, const double* weight, const MoePlan& plan,
-                              const MoeExpertDims& dims, int layer) {
-  backward_impl(dx, dweight, dgate_up, ddown, dy, gate_up, down, weight, plan, dims, layer);
+                              const MoeExpertDims& dims, const ExchangedRows<const double>& saved) {
+  backward_impl(dx, dweight, dgate_up, ddown, dy, gate_up, down, weight, plan, dims, saved);
 }
 
 }  // namespace trillion

@@ -21,18 +21,16 @@
 // The results equal one chunk's to rounding (the expert weight gradients sum chunk by chunk).
 // `wait_s` counts the time spent waiting for exchanges to complete: the communication not hidden.
 //
-// Kept per layer between forward and backward (counted in the fast tier): the received rows and
-// their owner-side expert activations (gate_up, act, out: R_recv rows), and the returned output
-// rows (the layer's own rows). R_recv is the number of rows routed to this rank's experts, at most
-// ep · N · k. Capacity applies per rank to its own tokens. A recomputed MoE sublayer calls forward
-// again: every rank of the group re-runs the same layers (their stores hold the same shapes), so
-// the exchange is repeated and its state rebuilt, bitwise the same; these rows are not the store's,
-// so no policy drops or swaps them.
+// Kept between forward and backward, as saved tensors of the MoE layer in the activation store
+// (model/step.h's ExchangedRows; tags of kind exchanged): the received rows with their sources and
+// their owner-side expert activations (gate_up, act, out: R rows), and the returned output rows
+// (the layer's own rows). R, the number of rows routed to this rank's experts, is at most
+// ep · N · k and differs between ranks. Capacity applies per rank to its own tokens. Swap may move
+// these tensors; recompute never drops them, so a re-run MoE sublayer does not exchange again and
+// each rank may re-run its sublayers alone. Nothing is kept here between calls.
 #pragma once
 
 #include <cstdint>
-#include <map>
-#include <memory>
 
 #include "model/step.h"
 #include "parallel/process_group.h"
@@ -49,38 +47,33 @@ class ExpertParallel final : public ExpertExchange {
  public:
   // The group must outlive this object; chunks ≥ 1 token ranges per layer (see Overlap above).
   explicit ExpertParallel(const ProcessGroup& group, int chunks = 1);
-  ~ExpertParallel() override;
 
   void forward(float* y, const float* x, const float* gate_up, const float* down, const float* weight,
-               const MoePlan& plan, const MoeExpertDims& dims, int layer) override;
+               const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<float>& save) override;
   void forward(double* y, const double* x, const double* gate_up, const double* down, const double* weight,
-               const MoePlan& plan, const MoeExpertDims& dims, int layer) override;
+               const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<double>& save) override;
   void backward(float* dx, float* dweight, float* dgate_up, float* ddown, const float* dy, const float* gate_up,
                 const float* down, const float* weight, const MoePlan& plan, const MoeExpertDims& dims,
-                int layer) override;
+                const ExchangedRows<const float>& saved) override;
   void backward(double* dx, double* dweight, double* dgate_up, double* ddown, const double* dy,
                 const double* gate_up, const double* down, const double* weight, const MoePlan& plan,
-                const MoeExpertDims& dims, int layer) override;
+                const MoeExpertDims& dims, const ExchangedRows<const double>& saved) override;
 
   const ExpertParallelCounters& counters() const { return counters_; }
+  // Between steps: the chunks of the next steps (a layer's backward uses its forward's).
   void set_chunks(int chunks);
 
  private:
-  template <class T>
-  struct Layers;  // the per-layer state of one scalar type
-  template <class T>
-  Layers<T>& layers();
+  int64_t chunks_of(int64_t tokens) const;  // min(chunks, tokens), at least 1
   template <class T>
   void forward_impl(T* y, const T* x, const T* gate_up, const T* down, const T* weight, const MoePlan& plan,
-                    const MoeExpertDims& dims, int layer);
+                    const MoeExpertDims& dims, const ExchangedRowsFor<T>& save);
   template <class T>
   void backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* gate_up, const T* down,
-                     const T* weight, const MoePlan& plan, const MoeExpertDims& dims, int layer);
+                     const T* weight, const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRows<const T>& saved);
   void finish_timed(ProcessGroup::Pending& pending);  // completes it, counting the wait
   const ProcessGroup& group_;
   int chunks_ = 1;
-  std::unique_ptr<Layers<float>> float_layers_;
-  std::unique_ptr<Layers<double>> double_layers_;
   ExpertParallelCounters counters_;
 };
 

@@ -12,10 +12,8 @@
 #include "model/decoder_layer.h"
 #include "model/memory_sizes.h"
 #include "model/model.h"
-#include "model/moe.h"
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
-#include "ops/moe_experts.h"
 #include "ops/norm.h"
 #include "parallel/shard_layout.h"
 
@@ -36,45 +34,16 @@ struct LayerBytes {
   int64_t throwaway = 0;    // copies handed out for kept tensors while its sublayers are re-run
   int64_t throwaway_mixer = 0;  // of which the mixer's
   int64_t file = 0;         // the swapped tensors' bytes in the swap file
-  LayerWorkspace workspace;  // each part's, the expert exchange's included
+  LayerWorkspace workspace;  // each part's
   bool rerun_mixer = false, rerun_ffn = false;  // the sublayers recompute re-runs before the FFN's backward
   int64_t total() const { return all[0] + all[1]; }
   int64_t total_kept() const { return kept[0] + kept[1]; }
 };
 
-// Expert parallelism (parallel/expert_parallel.h, one chunk): an MoE layer's routed rows leave the
-// store. This rank's experts keep the R rows they receive (their input, gate_up, act, out) and the
-// layer its own rows' outputs (returned), from the forward to the end of the FFN's backward; the
-// forward's dispatch copy, expert outputs and unit weights, and the backward's row gradients both
-// ways, are the exchange's workspace. R = ⌈imbalance · rows⌉, rows the rank's own (capacity-bounded).
-struct Exchange {
-  bool on = false;
-  int64_t held = 0;
-  Workspace workspace;
-};
-
-Exchange exchange_of(const DecoderLayerDims& dims, const StepShape& step, int ep, double imbalance) {
-  if (ep <= 1 || !dims.is_moe()) return {};
-  const MoeDims& moe = std::get<MoeDims>(dims.ffn);
-  const int64_t n = step.tokens(), e = step.element_bytes, k = moe.top_k(), H = dims.hidden, I = moe.width;
-  const int64_t rows = routed_rows_bound(moe, n);
-  const int64_t R = static_cast<int64_t>(std::ceil(imbalance * double(rows)));
-  const MoeExpertDims local{H, I, moe.experts() / ep};
-  Exchange x;
-  x.on = true;
-  x.held = (R * (2 * H + 3 * I) + rows * H) * e;
-  const int64_t forward = (rows * H + R * H + R) * e + moe_experts_forward_workspace_bytes(local, e, step.threads);
-  const int64_t backward = Arena::rounded(n * k * e) + (2 * rows * H + 2 * R * H + 2 * R) * e +
-                           moe_experts_backward_workspace_bytes(R, 1, local, e, step.threads);
-  x.workspace = {forward, backward};
-  return x;
-}
-
 // As the store counts them: paged entries by their bytes, small ones by the arena's rounding. Swap
 // tags of the last layer stay resident (ActivationStore::end_forward, backward_next): `swaps` false.
 LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, const std::set<ActivationTag>& recompute,
-                       const std::set<ActivationTag>& swap, bool swaps, int64_t min_paged, bool swap_bf16,
-                       const Exchange& exchange) {
+                       const std::set<ActivationTag>& swap, bool swaps, int64_t min_paged, bool swap_bf16) {
   LayerBytes b;
   const std::vector<SavedSize> sizes = dims.saved_sizes(step);
   bool rerun_mixer = false, rerun_ffn = false;
@@ -95,27 +64,24 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
       if (ffn) b.dropped_ffn += counted;
       continue;
     }
-    if (ffn ? rerun_ffn : rerun_mixer) {
+    // A re-run sublayer saves its kept tensors again into throwaway copies, but for the exchanged
+    // rows: it does not exchange again (model/moe.cpp).
+    if ((ffn ? rerun_ffn : rerun_mixer) && tag_kind(s.tag) != TagKind::exchanged) {
       b.throwaway += Arena::rounded(s.bytes);
       if (!ffn) b.throwaway_mixer += Arena::rounded(s.bytes);
     }
     if (paged && swaps && swap.count(s.tag)) {
       b.swapped[ffn] += counted;
       if (ffn || (rerun_mixer && s.tag == ActivationTag::attn_input)) b.first += counted;
-      const bool float32 = step.element_bytes == 4 && tag_kind(s.tag) != TagKind::decision;  // decisions: int32
+      const bool float32 = step.element_bytes == 4 && tag_element(s.tag) == TagElement::real;
       b.file += SwapEngine::file_bytes(s.bytes, swap_bf16 && float32);
     } else {
       b.kept[ffn] += counted;
     }
   }
   b.workspace = dims.workspace_bytes(step);
-  b.workspace.ffn_forward = std::max(b.workspace.ffn_forward, exchange.workspace.forward);
-  b.workspace.ffn_backward = std::max(b.workspace.ffn_backward, exchange.workspace.backward);
   b.rerun_mixer = rerun_mixer;
   b.rerun_ffn = rerun_ffn;
-  b.all[1] += exchange.held;
-  b.kept[1] += exchange.held;
-  b.paged_ffn += exchange.held;
   return b;
 }
 
@@ -200,6 +166,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   step.threads = shape.threads;
   step.indexer = shape.indexer;
   step.experts_exchanged = shape.ep > 1;
+  step.expert_imbalance = shape.expert_imbalance;
   const bool has_sparse = std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention) > 0;
   if (!has_sparse) step.indexer.coef = 0.0;
 
@@ -222,8 +189,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     const bool swaps = l + 1 < config.num_hidden_layers;
     const DecoderLayerDims dims = DecoderLayerDims::from_config(config, l);
-    layers.push_back(layer_bytes(dims, step, recompute, swap, swaps, shape.policy_min_bytes, shape.swap_bf16,
-                                 exchange_of(dims, step, shape.ep, shape.expert_imbalance)));
+    layers.push_back(layer_bytes(dims, step, recompute, swap, swaps, shape.policy_min_bytes, shape.swap_bf16));
     plan.activations_saved += layers.back().total();
     plan.peak_slow += layers.back().file;
     any_dropped = any_dropped || layers.back().dropped > 0;

@@ -4,7 +4,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <string>
+#include <vector>
+
 #include "io/half_float.h"
+#include "memory/save_policies.h"
 
 namespace trillion {
 namespace {
@@ -113,6 +118,34 @@ TEST(ActivationStore, SwapPolicyWritesAndReadsBack) {
   EXPECT_EQ(MemoryStats::current(Tier::slow), 0);
   EXPECT_THROW(store.set_policy(ActivationTag::attn_input, SavePolicy::recompute), Error);
   EXPECT_THROW(store.set_policy(ActivationTag::final_norm_out, SavePolicy::recompute), Error);
+}
+
+// The rows that came over the expert exchange: no preset recomputes them and naming one is refused
+// (a re-run does not exchange again); the selective swap moves them with the GEMM outputs.
+TEST(SavePolicies, ExchangedRowsAreNeverRecomputedAndSwapSelectiveMovesThem) {
+  int exchanged = 0;
+  const std::vector<ActivationTag> swapped = swap_tags("selective");
+  for (int i = 0; i < kNumActivationTags; ++i) {
+    const ActivationTag tag = static_cast<ActivationTag>(i);
+    if (tag_kind(tag) != TagKind::exchanged) continue;
+    ++exchanged;
+    for (const char* spec : {"selective", "full"}) {
+      const std::vector<ActivationTag> recomputed = recompute_tags(spec);
+      EXPECT_EQ(std::count(recomputed.begin(), recomputed.end(), tag), 0) << spec << " " << activation_tag_name(tag);
+    }
+    EXPECT_EQ(std::count(swapped.begin(), swapped.end(), tag), 1) << activation_tag_name(tag);
+  }
+  EXPECT_EQ(exchanged, 6);  // ep_row_source, ep_received, ep_gate_up, ep_act, ep_out, ep_returned
+  ActivationStore store;
+  try {
+    apply_save_policies(store, "router_logits,ep_out", "none");
+    ADD_FAILURE() << "--recompute ep_out was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--recompute router_logits,ep_out: activation ep_out cannot be recomputed: "
+                                         "it came over the expert exchange"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // --swap-bf16: float32 tensors come back rounded to bfloat16, int32 ones exactly.

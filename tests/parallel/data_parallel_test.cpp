@@ -300,9 +300,10 @@ TEST(DataParallelErrors, ExpertParallelDegreesAreValidated) {
       << uneven.output;
 }
 
-// Under expert parallelism a recomputed MoE sublayer exchanges its rows again on every rank; with
-// every saved tensor under the policy (--policy-min-bytes 1), recompute and swap give keep-all's
-// losses to the bit.
+// Under expert parallelism the exchanged rows are saved tensors like every other: swap moves them,
+// recompute keeps them, so a re-run MoE sublayer does not exchange again (each rank sends the bytes
+// keep-all sends). With every saved tensor under the policy (--policy-min-bytes 1), recompute and
+// swap give keep-all's losses to the bit.
 TEST(DataParallelPolicies, RecomputeAndSwapUnderExpertParallelismEqualKeepAllBitwise) {
   const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
   const RunResult keep = run(config, 2, "float32", 3, "--ep 2");
@@ -316,6 +317,9 @@ TEST(DataParallelPolicies, RecomputeAndSwapUnderExpertParallelismEqualKeepAllBit
             << policy << ", step " << i + 1 << " " << field;
       }
       EXPECT_GT(other.metrics[i].at("memory").at(counter).get<int64_t>(), 0) << policy << ": the policy acted";
+      for (const char* sent : {"rank_dispatched_bytes", "rank_combined_bytes"})
+        EXPECT_EQ(other.metrics[i].at("expert_parallel").at(sent), keep.metrics[i].at("expert_parallel").at(sent))
+            << policy << ", step " << i + 1 << " " << sent << ": exchanged once per forward and backward";
     }
   }
 }
