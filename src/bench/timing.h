@@ -3,8 +3,6 @@
 // problem that serves as the machine's compute ceiling.
 #pragma once
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <chrono>
@@ -16,6 +14,7 @@
 
 #include "core/memory.h"
 #include "core/rng.h"
+#include "ops/gemm.h"
 
 namespace trillion {
 
@@ -93,42 +92,38 @@ inline nlohmann::json bench_summary(const char* bench, const TimingResult& fused
           {"flops", flops}};
 }
 
-// A single-precision GEMM of size³ (2·size³ FLOPs) with random operands, run with the process's
-// thread count: the compute ceiling that kernels are measured against.
+// A single-precision GEMM c[m, n] = a[m, k] · b[k, n] (2·m·n·k FLOPs; size³ by default) with random
+// operands, run on the float backend in use (ops/gemm.h) with the process's thread count: the
+// compute ceiling that kernels are measured against.
 class SgemmProblem {
  public:
-  explicit SgemmProblem(int64_t size) : size_(size), a_(size * size), b_(size * size), c_(size * size) {
+  explicit SgemmProblem(int64_t size) : SgemmProblem(size, size, size) {}
+  SgemmProblem(int64_t m, int64_t n, int64_t k) : m_(m), n_(n), k_(k), a_(m * k), b_(k * n), c_(m * n) {
     const CounterRng rng(1, "bench_gemm");
-    for (int64_t i = 0; i < size * size; ++i) {
-      a_[i] = float(rng.uniform(i) - 0.5);
-      b_[i] = float(rng.uniform(size * size + i) - 0.5);
-    }
+    for (int64_t i = 0; i < m * k; ++i) a_[i] = float(rng.uniform(i) - 0.5);
+    for (int64_t i = 0; i < k * n; ++i) b_[i] = float(rng.uniform(m * k + i) - 0.5);
   }
-  void run() {
-    const int n = static_cast<int>(size_);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a_.data(), n, b_.data(), n, 0.0f,
-                c_.data(), n);
-  }
-  double flops() const { return 2.0 * double(size_) * double(size_) * double(size_); }
-  int64_t size() const { return size_; }
+  void run() { gemm<float>(false, false, m_, n_, k_, 1.0f, a_.data(), k_, b_.data(), n_, 0.0f, c_.data(), n_); }
+  double flops() const { return 2.0 * double(m_) * double(n_) * double(k_); }
+  int64_t size() const { return m_; }
   // Relative error (max|c − ref| / max|ref|) of the last run() on up to 64 sampled entries of c
   // against double-precision dot products.
   double sampled_rel_err() const {
-    const int64_t n = size_, samples = n * n < 64 ? n * n : 64;
+    const int64_t samples = m_ * n_ < 64 ? m_ * n_ : 64;
     double max_diff = 0.0, max_ref = 0.0;
     for (int64_t s = 0; s < samples; ++s) {
-      const int64_t i = (s * 7919) % n, j = (s * 104729 + s / n) % n;
+      const int64_t i = (s * 7919) % m_, j = (s * 104729 + s / m_) % n_;
       double ref = 0.0;
-      for (int64_t k = 0; k < n; ++k) ref += double(a_[i * n + k]) * double(b_[k * n + j]);
-      max_diff = std::max(max_diff, std::abs(double(c_[i * n + j]) - ref));
+      for (int64_t p = 0; p < k_; ++p) ref += double(a_[i * k_ + p]) * double(b_[p * n_ + j]);
+      max_diff = std::max(max_diff, std::abs(double(c_[i * n_ + j]) - ref));
       max_ref = std::max(max_ref, std::abs(ref));
     }
     return max_diff / std::max(max_ref, 1e-30);
   }
 
  private:
-  int64_t size_;
-  Buffer<float> a_, b_, c_;  // [size, size] each
+  int64_t m_, n_, k_;
+  Buffer<float> a_, b_, c_;  // [m, k], [k, n], [m, n]
 };
 
 // The MFU ceiling: the rate (FLOP/s) of `trillion bench gemm`'s problem, a float32 sgemm of size³

@@ -1,5 +1,5 @@
 // `trillion bench`: measured performance of the engine's kernels on this machine.
-//   trillion bench gemm [--json] [--size N]         sgemm GFLOP/s at N³ (median of ≥ 10 runs)
+//   trillion bench gemm [--json] [--size N] [--shape m,n,k]   each float backend's sgemm GFLOP/s
 //   trillion bench attention [--json] [--seq-len T] [--heads H] [--kv-heads K] [--head-dim d]
 //                            [--batch B] [--runs N] [--baseline-runs N] [--gemm-size N]
 //   trillion bench moe [--json] [--tokens T] [--hidden H] [--experts E] [--top-k k] [--expert-width I]
@@ -20,9 +20,11 @@
 //   sparse-attention's plain baseline defaults to 2 runs, as it is slow at its default size)
 // With --json each measurement is one JSON line and the last line is the summary; without it the
 // same numbers are printed for people.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "bench/attention_bench.h"
@@ -36,6 +38,7 @@
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/gemm.h"
 #include "parallel/process_group.h"
 
 namespace trillion {
@@ -55,21 +58,40 @@ void print_measurement(const nlohmann::json& j) {
   }
 }
 
-void run_gemm(bool json, int64_t size) {
+// Each float backend's sgemm at size³ (or m × n × k); the summary's top-level rate is the backend in
+// use's (--gemm), every backend's is under "backends".
+void run_gemm(bool json, int64_t size, const std::vector<int64_t>& shape) {
   if (size < 1) fail("bench gemm: --size must be ≥ 1, got ", size);
-  SgemmProblem gemm(size);
-  const TimingResult timing = time_median([&] { gemm.run(); }, 2, 10);
-  const double gflops = gemm.flops() / timing.median_s * 1e-9;
-  const double max_rel_err = gemm.sampled_rel_err();
-  if (json) {
-    print_json({{"bench", "gemm"}, {"size", size}, {"gflops", gflops}, {"median_s", timing.median_s},
-                {"min_s", timing.min_s}, {"runs", timing.runs}, {"threads", num_threads()},
-                {"max_rel_err", max_rel_err}});
-  } else {
-    std::printf("sgemm %lld³ on %d threads: %.1f GFLOP/s (median %.4f s, min %.4f s, %d runs), max rel err %.1e\n",
-                static_cast<long long>(size), num_threads(), gflops, timing.median_s, timing.min_s, timing.runs,
-                max_rel_err);
+  if (!shape.empty() && (shape.size() != 3 || *std::min_element(shape.begin(), shape.end()) < 1))
+    fail("bench gemm: --shape must be three sizes ≥ 1 (m,n,k)");
+  const int64_t m = shape.empty() ? size : shape[0], n = shape.empty() ? size : shape[1];
+  const int64_t k = shape.empty() ? size : shape[2];
+  const GemmBackend in_use = gemm_backend();
+  SgemmProblem gemm(m, n, k);
+  nlohmann::json summary = {{"bench", "gemm"},          {"size", size},
+                            {"shape", {m, n, k}},       {"threads", num_threads()},
+                            {"backend", gemm_backend_name(in_use)}};
+  for (const GemmBackend backend : {GemmBackend::onednn, GemmBackend::openblas}) {
+    set_gemm_backend(backend);
+    const TimingResult timing = time_median([&] { gemm.run(); }, 2, 10);
+    const nlohmann::json result = {{"gflops", gemm.flops() / timing.median_s * 1e-9}, {"median_s", timing.median_s},
+                                   {"min_s", timing.min_s}, {"runs", timing.runs},
+                                   {"max_rel_err", gemm.sampled_rel_err()}};
+    summary["backends"][gemm_backend_name(backend)] = result;
+    if (backend == in_use) summary.update(result);
+    if (!json)
+      std::printf("sgemm %lld×%lld×%lld on %d threads, %-8s: %.1f GFLOP/s (median %.4f s, min %.4f s, %d runs), "
+                  "max rel err %.1e\n",
+                  static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k), num_threads(),
+                  gemm_backend_name(backend),
+                  result.at("gflops").get<double>(), timing.median_s, timing.min_s, timing.runs,
+                  result.at("max_rel_err").get<double>());
   }
+  set_gemm_backend(in_use);
+  const nlohmann::json& rates = summary.at("backends");
+  summary["onednn_over_openblas"] = rates.at("onednn").at("gflops").get<double>() / rates.at("openblas").at("gflops").get<double>();
+  if (json) print_json(summary);
+  else std::printf("onednn / openblas: %.2f\n", summary.at("onednn_over_openblas").get<double>());
 }
 
 void run_attention(bool json, const AttentionBenchOptions& options) {
@@ -272,12 +294,15 @@ void run_loss(bool json, const LossBenchOptions& options) {
 
 // `trillion bench gemm`.
 void add_gemm_bench(CLI::App* bench) {
-  CLI::App* gemm = bench->add_subcommand("gemm", "sgemm GFLOP/s at size³ (median of 10 runs after warm-up)");
+  CLI::App* gemm =
+      bench->add_subcommand("gemm", "sgemm GFLOP/s of each float backend at size³ (median of 10 runs after warm-up)");
   auto gemm_json = std::make_shared<bool>(false);
   auto gemm_size = std::make_shared<int64_t>(2048);
+  auto gemm_shape = std::make_shared<std::vector<int64_t>>();
   gemm->add_flag("--json", *gemm_json, "One JSON line instead of text");
   gemm->add_option("--size", *gemm_size, "Matrix size N of the N×N×N product")->capture_default_str();
-  gemm->callback([gemm_json, gemm_size] { run_gemm(*gemm_json, *gemm_size); });
+  gemm->add_option("--shape", *gemm_shape, "m,n,k of an [m, k] · [k, n] product instead")->delimiter(',');
+  gemm->callback([gemm_json, gemm_size, gemm_shape] { run_gemm(*gemm_json, *gemm_size, *gemm_shape); });
 }
 
 // `trillion bench attention`.

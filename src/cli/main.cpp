@@ -11,6 +11,7 @@
 #include "core/cpu_features.h"
 #include "core/error.h"
 #include "io/crash_points.h"
+#include "ops/gemm.h"
 #include "parallel/process_group.h"
 
 namespace {
@@ -39,6 +40,11 @@ int main(int argc, char** argv) {
   trillion::ProcessGroup::world();  // joins MPI's world when launched by mpirun
   CLI::App app{"trillion: train and fine-tune sparse MoE language models with hybrid attention"};
   app.require_subcommand(1);
+  app.fallthrough();  // every command takes the options below too
+  app.add_option_function<std::string>(
+         "--gemm", [](const std::string& name) { trillion::set_gemm_backend(trillion::gemm_backend_from_name(name, "--gemm")); },
+         "Library of the float matrix products: onednn (the default) or openblas (ops/gemm.h)")
+      ->envname("TRILLION_GEMM");
   trillion::register_tokenize(app);
   trillion::register_train(app);
   trillion::register_eval(app);

@@ -1,18 +1,48 @@
-// Matrix products through OpenBLAS (row-major cblas) and the Hugging Face linear layer built on them.
-// Called inside an OpenMP region, OpenBLAS runs single-threaded, so kernels that tile their work over
-// the team may call gemm() from their items.
+// Matrix products through oneDNN (dnnl_sgemm, row-major) or OpenBLAS (row-major cblas), and the
+// Hugging Face linear layer built on them. Called inside an OpenMP region, both run single-threaded
+// (oneDNN's OpenMP runtime runs nested work on the calling thread, OpenBLAS's OpenMP build too), so
+// kernels that tile their work over the team may call gemm() from their items.
 #include "ops/gemm.h"
 
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 
+#include <atomic>
+#include <cstdlib>
 #include <limits>
+#include <mutex>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/phase_clock.h"
+#include "ops/vector_exp.h"
 
 namespace trillion {
 namespace {
+
+std::atomic<GemmBackend> g_backend{GemmBackend::onednn};
+
+// TRILLION_ISA=avx2 limits oneDNN's kernels to AVX2 as it does the engine's vector kernels
+// (ops/vector_exp.h), so the AVX2 path runs on AVX-512 machines too; set once, before oneDNN's
+// first product.
+void limit_onednn_isa_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    const char* forced = std::getenv("TRILLION_ISA");
+    if (forced == nullptr || *forced == '\0' || vector_isa() != VectorIsa::avx2) return;
+    const dnnl_status_t status = dnnl_set_max_cpu_isa(dnnl_cpu_isa_avx2);
+    TRILLION_CHECK(status == dnnl_success, "oneDNN refused to limit its kernels to AVX2: status ", int(status));
+  });
+}
+
+void onednn_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                 int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  limit_onednn_isa_once();
+  const dnnl_status_t status =
+      dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  TRILLION_CHECK(status == dnnl_success, "dnnl_sgemm m=", m, " n=", n, " k=", k, " failed: status ", int(status));
+}
 
 CBLAS_TRANSPOSE cblas_trans(bool trans) { return trans ? CblasTrans : CblasNoTrans; }
 
@@ -30,19 +60,32 @@ void blas_gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, doub
               static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
-// ThreadSanitizer builds run OpenBLAS on the calling thread: the threads of its own OpenMP regions
-// synchronize in libgomp, which TSan cannot see (core/parallel.h announces only the engine's
-// regions), so their writes to C would read as races. OpenBLAS takes its thread count from
-// omp_get_max_threads() at each call. Other builds leave OpenBLAS its threads.
-struct BlasOnCallingThread {
+// ThreadSanitizer builds run the libraries on the calling thread: the threads of their own OpenMP
+// regions synchronize in libgomp, which TSan cannot see (core/parallel.h announces only the engine's
+// regions), so their writes to C would read as races. Both take their thread count from
+// omp_get_max_threads() at each call. Other builds leave them their threads.
+struct LibraryOnCallingThread {
 #if defined(__SANITIZE_THREAD__)
   const int saved = omp_get_max_threads();
-  BlasOnCallingThread() { omp_set_num_threads(1); }
-  ~BlasOnCallingThread() { omp_set_num_threads(saved); }
+  LibraryOnCallingThread() { omp_set_num_threads(1); }
+  ~LibraryOnCallingThread() { omp_set_num_threads(saved); }
 #endif
 };
 
 }  // namespace
+
+void set_gemm_backend(GemmBackend backend) { g_backend = backend; }
+GemmBackend gemm_backend() { return g_backend; }
+
+const char* gemm_backend_name(GemmBackend backend) {
+  return backend == GemmBackend::onednn ? "onednn" : "openblas";
+}
+
+GemmBackend gemm_backend_from_name(const std::string& name, const char* option) {
+  for (const GemmBackend backend : {GemmBackend::onednn, GemmBackend::openblas})
+    if (name == gemm_backend_name(backend)) return backend;
+  fail(option, " ", name, ": expected onednn or openblas");
+}
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
@@ -59,7 +102,11 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
                      ldc <= blas_max,
                  "gemm m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
                  " exceed the BLAS integer limit ", blas_max);
-  [[maybe_unused]] const BlasOnCallingThread one_thread_under_tsan;
+  [[maybe_unused]] const LibraryOnCallingThread one_thread_under_tsan;
+  if constexpr (std::is_same_v<T, float>) {
+    if (g_backend == GemmBackend::onednn)
+      return onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
   blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

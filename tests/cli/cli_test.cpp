@@ -69,12 +69,30 @@ TEST(Info, RefusesToCountKindsNotBuilt) {
 TEST(BenchGemm, TinyRunReportsACorrectProduct) {
   const CommandResult r = run_cli("bench gemm --json --size 48", "OMP_NUM_THREADS=1", /*stdout_only=*/true);
   ASSERT_EQ(r.status, 0) << r.output;
-  const nlohmann::json summary = nlohmann::json::parse(r.output.substr(r.output.rfind('{')));
+  const nlohmann::json summary = nlohmann::json::parse(r.output.substr(r.output.rfind("{\"backend\"")));
   EXPECT_EQ(summary.at("bench"), "gemm");
   EXPECT_EQ(summary.at("size"), 48);
   EXPECT_GT(summary.at("gflops").get<double>(), 0.0);
   EXPECT_GE(summary.at("runs").get<int>(), 10);
   EXPECT_LT(summary.at("max_rel_err").get<double>(), 1e-5);
+  EXPECT_EQ(summary.at("backend"), "onednn");  // the default
+  for (const char* backend : {"onednn", "openblas"}) {  // each float backend, checked as the one in use
+    EXPECT_GT(summary.at("backends").at(backend).at("gflops").get<double>(), 0.0) << backend;
+    EXPECT_LT(summary.at("backends").at(backend).at("max_rel_err").get<double>(), 1e-5) << backend;
+  }
+  EXPECT_GT(summary.at("onednn_over_openblas").get<double>(), 0.0);
+}
+
+TEST(BenchGemm, TheGemmOptionChoosesTheBackendAndRefusesAnUnknownOne) {
+  const CommandResult chosen = run_cli("bench gemm --json --size 16 --gemm openblas", "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(chosen.status, 0) << chosen.output;
+  EXPECT_EQ(nlohmann::json::parse(chosen.output.substr(chosen.output.rfind("{\"backend\""))).at("backend"), "openblas");
+  const CommandResult from_environment = run_cli("bench gemm --json --size 16", "TRILLION_GEMM=openblas", true);
+  ASSERT_EQ(from_environment.status, 0) << from_environment.output;
+  EXPECT_NE(from_environment.output.find("\"backend\":\"openblas\""), std::string::npos) << from_environment.output;
+  const CommandResult unknown = run_cli("bench gemm --size 16 --gemm mkl");
+  EXPECT_EQ(unknown.status, 1);
+  EXPECT_NE(unknown.output.find("error: --gemm mkl: expected onednn or openblas"), std::string::npos) << unknown.output;
 }
 
 }  // namespace

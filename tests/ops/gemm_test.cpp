@@ -1,12 +1,19 @@
 // gemm against a plain triple loop (all transpose cases, strides, alpha/beta) and the linear layer's
 // backward against finite differences, including its accumulate and skip options; sizes beyond the
-// BLAS integer range are refused.
+// BLAS integer range are refused. Each float backend (oneDNN, OpenBLAS) against double within
+// float's rounding bound, at odd sizes, repeatable to the bit, and callable from the kernels' OpenMP
+// regions.
 #include "ops/gemm.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
+#include "core/error.h"
 #include "ops/finite_diff.h"
 
 namespace trillion {
@@ -46,6 +53,98 @@ TEST(Gemm, MatchesLoopsForAllTransposes) {
       check_gemm_against_loops<double>(trans_a, trans_b, 1e-14);
       check_gemm_against_loops<float>(trans_a, trans_b, 1e-6);
     }
+}
+
+// Runs f with `backend` as the float backend, then restores the one before.
+template <class F>
+void with_backend(GemmBackend backend, const F& f) {
+  const GemmBackend before = gemm_backend();
+  set_gemm_backend(backend);
+  f();
+  set_gemm_backend(before);
+}
+
+constexpr GemmBackend kFloatBackends[] = {GemmBackend::onednn, GemmBackend::openblas};
+
+// A float product of odd sizes (no vector width divides them) against the same product in double
+// of the same float inputs: each element within the dot product's rounding bound
+// |c − ref| ≤ γ · (|alpha| Σ_p |a_ip b_pj| + |beta c_ij|), γ = (k + 2) · ε (ε = 2⁻²⁴, the sum's k
+// roundings and those of alpha and beta), doubled for the order a blocked kernel sums in. beta 0
+// must not read c (NaN there).
+void check_float_backend(GemmBackend backend, bool trans_a, bool trans_b, float beta) {
+  const int64_t m = 67, n = 129, k = 91, pad = 5;
+  const int64_t lda = (trans_a ? m : k) + pad, ldb = (trans_b ? k : n) + pad, ldc = n + pad;
+  const std::vector<float> a = cast_values<float>(random_values((trans_a ? k : m) * lda, 31));
+  const std::vector<float> b = cast_values<float>(random_values((trans_b ? n : k) * ldb, 32));
+  std::vector<float> c = cast_values<float>(random_values(m * ldc, 33));
+  if (beta == 0.0f) std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+  const std::vector<float> c_before = c;
+  const float alpha = 0.75f;
+  with_backend(backend, [&] {
+    gemm<float>(trans_a, trans_b, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+  });
+  const double gamma = 2.0 * double(k + 2) * std::ldexp(1.0, -24);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double ref = 0.0, magnitude = 0.0;
+      for (int64_t p = 0; p < k; ++p) {
+        const double product = double(trans_a ? a[p * lda + i] : a[i * lda + p]) *
+                                double(trans_b ? b[j * ldb + p] : b[p * ldb + j]);
+        ref += product;
+        magnitude += std::abs(product);
+      }
+      const double old = beta == 0.0f ? 0.0 : double(c_before[i * ldc + j]);
+      ref = double(alpha) * ref + double(beta) * old;
+      const double bound = gamma * (double(alpha) * magnitude + std::abs(double(beta) * old));
+      ASSERT_LE(std::abs(double(c[i * ldc + j]) - ref), bound)
+          << gemm_backend_name(backend) << " trans_a=" << trans_a << " trans_b=" << trans_b << " beta=" << beta
+          << " at (" << i << ", " << j << ")";
+    }
+  for (int64_t i = 0; i < m; ++i)  // padding columns untouched
+    for (int64_t j = n; j < ldc; ++j) ASSERT_TRUE(std::memcmp(&c[i * ldc + j], &c_before[i * ldc + j], sizeof(float)) == 0);
+}
+
+TEST(Gemm, EachFloatBackendMatchesDoubleWithinFloatRounding) {
+  for (const GemmBackend backend : kFloatBackends)
+    for (bool trans_a : {false, true})
+      for (bool trans_b : {false, true})
+        for (float beta : {0.0f, 1.0f, -0.5f}) check_float_backend(backend, trans_a, trans_b, beta);
+}
+
+// The same product twice gives the same bits; inside an OpenMP region each thread's product (the
+// libraries run nested work on the calling thread) equals the one-thread product outside it.
+TEST(Gemm, EachFloatBackendIsRepeatableAndRunsInsideParallelRegions) {
+  const int64_t m = 45, n = 77, k = 130;
+  const std::vector<float> a = cast_values<float>(random_values(m * k, 41)), b = cast_values<float>(random_values(k * n, 42));
+  for (const GemmBackend backend : kFloatBackends) {
+    with_backend(backend, [&] {
+      const auto product = [&] {
+        std::vector<float> c(m * n);
+        gemm<float>(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);  // b read as [n, k]
+        return c;
+      };
+      EXPECT_EQ(product(), product()) << gemm_backend_name(backend);
+      std::vector<float> one_thread;
+      test::with_threads(1, [&] { one_thread = product(); });
+      std::vector<std::vector<float>> per_thread(4);
+      test::with_threads(2, [&] {
+#pragma omp parallel for schedule(static, 1)
+        for (int t = 0; t < 4; ++t) per_thread[t] = product();
+      });
+      for (const std::vector<float>& c : per_thread) EXPECT_EQ(c, one_thread) << gemm_backend_name(backend);
+    });
+  }
+}
+
+TEST(Gemm, BackendNamesRoundTripAndAnUnknownOneIsRefused) {
+  for (const GemmBackend backend : kFloatBackends)
+    EXPECT_EQ(gemm_backend_from_name(gemm_backend_name(backend), "--gemm"), backend);
+  try {
+    gemm_backend_from_name("mkl", "--gemm");
+    ADD_FAILURE() << "mkl was accepted";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "--gemm mkl: expected onednn or openblas");
+  }
 }
 
 TEST(Linear, BackwardMatchesFiniteDifferences) {
