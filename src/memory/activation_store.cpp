@@ -29,13 +29,8 @@ ActivationStore::ActivationStore() : small_(Tier::fast, int64_t{4} << 20), throw
 ActivationStore::~ActivationStore() { clear(); }
 
 void ActivationStore::set_policy(ActivationTag tag, SavePolicy policy) {
-  if (policy == SavePolicy::recompute) {
-    const char* why = nullptr;
-    if (tag == ActivationTag::attn_input) why = "it is the layer's recompute checkpoint";
-    if (tag_sublayer(tag) == TagSublayer::head) why = "the head is never re-run";
-    if (tag_kind(tag) == TagKind::exchanged) why = "it came over the expert exchange, which a re-run does not repeat";
-    if (why != nullptr) fail("activation ", activation_tag_name(tag), " cannot be recomputed: ", why);
-  }
+  if (policy == SavePolicy::recompute)
+    if (const char* why = why_not_recomputable(tag)) fail("activation ", activation_tag_name(tag), " cannot be recomputed: ", why);
   TRILLION_CHECK(entries_.empty(), "policies are set between steps");
   if (policies_[static_cast<int>(tag)] != policy) pages_.trim();  // the new policy's peak may be lower
   policies_[static_cast<int>(tag)] = policy;

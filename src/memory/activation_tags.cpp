@@ -30,6 +30,13 @@ TagSublayer tag_sublayer(ActivationTag tag) { return info(tag).sublayer; }
 TagKind tag_kind(ActivationTag tag) { return info(tag).kind; }
 TagElement tag_element(ActivationTag tag) { return info(tag).element; }
 
+const char* why_not_recomputable(ActivationTag tag) {
+  if (tag == ActivationTag::attn_input) return "it is the layer's recompute checkpoint";
+  if (tag_sublayer(tag) == TagSublayer::head) return "the head is never re-run";
+  if (tag_kind(tag) == TagKind::exchanged) return "it came over the expert exchange, which a re-run does not repeat";
+  return nullptr;
+}
+
 ActivationTag activation_tag_from_name(const std::string& name) {
   std::string names;
   for (int i = 0; i < kNumActivationTags; ++i) {

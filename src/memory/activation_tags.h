@@ -123,6 +123,8 @@ inline bool recompute_reruns(ActivationTag tag, TagSublayer sublayer) {
 }
 TagKind tag_kind(ActivationTag tag);
 TagElement tag_element(ActivationTag tag);
+// Why recompute cannot refill `tag` (attn_input, the head's tags, the exchanged ones), or null.
+const char* why_not_recomputable(ActivationTag tag);
 constexpr int kNumActivationTags = static_cast<int>(ActivationTag::count_);
 
 }  // namespace trillion

@@ -34,10 +34,6 @@ std::vector<ActivationTag> tag_list(const std::string& spec, const char* option)
 }
 
 bool in_decoder_layer(ActivationTag tag) { return tag_sublayer(tag) != TagSublayer::head; }
-// What recompute can refill: not the checkpoint, nor the rows that came over the expert exchange.
-bool recomputable(ActivationTag tag) {
-  return tag != ActivationTag::attn_input && tag_kind(tag) != TagKind::exchanged;
-}
 
 }  // namespace
 
@@ -45,9 +41,9 @@ std::vector<ActivationTag> recompute_tags(const std::string& spec) {
   if (spec == "none") return {};
   if (spec == "selective")
     return tags_where([](ActivationTag t) {
-      return tag_sublayer(t) == TagSublayer::ffn && t != ActivationTag::ffn_input && recomputable(t);
+      return tag_sublayer(t) == TagSublayer::ffn && t != ActivationTag::ffn_input && why_not_recomputable(t) == nullptr;
     });
-  if (spec == "full") return tags_where([](ActivationTag t) { return in_decoder_layer(t) && recomputable(t); });
+  if (spec == "full") return tags_where([](ActivationTag t) { return why_not_recomputable(t) == nullptr; });
   return tag_list(spec, "--recompute");
 }
 
