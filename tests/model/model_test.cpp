@@ -1,6 +1,6 @@
 // The model: whole-model gradient check in double (Qwen3, Qwen3-Next, tied head), float against
-// double, KV-cache generation against the training path, rejected layer kinds, and the
-// `trillion gradcheck` command.
+// double, KV-cache generation against the training path and rejected layer kinds. The check itself
+// and `trillion gradcheck` are tested in gradient_check_test.cpp.
 #include "model/model.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +18,6 @@
 #include "model/gradient_check.h"
 #include "ops/finite_diff.h"
 #include "test_configs.h"
-#include "test_support/command.h"
 
 namespace trillion {
 namespace {
@@ -68,18 +67,6 @@ TEST(Model, GradientCheckTiedEmbeddingsOneKvHeadThreeLayers) {
                                                     {"num_hidden_layers", 3},
                                                     {"vocab_size", 37}}),
                          1, 9);
-}
-
-TEST(Model, GradientCheckAlongRandomDirections) {
-  SingleThread single;
-  GradientCheckOptions options;
-  options.max_full_elements = 0;  // force directions
-  options.directions = 3;
-  const GradientCheckReport report =
-      check_model_gradients(ModelConfig::load(testing::model_config_path("tiny_qwen3_next.json")), options);
-  EXPECT_FALSE(report.full);
-  EXPECT_EQ(report.checked, 3 * static_cast<int64_t>(report.tensors.size()));
-  EXPECT_LE(report.max_rel_err, 1e-6) << report.worst_tensor;
 }
 
 TEST(Model, FloatMatchesDouble) {
@@ -341,85 +328,6 @@ TEST(Model, TrainingFlopsPerToken) {
   const double D = 16, I = 24, V = 64, L = 2, q = 16, kv = 8;
   const double matmul = L * (D * q + 2 * D * kv + q * D + 3 * D * I) + V * D;
   EXPECT_DOUBLE_EQ(model.training_flops_per_token(32), 6 * matmul + L * 12 * 16 * 4 * 4);
-}
-
-TEST(GradcheckCommand, PassesOnTinyAndPrintsJsonLast) {
-  const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
-                              testing::model_config_path("tiny.json") + " --seq-len 5 2>&1";
-  const auto [status, output] = test::run_shell(command);
-  // Its last line (the JSON summary), from after the newline before the final one.
-  const size_t last_begin = output.rfind('\n', output.size() < 2 ? 0 : output.size() - 2);
-  const std::string last_line = last_begin == std::string::npos ? output : output.substr(last_begin + 1);
-  EXPECT_EQ(status, 0) << output;
-  const nlohmann::json summary = nlohmann::json::parse(last_line);
-  EXPECT_LE(summary.at("max_rel_err").get<double>(), 1e-6);
-  EXPECT_EQ(summary.at("tolerance").get<double>(), 1e-6);
-  EXPECT_GT(summary.at("checked").get<int64_t>(), 5000);
-  EXPECT_NE(output.find("model.layers.1.mlp.down_proj.weight"), std::string::npos);
-}
-
-TEST(Model, GradientCheckRejectsOptionsThatCheckNothing) {
-  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny.json"));
-  const auto error = [&](const GradientCheckOptions& options) -> std::string {
-    try {
-      check_model_gradients(config, options);
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "no error";
-  };
-  GradientCheckOptions options;
-  options.directions = 0;
-  EXPECT_EQ(error(options), "gradient check: --directions 0: expected at least 1");
-  options = GradientCheckOptions{};
-  options.max_full_elements = -1;
-  EXPECT_EQ(error(options), "gradient check: --max-elements -1: expected a non-negative integer");
-  for (const double step : {0.0, -1e-4, std::nan(""), double(INFINITY)}) {
-    options = GradientCheckOptions{};
-    options.step = step;
-    EXPECT_NE(error(options).find("--step"), std::string::npos) << step;
-  }
-}
-
-// With one token per sequence, attention's softmax is over a single key (weight exactly 1), so the
-// loss does not depend on the query or key side (q_proj, q_norm, k_proj, k_norm): their numeric gradient is exactly zero and the check fails them rather than
-// passing with nothing compared.
-TEST(Model, GradientCheckFailsATensorWithZeroNumericGradient) {
-  SingleThread single;
-  GradientCheckOptions options;
-  options.batch = 2;
-  options.seq = 1;
-  const GradientCheckReport report =
-      check_model_gradients(ModelConfig::load(testing::model_config_path("tiny.json")), options);
-  EXPECT_TRUE(std::isinf(report.max_rel_err));
-  for (const TensorCheck& t : report.tensors) {
-    bool scores_only = false;  // the tensor only feeds the attention scores
-    for (const char* part : {"q_proj", "q_norm", "k_proj", "k_norm"})
-      scores_only = scores_only || t.name.find(part) != std::string::npos;
-    EXPECT_EQ(t.max_ref == 0.0, scores_only) << t.name;
-    EXPECT_EQ(std::isinf(t.rel_err), scores_only) << t.name;
-  }
-}
-
-// The CLI's one-line error and non-zero exit for options under which nothing would be checked.
-TEST(GradcheckCommand, RejectsZeroDirections) {
-  for (const char* flags : {"--directions 0", "--max-elements -1", "--step 0", "--tolerance 0"}) {
-    const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
-                                testing::model_config_path("tiny.json") + " " + flags + " 2>&1";
-    const auto [status, output] = test::run_shell(command);
-    EXPECT_NE(status, 0) << flags << ": " << output;
-    EXPECT_EQ(output.rfind("error: ", 0), 0u) << flags << ": " << output;
-    EXPECT_EQ(std::count(output.begin(), output.end(), '\n'), 1) << flags << ": " << output;
-    const std::string flag_name = std::string(flags).substr(0, std::string(flags).find(' '));
-    EXPECT_NE(output.find(flag_name), std::string::npos) << flags << ": " << output;
-  }
-}
-
-TEST(GradcheckCommand, FailsOutsideTolerance) {
-  const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
-                              testing::model_config_path("tiny.json") +
-                              " --seq-len 3 --batch 1 --tolerance 1e-14 >/dev/null 2>&1";
-  EXPECT_NE(test::run_shell(command).status, 0);
 }
 
 }  // namespace
