@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/openmp_wait.h"
 #include "io/crash_points.h"
 #include "ops/gemm.h"
 #include "parallel/process_group.h"
@@ -27,6 +28,7 @@ int report_error(const char* message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  trillion::ensure_openmp_wait_policy(argv);
   const std::vector<std::string> missing = trillion::missing_cpu_features();
   if (!missing.empty()) {
     std::string names;

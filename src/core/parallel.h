@@ -1,6 +1,14 @@
 // Thread parallelism (OpenMP). Kernels split work with parallel_for over independent items and
 // keep every reduction inside one item, so results do not depend on the thread count; reductions
 // across items go through fixed-order partial sums (deterministic_sum).
+//
+// A region pays for itself only above some work: its fork and join cost microseconds on a quiet
+// machine, and up to a scheduler time slice when another process holds one of the cores (a thread
+// of the team waits to be scheduled). Loops that say their work per item (element-wise passes,
+// small reductions) run on the calling thread below kMinParallelWork; see docs/architecture.md,
+// "Parallel regions". Loops whose items call a GEMM always open a region, so the library runs
+// single-threaded inside them whatever the sizes (its multi-threaded products may round
+// differently).
 #pragma once
 
 #include <omp.h>
@@ -40,6 +48,7 @@ inline void tsan_acquire(void* token) {
 
 inline int num_threads() { return omp_get_max_threads(); }
 
+
 // Runs body() once on every thread of the OpenMP team (omp_get_thread_num() tells them apart),
 // timed by the phase clock (core/phase_clock.h). body must not throw.
 template <class Body>
@@ -59,6 +68,10 @@ void parallel_region(const Body& body) {
   clock.region_end();
 }
 
+// Below this many elements touched (about 5–10 µs of one thread's element-wise work) a loop runs on
+// the calling thread.
+constexpr int64_t kMinParallelWork = 16384;
+
 // Runs body(i) for i in [0, n) on the OpenMP team, static schedule. body must not throw.
 template <class Body>
 void parallel_for(int64_t n, const Body& body) {
@@ -66,6 +79,16 @@ void parallel_for(int64_t n, const Body& body) {
 #pragma omp for schedule(static) nowait
     for (int64_t i = 0; i < n; ++i) body(i);
   });
+}
+
+// The same for items of about `work_per_item` elements (or multiply-adds) each: on the calling
+// thread when the whole loop's work is under kMinParallelWork or there is one item.
+template <class Body>
+void parallel_for(int64_t n, int64_t work_per_item, const Body& body) {
+  if (n * work_per_item < kMinParallelWork || n == 1)
+    for (int64_t i = 0; i < n; ++i) body(i);
+  else
+    parallel_for(n, body);
 }
 
 // Like parallel_for, for uneven items (dynamic schedule; each item's result is still independent).
@@ -77,6 +100,15 @@ void parallel_for_dynamic(int64_t n, const Body& body) {
   });
 }
 
+// The same with a work estimate per item, as parallel_for(n, work_per_item, body).
+template <class Body>
+void parallel_for_dynamic(int64_t n, int64_t work_per_item, const Body& body) {
+  if (n * work_per_item < kMinParallelWork || n == 1)
+    for (int64_t i = 0; i < n; ++i) body(i);
+  else
+    parallel_for_dynamic(n, body);
+}
+
 // Sum of f(i) for i in [0, n), in double, with a reduction order that is fixed by n alone:
 // fixed-size blocks are summed in parallel, then the block sums in order.
 template <class F>
@@ -84,7 +116,7 @@ double deterministic_sum(int64_t n, const F& f) {
   constexpr int64_t kBlock = 4096;
   const int64_t blocks = (n + kBlock - 1) / kBlock;
   std::vector<double> partial(blocks, 0.0);
-  parallel_for(blocks, [&](int64_t b) {
+  parallel_for(blocks, kBlock, [&](int64_t b) {
     double s = 0.0;
     const int64_t end = (b + 1) * kBlock < n ? (b + 1) * kBlock : n;
     for (int64_t i = b * kBlock; i < end; ++i) s += f(i);

@@ -12,7 +12,7 @@ void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t i
   // y[rows, out] (beta 1 accumulates) x[rows, in] · weight[out, in]ᵀ
   gemm<T>(false, true, rows, out, in, T(1), x, in, w.weight, in, accumulate ? T(1) : T(0), y, out);
   if (w.bias == nullptr) return;
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, out, [&](int64_t r) {
     T* row = y + r * out;  // [out]
     for (int64_t o = 0; o < out; ++o) row[o] += w.bias[o];
   });
@@ -24,7 +24,7 @@ void linear_grad(T* dx, const LinearWeights<T>& grads, const T* dy, const T* x, 
   linear_backward(dx, grads.weight, dy, x, w.weight, rows, in, out, accumulate_dx);
   if (grads.bias == nullptr || w.bias == nullptr) return;
   // db[out] += Σ_rows dy[rows, out], each column summed by one thread in row order.
-  parallel_for(out, [&](int64_t o) {
+  parallel_for(out, rows, [&](int64_t o) {
     T sum = T(0);
     for (int64_t r = 0; r < rows; ++r) sum += dy[r * out + o];
     grads.bias[o] += sum;

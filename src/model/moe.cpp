@@ -75,7 +75,7 @@ namespace {
 // y[n, D] += sigmoid(logit[n]) · out[n, D]
 template <class T>
 void add_gated(T* y, const T* out, const T* logit, int64_t n, int64_t D) {
-  parallel_for(n, [&](int64_t t) {
+  parallel_for(n, D, [&](int64_t t) {
     const T gate = T(1) / (T(1) + std::exp(-logit[t]));
     for (int64_t c = 0; c < D; ++c) y[t * D + c] += gate * out[t * D + c];
   });
@@ -207,7 +207,7 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   T* dscores = scratch.alloc<T>(n * E);  // [n, E], zero-filled
   router_weights_backward(dscores, dweight, scores, index, n, dims.router);
   if (!balance.per_expert.empty()) {
-    parallel_for(n, [&](int64_t t) {
+    parallel_for(n, E, [&](int64_t t) {
       for (int64_t e = 0; e < E; ++e) dscores[t * E + e] += static_cast<T>(balance.per_expert[e]);
     });
   }
@@ -227,7 +227,7 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   const T* logit = saved.in<T>(Tag::shared_gate_logit);  // [n]
   T* d_out = scratch.alloc<T>(n * D);  // [n, D] dy · sigmoid(logit)
   T* d_logit = scratch.alloc<T>(n);    // [n]   Σ_c dy · out · σ'(logit)
-  parallel_for(n, [&](int64_t t) {
+  parallel_for(n, D, [&](int64_t t) {
     const T gate = T(1) / (T(1) + std::exp(-logit[t]));
     T dot = T(0);
     for (int64_t c = 0; c < D; ++c) {

@@ -18,7 +18,7 @@ constexpr int64_t kBlock = 4096;
 
 template <class Body>
 void for_blocks(int64_t count, const Body& body) {
-  parallel_for((count + kBlock - 1) / kBlock, [&](int64_t b) {
+  parallel_for((count + kBlock - 1) / kBlock, kBlock, [&](int64_t b) {
     const int64_t begin = b * kBlock;
     body(begin, std::min(kBlock, count - begin));
   });

@@ -29,6 +29,13 @@ std::vector<Block> blocks_of(const std::vector<AdamWSpan>& spans) {
   return blocks;
 }
 
+// The work per item that parallel_for weighs: the blocks' mean length (at least 1).
+int64_t mean_block_length(const std::vector<Block>& blocks) {
+  int64_t elements = 0;
+  for (const Block& b : blocks) elements += b.end - b.begin;
+  return blocks.empty() ? 1 : std::max<int64_t>(1, elements / static_cast<int64_t>(blocks.size()));
+}
+
 }  // namespace
 
 template <class T>
@@ -40,7 +47,7 @@ void adamw_step(T* p, T* m, T* v, const T* g, const std::vector<AdamWSpan>& span
   const double step_size = hyper.lr / bias1;
   const double inv_sqrt_bias2 = 1.0 / std::sqrt(bias2);
   const std::vector<Block> blocks = blocks_of(spans);
-  parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
+  parallel_for(static_cast<int64_t>(blocks.size()), mean_block_length(blocks), [&](int64_t b) {
     const Block& block = blocks[b];
     // In T, as torch.optim.AdamW computes a float32 tensor's update. Local restrict pointers and
     // constants: the stores cannot alias what the loop reads, so it vectorizes (through the lambda's
@@ -69,7 +76,7 @@ template <class T>
 double sum_of_squares(const T* g, const std::vector<AdamWSpan>& spans) {
   const std::vector<Block> blocks = blocks_of(spans);
   std::vector<double> partial(blocks.size());  // [blocks]
-  parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t b) {
+  parallel_for(static_cast<int64_t>(blocks.size()), mean_block_length(blocks), [&](int64_t b) {
     const T* __restrict gb = g + blocks[b].begin;  // [block length]
     partial[b] = lane_sum(blocks[b].end - blocks[b].begin, [&](int64_t i) {
       return static_cast<double>(gb[i]) * static_cast<double>(gb[i]);

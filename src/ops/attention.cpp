@@ -21,11 +21,11 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <thread>
 
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/turns.h"
 #include "ops/gemm.h"
 #include "ops/vector_exp.h"
 
@@ -209,7 +209,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
 
   // row_dot[batch, q_heads, q_len] = rowsum(dout ⊙ out); dq starts at zero.
   Buffer<T> row_dot(row_dot_count(sizes));
-  parallel_for(sizes.batch * sizes.q_len, [&](int64_t bt) {
+  parallel_for(sizes.batch * sizes.q_len, sizes.q_heads * geo.dv, [&](int64_t bt) {
     const int64_t b = bt / sizes.q_len, t = bt % sizes.q_len;
     for (int64_t h = 0; h < sizes.q_heads; ++h) {
       const T* o_row = out + geo.out_index(b, t, h);
@@ -226,8 +226,7 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
   // Turn counter per (batch, kv head, query tile): the number of key tiles whose dq contribution
   // has been added.
   const int64_t counters = sizes.batch * sizes.kv_heads * geo.q_tiles;
-  std::unique_ptr<std::atomic<int64_t>[]> dq_turn(new std::atomic<int64_t>[counters]);
-  for (int64_t i = 0; i < counters; ++i) dq_turn[i].store(0);
+  std::unique_ptr<Turn[]> dq_turn(new Turn[counters]);
   std::atomic<int64_t> next_item{0};
   const int64_t items = sizes.batch * sizes.kv_heads * geo.k_tiles;
 
@@ -281,14 +280,14 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         // dk_acc[cols, d] += scale · dSᵀ q_rows;  dq_part[rows, d] = scale · dS k_tile
         gemm<T>(true, false, cols, d, rows, scale, probs, kKTile, q_rows, d, T(1), dk_acc, d);
         gemm<T>(false, false, rows, d, cols, scale, probs, kKTile, k_tile, geo.k_stride, T(0), dq_part, d);
-        std::atomic<int64_t>& turn = dq_turn[(b * sizes.kv_heads + kvh) * geo.q_tiles + qt];
-        while (turn.load(std::memory_order_acquire) != kt) std::this_thread::yield();
+        Turn& turn = dq_turn[(b * sizes.kv_heads + kvh) * geo.q_tiles + qt];
+        turn.wait_for(static_cast<int32_t>(kt));
         for (int64_t r = 0; r < rows; ++r) {
           T* dq_row = dq + geo.q_index(b, t0 + r / geo.group, kvh * geo.group + r % geo.group);
           const T* part = dq_part + r * d;
           for (int64_t c = 0; c < d; ++c) dq_row[c] += part[c];
         }
-        turn.store(kt + 1, std::memory_order_release);
+        turn.pass_to(static_cast<int32_t>(kt + 1));
       }
       for (int64_t j = 0; j < cols; ++j) {
         std::memcpy(dk + geo.k_index(b, j0 + j, kvh), dk_acc + j * d, d * sizeof(T));

@@ -64,7 +64,7 @@ template <class T>
 void conv1d_silu_forward(T* y, const T* x, const T* w, const int32_t* cu_seqlens, const Conv1dSizes& s) {
   const std::vector<int64_t> start = segment_starts(cu_seqlens, s);
   const int64_t C = s.channels, W = s.width;
-  parallel_for(s.batch * s.seq_len, [&](int64_t p) {
+  parallel_for(s.batch * s.seq_len, C * W, [&](int64_t p) {
     T* out = y + p * C;  // [C]
     pre_activation(out, x, w, p, start[p], C, W);
     silu_in_place(out, C);
@@ -82,7 +82,7 @@ void conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, con
   const std::vector<int64_t> start = segment_starts(cu_seqlens, s);
   const int64_t P = s.batch * s.seq_len, C = s.channels, W = s.width;
   Buffer<T> da(P * C);  // [B · T, C] gradient wrt the pre-activation
-  parallel_for(P, [&](int64_t p) {
+  parallel_for(P, C * W, [&](int64_t p) {
     T* d = da.data() + p * C;  // [C]
     pre_activation(d, x, w, p, start[p], C, W);
     for (int64_t c0 = 0; c0 < C; c0 += kSigmoidChunk) {
@@ -95,7 +95,7 @@ void conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, con
     }
   });
   // dx[p] = Σ_j w[:, j] · da[p + W − 1 − j], over outputs of the same segment (gather: owner computes).
-  parallel_for(P, [&](int64_t p) {
+  parallel_for(P, C * W, [&](int64_t p) {
     T* out = dx + p * C;  // [C]
     for (int64_t c = 0; c < C; ++c) out[c] = T(0);
     for (int64_t j = 0; j < W; ++j) {
@@ -110,7 +110,7 @@ void conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, con
   // threads take blocks of channels and walk the tokens row by row (contiguous in c).
   const int64_t blocks = (C + kChannelBlock - 1) / kChannelBlock;
   Buffer<T> sums(blocks * W * kChannelBlock);  // [blocks, W, kChannelBlock]
-  parallel_for(blocks, [&](int64_t block) {
+  parallel_for(blocks, P * W * kChannelBlock, [&](int64_t block) {
     const int64_t c0 = block * kChannelBlock, width = std::min(kChannelBlock, C - c0);
     T* sum = sums.data() + block * W * kChannelBlock;  // [W, kChannelBlock]
     std::fill(sum, sum + W * kChannelBlock, T(0));
@@ -133,7 +133,7 @@ template <class T>
 void conv1d_silu_decode(T* y, T* history, const T* x, const T* w, int64_t n, const Conv1dSizes& s) {
   const int64_t C = s.channels, W = s.width;
   TRILLION_CHECK(n >= 1 && W >= 1, "conv1d decode of ", n, " tokens, width ", W);
-  parallel_for(s.batch, [&](int64_t b) {
+  parallel_for(s.batch, n * C * W, [&](int64_t b) {
     T* window = history + b * (W - 1) * C;  // [W − 1, C] oldest first
     for (int64_t t = 0; t < n; ++t) {
       const T* in = x + (b * n + t) * C;  // [C]

@@ -182,7 +182,7 @@ void lm_head_cross_entropy_backward(T* dh, T* dw, const T* h, const T* w, const 
               dh_partial.data() + t * tiles.row_chunk * d, d);
     });
     // dh[r0 + r, :] = Σ_t dh_partial[t][r, :], tiles in order.
-    parallel_for(chunk_rows, [&](int64_t r) {
+    parallel_for(chunk_rows, tiles.vocab_tiles * d, [&](int64_t r) {
       T* out = dh + (r0 + r) * d;  // [d]
       const T* first = dh_partial.data() + r * d;
       std::copy(first, first + d, out);
@@ -222,7 +222,7 @@ CrossEntropyResult lm_head_cross_entropy_forward_backward(T* dh, T* dw, T* lse, 
       // logits[:, v0 : v0 + tile_cols] = h_chunk · w[v0 : v0 + tile_cols, d]ᵀ
       gemm<T>(false, true, chunk_rows, tile_cols, d, T(1), h_chunk, d, w + v0 * d, d, T(0), dlogits + v0, vocab);
     });
-    parallel_for(chunk_rows, [&](int64_t r) {
+    parallel_for(chunk_rows, vocab, [&](int64_t r) {
       logits_row_to_gradient(dlogits + r * vocab, vocab, targets[r0 + r], scale, z_loss_coef, row_lse[r], row_loss[r]);
     });
     for (int64_t r = 0; r < chunk_rows; ++r) {

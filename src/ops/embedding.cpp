@@ -26,7 +26,7 @@ void embedding_forward(T* out, const T* table, const int32_t* tokens, int64_t n,
   PhaseScope scope(Phase::elementwise);
   check_tokens(tokens, n, vocab);
   // out[n, d] ← table[vocab, d] rows
-  parallel_for(n, [&](int64_t i) {
+  parallel_for(n, d, [&](int64_t i) {
     std::memcpy(out + i * d, table + static_cast<int64_t>(tokens[i]) * d, static_cast<size_t>(d) * sizeof(T));
   });
 }

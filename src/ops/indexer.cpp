@@ -40,12 +40,12 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <thread>
 #include <utility>
 
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/turns.h"
 #include "ops/gemm.h"
 #include "ops/indexer_select.h"
 #include "ops/vector_exp.h"
@@ -302,8 +302,7 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
   Buffer<int32_t> selected_workspace(buffers.ints_per_thread * num_threads());
   Buffer<double> kl_partial(items), mass_partial(items);  // [items]
   // dk turn per (batch, key block): the number of query blocks that have added their part.
-  std::unique_ptr<std::atomic<int64_t>[]> dk_turn(new std::atomic<int64_t>[s.batch * geo.k_blocks]);
-  for (int64_t i = 0; i < s.batch * geo.k_blocks; ++i) dk_turn[i].store(0);
+  std::unique_ptr<Turn[]> dk_turn(new Turn[s.batch * geo.k_blocks]);
   Buffer<int64_t> first_blocks(items);  // [batch, q_blocks]: each item's first key block
   for (int64_t item = 0; item < items; ++item) {
     const int64_t b = item / geo.q_blocks, t0 = (item % geo.q_blocks) * kQueryBlock;
@@ -414,11 +413,11 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
         gemm<T>(false, false, rows, d, cols, T(1), head_scores, kKeyBlock, k_block, d, T(1), dq_acc, d);
         gemm<T>(true, false, cols, d, rows, T(1), head_scores, kKeyBlock, q_block, d, T(0), dk_part, d);
         const int64_t my_turn = dk_turn_of(geo, first_blocks.data() + b * geo.q_blocks, qb, kb);
-        std::atomic<int64_t>& turn = dk_turn[b * geo.k_blocks + kb];
-        while (turn.load(std::memory_order_acquire) != my_turn) std::this_thread::yield();
+        Turn& turn = dk_turn[b * geo.k_blocks + kb];
+        turn.wait_for(static_cast<int32_t>(my_turn));
         T* dk_rows = dk + (b * s.kv_len + j0) * d;
         for (int64_t i = 0; i < cols * d; ++i) dk_rows[i] += dk_part[i];
-        turn.store(my_turn + 1, std::memory_order_release);
+        turn.pass_to(static_cast<int32_t>(my_turn + 1));
       }
       std::copy(dq_acc, dq_acc + queries * heads * d, dq + (b * s.q_len + t0) * heads * d);
       for (int64_t i = 0; i < queries * heads; ++i) dw[(b * s.q_len + t0) * heads + i] = static_cast<T>(dw_acc[i]);
@@ -447,7 +446,8 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
   Buffer<double> dw_workspace(buffers.doubles_per_thread * num_threads());  // [threads, heads]
   const int64_t blocks_per_batch = sparse_blocks_per_batch(geo);
   Buffer<double> kl_partial(items), mass_partial(items);  // [items]
-  std::atomic<int64_t> next_item{0}, scatter_turn{0};
+  std::atomic<int64_t> next_item{0};
+  Turn scatter_turn;
   std::atomic<bool> bad_selection{false};
   std::fill(dk, dk + s.batch * s.kv_len * d, T(0));
 
@@ -520,7 +520,7 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
         gemm<T>(true, false, n, d, heads, T(1), head_scores, topk, q_row, d, T(0), dk_rows + (t - t0) * topk * d, d);
       }
       // Scatter the block's dk rows in (query, slot) order, after every earlier item.
-      while (scatter_turn.load(std::memory_order_acquire) != item) std::this_thread::yield();
+      scatter_turn.wait_for(static_cast<int32_t>(item));
       for (int64_t t = t0; t < t1; ++t) {
         const int32_t* index_row = geo.index_row(indices, b, t);
         for (int64_t c = 0; c < counts[t - t0]; ++c) {
@@ -529,7 +529,7 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
           for (int64_t i = 0; i < d; ++i) dk_row[i] += part[i];
         }
       }
-      scatter_turn.store(item + 1, std::memory_order_release);
+      scatter_turn.pass_to(static_cast<int32_t>(item + 1));
       kl_partial[item] = kl;
       mass_partial[item] = mass;
     }

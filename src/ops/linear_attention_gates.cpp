@@ -39,7 +39,7 @@ void activation(T z, T s, GateActivation act, T& value, T& slope) {
 
 template <class T>
 void l2norm_forward(T* y, T* inv_norm, const T* x, int64_t rows, int64_t d, double eps) {
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, d, [&](int64_t r) {
     const T* in = x + r * d;  // [d]
     double sum = 0.0;
     for (int64_t i = 0; i < d; ++i) sum += double(in[i]) * double(in[i]);
@@ -52,7 +52,7 @@ void l2norm_forward(T* y, T* inv_norm, const T* x, int64_t rows, int64_t d, doub
 template <class T>
 void l2norm_backward(T* dx, const T* dy, const T* y, const T* inv_norm, int64_t rows, int64_t d) {
   // dx = inv · (dy − y (y · dy))
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, d, [&](int64_t r) {
     const T* out = y + r * d;    // [d]
     const T* grad = dy + r * d;  // [d]
     double dot = 0.0;
@@ -64,7 +64,7 @@ void l2norm_backward(T* dx, const T* dy, const T* y, const T* inv_norm, int64_t 
 template <class T>
 void decay_gate_forward(T* g, const T* a, const T* A_log, const T* dt_bias, int64_t rows, int64_t cols, int64_t group) {
   TRILLION_CHECK(group >= 1 && cols % group == 0, "decay gate: ", cols, " columns in groups of ", group);
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, cols, [&](int64_t r) {
     for (int64_t c = 0; c < cols; ++c)
       g[r * cols + c] = -std::exp(A_log[c / group]) * softplus(a[r * cols + c] + dt_bias[c]);
   });
@@ -75,18 +75,18 @@ void decay_gate_backward(T* da, T* dA_log, T* ddt_bias, const T* dg, const T* a,
                          int64_t rows, int64_t cols, int64_t group) {
   // dg/da = dg/d dt_bias = −exp(A_log) · σ(a + dt_bias) (softplus' = σ; 1 above the threshold);
   // dg/dA_log = g.
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, cols, [&](int64_t r) {
     for (int64_t c = 0; c < cols; ++c) {
       const T u = a[r * cols + c] + dt_bias[c];
       da[r * cols + c] = dg[r * cols + c] * -std::exp(A_log[c / group]) * (u > T(20) ? T(1) : sigmoid(u));
     }
   });
-  parallel_for(cols, [&](int64_t c) {
+  parallel_for(cols, rows, [&](int64_t c) {
     T bias_sum = T(0);
     for (int64_t r = 0; r < rows; ++r) bias_sum += da[r * cols + c];
     ddt_bias[c] += bias_sum;
   });
-  parallel_for(cols / group, [&](int64_t h) {
+  parallel_for(cols / group, rows * group, [&](int64_t h) {
     const T scale = -std::exp(A_log[h]);
     T sum = T(0);
     for (int64_t r = 0; r < rows; ++r)
@@ -99,7 +99,7 @@ void decay_gate_backward(T* da, T* dA_log, T* ddt_bias, const T* dg, const T* a,
 template <class T>
 void gated_rmsnorm_forward(T* y, T* rstd, const T* x, const T* z, const T* w, int64_t rows, int64_t d, double eps,
                            GateActivation act) {
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, d, [&](int64_t r) {
     const T* in = x + r * d;    // [d]
     const T* gate = z + r * d;  // [d]
     T* out = y + r * d;         // [d] σ(z), then the output
@@ -121,7 +121,7 @@ void gated_rmsnorm_backward(T* dx, T* dz, T* dw, const T* dy, const T* x, const 
                             int64_t rows, int64_t d, GateActivation act) {
   // With n = x · rstd and h = w · n: y = h · act(z); dh = dy · act(z); dz = dy · h · act'(z);
   // dx = rstd · (w dh − n · mean(n · w dh)); dw += Σ_rows dh · n.
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, d, [&](int64_t r) {
     const T inv = rstd[r];
     const T* gate = z + r * d;  // [d]
     T* value_of = dx + r * d;   // [d] σ(z), then act(z), then dx
@@ -144,7 +144,7 @@ void gated_rmsnorm_backward(T* dx, T* dz, T* dw, const T* dy, const T* x, const 
   });
   // Each column summed by one thread in row order; threads take blocks of columns and walk the rows
   // (contiguous in the column), recomputing act(z) on the block.
-  parallel_for((d + kColumnBlock - 1) / kColumnBlock, [&](int64_t block) {
+  parallel_for((d + kColumnBlock - 1) / kColumnBlock, rows * kColumnBlock, [&](int64_t block) {
     const int64_t i0 = block * kColumnBlock, width = std::min(kColumnBlock, d - i0);
     T sum[kColumnBlock] = {};  // [width]
     T sig[kColumnBlock];       // [width] σ(z) of the row's block

@@ -169,7 +169,7 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x
   });
 
   // Combine: y[t] += Σ_j weight[t, j] · expert_out[row of (t, j)], j in order, one thread per token.
-  parallel_for(plan.tokens, [&](int64_t t) {
+  parallel_for(plan.tokens, k * H, [&](int64_t t) {
     T* y_row = y + t * H;
     for (int64_t j = 0; j < k; ++j) {
       const int64_t row = plan.slot_row[t * k + j];
@@ -262,7 +262,7 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
     });
 
     // Per token: dweight[t, j] = <dy[t], expert_out[row]> (0 when dropped); dx[t] += Σ_j dx_part[row].
-    parallel_for(t1 - t0, [&](int64_t i) {
+    parallel_for(t1 - t0, 2 * k * H, [&](int64_t i) {
       const int64_t t = t0 + i;
       const T* dy_row = dy + t * H;
       T* dx_row = dx + t * H;

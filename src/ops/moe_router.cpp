@@ -63,7 +63,7 @@ double weight_denominator(const T* scores_row, const int32_t* index_row, const R
 template <class T>
 void mask_to_best_groups(T* biased, T* group_scores, int32_t* group_index, int64_t tokens, const RouterDims& d) {
   const int64_t groups = d.n_group, size = d.experts / d.n_group, kept = d.topk_group;
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, d.experts, [&](int64_t t) {
     const T* row = biased + t * d.experts;  // [E]
     for (int64_t g = 0; g < groups; ++g) {
       const T* group = row + g * size;  // [size], size ≥ 2
@@ -80,7 +80,7 @@ void mask_to_best_groups(T* biased, T* group_scores, int32_t* group_index, int64
     }
   });
   topk_rows(group_index, group_scores, tokens, groups, kept);
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, d.experts, [&](int64_t t) {
     T* row = biased + t * d.experts;                  // [E]
     const int32_t* chosen = group_index + t * kept;  // [topk_group]
     for (int64_t g = 0; g < groups; ++g) {
@@ -96,7 +96,7 @@ template <class T>
 void router_scores_forward(T* scores, const T* logits, int64_t tokens, const RouterDims& dims) {
   check_dims(dims);
   const int64_t E = dims.experts;
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, E, [&](int64_t t) {
     const T* l = logits + t * E;  // [E]
     T* s = scores + t * E;        // [E]
     if (dims.scoring == RouterScoring::sigmoid) {
@@ -115,7 +115,7 @@ template <class T>
 void router_scores_backward(T* dlogits, const T* dscores, const T* scores, int64_t tokens, const RouterDims& dims) {
   check_dims(dims);
   const int64_t E = dims.experts;
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, E, [&](int64_t t) {
     const T* s = scores + t * E;    // [E]
     const T* ds = dscores + t * E;  // [E]
     T* dl = dlogits + t * E;        // [E]
@@ -149,7 +149,7 @@ void router_select(int32_t* index, const T* scores, const T* bias, int64_t token
     return;
   }
   Buffer<T> biased(tokens * E);  // [N, E] scores + bias, then masked to the kept groups
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, E, [&](int64_t t) {
     const T* s = scores + t * E;   // [E]
     T* b = biased.data() + t * E;  // [E]
     for (int64_t e = 0; e < E; ++e) b[e] = bias != nullptr ? s[e] + bias[e] : s[e];
@@ -167,7 +167,7 @@ void router_weights_forward(T* weight, const T* scores, const int32_t* index, in
   check_dims(dims);
   check_index(index, tokens, dims);
   const int64_t E = dims.experts, k = dims.top_k;
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, E, [&](int64_t t) {
     const T* s = scores + t * E;         // [E]
     const int32_t* idx = index + t * k;  // [k]
     T* w = weight + t * k;               // [k]
@@ -182,7 +182,7 @@ void router_weights_backward(T* dscores, const T* dweight, const T* scores, cons
   check_dims(dims);
   check_index(index, tokens, dims);
   const int64_t E = dims.experts, k = dims.top_k;
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, E, [&](int64_t t) {
     const T* s = scores + t * E;         // [E]
     const int32_t* idx = index + t * k;  // [k]
     const T* dw = dweight + t * k;       // [k]
@@ -214,7 +214,7 @@ void expert_load(int64_t* counts, double* prob_sums, const T* scores, const int3
   for (int64_t i = 0; i < tokens * dims.top_k; ++i) ++counts[index[i]];
   const int64_t blocks = (tokens + kTokenBlock - 1) / kTokenBlock;
   Buffer<double> partial(blocks * E);  // [blocks, E] per-block Σ_t scores[t, e]
-  parallel_for(blocks, [&](int64_t b) {
+  parallel_for(blocks, kTokenBlock * E, [&](int64_t b) {
     double* p = partial.data() + b * E;  // [E]
     const int64_t end = std::min(tokens, (b + 1) * kTokenBlock);
     for (int64_t t = b * kTokenBlock; t < end; ++t)
@@ -234,7 +234,7 @@ double router_z_loss(T* dlogits, const T* logits, int64_t tokens, int64_t expert
   Buffer<double> lse(tokens);  // [N] logsumexp of each row
   // d/dl_e (mean_t lse_t²) = 2 · lse_t · softmax(l_t)_e / N.
   const double grad_factor = scale * 2.0 / static_cast<double>(tokens);
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, experts, [&](int64_t t) {
     const T* l = logits + t * experts;  // [E]
     const double m = *std::max_element(l, l + experts);
     double sum = 0.0;
@@ -265,7 +265,7 @@ double sequence_aux_loss(T* dscores, const T* scores, const int32_t* index, int6
   // f[B, E]: f_i = E / (k · seq) · (assignments of expert i in the sequence).
   Buffer<double> f(batch * E);
   const double f_unit = static_cast<double>(E) / static_cast<double>(k * seq);
-  parallel_for(batch, [&](int64_t b) {
+  parallel_for(batch, seq * k, [&](int64_t b) {
     double* fb = f.data() + b * E;                  // [E]
     const int32_t* idx = index + b * seq * k;       // [seq, k]
     for (int64_t i = 0; i < seq * k; ++i) fb[idx[i]] += f_unit;
@@ -273,7 +273,7 @@ double sequence_aux_loss(T* dscores, const T* scores, const int32_t* index, int6
   // term[N]: Σ_i f_i · p_{t,i} with p_t = s_t / Σ_j s_{t,j}; loss_b = mean over the sequence's t.
   Buffer<double> term(tokens);
   const double grad_factor = scale / static_cast<double>(batch * seq);
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, E, [&](int64_t t) {
     const T* s = scores + t * E;                 // [E]
     const double* fb = f.data() + (t / seq) * E;  // [E]
     double sum = 0.0, dot = 0.0;

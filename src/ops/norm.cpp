@@ -26,7 +26,7 @@ void rmsnorm_forward(T* y, T* rstd, const T* x, const T* w, int64_t rows, int64_
   PhaseScope scope(Phase::elementwise);
   TRILLION_CHECK(d > 0 && rows >= 0, "rmsnorm sizes rows=", rows, " d=", d);
   const T weight_offset = zero_centred ? T(1) : T(0);
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, d, [&](int64_t r) {
     const T* xr = x + r * d;  // [d]
     T* yr = y + r * d;        // [d]
     const double sum_sq = lane_sum(d, [&](int64_t j) { return static_cast<double>(xr[j]) * xr[j]; });
@@ -53,7 +53,7 @@ void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   // Per-block partial weight gradients, [blocks, d], in double.
   Buffer<double> dw_partial(dw != nullptr ? blocks * d : 0);
-  parallel_for(blocks, [&](int64_t b) {
+  parallel_for(blocks, kRowBlock * d, [&](int64_t b) {
     const int64_t row_end = std::min(rows, (b + 1) * kRowBlock);
     double* dw_block = dw != nullptr ? dw_partial.data() + b * d : nullptr;  // [d]
     for (int64_t r = b * kRowBlock; r < row_end; ++r) {
@@ -78,7 +78,7 @@ void rmsnorm_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, const T
   });
   if (dw == nullptr) return;
   // dw[d] += Σ_blocks dw_partial[b, :], blocks in order.
-  parallel_for(d, [&](int64_t j) {
+  parallel_for(d, blocks, [&](int64_t j) {
     double sum = 0.0;
     for (int64_t b = 0; b < blocks; ++b) sum += dw_partial[b * d + j];
     dw[j] += static_cast<T>(sum);
@@ -90,7 +90,7 @@ void layer_norm_forward(T* y, T* mean, T* rstd, const T* x, const T* w, const T*
                         double eps) {
   PhaseScope scope(Phase::elementwise);
   TRILLION_CHECK(d > 0 && rows >= 0, "layer_norm sizes rows=", rows, " d=", d);
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, d, [&](int64_t r) {
     const T* xr = x + r * d;  // [d]
     T* yr = y + r * d;        // [d]
     double sum = 0.0;
@@ -113,7 +113,7 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
   const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
   // Per-block partial weight and bias gradients, [blocks, d] each, in double.
   Buffer<double> dw_partial(dw != nullptr ? blocks * d : 0), db_partial(db != nullptr ? blocks * d : 0);
-  parallel_for(blocks, [&](int64_t blk) {
+  parallel_for(blocks, kRowBlock * d, [&](int64_t blk) {
     const int64_t row_end = std::min(rows, (blk + 1) * kRowBlock);
     double* dw_block = dw != nullptr ? dw_partial.data() + blk * d : nullptr;  // [d]
     double* db_block = db != nullptr ? db_partial.data() + blk * d : nullptr;  // [d]
@@ -141,7 +141,7 @@ void layer_norm_backward(T* dx, T* dw, T* db, const T* dy, const T* x, const T* 
     }
   });
   // dw[d] += Σ_blocks dw_partial[blk, :] and db likewise, blocks in order.
-  parallel_for(d, [&](int64_t j) {
+  parallel_for(d, 2 * blocks, [&](int64_t j) {
     double dw_sum = 0.0, db_sum = 0.0;
     for (int64_t blk = 0; blk < blocks; ++blk) {
       if (dw != nullptr) dw_sum += dw_partial[blk * d + j];

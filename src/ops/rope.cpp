@@ -37,7 +37,7 @@ void rotate(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64
   // Angles, cosines and sines in double, rounded to T once.
   Buffer<T> cos_table(rows * half);  // [rows, half]
   Buffer<T> sin_table(rows * half);  // [rows, half], sign of `direction` folded in
-  parallel_for(rows, [&](int64_t row) {
+  parallel_for(rows, 16 * half, [&](int64_t row) {  // cos and sin: ~8 element operations each
     T* cos_theta = cos_table.data() + row * half;  // [half]
     T* sin_theta = sin_table.data() + row * half;  // [half]
     const double position = by_position ? static_cast<double>(row) : static_cast<double>(positions[row]);
@@ -49,7 +49,7 @@ void rotate(T* x, const int32_t* positions, int64_t tokens, int64_t heads, int64
   });
   // Pair i is (span[i · a_step], span[i · a_step + b_gap]).
   const int64_t a_step = rope.interleaved ? 2 : 1, b_gap = rope.interleaved ? 1 : half;
-  parallel_for(tokens, [&](int64_t t) {
+  parallel_for(tokens, heads * half, [&](int64_t t) {
     const T* cos_theta = cos_table.data() + row_of(t) * half;  // [half]
     const T* sin_theta = sin_table.data() + row_of(t) * half;  // [half]
     for (int64_t h = 0; h < heads; ++h) {

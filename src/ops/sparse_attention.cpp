@@ -121,7 +121,7 @@ Buffer<int32_t> selected_counts(const int32_t* indices, const Geometry& geo) {
   const int64_t rows = counts_count(s);
   Buffer<int32_t> counts(rows);                           // [batch, q_len]
   Buffer<uint8_t> marks(marks_count(s, num_threads()));  // [threads, kv_len]
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, s.topk, [&](int64_t r) {
     int64_t unused_column = 0;
     const int64_t b = r / s.q_len, t = r % s.q_len;
     counts[r] = scan_row(indices + r * s.topk, s.topk, geo.visible_begin(b, t), geo.visible_end(t),
@@ -182,7 +182,8 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
   Buffer<T> workspace(per_thread * num_threads());
   const T scale = T(sizes.scale);
 
-  parallel_for_dynamic(sizes.batch * sizes.q_len, [&](int64_t row) {
+  const int64_t row_work = sizes.topk * sizes.q_heads * (qk_dim + v_dim);  // a full row's multiply-adds
+  parallel_for_dynamic(sizes.batch * sizes.q_len, row_work, [&](int64_t row) {
     const int64_t b = row / sizes.q_len, t = row % sizes.q_len;
     const int32_t* selected = indices + row * sizes.topk;  // [count] key positions
     const int64_t count = counts[row];

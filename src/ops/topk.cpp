@@ -80,7 +80,7 @@ void topk_rows(int32_t* indices, const T* scores, int64_t rows, int64_t n, int64
   const bool use_insertion = k <= kInsertionMaxK;
   // Per-thread position scratch, [threads, n], for the selection kernel only.
   Buffer<int32_t> scratch(use_insertion ? 0 : static_cast<int64_t>(num_threads()) * n);
-  parallel_for(rows, [&](int64_t r) {
+  parallel_for(rows, n, [&](int64_t r) {
     const T* row = scores + r * n;  // [n]
     int32_t* out = indices + r * k;  // [k]
     if (use_insertion) {

@@ -156,7 +156,7 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
   const ReceivedRows received = received_rows(rows.source, rows.received, C, ep, local);
   const int64_t own_rows = plan.rows();
   Buffer<T> outgoing(own_rows * H);  // [rows, H] each row carries its token's input
-  parallel_for(own_rows, [&](int64_t i) {
+  parallel_for(own_rows, H, [&](int64_t i) {
     const T* in = x + (plan.row_slot[own.row[i]] / k) * H;
     std::copy(in, in + H, outgoing.data() + i * H);
   });
@@ -188,7 +188,7 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
   pipeline(C, start, compute, [&](ProcessGroup::Pending& p) { finish_timed(p); });
 
   // y[t] += Σ_j weight[t, j] · out(t, j), j in order.
-  parallel_for(N, [&](int64_t t) {
+  parallel_for(N, k * H, [&](int64_t t) {
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = plan.slot_row[t * k + j];
       if (r < 0) continue;  // dropped by the capacity
@@ -212,7 +212,7 @@ void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, con
 
   // The combine's backward: dweight here, the weighted output gradients of the own rows.
   Buffer<T> d_rows(own_rows * H);  // [rows, H]
-  parallel_for(N, [&](int64_t t) {
+  parallel_for(N, k * H, [&](int64_t t) {
     for (int64_t j = 0; j < k; ++j) {
       const int64_t slot = t * k + j;
       const int32_t r = plan.slot_row[slot];
@@ -258,7 +258,7 @@ void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, con
   pipeline(C, start, compute, [&](ProcessGroup::Pending& p) { finish_timed(p); });
 
   // dx[t] += the input gradients of its rows, j in order.
-  parallel_for(N, [&](int64_t t) {
+  parallel_for(N, k * H, [&](int64_t t) {
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = plan.slot_row[t * k + j];
       if (r < 0) continue;
