@@ -1,7 +1,7 @@
 // OpenMP's idle threads sleep at once rather than spin. libgomp's default spins about 300,000
 // times at every fork and barrier; a spinning thread that shares a core with a busy process takes
-// time from the thread doing the work. A whole-model gradient check ran 5–20× slower with one core
-// taken, and 1.3–1.6× with sleeping threads (docs/architecture.md, "Parallel regions").
+// time from the thread doing the work. A whole-model gradient check ran 5–7× slower with one core
+// taken, and 1.2–1.6× with sleeping threads (docs/architecture.md, "Parallel regions").
 //
 // libgomp reads OMP_WAIT_POLICY once, when it is loaded, before main: it offers no call to change
 // the policy, and a value set from the executable's .preinit_array is not taken up either. So the

@@ -83,12 +83,15 @@ void parallel_for(int64_t n, const Body& body) {
 
 // The same for items of about `work_per_item` elements (or multiply-adds) each: on the calling
 // thread when the whole loop's work is under kMinParallelWork or there is one item.
+// Whether n items of about work_per_item each pay for a region's fork and join.
+inline bool worth_a_region(int64_t n, int64_t work_per_item) {
+  return n > 1 && n * work_per_item >= kMinParallelWork;
+}
+
 template <class Body>
 void parallel_for(int64_t n, int64_t work_per_item, const Body& body) {
-  if (n * work_per_item < kMinParallelWork || n == 1)
-    for (int64_t i = 0; i < n; ++i) body(i);
-  else
-    parallel_for(n, body);
+  if (worth_a_region(n, work_per_item)) return parallel_for(n, body);
+  for (int64_t i = 0; i < n; ++i) body(i);
 }
 
 // Like parallel_for, for uneven items (dynamic schedule; each item's result is still independent).
@@ -103,10 +106,8 @@ void parallel_for_dynamic(int64_t n, const Body& body) {
 // The same with a work estimate per item, as parallel_for(n, work_per_item, body).
 template <class Body>
 void parallel_for_dynamic(int64_t n, int64_t work_per_item, const Body& body) {
-  if (n * work_per_item < kMinParallelWork || n == 1)
-    for (int64_t i = 0; i < n; ++i) body(i);
-  else
-    parallel_for_dynamic(n, body);
+  if (worth_a_region(n, work_per_item)) return parallel_for_dynamic(n, body);
+  for (int64_t i = 0; i < n; ++i) body(i);
 }
 
 // Sum of f(i) for i in [0, n), in double, with a reduction order that is fixed by n alone:

@@ -2,7 +2,8 @@
 // CE over the non-ignored tokens of a random batch + the router losses) against central finite
 // differences, per tensor. The perturbed passes replay the routing of the unperturbed one (the
 // model's DecisionLog), so a difference never flips a decision. Buffers (no gradient) are skipped.
-// Options are validated: batch, seq-len ≥ 1, directions ≥ 1, max_full_elements ≥ 0, step > 0 finite.
+// Options are validated: batch, seq-len ≥ 1, directions ≥ 1, max_full_elements ≥ 0, step and
+// tolerance > 0 finite.
 //   - every element of every tensor when the model has at most `max_full_elements` parameters;
 //   - otherwise `directions` random directions per tensor (directional derivatives).
 // The finite difference is the fourth-order central stencil
@@ -20,18 +21,22 @@
 //     the stencil's points, the slopes' second differences over [θ−2h, θ+h] and [θ−h, θ+2h]
 //       T− = (L(θ+h) − 3 L(θ) + 3 L(θ−h) − L(θ−2h)) / h,   T+ = (L(θ+2h) − 3 L(θ+h) + 3 L(θ) − L(θ−h)) / h
 //     are h²·L‴ on a smooth loss, while a slope jump anywhere in (θ−2h, θ+2h) moves n by at most half
-//     of K = max(|T−|, |T+|) (the worst case is a kink next to θ). An element whose excess is over
-//     tolerance · (the tensor's max |n|) is skipped, and counted, when such a kink could account for
-//     it: K/2 + 4·floor ≥ excess (K's own rounding is 16/3 floors). A wrong gradient at a smooth
-//     element still fails. The one-sided differences would not do: they agree for a kink at 2h/3.
+//     of K = max(|T−|, |T+|) (the worst case is a kink next to θ). When an element's excess is over
+//     tolerance · (the tensor's max |n|) and such a kink could account for it (K/2 + 4·floor ≥ excess;
+//     K's own rounding is 16/3 floors), its difference is taken again at h/2, up to 3 times: a
+//     smooth loss's K falls 4× per halving and a kink leaves the span unless it lies within 2h/8 of
+//     θ, while a wrong gradient's error stays. An element a kink still explains at h/8 is skipped
+//     and counted. The one-sided differences would not do: they agree for a kink at 2h/3.
 //   - Vacuous checks still fail: a tensor none of whose compared elements has |n| above its floor
-//     (a zero numeric gradient, or every element skipped) gets rel_err = +∞.
+//     (a zero numeric gradient, or every element skipped) gets rel_err = +∞. A non-finite analytic or
+//     numeric value gets rel_err = NaN, which fails too.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/config.h"
@@ -60,11 +65,13 @@ struct GradientCheckOptions {
 struct TensorCheck {
   std::string name;
   int64_t checked = 0;      // elements or directions compared
-  int64_t skipped = 0;      // elements or directions whose step crossed a kink
+  int64_t refined = 0;      // elements or directions whose step was halved for a suspected kink
+  int64_t skipped = 0;      // of those, the ones a kink still explained at the smallest step
   double max_abs_err = 0.0;  // max |analytic − numeric| over the compared ones
-  double max_ref = 0.0;      // max |numeric| over the compared ones
+  double max_ref = 0.0;      // max |numeric| over every element or direction, skipped ones included
   double noise_floor = 0.0;  // the largest rounding floor among them (0 when not from finite differences)
-  double rel_err = 0.0;      // max excess over its floor / max_ref; +∞ when no |numeric| rose above its floor
+  double rel_err = 0.0;      // max excess over its floor / max_ref; +∞ when no |numeric| rose above
+                             // its floor, NaN when a value is not finite
   bool vacuous() const { return std::isinf(rel_err); }
 };
 
@@ -73,6 +80,7 @@ struct GradientCheckReport {
   double max_rel_err = 0.0;
   std::string worst_tensor;
   int64_t checked = 0;  // all elements or directions compared
+  int64_t refined = 0;  // all whose step was halved for a suspected kink
   int64_t skipped = 0;  // all skipped at kinks
   bool full = true;     // every element (false: random directions)
   // Every tensor within tolerance and none vacuous.
@@ -96,6 +104,28 @@ struct FiniteDifference {
   double kink_measure;  // K = max(|T−|, |T+|)
 };
 FiniteDifference finite_difference(const std::function<double(double)>& f, double loss0, double h);
+
+// One tensor's comparison: add() each element's (or direction's) analytic value, first step and
+// differences; finish() compares them against the tensor's scale. An element fails when its error
+// beyond its floor exceeds tolerance · (the tensor's max |n|); when a kink could account for that
+// excess, redo(sample, h) takes its differences again at half the step, up to 3 times, and an
+// element a kink still explains then is skipped. A non-finite value fails the tensor (rel_err NaN).
+class TensorComparison {
+ public:
+  using Redo = std::function<FiniteDifference(int64_t sample, double h)>;
+  explicit TensorComparison(std::string name) { check_.name = std::move(name); }
+  void add(double analytic, double h, const FiniteDifference& d);
+  TensorCheck finish(double tolerance, const Redo& redo);
+
+ private:
+  struct Sample {
+    double analytic;
+    double h;  // the first step
+    FiniteDifference difference;
+  };
+  std::vector<Sample> samples_;
+  TensorCheck check_;
+};
 
 // check_model_gradients in its two halves, so that a test can hand the second a gradient of its own.
 // The first seeds the weights, sets the indexer's training, leaves the analytic gradient of the
