@@ -1,10 +1,9 @@
 // `trillion gradcheck`: the whole model in double against central finite differences
 // (model/gradient_check.h). Prints one line per tensor, then as its last line a JSON object
 // {"max_rel_err", "worst_tensor", "checked", "refined_at_kinks", "skipped_at_kinks", "tolerance"};
-// exits 0 only when
-// something was checked, every tensor has a numeric gradient above its noise floor and every tensor
-// is within tolerance beyond that floor (elements whose step still crosses a kink at an eighth of it
-// are counted, not compared). Under mpirun it first
+// exits 0 only when something was checked, every tensor has a numeric gradient above its noise
+// floor and every tensor is within tolerance beyond that floor (elements whose step still crosses
+// a kink at an eighth of it are counted, not compared). Under mpirun it first
 // checks the distributed step's gradient (FSDP, --ep) against one process's on the same batch
 // (parallel/distributed_gradient_check.h; every rank takes part, rank 0 reports and then runs the
 // finite differences); the JSON line adds "distributed_max_rel_err" and its tolerance.
@@ -97,8 +96,8 @@ void register_gradcheck(CLI::App& app) {
   cmd->add_option("--batch", args->options.batch, "Sequences")->capture_default_str();
   cmd->add_option("--seed", args->options.seed, "Seed of weights, tokens and directions")->capture_default_str();
   cmd->add_option("--tolerance", args->options.tolerance,
-                  "Largest relative error per tensor beyond the differences' noise floor; also how far the "
-                  "one-sided differences may disagree before an element counts as crossing a kink")->capture_default_str();
+                  "Largest relative error per tensor beyond the differences' noise floor")
+      ->capture_default_str();
   cmd->add_option("--directions", args->options.directions,
                   "Random directions per tensor when the model is too large to check every element")
       ->capture_default_str();

@@ -81,13 +81,13 @@ void parallel_for(int64_t n, const Body& body) {
   });
 }
 
-// The same for items of about `work_per_item` elements (or multiply-adds) each: on the calling
-// thread when the whole loop's work is under kMinParallelWork or there is one item.
 // Whether n items of about work_per_item each pay for a region's fork and join.
 inline bool worth_a_region(int64_t n, int64_t work_per_item) {
   return n > 1 && n * work_per_item >= kMinParallelWork;
 }
 
+// The same for items of about `work_per_item` elements (or multiply-adds) each: on the calling
+// thread when the whole loop's work is under kMinParallelWork or there is one item.
 template <class Body>
 void parallel_for(int64_t n, int64_t work_per_item, const Body& body) {
   if (worth_a_region(n, work_per_item)) return parallel_for(n, body);

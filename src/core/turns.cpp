@@ -22,7 +22,8 @@ int* futex_word(std::atomic<int32_t>& word) { return reinterpret_cast<int*>(&wor
 
 }  // namespace
 
-void Turn::wait_for(int32_t turn) {
+void Turn::wait_for(int64_t turn_number) {
+  const int32_t turn = static_cast<int32_t>(turn_number);
   for (int spin = 0; spin < kSpinPauses; ++spin) {
     if (turn_.load(std::memory_order_acquire) == turn) return;
     _mm_pause();
@@ -35,8 +36,8 @@ void Turn::wait_for(int32_t turn) {
   sleepers_.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void Turn::pass_to(int32_t next) {
-  turn_.store(next, std::memory_order_seq_cst);
+void Turn::pass_to(int64_t next) {
+  turn_.store(static_cast<int32_t>(next), std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0)
     syscall(SYS_futex, futex_word(turn_), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
 }

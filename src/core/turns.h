@@ -17,10 +17,11 @@ namespace trillion {
 
 class Turn {
  public:
-  // Returns once the turn is `turn` (turns start at 0).
-  void wait_for(int32_t turn);
+  // Returns once the turn is `turn` (turns start at 0). The futex word holds a turn's low 32 bits:
+  // only equality is compared, and a loop's turns lie far less than 2³² apart.
+  void wait_for(int64_t turn);
   // Makes the turn `next` and wakes whoever waits for it.
-  void pass_to(int32_t next);
+  void pass_to(int64_t next);
 
  private:
   std::atomic<int32_t> turn_{0};

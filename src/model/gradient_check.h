@@ -53,7 +53,7 @@ struct GradientCheckOptions {
   int64_t max_full_elements = 20000;
   int64_t directions = 4;
   double step = 1e-4;
-  // The relative error a tensor may have; also the kink test's relative disagreement.
+  // The relative error a tensor may have beyond the differences' noise floor.
   double tolerance = 1e-6;
   // Sparse attention layers: the mode and the indexer loss of the checked objective. The indexer's
   // inputs are detached, so its tensors are checked against the full objective and every other

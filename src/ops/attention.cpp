@@ -281,13 +281,13 @@ void attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
         gemm<T>(true, false, cols, d, rows, scale, probs, kKTile, q_rows, d, T(1), dk_acc, d);
         gemm<T>(false, false, rows, d, cols, scale, probs, kKTile, k_tile, geo.k_stride, T(0), dq_part, d);
         Turn& turn = dq_turn[(b * sizes.kv_heads + kvh) * geo.q_tiles + qt];
-        turn.wait_for(static_cast<int32_t>(kt));
+        turn.wait_for(kt);
         for (int64_t r = 0; r < rows; ++r) {
           T* dq_row = dq + geo.q_index(b, t0 + r / geo.group, kvh * geo.group + r % geo.group);
           const T* part = dq_part + r * d;
           for (int64_t c = 0; c < d; ++c) dq_row[c] += part[c];
         }
-        turn.pass_to(static_cast<int32_t>(kt + 1));
+        turn.pass_to(kt + 1);
       }
       for (int64_t j = 0; j < cols; ++j) {
         std::memcpy(dk + geo.k_index(b, j0 + j, kvh), dk_acc + j * d, d * sizeof(T));

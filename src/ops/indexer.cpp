@@ -414,10 +414,10 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
         gemm<T>(true, false, cols, d, rows, T(1), head_scores, kKeyBlock, q_block, d, T(0), dk_part, d);
         const int64_t my_turn = dk_turn_of(geo, first_blocks.data() + b * geo.q_blocks, qb, kb);
         Turn& turn = dk_turn[b * geo.k_blocks + kb];
-        turn.wait_for(static_cast<int32_t>(my_turn));
+        turn.wait_for(my_turn);
         T* dk_rows = dk + (b * s.kv_len + j0) * d;
         for (int64_t i = 0; i < cols * d; ++i) dk_rows[i] += dk_part[i];
-        turn.pass_to(static_cast<int32_t>(my_turn + 1));
+        turn.pass_to(my_turn + 1);
       }
       std::copy(dq_acc, dq_acc + queries * heads * d, dq + (b * s.q_len + t0) * heads * d);
       for (int64_t i = 0; i < queries * heads; ++i) dw[(b * s.q_len + t0) * heads + i] = static_cast<T>(dw_acc[i]);
@@ -520,7 +520,7 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
         gemm<T>(true, false, n, d, heads, T(1), head_scores, topk, q_row, d, T(0), dk_rows + (t - t0) * topk * d, d);
       }
       // Scatter the block's dk rows in (query, slot) order, after every earlier item.
-      scatter_turn.wait_for(static_cast<int32_t>(item));
+      scatter_turn.wait_for(item);
       for (int64_t t = t0; t < t1; ++t) {
         const int32_t* index_row = geo.index_row(indices, b, t);
         for (int64_t c = 0; c < counts[t - t0]; ++c) {
@@ -529,7 +529,7 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
           for (int64_t i = 0; i < d; ++i) dk_row[i] += part[i];
         }
       }
-      scatter_turn.pass_to(static_cast<int32_t>(item + 1));
+      scatter_turn.pass_to(item + 1);
       kl_partial[item] = kl;
       mass_partial[item] = mass;
     }

@@ -53,10 +53,10 @@ TEST(Turn, OrdersTheStepsOfADynamicLoopEvenWhenWaitersSleep) {
     Turn turn;
     std::vector<int64_t> order;
     parallel_for_dynamic(items, [&](int64_t item) {
-      turn.wait_for(static_cast<int32_t>(item));
+      turn.wait_for(item);
       if (item == 3) std::this_thread::sleep_for(std::chrono::milliseconds(30));
       order.push_back(item);
-      turn.pass_to(static_cast<int32_t>(item + 1));
+      turn.pass_to(item + 1);
     });
     ASSERT_EQ(static_cast<int64_t>(order.size()), items);
     for (int64_t i = 0; i < items; ++i) EXPECT_EQ(order[i], i);
