@@ -14,6 +14,7 @@
 #include "core/rng.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "ops/gemm.h"
 #include "ops/vector_exp.h"
 #include "train/optimizer.h"
 
@@ -23,6 +24,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o) {
   if (o.batch < 1 || o.seq_len < 1) fail("bench step: --batch and --seq-len must be ≥ 1");
   if (o.steps < 1 || o.warmup < 0) fail("bench step: --steps must be ≥ 1 and --warmup ≥ 0");
   if (o.gemm_size < 1) fail("bench step: --gemm-size must be ≥ 1");
+  const MatmulPrecisionScope precision(matmul_precision_from_name(o.precision, "bench step: --precision"));
   const ModelConfig config = ModelConfig::load(o.config);
   const int64_t n = o.batch * o.seq_len, V = config.vocab_size;
   Model<float> model(config);
@@ -95,6 +97,7 @@ nlohmann::json run_step_bench(const StepBenchOptions& o) {
           {"seq_len", o.seq_len},
           {"threads", num_threads()},
           {"vector_isa", vector_isa_name(vector_isa())},
+          {"precision", o.precision},
           {"steps", o.steps},
           {"warmup", o.warmup},
           {"step_s", timing.median_s},

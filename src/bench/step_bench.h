@@ -5,7 +5,8 @@
 // Model::training_flops_per_token: 6 · active parameters per token plus attention's 12 · (seq / 2)
 // · Hq · head_dim per layer, the LM head counted) × tokens/s over the sgemm rate measured in the
 // same process, one sgemm run after each timed step (median), so the ceiling sees the steps' load
-// on a shared machine; and the phase clock's breakdown (core/phase_clock.h): per phase (gemm, attention,
+// on a shared machine (under --precision bf16 the same float product with bf16 operands, the rate
+// at that precision); and the phase clock's breakdown (core/phase_clock.h): per phase (gemm, attention,
 // moe, elementwise, loss, optimizer, other) and idle, the team's thread-seconds per step divided by
 // the thread count, so they add up to the step's wall time (`coverage`: their sum over the step
 // time measured around it).
@@ -26,6 +27,7 @@ struct StepBenchOptions {
   int warmup = 2;           // untimed steps first
   uint64_t seed = 1;        // weights and tokens
   int64_t gemm_size = 2048; // size of the sgemm that sets the MFU ceiling
+  std::string precision = "fp32";  // the products' operands (ops/gemm.h MatmulPrecision), ceiling included
 };
 
 // Runs the benchmark and returns its summary (one JSON object).

@@ -59,7 +59,8 @@ void print_measurement(const nlohmann::json& j) {
 }
 
 // Each float backend's sgemm at size³ (or m × n × k); the summary's top-level rate is the backend in
-// use's (--gemm), every backend's is under "backends".
+// use's (--gemm), every backend's is under "backends"; then bf16 operands with float accumulation,
+// stored in bf16 ("bf16") and rounded by each product ("bf16_rounding").
 void run_gemm(bool json, int64_t size, const std::vector<int64_t>& shape) {
   if (size < 1) fail("bench gemm: --size must be ≥ 1, got ", size);
   if (!shape.empty() && (shape.size() != 3 || *std::min_element(shape.begin(), shape.end()) < 1))
@@ -88,10 +89,35 @@ void run_gemm(bool json, int64_t size, const std::vector<int64_t>& shape) {
                   result.at("max_rel_err").get<double>());
   }
   set_gemm_backend(in_use);
+  // bf16 operands: stored in bf16 (gemm_bf16), and float operands rounded by each product (the
+  // engine's products under --precision bf16), on the backend in use.
+  const auto bf16_row = [&](const char* name, const char* what, bool stored_bf16) {
+    const TimingResult timing = stored_bf16 ? time_median([&] { gemm.run_bf16(); }, 2, 10) : [&] {
+      const MatmulPrecisionScope bf16_operands(MatmulPrecision::bf16);
+      return time_median([&] { gemm.run(); }, 2, 10);
+    }();
+    summary[name] = {{"gflops", gemm.flops() / timing.median_s * 1e-9}, {"median_s", timing.median_s},
+                     {"min_s", timing.min_s}, {"runs", timing.runs},
+                     {"max_rel_err", gemm.sampled_rel_err(/*bf16_operands=*/true)}};
+    if (!json)
+      std::printf("%s: %.1f GFLOP/s (median %.4f s, min %.4f s, %d runs), max rel err %.1e against its rounded "
+                  "operands\n",
+                  what, summary[name].at("gflops").get<double>(), timing.median_s, timing.min_s, timing.runs,
+                  summary[name].at("max_rel_err").get<double>());
+  };
+  summary["bf16_native"] = bf16_matmul_is_native();
+  if (!json)
+    std::printf("bf16 operands, float accumulation (%s):\n",
+                bf16_matmul_is_native() ? "oneDNN's bf16 matmul" : "no bf16 kernel on this CPU: widened to float");
+  bf16_row("bf16", "  stored bf16        ", true);
+  bf16_row("bf16_rounding", "  rounded per product", false);
   const nlohmann::json& rates = summary.at("backends");
   summary["onednn_over_openblas"] = rates.at("onednn").at("gflops").get<double>() / rates.at("openblas").at("gflops").get<double>();
+  summary["bf16_over_fp32"] = summary.at("bf16").at("gflops").get<double>() / summary.at("gflops").get<double>();
   if (json) print_json(summary);
-  else std::printf("onednn / openblas: %.2f\n", summary.at("onednn_over_openblas").get<double>());
+  else
+    std::printf("onednn / openblas: %.2f, bf16 / fp32 (%s): %.2f\n", summary.at("onednn_over_openblas").get<double>(),
+                gemm_backend_name(in_use), summary.at("bf16_over_fp32").get<double>());
 }
 
 void run_attention(bool json, const AttentionBenchOptions& options) {
@@ -254,11 +280,12 @@ void run_step(bool json, const StepBenchOptions& options) {
     print_json(summary);
     return;
   }
-  std::printf("step %s, batch %lld x %lld, %d threads (%s): median %.4f s (min %.4f s, %d steps), %.0f tokens/s\n"
-              "  MFU %.3f of the sgemm rate (%.1f GFLOP/s at %lld³)\n  per step:",
+  std::printf("step %s, batch %lld x %lld, %d threads (%s, %s operands): median %.4f s (min %.4f s, %d steps), "
+              "%.0f tokens/s\n  MFU %.3f of the sgemm rate (%.1f GFLOP/s at %lld³)\n  per step:",
               summary.at("config").get<std::string>().c_str(), summary.at("batch").get<long long>(),
               summary.at("seq_len").get<long long>(), summary.at("threads").get<int>(),
-              summary.at("vector_isa").get<std::string>().c_str(), summary.at("step_s").get<double>(),
+              summary.at("vector_isa").get<std::string>().c_str(),
+              summary.at("precision").get<std::string>().c_str(), summary.at("step_s").get<double>(),
               summary.at("min_step_s").get<double>(), summary.at("steps").get<int>(),
               summary.at("tokens_per_s").get<double>(), summary.at("mfu").get<double>(),
               summary.at("sgemm_gflops").get<double>(), summary.at("ceiling_gemm_size").get<long long>());
@@ -445,6 +472,9 @@ void add_step_bench(CLI::App* bench) {
   step->add_option("--warmup", st->warmup, "Untimed steps first")->capture_default_str();
   step->add_option("--seed", st->seed, "Seed of the weights and tokens")->capture_default_str();
   step->add_option("--gemm-size", st->gemm_size, "Size of the sgemm that sets the MFU ceiling")->capture_default_str();
+  step->add_option("--precision", st->precision, "Operands of the products: fp32 or bf16 (float accumulation)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   step->callback([step_json, st] { run_step(*step_json, *st); });
 }
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 
 #include <nlohmann/json.hpp>
 
@@ -29,6 +30,7 @@ struct EvalOptions {
   int64_t batch = 8;
   int64_t max_batches = 0;  // 0: every window
   std::string indexer_mode;  // "dense" | "warmup" | "sparse"; empty: the checkpoint's (sparse without state)
+  std::string precision;     // "fp32" | "bf16"; empty: the checkpoint's (fp32 without state)
 };
 
 template <class T>
@@ -46,8 +48,9 @@ void run_eval(EvalOptions o) {
   const DataDir data = open_data_dir(o.data_dir, config.vocab_size);
   std::string dtype = "float32";
   const fs::path state_path = fs::path(weights_dir) / "trainer_state.json";
+  std::optional<TrainerState> saved;
   if (fs::exists(state_path)) {
-    const TrainerState state = TrainerState::load(state_path.string());
+    const TrainerState& state = saved.emplace(TrainerState::load(state_path.string()));
     if (state.tokenizer_hash != data.val.tokenizer_hash) {
       fail(state_path.string(), ": field 'tokenizer_hash' does not match the tokenizer of ", data.val.path,
            "; the checkpoint was trained with a different tokenizer");
@@ -58,6 +61,8 @@ void run_eval(EvalOptions o) {
   }
   if (o.seq_len == 0) o.seq_len = 256;
   if (o.indexer_mode.empty()) o.indexer_mode = "sparse";
+  const MatmulPrecision precision = checkpoint_matmul_precision(o.precision, saved ? &saved->settings : nullptr);
+  set_matmul_precision(precision);
   if (o.seq_len < 1 || o.seq_len > config.max_position_embeddings) {
     fail("--seq-len must be in [1, max_position_embeddings=", config.max_position_embeddings, "], got ", o.seq_len);
   }
@@ -90,6 +95,7 @@ void run_eval(EvalOptions o) {
                                   {"total_windows", r.total_windows},
                                   {"seq_len", o.seq_len},
                                   {"dtype", dtype},
+                                  {"precision", matmul_precision_name(precision)},
                                   {"indexer_mode", o.indexer_mode}};
   std::printf("%s\n", summary.dump().c_str());
 }
@@ -107,6 +113,9 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--indexer-mode", options->indexer_mode,
                   "Sparse attention layers: sparse (top-k) or dense / warmup (dense attention); default: as trained")
       ->check(CLI::IsMember({"dense", "warmup", "sparse"}));
+  cmd->add_option("--precision", options->precision,
+                  "Operands of the products: fp32 or bf16 (float accumulation); default: as trained")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->callback([options] {
     run_eval(*options);
   });

@@ -29,6 +29,7 @@ struct GenerateOptions {
   int64_t max_new_tokens = 64;
   SamplingOptions sampling;
   uint64_t seed = 0;
+  std::string precision;  // "fp32" | "bf16"; empty: the checkpoint's (fp32 without state)
 };
 
 // The tokenizer: --tokenizer, else --data DIR's (tokenizer_file_in), else the checkpoint's copy, else the
@@ -90,6 +91,7 @@ void run_generate(const GenerateOptions& o) {
     fail("prompt (", prompt.size(), " tokens) + --max-new-tokens ", o.max_new_tokens,
          " exceeds the model's max_position_embeddings ", config.max_position_embeddings);
   }
+  set_matmul_precision(checkpoint_matmul_precision(o.precision, state ? &state->settings : nullptr));
   const auto start = std::chrono::steady_clock::now();
   const bool use_double = state != nullptr && state->settings.dtype == "float64";
   const std::vector<int32_t> generated =
@@ -116,6 +118,9 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--temperature", o.sampling.temperature, "Sampling temperature (0: greedy)");
   cmd->add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass");
   cmd->add_option("--seed", o.seed, "Sampling seed");
+  cmd->add_option("--precision", o.precision,
+                  "Operands of the products: fp32 or bf16 (float accumulation); default: as trained")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   cmd->callback([options] {
     run_generate(*options);
   });

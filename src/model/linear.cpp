@@ -8,9 +8,10 @@
 namespace trillion {
 
 template <class T>
-void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t in, int64_t out, bool accumulate) {
+void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t in, int64_t out, bool accumulate,
+            Operands operands) {
   // y[rows, out] (beta 1 accumulates) x[rows, in] · weight[out, in]ᵀ
-  gemm<T>(false, true, rows, out, in, T(1), x, in, w.weight, in, accumulate ? T(1) : T(0), y, out);
+  gemm<T>(false, true, rows, out, in, T(1), x, in, w.weight, in, accumulate ? T(1) : T(0), y, out, operands);
   if (w.bias == nullptr) return;
   parallel_for(rows, out, [&](int64_t r) {
     T* row = y + r * out;  // [out]
@@ -20,8 +21,8 @@ void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t i
 
 template <class T>
 void linear_grad(T* dx, const LinearWeights<T>& grads, const T* dy, const T* x, const LinearWeights<T>& w,
-                 int64_t rows, int64_t in, int64_t out, bool accumulate_dx) {
-  linear_backward(dx, grads.weight, dy, x, w.weight, rows, in, out, accumulate_dx);
+                 int64_t rows, int64_t in, int64_t out, bool accumulate_dx, Operands operands) {
+  linear_backward(dx, grads.weight, dy, x, w.weight, rows, in, out, accumulate_dx, operands);
   if (grads.bias == nullptr || w.bias == nullptr) return;
   // db[out] += Σ_rows dy[rows, out], each column summed by one thread in row order.
   parallel_for(out, rows, [&](int64_t o) {
@@ -32,9 +33,9 @@ void linear_grad(T* dx, const LinearWeights<T>& grads, const T* dy, const T* x, 
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                              \
-  template void linear<T>(T*, const T*, const LinearWeights<T>&, int64_t, int64_t, int64_t, bool);          \
+  template void linear<T>(T*, const T*, const LinearWeights<T>&, int64_t, int64_t, int64_t, bool, Operands); \
   template void linear_grad<T>(T*, const LinearWeights<T>&, const T*, const T*, const LinearWeights<T>&,    \
-                               int64_t, int64_t, int64_t, bool);
+                               int64_t, int64_t, int64_t, bool, Operands);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)
 #undef TRILLION_INSTANTIATE

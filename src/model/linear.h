@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "ops/gemm.h"
+
 namespace trillion {
 
 // Pointers into a flat buffer (parameters or their gradients), Hugging Face shapes.
@@ -19,13 +21,15 @@ struct LinearWeights {
   T* bias = nullptr;    // [out], or null (no bias)
 };
 
-// y[rows, out] (= or +=) x[rows, in] · weightᵀ + bias.
+// y[rows, out] (= or +=) x[rows, in] · weightᵀ + bias. `operands`: the products' operand precision
+// (ops/gemm.h); Operands::fp32 keeps float under the bf16 precision.
 template <class T>
-void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t in, int64_t out, bool accumulate);
+void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t in, int64_t out, bool accumulate,
+            Operands operands = Operands::as_set);
 
 // dx[rows, in] (= or +=) dy · weight;  grads.weight += dyᵀ · x;  grads.bias += Σ_rows dy.
 template <class T>
 void linear_grad(T* dx, const LinearWeights<T>& grads, const T* dy, const T* x, const LinearWeights<T>& w,
-                 int64_t rows, int64_t in, int64_t out, bool accumulate_dx);
+                 int64_t rows, int64_t in, int64_t out, bool accumulate_dx, Operands operands = Operands::as_set);
 
 }  // namespace trillion

@@ -12,6 +12,11 @@
 
 namespace trillion {
 
+// The router's logits keep float operands under the bf16 precision (as DeepSeek-V3's and
+// transformers' routers compute in float32): near-ties between experts decide the top-k, and bf16's
+// 8 bits would flip them.
+constexpr Operands kRouterOperands = Operands::fp32;
+
 MoeDims MoeDims::from_config(const ModelConfig& config) {
   const Family family = family_of(config.model_type);
   MoeDims dims;
@@ -110,7 +115,7 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   SavedExtent extent = SavedExtent::of(pass);  // the routed rows: set once the plan is built
   const SavedWriter router_saves(saved_tensors(dims, extent), store, layer, scratch);
   T* logits = router_saves.out<T>(Tag::router_logits);  // [n, E]
-  linear(logits, h, w.router, n, D, E, /*accumulate=*/false);
+  linear(logits, h, w.router, n, D, E, /*accumulate=*/false, kRouterOperands);
   T* scores = router_saves.out<T>(Tag::router_scores);  // [n, E]
   router_scores_forward(scores, logits, n, dims.router);
   int32_t* index = router_saves.out<int32_t>(Tag::router_index);  // [n, k]
@@ -216,7 +221,7 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   T* dlogits = scratch.alloc<T>(n * E);  // [n, E]
   router_scores_backward(dlogits, dscores, scores, n, dims.router);
   if (balance.z_scale != 0.0) router_z_loss(dlogits, logits, n, E, balance.z_scale);
-  linear_grad(dh, grads.router, dlogits, h, w.router, n, D, E, /*accumulate_dx=*/true);
+  linear_grad(dh, grads.router, dlogits, h, w.router, n, D, E, /*accumulate_dx=*/true, kRouterOperands);
 
   if (dims.shared.intermediate == 0) return;
   if (!dims.shared_gated) {

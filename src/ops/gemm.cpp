@@ -1,7 +1,14 @@
-// Matrix products through oneDNN (dnnl_sgemm, row-major) or OpenBLAS (row-major cblas), and the
-// Hugging Face linear layer built on them. Called inside an OpenMP region, both run single-threaded
-// (oneDNN's OpenMP runtime runs nested work on the calling thread, OpenBLAS's OpenMP build too), so
-// kernels that tile their work over the team may call gemm() from their items.
+// Matrix products through oneDNN (dnnl_sgemm, row-major; its bf16 matmul primitive) or OpenBLAS
+// (row-major cblas), and the Hugging Face linear layer built on them. Called inside an OpenMP
+// region, both run single-threaded (oneDNN's OpenMP runtime runs nested work on the calling thread,
+// OpenBLAS's OpenMP build too), so kernels that tile their work over the team may call gemm() from
+// their items.
+//
+// bf16 operands: oneDNN's C API has no bf16 GEMM, so gemm_bf16 builds a matmul primitive per shape
+// (cached per thread) where oneDNN has a bf16 kernel for the CPU (AVX-512: avx512_core emulates,
+// avx512_core_bf16 has the dot-product instruction). Elsewhere (AVX2) the operands are widened to
+// float, which is exact, for the float backend. A float product under the bf16 precision packs its
+// operands rounded to bf16 into per-thread buffers (bf16, or bf16 values in float) first.
 #include "ops/gemm.h"
 
 #include <cblas.h>
@@ -10,11 +17,17 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
+#include <map>
 #include <mutex>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <tuple>
 #include <type_traits>
+#include <vector>
 
 #include "core/error.h"
+#include "core/parallel.h"
 #include "core/phase_clock.h"
 #include "ops/vector_exp.h"
 
@@ -22,6 +35,7 @@ namespace trillion {
 namespace {
 
 std::atomic<GemmBackend> g_backend{GemmBackend::onednn};
+std::atomic<MatmulPrecision> g_precision{MatmulPrecision::fp32};
 
 // TRILLION_ISA=avx2 limits oneDNN's kernels to AVX2 as it does the engine's vector kernels
 // (ops/vector_exp.h), so the AVX2 path runs on AVX-512 machines too; set once, before oneDNN's
@@ -72,6 +86,145 @@ struct LibraryOnCallingThread {
 #endif
 };
 
+
+// c[m, n] = beta · c, the product of an empty sum (k = 0), which the libraries refuse or skip;
+// beta 0 does not read c.
+template <class T>
+void scale_rows(int64_t m, int64_t n, T beta, T* c, int64_t ldc) {
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == T(0) ? T(0) : beta * c[i * ldc + j];
+}
+
+// ---- bf16 operands ----
+
+// The stored extent of op(x) = [rows, cols] as the caller holds it: [rows, cols] or, transposed,
+// [cols, rows]; each stored row of `ld` elements.
+struct StoredMatrix {
+  int64_t rows, cols, ld;
+  int64_t packed_ld() const { return cols > 1 ? cols : 1; }  // the libraries refuse a stride of 0
+};
+StoredMatrix stored(bool trans, int64_t op_rows, int64_t op_cols, int64_t ld) {
+  return trans ? StoredMatrix{op_cols, op_rows, ld} : StoredMatrix{op_rows, op_cols, ld};
+}
+
+// dst[rows, packed_ld] = convert(src[rows, ld]) row by row.
+template <class Out, class In, class Convert>
+void pack(const StoredMatrix& shape, const In* src, std::vector<Out>& dst, const Convert& convert) {
+  dst.resize(size_t(shape.rows * shape.packed_ld()));
+  Out* packed = dst.data();
+  parallel_for(shape.rows, shape.cols, [&](int64_t r) {
+    const In* from = src + r * shape.ld;         // [cols]
+    Out* to = packed + r * shape.packed_ld();    // [cols]
+    for (int64_t c = 0; c < shape.cols; ++c) to[c] = convert(from[c]);
+  });
+}
+
+// Each thread's operand buffers, grown to the largest product it has packed.
+struct PackedOperands {
+  std::vector<bf16> a_bf16, b_bf16;
+  std::vector<float> a_float, b_float;
+};
+thread_local PackedOperands t_packed;
+
+// One oneDNN bf16 matmul per shape, strides, transposes and alpha/beta, built on first use by the
+// thread that runs it. Inside an OpenMP region it is built for one thread, as it then runs.
+using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool>;
+struct Bf16Matmul {
+  bool native = false;  // false: oneDNN has no bf16 kernel for this CPU and shape (use widening)
+  dnnl::matmul primitive;
+  dnnl::memory::desc a, b, c;
+};
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+Bf16Matmul make_bf16_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda,
+                            int64_t ldb, int64_t ldc, float alpha, float beta) {
+  limit_onednn_isa_once();
+  using dt = dnnl::memory::data_type;
+  Bf16Matmul result;
+  result.a = dnnl::memory::desc({m, k}, dt::bf16, trans_a ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
+  result.b = dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
+  result.c = dnnl::memory::desc({m, n}, dt::f32, dnnl::memory::dims{ldc, 1});
+  dnnl::primitive_attr attributes;
+  if (alpha != 1.0f) attributes.set_output_scales(0, {alpha});
+  if (beta != 0.0f) {
+    dnnl::post_ops accumulate;
+    accumulate.append_sum(beta);
+    attributes.set_post_ops(accumulate);
+  }
+  const int threads = omp_get_max_threads();
+  if (omp_in_parallel()) omp_set_num_threads(1);
+  try {
+    const dnnl::matmul::primitive_desc description(dnnl::matmul::desc(result.a, result.b, result.c), attributes,
+                                                   cpu_engine());
+    // oneDNN's reference kernel computes correctly but far below the float backend's rate.
+    if (std::strncmp(description.impl_info_str(), "ref", 3) != 0) {
+      result.primitive = dnnl::matmul(description);
+      result.native = true;
+    }
+  } catch (const dnnl::error&) {
+    // unimplemented for this CPU (no AVX-512) or layout: the caller widens
+  }
+  omp_set_num_threads(threads);
+  return result;
+}
+
+const Bf16Matmul& bf16_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                              int64_t ldc, float alpha, float beta) {
+  thread_local std::map<MatmulKey, Bf16Matmul> cache;
+  const MatmulKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, omp_in_parallel() != 0};
+  auto found = cache.find(key);
+  if (found == cache.end())
+    found = cache.emplace(key, make_bf16_matmul(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta)).first;
+  return found->second;
+}
+
+bool run_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const bf16* a,
+                     int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta);
+  if (!matmul.native) return false;
+  thread_local dnnl::stream stream(cpu_engine());
+  const dnnl::engine& engine = cpu_engine();
+  dnnl::memory a_memory(matmul.a, engine, const_cast<bf16*>(a)), b_memory(matmul.b, engine, const_cast<bf16*>(b)),
+      c_memory(matmul.c, engine, c);
+  matmul.primitive.execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
+  stream.wait();
+  return true;
+}
+
+// gemm_bf16's fallback: the operands widened to float, packed dense, on the float backend.
+void widened_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const bf16* a,
+                  int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const StoredMatrix a_shape = stored(trans_a, m, k, lda), b_shape = stored(trans_b, k, n, ldb);
+  const auto widen = [](bf16 x) { return to_float(x); };
+  pack(a_shape, a, t_packed.a_float, widen);  // [a_shape.rows, a_shape.cols]
+  pack(b_shape, b, t_packed.b_float, widen);  // [b_shape.rows, b_shape.cols]
+  gemm<float>(trans_a, trans_b, m, n, k, alpha, t_packed.a_float.data(), a_shape.packed_ld(), t_packed.b_float.data(),
+              b_shape.packed_ld(), beta, c, ldc, Operands::fp32);
+}
+
+// A float product under the bf16 precision.
+void gemm_rounding_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                            int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  const StoredMatrix a_shape = stored(trans_a, m, k, lda), b_shape = stored(trans_b, k, n, ldb);
+  if (bf16_matmul(trans_a, trans_b, m, n, k, a_shape.packed_ld(), b_shape.packed_ld(), ldc, alpha, beta).native) {
+    const auto round = [](float x) { return to_bf16(x); };
+    pack(a_shape, a, t_packed.a_bf16, round);  // [a_shape.rows, a_shape.cols]
+    pack(b_shape, b, t_packed.b_bf16, round);  // [b_shape.rows, b_shape.cols]
+    run_native_bf16(trans_a, trans_b, m, n, k, alpha, t_packed.a_bf16.data(), a_shape.packed_ld(), t_packed.b_bf16.data(),
+                    b_shape.packed_ld(), beta, c, ldc);
+    return;
+  }
+  const auto round = [](float x) { return round_to_bf16(x); };
+  pack(a_shape, a, t_packed.a_float, round);  // [a_shape.rows, a_shape.cols]
+  pack(b_shape, b, t_packed.b_float, round);  // [b_shape.rows, b_shape.cols]
+  gemm<float>(trans_a, trans_b, m, n, k, alpha, t_packed.a_float.data(), a_shape.packed_ld(), t_packed.b_float.data(),
+              b_shape.packed_ld(), beta, c, ldc, Operands::fp32);
+}
+
 }  // namespace
 
 void set_gemm_backend(GemmBackend backend) { g_backend = backend; }
@@ -87,9 +240,27 @@ GemmBackend gemm_backend_from_name(const std::string& name, const char* option) 
   fail(option, " ", name, ": expected onednn or openblas");
 }
 
+void set_matmul_precision(MatmulPrecision precision) { g_precision = precision; }
+MatmulPrecision matmul_precision() { return g_precision; }
+
+const char* matmul_precision_name(MatmulPrecision precision) {
+  return precision == MatmulPrecision::fp32 ? "fp32" : "bf16";
+}
+
+MatmulPrecision matmul_precision_from_name(const std::string& name, const char* option) {
+  for (const MatmulPrecision precision : {MatmulPrecision::fp32, MatmulPrecision::bf16})
+    if (name == matmul_precision_name(precision)) return precision;
+  fail(option, " ", name, ": expected fp32 or bf16");
+}
+
+bool bf16_matmul_is_native() {
+  static const bool native = bf16_matmul(false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f).native;
+  return native;
+}
+
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
-          const T* b, int64_t ldb, T beta, T* c, int64_t ldc) {
+          const T* b, int64_t ldb, T beta, T* c, int64_t ldc, Operands operands) {
   PhaseScope scope(Phase::gemm, /*team_scope=*/!omp_in_parallel());  // OpenBLAS runs on the team
   TRILLION_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm sizes m=", m, " n=", n, " k=", k);
   if (m == 0 || n == 0) return;
@@ -102,34 +273,50 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, 
                      ldc <= blas_max,
                  "gemm m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc,
                  " exceed the BLAS integer limit ", blas_max);
+  if (k == 0) return scale_rows(m, n, beta, c, ldc);
   [[maybe_unused]] const LibraryOnCallingThread one_thread_under_tsan;
   if constexpr (std::is_same_v<T, float>) {
+    if (operands == Operands::as_set && g_precision == MatmulPrecision::bf16)
+      return gemm_rounding_operands(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     if (g_backend == GemmBackend::onednn)
       return onednn_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
   blas_gemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
+void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const bf16* a,
+               int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  PhaseScope scope(Phase::gemm, /*team_scope=*/!omp_in_parallel());
+  TRILLION_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm_bf16 sizes m=", m, " n=", n, " k=", k);
+  if (m == 0 || n == 0) return;
+  TRILLION_CHECK(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n, "gemm_bf16 strides lda=", lda,
+                 " ldb=", ldb, " ldc=", ldc, " for m=", m, " n=", n, " k=", k);
+  if (k == 0) return scale_rows(m, n, beta, c, ldc);
+  if (run_native_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
+  widened_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
 template <class T>
-void linear_forward(T* y, const T* x, const T* w, int64_t rows, int64_t in, int64_t out) {
+void linear_forward(T* y, const T* x, const T* w, int64_t rows, int64_t in, int64_t out, Operands operands) {
   // y[rows, out] = x[rows, in] · w[out, in]ᵀ
-  gemm<T>(false, true, rows, out, in, T(1), x, in, w, in, T(0), y, out);
+  gemm<T>(false, true, rows, out, in, T(1), x, in, w, in, T(0), y, out, operands);
 }
 
 template <class T>
 void linear_backward(T* dx, T* dw, const T* dy, const T* x, const T* w, int64_t rows, int64_t in, int64_t out,
-                     bool accumulate_dx) {
+                     bool accumulate_dx, Operands operands) {
   // dx[rows, in] = dy[rows, out] · w[out, in]  (beta 1 accumulates)
-  if (dx != nullptr) gemm<T>(false, false, rows, in, out, T(1), dy, out, w, in, accumulate_dx ? T(1) : T(0), dx, in);
+  if (dx != nullptr)
+    gemm<T>(false, false, rows, in, out, T(1), dy, out, w, in, accumulate_dx ? T(1) : T(0), dx, in, operands);
   // dw[out, in] += dy[rows, out]ᵀ · x[rows, in]
-  if (dw != nullptr) gemm<T>(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dw, in);
+  if (dw != nullptr) gemm<T>(true, false, out, in, rows, T(1), dy, out, x, in, T(1), dw, in, operands);
 }
 
 #define TRILLION_INSTANTIATE_GEMM(T)                                                                          \
   template void gemm<T>(bool, bool, int64_t, int64_t, int64_t, T, const T*, int64_t, const T*, int64_t, T, T*, \
-                        int64_t);                                                                              \
-  template void linear_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);                          \
-  template void linear_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool);
+                        int64_t, Operands);                                                                    \
+  template void linear_forward<T>(T*, const T*, const T*, int64_t, int64_t, int64_t, Operands);                \
+  template void linear_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t, bool, Operands);
 TRILLION_INSTANTIATE_GEMM(float)
 TRILLION_INSTANTIATE_GEMM(double)
 #undef TRILLION_INSTANTIATE_GEMM

@@ -61,6 +61,8 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
 void validate_settings(const TrainSettings& s) {
   if (s.steps < 1) fail("--steps must be ≥ 1, got ", s.steps);
   if (s.dtype != "float32" && s.dtype != "float64") fail("--dtype must be float32 or float64, got ", s.dtype);
+  if (s.dtype == "float64" && s.precision != "fp32")
+    fail("--precision ", s.precision, " needs --dtype float32: float64 runs keep every operand in double");
   ParallelMesh::rows_per_rank(s.batch, ProcessGroup::world().size(), "--batch");
   if (s.seq_len < 1) fail("--seq-len must be ≥ 1, got ", s.seq_len);
   if (s.grad_accum < 1) fail("--grad-accum must be ≥ 1, got ", s.grad_accum);

@@ -59,6 +59,10 @@ const std::vector<Setting>& training_settings() {
       {"seed", "seed", "Seed of initialization and data order", &TrainSettings::seed},
       {"dtype", "dtype", "Parameter and compute type", &TrainSettings::dtype, OnResume::must_match,
        {"float32", "float64"}},
+      {"precision", "precision",
+       "Operands of the matrix products of a float32 run: fp32, or bf16 (rounded to bfloat16, accumulated in "
+       "float; the router's stay fp32; master weights, optimizer state and activations stay float32)",
+       &TrainSettings::precision, OnResume::must_match, {"fp32", "bf16"}, false, "fp32"},
       {"batch", "batch", "Sequences per micro-batch", &TrainSettings::batch},
       {"seq-len", "seq_len", "Tokens per sequence", &TrainSettings::seq_len},
       {"grad-accum", "grad_accum", "Micro-batches per optimizer step", &TrainSettings::grad_accum},
@@ -152,6 +156,14 @@ TrainSettings resumed_settings(const TrainSettings& saved, const TrainSettings& 
     std::visit([&](auto member) { settings.*member = given.*member; }, setting.member);
   }
   return settings;
+}
+
+MatmulPrecision checkpoint_matmul_precision(const std::string& given, const TrainSettings* saved) {
+  const std::string name = !given.empty() ? given : saved != nullptr ? saved->precision : "fp32";
+  const MatmulPrecision precision = matmul_precision_from_name(name, "--precision");
+  if (precision != MatmulPrecision::fp32 && saved != nullptr && saved->dtype == "float64")
+    fail("--precision ", name, " needs a float32 checkpoint; this one's dtype is float64");
+  return precision;
 }
 
 }  // namespace trillion

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "ops/gemm.h"
+
 namespace trillion {
 
 // Everything that defines the sequence of optimizer steps of a run (a resumed run must agree).
@@ -21,6 +23,7 @@ struct TrainSettings {
   int64_t steps = 100;  // the run's length; the LR schedule spans it
   uint64_t seed = 1234;
   std::string dtype = "float32";  // "float32" | "float64"
+  std::string precision = "fp32";  // float32 runs' matmul operands: "fp32" | "bf16" (ops/gemm.h MatmulPrecision)
   int64_t batch = 8;              // sequences per micro-batch
   int64_t seq_len = 256;
   int64_t grad_accum = 1;         // micro-batches per optimizer step
@@ -80,5 +83,10 @@ TrainSettings read_settings(const nlohmann::json& json, const std::string& path)
 // field, both values and the flag.
 TrainSettings resumed_settings(const TrainSettings& saved, const TrainSettings& given,
                                const std::set<std::string>& given_flags, const std::string& state_path);
+
+// The matmul precision of `eval` and `generate`: `given` (their --precision), else the run's
+// (`saved`: its trainer_state.json's settings, null without one: fp32). bf16 with a float64
+// checkpoint fails naming both.
+MatmulPrecision checkpoint_matmul_precision(const std::string& given, const TrainSettings* saved);
 
 }  // namespace trillion

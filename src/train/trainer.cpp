@@ -22,6 +22,7 @@
 #include "model/lightning_indexer.h"
 #include "model/model.h"
 #include "ops/adamw.h"
+#include "ops/gemm.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
@@ -437,6 +438,7 @@ void run_training(TrainOptions options) {
   }
   ProcessGroup::world().set_collective_timeout(options.collective_timeout_s);
   RunSetup run = prepare_run(options);
+  set_matmul_precision(matmul_precision_from_name(run.state.settings.precision, "--precision"));
   if (run.state.settings.dtype == "float64") {
     Trainer<double>(options, run).run();
   } else {

@@ -1,0 +1,104 @@
+// The bf16 matmul precision (ops/gemm.h) on whole models against the same model in double, for each
+// mixer kind (attention, Gated DeltaNet, KDA + MLA + MoE, MLA + lightning indexer + sigmoid MoE):
+// - the loss within bf16's unit roundoff u = 2⁻⁸;
+// - every gradient tensor within 2κ·u, where κ, the computation's condition (at least 16), is
+//   measured by the float32 model: its worst gradient error in units of float's unit roundoff;
+//   and the worst at least 1000× float32's (the operands were rounded: u / ε = 65536).
+//   Relative errors of a backward pass grow as κ times the working precision's roundoff; the tiny
+//   configs' large initialization (0.5) makes κ reach ~80 for KDA.
+// Discrete choices are taken out: every expert is active and the indexer keeps every key, since a
+// rounding that flips a top-k choice changes a gradient by O(1) in any precision.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "model/model.h"
+#include "ops/gemm.h"
+#include "test_configs.h"
+
+namespace trillion {
+namespace {
+
+constexpr double kBf16Eps = 0x1.0p-8;   // bf16's unit roundoff: 8 significant bits
+constexpr double kFloatEps = 0x1.0p-24;  // float's
+
+std::vector<int32_t> random_tokens(int64_t n, int64_t vocab, const char* stream) {
+  std::vector<int32_t> tokens(n);
+  const CounterRng rng(4, stream);
+  for (int64_t i = 0; i < n; ++i) tokens[i] = static_cast<int32_t>(rng.bits(i) % vocab);
+  return tokens;
+}
+
+struct Errors {
+  double loss = 0.0;                 // |L − L_double| / |L_double|
+  double worst_gradient = 0.0;       // max over tensors of max|g − g_double| / max|g_double|
+  std::string worst_tensor;
+};
+
+// One forward and backward of a float model at `precision` against the double model with the same
+// weights.
+Errors errors_against_double(const ModelConfig& config, MatmulPrecision precision) {
+  const int saved_threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  Model<float> f(config);
+  Model<double> d(config);
+  f.init_weights(21);
+  for (int64_t i = 0; i < f.table().total_size(); ++i) d.params()[i] = f.params()[i];
+  const int64_t batch = 2, seq = 13, n = batch * seq;
+  const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "tokens");
+  const std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "targets");
+  const LossScales scales{1.0 / double(n)};
+  f.zero_grads();
+  d.zero_grads();
+  double loss_f = 0.0;
+  {
+    const MatmulPrecisionScope operands(precision);
+    loss_f = f.forward_backward(tokens.data(), targets.data(), batch, seq, scales).lm.loss_sum;
+  }
+  const double loss_d = d.forward_backward(tokens.data(), targets.data(), batch, seq, scales).lm.loss_sum;
+  omp_set_num_threads(saved_threads);
+  Errors errors;
+  errors.loss = std::abs(loss_f - loss_d) / std::abs(loss_d);
+  for (const ParamSpec& s : d.table().entries()) {
+    if (!s.trainable()) continue;
+    double max_diff = 0.0, max_ref = 0.0;
+    for (int64_t i = 0; i < s.numel(); ++i) {
+      max_diff = std::max(max_diff, std::abs(double(f.grads()[s.offset + i]) - d.grads()[s.offset + i]));
+      max_ref = std::max(max_ref, std::abs(d.grads()[s.offset + i]));
+    }
+    const double err = max_diff / std::max(max_ref, 1e-30);
+    if (err > errors.worst_gradient) {
+      errors.worst_gradient = err;
+      errors.worst_tensor = s.name;
+    }
+  }
+  return errors;
+}
+
+TEST(MixedPrecision, Bf16OperandsStayWithinBf16RoundingOfDoubleForEveryMixerKind) {
+  const std::vector<std::pair<const char*, nlohmann::json>> models = {
+      {"tiny.json", nullptr},
+      {"tiny_qwen3_next.json", nullptr},
+      {"tiny_kimi_linear.json", {{"num_experts_per_token", 4}}},
+      {"tiny_deepseek_v32.json", {{"num_experts_per_tok", 4}, {"topk_group", 2}, {"index_topk", 64}}},
+  };
+  for (const auto& [name, changes] : models) {
+    const ModelConfig config = testing::tiny_config_with(changes, name);
+    const Errors bf16 = errors_against_double(config, MatmulPrecision::bf16);
+    const Errors fp32 = errors_against_double(config, MatmulPrecision::fp32);
+    const double condition = std::max(16.0, fp32.worst_gradient / kFloatEps);
+    SCOPED_TRACE(std::string(name) + ": float32's loss error " + std::to_string(fp32.loss) + ", worst gradient " +
+                 std::to_string(fp32.worst_gradient) + " in " + fp32.worst_tensor);
+    EXPECT_LE(bf16.loss, kBf16Eps);
+    EXPECT_GE(bf16.worst_gradient, 1000.0 * fp32.worst_gradient) << "the operands were not rounded";
+    EXPECT_LE(bf16.worst_gradient, 2.0 * condition * kBf16Eps) << bf16.worst_tensor << ", condition " << condition;
+  }
+}
+
+}  // namespace
+}  // namespace trillion
