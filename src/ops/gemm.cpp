@@ -6,7 +6,8 @@
 //
 // bf16 operands: oneDNN's C API has no bf16 GEMM, so gemm_bf16 builds a matmul primitive per shape
 // (cached per thread) where oneDNN has a bf16 kernel for the CPU (AVX-512: avx512_core emulates,
-// avx512_core_bf16 has the dot-product instruction). Elsewhere (AVX2) the operands are widened to
+// avx512_core_bf16 has the dot-product instruction, which flushes subnormal inputs to zero, as the
+// emulation and widening do not). Elsewhere (AVX2) the operands are widened to
 // float, which is exact, for the float backend. A float product under the bf16 precision packs its
 // operands rounded to bf16 into per-thread buffers (bf16, or bf16 values in float) first.
 #include "ops/gemm.h"
@@ -126,9 +127,12 @@ struct PackedOperands {
 };
 thread_local PackedOperands t_packed;
 
-// One oneDNN bf16 matmul per shape, strides, transposes and alpha/beta, built on first use by the
-// thread that runs it. Inside an OpenMP region it is built for one thread, as it then runs.
-using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, bool>;
+// One oneDNN bf16 matmul per shape, strides, transposes, alpha/beta and team size, built on first
+// use by the thread that runs it (oneDNN's scratchpad is per creating thread: a primitive must run
+// where it was made). Inside an OpenMP region it is built for one thread, as it then runs. The team
+// size is in the key because a primitive keeps the split of k it chose at creation, and the split
+// sets the summation order: results depend on the thread count only, not on which came first.
+using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, int>;
 struct Bf16Matmul {
   bool native = false;  // false: oneDNN has no bf16 kernel for this CPU and shape (use widening)
   dnnl::matmul primitive;
@@ -175,7 +179,8 @@ Bf16Matmul make_bf16_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
 const Bf16Matmul& bf16_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
                               int64_t ldc, float alpha, float beta) {
   thread_local std::map<MatmulKey, Bf16Matmul> cache;
-  const MatmulKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, omp_in_parallel() != 0};
+  const int team = omp_in_parallel() ? 1 : omp_get_max_threads();  // threads the primitive is built for
+  const MatmulKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, team};
   auto found = cache.find(key);
   if (found == cache.end())
     found = cache.emplace(key, make_bf16_matmul(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta)).first;
@@ -292,6 +297,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   TRILLION_CHECK(lda >= (trans_a ? m : k) && ldb >= (trans_b ? k : n) && ldc >= n, "gemm_bf16 strides lda=", lda,
                  " ldb=", ldb, " ldc=", ldc, " for m=", m, " n=", n, " k=", k);
   if (k == 0) return scale_rows(m, n, beta, c, ldc);
+  [[maybe_unused]] const LibraryOnCallingThread one_thread_under_tsan;
   if (run_native_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
   widened_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
