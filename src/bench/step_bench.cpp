@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "bench/physical_peak.h"
 #include "bench/timing.h"
 #include "core/error.h"
 #include "core/memory.h"
@@ -78,6 +79,8 @@ nlohmann::json run_step_bench(const StepBenchOptions& o) {
   const TimingResult timing = summarize(step_seconds);
   const double gemm_rate = gemm.flops() / std::max(summarize(gemm_seconds).median_s, 1e-9);
   const double flops_per_token = model.training_flops_per_token(o.seq_len);
+  const MatmulPrecision precision_in_use = matmul_precision();
+  const PhysicalPeak peak = measure_physical_peak();
   const double tokens_per_s = static_cast<double>(n) / timing.median_s;
 
   // Per step, in seconds of the whole team (thread-seconds / threads).
@@ -108,6 +111,9 @@ nlohmann::json run_step_bench(const StepBenchOptions& o) {
           {"sgemm_gflops", gemm_rate * 1e-9},
           {"ceiling_gemm_size", o.gemm_size},
           {"mfu", flops_per_token * tokens_per_s / gemm_rate},
+          {"peak_gflops", peak.flops(precision_in_use) * 1e-9},
+          {"peak_formula", peak.formula(precision_in_use)},
+          {"mfu_peak", flops_per_token * tokens_per_s / peak.flops(precision_in_use)},
           {"phases_s", phases},
           {"idle_s", total.idle * per_step},
           {"phase_sum_s", phase_sum},

@@ -33,6 +33,7 @@
 #include "bench/moe_bench.h"
 #include "bench/moe_parallel_bench.h"
 #include "bench/sparse_attention_bench.h"
+#include "bench/physical_peak.h"
 #include "bench/step_bench.h"
 #include "bench/timing.h"
 #include "cli/commands.h"
@@ -111,6 +112,23 @@ void run_gemm(bool json, int64_t size, const std::vector<int64_t>& shape) {
                 bf16_matmul_is_native() ? "oneDNN's bf16 matmul" : "no bf16 kernel on this CPU: widened to float");
   bf16_row("bf16", "  stored bf16        ", true);
   bf16_row("bf16_rounding", "  rounded per product", false);
+  // Each rate against the physical peak of its precision.
+  const PhysicalPeak peak = measure_physical_peak();
+  summary["peak"] = {{"fp32_gflops", peak.fp32_flops() * 1e-9}, {"bf16_gflops", peak.bf16_flops() * 1e-9},
+                     {"fp32_formula", peak.formula(MatmulPrecision::fp32)},
+                     {"bf16_formula", peak.formula(MatmulPrecision::bf16)}};
+  for (auto& [name, result] : summary["backends"].items())
+    result["peak_fraction"] = result.at("gflops").get<double>() * 1e9 / peak.fp32_flops();
+  for (const char* name : {"bf16", "bf16_rounding"})
+    summary[name]["peak_fraction"] = summary[name].at("gflops").get<double>() * 1e9 / peak.bf16_flops();
+  summary["peak_fraction"] = summary.at("gflops").get<double>() * 1e9 / peak.fp32_flops();
+  if (!json)
+    std::printf("physical peak, fp32: %s\n               bf16: %s\nfraction of it: %s fp32 %.2f, openblas %.2f, "
+                "bf16 stored %.2f\n",
+                peak.formula(MatmulPrecision::fp32).c_str(), peak.formula(MatmulPrecision::bf16).c_str(),
+                gemm_backend_name(in_use), summary.at("peak_fraction").get<double>(),
+                summary["backends"]["openblas"].at("peak_fraction").get<double>(),
+                summary["bf16"].at("peak_fraction").get<double>());
   const nlohmann::json& rates = summary.at("backends");
   summary["onednn_over_openblas"] = rates.at("onednn").at("gflops").get<double>() / rates.at("openblas").at("gflops").get<double>();
   summary["bf16_over_fp32"] = summary.at("bf16").at("gflops").get<double>() / summary.at("gflops").get<double>();
@@ -281,14 +299,16 @@ void run_step(bool json, const StepBenchOptions& options) {
     return;
   }
   std::printf("step %s, batch %lld x %lld, %d threads (%s, %s operands): median %.4f s (min %.4f s, %d steps), "
-              "%.0f tokens/s\n  MFU %.3f of the sgemm rate (%.1f GFLOP/s at %lld³)\n  per step:",
+              "%.0f tokens/s\n  MFU %.3f of the sgemm rate (%.1f GFLOP/s at %lld³), %.3f of the physical peak (%s)\n"
+              "  per step:",
               summary.at("config").get<std::string>().c_str(), summary.at("batch").get<long long>(),
               summary.at("seq_len").get<long long>(), summary.at("threads").get<int>(),
               summary.at("vector_isa").get<std::string>().c_str(),
               summary.at("precision").get<std::string>().c_str(), summary.at("step_s").get<double>(),
               summary.at("min_step_s").get<double>(), summary.at("steps").get<int>(),
               summary.at("tokens_per_s").get<double>(), summary.at("mfu").get<double>(),
-              summary.at("sgemm_gflops").get<double>(), summary.at("ceiling_gemm_size").get<long long>());
+              summary.at("sgemm_gflops").get<double>(), summary.at("ceiling_gemm_size").get<long long>(),
+              summary.at("mfu_peak").get<double>(), summary.at("peak_formula").get<std::string>().c_str());
   const double mean = summary.at("mean_step_s").get<double>();
   for (const auto& [name, seconds] : summary.at("phases_s").items())
     std::printf(" %s %.1f%%", name.c_str(), 100.0 * seconds.get<double>() / mean);

@@ -82,6 +82,7 @@ std::string format_progress(const ProgressLine& p) {
     line += formatted("%.0f tok/s", p.tokens_per_s);
   }
   if (p.mfu >= 0) line += formatted(" | MFU %.1f%%%s", 100.0 * p.mfu, p.mfu_ceiling_stale ? " (ceiling stale)" : "");
+  if (p.mfu >= 0 && p.mfu_peak >= 0) line += formatted(" (peak %.1f%%)", 100.0 * p.mfu_peak);
   if (p.val_loss >= 0) line += formatted(" | val %.4f", p.val_loss);
   line += " | ETA " + format_duration(p.eta_s);
   return line;

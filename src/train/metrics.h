@@ -42,11 +42,12 @@ struct ProgressLine {
   double tokens_per_s = 0.0;
   double mfu = -1.0;   // model FLOPs utilization in [0, 1]; < 0 when unknown
   bool mfu_ceiling_stale = false;  // mfu > 1 even against a re-measured ceiling: printed as such
+  double mfu_peak = -1.0;  // the same FLOPs against the physical peak (bench/physical_peak.h); < 0: unknown
   double eta_s = 0.0;  // seconds to the end of this process's run
   double val_loss = -1.0;  // < 0 when not evaluated this step
 };
 
-// "step 12/40 | loss 5.1234 | lr 2.40e-03 | gnorm 1.234 | 12.3k tok/s | MFU 4.1% | ETA 0:42"
+// "step 12/40 | loss 5.1234 | lr 2.40e-03 | gnorm 1.234 | 12.3k tok/s | MFU 4.1% (peak 2.0%) | ETA 0:42"
 std::string format_progress(const ProgressLine& line);
 
 }  // namespace trillion

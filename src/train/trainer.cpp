@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "bench/physical_peak.h"
 #include "bench/timing.h"
 #include "core/error.h"
 #include "core/memory.h"
@@ -101,7 +102,7 @@ class Trainer {
   AdamWHyper hyper_;
   std::optional<MetricsLog> metrics_;  // rank 0's
   int64_t start_step_ = 0, end_step_ = 0, rows_ = 0, tokens_per_step_ = 0;
-  double flops_per_token_ = 0.0, gemm_rate_ = 0.0;
+  double flops_per_token_ = 0.0, gemm_rate_ = 0.0, peak_rate_ = 0.0;
   bool ceiling_remeasured_ = false;
   // Hooks after each optimizer step, with the step's routing statistics.
   std::vector<std::function<void(const StepStats&)>> after_step_;
@@ -140,6 +141,7 @@ Trainer<T>::Trainer(const TrainOptions& o, RunSetup& run)
   tokens_per_step_ = rows_ * s_.seq_len;
   flops_per_token_ = model_.training_flops_per_token(s_.seq_len);
   gemm_rate_ = std::is_same_v<T, float> ? measure_sgemm_rate(o.mfu_gemm_size) : 0.0;
+  peak_rate_ = std::is_same_v<T, float> ? measure_physical_peak().flops(matmul_precision()) : 0.0;
   if (s_.moe_bias_rate > 0.0) {
     const std::vector<std::pair<int, T*>> biases = model_.correction_biases();
     if (biases.empty())
@@ -352,6 +354,8 @@ void Trainer<T>::report(int64_t step, double loss, double grad_norm, double toke
     progress.mfu_ceiling_stale = progress.mfu > 1.0;
     if (progress.mfu_ceiling_stale) record["mfu_ceiling_stale"] = true;
     record["mfu"] = progress.mfu;
+    progress.mfu_peak = mfu_at(peak_rate_);
+    record["mfu_peak"] = progress.mfu_peak;
   }
   if (eval) {
     progress.val_loss = eval->loss();

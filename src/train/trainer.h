@@ -16,8 +16,9 @@
 // 5 runs after a warm-up; --mfu-gemm-size changes the size, e.g. for quick tests), timed at start-up.
 // A start-up on a busy machine under-measures the ceiling, so the first step whose MFU comes out
 // above 1 measures it once more and keeps the larger rate; any MFU still above 1 is printed
-// "(ceiling stale)" and that step's metrics get "mfu_ceiling_stale": true. float64 runs have no such ceiling and
-// write no `mfu`.
+// "(ceiling stale)" and that step's metrics get "mfu_ceiling_stale": true. `mfu_peak` ("peak" in the
+// progress line) is the same against the physical peak of the run's precision (bench/physical_peak.h),
+// also measured at start-up. float64 runs have no such ceiling and write neither.
 #pragma once
 
 #include <cstdint>

@@ -29,7 +29,8 @@ TEST(StepBench, TinyRunsReportStepsAndTheirPhases) {
     EXPECT_EQ(s.at("batch").get<int64_t>(), 2);
     EXPECT_EQ(s.at("seq_len").get<int64_t>(), 16);
     EXPECT_EQ(s.at("steps").get<int>(), 3);
-    for (const char* field : {"tokens_per_s", "mfu", "sgemm_gflops", "flops_per_token", "step_s", "peak_fast_bytes"})
+    for (const char* field :
+         {"tokens_per_s", "mfu", "sgemm_gflops", "flops_per_token", "step_s", "peak_fast_bytes", "mfu_peak", "peak_gflops"})
       EXPECT_GT(s.at(field).get<double>(), 0.0) << config << " " << field;
     EXPECT_NEAR(s.at("tokens_per_s").get<double>() * s.at("step_s").get<double>(), 32.0, 1e-6);
     // Four steps on the same random batch: the loss falls from about ln V.
@@ -47,6 +48,19 @@ TEST(StepBench, TinyRunsReportStepsAndTheirPhases) {
     EXPECT_NEAR(s.at("coverage").get<double>(), 1.0, 0.05) << config;
     EXPECT_LT(s.at("worst_step_coverage_error").get<double>(), 0.05) << config;
   }
+}
+
+// --precision bf16: the same steps with bf16 operands; the first loss within bf16's roundoff of fp32's.
+TEST(StepBench, Bf16PrecisionStepsNearFloat32) {
+  const nlohmann::json fp32 = step_summary("tiny_qwen3_moe.json");
+  const nlohmann::json bf16 = step_summary("tiny_qwen3_moe.json", "--batch 2 --seq-len 16 --steps 3 --precision bf16");
+  ASSERT_FALSE(fp32.is_null() || bf16.is_null());
+  EXPECT_EQ(fp32.at("precision"), "fp32");
+  EXPECT_EQ(bf16.at("precision"), "bf16");
+  const double first_fp32 = fp32.at("first_loss").get<double>(), first_bf16 = bf16.at("first_loss").get<double>();
+  EXPECT_NE(first_bf16, first_fp32);
+  EXPECT_LE(std::abs(first_bf16 - first_fp32), 0x1.0p-8 * first_fp32);
+  EXPECT_NE(bf16.at("peak_formula").get<std::string>().find("GFLOP/s"), std::string::npos);
 }
 
 // The demo configs scripts/step_vs_torch.sh compares with PyTorch, one short step each.

@@ -81,6 +81,17 @@ TEST(BenchGemm, TinyRunReportsACorrectProduct) {
     EXPECT_LT(summary.at("backends").at(backend).at("max_rel_err").get<double>(), 1e-5) << backend;
   }
   EXPECT_GT(summary.at("onednn_over_openblas").get<double>(), 0.0);
+  // bf16 operands, stored and rounded per product: within float accumulation of the rounded operands.
+  for (const char* row : {"bf16", "bf16_rounding"}) {
+    EXPECT_GT(summary.at(row).at("gflops").get<double>(), 0.0) << row;
+    EXPECT_LT(summary.at(row).at("max_rel_err").get<double>(), 1e-5) << row;
+    EXPECT_GT(summary.at(row).at("peak_fraction").get<double>(), 0.0) << row;
+  }
+  // The physical peaks, with their formulas.
+  EXPECT_GT(summary.at("peak").at("fp32_gflops").get<double>(), 0.0);
+  EXPECT_GE(summary.at("peak").at("bf16_gflops").get<double>(), summary.at("peak").at("fp32_gflops").get<double>());
+  EXPECT_NE(summary.at("peak").at("fp32_formula").get<std::string>().find("GFLOP/s"), std::string::npos);
+  EXPECT_GT(summary.at("peak_fraction").get<double>(), 0.0);
 }
 
 TEST(BenchGemm, TheGemmOptionChoosesTheBackendAndRefusesAnUnknownOne) {

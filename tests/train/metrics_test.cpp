@@ -26,6 +26,10 @@ TEST(ProgressLine, FormatsEveryField) {
   p.mfu = 0.041;
   p.eta_s = 42;
   EXPECT_EQ(format_progress(p), "step 12/40 | loss 5.1234 | lr 2.40e-03 | gnorm 1.234 | 12.3k tok/s | MFU 4.1% | ETA 0:42");
+  p.mfu_peak = 0.021;  // against the physical peak, beside it
+  EXPECT_EQ(format_progress(p),
+            "step 12/40 | loss 5.1234 | lr 2.40e-03 | gnorm 1.234 | 12.3k tok/s | MFU 4.1% (peak 2.1%) | ETA 0:42");
+  p.mfu_peak = -1;
   p.mfu = 1.2;  // above 1 only with a stale ceiling, and then it says so
   p.mfu_ceiling_stale = true;
   EXPECT_NE(format_progress(p).find(" | MFU 120.0% (ceiling stale) | "), std::string::npos) << format_progress(p);

@@ -206,6 +206,10 @@ TEST(TrainCli, CheckpointContents) {
   // float32: MFU against the sgemm ceiling (a 128³ one here, --mfu-gemm-size), a positive fraction.
   ASSERT_TRUE(records[7].contains("mfu"));
   EXPECT_GT(records[7]["mfu"].get<double>(), 0.0);
+  // ...and against the physical peak, which no product passes: a smaller positive fraction.
+  ASSERT_TRUE(records[7].contains("mfu_peak"));
+  EXPECT_GT(records[7]["mfu_peak"].get<double>(), 0.0);
+  EXPECT_LT(records[7]["mfu_peak"].get<double>(), 1.0);
 }
 
 TEST(TrainCli, InitStartsANewRunFromTrainedWeights) {
