@@ -1,7 +1,9 @@
 // `trillion export --checkpoint DIR --out OUT`: a training checkpoint, gathered or sharded
 // (train/sharded_checkpoint.h), as a Hugging Face model directory: config.json and the weights in
-// the layout transformers loads (model.safetensors, or shards and an index), in float32. DIR is a
-// training output directory (its latest checkpoint) or one checkpoint. Run it as one process.
+// the layout transformers loads (model.safetensors, or shards and an index), in float32 or, with
+// `--dtype bfloat16`, rounded to bfloat16 (half the bytes, what Hugging Face users of bf16 models
+// load; config.json's torch_dtype says which). The checkpoint keeps its float32 master weights. DIR
+// is a training output directory (its latest checkpoint) or one checkpoint. Run it as one process.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -22,6 +24,7 @@ namespace fs = std::filesystem;
 struct ExportOptions {
   std::string checkpoint;
   std::string out;
+  std::string dtype = "float32";  // "float32" | "bfloat16"
 };
 
 void run_export(const ExportOptions& o) {
@@ -36,10 +39,12 @@ void run_export(const ExportOptions& o) {
     model.load_weights(dir);
   }
   fs::create_directories(o.out);
-  model.save_weights(o.out);
-  write_file_atomic((fs::path(o.out) / "config.json").string(), config.to_json().dump(2) + "\n");
-  std::printf("exported %s to %s (%s)\n", dir.c_str(), o.out.c_str(),
-              is_sharded_checkpoint(dir) ? "from its shards" : "as saved");
+  model.save_weights(o.out, /*bfloat16=*/o.dtype == "bfloat16");
+  nlohmann::json hf_config = config.to_json();
+  hf_config["torch_dtype"] = o.dtype;
+  write_file_atomic((fs::path(o.out) / "config.json").string(), hf_config.dump(2) + "\n");
+  std::printf("exported %s to %s (%s, %s)\n", dir.c_str(), o.out.c_str(),
+              is_sharded_checkpoint(dir) ? "from its shards" : "as saved", o.dtype.c_str());
 }
 
 }  // namespace
@@ -49,6 +54,9 @@ void register_export(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("export", "Write a training checkpoint (gathered or sharded) as a Hugging Face model");
   cmd->add_option("--checkpoint", o->checkpoint, "Training output directory or checkpoint directory")->required();
   cmd->add_option("--out", o->out, "Directory of the Hugging Face model (config.json, safetensors)")->required();
+  cmd->add_option("--dtype", o->dtype, "Stored type of the weights: float32 or bfloat16 (rounded to nearest even)")
+      ->check(CLI::IsMember({"float32", "bfloat16"}))
+      ->capture_default_str();
   cmd->callback([o] { run_export(*o); });
 }
 

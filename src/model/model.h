@@ -130,8 +130,9 @@ class Model {
   // (counted even when tied).
   double training_flops_per_token(int64_t seq) const;
 
-  // Hugging Face layout checkpoints (model.safetensors or shards + index).
-  void save_weights(const std::string& directory) const;
+  // Hugging Face layout checkpoints (model.safetensors or shards + index), stored as T, or as
+  // bfloat16 (rounded to nearest even) with `bfloat16`: what `export --dtype bfloat16` writes.
+  void save_weights(const std::string& directory, bool bfloat16 = false) const;
   void load_weights(const std::string& directory);
 
  private:

@@ -1,6 +1,6 @@
 // Model weights in Hugging Face layout: save_weights writes every tensor of the parameter table
 // under its checkpoint keys (save_pretrained's default layout: routed experts per expert,
-// `mlp.experts.{e}.gate_proj.weight`, …; F32 for float models, F64 for double) through
+// `mlp.experts.{e}.gate_proj.weight`, …; F32 for float models, F64 for double, or BF16) through
 // CheckpointWriter (sharded with an index when large); load_weights reads that layout and the fused
 // in-memory one (`save_original_format=False`: `mlp.experts.gate_up_proj [E, 2I, H]`, …), any
 // supported dtype, converting. Loading is all-or-nothing: every tensor is read into a staging buffer
@@ -18,12 +18,13 @@
 namespace trillion {
 
 template <class T>
-void Model<T>::save_weights(const std::string& directory) const {
+void Model<T>::save_weights(const std::string& directory, bool bfloat16) const {
   const Impl& m = *impl_;
   CheckpointWriter writer;
+  const DType stored = bfloat16 ? DType::BF16 : dtype_of<T>();
   for (const ParamSpec& spec : m.table.entries()) {
     for (const HfKey& key : spec.checkpoint_keys())
-      writer.add(key.name, dtype_of<T>(), key.shape, m.params.data() + spec.offset + key.offset);
+      writer.add(key.name, stored, key.shape, m.params.data() + spec.offset + key.offset);
   }
   writer.write(directory);
 }
@@ -79,9 +80,9 @@ void Model<T>::load_weights(const std::string& directory) {
   std::memcpy(static_cast<void*>(m.params.data()), staging.data(), m.table.total_size() * sizeof(T));
 }
 
-template void Model<float>::save_weights(const std::string&) const;
+template void Model<float>::save_weights(const std::string&, bool) const;
 template void Model<float>::load_weights(const std::string&);
-template void Model<double>::save_weights(const std::string&) const;
+template void Model<double>::save_weights(const std::string&, bool) const;
 template void Model<double>::load_weights(const std::string&);
 
 }  // namespace trillion

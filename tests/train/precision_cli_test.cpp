@@ -3,10 +3,15 @@
 // as a straight one), its first loss is within bf16's unit roundoff of the float32 run's yet not
 // equal to it, and a different precision on resume, or bf16 with float64, is refused by name.
 // `eval` and `generate` take the checkpoint's precision unless --precision says otherwise.
+// `export --dtype bfloat16` writes every weight rounded to bf16 (BF16 in the safetensors, the
+// nearest bf16 of the checkpoint's float32 master weight) and torch_dtype in config.json; the
+// exported model loads and evaluates.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "core/bf16.h"
+#include "io/safetensors.h"
 #include "train/cli_fixture.h"
 
 namespace trillion::train_test {
@@ -49,6 +54,27 @@ TEST(PrecisionCli, Bf16RunIsRecordedResumesToTheSameBitsAndStaysNearFloat32) {
   EXPECT_LE(std::abs(val_bf16 - val_fp32), 0x1.0p-8 * val_fp32);
   const CommandResult generated = run_cli("generate --checkpoint " + straight.string() + " --max-new-tokens 4");
   EXPECT_EQ(generated.status, 0) << generated.output;
+
+  const fs::path exported = d.root / "precision_exported_bf16";
+  fs::remove_all(exported);
+  const CommandResult e = run_cli("export --checkpoint " + straight.string() + " --out " + exported.string() +
+                                  " --dtype bfloat16");
+  ASSERT_EQ(e.status, 0) << e.output;
+  EXPECT_EQ(nlohmann::json::parse(read_text(exported / "config.json")).at("torch_dtype"), "bfloat16");
+  const SafetensorsReader stored((exported / "model.safetensors").string());
+  const SafetensorsReader master((straight / "checkpoint-000006" / "model.safetensors").string());
+  ASSERT_EQ(stored.tensors().size(), master.tensors().size());
+  for (const auto& [name, info] : master.tensors()) {
+    ASSERT_EQ(stored.info(name).dtype, DType::BF16) << name;
+    int64_t elements = 1;
+    for (const int64_t extent : info.shape) elements *= extent;
+    std::vector<float> rounded(elements), weights(elements);
+    stored.read(name, info.shape, rounded.data());
+    master.read(name, info.shape, weights.data());
+    for (int64_t i = 0; i < elements; ++i) ASSERT_EQ(rounded[i], round_to_bf16(weights[i])) << name << " " << i;
+  }
+  const CommandResult loaded = run_cli("eval --checkpoint " + exported.string() + " --data " + d.data_dir.string() + " --seq-len 16");
+  EXPECT_EQ(loaded.status, 0) << loaded.output;
 }
 
 TEST(PrecisionCli, AnotherPrecisionOnResumeAndBf16WithFloat64AreRefused) {
