@@ -15,6 +15,7 @@
 #include "model/config.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
+#include "train/run_setup.h"
 #include "train/sampling.h"
 
 namespace trillion {

@@ -75,6 +75,14 @@ void validate_settings(const TrainSettings& s) {
   if (!(s.eps > 0)) fail("--eps must be > 0, got ", s.eps);
 }
 
+MatmulPrecision checkpoint_matmul_precision(const std::string& given, const TrainSettings* saved) {
+  const std::string name = !given.empty() ? given : saved != nullptr ? saved->precision : "fp32";
+  const MatmulPrecision precision = matmul_precision_from_name(name, "--precision");
+  if (precision != MatmulPrecision::fp32 && saved != nullptr && saved->dtype == "float64")
+    fail("--precision ", name, " needs a float32 checkpoint; this one's dtype is float64");
+  return precision;
+}
+
 RunSetup prepare_run(TrainOptions& o) {
   RunSetup run;
   std::string config_source = o.config_path;

@@ -8,6 +8,7 @@
 
 #include "data/mixture.h"
 #include "model/config.h"
+#include "ops/gemm.h"
 #include "train/checkpoint.h"
 #include "train/memory_plan.h"
 #include "train/trainer.h"
@@ -24,6 +25,10 @@ struct RunSetup {
 
 // Fails with the flag named when a setting is out of range (or does not fit the ranks).
 void validate_settings(const TrainSettings& s);
+// The matmul precision of `eval` and `generate`: `given` (their --precision), else the run's
+// (`saved`: its trainer_state.json's settings, null without one: fp32). bf16 with a float64
+// checkpoint fails naming both.
+MatmulPrecision checkpoint_matmul_precision(const std::string& given, const TrainSettings* saved);
 
 // Resolves config, data, weights and settings for a fresh, --init or --resume run.
 RunSetup prepare_run(TrainOptions& o);

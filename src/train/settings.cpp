@@ -158,12 +158,4 @@ TrainSettings resumed_settings(const TrainSettings& saved, const TrainSettings& 
   return settings;
 }
 
-MatmulPrecision checkpoint_matmul_precision(const std::string& given, const TrainSettings* saved) {
-  const std::string name = !given.empty() ? given : saved != nullptr ? saved->precision : "fp32";
-  const MatmulPrecision precision = matmul_precision_from_name(name, "--precision");
-  if (precision != MatmulPrecision::fp32 && saved != nullptr && saved->dtype == "float64")
-    fail("--precision ", name, " needs a float32 checkpoint; this one's dtype is float64");
-  return precision;
-}
-
 }  // namespace trillion

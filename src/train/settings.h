@@ -14,8 +14,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "ops/gemm.h"
-
 namespace trillion {
 
 // Everything that defines the sequence of optimizer steps of a run (a resumed run must agree).
@@ -83,10 +81,5 @@ TrainSettings read_settings(const nlohmann::json& json, const std::string& path)
 // field, both values and the flag.
 TrainSettings resumed_settings(const TrainSettings& saved, const TrainSettings& given,
                                const std::set<std::string>& given_flags, const std::string& state_path);
-
-// The matmul precision of `eval` and `generate`: `given` (their --precision), else the run's
-// (`saved`: its trainer_state.json's settings, null without one: fp32). bf16 with a float64
-// checkpoint fails naming both.
-MatmulPrecision checkpoint_matmul_precision(const std::string& given, const TrainSettings* saved);
 
 }  // namespace trillion
