@@ -99,23 +99,28 @@ inline nlohmann::json bench_summary(const char* bench, const TimingResult& fused
 class SgemmProblem {
  public:
   explicit SgemmProblem(int64_t size) : SgemmProblem(size, size, size) {}
-  SgemmProblem(int64_t m, int64_t n, int64_t k)
-      : m_(m), n_(n), k_(k), a_(m * k), b_(k * n), c_(m * n), a16_(m * k), b16_(k * n) {
+  SgemmProblem(int64_t m, int64_t n, int64_t k) : m_(m), n_(n), k_(k), a_(m * k), b_(k * n), c_(m * n) {
     const CounterRng rng(1, "bench_gemm");
     for (int64_t i = 0; i < m * k; ++i) a_[i] = float(rng.uniform(i) - 0.5);
     for (int64_t i = 0; i < k * n; ++i) b_[i] = float(rng.uniform(m * k + i) - 0.5);
-    to_bf16(a_.data(), a16_.data(), m * k);
-    to_bf16(b_.data(), b16_.data(), k * n);
   }
   void run() { gemm<float>(false, false, m_, n_, k_, 1.0f, a_.data(), k_, b_.data(), n_, 0.0f, c_.data(), n_); }
-  void run_bf16() { gemm_bf16(false, false, m_, n_, k_, 1.0f, a16_.data(), k_, b16_.data(), n_, 0.0f, c_.data(), n_); }
+  void run_bf16() {
+    if (a16_.size() == 0) {  // made at the first bf16 run: the MFU ceiling never needs them
+      a16_ = Buffer<bf16>(m_ * k_);
+      b16_ = Buffer<bf16>(k_ * n_);
+      to_bf16(a_.data(), a16_.data(), m_ * k_);
+      to_bf16(b_.data(), b16_.data(), k_ * n_);
+    }
+    gemm_bf16(false, false, m_, n_, k_, 1.0f, a16_.data(), k_, b16_.data(), n_, 0.0f, c_.data(), n_);
+  }
   double flops() const { return 2.0 * double(m_) * double(n_) * double(k_); }
   int64_t size() const { return m_; }
   // Relative error (max|c − ref| / max|ref|) of the last run on up to 64 sampled entries of c
   // against double-precision dot products of the float operands, or of their bf16 roundings.
   double sampled_rel_err(bool bf16_operands = false) const {
-    const auto a = [&](int64_t i) { return bf16_operands ? double(to_float(a16_[i])) : double(a_[i]); };
-    const auto b = [&](int64_t i) { return bf16_operands ? double(to_float(b16_[i])) : double(b_[i]); };
+    const auto a = [&](int64_t i) { return double(bf16_operands ? round_to_bf16(a_[i]) : a_[i]); };
+    const auto b = [&](int64_t i) { return double(bf16_operands ? round_to_bf16(b_[i]) : b_[i]); };
     const int64_t samples = m_ * n_ < 64 ? m_ * n_ : 64;
     double max_diff = 0.0, max_ref = 0.0;
     for (int64_t s = 0; s < samples; ++s) {
@@ -131,7 +136,7 @@ class SgemmProblem {
  private:
   int64_t m_, n_, k_;
   Buffer<float> a_, b_, c_;  // [m, k], [k, n], [m, n]
-  Buffer<bf16> a16_, b16_;   // [m, k], [k, n]: a and b rounded to bf16
+  Buffer<bf16> a16_, b16_;   // [m, k], [k, n]: a and b rounded to bf16 (empty until run_bf16)
 };
 
 // The MFU ceiling: the rate (FLOP/s) of `trillion bench gemm`'s problem, a float32 sgemm of size³

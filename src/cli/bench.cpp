@@ -92,11 +92,8 @@ void run_gemm(bool json, int64_t size, const std::vector<int64_t>& shape) {
   set_gemm_backend(in_use);
   // bf16 operands: stored in bf16 (gemm_bf16), and float operands rounded by each product (the
   // engine's products under --precision bf16), on the backend in use.
-  const auto bf16_row = [&](const char* name, const char* what, bool stored_bf16) {
-    const TimingResult timing = stored_bf16 ? time_median([&] { gemm.run_bf16(); }, 2, 10) : [&] {
-      const MatmulPrecisionScope bf16_operands(MatmulPrecision::bf16);
-      return time_median([&] { gemm.run(); }, 2, 10);
-    }();
+  const auto bf16_row = [&](const char* name, const char* what, const auto& run) {
+    const TimingResult timing = time_median(run, 2, 10);
     summary[name] = {{"gflops", gemm.flops() / timing.median_s * 1e-9}, {"median_s", timing.median_s},
                      {"min_s", timing.min_s}, {"runs", timing.runs},
                      {"max_rel_err", gemm.sampled_rel_err(/*bf16_operands=*/true)}};
@@ -110,8 +107,11 @@ void run_gemm(bool json, int64_t size, const std::vector<int64_t>& shape) {
   if (!json)
     std::printf("bf16 operands, float accumulation (%s):\n",
                 bf16_matmul_is_native() ? "oneDNN's bf16 matmul" : "no bf16 kernel on this CPU: widened to float");
-  bf16_row("bf16", "  stored bf16        ", true);
-  bf16_row("bf16_rounding", "  rounded per product", false);
+  bf16_row("bf16", "  stored bf16        ", [&] { gemm.run_bf16(); });
+  {
+    const MatmulPrecisionScope bf16_operands(MatmulPrecision::bf16);
+    bf16_row("bf16_rounding", "  rounded per product", [&] { gemm.run(); });
+  }
   // Each rate against the physical peak of its precision.
   const PhysicalPeak peak = measure_physical_peak();
   summary["peak"] = {{"fp32_gflops", peak.fp32_flops() * 1e-9}, {"bf16_gflops", peak.bf16_flops() * 1e-9},

@@ -187,26 +187,25 @@ const Bf16Matmul& bf16_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, 
   return found->second;
 }
 
-bool run_native_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const bf16* a,
-                     int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
-  const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta);
-  if (!matmul.native) return false;
+// c = alpha · a · b + beta · c on oneDNN's bf16 matmul, a and b laid out as `matmul` was built for.
+void execute(const Bf16Matmul& matmul, const bf16* a, const bf16* b, float* c) {
   thread_local dnnl::stream stream(cpu_engine());
   const dnnl::engine& engine = cpu_engine();
   dnnl::memory a_memory(matmul.a, engine, const_cast<bf16*>(a)), b_memory(matmul.b, engine, const_cast<bf16*>(b)),
       c_memory(matmul.c, engine, c);
   matmul.primitive.execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
   stream.wait();
-  return true;
 }
 
-// gemm_bf16's fallback: the operands widened to float, packed dense, on the float backend.
-void widened_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const bf16* a,
-                  int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+// The product on the float backend, its operands converted to float (widened from bf16, or rounded
+// to bf16 values) and packed dense.
+template <class In, class Convert>
+void float_product_of_converted(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const In* a,
+                                int64_t lda, const In* b, int64_t ldb, float beta, float* c, int64_t ldc,
+                                const Convert& convert) {
   const StoredMatrix a_shape = stored(trans_a, m, k, lda), b_shape = stored(trans_b, k, n, ldb);
-  const auto widen = [](bf16 x) { return to_float(x); };
-  pack(a_shape, a, t_packed.a_float, widen);  // [a_shape.rows, a_shape.cols]
-  pack(b_shape, b, t_packed.b_float, widen);  // [b_shape.rows, b_shape.cols]
+  pack(a_shape, a, t_packed.a_float, convert);  // [a_shape.rows, a_shape.cols]
+  pack(b_shape, b, t_packed.b_float, convert);  // [b_shape.rows, b_shape.cols]
   gemm<float>(trans_a, trans_b, m, n, k, alpha, t_packed.a_float.data(), a_shape.packed_ld(), t_packed.b_float.data(),
               b_shape.packed_ld(), beta, c, ldc, Operands::fp32);
 }
@@ -215,19 +214,15 @@ void widened_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, f
 void gemm_rounding_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const StoredMatrix a_shape = stored(trans_a, m, k, lda), b_shape = stored(trans_b, k, n, ldb);
-  if (bf16_matmul(trans_a, trans_b, m, n, k, a_shape.packed_ld(), b_shape.packed_ld(), ldc, alpha, beta).native) {
-    const auto round = [](float x) { return to_bf16(x); };
-    pack(a_shape, a, t_packed.a_bf16, round);  // [a_shape.rows, a_shape.cols]
-    pack(b_shape, b, t_packed.b_bf16, round);  // [b_shape.rows, b_shape.cols]
-    run_native_bf16(trans_a, trans_b, m, n, k, alpha, t_packed.a_bf16.data(), a_shape.packed_ld(), t_packed.b_bf16.data(),
-                    b_shape.packed_ld(), beta, c, ldc);
-    return;
-  }
-  const auto round = [](float x) { return round_to_bf16(x); };
-  pack(a_shape, a, t_packed.a_float, round);  // [a_shape.rows, a_shape.cols]
-  pack(b_shape, b, t_packed.b_float, round);  // [b_shape.rows, b_shape.cols]
-  gemm<float>(trans_a, trans_b, m, n, k, alpha, t_packed.a_float.data(), a_shape.packed_ld(), t_packed.b_float.data(),
-              b_shape.packed_ld(), beta, c, ldc, Operands::fp32);
+  const Bf16Matmul& matmul =
+      bf16_matmul(trans_a, trans_b, m, n, k, a_shape.packed_ld(), b_shape.packed_ld(), ldc, alpha, beta);
+  if (!matmul.native)
+    return float_product_of_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                                      [](float x) { return round_to_bf16(x); });
+  const auto round = [](float x) { return to_bf16(x); };
+  pack(a_shape, a, t_packed.a_bf16, round);  // [a_shape.rows, a_shape.cols]
+  pack(b_shape, b, t_packed.b_bf16, round);  // [b_shape.rows, b_shape.cols]
+  execute(matmul, t_packed.a_bf16.data(), t_packed.b_bf16.data(), c);
 }
 
 }  // namespace
@@ -298,8 +293,10 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                  " ldb=", ldb, " ldc=", ldc, " for m=", m, " n=", n, " k=", k);
   if (k == 0) return scale_rows(m, n, beta, c, ldc);
   [[maybe_unused]] const LibraryOnCallingThread one_thread_under_tsan;
-  if (run_native_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)) return;
-  widened_bf16(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta);
+  if (matmul.native) return execute(matmul, a, b, c);
+  float_product_of_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+                             [](bf16 x) { return to_float(x); });
 }
 
 template <class T>

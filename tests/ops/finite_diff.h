@@ -104,6 +104,22 @@ void with_threads(int threads, const Fn& fn) {
   omp_set_num_threads(previous);
 }
 
+// product() (returning its result's elements) gives the same bits twice, and each of four calls
+// inside a two-thread OpenMP region gives the one-thread call's bits (the GEMM libraries run nested
+// work on the calling thread).
+template <class Product>
+void expect_same_bits_inside_regions(const Product& product, const std::string& what) {
+  EXPECT_EQ(product(), product()) << what;
+  decltype(product()) one_thread;
+  with_threads(1, [&] { one_thread = product(); });
+  std::vector<decltype(product())> per_thread(4);
+  with_threads(2, [&] {
+#pragma omp parallel for schedule(static, 1)
+    for (int t = 0; t < 4; ++t) per_thread[t] = product();
+  });
+  for (const auto& result : per_thread) EXPECT_EQ(result, one_thread) << what;
+}
+
 // Returns fn() run with the vector kernels of `isa`, then restores the instruction set in use.
 template <class Fn>
 auto with_isa(VectorIsa isa, const Fn& fn) {

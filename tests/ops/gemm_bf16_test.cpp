@@ -136,22 +136,13 @@ TEST(GemmBf16, RepeatableAndRunsInsideParallelRegions) {
   const int64_t m = 45, n = 77, k = 130;
   const std::vector<float> a = cast_values<float>(random_values(m * k, 71)), b = cast_values<float>(random_values(k * n, 72));
   const MatmulPrecisionScope bf16_operands(MatmulPrecision::bf16);
-  {
-    const auto product = [&] {
-      std::vector<float> c(m * n);  // [m, n]
-      gemm<float>(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);  // b read as [n, k]
-      return c;
-    };
-    EXPECT_EQ(product(), product());
-    std::vector<float> one_thread;
-    test::with_threads(1, [&] { one_thread = product(); });
-    std::vector<std::vector<float>> per_thread(4);
-    test::with_threads(2, [&] {
-#pragma omp parallel for schedule(static, 1)
-      for (int t = 0; t < 4; ++t) per_thread[t] = product();
-    });
-    for (const std::vector<float>& c : per_thread) EXPECT_EQ(c, one_thread);
-  }
+  test::expect_same_bits_inside_regions(
+      [&] {
+        std::vector<float> c(m * n);  // [m, n]
+        gemm<float>(false, true, m, n, k, 1.0f, a.data(), k, b.data(), k, 0.0f, c.data(), n);  // b read as [n, k]
+        return c;
+      },
+      "bf16 operands");
 }
 
 TEST(GemmBf16, PrecisionNamesRoundTripAndAnUnknownOneIsRefused) {
