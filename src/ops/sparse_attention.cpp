@@ -1,33 +1,36 @@
 // Sparse attention over indexer-selected keys (DeepSeek-V3.2 DSA), see sparse_attention.h.
 //
 // Tiles: for one query position t and one key/value head, the `group` query heads that share that
-// head are the rows of one small matrix (they are contiguous in q, out, dq and dout, and stay in
-// L1), and the selection is processed kKeyTile keys at a time. Every product reads the selected
-// key/value rows in place, never gathered: dot products against them (scores q·k, and dP = dout·v
-// in backward) run as row_dots, one 64-byte vector accumulator per (head, key) whose lanes are
-// summed (the head dims 64, 128 and 192 unrolled at compile time); weighted sums of rows (P·v,
-// dS·k, and the dk/dv scatters) run as add_weighted_rows, vector accumulators held in registers
-// across the summed rows. Both are vector kernels chosen at start-up (ops/vector_rows.h: AVX-512,
-// or AVX2 with the same bits). Measured at 8192 tokens, top-k 512, 8 query and 2 kv heads of 64: both
-// beat gathering the rows into a tile for an OpenBLAS gemm of 4-row operands, whose packing copy
-// cost as much as the gather (docs/benchmarks.md, "Sparse attention"; software prefetching of the
-// scattered rows a few keys ahead was tried and gained nothing measurable). Workspace is a few
-// tiles per thread; nothing is [q_len, kv_len]. Every selected key is visible by contract,
-// so there is no masking.
+// head are the rows of one small matrix (contiguous in q, out, dq and dout, and in L1), and the
+// selection is processed kKeyTile keys at a time. Every product reads the selected key/value rows
+// in place, never gathered into a tile: dot products against them (scores q·k, and dP = dout·v in
+// backward) run as row_dots, weighted sums of rows (P·v, dS·k, and dk/dv's sums) as
+// add_weighted_rows, both vector kernels chosen at start-up (ops/vector_rows.h: AVX-512, or AVX2
+// with the same bits). With random selections there is no dense block to hand a GEMM: at top-k
+// 512 of 8192 keys two neighbouring queries share 1/16 of their keys, and packing the gathered
+// rows for an OpenBLAS gemm of 4-row operands cost as much as the gather (docs/benchmarks.md,
+// "Sparse attention").
 //
-// Forward: one work item per (batch, query position), all kv heads in turn; online softmax over
-// the key tiles of the row's selection, accumulating straight into out, then saving lse.
+// Locality: the selected rows are scattered over the whole sequence, so the kernels work one kv
+// head at a time (all threads on the same head), its key and value rows copied out of the
+// interleaved [.., kv_heads, dim] layout into one contiguous [kv_len, dim] matrix (HeadRows): one
+// head of MLA's shape at 8192 keys is 10 MB and stays in the last-level cache, where all heads'
+// rows (84 MB) did not, and interleaved rows a power of two apart shared a fraction of the cache
+// sets. Nothing is [q_len, kv_len].
 //
-// Backward, determinism: one work item per (batch, kv head). It owns dk and dv of its kv head and dq
-// of the query heads of its group, and walks the query positions t = 0, 1, … in order: D =
-// rowsum(dout ⊙ out), P = exp(scale · q·k − lse) recomputed tile by tile, dS = P ⊙ (dP −
-// D), dq of t written, and the dk/dv contributions added to the selected keys' rows in (t, column)
-// order. No two items write the same element and each item's order of additions is fixed (a
-// function of the sizes and indices only), so the results are bitwise independent of the thread
-// count, and probabilities are computed once per (t, head) with no dq/dk pass split. All cores
-// are busy when batch · kv_heads ≥ threads; with fewer items some threads idle (the alternative,
-// per-query-block partial dk/dv buffers reduced in a fixed order, costs a [kv_len, dim] buffer per
-// block, far more than the O(threads · tile) workspace kept here). Forward rows are independent.
+// Forward: per kv head, one work item per query position; online softmax over the key tiles of the
+// row's selection, accumulating straight into out, then saving lse.
+//
+// Backward, in chunks of query positions (SparseAttentionTiling.chunk_pairs selected pairs each):
+// - query-major, one item per query: D = rowsum(dout ⊙ out), P = exp(scale · q·k − lse)
+//   recomputed tile by tile, dS = P ⊙ (dP − D), dq of the query written, and P and scale · dS kept
+//   [chunk, group, topk];
+// - key-major, one item per key: the chunk's pairs counting-sorted by key (KeyMajorPairs), dv[j] +=
+//   Σ P · dout and dk[j] += Σ scale · dS · q over the pairs that select key j, in (query, column,
+//   query head) order, each dk/dv row loaded and stored once per kKeyTile terms.
+// No two items write the same element, every sum's order is a function of the sizes and indices
+// only, so the results are bitwise independent of the thread count and of the chunk size, and all
+// threads are busy whatever the number of heads.
 //
 // Indices are validated before any parallel region (TRILLION_CHECK aborts, never inside OpenMP):
 // each row must be distinct visible keys followed only by −1 padding, with at least one key.
@@ -63,6 +66,8 @@ struct Geometry {
                    "bad sparse attention sizes");
     TRILLION_CHECK(s.q_len <= s.kv_len, "sparse attention q_len ", s.q_len, " > kv_len ", s.kv_len);
     TRILLION_CHECK(s.kv_len <= std::numeric_limits<int32_t>::max(), "kv_len ", s.kv_len, " exceeds int32 indices");
+    TRILLION_CHECK(s.q_len * s.q_heads <= std::numeric_limits<int32_t>::max(), "q_len · q_heads ",
+                   s.q_len * s.q_heads, " exceeds int32 query row numbers");
     TRILLION_CHECK(s.q_heads % s.kv_heads == 0, "q_heads ", s.q_heads, " not a multiple of kv_heads ", s.kv_heads);
     TRILLION_CHECK(s.doc_start == nullptr || s.q_len == s.kv_len, "document masks need q_len == kv_len");
     group = s.q_heads / s.kv_heads;
@@ -74,10 +79,6 @@ struct Geometry {
   // Offsets of (b, t, head h, 0) in q-like ([.., qk_dim]) and out-like ([.., v_dim]) tensors.
   int64_t q_index(int64_t b, int64_t t, int64_t h) const { return ((b * s.q_len + t) * s.q_heads + h) * s.qk_dim; }
   int64_t out_index(int64_t b, int64_t t, int64_t h) const { return ((b * s.q_len + t) * s.q_heads + h) * s.v_dim; }
-  // Offset of (b, key j, kv head, 0) in a [batch, kv_len, kv_heads, dim] tensor.
-  int64_t kv_index(int64_t b, int64_t j, int64_t kvh, int64_t dim) const {
-    return ((b * s.kv_len + j) * s.kv_heads + kvh) * dim;
-  }
   int64_t lse_index(int64_t b, int64_t h, int64_t t) const { return (b * s.q_heads + h) * s.q_len + t; }
 };
 
@@ -149,27 +150,139 @@ int64_t forward_per_thread(const Geometry& geo, int64_t elem_bytes) {
   return round_up_64_bytes(geo.group * kKeyTile + 2 * geo.group, elem_bytes);
 }
 
-// Elements of one thread's backward workspace: probs, dprobs [group, kKeyTile], lse_rows, dot_rows [group].
+// Elements of one thread's backward workspace: probs, dprobs [group, kKeyTile], lse_rows, dot_rows
+// [group], then a key's gathered weights [2, kKeyTile] (with their rows in gathered_rows).
 int64_t backward_per_thread(const Geometry& geo, int64_t elem_bytes) {
-  return round_up_64_bytes(2 * geo.group * kKeyTile + 2 * geo.group, elem_bytes);
+  return round_up_64_bytes(2 * geo.group * kKeyTile + 2 * geo.group + 2 * kKeyTile, elem_bytes);
 }
 
-// A kernel's peak bytes of Buffers: the counts, with the marks, then the per-thread workspace.
-int64_t kernel_bytes(const SparseAttentionSizes& s, int threads, int64_t per_thread, int64_t element_bytes) {
+// One head's rows of a [batch, len, heads, dim] tensor as a contiguous [len, dim] matrix. With
+// several heads a head's rows interleave with the others' at a stride of heads · dim elements (a
+// power of two times 64 bytes at the usual dims), so its scattered rows share a fraction of the
+// cache sets and many more pages: at MLA's shape reading them from such a copy halved the time of
+// both passes (docs/benchmarks.md, "Sparse attention"). With one head the tensor is that matrix and
+// nothing is copied.
+template <class T>
+class HeadRows {
+ public:
+  HeadRows(int64_t len, int64_t heads, int64_t dim) : len_(len), heads_(heads), dim_(dim), copy_(copy_count(len, heads, dim)) {}
+  static int64_t copy_count(int64_t len, int64_t heads, int64_t dim) { return heads > 1 ? len * dim : 0; }
+
+  // Head h of batch entry b of x, [len, dim].
+  const T* load(const T* x, int64_t b, int64_t h) {
+    if (heads_ == 1) return x + b * len_ * dim_;
+    parallel_for(len_, dim_, [&](int64_t j) { std::copy_n(row(x, b, j, h), dim_, copy_.data() + j * dim_); });
+    return copy_.data();
+  }
+  // Zeroed rows [len, dim] to accumulate head h of batch entry b of x in; store() writes them to x.
+  T* zeroed(T* x, int64_t b, int64_t h) {
+    T* rows = heads_ == 1 ? x + b * len_ * dim_ : copy_.data();
+    parallel_for(len_, dim_, [&](int64_t j) { std::fill_n(rows + j * dim_, dim_, T(0)); });
+    return rows;
+  }
+  void store(T* x, int64_t b, int64_t h) const {
+    if (heads_ == 1) return;
+    parallel_for(len_, dim_, [&](int64_t j) { std::copy_n(copy_.data() + j * dim_, dim_, row(x, b, j, h)); });
+  }
+
+ private:
+  template <class P>
+  P* row(P* x, int64_t b, int64_t j, int64_t h) const { return x + ((b * len_ + j) * heads_ + h) * dim_; }
+  int64_t len_, heads_, dim_;
+  Buffer<T> copy_;  // [len, dim] when heads > 1
+};
+
+// Query positions per chunk of the backward: as many as fill tiling.chunk_pairs selected pairs.
+int64_t chunk_queries(const SparseAttentionSizes& s, const SparseAttentionTiling& tiling) {
+  TRILLION_CHECK(tiling.chunk_pairs > 0 && tiling.chunk_pairs <= std::numeric_limits<int32_t>::max(),
+                 "sparse attention tiling: chunk_pairs ", tiling.chunk_pairs, " outside [1, 2^31)");
+  return std::clamp<int64_t>(tiling.chunk_pairs / s.topk, 1, s.q_len);
+}
+
+// One query chunk's selected (query, column) pairs sorted by key, a counting sort: the pairs that
+// select key j are [begin(j), end(j)), in (query, column) order, pair s being column column(s) of
+// the chunk's query query(s). (Sorting in parallel, each thread a range of queries, was slower:
+// the threads' pairs of a key are neighbours, so their writes shared cache lines.)
+class KeyMajorPairs {
+ public:
+  KeyMajorPairs(int64_t kv_len, int64_t max_pairs) : key_begin_(kv_len + 1), query_(max_pairs), column_(max_pairs) {}
+
+  // indices [queries, topk] and counts [queries] of the chunk's rows; every key is below key_end.
+  void sort(const int32_t* indices, const int32_t* counts, int64_t queries, int64_t topk, int64_t key_end) {
+    key_end_ = key_end;
+    int32_t* begin = key_begin_.data();  // [key_end + 1]
+    std::fill_n(begin, key_end + 1, 0);
+    for (int64_t i = 0; i < queries; ++i)
+      for (int32_t c = 0; c < counts[i]; ++c) ++begin[indices[i * topk + c] + 1];
+    for (int64_t j = 0; j < key_end; ++j) begin[j + 1] += begin[j];
+    for (int64_t i = 0; i < queries; ++i)
+      for (int32_t c = 0; c < counts[i]; ++c) {
+        const int32_t s = begin[indices[i * topk + c]]++;
+        query_[s] = int32_t(i);
+        column_[s] = c;
+      }
+    // Each begin[j] has advanced to the end of key j, the start of key j + 1: shift them back.
+    std::copy_backward(begin, begin + key_end, begin + key_end + 1);
+    begin[0] = 0;
+  }
+  int64_t size() const { return key_begin_[key_end_]; }
+  int64_t begin(int64_t j) const { return key_begin_[j]; }
+  int64_t end(int64_t j) const { return key_begin_[j + 1]; }
+  int64_t query(int64_t s) const { return query_[s]; }
+  int64_t column(int64_t s) const { return column_[s]; }
+
+  // Bytes of a KeyMajorPairs for kv_len keys and max_pairs pairs.
+  static int64_t bytes(int64_t kv_len, int64_t max_pairs) {
+    return (kv_len + 1 + 2 * max_pairs) * int64_t(sizeof(int32_t));
+  }
+
+ private:
+  Buffer<int32_t> key_begin_;  // [kv_len + 1]
+  Buffer<int32_t> query_;      // [max_pairs]
+  Buffer<int32_t> column_;     // [max_pairs]
+  int64_t key_end_ = 0;
+};
+
+// Bytes of the backward's shared buffers: the gathered rows [threads, kKeyTile] (int32), two chunks'
+// KeyMajorPairs, P and dS [chunk, group, topk].
+int64_t chunk_bytes(const Geometry& geo, const SparseAttentionTiling& tiling, int threads, int64_t element_bytes) {
+  const int64_t pairs = chunk_queries(geo.s, tiling) * geo.s.topk;
+  return threads * kKeyTile * int64_t(sizeof(int32_t)) + 2 * KeyMajorPairs::bytes(geo.s.kv_len, pairs) +
+         2 * pairs * geo.group * element_bytes;
+}
+
+// Elements of the HeadRows copies of k and v (forward), and of dk, dv and the group's q and dout
+// (backward).
+int64_t forward_head_copies(const SparseAttentionSizes& s) {
+  return HeadRows<char>::copy_count(s.kv_len, s.kv_heads, s.qk_dim + s.v_dim);
+}
+int64_t backward_head_copies(const Geometry& geo) {
+  const SparseAttentionSizes& s = geo.s;
+  return 2 * forward_head_copies(s) + HeadRows<char>::copy_count(s.q_len, s.kv_heads, geo.group * (s.qk_dim + s.v_dim));
+}
+
+// A kernel's peak bytes of Buffers: the counts, with the marks, then the per-thread workspace and
+// the shared buffers.
+int64_t kernel_bytes(const SparseAttentionSizes& s, int threads, int64_t per_thread, int64_t shared_bytes,
+                     int64_t element_bytes) {
   return counts_count(s) * int64_t(sizeof(int32_t)) +
-         std::max(marks_count(s, threads) * int64_t(sizeof(uint8_t)), per_thread * threads * element_bytes);
+         std::max(marks_count(s, threads) * int64_t(sizeof(uint8_t)), per_thread * threads * element_bytes + shared_bytes);
 }
 
 }  // namespace
 
 int64_t sparse_attention_forward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
                                                  int64_t element_bytes) {
-  return kernel_bytes(sizes, threads, forward_per_thread(Geometry(sizes), element_bytes), element_bytes);
+  return kernel_bytes(sizes, threads, forward_per_thread(Geometry(sizes), element_bytes),
+                      forward_head_copies(sizes) * element_bytes, element_bytes);
 }
 
 int64_t sparse_attention_backward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
-                                                  int64_t element_bytes) {
-  return kernel_bytes(sizes, threads, backward_per_thread(Geometry(sizes), element_bytes), element_bytes);
+                                                  int64_t element_bytes, const SparseAttentionTiling& tiling) {
+  const Geometry geo(sizes);
+  return kernel_bytes(sizes, threads, backward_per_thread(geo, element_bytes),
+                      backward_head_copies(geo) * element_bytes + chunk_bytes(geo, tiling, threads, element_bytes),
+                      element_bytes);
 }
 
 template <class T>
@@ -182,117 +295,177 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
   Buffer<T> workspace(per_thread * num_threads());
   const T scale = T(sizes.scale);
 
-  const int64_t row_work = sizes.topk * sizes.q_heads * (qk_dim + v_dim);  // a full row's multiply-adds
-  parallel_for_dynamic(sizes.batch * sizes.q_len, row_work, [&](int64_t row) {
-    const int64_t b = row / sizes.q_len, t = row % sizes.q_len;
-    const int32_t* selected = indices + row * sizes.topk;  // [count] key positions
-    const int64_t count = counts[row];
-    T* scores = workspace.data() + per_thread * omp_get_thread_num();  // [group, kKeyTile]
-    T* row_max = scores + group * kKeyTile;                            // [group]
-    T* row_sum = row_max + group;                                      // [group]
+  HeadRows<T> k_head(sizes.kv_len, sizes.kv_heads, qk_dim), v_head(sizes.kv_len, sizes.kv_heads, v_dim);
+  for (int64_t b = 0; b < sizes.batch; ++b) {
     for (int64_t kvh = 0; kvh < sizes.kv_heads; ++kvh) {
-      const T* q_rows = q + geo.q_index(b, t, kvh * group);  // [group, qk_dim]
-      T* out_rows = out + geo.out_index(b, t, kvh * group);  // [group, v_dim]: unnormalized until the end
-      std::fill(out_rows, out_rows + group * v_dim, T(0));
-      std::fill(row_max, row_max + group, -std::numeric_limits<T>::infinity());
-      std::fill(row_sum, row_sum + group, T(0));
-      for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
-        const int64_t n = std::min(kKeyTile, count - c0);
-        // scores[group, n] = scale · q_rows · k[b, selected[c0 + c], kvh], read in place
-        const RowSet<T> k_rows{k + geo.kv_index(b, 0, kvh, qk_dim), sizes.kv_heads * qk_dim, selected + c0};
-        row_dots(scores, kKeyTile, q_rows, group, k_rows, n, qk_dim, scale);
-        for (int64_t g = 0; g < group; ++g) {
-          T* score_row = scores + g * kKeyTile;
-          // The first tile's rescale is exp(−inf − finite) = 0 on the zero accumulator.
-          const T new_max = std::max(row_max[g], max_value(score_row, n));
-          const T rescale = std::exp(row_max[g] - new_max);
-          row_sum[g] = row_sum[g] * rescale + exp_shifted_sum(score_row, n, new_max);
-          row_max[g] = new_max;
-          T* out_row = out_rows + g * v_dim;
-          for (int64_t e = 0; e < v_dim; ++e) out_row[e] *= rescale;
+      const T* k_rows_of_head = k_head.load(k, b, kvh);  // [kv_len, qk_dim]
+      const T* v_rows_of_head = v_head.load(v, b, kvh);  // [kv_len, v_dim]
+      parallel_for_dynamic(sizes.q_len, sizes.topk * group * (qk_dim + v_dim), [&](int64_t t) {
+        const int64_t row = b * sizes.q_len + t;
+        const int32_t* selected = indices + row * sizes.topk;  // [count] key positions
+        const int64_t count = counts[row];
+        T* scores = workspace.data() + per_thread * omp_get_thread_num();  // [group, kKeyTile]
+        T* row_max = scores + group * kKeyTile;                            // [group]
+        T* row_sum = row_max + group;                                      // [group]
+        const T* q_rows = q + geo.q_index(b, t, kvh * group);  // [group, qk_dim]
+        T* out_rows = out + geo.out_index(b, t, kvh * group);  // [group, v_dim]: unnormalized until the end
+        std::fill(out_rows, out_rows + group * v_dim, T(0));
+        std::fill(row_max, row_max + group, -std::numeric_limits<T>::infinity());
+        std::fill(row_sum, row_sum + group, T(0));
+        for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
+          const int64_t n = std::min(kKeyTile, count - c0);
+          // scores[group, n] = scale · q_rows · k[b, selected[c0 + c], kvh], read in place
+          const RowSet<T> k_rows{k_rows_of_head, qk_dim, selected + c0};
+          row_dots(scores, kKeyTile, q_rows, group, k_rows, n, qk_dim, scale);
+          for (int64_t g = 0; g < group; ++g) {
+            T* score_row = scores + g * kKeyTile;
+            // The first tile's rescale is exp(−inf − finite) = 0 on the zero accumulator.
+            const T new_max = std::max(row_max[g], max_value(score_row, n));
+            const T rescale = std::exp(row_max[g] - new_max);
+            row_sum[g] = row_sum[g] * rescale + exp_shifted_sum(score_row, n, new_max);
+            row_max[g] = new_max;
+            T* out_row = out_rows + g * v_dim;
+            for (int64_t e = 0; e < v_dim; ++e) out_row[e] *= rescale;
+          }
+          // out_rows[g] += Σ_c P[g, c] v[b, selected[c0 + c], kvh], read in place
+          const RowSet<T> v_rows{v_rows_of_head, v_dim, selected + c0};
+          for (int64_t g = 0; g < group; ++g)
+            add_weighted_rows(out_rows + g * v_dim, scores + g * kKeyTile, 1, n, v_rows, v_dim);
         }
-        // out_rows[g] += Σ_c P[g, c] v[b, selected[c0 + c], kvh], read in place
-        const RowSet<T> v_rows{v + geo.kv_index(b, 0, kvh, v_dim), sizes.kv_heads * v_dim, selected + c0};
-        for (int64_t g = 0; g < group; ++g)
-          add_weighted_rows(out_rows + g * v_dim, scores + g * kKeyTile, 1, n, v_rows, v_dim);
-      }
-      for (int64_t g = 0; g < group; ++g) {
-        const T inv = T(1) / row_sum[g];
-        T* out_row = out_rows + g * v_dim;
-        for (int64_t e = 0; e < v_dim; ++e) out_row[e] *= inv;
-        lse[geo.lse_index(b, kvh * group + g, t)] = row_max[g] + std::log(row_sum[g]);
-      }
+        for (int64_t g = 0; g < group; ++g) {
+          const T inv = T(1) / row_sum[g];
+          T* out_row = out_rows + g * v_dim;
+          for (int64_t e = 0; e < v_dim; ++e) out_row[e] *= inv;
+          lse[geo.lse_index(b, kvh * group + g, t)] = row_max[g] + std::log(row_sum[g]);
+        }
+      });
     }
-  });
+  }
 }
 
 template <class T>
 void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                               const T* out, const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes) {
+                               const T* out, const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes,
+                               const SparseAttentionTiling& tiling) {
   const Geometry geo(sizes);
   const Buffer<int32_t> counts = selected_counts(indices, geo);  // [batch, q_len]
   const int64_t group = geo.group, qk_dim = sizes.qk_dim, v_dim = sizes.v_dim;
   const int64_t per_thread = backward_per_thread(geo, sizeof(T));  // layout below
   Buffer<T> workspace(per_thread * num_threads());
+  const int64_t chunk = chunk_queries(sizes, tiling), max_pairs = chunk * sizes.topk;
+  KeyMajorPairs chunk_pairs[2] = {KeyMajorPairs(sizes.kv_len, max_pairs), KeyMajorPairs(sizes.kv_len, max_pairs)};
+  Buffer<T> chunk_probs(max_pairs * group);     // [chunk, group, topk]: P
+  Buffer<T> chunk_dscores(max_pairs * group);   // [chunk, group, topk]: scale · dS
+  Buffer<int32_t> gathered_rows(kKeyTile * num_threads());  // [threads, kKeyTile]
   const T scale = T(sizes.scale);
 
-  parallel_for_dynamic(sizes.batch * sizes.kv_heads, [&](int64_t item) {
-    const int64_t b = item / sizes.kv_heads, kvh = item % sizes.kv_heads;
-    T* probs = workspace.data() + per_thread * omp_get_thread_num();  // [group, kKeyTile]: P, then scale · dS
-    T* dprobs = probs + group * kKeyTile;                              // [group, kKeyTile]
-    T* lse_rows = dprobs + group * kKeyTile;                           // [group]
-    T* dot_rows = lse_rows + group;                                    // [group]
-    for (int64_t j = 0; j < sizes.kv_len; ++j) {
-      std::fill(dk + geo.kv_index(b, j, kvh, qk_dim), dk + geo.kv_index(b, j, kvh, qk_dim) + qk_dim, T(0));
-      std::fill(dv + geo.kv_index(b, j, kvh, v_dim), dv + geo.kv_index(b, j, kvh, v_dim) + v_dim, T(0));
-    }
-    for (int64_t t = 0; t < sizes.q_len; ++t) {
-      const int64_t row = b * sizes.q_len + t;
-      const int32_t* selected = indices + row * sizes.topk;  // [count] key positions
-      const int64_t count = counts[row];
-      const T* q_rows = q + geo.q_index(b, t, kvh * group);        // [group, qk_dim]
-      const T* dout_rows = dout + geo.out_index(b, t, kvh * group);  // [group, v_dim]
-      const T* out_rows = out + geo.out_index(b, t, kvh * group);    // [group, v_dim]
-      T* dq_rows = dq + geo.q_index(b, t, kvh * group);              // [group, qk_dim]
-      std::fill(dq_rows, dq_rows + group * qk_dim, T(0));
-      for (int64_t g = 0; g < group; ++g) {
-        T dot = 0;
-        for (int64_t e = 0; e < v_dim; ++e) dot += dout_rows[g * v_dim + e] * out_rows[g * v_dim + e];
-        dot_rows[g] = dot;
-        lse_rows[g] = lse[geo.lse_index(b, kvh * group + g, t)];
+  const int64_t kv_len = sizes.kv_len, q_len = sizes.q_len, kv_heads = sizes.kv_heads, topk = sizes.topk;
+  HeadRows<T> k_head(kv_len, kv_heads, qk_dim), v_head(kv_len, kv_heads, v_dim);
+  HeadRows<T> dk_head(kv_len, kv_heads, qk_dim), dv_head(kv_len, kv_heads, v_dim);
+  HeadRows<T> q_group(q_len, kv_heads, group * qk_dim), dout_group(q_len, kv_heads, group * v_dim);
+  // Chunks are numbered in the order the loops below take them, (b, kvh, t0); chunk n's pairs are
+  // sorted into chunk_pairs[n % 2] by one thread while the others start the previous chunk's
+  // query-major pass (sorting is sequential).
+  const int64_t chunks_per_head = (q_len + chunk - 1) / chunk, chunks = sizes.batch * kv_heads * chunks_per_head;
+  const auto sort_chunk = [&](int64_t n) {
+    const int64_t b = n / (kv_heads * chunks_per_head), t0 = n % chunks_per_head * chunk;
+    const int64_t t1 = std::min(q_len, t0 + chunk);
+    chunk_pairs[n % 2].sort(indices + (b * q_len + t0) * topk, counts.data() + b * q_len + t0, t1 - t0, topk,
+                            geo.visible_end(t1 - 1));
+  };
+  sort_chunk(0);
+  int64_t n = 0;
+  for (int64_t b = 0; b < sizes.batch; ++b) {
+    for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
+      const T* k_rows_of_head = k_head.load(k, b, kvh);  // [kv_len, qk_dim]
+      const T* v_rows_of_head = v_head.load(v, b, kvh);  // [kv_len, v_dim]
+      T* dk_rows_of_head = dk_head.zeroed(dk, b, kvh);   // [kv_len, qk_dim]
+      T* dv_rows_of_head = dv_head.zeroed(dv, b, kvh);   // [kv_len, v_dim]
+      // Query head g of the group at position t is row t · group + g of these.
+      const T* q_rows_of_group = q_group.load(q, b, kvh);           // [q_len · group, qk_dim]
+      const T* dout_rows_of_group = dout_group.load(dout, b, kvh);  // [q_len · group, v_dim]
+      for (int64_t t0 = 0; t0 < q_len; t0 += chunk, ++n) {
+        const int64_t t1 = std::min(q_len, t0 + chunk), key_end = geo.visible_end(t1 - 1);
+        const KeyMajorPairs& pairs = chunk_pairs[n % 2];
+        const int64_t sorts = n + 1 < chunks ? 1 : 0;  // item 0 sorts the next chunk
+        // Query-major: P, dS and dq of each query, P and dS kept for the key-major pass.
+        parallel_for_dynamic(sorts + t1 - t0, topk * group * (qk_dim + v_dim), [&](int64_t item) {
+          if (item < sorts) return sort_chunk(n + 1);
+          const int64_t i = item - sorts, t = t0 + i, row = b * q_len + t;
+          const int32_t* selected = indices + row * topk;  // [count] key positions
+          const int64_t count = counts[row];
+          T* probs = workspace.data() + per_thread * omp_get_thread_num();  // [group, kKeyTile]: P, then scale · dS
+          T* dprobs = probs + group * kKeyTile;                              // [group, kKeyTile]
+          T* lse_rows = dprobs + group * kKeyTile;                           // [group]
+          T* dot_rows = lse_rows + group;                                    // [group]
+          const T* q_rows = q_rows_of_group + t * group * qk_dim;       // [group, qk_dim]
+          const T* dout_rows = dout_rows_of_group + t * group * v_dim;  // [group, v_dim]
+          const T* out_rows = out + geo.out_index(b, t, kvh * group);   // [group, v_dim]
+          T* dq_rows = dq + geo.q_index(b, t, kvh * group);             // [group, qk_dim]
+          T* kept_probs = chunk_probs.data() + i * group * topk;        // [group, topk]
+          T* kept_dscores = chunk_dscores.data() + i * group * topk;    // [group, topk]
+          std::fill(dq_rows, dq_rows + group * qk_dim, T(0));
+          for (int64_t g = 0; g < group; ++g) {
+            T dot = 0;
+            for (int64_t e = 0; e < v_dim; ++e) dot += dout_rows[g * v_dim + e] * out_rows[g * v_dim + e];
+            dot_rows[g] = dot;
+            lse_rows[g] = lse[geo.lse_index(b, kvh * group + g, t)];
+          }
+          for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
+            const int64_t n = std::min(kKeyTile, count - c0);
+            // The selected keys' rows, read in place: k_rows [n, qk_dim], v_rows [n, v_dim].
+            const RowSet<T> k_rows{k_rows_of_head, qk_dim, selected + c0};
+            const RowSet<T> v_rows{v_rows_of_head, v_dim, selected + c0};
+            // probs[group, n] = exp(scale · q_rows · k_rows − lse);  dprobs[group, n] = dout_rows · v_rows
+            row_dots(probs, kKeyTile, q_rows, group, k_rows, n, qk_dim, scale);
+            for (int64_t g = 0; g < group; ++g) exp_shifted_sum(probs + g * kKeyTile, n, lse_rows[g]);
+            row_dots(dprobs, kKeyTile, dout_rows, group, v_rows, n, v_dim, T(1));
+            for (int64_t g = 0; g < group; ++g) std::copy_n(probs + g * kKeyTile, n, kept_probs + g * topk + c0);
+            // probs ← scale · dS = scale · P ⊙ (dP − D)
+            for (int64_t g = 0; g < group; ++g) {
+              T* p = probs + g * kKeyTile;
+              const T* dp = dprobs + g * kKeyTile;
+              const T dot = dot_rows[g];
+              for (int64_t c = 0; c < n; ++c) p[c] = scale * (p[c] * (dp[c] - dot));
+            }
+            // dq_rows[g] += Σ_c scale · dS[g, c] k_rows[c]
+            for (int64_t g = 0; g < group; ++g)
+              add_weighted_rows(dq_rows + g * qk_dim, probs + g * kKeyTile, 1, n, k_rows, qk_dim);
+            for (int64_t g = 0; g < group; ++g) std::copy_n(probs + g * kKeyTile, n, kept_dscores + g * topk + c0);
+          }
+        });
+        // Key-major: dv[j] += Σ P · dout and dk[j] += Σ scale · dS · q over the pairs selecting key j,
+        // in (t, column, g) order, each row of dk and dv loaded and stored once per kKeyTile terms.
+        const int64_t mean_terms = std::max<int64_t>(1, pairs.size() * group / key_end);
+        parallel_for_dynamic(key_end, mean_terms * (qk_dim + v_dim), [&](int64_t j) {
+          T* weights = workspace.data() + per_thread * omp_get_thread_num() + 2 * group * kKeyTile + 2 * group;
+          T* dscore_weights = weights + kKeyTile;                                 // [kKeyTile]
+          int32_t* rows = gathered_rows.data() + kKeyTile * omp_get_thread_num();  // [kKeyTile]
+          const RowSet<T> dout_set{dout_rows_of_group, v_dim, rows};  // [terms, v_dim]
+          const RowSet<T> q_set{q_rows_of_group, qk_dim, rows};       // [terms, qk_dim]
+          int64_t terms = 0;
+          const auto flush = [&] {
+            add_weighted_rows(dv_rows_of_head + j * v_dim, weights, 1, terms, dout_set, v_dim);
+            add_weighted_rows(dk_rows_of_head + j * qk_dim, dscore_weights, 1, terms, q_set, qk_dim);
+            terms = 0;
+          };
+          for (int64_t p = pairs.begin(j); p < pairs.end(j); ++p) {
+            const int64_t i = pairs.query(p), c = pairs.column(p);
+            for (int64_t g = 0; g < group; ++g) {
+              if (terms == kKeyTile) flush();
+              rows[terms] = int32_t((t0 + i) * group + g);
+              weights[terms] = chunk_probs[(i * group + g) * topk + c];
+              dscore_weights[terms] = chunk_dscores[(i * group + g) * topk + c];
+              ++terms;
+            }
+          }
+          if (terms > 0) flush();
+        });
       }
-      for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
-        const int64_t n = std::min(kKeyTile, count - c0);
-        // The selected keys' rows, read in place: k_rows [n, qk_dim], v_rows [n, v_dim].
-        const RowSet<T> k_rows{k + geo.kv_index(b, 0, kvh, qk_dim), sizes.kv_heads * qk_dim, selected + c0};
-        const RowSet<T> v_rows{v + geo.kv_index(b, 0, kvh, v_dim), sizes.kv_heads * v_dim, selected + c0};
-        // probs[group, n] = exp(scale · q_rows · k_rows − lse);  dprobs[group, n] = dout_rows · v_rows
-        row_dots(probs, kKeyTile, q_rows, group, k_rows, n, qk_dim, scale);
-        for (int64_t g = 0; g < group; ++g) exp_shifted_sum(probs + g * kKeyTile, n, lse_rows[g]);
-        row_dots(dprobs, kKeyTile, dout_rows, group, v_rows, n, v_dim, T(1));
-        // dv[selected key c] += Σ_g P[g, c] dout_rows[g]
-        const RowSet<T> dout_set{dout_rows, v_dim, nullptr};  // [group, v_dim]
-        for (int64_t c = 0; c < n; ++c)
-          add_weighted_rows(dv + geo.kv_index(b, selected[c0 + c], kvh, v_dim), probs + c, kKeyTile, group,
-                            dout_set, v_dim);
-        // probs ← scale · dS = scale · P ⊙ (dP − D)
-        for (int64_t g = 0; g < group; ++g) {
-          T* p = probs + g * kKeyTile;
-          const T* dp = dprobs + g * kKeyTile;
-          const T dot = dot_rows[g];
-          for (int64_t c = 0; c < n; ++c) p[c] = scale * (p[c] * (dp[c] - dot));
-        }
-        // dq_rows[g] += Σ_c scale · dS[g, c] k_rows[c]
-        for (int64_t g = 0; g < group; ++g)
-          add_weighted_rows(dq_rows + g * qk_dim, probs + g * kKeyTile, 1, n, k_rows, qk_dim);
-        // dk[selected key c] += Σ_g scale · dS[g, c] q_rows[g]
-        const RowSet<T> q_set{q_rows, qk_dim, nullptr};  // [group, qk_dim]
-        for (int64_t c = 0; c < n; ++c)
-          add_weighted_rows(dk + geo.kv_index(b, selected[c0 + c], kvh, qk_dim), probs + c, kKeyTile, group, q_set,
-                            qk_dim);
-      }
+      dk_head.store(dk, b, kvh);
+      dv_head.store(dv, b, kvh);
     }
-  });
+  }
 }
 
 template void sparse_attention_forward<float>(float*, float*, const float*, const float*, const float*,
@@ -301,9 +474,9 @@ template void sparse_attention_forward<double>(double*, double*, const double*, 
                                                const int32_t*, const SparseAttentionSizes&);
 template void sparse_attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
                                                const float*, const float*, const float*, const int32_t*,
-                                               const SparseAttentionSizes&);
+                                               const SparseAttentionSizes&, const SparseAttentionTiling&);
 template void sparse_attention_backward<double>(double*, double*, double*, const double*, const double*,
                                                 const double*, const double*, const double*, const double*,
-                                                const int32_t*, const SparseAttentionSizes&);
+                                                const int32_t*, const SparseAttentionSizes&, const SparseAttentionTiling&);
 
 }  // namespace trillion

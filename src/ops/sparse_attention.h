@@ -36,21 +36,32 @@ struct SparseAttentionSizes {
   const int32_t* doc_start = nullptr;  // [batch, q_len] document masks (q_len == kv_len): first visible key
 };
 
+// How the backward splits its work (tests shrink it to cover several chunks at small sizes).
+struct SparseAttentionTiling {
+  // Selected (query, key) pairs per query chunk of the backward. Its buffers grow with it: P and dS
+  // of the chunk (2 MB per query head of a kv head's group in float) and two chunks' pairs sorted by
+  // key (4 MB). Larger chunks load and store each dk/dv row fewer times: with 2^17, 2^18 and 2^19
+  // pairs the backward took 1.00 : 0.95 : 0.93 of the time at MLA's shape (docs/benchmarks.md).
+  int64_t chunk_pairs = int64_t(1) << 18;
+};
+
 template <class T>
 void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* indices,
                               const SparseAttentionSizes& sizes);
 
 template <class T>
 void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                               const T* out, const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes);
+                               const T* out, const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes,
+                               const SparseAttentionTiling& tiling = {});
 
 // The most bytes of temporaries (Buffers) sparse_attention_forward / _backward hold at once with
 // `threads` OpenMP threads and element_bytes = sizeof(T), for the memory plan: the key counts
 // [batch, q_len] (int32) throughout, with first the validation's marks [threads, kv_len] (bytes),
-// then the per-thread tiles.
+// then the per-thread tiles, one kv head's rows copied out, and in the backward the query chunks'
+// buffers (SparseAttentionTiling).
 int64_t sparse_attention_forward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
                                                  int64_t element_bytes);
 int64_t sparse_attention_backward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
-                                                  int64_t element_bytes);
+                                                  int64_t element_bytes, const SparseAttentionTiling& tiling = {});
 
 }  // namespace trillion

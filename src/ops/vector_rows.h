@@ -5,11 +5,15 @@
 // - row_dots: dots[g · ld + c] ← scale · Σ_e a[g · dim + e] · row(c)[e] for g < rows, c < count,
 //   the rows of a small [rows, dim] matrix (a few query heads, in L1) against rows read in place
 //   (no gather, no packing). Per (g, c) one 64-byte accumulator over dim's full chunks, its lanes
-//   summed in the fixed tree of ops/vector_lane_tree.h, then the scalar tail.
+//   summed in the fixed tree of ops/vector_lane_tree.h, then the scalar tail. Rows are taken four
+//   at a time (see row_dots_fixed).
 // - add_weighted_rows: dst[dim] += Σ_c weights[c · weight_stride] · row(c)[0, dim), c = 0 .. count − 1
 //   in order. dst is walked in 64-byte chunks held in registers across all c (four chunks at a
 //   time), so each row is read once per chunk and dst loaded and stored once; the tail is the same
-//   sum, scalar.
+//   sum, scalar. The rows are scattered (selected keys, or the queries that selected a key), so the
+//   part of row c + 8 that the next loads need is prefetched: without it each row's first load
+//   waited on the last-level cache (a quarter of this kernel's samples in sparse attention at MLA's
+//   shape; the prefetch cut that backward by a fifth, docs/benchmarks.md).
 //
 // A chunk is one AVX-512 register, or two AVX2 registers as two 32-byte halves: a 64-byte GCC
 // vector type without AVX-512 is lowered through the stack. Either way lane i of a chunk sums the
@@ -88,13 +92,42 @@ inline const T* row_of(const RowSet<T>& set, int64_t c) {
 }
 
 // row_dots with dim's count of 64-byte chunks known at compile time (kChunks > 0: no tail, the
-// loop unrolls), or any dim (kChunks = 0).
+// loop unrolls), or any dim (kChunks = 0). Rows of the set are taken kKeys at a time, so each chunk
+// of a's row is loaded once for kKeys products and kKeys independent chains keep the adders busy
+// (one chain per dot is bound by the add latency); each dot is still its own chain. The first two
+// cache lines of the rows two blocks ahead are prefetched (the hardware follows a row once its
+// first lines are read).
 template <int64_t kChunks, class T>
 void row_dots_fixed(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t rows, const RowSet<T>& set,
                     int64_t count, int64_t dim, T scale) {
   using V = Chunk<T>;
+  constexpr int64_t kKeys = 4;
   const int64_t full = kChunks > 0 ? kChunks * V::kLanes : dim / V::kLanes * V::kLanes;
-  for (int64_t c = 0; c < count; ++c) {
+  int64_t c = 0;
+  for (; c + kKeys <= count; c += kKeys) {
+    const T* row[kKeys];  // [kKeys][dim]
+    for (int64_t i = 0; i < kKeys; ++i) row[i] = row_of(set, c + i);
+    if (c + 3 * kKeys <= count)
+      for (int64_t i = 0; i < kKeys; ++i) {
+        const char* ahead = reinterpret_cast<const char*>(row_of(set, c + 2 * kKeys + i));
+        __builtin_prefetch(ahead);
+        __builtin_prefetch(ahead + 64);
+      }
+    for (int64_t g = 0; g < rows; ++g) {
+      const T* a_row = a + g * dim;  // [dim]
+      typename V::type acc[kKeys] = {};
+      for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) {
+        const typename V::type a_chunk = V::load(a_row + e0);
+        for (int64_t i = 0; i < kKeys; ++i) acc[i] += a_chunk * V::load(row[i] + e0);
+      }
+      for (int64_t i = 0; i < kKeys; ++i) {
+        T sum = full > 0 ? V::lane_sum(acc[i]) : T(0);
+        for (int64_t e = full; e < dim; ++e) sum += a_row[e] * row[i][e];
+        dots[g * ld + c + i] = scale * sum;
+      }
+    }
+  }
+  for (; c < count; ++c) {
     const T* row = row_of(set, c);  // [dim]
     for (int64_t g = 0; g < rows; ++g) {
       const T* a_row = a + g * dim;  // [dim]
@@ -130,6 +163,10 @@ void add_weighted_rows(T* __restrict dst, const T* __restrict weights, int64_t w
     for (int64_t c = 0; c < count; ++c) {
       const T w = weights[c * weight_stride];
       const T* row = row_of(set, c) + e0;
+      if (c + 8 < count) {
+        const char* ahead = reinterpret_cast<const char*>(row_of(set, c + 8) + e0);
+        for (int64_t byte = 0; byte < 4 * 64; byte += 64) __builtin_prefetch(ahead + byte);
+      }
       acc0 += w * V::load(row);
       acc1 += w * V::load(row + V::kLanes);
       acc2 += w * V::load(row + 2 * V::kLanes);

@@ -55,6 +55,8 @@ TEST(SparseAttentionBench, TinyRunReportsAccurateJson) {
   for (int m = 1; m <= 3; ++m)
     for (const char* field : {"peak_bytes", "workspace_bytes", "gflops"})
       EXPECT_GT(lines[m].at(field).get<double>(), 0.0) << measurements[m] << " " << field;
+  for (const char* field : {"workspace_bytes", "gflops", "indexer_topk_s", "forward_s", "backward_s"})
+    EXPECT_GT(lines[6].at(field).get<double>(), 0.0) << "mla_sparse " << field;
   const nlohmann::json& s = lines.back();
   EXPECT_EQ(s.at("bench"), "sparse-attention");
   EXPECT_LT(s.at("max_rel_err").get<double>(), 1e-4);

@@ -1,7 +1,7 @@
 // Sparse attention over selected keys (ops/sparse_attention.h): against the tiled dense attention
 // (ops/attention.h) with the full causal selection, against the masked dense reference (ops/ref/)
-// with random selections, central finite differences in double, thread-count independence, the
-// same bits on both instruction sets, and the index checks.
+// with random selections, central finite differences in double, thread-count and chunk-size
+// independence, the same bits on both instruction sets, and the index checks.
 #include "ops/sparse_attention.h"
 
 #include <gtest/gtest.h>
@@ -183,7 +183,7 @@ TEST(SparseAttention, BackwardMatchesFiniteDifferences) {
   }
 }
 
-// 1, 2 and 3 threads (3 oversubscribes a 2-core machine and leaves (batch, kv head) items uneven).
+// 1, 2 and 3 threads (3 oversubscribes a 2-core machine and splits the items unevenly).
 TEST(SparseAttention, ResultsDoNotDependOnThreadCount) {
   const SparseAttentionSizes s = make_sizes(2, 200, 230, 4, 2, 72, 16, 150);
   const std::vector<int32_t> indices = random_indices(s, 5);
@@ -195,6 +195,32 @@ TEST(SparseAttention, ResultsDoNotDependOnThreadCount) {
     for (auto [a, b] : {std::pair{&one.out, &many.out}, {&one.lse, &many.lse}, {&one.dq, &many.dq},
                         {&one.dk, &many.dk}, {&one.dv, &many.dv}})
       EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << threads << " threads";
+  }
+}
+
+// The backward in query chunks of a few selected pairs each (SparseAttentionTiling), on 3 threads:
+// the same bits as in one chunk on one thread, since each dk and dv row sums its terms in (query,
+// column, query head) order either way. Chunks of one query and chunks that do not divide q_len;
+// GQA, several kv heads of one query head each (MLA's form: each head's rows copied out and back)
+// and one kv head (read in place).
+TEST(SparseAttention, BackwardChunksGiveTheSameBits) {
+  for (const SparseAttentionSizes& s : {make_sizes(2, 37, 37, 6, 2, 12, 8, 5), make_sizes(1, 40, 45, 3, 3, 20, 12, 30),
+                                        make_sizes(1, 30, 30, 4, 1, 16, 8, 200)}) {
+    const std::vector<int32_t> indices = random_indices(s, 10);
+    Problem<double> whole(s, indices, 10);
+    ASSERT_LE(s.q_len * s.topk, SparseAttentionTiling{}.chunk_pairs) << "the default is one chunk here";
+    test::with_threads(1, [&] { whole.run_sparse(); });
+    for (int64_t chunk_pairs : {int64_t(1), 4 * s.topk, 7 * s.topk}) {
+      Problem<double> chunked(s, indices, 10);
+      test::with_threads(3, [&] {
+        sparse_attention_backward(chunked.dq.data(), chunked.dk.data(), chunked.dv.data(), chunked.dout.data(),
+                                  chunked.q.data(), chunked.k.data(), chunked.v.data(), whole.out.data(),
+                                  whole.lse.data(), indices.data(), s, SparseAttentionTiling{chunk_pairs});
+      });
+      for (auto [a, b] : {std::pair{&whole.dq, &chunked.dq}, {&whole.dk, &chunked.dk}, {&whole.dv, &chunked.dv}})
+        EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(double)), 0)
+            << "kv heads " << s.kv_heads << ", chunks of " << chunk_pairs << " pairs";
+    }
   }
 }
 
