@@ -21,7 +21,7 @@
 // Forward: per kv head, one work item per query position; online softmax over the key tiles of the
 // row's selection, accumulating straight into out, then saving lse.
 //
-// Backward, in chunks of query positions (SparseAttentionTiling.chunk_pairs selected pairs each):
+// Backward, in chunks of query positions (SparseAttentionTiling.chunk_terms terms each):
 // - query-major, one item per query: D = rowsum(dout ⊙ out), P = exp(scale · q·k − lse)
 //   recomputed tile by tile, dS = P ⊙ (dP − D), dq of the query written, and P and scale · dS kept
 //   [chunk, group, topk];
@@ -38,7 +38,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -49,7 +48,7 @@
 namespace trillion {
 namespace {
 
-constexpr int64_t kKeyTile = 128;  // selected keys gathered per tile
+constexpr int64_t kKeyTile = 128;  // selected keys per tile, and terms per flush of the key-major pass
 
 int64_t round_up_64_bytes(int64_t count, int64_t elem_bytes) {
   const int64_t per_line = 64 / elem_bytes;
@@ -192,11 +191,12 @@ class HeadRows {
   Buffer<T> copy_;  // [len, dim] when heads > 1
 };
 
-// Query positions per chunk of the backward: as many as fill tiling.chunk_pairs selected pairs.
+// Query positions per chunk of the backward: as many as fill tiling.chunk_terms terms, a query's
+// being topk · group (the query heads that share a kv head).
 int64_t chunk_queries(const SparseAttentionSizes& s, const SparseAttentionTiling& tiling) {
-  TRILLION_CHECK(tiling.chunk_pairs > 0 && tiling.chunk_pairs <= std::numeric_limits<int32_t>::max(),
-                 "sparse attention tiling: chunk_pairs ", tiling.chunk_pairs, " outside [1, 2^31)");
-  return std::clamp<int64_t>(tiling.chunk_pairs / s.topk, 1, s.q_len);
+  TRILLION_CHECK(tiling.chunk_terms > 0 && tiling.chunk_terms <= std::numeric_limits<int32_t>::max(),
+                 "sparse attention tiling: chunk_terms ", tiling.chunk_terms, " outside [1, 2^31)");
+  return std::clamp<int64_t>(tiling.chunk_terms / (s.topk * (s.q_heads / s.kv_heads)), 1, s.q_len);
 }
 
 // One query chunk's selected (query, column) pairs sorted by key, a counting sort: the pairs that
@@ -353,7 +353,7 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   const int64_t per_thread = backward_per_thread(geo, sizeof(T));  // layout below
   Buffer<T> workspace(per_thread * num_threads());
   const int64_t chunk = chunk_queries(sizes, tiling), max_pairs = chunk * sizes.topk;
-  KeyMajorPairs chunk_pairs[2] = {KeyMajorPairs(sizes.kv_len, max_pairs), KeyMajorPairs(sizes.kv_len, max_pairs)};
+  KeyMajorPairs sorted_pairs[2] = {KeyMajorPairs(sizes.kv_len, max_pairs), KeyMajorPairs(sizes.kv_len, max_pairs)};
   Buffer<T> chunk_probs(max_pairs * group);     // [chunk, group, topk]: P
   Buffer<T> chunk_dscores(max_pairs * group);   // [chunk, group, topk]: scale · dS
   Buffer<int32_t> gathered_rows(kKeyTile * num_threads());  // [threads, kKeyTile]
@@ -364,17 +364,17 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   HeadRows<T> dk_head(kv_len, kv_heads, qk_dim), dv_head(kv_len, kv_heads, v_dim);
   HeadRows<T> q_group(q_len, kv_heads, group * qk_dim), dout_group(q_len, kv_heads, group * v_dim);
   // Chunks are numbered in the order the loops below take them, (b, kvh, t0); chunk n's pairs are
-  // sorted into chunk_pairs[n % 2] by one thread while the others start the previous chunk's
+  // sorted into sorted_pairs[n % 2] by one thread while the others start the previous chunk's
   // query-major pass (sorting is sequential).
   const int64_t chunks_per_head = (q_len + chunk - 1) / chunk, chunks = sizes.batch * kv_heads * chunks_per_head;
-  const auto sort_chunk = [&](int64_t n) {
-    const int64_t b = n / (kv_heads * chunks_per_head), t0 = n % chunks_per_head * chunk;
+  const auto sort_chunk = [&](int64_t number) {
+    const int64_t b = number / (kv_heads * chunks_per_head), t0 = number % chunks_per_head * chunk;
     const int64_t t1 = std::min(q_len, t0 + chunk);
-    chunk_pairs[n % 2].sort(indices + (b * q_len + t0) * topk, counts.data() + b * q_len + t0, t1 - t0, topk,
+    sorted_pairs[number % 2].sort(indices + (b * q_len + t0) * topk, counts.data() + b * q_len + t0, t1 - t0, topk,
                             geo.visible_end(t1 - 1));
   };
   sort_chunk(0);
-  int64_t n = 0;
+  int64_t chunk_number = 0;
   for (int64_t b = 0; b < sizes.batch; ++b) {
     for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
       const T* k_rows_of_head = k_head.load(k, b, kvh);  // [kv_len, qk_dim]
@@ -384,13 +384,13 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
       // Query head g of the group at position t is row t · group + g of these.
       const T* q_rows_of_group = q_group.load(q, b, kvh);           // [q_len · group, qk_dim]
       const T* dout_rows_of_group = dout_group.load(dout, b, kvh);  // [q_len · group, v_dim]
-      for (int64_t t0 = 0; t0 < q_len; t0 += chunk, ++n) {
+      for (int64_t t0 = 0; t0 < q_len; t0 += chunk, ++chunk_number) {
         const int64_t t1 = std::min(q_len, t0 + chunk), key_end = geo.visible_end(t1 - 1);
-        const KeyMajorPairs& pairs = chunk_pairs[n % 2];
-        const int64_t sorts = n + 1 < chunks ? 1 : 0;  // item 0 sorts the next chunk
+        const KeyMajorPairs& pairs = sorted_pairs[chunk_number % 2];
+        const int64_t sorts = chunk_number + 1 < chunks ? 1 : 0;  // item 0 sorts the next chunk
         // Query-major: P, dS and dq of each query, P and dS kept for the key-major pass.
         parallel_for_dynamic(sorts + t1 - t0, topk * group * (qk_dim + v_dim), [&](int64_t item) {
-          if (item < sorts) return sort_chunk(n + 1);
+          if (item < sorts) return sort_chunk(chunk_number + 1);
           const int64_t i = item - sorts, t = t0 + i, row = b * q_len + t;
           const int32_t* selected = indices + row * topk;  // [count] key positions
           const int64_t count = counts[row];

@@ -2,7 +2,7 @@
 // indexer): query t attends only to the keys indices[b, t, 0..count_t) with an online softmax, all
 // query heads of t sharing that one selection. Query/key head dim (qk_dim) and value head dim
 // (v_dim) may differ (MLA: 192 and 128). Never a [q_len, kv_len] matrix: per query, the selected
-// keys are gathered tile by tile.
+// keys' rows are read tile by tile.
 //
 // Layouts (row-major, one sequence per batch entry):
 //   q, dq: [batch, q_len, q_heads, qk_dim]        k, dk: [batch, kv_len, kv_heads, qk_dim]
@@ -15,8 +15,8 @@
 //     at least one valid key.
 // Query head h reads key/value head h / (q_heads / kv_heads). scale is usually qk_dim^−½.
 // Saved state: out, lse and the indices; never the probabilities.
-// Gradient rule: dq, dk, dv are written (=); dk/dv are scattered to the selected keys in a fixed
-// order, so results do not depend on the thread count.
+// Gradient rule: dq, dk, dv are written (=); each dk/dv row sums its terms in a fixed order (query,
+// column, query head), so results do not depend on the thread count or the tiling.
 #pragma once
 
 #include <cstdint>
@@ -38,11 +38,12 @@ struct SparseAttentionSizes {
 
 // How the backward splits its work (tests shrink it to cover several chunks at small sizes).
 struct SparseAttentionTiling {
-  // Selected (query, key) pairs per query chunk of the backward. Its buffers grow with it: P and dS
-  // of the chunk (2 MB per query head of a kv head's group in float) and two chunks' pairs sorted by
-  // key (4 MB). Larger chunks load and store each dk/dv row fewer times: with 2^17, 2^18 and 2^19
-  // pairs the backward took 1.00 : 0.95 : 0.93 of the time at MLA's shape (docs/benchmarks.md).
-  int64_t chunk_pairs = int64_t(1) << 18;
+  // Terms per query chunk of the backward: selected (query, key) pairs times the query heads that
+  // share a kv head. Its buffers grow with it: P and dS of the chunk (2 MB in float) and two
+  // chunks' pairs sorted by key (up to 4 MB). Larger chunks load and store each dk/dv row fewer
+  // times: with 2^17, 2^18 and 2^19 the backward took 1.00 : 0.95 : 0.93 of the time at MLA's shape
+  // (one query head per kv head; docs/benchmarks.md).
+  int64_t chunk_terms = int64_t(1) << 18;
 };
 
 template <class T>

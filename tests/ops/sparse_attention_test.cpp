@@ -198,28 +198,29 @@ TEST(SparseAttention, ResultsDoNotDependOnThreadCount) {
   }
 }
 
-// The backward in query chunks of a few selected pairs each (SparseAttentionTiling), on 3 threads:
-// the same bits as in one chunk on one thread, since each dk and dv row sums its terms in (query,
-// column, query head) order either way. Chunks of one query and chunks that do not divide q_len;
-// GQA, several kv heads of one query head each (MLA's form: each head's rows copied out and back)
-// and one kv head (read in place).
+// The backward in query chunks of a few terms each (SparseAttentionTiling), on 3 threads: the same
+// bits as in one chunk on one thread, since each dk and dv row sums its terms in (query, column,
+// query head) order either way. Chunks of one query and chunks that do not divide q_len; GQA,
+// several kv heads of one query head each (MLA's form: each head's rows copied out and back), one
+// kv head (read in place), and a head dim with a compile-time kernel (64 doubles).
 TEST(SparseAttention, BackwardChunksGiveTheSameBits) {
   for (const SparseAttentionSizes& s : {make_sizes(2, 37, 37, 6, 2, 12, 8, 5), make_sizes(1, 40, 45, 3, 3, 20, 12, 30),
-                                        make_sizes(1, 30, 30, 4, 1, 16, 8, 200)}) {
+                                        make_sizes(1, 30, 30, 4, 1, 16, 8, 200), make_sizes(1, 50, 50, 4, 2, 64, 32, 20)}) {
     const std::vector<int32_t> indices = random_indices(s, 10);
+    const int64_t query_terms = s.topk * (s.q_heads / s.kv_heads);
     Problem<double> whole(s, indices, 10);
-    ASSERT_LE(s.q_len * s.topk, SparseAttentionTiling{}.chunk_pairs) << "the default is one chunk here";
+    ASSERT_LE(s.q_len * query_terms, SparseAttentionTiling{}.chunk_terms) << "the default is one chunk here";
     test::with_threads(1, [&] { whole.run_sparse(); });
-    for (int64_t chunk_pairs : {int64_t(1), 4 * s.topk, 7 * s.topk}) {
+    for (int64_t chunk_terms : {int64_t(1), 4 * query_terms, 7 * query_terms}) {
       Problem<double> chunked(s, indices, 10);
       test::with_threads(3, [&] {
         sparse_attention_backward(chunked.dq.data(), chunked.dk.data(), chunked.dv.data(), chunked.dout.data(),
                                   chunked.q.data(), chunked.k.data(), chunked.v.data(), whole.out.data(),
-                                  whole.lse.data(), indices.data(), s, SparseAttentionTiling{chunk_pairs});
+                                  whole.lse.data(), indices.data(), s, SparseAttentionTiling{chunk_terms});
       });
       for (auto [a, b] : {std::pair{&whole.dq, &chunked.dq}, {&whole.dk, &chunked.dk}, {&whole.dv, &chunked.dv}})
         EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(double)), 0)
-            << "kv heads " << s.kv_heads << ", chunks of " << chunk_pairs << " pairs";
+            << "kv heads " << s.kv_heads << ", chunks of " << chunk_terms << " terms";
     }
   }
 }
