@@ -6,7 +6,7 @@
 //   the rows of a small [rows, dim] matrix (a few query heads, in L1) against rows read in place
 //   (no gather, no packing). Per (g, c) one 64-byte accumulator over dim's full chunks, its lanes
 //   summed in the fixed tree of ops/vector_lane_tree.h, then the scalar tail. Rows are taken four
-//   at a time (see row_dots_fixed).
+//   at a time (see dots_of_rows).
 // - add_weighted_rows: dst[dim] += Σ_c weights[c · weight_stride] · row(c)[0, dim), c = 0 .. count − 1
 //   in order. dst is walked in 64-byte chunks held in registers across all c (four chunks at a
 //   time), so each row is read once per chunk and dst loaded and stored once; the tail is the same
@@ -91,52 +91,52 @@ inline const T* row_of(const RowSet<T>& set, int64_t c) {
   return set.base + (set.index != nullptr ? int64_t(set.index[c]) : c) * set.stride;
 }
 
+// The dots of rows row[0, kKeys) of the set against every row of a: each chunk of a's row is
+// loaded once for kKeys products, whose kKeys independent chains keep the adders busy (one chain
+// per dot is bound by the add latency); each dot is still its own chain, lanes summed in the tree,
+// then the scalar tail.
+template <int64_t kKeys, class T>
+void dots_of_rows(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t rows, const T* const (&row)[kKeys],
+                  int64_t full, int64_t dim, T scale) {
+  using V = Chunk<T>;
+  for (int64_t g = 0; g < rows; ++g) {
+    const T* a_row = a + g * dim;  // [dim]
+    typename V::type acc[kKeys] = {};
+    for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) {
+      const typename V::type a_chunk = V::load(a_row + e0);
+      for (int64_t i = 0; i < kKeys; ++i) acc[i] += a_chunk * V::load(row[i] + e0);
+    }
+    for (int64_t i = 0; i < kKeys; ++i) {
+      T sum = full > 0 ? V::lane_sum(acc[i]) : T(0);
+      for (int64_t e = full; e < dim; ++e) sum += a_row[e] * row[i][e];
+      dots[g * ld + i] = scale * sum;
+    }
+  }
+}
+
 // row_dots with dim's count of 64-byte chunks known at compile time (kChunks > 0: no tail, the
-// loop unrolls), or any dim (kChunks = 0). Rows of the set are taken kKeys at a time, so each chunk
-// of a's row is loaded once for kKeys products and kKeys independent chains keep the adders busy
-// (one chain per dot is bound by the add latency); each dot is still its own chain. The first two
-// cache lines of the rows two blocks ahead are prefetched (the hardware follows a row once its
-// first lines are read).
+// loop unrolls), or any dim (kChunks = 0): rows of the set four at a time, then one at a time. The
+// first two cache lines of the rows two blocks ahead are prefetched (the hardware follows a row
+// once its first lines are read).
 template <int64_t kChunks, class T>
 void row_dots_fixed(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t rows, const RowSet<T>& set,
                     int64_t count, int64_t dim, T scale) {
-  using V = Chunk<T>;
   constexpr int64_t kKeys = 4;
-  const int64_t full = kChunks > 0 ? kChunks * V::kLanes : dim / V::kLanes * V::kLanes;
+  const int64_t full = kChunks > 0 ? kChunks * Chunk<T>::kLanes : dim / Chunk<T>::kLanes * Chunk<T>::kLanes;
   int64_t c = 0;
   for (; c + kKeys <= count; c += kKeys) {
-    const T* row[kKeys];  // [kKeys][dim]
-    for (int64_t i = 0; i < kKeys; ++i) row[i] = row_of(set, c + i);
     if (c + 3 * kKeys <= count)
       for (int64_t i = 0; i < kKeys; ++i) {
         const char* ahead = reinterpret_cast<const char*>(row_of(set, c + 2 * kKeys + i));
         __builtin_prefetch(ahead);
         __builtin_prefetch(ahead + 64);
       }
-    for (int64_t g = 0; g < rows; ++g) {
-      const T* a_row = a + g * dim;  // [dim]
-      typename V::type acc[kKeys] = {};
-      for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) {
-        const typename V::type a_chunk = V::load(a_row + e0);
-        for (int64_t i = 0; i < kKeys; ++i) acc[i] += a_chunk * V::load(row[i] + e0);
-      }
-      for (int64_t i = 0; i < kKeys; ++i) {
-        T sum = full > 0 ? V::lane_sum(acc[i]) : T(0);
-        for (int64_t e = full; e < dim; ++e) sum += a_row[e] * row[i][e];
-        dots[g * ld + c + i] = scale * sum;
-      }
-    }
+    const T* const row[kKeys] = {row_of(set, c), row_of(set, c + 1), row_of(set, c + 2), row_of(set, c + 3)};
+    dots_of_rows<kKeys>(dots + c, ld, a, rows, row, full, dim, scale);
   }
   for (; c < count; ++c) {
-    const T* row = row_of(set, c);  // [dim]
-    for (int64_t g = 0; g < rows; ++g) {
-      const T* a_row = a + g * dim;  // [dim]
-      typename V::type acc = {};
-      for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) acc += V::load(a_row + e0) * V::load(row + e0);
-      T sum = full > 0 ? V::lane_sum(acc) : T(0);
-      for (int64_t e = full; e < dim; ++e) sum += a_row[e] * row[e];
-      dots[g * ld + c] = scale * sum;
-    }
+    const T* const row[1] = {row_of(set, c)};
+    dots_of_rows<1>(dots + c, ld, a, rows, row, full, dim, scale);
   }
 }
 
