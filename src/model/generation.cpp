@@ -21,6 +21,7 @@ void Model<T>::start_generation(int64_t max_len) {
   }
   m.cache_capacity = max_len;
   m.cache_length = 0;
+  m.refresh_bf16_params();
 }
 
 template <class T>

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/machine_memory.h"
@@ -290,6 +291,15 @@ MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer,
 }
 
 template <class T>
+void Model<T>::Impl::refresh_bf16_params() {
+  if constexpr (std::is_same_v<T, float>) {
+    if (matmul_precision() != MatmulPrecision::bf16 || hooks.before_forward) return bf16_params.reset();
+    if (bf16_params) return bf16_params->refresh();
+    bf16_params.emplace(params.data(), params.size());
+  }
+}
+
+template <class T>
 StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                    PassMode mode, const LossScales& scales) {
   Impl& m = *this;
@@ -297,6 +307,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   TRILLION_CHECK(mode == PassMode::train || mode == PassMode::eval, "a model forward is a train or eval pass");
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   check_tokens(tokens, targets, n, V);
+  m.refresh_bf16_params();
   m.store.clear();
   if (!m.decisions.replaying()) m.decisions.start_recording();
   ensure_size(m.hidden, n * D);

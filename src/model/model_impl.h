@@ -2,6 +2,7 @@
 // weights.cpp (checkpoints), with the helpers they share. Internal to src/model/.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "core/memory.h"
@@ -11,6 +12,7 @@
 #include "model/family.h"
 #include "model/model.h"
 #include "ops/cross_entropy.h"
+#include "ops/gemm.h"
 
 namespace trillion {
 
@@ -59,6 +61,10 @@ struct Model<T>::Impl {
   int nan_after_layer = -1;     // test hook: a NaN after this layer's FFN (-1: off)
   Buffer<int32_t> doc_start;  // [tokens] document masks: the row position where each token's document starts
   std::vector<int32_t> cu_seqlens;  // [documents + 1] document masks: the documents' starts over all tokens
+  // The bf16 precision on one rank: a bf16 copy of the parameters, which the products read instead
+  // of rounding each weight at each product (ops/gemm.h, Bf16OperandCopy). Under unit hooks (FSDP)
+  // the flat buffer holds only the units in use, so there is none and the products round.
+  std::optional<Bf16OperandCopy> bf16_params;
   // Generation: one decode cache per layer (its kinds say how large).
   std::vector<Buffer<T>> caches;
   int64_t cache_capacity = 0;
@@ -72,6 +78,9 @@ struct Model<T>::Impl {
   // loss_gradients is recompute; the indexer's).
   StepResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, PassMode mode,
                      const LossScales& scales);
+  // Before a forward or a generation: the parameters' bf16 copy made or refreshed where it is
+  // used (float parameters, the bf16 precision, no unit hooks), dropped otherwise.
+  void refresh_bf16_params();
   // Before the backward of `layer`: re-runs the sublayers whose saved tensors the store dropped
   // (mixer from attn_input, FFN from ffn_input), decisions replayed, statistics discarded.
   void recompute(int layer, int64_t batch, int64_t seq);

@@ -16,6 +16,7 @@
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -210,19 +211,51 @@ void float_product_of_converted(bool trans_a, bool trans_b, int64_t m, int64_t n
               b_shape.packed_ld(), beta, c, ldc, Operands::fp32);
 }
 
+// The registered bf16 copies (Bf16OperandCopy): the byte range of each source and its copy.
+struct RegisteredCopy {
+  uintptr_t begin, end;  // [begin, end) of the source's bytes
+  const bf16* copy;      // [size]
+};
+std::vector<RegisteredCopy>& registered_copies() {
+  static std::vector<RegisteredCopy> copies;
+  return copies;
+}
+
+// The copy's element of the stored operand's first element, or null where no registered copy holds
+// the whole of it.
+const bf16* registered_copy_of(const float* x, const StoredMatrix& shape) {
+  const auto begin = reinterpret_cast<uintptr_t>(x);
+  const auto end = reinterpret_cast<uintptr_t>(x + (shape.rows - 1) * shape.ld + shape.cols);
+  for (const RegisteredCopy& r : registered_copies())
+    if (begin >= r.begin && end <= r.end) return r.copy + (begin - r.begin) / sizeof(float);
+  return nullptr;
+}
+
+// An operand in bf16 for the matmul: its registered copy in place (the caller's strides), or rounded
+// and packed dense into `buffer`.
+struct Bf16Operand {
+  const bf16* data;
+  int64_t ld;
+};
+Bf16Operand bf16_operand(const float* x, const StoredMatrix& shape, std::vector<bf16>& buffer) {
+  if (const bf16* copy = registered_copy_of(x, shape)) return {copy, shape.ld};
+  pack(shape, x, buffer, [](float value) { return to_bf16(value); });  // [shape.rows, shape.cols]
+  return {buffer.data(), shape.packed_ld()};
+}
+
 // A float product under the bf16 precision.
 void gemm_rounding_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const StoredMatrix a_shape = stored(trans_a, m, k, lda), b_shape = stored(trans_b, k, n, ldb);
-  const Bf16Matmul& matmul =
-      bf16_matmul(trans_a, trans_b, m, n, k, a_shape.packed_ld(), b_shape.packed_ld(), ldc, alpha, beta);
-  if (!matmul.native)
+  if (!bf16_matmul_is_native())
     return float_product_of_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
                                       [](float x) { return round_to_bf16(x); });
-  const auto round = [](float x) { return to_bf16(x); };
-  pack(a_shape, a, t_packed.a_bf16, round);  // [a_shape.rows, a_shape.cols]
-  pack(b_shape, b, t_packed.b_bf16, round);  // [b_shape.rows, b_shape.cols]
-  execute(matmul, t_packed.a_bf16.data(), t_packed.b_bf16.data(), c);
+  const Bf16Operand a16 = bf16_operand(a, a_shape, t_packed.a_bf16), b16 = bf16_operand(b, b_shape, t_packed.b_bf16);
+  const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, m, n, k, a16.ld, b16.ld, ldc, alpha, beta);
+  if (matmul.native) return execute(matmul, a16.data, b16.data, c);
+  // oneDNN has no kernel for this layout: the rounded values, widened, on the float backend
+  float_product_of_converted(trans_a, trans_b, m, n, k, alpha, a16.data, a16.ld, b16.data, b16.ld, beta, c, ldc,
+                             [](bf16 x) { return to_float(x); });
 }
 
 }  // namespace
@@ -251,6 +284,27 @@ MatmulPrecision matmul_precision_from_name(const std::string& name, const char* 
   for (const MatmulPrecision precision : {MatmulPrecision::fp32, MatmulPrecision::bf16})
     if (name == matmul_precision_name(precision)) return precision;
   fail(option, " ", name, ": expected fp32 or bf16");
+}
+
+Bf16OperandCopy::Bf16OperandCopy(const float* source, int64_t size) : source_(source), size_(size), copy_(size) {
+  TRILLION_CHECK(size > 0, "a bf16 operand copy needs elements, got ", size);
+  const auto begin = reinterpret_cast<uintptr_t>(source), end = reinterpret_cast<uintptr_t>(source + size);
+  for (const RegisteredCopy& r : registered_copies())
+    TRILLION_CHECK(end <= r.begin || begin >= r.end, "bf16 operand copies of overlapping buffers");
+  registered_copies().push_back({begin, end, copy_.data()});
+  refresh();
+}
+
+Bf16OperandCopy::~Bf16OperandCopy() {
+  std::erase_if(registered_copies(), [&](const RegisteredCopy& r) { return r.copy == copy_.data(); });
+}
+
+void Bf16OperandCopy::refresh() {
+  constexpr int64_t kBlock = int64_t(1) << 16;  // elements per item
+  parallel_for((size_ + kBlock - 1) / kBlock, kBlock, [&](int64_t block) {
+    const int64_t start = block * kBlock;
+    to_bf16(source_ + start, copy_.data() + start, std::min(kBlock, size_ - start));
+  });
 }
 
 bool bf16_matmul_is_native() {

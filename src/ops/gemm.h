@@ -13,6 +13,7 @@
 #include <string>
 
 #include "core/bf16.h"
+#include "core/memory.h"
 
 namespace trillion {
 
@@ -50,6 +51,30 @@ class MatmulPrecisionScope {
 
  private:
   MatmulPrecision before_;
+};
+
+// A bf16 copy of a float buffer (a model's parameters) that float products under the bf16 precision
+// read instead of rounding an operand lying inside the buffer: the copy's elements at the operand's
+// offset, with its strides. The operands are the same, so are the results; each weight is rounded
+// once per refresh instead of at each product (and the LM head's at each of its row chunks).
+// The owner refreshes the copy after every change of the buffer, before the products that read it
+// (Model: at the start of each forward). Registered from construction to destruction; both, and
+// refresh, happen outside products. Several copies may be registered, of disjoint buffers.
+class Bf16OperandCopy {
+ public:
+  Bf16OperandCopy(const float* source, int64_t size);
+  ~Bf16OperandCopy();
+  Bf16OperandCopy(const Bf16OperandCopy&) = delete;
+  Bf16OperandCopy& operator=(const Bf16OperandCopy&) = delete;
+
+  void refresh();  // copy = to_bf16(source): one parallel pass
+  const float* source() const { return source_; }
+  int64_t size() const { return size_; }
+
+ private:
+  const float* source_;
+  int64_t size_;
+  Buffer<bf16> copy_;  // [size]
 };
 
 // What a float product's operands are: as the matmul precision says, or float whatever it says

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <set>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "memory/save_policies.h"
 #include "memory/swap_engine.h"
@@ -179,6 +180,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
       ? ShardLayout(param_table_of(config), shape.rank, shape.ranks, shape.ep).shard_size() : counts.trainable_storage;
   const int64_t unsharded = counts.storage - counts.trainable_storage;  // buffers: every rank keeps them whole
   plan.parameters = (shard + unsharded) * e;
+  if (shape.ranks == 1 && shape.bf16_products && e == 4) plan.parameters += counts.storage * int64_t(sizeof(bf16));
   plan.gradients = shard * e;
   plan.optimizer_state = 2 * shard * e;  // AdamW's two moments
   // Every rank initializes or loads the whole parameters, then takes its shard (parallel/fsdp.h).

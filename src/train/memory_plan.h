@@ -60,6 +60,7 @@ struct StepMemoryShape {
   int threads = 1;                         // the loss's tiles are per thread
   int64_t policy_min_bytes = ActivationStore::kPagedMinBytes;  // smaller saved tensors are always kept
   bool swap_bf16 = false;                  // swapped float32 tensors stored as bfloat16
+  bool bf16_products = false;              // --precision bf16: on one rank, the parameters' bf16 copy
   int64_t sampler_windows = 0;             // the data sampler's permutation (int64 each; 0: no data yet)
   // The parallel layout: this rank of `ranks` (FSDP over all of them), routed experts over groups
   // of `ep`; `batch` is the rank's rows of a micro-batch, `grad_accum` micro-batches a step.
@@ -76,7 +77,8 @@ struct MemoryPlan {
   MemoryPolicy policy;
   int ranks = 1, rank = 0;
   // Fast tier, bytes. Several ranks: parameters (the rank's shard and the unsharded buffers),
-  // gradients and optimizer state are the rank's shard; the units in use are counted apart.
+  // gradients and optimizer state are the rank's shard; the units in use are counted apart. One
+  // rank under the bf16 precision: parameters include their bf16 copy (model/model_impl.h).
   int64_t parameters = 0, gradients = 0, optimizer_state = 0;
   int64_t gathered_at_peak = 0;    // FSDP: gathered parameters and written gradients of units
   int64_t model_buffers = 0;       // residual stream and its gradient, positions, the recompute copy,

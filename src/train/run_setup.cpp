@@ -51,6 +51,7 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
   shape.threads = num_threads();
   shape.policy_min_bytes = o.policy_min_bytes;
   shape.swap_bf16 = o.swap_bf16;
+  shape.bf16_products = s.precision == "bf16";
   shape.sampler_windows = train_tokens > 0 ? (train_tokens - 1) / s.seq_len : 0;
   shape.whole_checkpoints = !o.sharded_checkpoints;
   return shape;

@@ -3,13 +3,15 @@
 // every transpose, padded strides and beta 0 not reading c; a float product under the bf16 matmul
 // precision equals the double product of its operands rounded to bf16 within that bound, and the
 // double product of its float operands within bf16's (2⁻⁷ relative per product); Operands::fp32
-// keeps float operands; both are repeatable to the bit and callable inside OpenMP regions.
+// keeps float operands; a registered bf16 copy is what such a product reads of an operand inside
+// its buffer; both are repeatable to the bit and callable inside OpenMP regions.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/bf16.h"
@@ -128,6 +130,47 @@ TEST(GemmBf16, FloatProductsUnderTheBf16PrecisionRoundTheirOperands) {
     if (p.k >= 3) {
       EXPECT_NE(c, c_fp32) << "the bf16 precision rounded nothing";
     }
+  }
+}
+
+// An operand inside a registered copy's buffer is read from the copy (the source changed without a
+// refresh still gives the old values' product), at any offset and with the caller's strides; one
+// reaching past the buffer's end is rounded at the product; after refresh() the copy follows the
+// source, and a destroyed copy is read no more.
+TEST(GemmBf16, FloatProductsReadARegisteredCopyOfTheirOperands) {
+  const MatmulPrecisionScope bf16_operands(MatmulPrecision::bf16);
+  for (const Problem& p : problems()) {
+    if (p.k == 0) continue;
+    const int64_t offset = 3;                         // b's first element in the copied buffer
+    const int64_t copied = offset + p.b_size();       // elements registered
+    const int64_t extent = (p.trans_b ? p.n - 1 : p.k - 1) * p.ldb() + (p.trans_b ? p.k : p.n);  // b's reach
+    const int64_t past = copied - extent + 1;         // a b starting here ends one element past the copy
+    // [copied + b_size + 1]: the copied elements, then room for a b starting at `past`
+    std::vector<float> buffer = cast_values<float>(random_values(copied + p.b_size() + 1, 81));
+    const std::vector<float> a = cast_values<float>(random_values(p.a_size(), 82));
+    std::vector<float> a_rounded = a;
+    for (float& x : a_rounded) x = round_to_bf16(x);
+    const auto rounded_b = [&](int64_t start) {  // [b_size]: the b at `start`'s values as bf16
+      std::vector<float> b(buffer.begin() + start, buffer.begin() + start + p.b_size());
+      for (float& x : b) x = round_to_bf16(x);
+      return b;
+    };
+    const auto product = [&](int64_t start) {
+      std::vector<float> c = initial_c(p, 83);
+      gemm<float>(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a.data(), p.lda(), buffer.data() + start, p.ldb(),
+                  p.beta, c.data(), p.ldc());
+      return c;
+    };
+    const std::vector<float> c_before = initial_c(p, 83), b_at_copy = rounded_b(offset);
+    std::optional<Bf16OperandCopy> copy(std::in_place, buffer.data(), copied);
+    for (float& x : buffer) x *= -3.0f;  // not refreshed: the copy keeps the old values
+    expect_product(p, a_rounded, b_at_copy, c_before, product(offset), 0.0, "the copy, stale");
+    expect_product(p, a_rounded, rounded_b(past), c_before, product(past), 0.0, "an operand partly outside the copy");
+    copy->refresh();
+    expect_product(p, a_rounded, rounded_b(offset), c_before, product(offset), 0.0, "refreshed");
+    copy.reset();
+    for (float& x : buffer) x *= 0.5f;
+    expect_product(p, a_rounded, rounded_b(offset), c_before, product(offset), 0.0, "unregistered");
   }
 }
 

@@ -1,6 +1,7 @@
 // The shape-only memory plan against a real step: for every layer kind and every policy the budget
 // tries, the planned fast-tier peak is an upper bound of MemoryStats' measured peak of a step
-// (parameters, gradients, AdamW state, buffers, activations, workspaces) within 5 %; the budget
+// (parameters, gradients, AdamW state, buffers, activations, workspaces) within 5 %, under the bf16
+// precision too (with the parameters' bf16 copy); the budget
 // takes the cheapest policy that fits or names the smallest budget; sizes parse as users write them.
 #include "train/memory_plan.h"
 
@@ -15,6 +16,7 @@
 #include "memory/save_policies.h"
 #include "model/model.h"
 #include "ops/finite_diff.h"
+#include "ops/gemm.h"
 #include "model/test_configs.h"
 #include "train/optimizer.h"
 
@@ -79,6 +81,20 @@ TEST_P(MemoryPlanTest, PlannedPeakBoundsTheMeasuredOne) {
         }
       }
     }
+    // The bf16 precision adds the parameters' bf16 copy (2 bytes each), and nothing else.
+    StepMemoryShape shape;
+    shape.batch = 4;
+    shape.seq = 32;
+    shape.threads = 2;
+    shape.policy_min_bytes = 1;
+    const MemoryPlan fp32 = plan_memory(config, shape, MemoryPolicy{});
+    shape.bf16_products = true;
+    const MemoryPlan plan = plan_memory(config, shape, MemoryPolicy{});
+    EXPECT_EQ(plan.peak_fast - fp32.peak_fast, 2 * count_parameters(config).storage);
+    const MatmulPrecisionScope bf16_operands(MatmulPrecision::bf16);
+    const int64_t measured = measured_peak<float>(config, shape, MemoryPolicy{});
+    EXPECT_GE(plan.peak_fast, measured) << GetParam() << " bf16\n" << plan.describe();
+    EXPECT_LE(plan.peak_fast, measured + measured / 20) << GetParam() << " bf16\n" << plan.describe();
   });
 }
 
