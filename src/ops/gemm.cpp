@@ -8,8 +8,9 @@
 // (cached per thread) where oneDNN has a bf16 kernel for the CPU (AVX-512: avx512_core emulates,
 // avx512_core_bf16 has the dot-product instruction, which flushes subnormal inputs to zero, as the
 // emulation and widening do not). Elsewhere (AVX2) the operands are widened to
-// float, which is exact, for the float backend. A float product under the bf16 precision packs its
-// operands rounded to bf16 into per-thread buffers (bf16, or bf16 values in float) first.
+// float, which is exact, for the float backend. A float product under the bf16 precision reads each
+// operand from a registered bf16 copy (Bf16OperandCopy) or packs it rounded into a per-thread buffer
+// first, then runs as gemm_bf16 does.
 #include "ops/gemm.h"
 
 #include <cblas.h>
@@ -247,13 +248,10 @@ Bf16Operand bf16_operand(const float* x, const StoredMatrix& shape, std::vector<
 void gemm_rounding_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
                             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const StoredMatrix a_shape = stored(trans_a, m, k, lda), b_shape = stored(trans_b, k, n, ldb);
-  if (!bf16_matmul_is_native())
-    return float_product_of_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                                      [](float x) { return round_to_bf16(x); });
   const Bf16Operand a16 = bf16_operand(a, a_shape, t_packed.a_bf16), b16 = bf16_operand(b, b_shape, t_packed.b_bf16);
   const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, m, n, k, a16.ld, b16.ld, ldc, alpha, beta);
   if (matmul.native) return execute(matmul, a16.data, b16.data, c);
-  // oneDNN has no kernel for this layout: the rounded values, widened, on the float backend
+  // no oneDNN bf16 kernel for this CPU (AVX2) or layout: the bf16 values, widened, on the float backend
   float_product_of_converted(trans_a, trans_b, m, n, k, alpha, a16.data, a16.ld, b16.data, b16.ld, beta, c, ldc,
                              [](bf16 x) { return to_float(x); });
 }
