@@ -1,35 +1,60 @@
 #!/usr/bin/env bash
-# The engine's training step against PyTorch eager on the same configs, measured side by side in
-# one session with alternating runs: for each CONFIG, ROUNDS rounds (default 2) of `trillion bench
-# step` then tools/ref/bench_step_torch.py, batch 16 x 128, THREADS threads (default 2), and a table
-# row with the best tokens/s of each and their ratio. Needs the reference venv (tools/ref/requirements.txt)
-# at VENV (default /work/venv-ref). Environment: CONFIGS (default the dense and the MoE demo), ROUNDS,
-# THREADS, STEPS (default 10), VENV, COMPILE=1 to add torch.compile runs.
+# The engine's training step against PyTorch on the same configs, measured side by side in one
+# session with alternating runs: for each CONFIG, ROUNDS rounds (default 2), each running for every
+# precision of PRECISIONS (default fp32; bf16 is the engine's --precision bf16 and PyTorch's bf16
+# autocast) `trillion bench step`, tools/ref/bench_step_torch.py eager and, with COMPILE=1, under
+# torch.compile; batch 16 x 128, THREADS threads (default 2). Prints a table row per config and
+# precision with the best tokens/s of each and the engine's ratios, and keeps every run's JSON line
+# in RAW (default /dev/null). Needs the reference venv (tools/ref/requirements.txt) at VENV (default
+# /work/venv-ref). Environment: CONFIGS (default the dense and the MoE demo), ROUNDS, PRECISIONS,
+# THREADS, STEPS (default 10), VENV, COMPILE, RAW.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 configs=${CONFIGS:-"configs/models/demo.json configs/models/demo_moe.json"}
+precisions=${PRECISIONS:-fp32}
 rounds=${ROUNDS:-2}
 threads=${THREADS:-2}
 steps=${STEPS:-10}
 python=${VENV:-/work/venv-ref}/bin/python
-echo "| config | engine tokens/s (MFU) | torch eager tokens/s | engine / eager |$([ "${COMPILE:-0}" = 1 ] && echo ' torch.compile tokens/s | engine / compile |')"
-echo "|---|---|---|---|$([ "${COMPILE:-0}" = 1 ] && echo '---|---|')"
+raw=${RAW:-/dev/null}
+runs=$(mktemp)
+trap 'rm -f "$runs"' EXIT
 for config in $configs; do
-  best_engine=0 best_mfu=0 best_eager=0 best_compile=0
   for _ in $(seq "$rounds"); do
-    engine=$(OMP_NUM_THREADS=$threads build/trillion bench step --json --config "$config" --batch 16 --seq-len 128 \
-      --steps "$steps" 2>/dev/null)
-    eager=$(OMP_NUM_THREADS=$threads "$python" tools/ref/bench_step_torch.py --config "$config" --batch 16 \
-      --seq-len 128 --threads "$threads" --steps "$steps" 2>/dev/null)
-    read -r best_engine best_mfu < <(python3 -c "import json,sys; e=json.loads(sys.argv[1]); b=float(sys.argv[2]);
-print(*(max(b, e['tokens_per_s']), e['mfu']) if e['tokens_per_s'] > b else (b, sys.argv[3]))" "$engine" "$best_engine" "$best_mfu")
-    best_eager=$(python3 -c "import json,sys; print(max(float(sys.argv[2]), json.loads(sys.argv[1])['tokens_per_s']))" "$eager" "$best_eager")
-    if [ "${COMPILE:-0}" = 1 ]; then
-      compiled=$(OMP_NUM_THREADS=$threads "$python" tools/ref/bench_step_torch.py --config "$config" --batch 16 \
-        --seq-len 128 --threads "$threads" --steps "$steps" --compile 2>/dev/null)
-      best_compile=$(python3 -c "import json,sys; print(max(float(sys.argv[2]), json.loads(sys.argv[1])['tokens_per_s']))" "$compiled" "$best_compile")
-    fi
+    for precision in $precisions; do
+      OMP_NUM_THREADS=$threads build/trillion bench step --json --config "$config" --batch 16 --seq-len 128 \
+        --steps "$steps" --precision "$precision" 2>/dev/null | tail -1 >>"$runs"
+      modes="eager"
+      [ "${COMPILE:-0}" = 1 ] && modes="eager compile"
+      for mode in $modes; do
+        OMP_NUM_THREADS=$threads "$python" tools/ref/bench_step_torch.py --config "$config" --batch 16 \
+          --seq-len 128 --threads "$threads" --steps "$steps" --precision "$precision" \
+          $([ "$mode" = compile ] && echo --compile) 2>/dev/null | tail -1 >>"$runs"
+      done
+    done
   done
-  python3 -c "import sys; e, m, t, c = map(float, sys.argv[2:6]); row = f'| {sys.argv[1]} | {e:.0f} ({m:.2f}) | {t:.0f} | {e / t:.2f} |'
-print(row + (f' {c:.0f} | {e / c:.2f} |' if c > 0 else ''))" "$config" "$best_engine" "$best_mfu" "$best_eager" "$best_compile"
 done
+cat "$runs" >>"$raw"
+python3 - "$runs" <<'EOF'
+import json, sys
+best = {}  # (config, precision, side) -> the best run's line
+for line in open(sys.argv[1]):
+    run = json.loads(line)
+    side = "engine" if run["bench"] == "step" else run["mode"]
+    key = (run["config"], run.get("precision", "fp32"), side)
+    if key not in best or run["tokens_per_s"] > best[key]["tokens_per_s"]:
+        best[key] = run
+print("| config | precision | engine tokens/s (MFU of the GEMM rate, of the physical peak) | torch eager | "
+      "engine / eager | torch.compile | engine / compile |")
+print("|---|---|---|---|---|---|---|")
+for (config, precision, side), engine in best.items():
+    if side != "engine":
+        continue
+    eager, compiled = best.get((config, precision, "eager")), best.get((config, precision, "compile"))
+    cells = [config, precision,
+             f"{engine['tokens_per_s']:.0f} ({engine['mfu']:.2f}, {engine.get('mfu_peak', 0):.2f})"]
+    for peer in (eager, compiled):
+        cells += [f"{peer['tokens_per_s']:.0f}", f"**{engine['tokens_per_s'] / peer['tokens_per_s']:.2f}**"] \
+            if peer else ["", ""]
+    print("| " + " | ".join(cells) + " |")
+EOF

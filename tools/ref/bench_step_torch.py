@@ -7,12 +7,16 @@ weights in float32, sdpa attention, use_cache=False, in training mode; the token
 labels the inputs (transformers shifts them: the same next-token loss as the engine's). Each step is
 forward, backward, gradient clipping to norm 1 and AdamW (lr 1e-3, betas 0.9 / 0.95, eps 1e-8, weight
 decay 0.1: the engine's defaults), fused where torch offers it on CPU, foreach otherwise. --compile
-wraps the model in torch.compile (the default inductor backend). Prints one JSON line.
+wraps the model in torch.compile (the default inductor backend). --precision bf16 runs the forward
+under torch.autocast("cpu", dtype=torch.bfloat16), as a user who wants speed does: matmuls take bf16
+operands (oneDNN), the weights and AdamW stay float32, as the engine's --precision bf16. Prints one
+JSON line.
 
   /work/venv-ref/bin/python tools/ref/bench_step_torch.py --config configs/models/demo.json \
-      --batch 16 --seq-len 128 --threads 2 [--steps 10] [--warmup 2] [--compile]
+      --batch 16 --seq-len 128 --threads 2 [--steps 10] [--warmup 2] [--compile] [--precision bf16]
 """
 import argparse
+import contextlib
 import json
 import statistics
 import time
@@ -51,6 +55,7 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -62,8 +67,14 @@ def main():
 
     losses = []
 
+    def forward_precision():
+        if args.precision == "bf16":
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
     def train_step():
-        loss = step_model(input_ids=tokens, labels=tokens).loss
+        with forward_precision():
+            loss = step_model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -79,7 +90,7 @@ def main():
         seconds.append(time.perf_counter() - start)
     step_s = statistics.median(seconds)
     print(json.dumps({"bench": "step_torch", "config": args.config, "model_type": config.model_type,
-                      "mode": "compile" if args.compile else "eager", "adamw": adamw,
+                      "mode": "compile" if args.compile else "eager", "precision": args.precision, "adamw": adamw,
                       "batch": args.batch, "seq_len": args.seq_len, "threads": torch.get_num_threads(),
                       "steps": args.steps, "warmup": args.warmup, "step_s": step_s, "min_step_s": min(seconds),
                       "tokens_per_s": args.batch * args.seq_len / step_s, "first_loss": losses[0],
