@@ -64,7 +64,9 @@ class Model {
 
   const ModelConfig& config() const;
   const ParamTable& table() const;
-  T* params();  // [table().total_size()]
+  // [table().total_size()]. Under the bf16 matmul precision the products read a bf16 copy of it,
+  // made at the start of each forward and generation: write it between those, not within them.
+  T* params();
   const T* params() const;
   T* grads();  // [table().trainable_size()]: the trainable groups only
   void init_weights(uint64_t seed);

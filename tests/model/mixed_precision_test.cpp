@@ -7,7 +7,8 @@
 //   Relative errors of a backward pass grow as κ times the working precision's roundoff; the tiny
 //   configs' large initialization (0.5) makes κ reach ~80 for KDA.
 // Discrete choices are taken out: every expert is active and the indexer keeps every key, since a
-// rounding that flips a top-k choice changes a gradient by O(1) in any precision.
+// rounding that flips a top-k choice changes a gradient by O(1) in any precision. The weights' bf16
+// copy follows changed weights into a generation and a forward.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -98,6 +99,36 @@ TEST(MixedPrecision, Bf16OperandsStayWithinBf16RoundingOfDoubleForEveryMixerKind
     EXPECT_GE(bf16.worst_gradient, 1000.0 * fp32.worst_gradient) << "the operands were not rounded";
     EXPECT_LE(bf16.worst_gradient, 2.0 * condition * kBf16Eps) << bf16.worst_tensor << ", condition " << condition;
   }
+}
+
+// The weights' bf16 copy (model/model_impl.h) follows the weights: after they change, a generation
+// and a forward read the new values, with the bits of a model that only ever held them.
+TEST(MixedPrecision, TheWeightsCopyFollowsTheWeights) {
+  const ModelConfig config = testing::tiny_config_with(nullptr, "tiny.json");
+  const int64_t seq = 9, vocab = config.vocab_size;
+  const std::vector<int32_t> tokens = random_tokens(seq, vocab, "tokens");
+  const std::vector<int32_t> targets = random_tokens(seq, vocab, "targets");
+  const MatmulPrecisionScope operands(MatmulPrecision::bf16);
+  Model<float> changed(config), fresh(config);
+  changed.init_weights(21);
+  fresh.init_weights(22);
+  const int64_t size = changed.table().total_size();
+  const std::vector<float> first(changed.params(), changed.params() + size);  // [size]: seed 21's weights
+  const auto loss = [&](Model<float>& model) {
+    return model.forward_loss(tokens.data(), targets.data(), 1, seq).lm.loss_sum;
+  };
+  const auto last_logits = [&](Model<float>& model) {
+    std::vector<float> logits(vocab);  // [vocab]
+    model.start_generation(seq);
+    model.generate_step(tokens.data(), seq, logits.data());
+    return logits;
+  };
+  const double first_loss = loss(changed);  // copies seed 21's weights
+  std::copy(fresh.params(), fresh.params() + size, changed.params());
+  EXPECT_EQ(last_logits(changed), last_logits(fresh)) << "the generation read the copy of the weights before";
+  std::copy(first.begin(), first.end(), changed.params());  // back to seed 21's, the copy holds seed 22's
+  EXPECT_EQ(loss(changed), first_loss) << "the forward read the copy of the weights before";
+  EXPECT_NE(loss(changed), loss(fresh));
 }
 
 }  // namespace

@@ -91,6 +91,7 @@ void expect_same_ranking(const IndexerInputs<T>& in, const std::vector<int32_t>&
     for (int64_t c = 0; c < s.topk; ++c) {
       ASSERT_EQ(g[c] < 0, w[c] < 0) << "row " << row << " slot " << c;
       if (w[c] < 0) continue;
+      ASSERT_LT(g[c], s.kv_len) << "row " << row << " slot " << c;
       ASSERT_FALSE(selected[g[c]]) << "key " << g[c] << " selected twice in row " << row;
       selected[g[c]] = true;
       const double expected = row_scores[w[c]];
