@@ -2,7 +2,8 @@
 // library measures an instruction's throughput: each loop keeps more independent accumulators
 // than latency × pipes (Zen 2: 5 × 2, Zen 4/5 and Intel: 4 × 2), in registers (the chain loop is
 // unrolled whole: left to itself, gcc 12 keeps 24 accumulators on the stack and times loads and
-// stores, 0.65 of Zen 4's FMA rate), with values that stay normal (a · 0.999999 + 1e-6 converges to 1), and returns their sum so nothing is elided.
+// stores, 0.65 of Zen 4's FMA rate), with values that stay normal (a · 0.999999 + 1e-6 converges to
+// 1), and returns their sum so nothing is elided.
 #include "bench/physical_peak.h"
 
 #include <immintrin.h>

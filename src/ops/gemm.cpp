@@ -110,15 +110,17 @@ StoredMatrix stored(bool trans, int64_t op_rows, int64_t op_cols, int64_t ld) {
   return trans ? StoredMatrix{op_cols, op_rows, ld} : StoredMatrix{op_rows, op_cols, ld};
 }
 
-// dst[rows, packed_ld] = convert(src[rows, ld]) row by row.
-template <class Out, class In, class Convert>
-void pack(const StoredMatrix& shape, const In* src, std::vector<Out>& dst, const Convert& convert) {
+// dst[rows, packed_ld] = src[rows, ld] converted row by row (core/bf16.h's array conversions).
+template <class Out, class In>
+void pack(const StoredMatrix& shape, const In* src, std::vector<Out>& dst) {
   dst.resize(size_t(shape.rows * shape.packed_ld()));
   Out* packed = dst.data();
   parallel_for(shape.rows, shape.cols, [&](int64_t r) {
-    const In* from = src + r * shape.ld;         // [cols]
-    Out* to = packed + r * shape.packed_ld();    // [cols]
-    for (int64_t c = 0; c < shape.cols; ++c) to[c] = convert(from[c]);
+    if constexpr (std::is_same_v<Out, bf16>) {
+      to_bf16(src + r * shape.ld, packed + r * shape.packed_ld(), shape.cols);  // [cols] each
+    } else {
+      to_float(src + r * shape.ld, packed + r * shape.packed_ld(), shape.cols);
+    }
   });
 }
 
@@ -199,15 +201,12 @@ void execute(const Bf16Matmul& matmul, const bf16* a, const bf16* b, float* c) {
   stream.wait();
 }
 
-// The product on the float backend, its operands converted to float (widened from bf16, or rounded
-// to bf16 values) and packed dense.
-template <class In, class Convert>
-void float_product_of_converted(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const In* a,
-                                int64_t lda, const In* b, int64_t ldb, float beta, float* c, int64_t ldc,
-                                const Convert& convert) {
+// The product of bf16 operands on the float backend, widened to float (exactly) and packed dense.
+void widened_product(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const bf16* a,
+                     int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const StoredMatrix a_shape = stored(trans_a, m, k, lda), b_shape = stored(trans_b, k, n, ldb);
-  pack(a_shape, a, t_packed.a_float, convert);  // [a_shape.rows, a_shape.cols]
-  pack(b_shape, b, t_packed.b_float, convert);  // [b_shape.rows, b_shape.cols]
+  pack(a_shape, a, t_packed.a_float);  // [a_shape.rows, a_shape.cols]
+  pack(b_shape, b, t_packed.b_float);  // [b_shape.rows, b_shape.cols]
   gemm<float>(trans_a, trans_b, m, n, k, alpha, t_packed.a_float.data(), a_shape.packed_ld(), t_packed.b_float.data(),
               b_shape.packed_ld(), beta, c, ldc, Operands::fp32);
 }
@@ -240,7 +239,7 @@ struct Bf16Operand {
 };
 Bf16Operand bf16_operand(const float* x, const StoredMatrix& shape, std::vector<bf16>& buffer) {
   if (const bf16* copy = registered_copy_of(x, shape)) return {copy, shape.ld};
-  pack(shape, x, buffer, [](float value) { return to_bf16(value); });  // [shape.rows, shape.cols]
+  pack(shape, x, buffer);  // [shape.rows, shape.cols]
   return {buffer.data(), shape.packed_ld()};
 }
 
@@ -252,8 +251,7 @@ void gemm_rounding_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, in
   const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, m, n, k, a16.ld, b16.ld, ldc, alpha, beta);
   if (matmul.native) return execute(matmul, a16.data, b16.data, c);
   // no oneDNN bf16 kernel for this CPU (AVX2) or layout: the bf16 values, widened, on the float backend
-  float_product_of_converted(trans_a, trans_b, m, n, k, alpha, a16.data, a16.ld, b16.data, b16.ld, beta, c, ldc,
-                             [](bf16 x) { return to_float(x); });
+  widened_product(trans_a, trans_b, m, n, k, alpha, a16.data, a16.ld, b16.data, b16.ld, beta, c, ldc);
 }
 
 }  // namespace
@@ -347,8 +345,7 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
   [[maybe_unused]] const LibraryOnCallingThread one_thread_under_tsan;
   const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta);
   if (matmul.native) return execute(matmul, a, b, c);
-  float_product_of_converted(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-                             [](bf16 x) { return to_float(x); });
+  widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 template <class T>
