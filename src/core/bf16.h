@@ -34,5 +34,9 @@ inline float round_to_bf16(float value) { return to_float(to_bf16(value)); }
 // dst[i] = to_bf16(src[i]) / to_float(src[i]) for i < n.
 void to_bf16(const float* src, bf16* dst, int64_t n);
 void to_float(const bf16* src, float* dst, int64_t n);
+// The same over the threads, in blocks of 64 Ki elements (whole buffers: weights, saved activations;
+// called outside parallel regions).
+void to_bf16_threaded(const float* src, bf16* dst, int64_t n);
+void to_float_threaded(const bf16* src, float* dst, int64_t n);
 
 }  // namespace trillion

@@ -20,6 +20,7 @@ const char* saved_type_name(SavedType type) {
     case SavedType::f32: return "float32";
     case SavedType::f64: return "float64";
     case SavedType::i32: return "int32";
+    case SavedType::bf16: return "bfloat16";
   }
   return "?";
 }
@@ -89,6 +90,64 @@ void* ActivationStore::save_bytes(ActivationTag tag, int layer, SavedType type, 
   }
   counters_.saved_bytes += bytes;
   return entries_.emplace(key, e).first->second.data;
+}
+
+float* ActivationStore::save_operand(ActivationTag tag, int layer, const Shape& shape) {
+  if (!bf16_operands_ || matmul_precision() != MatmulPrecision::bf16) return save<float>(tag, layer, shape);
+  const Key key{layer, static_cast<int>(tag)};
+  const int64_t float_bytes = shape.numel() * int64_t(sizeof(float));
+  if (recompute_layer_ >= 0) {  // kept: never written twice (save_bytes checks the rest)
+    const auto it = entries_.find(key);
+    if (it != entries_.end() && it->second.state != State::dropped && it->second.type == SavedType::bf16 &&
+        it->second.shape.numel() == shape.numel())
+      return static_cast<float*>(throwaway_.alloc_bytes(float_bytes));
+  }
+  save_bytes(tag, layer, SavedType::bf16, shape, sizeof(bf16));  // the entry, or its refill in place
+  FloatCopy& staging = float_copies_[key];
+  TRILLION_CHECK(staging.data == nullptr, "activation ", activation_tag_name(tag), " of layer ", layer,
+                 " staged twice");
+  staging.data = take_float_span(float_bytes);
+  staging.bytes = float_bytes;
+  return reinterpret_cast<float*>(staging.data);
+}
+
+char* ActivationStore::take_float_span(int64_t bytes) const {
+  char* span = static_cast<char*>(float_pages_.alloc(bytes));
+  MemoryStats::add(Tier::fast, bytes);
+  return span;
+}
+
+const float* ActivationStore::float_copy(ActivationTag tag, int layer, int64_t count) const {
+  const Key key{layer, static_cast<int>(tag)};
+  const auto entry = entries_.find(key);
+  if (entry == entries_.end() || entry->second.type != SavedType::bf16) return nullptr;
+  const auto found = float_copies_.find(key);
+  if (found != float_copies_.end()) return reinterpret_cast<const float*>(found->second.data);
+  const bf16* rounded = static_cast<const bf16*>(get_bytes(tag, layer, SavedType::bf16, count * int64_t(sizeof(bf16))));
+  FloatCopy& view = float_copies_[key];
+  view.bytes = count * int64_t(sizeof(float));
+  view.data = take_float_span(view.bytes);
+  float* values = reinterpret_cast<float*>(view.data);  // [count]
+  to_float_threaded(rounded, values, count);
+  view.registration = std::make_unique<RegisteredBf16Copy>(values, rounded, count);
+  return values;
+}
+
+void ActivationStore::round_staged(const Key& key, Entry& e) {
+  const auto found = float_copies_.find(key);
+  if (found == float_copies_.end() || found->second.registration != nullptr) return;
+  to_bf16_threaded(reinterpret_cast<const float*>(found->second.data), reinterpret_cast<bf16*>(e.data),
+                   e.shape.numel());
+  free_float_copy(key);
+}
+
+void ActivationStore::free_float_copy(const Key& key) {
+  const auto found = float_copies_.find(key);
+  if (found == float_copies_.end()) return;
+  found->second.registration.reset();
+  float_pages_.free(found->second.data, found->second.bytes);
+  MemoryStats::sub(Tier::fast, found->second.bytes);
+  float_copies_.erase(found);
 }
 
 const void* ActivationStore::get_bytes(ActivationTag tag, int layer, SavedType type, int64_t bytes) const {
@@ -163,6 +222,7 @@ void ActivationStore::end_forward(int layer, TagSublayer part, bool backward_nex
   if (!writes_in_flight_.empty()) reclaim_written();
   for_layer(layer, [&](ActivationTag tag, Entry& e) {
     if (tag_sublayer(tag) != part || e.state != State::writing) return;
+    round_staged({layer, static_cast<int>(tag)}, e);
     e.state = State::complete;
     if (!e.paged) return;
     switch (backward_next && policy(tag) == SavePolicy::swap ? SavePolicy::keep : policy(tag)) {
@@ -206,8 +266,10 @@ void ActivationStore::begin_recompute(int layer) {
 }
 
 void ActivationStore::end_recompute() {
-  for_layer(recompute_layer_, [&](ActivationTag, Entry& e) {
-    if (e.state == State::writing) e.state = State::complete;
+  for_layer(recompute_layer_, [&](ActivationTag tag, Entry& e) {
+    if (e.state != State::writing) return;
+    round_staged({recompute_layer_, static_cast<int>(tag)}, e);
+    e.state = State::complete;
   });
   recompute_layer_ = -1;
   throwaway_.reset();
@@ -249,6 +311,7 @@ void ActivationStore::end_backward(int layer, TagSublayer part) {
     if (tag_sublayer(tag) != part) return;
     TRILLION_CHECK(e.state == State::complete || e.state == State::dropped, "end_backward of layer ", layer,
                    " with its activation ", activation_tag_name(tag), " not resident");
+    free_float_copy({layer, static_cast<int>(tag)});
     if (e.held) {
       if (e.ticket != 0) swap_->wait(e.ticket);  // a write of a reused entry may still read its span
       free_span(e);
@@ -260,6 +323,7 @@ void ActivationStore::end_backward(int layer, TagSublayer part) {
 
 void ActivationStore::clear() {
   if (swap_ != nullptr) swap_->drain();
+  while (!float_copies_.empty()) free_float_copy(float_copies_.begin()->first);
   for (auto& [key, e] : entries_) {
     if (e.held) MemoryStats::sub(Tier::fast, e.bytes);
     const bool in_file = (e.state == State::swapped_out && !e.held) || e.state == State::reading;
@@ -268,6 +332,7 @@ void ActivationStore::clear() {
   writes_in_flight_.clear();
   entries_.clear();
   pages_.reset();
+  float_pages_.reset();
   small_.reset();
   throwaway_.reset();
   recompute_layer_ = -1;

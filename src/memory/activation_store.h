@@ -38,22 +38,25 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/tensor.h"
 #include "memory/activation_tags.h"
 #include "memory/page_arena.h"
 #include "memory/swap_engine.h"
+#include "ops/gemm.h"
 
 namespace trillion {
 
 enum class SavePolicy { keep, recompute, swap };
 const char* save_policy_name(SavePolicy policy);
 
-enum class SavedType { f32, f64, i32 };
+enum class SavedType { f32, f64, i32, bf16 };
 template <class T>
 constexpr SavedType saved_type_of();
 template <>
@@ -62,6 +65,8 @@ template <>
 constexpr SavedType saved_type_of<double>() { return SavedType::f64; }
 template <>
 constexpr SavedType saved_type_of<int32_t>() { return SavedType::i32; }
+template <>
+constexpr SavedType saved_type_of<bf16>() { return SavedType::bf16; }
 const char* saved_type_name(SavedType type);
 
 // What the store has done since it was made (cumulative: callers take differences per step).
@@ -104,6 +109,10 @@ class ActivationStore {
   void set_swap_synchronous(bool synchronous) { swap_synchronous_ = synchronous; }
   // Lossy swap: float32 tensors go to the file as bfloat16 (half the bytes; off by default).
   void set_swap_bf16(bool bf16) { swap_bf16_ = bf16; }
+  // Product operands in bf16 (on by default): under the bf16 matmul precision, a float tensor that
+  // only products read (save_operand) is kept as its bf16 rounding, all that those products read of
+  // it: the same results in half the bytes. Off: kept in float (comparisons).
+  void set_bf16_operands(bool bf16) { bf16_operands_ = bf16; }
 
   // Storage for (tag, layer), zero-filled; the caller writes it until end_forward(layer).
   // CHECK-fails if (tag, layer) is already saved in this step (outside recompute).
@@ -118,8 +127,18 @@ class ActivationStore {
   // The saved tensor; CHECK-fails if absent, of another type or size, or not resident.
   template <class T>
   const T* get(ActivationTag tag, int layer, int64_t count) const {
+    if constexpr (std::is_same_v<T, float>) {
+      if (const float* values = float_copy(tag, layer, count)) return values;
+    }
     return static_cast<const T*>(get_bytes(tag, layer, saved_type_of<T>(), count * static_cast<int64_t>(sizeof(T))));
   }
+  // Storage for a float tensor that only products under the matmul precision read, as save<float>
+  // gives it; with bf16 operands under the bf16 precision the entry holds its bf16 rounding instead: the caller writes a
+  // float staging copy, rounded into the entry when its part's forward (or recompute) ends. Reading
+  // it back (get<float>) gives the rounding widened to float, registered as its bf16 copy
+  // (ops/gemm.h), so the products read the entry itself; that view lives until its part's backward
+  // ends. Both float copies are counted in the fast tier while they live.
+  float* save_operand(ActivationTag tag, int layer, const Shape& shape);
   bool contains(ActivationTag tag, int layer) const { return entries_.count({layer, static_cast<int>(tag)}) != 0; }
   Shape shape(ActivationTag tag, int layer) const;
   struct EntryInfo {
@@ -168,6 +187,20 @@ class ActivationStore {
     SwapEngine::Ticket ticket = 0;  // of the last swap job
   };
   using Key = std::pair<int, int>;  // (layer, tag): a layer's entries are contiguous
+  // The float values of a bf16 operand entry: the forward's staging (not registered) or the
+  // backward's widened view (registered as the entry's bf16 copy).
+  struct FloatCopy {
+    char* data = nullptr;
+    int64_t bytes = 0;
+    std::unique_ptr<RegisteredBf16Copy> registration;
+  };
+  char* take_float_span(int64_t bytes) const;  // a span of float_pages_, counted in the fast tier
+  // The float values of (tag, layer) if it is a bf16 operand entry (its staging, or its view, made
+  // on first read), else null.
+  const float* float_copy(ActivationTag tag, int layer, int64_t count) const;
+  // Rounds the staging copy of a bf16 operand entry into it and frees the copy.
+  void round_staged(const Key& key, Entry& entry);
+  void free_float_copy(const Key& key);
   void* save_bytes(ActivationTag tag, int layer, SavedType type, const Shape& shape, int64_t element_bytes);
   const void* get_bytes(ActivationTag tag, int layer, SavedType type, int64_t bytes) const;
   char* take_span(int64_t bytes);  // a span of pages_, counted in the fast tier
@@ -190,6 +223,11 @@ class ActivationStore {
   int64_t paged_min_bytes_ = kPagedMinBytes;
   bool swap_synchronous_ = false;
   bool swap_bf16_ = false;
+  bool bf16_operands_ = true;
+  // The float copies of bf16 operand entries, made and freed within one part (a cache of the
+  // entries for the backward's reads: hence mutable).
+  mutable std::map<Key, FloatCopy> float_copies_;
+  mutable PageArena float_pages_;
   std::unique_ptr<SwapEngine> swap_;
   int64_t swap_offset_ = 0;  // next free byte of the swap file in this step
   std::vector<Entry*> writes_in_flight_;  // swapped out, span still held

@@ -93,7 +93,7 @@ std::vector<SavedTensor> saved_tensors(const AttentionBlockDims& dims, const Sav
                            {Tag::attn_lse, {extent.batch, dims.q_heads, extent.seq}}});  // [batch, Hq, seq]
   const std::vector<SavedTensor> indexer = saved_tensors(dims.indexer, extent);
   list.insert(list.end(), indexer.begin(), indexer.end());
-  if (dims.gated) list.push_back({Tag::o_proj_in, {n, qw}});  // [n, Hq·d] out · sigmoid(gate)
+  if (dims.gated) list.push_back({Tag::o_proj_in, {n, qw}, /*kept=*/true, /*operand=*/true});  // [n, Hq·d] o_proj's input
   return list;
 }
 

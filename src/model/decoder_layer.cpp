@@ -46,14 +46,23 @@ double DecoderLayerDims::flops_per_token(int64_t seq) const {
   return std::visit(of_kind, mixer) + std::visit(of_kind, ffn);
 }
 
+InputUse DecoderLayerDims::mixer_input_use() const {
+  return std::visit([](const auto& d) { return input_use(d); }, mixer);
+}
+
+InputUse DecoderLayerDims::ffn_input_use() const {
+  return std::visit([](const auto& d) { return input_use(d); }, ffn);
+}
+
 std::vector<SavedSize> DecoderLayerDims::saved_sizes(const StepShape& shape) const {
   const SavedExtent extent = shape.extent();
   const auto of_kind = [&](const auto& d) { return saved_tensors(d, extent); };
-  std::vector<SavedTensor> list = input_saved_tensors(kMixerInput, extent.tokens(), hidden);
-  for (const auto& part : {std::visit(of_kind, mixer), input_saved_tensors(kFfnInput, extent.tokens(), hidden),
+  std::vector<SavedTensor> list = input_saved_tensors(kMixerInput, extent.tokens(), hidden, mixer_input_use());
+  for (const auto& part : {std::visit(of_kind, mixer),
+                           input_saved_tensors(kFfnInput, extent.tokens(), hidden, ffn_input_use()),
                            std::visit(of_kind, ffn)})
     list.insert(list.end(), part.begin(), part.end());
-  return trillion::saved_sizes(list, shape.element_bytes);
+  return trillion::saved_sizes(list, shape.element_bytes, shape.bf16_operands);
 }
 
 // The FFN's backward runs with dh [n, D] already in the scratch (ffn_sublayer_backward), and the FFN
@@ -124,7 +133,8 @@ void mixer_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const Decoder
                             int layer, Arena& scratch) {
   PhaseScope scope(Phase::attention);
   scratch.reset();
-  const T* h = sublayer_input_forward(x, w.input_norm, dims.mixer_norm, kMixerInput, dims.hidden, pass, layer, scratch);
+  const T* h = sublayer_input_forward(x, w.input_norm, dims.mixer_norm, kMixerInput, dims.mixer_input_use(), dims.hidden,
+                                      pass, layer, scratch);
   with_kind<T>(dims.mixer, [&](const auto& d, const auto& kind) { mixer_forward(x, h, kind, d, pass, layer, scratch); },
                w.mixer);
 }
@@ -134,7 +144,8 @@ void ffn_sublayer_forward(T* x, const DecoderLayerWeights<T>& w, const DecoderLa
                           int layer, Arena& scratch) {
   PhaseScope scope(Phase::elementwise);  // the MLP's and MoE's own scopes inside
   scratch.reset();
-  const T* h = sublayer_input_forward(x, w.ffn_norm, dims.ffn_norm, kFfnInput, dims.hidden, pass, layer, scratch);
+  const T* h = sublayer_input_forward(x, w.ffn_norm, dims.ffn_norm, kFfnInput, dims.ffn_input_use(), dims.hidden, pass,
+                                      layer, scratch);
   with_kind<T>(dims.ffn, [&](const auto& d, const auto& kind) { ffn_forward(x, h, kind, d, pass, layer, scratch); },
                w.ffn);
 }
@@ -146,7 +157,7 @@ void ffn_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const Decoder
   PhaseScope scope(Phase::elementwise);  // the MLP's and MoE's own scopes inside
   const int64_t n = pass.batch * pass.seq, D = dims.hidden;
   scratch.reset();
-  const SublayerInput<T> in = saved_sublayer_input<T>(kFfnInput, D, pass, store, layer);
+  const SublayerInput<T> in = saved_sublayer_input<T>(kFfnInput, dims.ffn_input_use(), D, pass, store, layer);
   T* dh = scratch.alloc<T>(n * D);  // [n, D] gradient wrt the FFN's normed input (zero-filled)
   with_kind<T>(
       dims.ffn,
@@ -165,7 +176,7 @@ void mixer_sublayer_backward(T* dx, const DecoderLayerWeights<T>& w, const Decod
   PhaseScope scope(Phase::attention);
   const int64_t n = pass.batch * pass.seq, D = dims.hidden;
   scratch.reset();
-  const SublayerInput<T> in = saved_sublayer_input<T>(kMixerInput, D, pass, store, layer);
+  const SublayerInput<T> in = saved_sublayer_input<T>(kMixerInput, dims.mixer_input_use(), D, pass, store, layer);
   const T* dh = nullptr;  // [n, D] gradient wrt the mixer's normed input, in its scratch
   with_kind<T>(
       dims.mixer,

@@ -77,6 +77,9 @@ struct DecoderLayerDims {
   // (each one's input and norm, then its kind's), and the most scratch each sublayer's forward and
   // backward holds at once.
   std::vector<SavedSize> saved_sizes(const StepShape& shape) const;
+  // How the mixer's and the FFN's backward read their normed input (each kind's input_use).
+  InputUse mixer_input_use() const;
+  InputUse ffn_input_use() const;
   LayerWorkspace workspace_bytes(const StepShape& shape) const;
   int64_t decode_cache_elements(int64_t max_len) const;
 };

@@ -158,7 +158,7 @@ std::vector<SavedTensor> saved_tensors(const GatedDeltaNetDims& d, const SavedEx
           {Tag::la_beta, {n, nv}},                    // [n, nv]
           {Tag::la_core, {n, nv, dv}},                // [n, nv, dv]
           {Tag::la_norm_rstd, {n * nv}},              // [n · nv]
-          {Tag::la_normed, {n, nv * dv}}};            // [n, nv · dv]
+          {Tag::la_normed, {n, nv * dv}, true, /*operand=*/true}};  // [n, nv · dv] out_proj's input
 }
 
 template <class T>

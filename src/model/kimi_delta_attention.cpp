@@ -96,15 +96,15 @@ std::vector<SavedTensor> saved_tensors(const KimiDeltaAttentionDims& d, const Sa
           {Tag::la_k_hat, {n, h, D}},     // [n, h, D]
           {Tag::la_k_inv, {n * h}},       // [n · h]
           {Tag::la_v, {n, h, D}},         // [n, h, D]
-          {Tag::la_f_low, {n, D}},        // [n, D]
+          {Tag::la_f_low, {n, D}, true, /*operand=*/true},  // [n, D] f_b_proj's input
           {Tag::la_a, {n, W}},            // [n, h·D]
           {Tag::la_g, {n, W}},            // [n, h·D]
           {Tag::la_beta, {n, h}},         // [n, h]
-          {Tag::la_g_low, {n, D}},        // [n, D]
+          {Tag::la_g_low, {n, D}, true, /*operand=*/true},  // [n, D] g_b_proj's input
           {Tag::la_z, {n, h, D}},         // [n, h, D]
           {Tag::la_core, {n, h, D}},      // [n, h, D]
           {Tag::la_norm_rstd, {n * h}},   // [n · h]
-          {Tag::la_normed, {n, W}}};      // [n, h·D]
+          {Tag::la_normed, {n, W}, true, /*operand=*/true}};  // [n, h·D] o_proj's input
 }
 
 template <class T>

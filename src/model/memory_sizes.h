@@ -34,6 +34,7 @@ struct StepShape {
   IndexerTraining indexer;    // sparse layers' mode and loss (coef > 0: the indexer loss is on)
   bool experts_exchanged = false;  // ep > 1: MoE layers' routed rows run on their experts' owners
   double expert_imbalance = 1.0;   // … which receive at most this times a rank's own routed rows
+  bool bf16_operands = false;      // the store keeps declared operands as bf16 (saved_as_bf16)
   int64_t tokens() const { return batch * seq; }
   // The saved tensors' extent of a training step of this shape (MoE's routed rows at their bound).
   SavedExtent extent() const {

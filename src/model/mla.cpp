@@ -115,11 +115,11 @@ std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& e
   if (rq > 0)
     list.insert(list.end(), {{Tag::mla_q_a, {n, rq}},        // [n, r_q]
                              {Tag::mla_q_a_rstd, {n}},       // [n]
-                             {Tag::mla_q_latent, {n, rq}}});  // [n, r_q]
+                             {Tag::mla_q_latent, {n, rq}, true, /*operand=*/true}});  // [n, r_q] q_b_proj's, wq's input
   list.insert(list.end(), {{Tag::q, {n, H, dims.qk()}},                // [n, H, qk]
                            {Tag::mla_kv_a, {n, dims.kv_a_out()}},      // [n, r_kv + rope]
                            {Tag::mla_kv_rstd, {n}},                    // [n]
-                           {Tag::mla_latent, {n, dims.kv_lora_rank}},  // [n, r_kv]
+                           {Tag::mla_latent, {n, dims.kv_lora_rank}, true, /*operand=*/true},  // [n, r_kv] kv_b_proj's input
                            {Tag::k, {n, H, dims.qk()}},                // [n, H, qk]
                            {Tag::v, {n, H, dims.v}},                   // [n, H, v]
                            {Tag::attn_out, {n, dims.o_width()}},       // [n, H·v]

@@ -54,7 +54,9 @@ void mlp_backward(T* dh, const T* dy, const T* h, int64_t n, const MlpWeights<T>
 std::vector<SavedTensor> saved_tensors(const MlpDims& dims, int64_t tokens) {
   const MlpTags tags = tags_of(dims);
   const int64_t I = dims.intermediate;
-  return {{tags.gate, {tokens, I}}, {tags.up, {tokens, I}}, {tags.act, {tokens, I}}};  // [n, I] each
+  return {{tags.gate, {tokens, I}},                                 // [n, I]
+          {tags.up, {tokens, I}},                                   // [n, I]
+          {tags.act, {tokens, I}, /*kept=*/true, /*operand=*/true}};  // [n, I] down_proj's input
 }
 
 // Training forward: nothing in scratch (its three tensors are saved); backward: d_act, d_gate, d_up [n, I].

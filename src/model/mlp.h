@@ -84,5 +84,7 @@ inline std::vector<SavedTensor> saved_tensors(const MlpDims& dims, const SavedEx
   return saved_tensors(dims, extent.tokens());
 }
 Workspace workspace_bytes(const MlpDims& dims, const StepShape& shape);
+// Its backward reads h only as gate_proj's and up_proj's operand.
+constexpr InputUse input_use(const MlpDims&) { return InputUse::operand; }
 
 }  // namespace trillion

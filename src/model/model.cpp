@@ -95,7 +95,7 @@ UnitOrder unit_order(const ModelConfig& config) {
 }
 
 std::vector<SavedTensor> head_saved_tensors(int64_t tokens, int64_t hidden, bool gradients_in_forward) {
-  std::vector<SavedTensor> list = input_saved_tensors(kHeadInput, tokens, hidden);
+  std::vector<SavedTensor> list = input_saved_tensors(kHeadInput, tokens, hidden, head_input_use(gradients_in_forward));
   if (gradients_in_forward)
     list.push_back({ActivationTag::loss_dh, {tokens, hidden}});  // [n, D]
   else
@@ -365,8 +365,8 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   if (head_fsdp_unit != 0) call(m.hooks.before_forward, head_fsdp_unit);
   const bool gradients_in_forward = mode == PassMode::train && m.loss_gradients == LossGradients::in_forward;
   const SavedWriter saves(head_saved_tensors(n, D, gradients_in_forward), pass.store, head, m.scratch);
-  const T* h = sublayer_input_forward(x, m.final_norm(params), final_norm_spec(m.config), kHeadInput, D, pass, head,
-                                      m.scratch);  // [n, D]
+  const T* h = sublayer_input_forward(x, m.final_norm(params), final_norm_spec(m.config), kHeadInput,
+                                      head_input_use(gradients_in_forward), D, pass, head, m.scratch);  // [n, D]
   if (gradients_in_forward) {
     // The loss scale is known: the gradient wrt h is formed now, tile by tile, and the head's
     // weight gradient accumulated (tied: into the embedding's, which embedding_backward adds to).
@@ -472,7 +472,8 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   {
     m.scratch.reset();
     const bool gradients_in_forward = m.store.contains(ActivationTag::loss_dh, head);
-    const SublayerInput<T> in = saved_sublayer_input<T>(kHeadInput, D, pass, m.store, head);
+    const SublayerInput<T> in =
+        saved_sublayer_input<T>(kHeadInput, head_input_use(gradients_in_forward), D, pass, m.store, head);
     const SavedReader saved(head_saved_tensors(n, D, gradients_in_forward), m.store, head);
     const T* dh = nullptr;  // [n, D] gradient wrt the final norm's output
     if (gradients_in_forward) {

@@ -37,9 +37,14 @@ ParamCounts count_parameters(const ModelConfig& config);
 // The parameter table a Model of the config lays out (shapes and offsets; nothing allocated).
 ParamTable param_table_of(const ModelConfig& config);
 // The tensors the head saves under layer L in a training forward of n tokens (model/saved_tensors.h):
-// the final norm's input, statistics and output, and the loss's gradient wrt that output when it
-// is formed in the forward, else the LM head's log-sum-exp.
+// the final norm's input and statistics, and the loss's gradient wrt the norm's output when it is
+// formed in the forward, else that output and the LM head's log-sum-exp.
 std::vector<SavedTensor> head_saved_tensors(int64_t tokens, int64_t hidden, bool gradients_in_forward);
+// How the head's backward reads the final norm's output: as the LM head's operand when it recomputes
+// the loss's tiles, not at all when the loss's gradients were formed in the forward.
+inline InputUse head_input_use(bool gradients_in_forward) {
+  return gradients_in_forward ? InputUse::unread : InputUse::operand;
+}
 
 // The FSDP units (the parameter table's units) in the order a training step reaches them: its
 // forward's before_forward hooks, then its backward's before_backward hooks. Unit 0 holds the

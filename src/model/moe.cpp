@@ -266,7 +266,7 @@ std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& e
                              {Tag::ep_returned, {rows, D}}});  // [rows, D]
   } else {
     list.insert(list.end(), {{Tag::expert_gate_up, {rows, 2 * I}},  // [rows, 2I]
-                             {Tag::expert_act, {rows, I}},          // [rows, I]
+                             {Tag::expert_act, {rows, I}, true, /*operand=*/true},  // [rows, I] down's input
                              {Tag::expert_out, {rows, D}}});        // [rows, D]
   }
   if (dims.shared.intermediate == 0) return list;

@@ -115,6 +115,8 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
 // when the extent does not give them), and the memory plan's most scratch its forward or backward
 // holds at once (model/memory_sizes.h).
 std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& extent);
+// Its backward reads h also as the router's float operand (model/moe.cpp, kRouterOperands).
+constexpr InputUse input_use(const MoeDims&) { return InputUse::values; }
 int64_t routed_rows_bound(const MoeDims& dims, int64_t tokens);
 // Under the expert exchange: the rows this rank's experts receive (the extent's, or its bound).
 int64_t received_rows(const SavedExtent& extent, int64_t routed_rows);

@@ -12,7 +12,9 @@
 //                                                            // nothing is saved (store null)
 //   the backward's tensors:   SavedReader saved(list, store, layer);
 //                             const T* q = saved.in<T>(Tag::q);
-//   the memory plan's bytes:  saved_sizes(list, element_bytes).
+//   the memory plan's bytes:  saved_sizes(list, element_bytes, bf16_operands).
+// A tensor that only products read is declared an operand: under the bf16 precision the store may
+// keep its bf16 rounding (ActivationStore::save_operand); out and in still give floats.
 // Adding a saved tensor to a kind is one line in its saved_tensors and the out/in calls that use
 // it; a new tag is one line in TRILLION_ACTIVATION_TAGS.
 #pragma once
@@ -55,22 +57,44 @@ struct SavedTensor {
   ActivationTag tag;
   Shape shape;
   bool kept = true;  // false: written by the forward as a temporary, never saved
+  // Read only as an operand of products under the matmul precision (never by element-wise code,
+  // hand-written dots or float-operand products): with bf16 operands (ActivationStore::
+  // set_bf16_operands) a float tensor's element type is bf16, its rounding.
+  bool operand = false;
 };
+
+// How a part's backward reads its normed input h (model/sublayer_input.h), which each kind states
+// beside its saved_tensors as input_use(dims): only as an operand of products (under the bf16
+// precision the store may keep h's bf16 rounding), otherwise, or not at all (h is not kept).
+enum class InputUse { operand, values, unread };
 
 // Bytes of the saved tensors one training forward of a kind keeps, tag by tag.
 struct SavedSize {
   ActivationTag tag;
   int64_t bytes;
+  int64_t float_copy = 0;  // a bf16 operand's float copy while its part runs (the store's save_operand)
 };
 
-inline int64_t saved_element_bytes(ActivationTag tag, int64_t element_bytes) {
-  return tag_element(tag) == TagElement::int32 ? int64_t(sizeof(int32_t)) : element_bytes;
+// Whether a saved tensor is kept as its bf16 rounding: a declared operand of a float model with bf16
+// operands (ActivationStore::save_operand).
+inline bool saved_as_bf16(const SavedTensor& s, int64_t element_bytes, bool bf16_operands) {
+  return s.operand && bf16_operands && element_bytes == int64_t(sizeof(float)) &&
+         tag_element(s.tag) == TagElement::real;
 }
 
-inline std::vector<SavedSize> saved_sizes(const std::vector<SavedTensor>& list, int64_t element_bytes) {
+inline std::vector<SavedSize> saved_sizes(const std::vector<SavedTensor>& list, int64_t element_bytes,
+                                          bool bf16_operands) {
   std::vector<SavedSize> sizes;
-  for (const SavedTensor& s : list)
-    if (s.kept) sizes.push_back({s.tag, s.shape.numel() * saved_element_bytes(s.tag, element_bytes)});
+  for (const SavedTensor& s : list) {
+    if (!s.kept) continue;
+    const int64_t n = s.shape.numel();
+    if (saved_as_bf16(s, element_bytes, bf16_operands)) {
+      sizes.push_back({s.tag, n * int64_t(sizeof(bf16)), n * int64_t(sizeof(float))});
+    } else {
+      const bool integer = tag_element(s.tag) == TagElement::int32;
+      sizes.push_back({s.tag, n * (integer ? int64_t(sizeof(int32_t)) : element_bytes)});
+    }
+  }
   return sizes;
 }
 
@@ -105,7 +129,11 @@ class SavedWriter {
   E* out(ActivationTag tag) const {
     saved_detail::check_element<E>(tag);
     const SavedTensor& s = saved_detail::find(list_, tag);
-    return store_ != nullptr && s.kept ? store_->save<E>(tag, layer_, s.shape) : scratch_.alloc<E>(s.shape.numel());
+    if (store_ == nullptr || !s.kept) return scratch_.alloc<E>(s.shape.numel());
+    if constexpr (std::is_same_v<E, float>) {
+      if (s.operand) return store_->save_operand(tag, layer_, s.shape);
+    }
+    return store_->save<E>(tag, layer_, s.shape);
   }
 
  private:

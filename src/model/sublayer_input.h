@@ -28,19 +28,20 @@ constexpr SublayerInputTags kFfnInput{ActivationTag::ffn_input, ActivationTag::f
 constexpr SublayerInputTags kHeadInput{ActivationTag::final_input, ActivationTag::final_norm_rstd,
                                        ActivationTag::final_norm_out};
 
-inline std::vector<SavedTensor> input_saved_tensors(const SublayerInputTags& tags, int64_t tokens, int64_t hidden) {
-  return {{tags.input, {tokens, hidden}},    // [n, D] the residual stream
-          {tags.rstd, {tokens}},             // [n]
-          {tags.normed, {tokens, hidden}}};  // [n, D] h, the part's input
+inline std::vector<SavedTensor> input_saved_tensors(const SublayerInputTags& tags, int64_t tokens, int64_t hidden,
+                                                    InputUse use) {
+  return {{tags.input, {tokens, hidden}},  // [n, D] the residual stream
+          {tags.rstd, {tokens}},           // [n]
+          {tags.normed, {tokens, hidden}, use != InputUse::unread, use == InputUse::operand}};  // [n, D] h, the part's input
 }
 
 // h[n, D] = norm(x[n, D]) for the pass's n tokens: x, the statistics and h saved under `layer` (in
 // scratch when nothing is saved).
 template <class T>
 const T* sublayer_input_forward(const T* x, const T* weight, const NormSpec& norm, const SublayerInputTags& tags,
-                                int64_t hidden, const LayerPass& pass, int layer, Arena& scratch) {
+                                InputUse use, int64_t hidden, const LayerPass& pass, int layer, Arena& scratch) {
   const int64_t n = pass.batch * pass.seq, D = hidden;
-  const SavedWriter saves(input_saved_tensors(tags, n, D), pass.store, layer, scratch);
+  const SavedWriter saves(input_saved_tensors(tags, n, D, use), pass.store, layer, scratch);
   T* input = saves.out<T>(tags.input);  // [n, D]
   std::memcpy(input, x, n * D * sizeof(T));
   T* rstd = saves.out<T>(tags.rstd);  // [n]
@@ -54,14 +55,15 @@ template <class T>
 struct SublayerInput {
   const T* input;  // [n, D]
   const T* rstd;   // [n]
-  const T* h;      // [n, D]
+  const T* h;      // [n, D]; null when the part's backward does not read it
 };
 
 template <class T>
-SublayerInput<T> saved_sublayer_input(const SublayerInputTags& tags, int64_t hidden, const LayerPass& pass,
-                                      const ActivationStore& store, int layer) {
-  const SavedReader saved(input_saved_tensors(tags, pass.batch * pass.seq, hidden), store, layer);
-  return {saved.in<T>(tags.input), saved.in<T>(tags.rstd), saved.in<T>(tags.normed)};
+SublayerInput<T> saved_sublayer_input(const SublayerInputTags& tags, InputUse use, int64_t hidden,
+                                      const LayerPass& pass, const ActivationStore& store, int layer) {
+  const SavedReader saved(input_saved_tensors(tags, pass.batch * pass.seq, hidden, use), store, layer);
+  return {saved.in<T>(tags.input), saved.in<T>(tags.rstd),
+          use == InputUse::unread ? nullptr : saved.in<T>(tags.normed)};
 }
 
 // dx[n, D] (+= when accumulate, else =) the gradient through the norm of dh[n, D]; dweight +=.

@@ -282,26 +282,25 @@ MatmulPrecision matmul_precision_from_name(const std::string& name, const char* 
   fail(option, " ", name, ": expected fp32 or bf16");
 }
 
-Bf16OperandCopy::Bf16OperandCopy(const float* source, int64_t size) : source_(source), size_(size), copy_(size) {
-  TRILLION_CHECK(size > 0, "a bf16 operand copy needs elements, got ", size);
+RegisteredBf16Copy::RegisteredBf16Copy(const float* source, const bf16* copy, int64_t size) : copy_(copy) {
+  TRILLION_CHECK(size > 0, "a registered bf16 copy needs elements, got ", size);
+  TRILLION_CHECK(!omp_in_parallel(), "bf16 copies are registered outside parallel regions");
   const auto begin = reinterpret_cast<uintptr_t>(source), end = reinterpret_cast<uintptr_t>(source + size);
   for (const RegisteredCopy& r : registered_copies())
-    TRILLION_CHECK(end <= r.begin || begin >= r.end, "bf16 operand copies of overlapping buffers");
-  registered_copies().push_back({begin, end, copy_.data()});
+    TRILLION_CHECK(end <= r.begin || begin >= r.end, "bf16 copies of overlapping buffers");
+  registered_copies().push_back({begin, end, copy});
+}
+
+RegisteredBf16Copy::~RegisteredBf16Copy() {
+  std::erase_if(registered_copies(), [&](const RegisteredCopy& r) { return r.copy == copy_; });
+}
+
+Bf16OperandCopy::Bf16OperandCopy(const float* source, int64_t size)
+    : source_(source), size_(size), copy_(size), registration_(source, copy_.data(), size) {
   refresh();
 }
 
-Bf16OperandCopy::~Bf16OperandCopy() {
-  std::erase_if(registered_copies(), [&](const RegisteredCopy& r) { return r.copy == copy_.data(); });
-}
-
-void Bf16OperandCopy::refresh() {
-  constexpr int64_t kBlock = int64_t(1) << 16;  // elements per item
-  parallel_for((size_ + kBlock - 1) / kBlock, kBlock, [&](int64_t block) {
-    const int64_t start = block * kBlock;
-    to_bf16(source_ + start, copy_.data() + start, std::min(kBlock, size_ - start));
-  });
-}
+void Bf16OperandCopy::refresh() { to_bf16_threaded(source_, copy_.data(), size_); }
 
 bool bf16_matmul_is_native() {
   static const bool native = bf16_matmul(false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f).native;

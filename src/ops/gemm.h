@@ -53,28 +53,38 @@ class MatmulPrecisionScope {
   MatmulPrecision before_;
 };
 
-// A bf16 copy of a float buffer (a model's parameters) that float products under the bf16 precision
-// read instead of rounding an operand lying inside the buffer: the copy's elements at the operand's
-// offset, with its strides. The operands are the same, so are the results; each weight is rounded
-// once per refresh instead of at each product (and the LM head's at each of its row chunks).
-// The owner refreshes the copy after every change of the buffer, before the products that read it
-// (Model: at the start of each forward). Registered from construction to destruction; both, and
-// refresh, happen outside products. Several copies may be registered, of disjoint buffers.
+// A bf16 copy of a float buffer that float products under the bf16 precision read instead of
+// rounding an operand lying inside the buffer: the copy's elements at the operand's offset, with its
+// strides. The operands are the same, so are the results; each value is rounded once instead of at
+// each product. Registered from construction to destruction, which happen outside products (on
+// the thread that runs the regions); the copies' source buffers are disjoint. Whoever registers a
+// copy keeps it equal to to_bf16(source) while products may read it.
+class RegisteredBf16Copy {
+ public:
+  RegisteredBf16Copy(const float* source, const bf16* copy, int64_t size);
+  ~RegisteredBf16Copy();
+  RegisteredBf16Copy(const RegisteredBf16Copy&) = delete;
+  RegisteredBf16Copy& operator=(const RegisteredBf16Copy&) = delete;
+
+ private:
+  const bf16* copy_;
+};
+
+// A registered bf16 copy that owns its elements: a model's parameters, whose copy the owner
+// refreshes after every change of the buffer, before the products that read it (Model: at the
+// start of each forward), so each weight is rounded once per forward instead of at each product
+// (and the LM head's at each of its row chunks).
 class Bf16OperandCopy {
  public:
   Bf16OperandCopy(const float* source, int64_t size);
-  ~Bf16OperandCopy();
-  Bf16OperandCopy(const Bf16OperandCopy&) = delete;
-  Bf16OperandCopy& operator=(const Bf16OperandCopy&) = delete;
 
   void refresh();  // copy = to_bf16(source): one parallel pass
-  const float* source() const { return source_; }
-  int64_t size() const { return size_; }
 
  private:
   const float* source_;
   int64_t size_;
   Buffer<bf16> copy_;  // [size]
+  RegisteredBf16Copy registration_;
 };
 
 // What a float product's operands are: as the matmul precision says, or float whatever it says

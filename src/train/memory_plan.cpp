@@ -35,6 +35,8 @@ struct LayerBytes {
   int64_t throwaway = 0;    // copies handed out for kept tensors while its sublayers are re-run
   int64_t throwaway_mixer = 0;  // of which the mixer's
   int64_t file = 0;         // the swapped tensors' bytes in the swap file
+  int64_t float_copies[2] = {};  // bf16 operands' float copies while their part's forward or backward runs
+  int64_t float_copies_dropped = 0;  // … of the dropped ones, while recompute refills them
   LayerWorkspace workspace;  // each part's
   bool rerun_mixer = false, rerun_ffn = false;  // the sublayers recompute re-runs before the FFN's backward
   int64_t total() const { return all[0] + all[1]; }
@@ -58,18 +60,21 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
     const bool ffn = tag_sublayer(s.tag) == TagSublayer::ffn;
     const int64_t counted = ActivationStore::held_bytes(s.bytes, min_paged);
     b.all[ffn] += counted;
+    b.float_copies[ffn] += s.float_copy;
     if (paged && ffn) b.paged_ffn += counted;
     if (!paged) b.small += counted;
     if (paged && recompute.count(s.tag)) {
       b.dropped += counted;  // refilled in place by recompute
       if (ffn) b.dropped_ffn += counted;
+      b.float_copies_dropped += s.float_copy;
       continue;
     }
     // A re-run sublayer saves its kept tensors again into throwaway copies, but for the exchanged
     // rows: it does not exchange again (model/moe.cpp).
     if ((ffn ? rerun_ffn : rerun_mixer) && tag_kind(s.tag) != TagKind::exchanged) {
-      b.throwaway += Arena::rounded(s.bytes);
-      if (!ffn) b.throwaway_mixer += Arena::rounded(s.bytes);
+      const int64_t written = Arena::rounded(s.float_copy > 0 ? s.float_copy : s.bytes);  // floats, always
+      b.throwaway += written;
+      if (!ffn) b.throwaway_mixer += written;
     }
     if (paged && swaps && swap.count(s.tag)) {
       b.swapped[ffn] += counted;
@@ -168,6 +173,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   step.indexer = shape.indexer;
   step.experts_exchanged = shape.ep > 1;
   step.expert_imbalance = shape.expert_imbalance;
+  step.bf16_operands = shape.bf16_products;
   const bool has_sparse = std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention) > 0;
   if (!has_sparse) step.indexer.coef = 0.0;
 
@@ -207,15 +213,18 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
 
   // The head's saved tensors.
   const bool in_forward = shape.loss == LossGradients::in_forward;
-  int64_t head = 0;
+  int64_t head = 0, head_float_copies = 0;
   int64_t small_after = 0;  // the small entries of the head and the layers whose backward is done
-  for (const SavedSize& s : saved_sizes(head_saved_tensors(n, D, in_forward), e)) {
+  for (const SavedSize& s : saved_sizes(head_saved_tensors(n, D, in_forward), e, step.bf16_operands)) {
     const int64_t held = ActivationStore::held_bytes(s.bytes, shape.policy_min_bytes);
     head += held;
+    head_float_copies += s.float_copy;
     small_after += ActivationStore::is_paged(s.bytes, shape.policy_min_bytes) ? 0 : held;
   }
   plan.activations_saved += head;
-  const int64_t loss_forward = in_forward ? forward_backward_workspace_bytes(n, V, e)
+  // With the loss's gradients formed in the forward, the final norm's output is not kept: it is the
+  // scratch's, beside the loss's tiles.
+  const int64_t loss_forward = in_forward ? Arena::rounded(n * D * e) + forward_backward_workspace_bytes(n, V, e)
                                           : forward_then_backward_workspace_bytes(n, D, V, e, shape.threads);
   // The head's backward: (recompute: dh [n, D] in the scratch and the loss's tiles again), then the
   // final norm's backward.
@@ -242,13 +251,13 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
     const std::string where = "forward of layer " + std::to_string(l);
     const int64_t writing = l > 0 ? layers[l - 1].swapped[1] : 0;
     const LayerBytes& b = layers[l];
-    consider(sum_kept(layers, l) + writing + b.all[0], b.workspace.mixer_forward, units.layer_forward(l),
-             where + ", mixer");
-    consider(sum_kept(layers, l) + b.kept[0] + b.swapped[0] + b.all[1], b.workspace.ffn_forward,
+    consider(sum_kept(layers, l) + writing + b.all[0] + b.float_copies[0], b.workspace.mixer_forward,
+             units.layer_forward(l), where + ", mixer");
+    consider(sum_kept(layers, l) + b.kept[0] + b.swapped[0] + b.all[1] + b.float_copies[1], b.workspace.ffn_forward,
              units.layer_forward(l), where + ", FFN");
   }
-  consider(sum_kept(layers, L) + head, loss_forward, units.loss(), "the loss");
-  consider(sum_kept(layers, L) + head, loss_backward, units.loss_backward(), "the loss's backward");
+  consider(sum_kept(layers, L) + head + head_float_copies, loss_forward, units.loss(), "the loss");
+  consider(sum_kept(layers, L) + head + head_float_copies, loss_backward, units.loss_backward(), "the loss's backward");
   // A layer's backward: its FFN part with the whole layer resident (its mixer's entries prefetched),
   // then its mixer part with the FFN's entries freed and the layer below's first part prefetched.
   for (int l = L - 1; l >= 0; --l) {
@@ -256,14 +265,16 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
     const LayerBytes& b = layers[l];
     const int64_t resident = small_after + sum_kept(layers, l) + b.total();
     if (b.rerun_mixer)
-      consider(resident - b.dropped_ffn + b.throwaway_mixer, b.workspace.mixer_forward, units.layer_backward(l),
-               where + ", the mixer's recompute");
+      consider(resident - b.dropped_ffn + b.throwaway_mixer + b.float_copies_dropped, b.workspace.mixer_forward,
+               units.layer_backward(l), where + ", the mixer's recompute");
     if (b.rerun_ffn)
-      consider(resident + b.throwaway, b.workspace.ffn_forward, units.layer_backward(l), where + ", the FFN's recompute");
-    consider(resident + b.throwaway, b.workspace.ffn_backward, units.layer_backward(l), where + ", FFN");
+      consider(resident + b.throwaway + b.float_copies_dropped, b.workspace.ffn_forward, units.layer_backward(l),
+               where + ", the FFN's recompute");
+    consider(resident + b.throwaway + b.float_copies[1], b.workspace.ffn_backward, units.layer_backward(l),
+             where + ", FFN");
     const int64_t prefetch = l > 0 ? layers[l - 1].first : 0;
-    consider(small_after + sum_kept(layers, l) + b.total() - b.paged_ffn + prefetch, b.workspace.mixer_backward,
-             units.layer_backward(l), where + ", mixer");
+    consider(small_after + sum_kept(layers, l) + b.total() - b.paged_ffn + prefetch + b.float_copies[0],
+             b.workspace.mixer_backward, units.layer_backward(l), where + ", mixer");
     small_after += b.small;
   }
   consider(small_after, embedding_backward_workspace_bytes(n, V), units.embedding_backward(),

@@ -8,16 +8,19 @@
 //   configs' large initialization (0.5) makes κ reach ~80 for KDA.
 // Discrete choices are taken out: every expert is active and the indexer keeps every key, since a
 // rounding that flips a top-k choice changes a gradient by O(1) in any precision. The weights' bf16
-// copy follows changed weights into a generation and a forward.
+// copy follows changed weights into a generation and a forward. Saved operands kept in bf16 change
+// no bit.
 #include <gtest/gtest.h>
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 #include <vector>
 
 #include "core/rng.h"
+#include "memory/save_policies.h"
 #include "model/model.h"
 #include "ops/gemm.h"
 #include "test_configs.h"
@@ -129,6 +132,70 @@ TEST(MixedPrecision, TheWeightsCopyFollowsTheWeights) {
   std::copy(first.begin(), first.end(), changed.params());  // back to seed 21's, the copy holds seed 22's
   EXPECT_EQ(loss(changed), first_loss) << "the forward read the copy of the weights before";
   EXPECT_NE(loss(changed), loss(fresh));
+}
+
+// Keeping the saved operands of products as their bf16 rounding (ActivationStore::set_bf16_operands)
+// changes no bit of the loss or of any gradient, for every mixer kind and the dense and MoE FFNs:
+// under keep-all, full recompute (the re-run refills them), and full swap, with the loss's gradients
+// formed in the forward or recomputed in the backward (which reads the final norm's output). The
+// saved bytes shrink.
+TEST(MixedPrecision, SavedOperandsInBf16GiveTheSameBitsInFewerBytes) {
+  const MatmulPrecisionScope operands(MatmulPrecision::bf16);
+  struct Run {
+    double loss = 0.0;
+    std::vector<float> grads;
+    int64_t saved_bytes = 0;
+    std::vector<ParamSpec> tensors;  // the trainable ones
+    // The first trainable gradient element that differs from `other`'s, named, or "".
+    std::string first_difference(const Run& other) const {
+      for (const ParamSpec& spec : tensors)
+        for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i)
+          if (std::bit_cast<uint32_t>(grads[i]) != std::bit_cast<uint32_t>(other.grads[i]))
+            return spec.name + " element " + std::to_string(i - spec.offset) + ": " + std::to_string(grads[i]) +
+                   " vs " + std::to_string(other.grads[i]);
+      return "";
+    }
+  };
+  for (const char* name : {"tiny.json", "tiny_qwen3_next_hybrid.json", "tiny_kimi_linear.json",
+                           "tiny_deepseek_v32.json", "tiny_glm4_moe.json"}) {
+    const ModelConfig config = testing::tiny_config_with(nullptr, name);
+    const int64_t batch = 2, seq = 11, n = batch * seq;
+    const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "tokens");
+    const std::vector<int32_t> targets = random_tokens(n, config.vocab_size, "targets");
+    const auto run = [&](bool bf16, const std::string& recompute, const std::string& swap, LossGradients loss) {
+      Model<float> model(config);
+      model.init_weights(21);
+      model.set_loss_gradients(loss);
+      ActivationStore& store = model.activations();
+      store.set_paged_min_bytes(1);  // the tiny tensors follow their policy
+      store.set_bf16_operands(bf16);
+      if (swap != "none") {
+        store.set_swap_directory(::testing::TempDir(), /*buffered=*/true);
+        store.set_swap_synchronous(true);  // every swapped tensor is read back
+      }
+      apply_save_policies(store, recompute, swap);
+      model.zero_grads();
+      Run r;
+      r.loss = model.forward_backward(tokens.data(), targets.data(), batch, seq, LossScales{1.0 / double(n)})
+                   .lm.loss_sum;
+      r.grads.assign(model.grads(), model.grads() + model.table().total_size());
+      for (const ParamSpec& spec : model.table().entries())
+        if (spec.trainable()) r.tensors.push_back(spec);
+      r.saved_bytes = store.counters().saved_bytes;
+      return r;
+    };
+    for (const LossGradients loss : {LossGradients::in_forward, LossGradients::recompute}) {
+      const Run floats = run(false, "none", "none", loss);
+      for (const auto& [recompute, swap] : {std::pair{"none", "none"}, {"full", "none"}, {"none", "full"}}) {
+        SCOPED_TRACE(std::string(name) + " recompute " + recompute + " swap " + swap +
+                     (loss == LossGradients::recompute ? ", loss gradients recomputed" : ""));
+        const Run rounded = run(true, recompute, swap, loss);
+        EXPECT_EQ(rounded.loss, floats.loss);
+        EXPECT_EQ(rounded.first_difference(floats), "");
+        EXPECT_LT(rounded.saved_bytes, floats.saved_bytes);
+      }
+    }
+  }
 }
 
 }  // namespace

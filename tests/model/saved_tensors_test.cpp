@@ -9,8 +9,11 @@
 
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/memory.h"
+#include "core/rng.h"
 #include "memory/activation_store.h"
+#include "ops/gemm.h"
 
 namespace trillion {
 namespace {
@@ -56,12 +59,71 @@ TEST(SavedTensors, WithoutAStoreEveryTensorIsScratch) {
 }
 
 TEST(SavedTensors, ThePlanCountsKeptTensorsDecisionsAsInt32) {
-  const std::vector<SavedSize> sizes = saved_sizes(declaration(7), 8);
+  const std::vector<SavedSize> sizes = saved_sizes(declaration(7), 8, /*bf16_operands=*/true);
   ASSERT_EQ(sizes.size(), 2u) << "the temporary is not counted";
   EXPECT_EQ(sizes[0].tag, Tag::q);
   EXPECT_EQ(sizes[0].bytes, 7 * 6 * 8);
   EXPECT_EQ(sizes[1].tag, Tag::attn_indices);
   EXPECT_EQ(sizes[1].bytes, 7 * 4 * 4);
+}
+
+// q read only by products: with bf16 operands the store keeps its rounding.
+std::vector<SavedTensor> operand_declaration(int64_t n) {
+  return {{Tag::q, {n, 6}, /*kept=*/true, /*operand=*/true},  // [n, 6]
+          {Tag::attn_indices, {n, 4}}};                       // [n, 4] int32
+}
+
+TEST(SavedTensors, ADeclaredOperandIsKeptAsItsBf16RoundingAndProductsReadIt) {
+  const int64_t n = 9, cols = 6, before = MemoryStats::current(Tier::fast);
+  const CounterRng rng(5, "saved operand");
+  std::vector<float> values(n * cols);  // [n, 6]
+  for (int64_t i = 0; i < n * cols; ++i) values[i] = float(rng.normal(i));
+  const MatmulPrecisionScope bf16_products(MatmulPrecision::bf16);
+  ActivationStore store;
+  Arena scratch(Tier::fast, int64_t{1} << 20);
+  {
+    const SavedWriter saves(operand_declaration(n), &store, 2, scratch);
+    float* q = saves.out<float>(Tag::q);  // [n, 6] the float staging
+    std::copy(values.begin(), values.end(), q);
+    saves.out<int32_t>(Tag::attn_indices);
+  }
+  store.end_forward(2, TagSublayer::mixer);
+  const std::vector<ActivationStore::EntryInfo> entries = store.entries(2);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(entries[0].type, SavedType::bf16);
+  EXPECT_EQ(entries[0].bytes, n * cols * 2) << "half a float's bytes";
+  EXPECT_EQ(entries[1].type, SavedType::i32);
+
+  store.begin_backward(2, TagSublayer::mixer);
+  const SavedReader saved(operand_declaration(n), store, 2);
+  const float* q = saved.in<float>(Tag::q);  // [n, 6] the rounding, widened
+  for (int64_t i = 0; i < n * cols; ++i) ASSERT_EQ(q[i], round_to_bf16(values[i])) << i;
+  EXPECT_EQ(saved.in<float>(Tag::q), q) << "one view per entry";
+  // A product under the bf16 precision reads the entry itself: with the view's floats overwritten,
+  // qᵀ·q still gives the rounding's product.
+  std::vector<bf16> rounded(n * cols);  // [n, 6]
+  to_bf16(values.data(), rounded.data(), n * cols);
+  std::vector<float> expected(cols * cols), product(cols * cols);  // [6, 6]
+  gemm_bf16(true, false, cols, cols, n, 1.0f, rounded.data(), cols, rounded.data(), cols, 0.0f, expected.data(), cols);
+  std::fill(const_cast<float*>(q), const_cast<float*>(q) + n * cols, 0.0f);
+  gemm<float>(true, false, cols, cols, n, 1.0f, q, cols, q, cols, 0.0f, product.data(), cols);
+  EXPECT_EQ(product, expected);
+  store.end_backward(2, TagSublayer::mixer);
+  store.clear();
+  EXPECT_EQ(MemoryStats::current(Tier::fast), before + scratch.used_bytes()) << "the float copies are freed";
+}
+
+TEST(SavedTensors, ThePlanCountsABf16OperandAtTwoBytesAndItsFloatCopy) {
+  const std::vector<SavedSize> bf16_operands = saved_sizes(operand_declaration(7), 4, true);
+  EXPECT_EQ(bf16_operands[0].bytes, 7 * 6 * 2);
+  EXPECT_EQ(bf16_operands[0].float_copy, 7 * 6 * 4);
+  EXPECT_EQ(bf16_operands[1].bytes, 7 * 4 * 4);
+  EXPECT_EQ(bf16_operands[1].float_copy, 0);
+  for (const auto& [element_bytes, bf16] : {std::pair{int64_t(4), false}, std::pair{int64_t(8), true}}) {
+    const std::vector<SavedSize> sizes = saved_sizes(operand_declaration(7), element_bytes, bf16);
+    EXPECT_EQ(sizes[0].bytes, 7 * 6 * element_bytes) << "float products without bf16 operands, or double";
+    EXPECT_EQ(sizes[0].float_copy, 0);
+  }
 }
 
 TEST(SavedTensorsDeathTest, UndeclaredTagsAndWrongElementTypesStop) {
