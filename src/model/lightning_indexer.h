@@ -67,9 +67,12 @@ inline bool is_indexer_tensor(const std::string& name) { return name.find(".self
 inline bool attends_sparsely(const IndexerDims& dims, const LayerPass& pass) {
   return dims.enabled() && (pass.indexer == nullptr || pass.indexer->mode == IndexerMode::sparse);
 }
-// The same in a training step of this shape.
+// The same in a training step of this shape, and in a pass of this extent.
 inline bool attends_sparsely(const IndexerDims& dims, const StepShape& shape) {
   return dims.enabled() && shape.indexer.mode == IndexerMode::sparse;
+}
+inline bool attends_sparsely(const IndexerDims& dims, const SavedExtent& extent) {
+  return dims.enabled() && extent.indexer_sparse;
 }
 inline SparseAttentionSizes sparse_sizes(const AttentionSizes& s, int64_t topk) {
   return {s.batch, s.q_len, s.kv_len, s.q_heads, s.kv_heads, s.head_dim, s.value_dim(), topk, s.scale, s.doc_start};

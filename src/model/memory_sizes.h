@@ -41,6 +41,7 @@ struct StepShape {
     return {.batch = batch,
             .seq = seq,
             .indexer_loss = indexer.coef > 0.0,
+            .indexer_sparse = indexer.mode == IndexerMode::sparse,
             .experts_exchanged = experts_exchanged,
             .received_imbalance = expert_imbalance};
   }

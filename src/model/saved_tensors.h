@@ -37,6 +37,7 @@ struct SavedExtent {
   int64_t batch = 0, seq = 0;
   int64_t routed_rows = -1;   // MoE: the routed rows its plan keeps (−1: their bound, as the memory plan counts)
   bool indexer_loss = false;  // sparse layers: the indexer's loss is on (its gradients are saved)
+  bool indexer_sparse = true;  // sparse layers attend to the selected keys only (else densely)
   bool experts_exchanged = false;  // MoE: the routed rows run on their experts' owners (model/step.h)
   // Under the exchange: the rows this rank's experts receive (−1: ⌈received_imbalance · routed rows⌉,
   // the memory plan's bound).
@@ -49,6 +50,7 @@ struct SavedExtent {
     return {.batch = pass.batch,
             .seq = pass.seq,
             .indexer_loss = pass.indexer != nullptr && pass.indexer->coef > 0.0,
+            .indexer_sparse = pass.indexer == nullptr || pass.indexer->mode == IndexerMode::sparse,
             .experts_exchanged = pass.experts != nullptr};
   }
 };

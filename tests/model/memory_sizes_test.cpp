@@ -131,6 +131,7 @@ TEST_P(MemorySizes, MatchTheStoreAndTheScratchArena) {
       check_sizes<float>(GetParam(), IndexerMode::warmup, 1.0, batch, seq);
       check_sizes<float>(GetParam(), IndexerMode::dense, 0.5, batch, seq);
       check_sizes<float>(GetParam(), IndexerMode::sparse, 0.5, batch, seq, /*bf16_operands=*/true);
+      check_sizes<float>(GetParam(), IndexerMode::dense, 0.5, batch, seq, /*bf16_operands=*/true);
     }
   });
 }

@@ -135,7 +135,8 @@ TEST(MixedPrecision, TheWeightsCopyFollowsTheWeights) {
 }
 
 // Keeping the saved operands of products as their bf16 rounding (ActivationStore::set_bf16_operands)
-// changes no bit of the loss or of any gradient, for every mixer kind and the dense and MoE FFNs:
+// changes no bit of the loss or of any gradient, for every mixer kind (attention and MLA attending
+// densely, whose q, k and v are operands, and sparsely, whose are not) and the dense and MoE FFNs:
 // under keep-all, full recompute (the re-run refills them), and full swap, with the loss's gradients
 // formed in the forward or recomputed in the backward (which reads the final norm's output). The
 // saved bytes shrink.
@@ -157,7 +158,7 @@ TEST(MixedPrecision, SavedOperandsInBf16GiveTheSameBitsInFewerBytes) {
     }
   };
   for (const char* name : {"tiny.json", "tiny_qwen3_next_hybrid.json", "tiny_kimi_linear.json",
-                           "tiny_deepseek_v32.json", "tiny_glm4_moe.json"}) {
+                           "tiny_deepseek_v3.json", "tiny_deepseek_v32.json", "tiny_glm4_moe.json"}) {
     const ModelConfig config = testing::tiny_config_with(nullptr, name);
     const int64_t batch = 2, seq = 11, n = batch * seq;
     const std::vector<int32_t> tokens = random_tokens(n, config.vocab_size, "tokens");
