@@ -179,9 +179,13 @@ TEST(MixedPrecision, SavedOperandsInBf16GiveTheSameBitsInFewerBytes) {
       Run r;
       r.loss = model.forward_backward(tokens.data(), targets.data(), batch, seq, LossScales{1.0 / double(n)})
                    .lm.loss_sum;
-      r.grads.assign(model.grads(), model.grads() + model.table().total_size());
-      for (const ParamSpec& spec : model.table().entries())
-        if (spec.trainable()) r.tensors.push_back(spec);
+      int64_t end = 0;  // of the trainable tensors' gradients
+      for (const ParamSpec& spec : model.table().entries()) {
+        if (!spec.trainable()) continue;
+        r.tensors.push_back(spec);
+        end = std::max(end, spec.offset + spec.numel());
+      }
+      r.grads.assign(model.grads(), model.grads() + end);
       r.saved_bytes = store.counters().saved_bytes;
       return r;
     };
