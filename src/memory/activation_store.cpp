@@ -1,6 +1,8 @@
 // ActivationStore: saved activations with their policy applied at the layer events (see the header).
 #include "memory/activation_store.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -33,7 +35,10 @@ void ActivationStore::set_policy(ActivationTag tag, SavePolicy policy) {
   if (policy == SavePolicy::recompute)
     if (const char* why = why_not_recomputable(tag)) fail("activation ", activation_tag_name(tag), " cannot be recomputed: ", why);
   TRILLION_CHECK(entries_.empty(), "policies are set between steps");
-  if (policies_[static_cast<int>(tag)] != policy) pages_.trim();  // the new policy's peak may be lower
+  if (policies_[static_cast<int>(tag)] != policy) {  // the new policy's peak may be lower
+    pages_.trim();
+    float_pages_.trim();
+  }
   policies_[static_cast<int>(tag)] = policy;
 }
 
@@ -113,6 +118,7 @@ float* ActivationStore::save_operand(ActivationTag tag, int layer, const Shape& 
 
 char* ActivationStore::take_float_span(int64_t bytes) const {
   char* span = static_cast<char*>(float_pages_.alloc(bytes));
+  std::memset(span, 0, static_cast<size_t>(bytes));  // as save() hands out its storage
   MemoryStats::add(Tier::fast, bytes);
   return span;
 }
@@ -121,6 +127,9 @@ const float* ActivationStore::float_copy(ActivationTag tag, int layer, int64_t c
   const Key key{layer, static_cast<int>(tag)};
   const auto entry = entries_.find(key);
   if (entry == entries_.end() || entry->second.type != SavedType::bf16) return nullptr;
+  TRILLION_CHECK(!omp_in_parallel(), "activation ", activation_tag_name(tag), " read inside a parallel region");
+  TRILLION_CHECK(entry->second.shape.numel() == count, "activation ", activation_tag_name(tag), " of layer ", layer,
+                 " has ", entry->second.shape.numel(), " elements, read as ", count);
   const auto found = float_copies_.find(key);
   if (found != float_copies_.end()) return reinterpret_cast<const float*>(found->second.data);
   const bf16* rounded = static_cast<const bf16*>(get_bytes(tag, layer, SavedType::bf16, count * int64_t(sizeof(bf16))));
@@ -222,10 +231,18 @@ void ActivationStore::end_forward(int layer, TagSublayer part, bool backward_nex
   if (!writes_in_flight_.empty()) reclaim_written();
   for_layer(layer, [&](ActivationTag tag, Entry& e) {
     if (tag_sublayer(tag) != part || e.state != State::writing) return;
-    round_staged({layer, static_cast<int>(tag)}, e);
+    const Key key{layer, static_cast<int>(tag)};
     e.state = State::complete;
+    const SavePolicy applied = !e.paged ? SavePolicy::keep
+                               : backward_next && policy(tag) == SavePolicy::swap ? SavePolicy::keep
+                                                                                   : policy(tag);
+    if (applied == SavePolicy::recompute) {
+      free_float_copy(key);  // dropped: recompute stages and rounds it again
+    } else {
+      round_staged(key, e);
+    }
     if (!e.paged) return;
-    switch (backward_next && policy(tag) == SavePolicy::swap ? SavePolicy::keep : policy(tag)) {
+    switch (applied) {
       case SavePolicy::keep: break;
       case SavePolicy::recompute:
         free_span(e);

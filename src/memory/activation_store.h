@@ -133,7 +133,7 @@ class ActivationStore {
     return static_cast<const T*>(get_bytes(tag, layer, saved_type_of<T>(), count * static_cast<int64_t>(sizeof(T))));
   }
   // Storage for a float tensor that only products under the matmul precision read, as save<float>
-  // gives it; with bf16 operands under the bf16 precision the entry holds its bf16 rounding instead: the caller writes a
+  // gives it (zero-filled); with bf16 operands under the bf16 precision the entry holds its bf16 rounding instead: the caller writes a
   // float staging copy, rounded into the entry when its part's forward (or recompute) ends. Reading
   // it back (get<float>) gives the rounding widened to float, registered as its bf16 copy
   // (ops/gemm.h), so the products read the entry itself; that view lives until its part's backward
@@ -165,7 +165,10 @@ class ActivationStore {
   // Gives the pages no entry holds back to the operating system: called when the forward ends, so
   // the pages recompute and swap freed do not stay resident through the loss and the backward's
   // first layers (keep-all frees none, so it costs nothing there).
-  void release_free_pages() { pages_.release_free(); }
+  void release_free_pages() {
+    pages_.release_free();
+    float_pages_.release_free();
+  }
   // Frees every saved tensor (end of step; waits for swap I/O in flight).
   void clear();
   int64_t bytes_in_use() const;  // fast-tier bytes the entries hold now

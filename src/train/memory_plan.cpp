@@ -79,7 +79,7 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
     if (paged && swaps && swap.count(s.tag)) {
       b.swapped[ffn] += counted;
       if (ffn || (rerun_mixer && s.tag == ActivationTag::attn_input)) b.first += counted;
-      const bool float32 = step.element_bytes == 4 && tag_element(s.tag) == TagElement::real;
+      const bool float32 = step.element_bytes == 4 && tag_element(s.tag) == TagElement::real && s.float_copy == 0;
       b.file += SwapEngine::file_bytes(s.bytes, swap_bf16 && float32);
     } else {
       b.kept[ffn] += counted;
