@@ -63,10 +63,12 @@ ParamTable build_param_table(const ModelConfig& config, const std::vector<Decode
   ParamTable table;
   const int64_t V = config.vocab_size, D = config.hidden_size;
   const int head = head_unit(config);
-  add_row(table, "", 0, make_row("model.embed_tokens.weight", {V, D}, InitKind::normal, config.initializer_range, false));
+  ParamRow embedding = make_row("model.embed_tokens.weight", {V, D}, InitKind::normal, config.initializer_range, false);
+  embedding.use = config.tie_word_embeddings ? ParamUse::values_and_products : ParamUse::values;  // (the head)
+  add_row(table, "", 0, embedding);
   add_row(table, "", head, norm_row("model.norm.weight", D, final_norm_spec(config)));
   if (!config.tie_word_embeddings)
-    add_row(table, "", head, weight_row("lm_head.weight", {V, D}, config.initializer_range));
+    add_row(table, "", head, linear_row("lm_head.weight", {V, D}, config.initializer_range));
   for (int layer = 0; layer < config.num_hidden_layers; ++layer)
     add_decoder_layer_params(table, layer_dims[layer], layer);
   table.finalize(64);

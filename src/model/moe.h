@@ -80,18 +80,18 @@ void visit_params(MoeWeights<T>& w, const MoeDims& dims, Visit&& visit) {
     bias.group = ParamGroup::buffer;
     visit(w.correction_bias, bias);
   }
-  ParamRow gate_up = weight_row("mlp.experts.gate_up_proj", {E, 2 * I, D}, dims.init.std_in);
+  ParamRow gate_up = linear_row("mlp.experts.gate_up_proj", {E, 2 * I, D}, dims.init.std_in);
   gate_up.group = ParamGroup::expert;
   gate_up.hf_keys = per_expert_keys(E, {dims.expert_parts[0], dims.expert_parts[1]}, I, D);
   visit(w.gate_up, gate_up);
-  ParamRow down = weight_row("mlp.experts.down_proj", {E, D, I}, dims.init.std_out);
+  ParamRow down = linear_row("mlp.experts.down_proj", {E, D, I}, dims.init.std_out);
   down.group = ParamGroup::expert;
   down.hf_keys = per_expert_keys(E, {dims.expert_parts[2]}, D, I);
   visit(w.down, down);
   if (dims.shared.intermediate > 0) {
     visit_params(w.shared, dims.shared, visit);
     if (dims.shared_gated)
-      visit(w.shared_gate.weight, weight_row("mlp.shared_expert_gate.weight", {1, D}, dims.init.std_in));
+      visit(w.shared_gate.weight, linear_row("mlp.shared_expert_gate.weight", {1, D}, dims.init.std_in));
   }
 }
 

@@ -26,6 +26,7 @@ struct ParamRow {
   double init_std = 0.0;
   double init_low = 0.0, init_high = 0.0;  // log_uniform's range
   bool weight_decay = true;
+  ParamUse use = ParamUse::values;
   ParamGroup group = ParamGroup::dense;
   std::vector<HfKey> hf_keys;  // empty: stored under `name`
 };
@@ -63,6 +64,12 @@ inline ParamRow norm_row(std::string name, int64_t dim, const NormSpec& norm) {
 inline ParamRow weight_row(std::string name, std::vector<int64_t> shape, double std) {
   return make_row(std::move(name), std::move(shape), InitKind::normal, std, true);
 }
+// A linear layer's weight: a weight row that only products read.
+inline ParamRow linear_row(std::string name, std::vector<int64_t> shape, double std) {
+  ParamRow row = weight_row(std::move(name), std::move(shape), std);
+  row.use = ParamUse::products;
+  return row;
+}
 inline ParamRow bias_row(std::string name, int64_t dim) {
   return make_row(std::move(name), {dim}, InitKind::zeros, 0.0, false);
 }
@@ -79,6 +86,7 @@ inline void add_row(ParamTable& table, const std::string& prefix, int unit, cons
   spec.init_low = row.init_low;
   spec.init_high = row.init_high;
   spec.weight_decay = row.weight_decay;
+  spec.use = row.use;
   for (const HfKey& key : row.hf_keys) spec.hf_keys.push_back({prefix + key.name, key.shape, key.offset});
   table.add(std::move(spec));
 }

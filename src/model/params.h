@@ -31,6 +31,13 @@ enum class InitKind {
   inverse_softplus_log_uniform,  // softplus⁻¹(max(exp(U(log init_low, log init_high)), 1e-4)): KDA's dt_bias
 };
 
+// How the model reads a tensor: as values (embeddings looked up, norms, biases, the router, whose
+// products read float, convolutions, gates), only as an operand of float products (a linear
+// layer's weight), or both (tied embeddings: looked up, and the LM head's weight). Under the bf16
+// precision a product reads its operands' bf16 rounding, so FSDP gathers a products-only tensor in
+// bf16 alone (parallel/fsdp.h).
+enum class ParamUse { values, products, values_and_products };
+
 // One tensor as a Hugging Face checkpoint stores it: `numel(shape)` contiguous elements of the
 // parameter starting at element `offset`. A stacked expert tensor has one key per expert (and per
 // part: gate_proj and up_proj of a fused gate_up); every other tensor one key for all of it.
@@ -49,6 +56,7 @@ struct ParamSpec {
   double init_std = 0.02;
   double init_low = 0.0, init_high = 0.0;  // log_uniform's range
   bool weight_decay = true;
+  ParamUse use = ParamUse::values;
   std::vector<HfKey> hf_keys = {};  // empty: stored under `name` with `shape`
   int64_t offset = 0;          // element offset in the flat buffer; set by ParamTable::finalize
   int64_t numel() const;

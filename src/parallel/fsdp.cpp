@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "core/error.h"
 
@@ -44,13 +45,16 @@ int64_t Fsdp<T>::moved_bytes(const ShardLayout::Unit& piece) const {
 }
 
 template <class T>
-Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& edp, const ShardLayout& layout)
+Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& edp, const ShardLayout& layout,
+              Operands gathers)
     : model_(model),
       group_(group),
       edp_(edp),
       layout_(layout),
       shard_params_(layout.shard_size()),
-      shard_grads_(layout.shard_size()) {
+      shard_grads_(layout.shard_size()),
+      bf16_gathers_(std::is_same_v<T, float> && gathers == Operands::as_set &&
+                    matmul_precision() == MatmulPrecision::bf16) {
   TRILLION_CHECK(group.size() == layout.ranks() && group.rank() == layout.rank(), "FSDP layout of ",
                  layout.ranks(), " ranks on ", group.describe());
   const UnitOrder order = unit_order(model.config());
@@ -73,9 +77,21 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
   held_bytes_of_unit_.assign(units, 0);
   for (const ShardLayout::Unit& piece : layout.units()) {
     if (piece.held) held_bytes_of_unit_[piece.table_unit] += piece.count * static_cast<int64_t>(sizeof(T));
+    runs_.push_back(layout.gather_runs(model.table(), piece, bf16_gathers_));
+    gathered_bytes_.push_back(0);
+    for (const ShardLayout::Run& run : runs_.back()) gathered_bytes_.back() += run.held_bytes(sizeof(T));
   }
   layout.copy_to_shard(model.params(), shard_params_.data());
   release_everything();
+  if constexpr (std::is_same_v<T, float>) {
+    if (bf16_gathers_) {
+      const int64_t trainable = model.table().trainable_size();
+      params_bf16_ = Buffer<bf16>(trainable);  // counted as its runs are gathered
+      release_range(params_bf16_.data(), 0, trainable, /*zero_ends=*/false);
+      uncount(trainable * static_cast<int64_t>(sizeof(bf16)));
+      registration_.emplace(model.params(), params_bf16_.data(), trainable);
+    }
+  }
   for (const ShardLayout::Unit& piece : layout.units()) {
     release_range(model.grads(), piece.begin, piece.begin + piece.count, /*zero_ends=*/true);
     uncount(piece.count * static_cast<int64_t>(sizeof(T)));
@@ -124,30 +140,54 @@ UnitHooks Fsdp<T>::hooks() {
   return h;
 }
 
+// Each run of each piece is one all-gather: float from the shard into the parameters, or bf16 in
+// place in the copy, this rank's part rounded into it first.
+template <class T>
+ProcessGroup::Pending Fsdp<T>::start_run(const ShardLayout::Unit& piece, const ShardLayout::Run& run) {
+  const ProcessGroup& group = group_of(piece);
+  const int64_t to = piece.begin + run.begin, from = piece.shard_offset + run.send_offset;
+  counters_.gathered_bytes += run.moved_bytes(sizeof(T), layout_.group_rank(piece));
+  if constexpr (std::is_same_v<T, float>) {
+    if (run.use == ParamUse::products) {
+      const int me = layout_.group_rank(piece);
+      bf16* own = params_bf16_.data() + to + run.displs[me];
+      to_bf16_threaded(shard_params_.data() + from, own, run.counts[me]);
+      return group.start_all_gather(own, params_bf16_.data() + to, run.counts, run.displs);
+    }
+  }
+  return group.start_all_gather(shard_params_.data() + from, model_.params() + to, run.counts, run.displs);
+}
+
 template <class T>
 void Fsdp<T>::start_gather(int unit) {
   if (unit < 0 || state_[unit] != UnitState::released) return;  // none, in flight or gathered
-  std::vector<ProcessGroup::Pending>& pending = in_flight_[unit];
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
-    pending.push_back(group_of(piece).start_all_gather(shard_params_.data() + piece.shard_offset,
-                                                       model_.params() + piece.begin, piece.counts, piece.displs));
-    counters_.gathered_bytes += moved_bytes(piece);
-    gathered_now_ += piece.count * static_cast<int64_t>(sizeof(T));
-    count(piece.count * static_cast<int64_t>(sizeof(T)));
+    for (const ShardLayout::Run& run : runs_[i]) in_flight_[unit].push_back({&group_of(piece), start_run(piece, run)});
+    gathered_now_ += gathered_bytes_[i];
+    count(gathered_bytes_[i]);
   }
   state_[unit] = UnitState::in_flight;
   counters_.peak_gathered_bytes = std::max(counters_.peak_gathered_bytes, gathered_now_);
 }
 
+// Completes the unit's gathers; a run both looked up and multiplied (tied embeddings) is rounded
+// into the copy.
 template <class T>
 void Fsdp<T>::gather(int unit) {
   start_gather(unit);  // unless prefetched
-  for (int p = 0; p < static_cast<int>(in_flight_[unit].size()); ++p) {
-    group_of(layout_.units()[pieces_of_unit_[unit][p]]).finish(in_flight_[unit][p]);
-  }
+  for (InFlight& f : in_flight_[unit]) f.group->finish(f.pending);
   in_flight_[unit].clear();
   state_[unit] = UnitState::gathered;
+  if constexpr (std::is_same_v<T, float>) {
+    for (const int i : pieces_of_unit_[unit]) {
+      for (const ShardLayout::Run& run : runs_[i]) {
+        const int64_t at = layout_.units()[i].begin + run.begin;
+        if (run.use == ParamUse::values_and_products && bf16_gathers_)
+          to_bf16_threaded(model_.params() + at, params_bf16_.data() + at, run.count);
+      }
+    }
+  }
 }
 
 template <class T>
@@ -157,8 +197,9 @@ void Fsdp<T>::release(int unit) {
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
     release_range(model_.params(), piece.begin, piece.begin + piece.count, /*zero_ends=*/false);
-    gathered_now_ -= piece.count * static_cast<int64_t>(sizeof(T));
-    uncount(piece.count * static_cast<int64_t>(sizeof(T)));
+    if (bf16_gathers_) release_range(params_bf16_.data(), piece.begin, piece.begin + piece.count, /*zero_ends=*/false);
+    gathered_now_ -= gathered_bytes_[i];
+    uncount(gathered_bytes_[i]);
   }
 }
 

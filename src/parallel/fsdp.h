@@ -18,6 +18,16 @@
 // gradient memory is the shard plus the units in use. Non-trainable buffers (router biases) are
 // not sharded: every rank keeps and updates them alike.
 //
+// Under the bf16 precision (float parameters, ops/gemm.h's MatmulPrecision) products read each
+// weight's bf16 rounding, so a unit is gathered in runs of its tensors' uses (ShardLayout::Run):
+// products-only runs (linear layers' weights) as bf16 into a bf16 copy of the flat parameters,
+// registered as their copy (RegisteredBf16Copy), half the bytes moved and held; the others
+// (norms, biases, the router, embeddings) as float into the parameters, tied embeddings also
+// rounded into the copy for the LM head. The float parameters of a products-only run are never
+// written: nothing reads them. Each rank rounds its part of a run into the copy and gathers the
+// rest in place, so nothing but the gathered units is held in bf16. The same bits as float
+// gathers whose products round each weight (tests/parallel/fsdp_test.cpp).
+//
 // Counted per rank: bytes moved by the gathers and the reduce-scatters (each collective moves the
 // unit's elements other than this rank's piece, in or out: the volume of a ring algorithm) and the
 // peak of gathered parameter bytes (in flight included).
@@ -30,10 +40,12 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "core/memory.h"
 #include "model/model.h"
+#include "ops/gemm.h"
 #include "parallel/process_group.h"
 #include "parallel/shard_layout.h"
 
@@ -51,7 +63,10 @@ class Fsdp {
   // Takes the rank's shard from the model's (initialized or loaded) parameters and releases them.
   // `group` is the world, `edp` this rank's edp group (the ranks of its ep index: they share its
   // expert slices); both must outlive this object.
-  Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& edp, const ShardLayout& layout);
+  // `gathers`: as the matmul precision says (bf16 runs under bf16 with float parameters), or
+  // float whatever it says (for comparisons).
+  Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& edp, const ShardLayout& layout,
+       Operands gathers = Operands::as_set);
   ~Fsdp();
   Fsdp(const Fsdp&) = delete;
   Fsdp& operator=(const Fsdp&) = delete;
@@ -79,6 +94,7 @@ class Fsdp {
   enum class UnitState { released, in_flight, gathered };
   const ProcessGroup& group_of(const ShardLayout::Unit& piece) const;  // the world, or the edp group
   int64_t moved_bytes(const ShardLayout::Unit& piece) const;          // the range but this rank's piece
+  ProcessGroup::Pending start_run(const ShardLayout::Unit& piece, const ShardLayout::Run& run);
   void start_gather(int unit);  // unless it is in flight or gathered
   void gather(int unit);        // completes it (starting it first unless prefetched)
   void release(int unit);
@@ -90,12 +106,22 @@ class Fsdp {
   const ProcessGroup& edp_;
   const ShardLayout& layout_;
   std::vector<std::vector<int>> pieces_of_unit_;  // [table units] indices into layout_.units()
+  std::vector<std::vector<ShardLayout::Run>> runs_;  // [layout units] how each range is gathered
+  std::vector<int64_t> gathered_bytes_;           // [layout units] bytes a gathered range holds
   std::vector<UnitState> state_;                  // [table units]
   std::vector<bool> grads_resident_;              // [table units] written since their last reduce-scatter
   std::vector<int64_t> held_bytes_of_unit_;       // [table units] bytes of the ranges this rank gathers
   std::vector<int> next_forward_, next_backward_;  // [table units] the unit after it in unit_order, or -1
-  std::vector<std::vector<ProcessGroup::Pending>> in_flight_;  // [table units] gathers not yet complete
+  struct InFlight {
+    const ProcessGroup* group;
+    ProcessGroup::Pending pending;
+  };
+  std::vector<std::vector<InFlight>> in_flight_;  // [table units] gathers not yet complete
   Buffer<T> shard_params_, shard_grads_;          // [layout.shard_size()] each
+  bool bf16_gathers_ = false;
+  // bf16 gathers: the flat parameters' copy the products read; empty otherwise.
+  Buffer<bf16> params_bf16_;  // [table.trainable_size()]
+  std::optional<RegisteredBf16Copy> registration_;  // of params_bf16_ for the model's parameters
   bool last_micro_batch_ = true;
   int64_t gathered_now_ = 0;  // parameter bytes gathered at the moment
   int64_t uncounted_bytes_ = 0;  // bytes of the model's flat buffers taken out of MemoryStats

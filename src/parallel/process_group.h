@@ -57,7 +57,8 @@ class ProcessGroup {
   // order) land in recv[counts[rank]]; recv may not overlap send.
   template <class T>
   void reduce_scatter_sum(const T* send, T* recv, const std::vector<int64_t>& counts) const;
-  // recv[Σ counts] ← every rank's send[counts[its rank]] at displs[its rank].
+  // recv[Σ counts] ← every rank's send[counts[its rank]] at displs[its rank]; send may be
+  // recv + displs[rank] (in place).
   template <class T>
   void all_gather(const T* send, T* recv, const std::vector<int64_t>& counts, const std::vector<int64_t>& displs) const;
   // The same, started (completed by finish(); send and recv untouched until then).

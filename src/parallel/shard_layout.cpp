@@ -1,6 +1,7 @@
 // The split of the trainable parameters over the ranks. See shard_layout.h.
 #include "parallel/shard_layout.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -77,6 +78,43 @@ ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks, int ep) :
   }
   TRILLION_CHECK(covered == table.trainable_size(), "unit ranges cover ", covered, " of ", table.trainable_size(),
                  " trainable elements");
+}
+
+int64_t ShardLayout::Run::held_bytes(int64_t element_bytes) const {
+  const int64_t bf16_bytes = use == ParamUse::values ? 0 : 2;
+  const int64_t float_bytes = use == ParamUse::products ? 0 : element_bytes;
+  return count * (bf16_bytes + float_bytes);
+}
+
+int64_t ShardLayout::Run::moved_bytes(int64_t element_bytes, int group_rank) const {
+  return (count - counts[group_rank]) * (use == ParamUse::products ? 2 : element_bytes);
+}
+
+std::vector<ShardLayout::Run> ShardLayout::gather_runs(const ParamTable& table, const Unit& range, bool bf16) const {
+  std::vector<Run> runs(1);  // a run of values from 0 unless the range's first tensor says otherwise
+  for (const ParamSpec& spec : table.entries()) {
+    if (!bf16) break;
+    if (spec.offset + spec.numel() <= range.begin || spec.offset >= range.begin + range.count) continue;
+    const int64_t at = std::max<int64_t>(0, spec.offset - range.begin);
+    if (at == 0) runs.back().use = spec.use;
+    if (runs.back().use == spec.use) continue;
+    runs.back().count = at - runs.back().begin;
+    runs.emplace_back();
+    runs.back().begin = at;
+    runs.back().use = spec.use;
+  }
+  runs.back().count = range.count - runs.back().begin;
+  const int me = group_rank(range);
+  for (Run& run : runs) {  // each group rank's part: its piece of the range within the run
+    for (size_t g = 0; g < range.counts.size(); ++g) {
+      const int64_t first = std::max(run.begin, range.displs[g]);
+      const int64_t last = std::min(run.begin + run.count, range.displs[g] + range.counts[g]);
+      run.counts.push_back(std::max<int64_t>(0, last - first));
+      run.displs.push_back(last > first ? first - run.begin : 0);
+    }
+    run.send_offset = std::clamp(run.begin - range.displs[me], int64_t(0), range.counts[me]);
+  }
+  return runs;
 }
 
 template <class T>

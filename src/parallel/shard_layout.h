@@ -46,6 +46,23 @@ class ShardLayout {
     int64_t global = 0, local = 0, count = 0;
   };
 
+  // A run of a range's elements that FSDP gathers alike (parallel/fsdp.h): under the bf16
+  // precision a range is gathered in runs of its tensors' uses (model/params.h, ParamUse; padding
+  // joins the run before it), products-only runs as bf16 and the others as float; otherwise the
+  // whole range is one run of values.
+  struct Run {
+    int64_t begin = 0, count = 0;          // inside the range
+    ParamUse use = ParamUse::values;
+    std::vector<int64_t> counts, displs;   // [group ranks] each rank's part of the run, inside it
+    int64_t send_offset = 0;               // where this rank's part starts inside its piece
+    // Bytes a rank holds of the run gathered (float parameters: 2 per element as bf16, 4 as float,
+    // 6 both) and bytes it receives (the run but its own part).
+    int64_t held_bytes(int64_t element_bytes) const;
+    int64_t moved_bytes(int64_t element_bytes, int group_rank) const;
+  };
+  // The runs of `range` (one of units()) as this rank gathers them, bf16 or not.
+  std::vector<Run> gather_runs(const ParamTable& table, const Unit& range, bool bf16) const;
+
   int rank() const { return rank_; }
   int ranks() const { return ranks_; }
   int ep() const { return ep_; }

@@ -99,8 +99,9 @@ int64_t sum_kept(const std::vector<LayerBytes>& layers, size_t below) {
 
 // FSDP's units in use at the events of a step (parallel/fsdp.h's hooks, in model.h's unit order),
 // in bytes of the ranges this rank gathers: the parameters gathered (the unit in use, the one
-// prefetched after it, and tied embeddings' unit 0 from the embedding to the end) and the
-// gradients written and not yet reduce-scattered. One rank: nothing is gathered or released.
+// prefetched after it, and tied embeddings' unit 0 from the embedding to the end; under bf16 in
+// the runs FSDP gathers them in, ShardLayout::Run) and the gradients written and not yet
+// reduce-scattered. One rank: nothing is gathered or released.
 class UnitsInUse {
  public:
   UnitsInUse(const ModelConfig& config, const StepMemoryShape& shape, bool head_gradients_in_forward)
@@ -109,11 +110,21 @@ class UnitsInUse {
         sharded_(shape.ranks > 1),
         accumulating_(shape.grad_accum > 1),
         head_gradients_in_forward_(head_gradients_in_forward),
-        held_(config.num_hidden_layers + 2, 0) {
+        gathered_(config.num_hidden_layers + 2, 0),
+        written_(config.num_hidden_layers + 2, 0) {
     if (!sharded_) return;
-    const ShardLayout layout(param_table_of(config), shape.rank, shape.ranks, shape.ep);
-    for (const ShardLayout::Unit& piece : layout.units())
-      if (piece.held) held_[piece.table_unit] += piece.count * shape.element_bytes;
+    const ParamTable table = param_table_of(config);
+    const ShardLayout layout(table, shape.rank, shape.ranks, shape.ep);
+    for (const ShardLayout::Unit& piece : layout.units()) {
+      if (!piece.held) continue;
+      written_[piece.table_unit] += piece.count * shape.element_bytes;
+      for (const ShardLayout::Run& run : layout.gather_runs(table, piece, bf16_gathers(shape)))
+        gathered_[piece.table_unit] += run.held_bytes(shape.element_bytes);
+    }
+  }
+  // Whether FSDP gathers in bf16 runs (parallel/fsdp.h).
+  static bool bf16_gathers(const StepMemoryShape& shape) {
+    return shape.ranks > 1 && shape.bf16_products && shape.element_bytes == 4;
   }
   int64_t embedding_forward() const { return bytes({0, 1}, {}); }
   int64_t layer_forward(int l) const {  // unit 1 + l, the next one prefetched
@@ -135,16 +146,17 @@ class UnitsInUse {
     if (!sharded_) return 0;
     if (accumulating_) {  // the earlier micro-batches wrote every unit's gradients
       grads.clear();
-      for (size_t unit = 0; unit < held_.size(); ++unit) grads.insert(static_cast<int>(unit));
+      for (size_t unit = 0; unit < written_.size(); ++unit) grads.insert(static_cast<int>(unit));
     }
     int64_t total = 0;
-    for (const std::set<int>* units : {&params, &grads})
-      for (const int unit : *units) total += unit >= 0 ? held_[unit] : 0;
+    for (const int unit : params) total += unit >= 0 ? gathered_[unit] : 0;
+    for (const int unit : grads) total += unit >= 0 ? written_[unit] : 0;
     return total;
   }
   int layers_, head_;
   bool sharded_, accumulating_, head_gradients_in_forward_;
-  std::vector<int64_t> held_;  // [table units] bytes of this rank's held ranges
+  std::vector<int64_t> gathered_;  // [table units] bytes of this rank's held ranges gathered
+  std::vector<int64_t> written_;   // [table units] bytes of their gradients
 };
 
 }  // namespace

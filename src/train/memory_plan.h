@@ -61,6 +61,7 @@ struct StepMemoryShape {
   int64_t policy_min_bytes = ActivationStore::kPagedMinBytes;  // smaller saved tensors are always kept
   bool swap_bf16 = false;                  // swapped float32 tensors stored as bfloat16
   bool bf16_products = false;              // --precision bf16: on one rank, the parameters' bf16 copy;
+                                           // on several, FSDP's gathers in bf16;
                                            // on every rank, saved operands in bf16
   int64_t sampler_windows = 0;             // the data sampler's permutation (int64 each; 0: no data yet)
   // The parallel layout: this rank of `ranks` (FSDP over all of them), routed experts over groups

@@ -7,7 +7,8 @@
 // as each rank's routing says), for MoE configs of both router kinds and every
 // balance loss (pooled, per-layer, sequence-wise, z-loss, the aux-loss-free bias), a hybrid of Gated
 // DeltaNet, full attention and MoE, Kimi Delta Attention with MLA, and DeepSeek-V3.2's sparse
-// attention with the indexer loss; in float the first 3 steps agree to 1e-4 with identical routing;
+// attention with the indexer loss; in float, and in bf16 with its gathers, the first 3 steps
+// agree to 1e-4 with identical routing;
 // a checkpoint resumes on another number of ranks as if uninterrupted. The learning rate is one at
 // which the tiny models train smoothly: at 1e-2 the hybrid's gradient norm jumps past 100 and
 // amplifies rounding-level differences to 1e-8 by step 20. Bad layouts are refused with the rank
@@ -199,6 +200,17 @@ TEST_P(DataParallel, FloatRanksAgreeOverThreeStepsWithTheSameRouting) {
   const int ranks = std::max(2, c.ep);
   const RunResult single = run(config, 1, "float32", 3, c.extra);
   const RunResult parallel = run(config, ranks, "float32", 3, c.extra + ep_flag(c));
+  expect_same_run(single, parallel, ranks, 1e-4);
+}
+
+// Under the bf16 precision FSDP gathers the products' weights in bf16 (parallel/fsdp.h) and one
+// rank reads its parameters' bf16 copy: the same roundings, so the ranks agree as in float.
+TEST_P(DataParallel, Bf16RanksAgreeOverThreeStepsWithTheSameRouting) {
+  const Case& c = GetParam();
+  const fs::path config = config_with(c.name, c.changes);
+  const int ranks = std::max(2, c.ep);
+  const RunResult single = run(config, 1, "float32", 3, c.extra + " --precision bf16");
+  const RunResult parallel = run(config, ranks, "float32", 3, c.extra + ep_flag(c) + " --precision bf16");
   expect_same_run(single, parallel, ranks, 1e-4);
 }
 

@@ -9,12 +9,15 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 #include "core/rng.h"
 #include "model/model.h"
 #include "model/test_configs.h"
+#include "ops/gemm.h"
 
 namespace trillion {
 namespace {
@@ -86,6 +89,61 @@ TEST_P(FsdpUnits, OneRankGivesThePlainGradientsAndTheAnalyticPeak) {
 
 INSTANTIATE_TEST_SUITE_P(TiedOrNot, FsdpUnits, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "Tied" : "Untied"; });
+
+// Under the bf16 precision, units gathered in bf16 runs (products-only tensors as bf16 into the
+// registered copy, the rest as float) give the bits of float gathers whose products round each
+// weight, in fewer gathered bytes, for every layer kind, tied embeddings too. The float parameters
+// of the products-only tensors are poisoned with NaN: a kernel that read one as values would show.
+// Between the two steps the shard changes, so a stale rounding would show too.
+class FsdpBf16Gathers : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { omp_set_num_threads(1); }
+};
+
+TEST_P(FsdpBf16Gathers, GiveTheBitsOfFloatGathersInFewerBytes) {
+  const MatmulPrecisionScope bf16_products(MatmulPrecision::bf16);
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const ModelConfig config = testing::tiny_config_with({{"tie_word_embeddings", tied}}, GetParam());
+    const Batch b = random_batch(config.vocab_size);
+    struct Run {
+      double loss = 0.0;
+      std::vector<float> grads;  // [shard] after each step
+      FsdpCounters counters;
+    };
+    const auto run = [&](Operands gathers) {
+      Model<float> model(config);
+      model.init_weights(3);
+      const ProcessGroup& world = ProcessGroup::world();
+      const ShardLayout layout(model.table(), 0, 1);
+      Fsdp<float> fsdp(model, world, world, layout, gathers);
+      model.set_unit_hooks(fsdp.hooks());
+      if (gathers == Operands::as_set) {
+        for (const ParamSpec& spec : model.table().entries())
+          if (spec.use == ParamUse::products)
+            std::fill_n(model.params() + spec.offset, spec.numel(), std::numeric_limits<float>::quiet_NaN());
+      }
+      Run r;
+      for (int step = 0; step < 2; ++step) {
+        for (int64_t i = 0; step == 1 && i < fsdp.shard_size(); ++i) fsdp.shard_params()[i] *= 1.0f - 0.25f * (i % 3);
+        r.loss += model.forward_backward(b.tokens.data(), b.targets.data(), kBatch, kSeq, LossScales{}).lm.loss_sum;
+        r.grads.insert(r.grads.end(), fsdp.shard_grads(), fsdp.shard_grads() + fsdp.shard_size());
+      }
+      r.counters = fsdp.counters();
+      return r;
+    };
+    const Run floats = run(Operands::fp32), rounded = run(Operands::as_set);
+    EXPECT_TRUE(std::isfinite(rounded.loss));
+    EXPECT_EQ(rounded.loss, floats.loss);
+    ASSERT_EQ(rounded.grads.size(), floats.grads.size());
+    EXPECT_EQ(std::memcmp(rounded.grads.data(), floats.grads.data(), floats.grads.size() * sizeof(float)), 0);
+    EXPECT_LT(rounded.counters.peak_gathered_bytes, floats.counters.peak_gathered_bytes);
+    EXPECT_GE(2 * rounded.counters.peak_gathered_bytes, floats.counters.peak_gathered_bytes);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(LayerKinds, FsdpBf16Gathers, ::testing::ValuesIn(testing::kLayerKindConfigs),
+                         testing::config_test_name);
 
 }  // namespace
 }  // namespace trillion

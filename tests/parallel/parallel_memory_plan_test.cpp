@@ -4,7 +4,8 @@
 // planned_peak_bytes and peak_bytes on one rank; under mpirun "fsdp": rank_planned_peak_bytes and
 // rank_peak_bytes). For every demo config at 1, 2 and 4 ranks, with gradient accumulation,
 // recompute and swap, and with ep 2 and 4 for the MoE demo (ep 2 also with full recompute and with full
-// and selective swap, which moves the exchanged rows; ep 4 with selective recompute),
+// and selective swap, which moves the exchanged rows; ep 4 with selective recompute), and the MoE
+// demo under --precision bf16 (units gathered in bf16 runs) with ep 1 and 2,
 // the plan bounds the measurement and lies within 5 % of it. With --ep the plan needs the routing's imbalance (the rows a rank's
 // experts receive, as a multiple of its own): the test reads each rank's from the run's routing
 // loads and asks `--dry-run --expert-imbalance` for that rank's plan. `--dry-run` under mpirun
@@ -128,6 +129,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(Case{"demo", ""}, Case{"demo", "--grad-accum 2"}, Case{"demo", "--recompute full"},
                     Case{"demo", "--recompute selective"}, Case{"demo", "--swap full"},
                     Case{"demo", "--swap selective"}, Case{"demo_moe", ""}, Case{"demo_moe", "", {2, 4}, 2},
+                    Case{"demo_moe", "--precision bf16"}, Case{"demo_moe", "--precision bf16", {2}, 2},
                     Case{"demo_moe", "", {4}, 4}, Case{"demo_moe", "--recompute full", {2}, 2},
                     Case{"demo_moe", "--swap full", {2}, 2}, Case{"demo_moe", "--swap selective", {2}, 2},
                     Case{"demo_moe", "--recompute selective", {4}, 4}, Case{"demo_moe_deep", ""}, Case{"demo_hybrid", ""},

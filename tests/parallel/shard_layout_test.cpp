@@ -1,7 +1,8 @@
 // ShardLayout without MPI: for any number of ranks every trainable element belongs to exactly one
 // rank, in order and in near-equal pieces per unit (sizes differ by at most one), buffers belong to
 // none, a rank's shard holds its pieces back to back, and one rank's shard is the flat layout; with
-// expert parallelism each expert slice belongs to its ep index's ranks only.
+// expert parallelism each expert slice belongs to its ep index's ranks only; FSDP's gather runs
+// follow the tensors' uses and rebuild each range from every rank's parts.
 #include "parallel/shard_layout.h"
 
 #include <gtest/gtest.h>
@@ -17,18 +18,22 @@ namespace {
 // Dense tensors in units 0–2, experts in units 1–2, a buffer in unit 1; padded to 8 elements.
 ParamTable make_table() {
   ParamTable table;
-  const auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamGroup group, int unit) {
+  const auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamGroup group, int unit,
+                       ParamUse use) {
     ParamSpec spec{name, std::move(shape)};
     spec.group = group;
     spec.unit = unit;
+    spec.use = use;
     table.add(spec);
   };
-  add("model.embed_tokens.weight", {11, 3}, ParamGroup::dense, 0);
-  add("model.layers.0.self_attn.q_proj.weight", {5, 3}, ParamGroup::dense, 1);
-  add("model.layers.0.mlp.experts.gate_up_proj", {4, 6, 3}, ParamGroup::expert, 1);
-  add("model.layers.0.mlp.gate.e_score_correction_bias", {4}, ParamGroup::buffer, 1);
-  add("model.layers.1.input_layernorm.weight", {3}, ParamGroup::dense, 2);
-  add("model.layers.1.mlp.experts.down_proj", {4, 3, 5}, ParamGroup::expert, 2);
+  add("model.embed_tokens.weight", {11, 3}, ParamGroup::dense, 0, ParamUse::values_and_products);
+  add("model.layers.0.input_layernorm.weight", {3}, ParamGroup::dense, 1, ParamUse::values);
+  add("model.layers.0.self_attn.q_proj.weight", {5, 3}, ParamGroup::dense, 1, ParamUse::products);
+  add("model.layers.0.self_attn.k_proj.weight", {2, 3}, ParamGroup::dense, 1, ParamUse::products);
+  add("model.layers.0.mlp.experts.gate_up_proj", {4, 6, 3}, ParamGroup::expert, 1, ParamUse::products);
+  add("model.layers.0.mlp.gate.e_score_correction_bias", {4}, ParamGroup::buffer, 1, ParamUse::values);
+  add("model.layers.1.input_layernorm.weight", {3}, ParamGroup::dense, 2, ParamUse::values);
+  add("model.layers.1.mlp.experts.down_proj", {4, 3, 5}, ParamGroup::expert, 2, ParamUse::products);
   table.finalize(8);
   return table;
 }
@@ -121,6 +126,59 @@ TEST(ShardLayout, OneRankIsTheFlatLayoutAndCopiesGatherTheRanksPieces) {
     }
   }
   EXPECT_EQ(rebuilt, flat);
+}
+
+// FSDP's gather runs (parallel/fsdp.h): a range is one run of values, or under bf16 runs of its
+// tensors' uses (padding joining the run before it) that tile it; every rank's parts of the runs,
+// sent from its shard at their offsets, put together rebuild the flat buffer.
+TEST(ShardLayout, GatherRunsFollowTheTensorsUsesAndEveryRanksPartsRebuildTheRange) {
+  const ParamTable table = make_table();
+  std::vector<ParamUse> use_at(table.total_size(), ParamUse::values);  // [total] of each tensor element
+  for (const ParamSpec& spec : table.entries()) std::fill_n(use_at.begin() + spec.offset, spec.numel(), spec.use);
+  std::vector<bool> padding(table.total_size(), true);
+  for (const ParamSpec& spec : table.entries()) std::fill_n(padding.begin() + spec.offset, spec.numel(), false);
+  std::vector<double> flat(table.trainable_size());
+  std::iota(flat.begin(), flat.end(), 1.0);
+  for (const auto& [ranks, ep] : {std::pair{1, 1}, {2, 1}, {3, 1}, {7, 1}, {2, 2}, {4, 2}, {4, 4}}) {
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(std::to_string(ranks) + " ranks, ep " + std::to_string(ep) + (bf16 ? ", bf16" : ""));
+      std::vector<double> rebuilt(flat.size(), 0.0);
+      int64_t runs_seen = 0;
+      for (int rank = 0; rank < ranks; ++rank) {
+        const ShardLayout layout(table, rank, ranks, ep);
+        std::vector<double> shard(layout.shard_size());
+        layout.copy_to_shard(flat.data(), shard.data());
+        for (const ShardLayout::Unit& unit : layout.units()) {
+          const std::vector<ShardLayout::Run> runs = layout.gather_runs(table, unit, bf16);
+          runs_seen += static_cast<int64_t>(runs.size());
+          int64_t at = 0;
+          for (const ShardLayout::Run& run : runs) {
+            EXPECT_EQ(run.begin, at) << "runs tile the range in order";
+            at += run.count;
+            EXPECT_EQ(std::accumulate(run.counts.begin(), run.counts.end(), int64_t(0)), run.count);
+            for (int64_t i = run.begin; i < run.begin + run.count; ++i) {
+              const int64_t element = unit.begin + i;
+              if (!padding[element]) {
+                EXPECT_EQ(run.use, bf16 ? use_at[element] : ParamUse::values) << element;
+              }
+            }
+            const int me = layout.group_rank(unit);
+            for (int64_t i = 0; unit.held && i < run.counts[me]; ++i)
+              rebuilt[unit.begin + run.begin + run.displs[me] + i] = shard[unit.shard_offset + run.send_offset + i];
+          }
+          EXPECT_EQ(at, unit.count);
+        }
+      }
+      // The flat buffer where a range covers it (with ep > 1 the experts' padding belongs to none).
+      const ShardLayout first(table, 0, ranks, ep);
+      std::vector<double> ranges(flat.size(), 0.0);
+      for (const ShardLayout::Unit& unit : first.units())
+        std::copy_n(flat.begin() + unit.begin, unit.count, ranges.begin() + unit.begin);
+      EXPECT_EQ(rebuilt, ranges);
+      const int64_t one_run_each = ranks * static_cast<int64_t>(first.units().size());
+      EXPECT_EQ(runs_seen > one_run_each, bf16) << "under bf16 the layers' ranges split into runs";
+    }
+  }
 }
 
 }  // namespace
