@@ -63,8 +63,8 @@ struct Model<T>::Impl {
   std::vector<int32_t> cu_seqlens;  // [documents + 1] document masks: the documents' starts over all tokens
   // The bf16 precision on one rank: a bf16 copy of the parameters, which the products read instead
   // of rounding each weight at each product (ops/gemm.h, Bf16OperandCopy). Under unit hooks (FSDP)
-  // the flat buffer holds only the units in use, so there is none and the products round. Declared
-  // after `params`, so it unregisters before the buffer it copies is freed.
+  // there is none: FSDP gathers the units into a copy of its own (parallel/fsdp.h). Declared after
+  // `params`, so it unregisters before the buffer it copies is freed.
   std::optional<Bf16OperandCopy> bf16_params;
   // Generation: one decode cache per layer (its kinds say how large).
   std::vector<Buffer<T>> caches;

@@ -58,7 +58,8 @@ class MatmulPrecisionScope {
 // strides. The operands are the same, so are the results; each value is rounded once instead of at
 // each product. Registered from construction to destruction, which happen outside products (on
 // the thread that runs the regions); the copies' source buffers are disjoint. Whoever registers a
-// copy keeps it equal to to_bf16(source) while products may read it.
+// copy keeps it equal to to_bf16(source) where products may read it; FSDP's copy stands in for
+// float weights it never gathers (parallel/fsdp.h), and holds no values where only other kernels read.
 class RegisteredBf16Copy {
  public:
   RegisteredBf16Copy(const float* source, const bf16* copy, int64_t size);

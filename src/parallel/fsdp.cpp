@@ -161,6 +161,9 @@ ProcessGroup::Pending Fsdp<T>::start_run(const ShardLayout::Unit& piece, const S
 template <class T>
 void Fsdp<T>::start_gather(int unit) {
   if (unit < 0 || state_[unit] != UnitState::released) return;  // none, in flight or gathered
+  TRILLION_CHECK(!bf16_gathers_ || matmul_precision() == MatmulPrecision::bf16,
+                 "FSDP gathers in bf16 for the bf16 precision, which has changed since: the products would read "
+                 "float weights it never gathers");
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
     for (const ShardLayout::Run& run : runs_[i]) in_flight_[unit].push_back({&group_of(piece), start_run(piece, run)});
@@ -175,6 +178,7 @@ void Fsdp<T>::start_gather(int unit) {
 // into the copy.
 template <class T>
 void Fsdp<T>::gather(int unit) {
+  if (state_[unit] == UnitState::gathered) return;  // tied embeddings' unit 0, from the embedding to the head
   start_gather(unit);  // unless prefetched
   for (InFlight& f : in_flight_[unit]) f.group->finish(f.pending);
   in_flight_[unit].clear();

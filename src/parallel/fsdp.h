@@ -23,8 +23,9 @@
 // products-only runs (linear layers' weights) as bf16 into a bf16 copy of the flat parameters,
 // registered as their copy (RegisteredBf16Copy), half the bytes moved and held; the others
 // (norms, biases, the router, embeddings) as float into the parameters, tied embeddings also
-// rounded into the copy for the LM head. The float parameters of a products-only run are never
-// written: nothing reads them. Each rank rounds its part of a run into the copy and gathers the
+// rounded into the copy for the LM head. The gathers never write the float parameters of a
+// products-only run: nothing reads them (gather_everything, for a checkpoint, writes them all
+// between steps). Each rank rounds its part of a run into the copy and gathers the
 // rest in place, so nothing but the gathered units is held in bf16. The same bits as float
 // gathers whose products round each weight (tests/parallel/fsdp_test.cpp).
 //

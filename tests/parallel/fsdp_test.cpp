@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/rng.h"
@@ -140,6 +141,24 @@ TEST_P(FsdpBf16Gathers, GiveTheBitsOfFloatGathersInFewerBytes) {
     EXPECT_LT(rounded.counters.peak_gathered_bytes, floats.counters.peak_gathered_bytes);
     EXPECT_GE(2 * rounded.counters.peak_gathered_bytes, floats.counters.peak_gathered_bytes);
   }
+}
+
+// bf16 gathers leave the float weights of products-only tensors unwritten, so a precision changed
+// since the FSDP object was built stops the next gather (a broken invariant, not bad input).
+TEST(FsdpBf16GathersGuard, APrecisionChangedSinceIsRefused) {
+  const ModelConfig config = testing::tiny_config_with(nullptr, "tiny.json");
+  const Batch b = random_batch(config.vocab_size);
+  Model<float> model(config);
+  model.init_weights(3);
+  const ShardLayout layout(model.table(), 0, 1);
+  std::optional<Fsdp<float>> fsdp;
+  {
+    const MatmulPrecisionScope bf16_products(MatmulPrecision::bf16);
+    fsdp.emplace(model, ProcessGroup::world(), ProcessGroup::world(), layout);
+  }
+  model.set_unit_hooks(fsdp->hooks());
+  EXPECT_DEATH(model.forward_backward(b.tokens.data(), b.targets.data(), kBatch, kSeq, LossScales{}),
+               "FSDP gathers in bf16 for the bf16 precision, which has changed since");
 }
 
 INSTANTIATE_TEST_SUITE_P(LayerKinds, FsdpBf16Gathers, ::testing::ValuesIn(testing::kLayerKindConfigs),
