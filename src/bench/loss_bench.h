@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <nlohmann/json.hpp>
 
 namespace trillion {
@@ -28,11 +29,14 @@ struct LossBenchOptions {
   // docs/architecture.md ("Benchmarks") asks for the median of at least 10 runs; fewer are for smoke
   // tests only.
   int64_t gemm_size = 2048; // size of the sgemm that measures the ceiling
+  std::string precision = "fp32";  // the products' operands (ops/gemm.h): fp32 or bf16
 };
 
 // Runs the benchmark; calls emit for each measurement (one JSON object each: sgemm_ceiling, fused,
-// recompute, plain) and returns the summary: bench_summary's fields plus ratio_recompute,
-// recompute_s, recompute_peak_bytes, plain_s, fused_row_chunk, z_loss and the sizes.
+// under bf16 fused_rounding (the fused path without its dlogits copy, CrossEntropyTiling), recompute,
+// plain) and returns the summary: bench_summary's fields plus ratio_recompute, recompute_s,
+// recompute_peak_bytes, plain_s, fused_row_chunk, z_loss, precision and the sizes; under bf16 also
+// dlogits_copy_speedup (fused_rounding over fused) and dlogits_copy_same_bits.
 nlohmann::json run_loss_bench(const LossBenchOptions& options, const std::function<void(const nlohmann::json&)>& emit);
 
 }  // namespace trillion

@@ -10,7 +10,7 @@
 //   trillion bench sparse-attention [--json] [--seq-len T] [--batch B] [--heads H] [--kv-heads K]
 //                      [--head-dim d] [--v-dim v] [--index-heads H_I] [--index-head-dim d_I] [--topk k]
 //                      [--mla-heads H] [--runs N] [--baseline-runs N] [--gemm-size N] [--seed S]
-//   trillion bench loss [--json] [--tokens T] [--hidden H] [--vocab V] [--z-loss z] [--runs N]
+//   trillion bench loss [--json] [--tokens T] [--hidden H] [--vocab V] [--z-loss z] [--precision P] [--runs N]
 //                      [--baseline-runs N] [--gemm-size N]
 //   trillion bench step --config MODEL.json [--json] [--batch B] [--seq-len T] [--steps N]
 //                      [--warmup N] [--seed S] [--gemm-size N]
@@ -326,6 +326,10 @@ void run_loss(bool json, const LossBenchOptions& options) {
     print_json(summary);
     return;
   }
+  if (summary.contains("dlogits_copy_speedup"))
+    std::printf("bf16: the dlogits copy speeds the fused path up %.3fx (%s bits)\n",
+                summary.at("dlogits_copy_speedup").get<double>(),
+                summary.at("dlogits_copy_same_bits").get<bool>() ? "the same" : "DIFFERENT");
   std::printf(
       "loss tokens=%lld hidden=%lld vocab=%lld z-loss=%g on %d threads (fused row chunk %lld):\n"
       "  speedup over plain %.2fx, recompute / fused %.2f, max relative error %.2e\n"
@@ -474,6 +478,10 @@ void add_loss_bench(CLI::App* bench) {
                    "Timed runs of the recompute and plain paths (median reported; fewer than 10 is for smoke tests)")
       ->capture_default_str();
   loss->add_option("--gemm-size", lo->gemm_size, "Size of the sgemm that sets the ceiling")->capture_default_str();
+  loss->add_option("--precision", lo->precision,
+                   "Operands of the products: fp32 or bf16 (bf16 also times the fused path without its dlogits copy)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   loss->callback([loss_json, lo] { run_loss(*loss_json, *lo); });
 }
 

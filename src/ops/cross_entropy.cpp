@@ -11,7 +11,8 @@
 // [chunk_rows, vocab] (vocabulary tiles are the items), the softmax and dlogits in place (rows are the
 // items; a row's log-sum-exp sums its exps in vocabulary order), then the two gradient gemms as one
 // item list: dh[chunk, column block] = dlogits · w[:, column block] (the whole vocabulary in one gemm,
-// so no partials) and dw[tile rows] += dlogits[:, tile]ᵀ · h[chunk] (chunks add in order).
+// so no partials) and dw[tile rows] += dlogits[:, tile]ᵀ · h[chunk] (chunks add in order). Under the
+// bf16 precision the softmax step also rounds dlogits into a bf16 copy the gradient gemms read.
 // Every gemm runs single-threaded inside the OpenMP team and every sum has an order fixed by the
 // sizes and the tiling, so results do not depend on the thread count.
 #include "ops/cross_entropy.h"
@@ -21,6 +22,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/memory.h"
@@ -69,11 +72,14 @@ int64_t forward_backward_row_chunk(int64_t rows, int64_t vocab, int64_t element_
   return std::clamp<int64_t>(std::min(rows_in_budget, rows), 1, tiling.row_chunk);
 }
 
-int64_t forward_backward_workspace_bytes(int64_t rows, int64_t vocab, int64_t element_bytes,
+int64_t forward_backward_workspace_bytes(int64_t rows, int64_t vocab, int64_t element_bytes, bool bf16_products,
                                          const CrossEntropyTiling& tiling) {
   if (rows == 0) return 0;
   const int64_t row_chunk = forward_backward_row_chunk(rows, vocab, element_bytes, tiling);
-  return row_chunk * vocab * element_bytes + 2 * row_chunk * int64_t(sizeof(double));  // chunk_logits, row_lse, row_loss
+  const bool copy = bf16_products && tiling.bf16_dlogits && element_bytes == int64_t(sizeof(float));
+  // chunk_logits (and its bf16 copy), row_lse, row_loss
+  const int64_t logits_bytes = element_bytes + (copy ? int64_t(sizeof(bf16)) : 0);
+  return row_chunk * vocab * logits_bytes + 2 * row_chunk * int64_t(sizeof(double));
 }
 
 int64_t forward_then_backward_workspace_bytes(int64_t rows, int64_t d, int64_t vocab, int64_t element_bytes,
@@ -210,6 +216,15 @@ CrossEntropyResult lm_head_cross_entropy_forward_backward(T* dh, T* dw, T* lse, 
   // [row_chunk, vocab]: the chunk's logits, then exp(logit − row max), then dlogits.
   Buffer<T> chunk_logits(row_chunk * vocab);
   Buffer<double> row_lse(row_chunk), row_loss(row_chunk);  // [row_chunk] each; row_loss = lse − logit[target]
+  // Under the bf16 precision (tiling.bf16_dlogits): dlogits rounded, registered as chunk_logits' copy;
+  // only the gradient products read chunk_logits as an operand, after the softmax pass writes both.
+  const bool copy_dlogits =
+      std::is_same_v<T, float> && tiling.bf16_dlogits && matmul_precision() == MatmulPrecision::bf16;
+  Buffer<bf16> dlogits_bf16(copy_dlogits ? row_chunk * vocab : 0);  // [row_chunk, vocab]
+  std::optional<RegisteredBf16Copy> registration;
+  if constexpr (std::is_same_v<T, float>) {
+    if (copy_dlogits) registration.emplace(chunk_logits.data(), dlogits_bf16.data(), row_chunk * vocab);
+  }
   CrossEntropyResult result;
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t r0 = c * row_chunk;
@@ -224,6 +239,9 @@ CrossEntropyResult lm_head_cross_entropy_forward_backward(T* dh, T* dw, T* lse, 
     });
     parallel_for(chunk_rows, vocab, [&](int64_t r) {
       logits_row_to_gradient(dlogits + r * vocab, vocab, targets[r0 + r], scale, z_loss_coef, row_lse[r], row_loss[r]);
+      if constexpr (std::is_same_v<T, float>) {
+        if (copy_dlogits) to_bf16(dlogits + r * vocab, dlogits_bf16.data() + r * vocab, vocab);
+      }
     });
     for (int64_t r = 0; r < chunk_rows; ++r) {
       if (lse != nullptr) lse[r0 + r] = static_cast<T>(row_lse[r]);

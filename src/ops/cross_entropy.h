@@ -26,6 +26,10 @@ struct CrossEntropyTiling {
   int64_t vocab_tile = 1024;
   int64_t max_vocab_tiles = 32;
   int64_t chunk_logits_bytes = int64_t(32) << 20;
+  // forward_backward under the bf16 precision: the softmax pass also writes each chunk's dlogits
+  // rounded to bf16, a registered copy (ops/gemm.h) its gradient products read instead of each dh
+  // column block and dw tile rounding its part again; off, the same bits.
+  bool bf16_dlogits = true;
 };
 
 struct CrossEntropyResult {
@@ -53,8 +57,9 @@ int64_t forward_backward_row_chunk(int64_t rows, int64_t vocab, int64_t element_
                                    const CrossEntropyTiling& tiling = {});
 
 // The bytes of the temporaries each call allocates (its Buffers, counted in the fast tier), for the
-// memory plan: forward_backward's, and the larger of forward's and backward's, at `threads` threads.
-int64_t forward_backward_workspace_bytes(int64_t rows, int64_t vocab, int64_t element_bytes,
+// memory plan: forward_backward's (bf16_products: under the bf16 precision), and the larger of
+// forward's and backward's, at `threads` threads.
+int64_t forward_backward_workspace_bytes(int64_t rows, int64_t vocab, int64_t element_bytes, bool bf16_products,
                                          const CrossEntropyTiling& tiling = {});
 int64_t forward_then_backward_workspace_bytes(int64_t rows, int64_t d, int64_t vocab, int64_t element_bytes,
                                               int threads, const CrossEntropyTiling& tiling = {});

@@ -236,8 +236,9 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   plan.activations_saved += head;
   // With the loss's gradients formed in the forward, the final norm's output is not kept: it is the
   // scratch's, beside the loss's tiles.
-  const int64_t loss_forward = in_forward ? Arena::rounded(n * D * e) + forward_backward_workspace_bytes(n, V, e)
-                                          : forward_then_backward_workspace_bytes(n, D, V, e, shape.threads);
+  const int64_t loss_forward =
+      in_forward ? Arena::rounded(n * D * e) + forward_backward_workspace_bytes(n, V, e, shape.bf16_products)
+                 : forward_then_backward_workspace_bytes(n, D, V, e, shape.threads);
   // The head's backward: (recompute: dh [n, D] in the scratch and the loss's tiles again), then the
   // final norm's backward.
   const int64_t norm_backward = rmsnorm_backward_workspace_bytes(n, D, true);

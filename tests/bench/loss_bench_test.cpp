@@ -1,6 +1,6 @@
 // `trillion bench loss` at a tiny size: its accuracy (fused against the plain 3-gemm path, and the
-// recompute pair against plain), its JSON lines and fields, the z-loss option and the option checks,
-// not its times.
+// recompute pair against plain), its JSON lines and fields, the z-loss option, bf16's extra path
+// and the option checks, not its times.
 #include "bench/loss_bench.h"
 
 #include <gtest/gtest.h>
@@ -53,6 +53,28 @@ TEST(LossBench, TinyRunReportsAccurateJson) {
   EXPECT_EQ(s.at("hidden").get<int64_t>(), 24);
   EXPECT_EQ(s.at("vocab").get<int64_t>(), 300);
   EXPECT_EQ(s.at("ceiling_gemm_size").get<int64_t>(), 64);
+}
+
+// Under bf16 the fused path is also timed without its dlogits copy: a sixth line, and the copy's
+// speedup with the same bits; the paths agree with plain (rounding its operands alike) to bf16's
+// products' accumulation differences.
+TEST(LossBench, Bf16TimesTheFusedPathWithoutItsDlogitsCopy) {
+  const auto [status, output] =
+      run_shell(std::string(TRILLION_BINARY) + " bench loss --json --precision bf16" + kTinyArgs);
+  ASSERT_EQ(status, 0) << output;
+  const std::vector<nlohmann::json> lines = json_lines(output);
+  ASSERT_EQ(lines.size(), 6u) << output;
+  EXPECT_EQ(lines[2].at("measurement"), "fused_rounding");
+  EXPECT_EQ(lines[2].at("runs").get<int>(), 2);
+  EXPECT_GT(lines[2].at("median_s").get<double>(), 0.0);
+  const nlohmann::json& s = lines.back();
+  EXPECT_EQ(s.at("precision"), "bf16");
+  EXPECT_TRUE(s.at("dlogits_copy_same_bits").get<bool>());
+  EXPECT_GT(s.at("dlogits_copy_speedup").get<double>(), 0.0);
+  EXPECT_LT(s.at("max_rel_err").get<double>(), 1e-5);
+  const auto [fp32_status, fp32_output] = run_shell(std::string(TRILLION_BINARY) + " bench loss --json" + kTinyArgs);
+  ASSERT_EQ(fp32_status, 0) << fp32_output;
+  EXPECT_FALSE(json_lines(fp32_output).back().contains("dlogits_copy_speedup"));
 }
 
 TEST(LossBench, TextOutputWithZLoss) {

@@ -3,7 +3,7 @@
 // against double, thread-count independence, and an all-ignored batch. The forward-backward variant
 // (gradients formed during the forward, optional z-loss): against the plain 3-gemm reference and the
 // forward + backward pair, finite differences including the z-loss, bitwise thread independence and
-// dw accumulation.
+// dw accumulation; under the bf16 precision, its dlogits copy against rounding at each gemm.
 #include "ops/cross_entropy.h"
 
 #include <gtest/gtest.h>
@@ -11,7 +11,9 @@
 #include <cmath>
 #include <vector>
 
+#include "core/memory.h"
 #include "ops/finite_diff.h"
+#include "ops/gemm.h"
 #include "ops/ref/cross_entropy_ref.h"
 
 namespace trillion {
@@ -233,6 +235,49 @@ TEST(CrossEntropy, ForwardBackwardIsBitwiseIndependentOfThreadsAndAccumulatesDw)
   EXPECT_EQ(dh_zero, dh[0]);
   for (size_t j = 0; j < dw_zero.size(); ++j) dw_zero[j] += dw_prior[j];
   EXPECT_LE(relative_error(dw[0], dw_zero), 1e-6);
+}
+
+// Under the bf16 precision the gradient gemms read dlogits from its bf16 copy: the bits of rounding
+// it at each gemm, at any thread count, and the temporaries forward_backward_workspace_bytes says.
+TEST(CrossEntropy, ForwardBackwardsBf16DlogitsCopyGivesTheSameBitsInTheWorkspaceItCounts) {
+  const MatmulPrecisionScope bf16_products(MatmulPrecision::bf16);
+  const int64_t rows = 150, d = 300, vocab = 2100;
+  const std::vector<float> h = cast_values<float>(random_values(rows * d, 32));
+  const std::vector<float> w = cast_values<float>(random_values(vocab * d, 33));
+  const std::vector<int32_t> targets = random_targets(rows, vocab, 34);
+  // 3 row chunks, 9 vocabulary tiles, 2 dh column blocks; a byte budget that cuts the chunk to 7 rows.
+  for (CrossEntropyTiling tiling : {CrossEntropyTiling{64, 256, 32}, CrossEntropyTiling{256, 256, 32, 7 * vocab * 4}}) {
+    struct Out {
+      CrossEntropyResult result;
+      std::vector<float> lse, dh, dw;
+      int64_t workspace = 0;
+    };
+    const auto run = [&](bool copy, int threads) {
+      tiling.bf16_dlogits = copy;
+      Out o{{}, std::vector<float>(rows), std::vector<float>(rows * d), std::vector<float>(vocab * d, 0.f)};
+      test::with_threads(threads, [&] {
+        const int64_t before = MemoryStats::current(Tier::fast);
+        MemoryStats::reset_peak(Tier::fast);
+        o.result = lm_head_cross_entropy_forward_backward<float>(o.dh.data(), o.dw.data(), o.lse.data(), h.data(),
+                                                                 w.data(), targets.data(), 0.01, 1e-3, rows, d, vocab,
+                                                                 tiling);
+        o.workspace = MemoryStats::peak(Tier::fast) - before;
+      });
+      return o;
+    };
+    const Out rounding = run(false, 2);
+    for (const int threads : {1, 2, 3}) {
+      const Out copied = run(true, threads);
+      EXPECT_EQ(copied.result.loss_sum, rounding.result.loss_sum);
+      EXPECT_EQ(copied.lse, rounding.lse);
+      EXPECT_EQ(copied.dh, rounding.dh) << threads << " threads";
+      EXPECT_EQ(copied.dw, rounding.dw) << threads << " threads";
+      EXPECT_EQ(copied.workspace, forward_backward_workspace_bytes(rows, vocab, 4, true, tiling));
+    }
+    EXPECT_EQ(rounding.workspace, forward_backward_workspace_bytes(rows, vocab, 4, false, tiling));
+    tiling.bf16_dlogits = false;
+    EXPECT_EQ(rounding.workspace, forward_backward_workspace_bytes(rows, vocab, 4, true, tiling));
+  }
 }
 
 TEST(CrossEntropy, AllIgnoredRowsGiveZeroLossAndGradient) {
