@@ -9,6 +9,7 @@ packages=(
   build-essential cmake pkg-config git
   libopenblas-openmp-dev            # double GEMM (OpenMP build, so it nests in our parallel regions)
   libdnnl-dev ocl-icd-opencl-dev    # float GEMM at the CPU's width (oneDNN; its CMake config wants OpenCL)
+  libxsmm-dev                       # JIT small-matrix kernels (bench tiles: against oneDNN per tile)
   libsentencepiece-dev              # tokenizer training and encoding
   zlib1g-dev libzstd-dev            # .gz and .zst corpus files
   libpcre2-dev libutf8proc-dev      # Hugging Face tokenizers: pre-tokenizer regexes, NFC

@@ -10,6 +10,7 @@
 //   trillion bench sparse-attention [--json] [--seq-len T] [--batch B] [--heads H] [--kv-heads K]
 //                      [--head-dim d] [--v-dim v] [--index-heads H_I] [--index-head-dim d_I] [--topk k]
 //                      [--mla-heads H] [--runs N] [--baseline-runs N] [--gemm-size N] [--seed S]
+//   trillion bench tiles [--json] [--runs N]
 //   trillion bench loss [--json] [--tokens T] [--hidden H] [--vocab V] [--z-loss z] [--precision P] [--runs N]
 //                      [--baseline-runs N] [--gemm-size N]
 //   trillion bench step --config MODEL.json [--json] [--batch B] [--seq-len T] [--steps N]
@@ -30,6 +31,7 @@
 #include "bench/attention_bench.h"
 #include "bench/linear_attention_bench.h"
 #include "bench/loss_bench.h"
+#include "bench/tile_gemm_bench.h"
 #include "bench/moe_bench.h"
 #include "bench/moe_parallel_bench.h"
 #include "bench/sparse_attention_bench.h"
@@ -343,6 +345,34 @@ void run_loss(bool json, const LossBenchOptions& options) {
       summary.at("ceiling_gflops").get<double>(), summary.at("memory_ratio").get<double>());
 }
 
+void run_tiles(bool json, const TileBenchOptions& options) {
+  if (options.runs < 10) std::fprintf(stderr, "bench tiles: fewer than 10 runs: a smoke test, not a measurement\n");
+  const nlohmann::json summary = run_tile_bench(options, [&](const nlohmann::json& j) {
+    if (json) return print_json(j);
+    const auto rate = [](const nlohmann::json& path) { return path.is_null() ? 0.0 : path.at("gflops").get<double>(); };
+    std::printf("%-34s fp32: oneDNN %6.1f, libxsmm %6.1f GFLOP/s | bf16: oneDNN %6.1f, libxsmm %6.1f GFLOP/s\n",
+                j.at("shape").get<std::string>().c_str(), rate(j.at("onednn_fp32")), rate(j.at("libxsmm_fp32")),
+                rate(j.at("onednn_bf16")), rate(j.at("libxsmm_bf16")));
+  });
+  if (json) return print_json(summary);
+  std::printf("one thread; libxsmm target %s (0: no kernel for the layout); libxsmm faster on %zu of %d shapes in "
+              "fp32, %zu in bf16\n",
+              summary.at("libxsmm_target").get<std::string>().c_str(), summary.at("libxsmm_faster_fp32").size(),
+              summary.at("shapes").get<int>(), summary.at("libxsmm_faster_bf16").size());
+}
+
+// `trillion bench tiles`.
+void add_tiles_bench(CLI::App* bench) {
+  CLI::App* tiles = bench->add_subcommand(
+      "tiles", "The kernels' per-tile products on one thread: oneDNN against libxsmm's JIT kernels, fp32 and bf16");
+  auto json = std::make_shared<bool>(false);
+  auto options = std::make_shared<TileBenchOptions>();
+  tiles->add_flag("--json", *json, "JSON lines: one per shape, then the summary");
+  tiles->add_option("--runs", options->runs, "Timed runs per path (median; fewer than 10 is for smoke tests only)")
+      ->capture_default_str();
+  tiles->callback([json, options] { run_tiles(*json, *options); });
+}
+
 // `trillion bench gemm`.
 void add_gemm_bench(CLI::App* bench) {
   CLI::App* gemm =
@@ -552,6 +582,7 @@ void register_bench(CLI::App& app) {
   add_loss_bench(bench);
   add_step_bench(bench);
   add_moe_parallel_bench(bench);
+  add_tiles_bench(bench);
 }
 
 }  // namespace trillion
