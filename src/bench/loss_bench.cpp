@@ -71,7 +71,8 @@ nlohmann::json run_loss_bench(const LossBenchOptions& o, const std::function<voi
   }
   const double scale = 1.0 / double(std::max<int64_t>(counted, 1));
 
-  LossOutputs fused(T, H, V), rounding(T, H, V), recompute(T, H, V), plain(T, H, V);
+  LossOutputs fused(T, H, V), recompute(T, H, V), plain(T, H, V);
+  LossOutputs rounding(bf16 ? T : 0, H, bf16 ? V : 0);  // the fused path without its dlogits copy: bf16 only
   Buffer<float> saved_lse(T);  // [tokens] the recompute pair's saved tensor
   const auto fused_path = [&](LossOutputs& out, bool dlogits_copy) {
     CrossEntropyTiling tiling;

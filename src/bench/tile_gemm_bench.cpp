@@ -110,14 +110,18 @@ nlohmann::json run_tile_bench(const TileBenchOptions& o, const std::function<voi
   nlohmann::json fp32_wins = nlohmann::json::array(), bf16_wins = nlohmann::json::array();
   for (const TileShape& s : kShapes) {
     TileProblem p(s);
-    // libxsmm: Cᵀ[n, m] = op(B)ᵀ[n, k] · Aᵀ[k, m], column-major; no kernel with a transposed first operand.
-    const libxsmm_blasint M = s.n, N = s.m, K = s.k, lda = s.n, ldb = s.k, ldc = s.n;
+    // libxsmm: Cᵀ[n, m] = op(B)ᵀ[n, k] · Aᵀ[k, m], column-major; op(B)ᵀ is B's storage read
+    // column-major, transposed when trans_b (null where libxsmm generates no such kernel). bf16 is
+    // tried untransposed only: its first operand's VNNI pairs are packed for that layout.
+    const libxsmm_blasint M = s.n, N = s.m, K = s.k, lda = s.trans_b ? s.k : s.n, ldb = s.k, ldc = s.n;
     const float alpha = 1.0f, beta = 0.0f;
-    const int plain = 0, vnni = LIBXSMM_GEMM_FLAG_VNNI_A;
+    const int fp32_flags = s.trans_b ? LIBXSMM_GEMM_FLAG_TRANS_A : 0, vnni = LIBXSMM_GEMM_FLAG_VNNI_A;
+    const int no_prefetch = LIBXSMM_GEMM_PREFETCH_NONE;  // the three-argument kernels, whatever the environment
     const libxsmm_smmfunction xsmm_fp32 =
-        s.trans_b ? nullptr : libxsmm_smmdispatch(M, N, K, &lda, &ldb, &ldc, &alpha, &beta, &plain, nullptr);
+        libxsmm_smmdispatch(M, N, K, &lda, &ldb, &ldc, &alpha, &beta, &fp32_flags, &no_prefetch);
     const libxsmm_bsmmfunction xsmm_bf16 =
-        p.b_vnni.empty() ? nullptr : libxsmm_bsmmdispatch(M, N, K, &lda, &ldb, &ldc, &alpha, &beta, &vnni, nullptr);
+        p.b_vnni.empty() ? nullptr
+                         : libxsmm_bsmmdispatch(M, N, K, &lda, &ldb, &ldc, &alpha, &beta, &vnni, &no_prefetch);
 
     const PathResult onednn_fp32 = measure(p, o, false, [&] {
       gemm<float>(false, s.trans_b, s.m, s.n, s.k, 1.0f, p.a.data(), s.k, p.b.data(), p.ldb(), 0.0f, p.c.data(), s.n);
@@ -146,6 +150,7 @@ nlohmann::json run_tile_bench(const TileBenchOptions& o, const std::function<voi
           {"libxsmm_over_onednn_bf16", ratio(libxsmm_bf16, onednn_bf16)}});
   }
   const nlohmann::json summary = {{"bench", "tiles"},
+                                  {"gemm_backend", gemm_backend_name(gemm_backend())},
                                   {"libxsmm_target", libxsmm_get_target_arch()},
                                   {"bf16_native", bf16_matmul_is_native()},
                                   {"libxsmm_faster_fp32", fp32_wins},

@@ -355,8 +355,9 @@ void run_tiles(bool json, const TileBenchOptions& options) {
                 rate(j.at("onednn_bf16")), rate(j.at("libxsmm_bf16")));
   });
   if (json) return print_json(summary);
-  std::printf("one thread; libxsmm target %s (0: no kernel for the layout); libxsmm faster on %zu of %d shapes in "
-              "fp32, %zu in bf16\n",
+  std::printf("one thread; the engine's gemm on %s, libxsmm target %s (0: no kernel for the layout); libxsmm "
+              "faster on %zu of %d shapes in fp32, %zu in bf16\n",
+              summary.at("gemm_backend").get<std::string>().c_str(),
               summary.at("libxsmm_target").get<std::string>().c_str(), summary.at("libxsmm_faster_fp32").size(),
               summary.at("shapes").get<int>(), summary.at("libxsmm_faster_bf16").size());
 }
