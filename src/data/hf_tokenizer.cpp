@@ -1,9 +1,7 @@
 // Byte-level BPE from a Hugging Face tokenizer.json: loading, added tokens, NFC, Split and
 // ByteLevel pre-tokenizers, BPE merges, decoding. See hf_tokenizer.h.
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include "data/hf_tokenizer.h"
 
-#include <pcre2.h>
 #include <utf8proc.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/regex.h"
 #include "io/atomic_file.h"
 
 namespace trillion {
@@ -65,45 +64,6 @@ std::vector<std::string> characters(const std::string& text) {
 }
 
 enum class SplitBehavior { isolated, removed, merged_with_previous, merged_with_next, contiguous };
-
-struct Regex {
-  pcre2_code* code = nullptr;
-  explicit Regex(const std::string& pattern, const std::string& where) {
-    int error = 0;
-    PCRE2_SIZE offset = 0;
-    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), PCRE2_UTF | PCRE2_UCP, &error,
-                         &offset, nullptr);
-    if (code == nullptr) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(error, message, sizeof(message));
-      fail(where, ": pattern does not compile at offset ", offset, ": ", reinterpret_cast<const char*>(message));
-    }
-    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // a plain match when JIT is unavailable
-  }
-  Regex(Regex&& other) noexcept : code(other.code) { other.code = nullptr; }
-  Regex(const Regex&) = delete;
-  ~Regex() { pcre2_code_free(code); }
-
-  // [begin, end) of each non-overlapping match, left to right (empty matches skipped).
-  std::vector<std::pair<size_t, size_t>> matches(const std::string& text) const {
-    std::vector<std::pair<size_t, size_t>> out;
-    pcre2_match_data* data = pcre2_match_data_create_from_pattern(code, nullptr);
-    for (size_t at = 0; at <= text.size();) {
-      const int rc = pcre2_match(code, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, 0, data, nullptr);
-      if (rc < 0) break;
-      const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(data);
-      if (ovector[1] == ovector[0]) {  // empty: move on one character
-        at = ovector[0] + 1;
-        while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) ++at;
-        continue;
-      }
-      out.emplace_back(ovector[0], ovector[1]);
-      at = ovector[1];
-    }
-    pcre2_match_data_free(data);
-    return out;
-  }
-};
 
 struct SplitStep {
   Regex regex;

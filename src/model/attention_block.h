@@ -73,13 +73,13 @@ struct AttentionBlockWeights {
 template <class T, class Visit>
 void visit_params(AttentionBlockWeights<T>& w, const AttentionBlockDims& dims, Visit&& visit) {
   const int64_t D = dims.hidden;
-  visit(w.q_proj.weight, linear_row("self_attn.q_proj.weight", {dims.q_proj_out(), D}, dims.init.std_in));
+  visit(w.q_proj, linear_row("self_attn.q_proj.weight", {dims.q_proj_out(), D}, dims.init.std_in));
   if (dims.bias) visit(w.q_proj.bias, bias_row("self_attn.q_proj.bias", dims.q_proj_out()));
-  visit(w.k_proj.weight, linear_row("self_attn.k_proj.weight", {dims.kv_width(), D}, dims.init.std_in));
+  visit(w.k_proj, linear_row("self_attn.k_proj.weight", {dims.kv_width(), D}, dims.init.std_in));
   if (dims.bias) visit(w.k_proj.bias, bias_row("self_attn.k_proj.bias", dims.kv_width()));
-  visit(w.v_proj.weight, linear_row("self_attn.v_proj.weight", {dims.kv_width(), D}, dims.init.std_in));
+  visit(w.v_proj, linear_row("self_attn.v_proj.weight", {dims.kv_width(), D}, dims.init.std_in));
   if (dims.bias) visit(w.v_proj.bias, bias_row("self_attn.v_proj.bias", dims.kv_width()));
-  visit(w.o_proj.weight, linear_row("self_attn.o_proj.weight", {D, dims.q_width()}, dims.init.std_out));
+  visit(w.o_proj, linear_row("self_attn.o_proj.weight", {D, dims.q_width()}, dims.init.std_out));
   if (dims.has_qk_norm) {
     visit(w.q_norm, norm_row("self_attn.q_norm.weight", dims.head_dim, dims.qk_norm));
     visit(w.k_norm, norm_row("self_attn.k_norm.weight", dims.head_dim, dims.qk_norm));

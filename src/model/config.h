@@ -14,11 +14,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "model/lora_config.h"
 #include "ops/rope.h"
 
 namespace trillion {
@@ -112,6 +114,10 @@ struct ModelConfig {
 
   std::string source;                      // the file it was read from (not in to_json)
   std::vector<std::string> unread_fields;  // fields present but not read (not in to_json)
+  // The LoRA adapters a run attaches and trains on the frozen base (null: none, every tensor
+  // trains). Not a config.json field: a run's --lora-* options or adapter_config.json (not in
+  // to_json); model/param_rows.h.
+  std::shared_ptr<const LoraConfig> lora;
 
   // Parses and validates; `source` (the file path) is named in every error.
   static ModelConfig from_json(const nlohmann::json& json, const std::string& source);

@@ -115,15 +115,15 @@ void visit_params(DecoderLayerWeights<T>& w, const DecoderLayerDims& dims, Visit
   with_kind<T>(dims.ffn, [&](const auto& d, auto& kind) { visit_params(kind, d, visit); }, w.ffn);
 }
 
-void add_decoder_layer_params(ParamTable& table, const DecoderLayerDims& dims, int layer) {
-  declare_rows<DecoderLayerWeights<float>>(table, decoder_layer_prefix(layer), 1 + layer, dims);
+void add_decoder_layer_params(ParamTable& table, const DecoderLayerDims& dims, int layer, const LoraConfig* lora) {
+  declare_rows<DecoderLayerWeights<float>>(table, decoder_layer_prefix(layer), 1 + layer, dims, lora);
 }
 
 template <class T>
 DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, bool gradients,
-                                          const DecoderLayerDims& dims, int layer) {
+                                          const DecoderLayerDims& dims, int layer, const LoraConfig* lora) {
   DecoderLayerWeights<T> w;
-  bind_rows(w, table, decoder_layer_prefix(layer), base, gradients, dims);
+  bind_rows(w, table, decoder_layer_prefix(layer), base, gradients, dims, lora);
   return w;
 }
 
@@ -209,7 +209,8 @@ void decoder_layer_decode(T* x, int64_t n, int64_t past, int64_t max_len, T* cac
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                  \
-  template DecoderLayerWeights<T> bind_decoder_layer<T>(const ParamTable&, T*, bool, const DecoderLayerDims&, int); \
+  template DecoderLayerWeights<T> bind_decoder_layer<T>(const ParamTable&, T*, bool, const DecoderLayerDims&, int,     \
+                                                       const LoraConfig*);                                          \
   template void mixer_sublayer_forward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerDims&,            \
                                           const LayerPass&, int, Arena&);                                        \
   template void ffn_sublayer_forward<T>(T*, const DecoderLayerWeights<T>&, const DecoderLayerDims&,              \

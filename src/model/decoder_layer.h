@@ -95,14 +95,15 @@ struct DecoderLayerWeights {
 // "model.layers.{layer}."
 std::string decoder_layer_prefix(int layer);
 
-// Adds layer `layer`'s parameters (unit 1 + layer) as its kinds declare them.
-void add_decoder_layer_params(ParamTable& table, const DecoderLayerDims& dims, int layer);
+// Adds layer `layer`'s parameters (unit 1 + layer) as its kinds declare them, with the LoRA
+// adapters `lora` targets (null: none; model/param_rows.h).
+void add_decoder_layer_params(ParamTable& table, const DecoderLayerDims& dims, int layer, const LoraConfig* lora);
 
 // Pointers to layer `layer`'s tensors inside `base`: the parameters, or (gradients = true) the
-// gradient buffer, where buffers (no gradient) stay null.
+// gradient buffer, where frozen tensors and buffers (no gradient) stay null.
 template <class T>
 DecoderLayerWeights<T> bind_decoder_layer(const ParamTable& table, T* base, bool gradients,
-                                          const DecoderLayerDims& dims, int layer);
+                                          const DecoderLayerDims& dims, int layer, const LoraConfig* lora);
 
 // x[batch·seq, D] ← layer(x): the mixer sublayer, then the FFN sublayer, each on its own (the store
 // ends each one's forward; recompute re-runs the mixer from attn_input, the FFN from ffn_input).

@@ -67,8 +67,8 @@ struct GatedDeltaNetWeights {
 template <class T, class Visit>
 void visit_params(GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& d, Visit&& visit) {
   const int64_t D = d.hidden, nv = d.value_heads;
-  visit(w.in_proj_qkvz.weight, linear_row("linear_attn.in_proj_qkvz.weight", {d.qkvz_rows(), D}, d.init.std_in));
-  visit(w.in_proj_ba.weight, linear_row("linear_attn.in_proj_ba.weight", {2 * nv, D}, d.init.std_in));
+  visit(w.in_proj_qkvz, linear_row("linear_attn.in_proj_qkvz.weight", {d.qkvz_rows(), D}, d.init.std_in));
+  visit(w.in_proj_ba, linear_row("linear_attn.in_proj_ba.weight", {2 * nv, D}, d.init.std_in));
   visit(w.conv, weight_row("linear_attn.conv1d.weight", {d.conv_channels(), 1, d.conv_width}, d.init.std_in));
   visit(w.dt_bias, make_row("linear_attn.dt_bias", {nv}, InitKind::ones, 0.0, false));
   ParamRow a_log = make_row("linear_attn.A_log", {nv}, InitKind::log_uniform, 0.0, false);
@@ -76,7 +76,7 @@ void visit_params(GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& d, Visit&
   a_log.init_high = 16.0;
   visit(w.A_log, a_log);
   visit(w.norm, make_row("linear_attn.norm.weight", {d.value_dim}, InitKind::ones, 0.0, false));
-  visit(w.out_proj.weight, linear_row("linear_attn.out_proj.weight", {D, nv * d.value_dim}, d.init.std_out));
+  visit(w.out_proj, linear_row("linear_attn.out_proj.weight", {D, nv * d.value_dim}, d.init.std_out));
 }
 
 // Training FLOPs per token: 6 · projection parameters + the delta rule's chunked products

@@ -46,7 +46,9 @@ void Model<T>::generate_step(const int32_t* tokens, int64_t n, T* last_logits) {
   T* h = m.scratch.template alloc<T>(D);  // [1, D] final-normed last token
   T* rstd = m.scratch.template alloc<T>(1);  // [1]
   rmsnorm_forward(h, rstd, x + (n - 1) * D, m.final_norm(params), 1, D, norm.eps, norm.zero_centred);
-  linear(last_logits, h, LinearWeights<T>{m.lm_head(params)}, 1, D, V, /*accumulate=*/false);  // [1, V]
+  LinearWeights<T> head;
+  head.weight = m.lm_head(params);
+  linear(last_logits, h, head, 1, D, V, /*accumulate=*/false);  // [1, V]
   m.cache_length += n;
   m.scratch.reset();
 }

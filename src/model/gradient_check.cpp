@@ -120,8 +120,21 @@ std::vector<TensorCheck> compare_gradients(const ParamTable& table, const double
   return checks;
 }
 
+template <class T>
+void draw_lora_b(Model<T>& model, uint64_t seed) {
+  for (const ParamSpec& spec : model.table().entries()) {
+    if (spec.group != ParamGroup::lora || !spec.name.ends_with(".lora_B.weight")) continue;
+    const CounterRng rng(seed, spec.name);
+    T* values = model.params() + spec.offset;
+    for (int64_t i = 0; i < spec.numel(); ++i) values[i] = static_cast<T>(0.02 * rng.normal(static_cast<uint64_t>(i)));
+  }
+}
+template void draw_lora_b<float>(Model<float>&, uint64_t);
+template void draw_lora_b<double>(Model<double>&, uint64_t);
+
 void compute_analytic_gradient(Model<double>& model, const GradientCheckBatch& batch, const GradientCheckOptions& options) {
   model.init_weights(options.seed);
+  draw_lora_b(model, options.seed + 1);
   if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
   model.zero_grads();
   model.forward_backward(batch.tokens.data(), batch.targets.data(), options.batch, options.seq, batch.scales);

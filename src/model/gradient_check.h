@@ -127,9 +127,14 @@ class TensorComparison {
   TensorCheck check_;
 };
 
+// Draws every LoRA B of the model from N(0, 0.02²) (by (seed, name, index)): at its initial B = 0,
+// each A's gradient is identically zero and a check of it vacuous.
+template <class T>
+void draw_lora_b(Model<T>& model, uint64_t seed);
+
 // check_model_gradients in its two halves, so that a test can hand the second a gradient of its own.
-// The first seeds the weights, sets the indexer's training, leaves the analytic gradient of the
-// batch's objective in model.grads() and the routing recorded for replay.
+// The first seeds the weights (and draws LoRA's B), sets the indexer's training, leaves the
+// analytic gradient of the batch's objective in model.grads() and the routing recorded for replay.
 void compute_analytic_gradient(Model<double>& model, const GradientCheckBatch& batch, const GradientCheckOptions& options);
 // Compares `analytic` [trainable_size] with finite differences of the model's objective; the model's
 // weights are restored after each perturbation.

@@ -69,16 +69,16 @@ template <class T, class Visit>
 void visit_params(KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& d, Visit&& visit) {
   const int64_t H = d.hidden, D = d.head_dim, W = d.width(), K = d.conv_width;
   const double in = d.init.std_in;
-  visit(w.q_proj.weight, linear_row("self_attn.q_proj.weight", {W, H}, in));
-  visit(w.k_proj.weight, linear_row("self_attn.k_proj.weight", {W, H}, in));
-  visit(w.v_proj.weight, linear_row("self_attn.v_proj.weight", {W, H}, in));
+  visit(w.q_proj, linear_row("self_attn.q_proj.weight", {W, H}, in));
+  visit(w.k_proj, linear_row("self_attn.k_proj.weight", {W, H}, in));
+  visit(w.v_proj, linear_row("self_attn.v_proj.weight", {W, H}, in));
   ParamRow conv = weight_row("self_attn.conv1d.weight", {3 * W, 1, K}, in);
   conv.hf_keys = {{"self_attn.q_conv1d.weight", {W, 1, K}, 0},
                   {"self_attn.k_conv1d.weight", {W, 1, K}, W * K},
                   {"self_attn.v_conv1d.weight", {W, 1, K}, 2 * W * K}};
   visit(w.conv, conv);
-  visit(w.f_a_proj.weight, linear_row("self_attn.forget_gate.f_a_proj.weight", {D, H}, in));
-  visit(w.f_b_proj.weight, linear_row("self_attn.forget_gate.f_b_proj.weight", {W, D}, in));
+  visit(w.f_a_proj, linear_row("self_attn.forget_gate.f_a_proj.weight", {D, H}, in));
+  visit(w.f_b_proj, linear_row("self_attn.forget_gate.f_b_proj.weight", {W, D}, in));
   ParamRow dt_bias = make_row("self_attn.forget_gate.dt_bias", {W}, InitKind::inverse_softplus_log_uniform, 0.0, false);
   dt_bias.init_low = 1e-3;
   dt_bias.init_high = 1e-1;
@@ -87,11 +87,11 @@ void visit_params(KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims&
   a_log.init_low = 1.0;
   a_log.init_high = 16.0;
   visit(w.A_log, a_log);
-  visit(w.b_proj.weight, linear_row("self_attn.b_proj.weight", {d.heads, H}, in));
-  visit(w.g_a_proj.weight, linear_row("self_attn.g_a_proj.weight", {D, H}, in));
-  visit(w.g_b_proj.weight, linear_row("self_attn.g_b_proj.weight", {W, D}, in));
+  visit(w.b_proj, linear_row("self_attn.b_proj.weight", {d.heads, H}, in));
+  visit(w.g_a_proj, linear_row("self_attn.g_a_proj.weight", {D, H}, in));
+  visit(w.g_b_proj, linear_row("self_attn.g_b_proj.weight", {W, D}, in));
   visit(w.o_norm, make_row("self_attn.o_norm.weight", {D}, InitKind::ones, 0.0, false));
-  visit(w.o_proj.weight, linear_row("self_attn.o_proj.weight", {H, W}, d.init.std_out));
+  visit(w.o_proj, linear_row("self_attn.o_proj.weight", {H, W}, d.init.std_out));
 }
 
 // Training FLOPs per token: 6 · projection parameters + the chunked delta rule's products.

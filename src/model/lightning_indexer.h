@@ -84,12 +84,12 @@ void visit_params(IndexerWeights<T>& w, const IndexerDims& dims, Visit&& visit) 
   if (!dims.enabled()) return;
   const int64_t hd = dims.heads * dims.head_dim;
   const std::string p = "self_attn.indexer.";
-  visit(w.wq.weight,
+  visit(w.wq,
         linear_row(p + (dims.from_latent ? "wq_b.weight" : "wq.weight"), {hd, dims.q_in}, dims.init.std_in));
-  visit(w.wk.weight, linear_row(p + "wk.weight", {dims.head_dim, dims.hidden}, dims.init.std_in));
+  visit(w.wk, linear_row(p + "wk.weight", {dims.head_dim, dims.hidden}, dims.init.std_in));
   visit(w.k_norm_weight, norm_row(p + "k_norm.weight", dims.head_dim, NormSpec{1e-6, false}));
   visit(w.k_norm_bias, bias_row(p + "k_norm.bias", dims.head_dim));
-  visit(w.weights_proj.weight, linear_row(p + "weights_proj.weight", {dims.heads, dims.hidden}, dims.init.std_in));
+  visit(w.weights_proj, linear_row(p + "weights_proj.weight", {dims.heads, dims.hidden}, dims.init.std_in));
 }
 
 // Training FLOPs per token of the indexer: its projections (forward, and backward when trained) and

@@ -1,35 +1,56 @@
 // The one helper through which every weight matmul of the model passes: y = x · Wᵀ (+ b), written
 // or accumulated into y (residual-accumulating projections add straight into the residual stream).
-// This is where an adapter attaches: LoRA adds its pair to LinearWeights and both functions add
-// (α / r) · B · A · x here, so no module changes (the grouped expert GEMM in ops/moe_experts.h is
-// the other such place; the fused LM-head cross-entropy computes its logits tile by tile inside
-// ops/cross_entropy.h, where a head adapter would attach).
-// Gradient rule: dx written (=) or accumulated (+=) as the caller says; dW and db accumulate (+=);
-// a null grads.weight / grads.bias (frozen) skips it, a null dx skips the input gradient.
+// This is where a LoRA adapter attaches (PEFT's LoRA, model/lora_config.h): a linear layer that
+// carries one adds scaling · (x · Aᵀ) · Bᵀ here, so no module changes (the grouped expert GEMM in
+// ops/moe_experts.h is the other such place; the fused LM-head cross-entropy computes its logits
+// tile by tile inside ops/cross_entropy.h, where a head adapter would attach).
+// Gradient rule: dx written (=) or accumulated (+=) as the caller says; dW, db, dA and dB
+// accumulate (+=); a null gradient pointer (a frozen tensor) skips it, a null dx skips the input
+// gradient.
 #pragma once
 
 #include <cstdint>
 
+#include "core/memory.h"
 #include "ops/gemm.h"
 
 namespace trillion {
+
+// A LoRA adapter's pair, Hugging Face (PEFT) shapes: the update of the layer's weight is
+// scaling · B · A. `rank` and `scaling` are set on the parameters' side only.
+template <class T>
+struct LoraPair {
+  T* a = nullptr;  // [rank, in]  lora_A.weight
+  T* b = nullptr;  // [out, rank] lora_B.weight
+  int64_t rank = 0;
+  double scaling = 0.0;  // lora_alpha / rank, or lora_alpha / √rank with use_rslora
+};
 
 // Pointers into a flat buffer (parameters or their gradients), Hugging Face shapes.
 template <class T>
 struct LinearWeights {
   T* weight = nullptr;  // [out, in]
   T* bias = nullptr;    // [out], or null (no bias)
+  LoraPair<T> lora;     // a == null: no adapter
 };
 
-// y[rows, out] (= or +=) x[rows, in] · weightᵀ + bias. `operands`: the products' operand precision
+// y[rows, out] (= or +=) x[rows, in] · weightᵀ + bias + scaling · (x · Aᵀ) · Bᵀ. `operands`: the products' operand precision
 // (ops/gemm.h); Operands::fp32 keeps float under the bf16 precision.
 template <class T>
 void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t in, int64_t out, bool accumulate,
             Operands operands = Operands::as_set);
 
-// dx[rows, in] (= or +=) dy · weight;  grads.weight += dyᵀ · x;  grads.bias += Σ_rows dy.
+// dx[rows, in] (= or +=) dy · (weight + scaling · B · A);  grads.weight += dyᵀ · x;  grads.bias += Σ_rows dy;
+// with u = x · Aᵀ [rows, rank] (recomputed) and g = scaling · dy · B [rows, rank]:
+// grads.lora.b += scaling · dyᵀ · u;  grads.lora.a += gᵀ · x.
 template <class T>
 void linear_grad(T* dx, const LinearWeights<T>& grads, const T* dy, const T* x, const LinearWeights<T>& w,
                  int64_t rows, int64_t in, int64_t out, bool accumulate_dx, Operands operands = Operands::as_set);
+
+// The layer's weight as an [out, in] matrix, for kernels that read it other than through linear()
+// (MLA's absorbed decode): `weight` itself, or with an adapter W + scaling · B · A, formed in
+// `scratch` with float operands.
+template <class T>
+const T* merged_weight(const LinearWeights<T>& w, int64_t in, int64_t out, Arena& scratch);
 
 }  // namespace trillion

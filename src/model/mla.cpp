@@ -256,9 +256,10 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
   for (int64_t j = 0; j < len; ++j) std::memcpy(values + j * rkv, cache + j * cw, rkv * sizeof(T));
 
   // Absorbed query q_abs[n, H, r_kv + rope] = [W_UK[h]ᵀ q_nope | q_rot] per head.
+  const T* kv_b = merged_weight(w.kv_b_proj, rkv, dims.kv_b_out(), scratch);  // [H·(nope + v), r_kv]
   T* q_abs = scratch.alloc<T>(n * H * cw);
   for (int64_t hd = 0; hd < H; ++hd) {
-    const T* w_uk = w.kv_b_proj.weight + hd * (nope + dv) * rkv;  // [nope, r_kv]
+    const T* w_uk = kv_b + hd * (nope + dv) * rkv;  // [nope, r_kv]
     gemm<T>(false, false, n, rkv, nope, T(1), p.q + hd * qk, H * qk, w_uk, rkv, T(0), q_abs + hd * cw, H * cw);
     for (int64_t t = 0; t < n; ++t)
       std::memcpy(q_abs + (t * H + hd) * cw + rkv, p.q + (t * H + hd) * qk + nope, r * sizeof(T));
@@ -275,7 +276,7 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
   }
   T* out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v] = per head out_latent · W_UVᵀ
   for (int64_t hd = 0; hd < H; ++hd) {
-    const T* w_uv = w.kv_b_proj.weight + (hd * (nope + dv) + nope) * rkv;  // [v, r_kv]
+    const T* w_uv = kv_b + (hd * (nope + dv) + nope) * rkv;  // [v, r_kv]
     gemm<T>(false, true, n, dv, rkv, T(1), out_latent + hd * rkv, H * rkv, w_uv, rkv, T(0), out + hd * dv, H * dv);
   }
   linear(x, out, w.o_proj, n, dims.o_width(), D, /*accumulate=*/true);  // residual: x[n, D] += o_proj(out)

@@ -90,21 +90,21 @@ template <class T, class Visit>
 void visit_params(MlaWeights<T>& w, const MlaDims& dims, Visit&& visit) {
   const int64_t D = dims.hidden;
   if (dims.q_lora_rank == 0) {
-    visit(w.q_proj.weight, linear_row("self_attn.q_proj.weight", {dims.q_width(), D}, dims.init.std_in));
+    visit(w.q_proj, linear_row("self_attn.q_proj.weight", {dims.q_width(), D}, dims.init.std_in));
   } else {
-    visit(w.q_a_proj.weight, linear_row("self_attn.q_a_proj.weight", {dims.q_lora_rank, D}, dims.init.std_in));
+    visit(w.q_a_proj, linear_row("self_attn.q_a_proj.weight", {dims.q_lora_rank, D}, dims.init.std_in));
     if (dims.bias) visit(w.q_a_proj.bias, bias_row("self_attn.q_a_proj.bias", dims.q_lora_rank));
     visit(w.q_a_norm, norm_row("self_attn.q_a_layernorm.weight", dims.q_lora_rank, dims.latent_norm));
-    visit(w.q_b_proj.weight,
+    visit(w.q_b_proj,
           linear_row("self_attn.q_b_proj.weight", {dims.q_width(), dims.q_lora_rank}, dims.init.std_in));
   }
-  visit(w.kv_a_proj.weight,
+  visit(w.kv_a_proj,
         linear_row("self_attn.kv_a_proj_with_mqa.weight", {dims.kv_a_out(), D}, dims.init.std_in));
   if (dims.bias) visit(w.kv_a_proj.bias, bias_row("self_attn.kv_a_proj_with_mqa.bias", dims.kv_a_out()));
   visit(w.kv_a_norm, norm_row("self_attn.kv_a_layernorm.weight", dims.kv_lora_rank, dims.latent_norm));
-  visit(w.kv_b_proj.weight,
+  visit(w.kv_b_proj,
         linear_row("self_attn.kv_b_proj.weight", {dims.kv_b_out(), dims.kv_lora_rank}, dims.init.std_in));
-  visit(w.o_proj.weight, linear_row("self_attn.o_proj.weight", {D, dims.o_width()}, dims.init.std_out));
+  visit(w.o_proj, linear_row("self_attn.o_proj.weight", {D, dims.o_width()}, dims.init.std_out));
   if (dims.bias) visit(w.o_proj.bias, bias_row("self_attn.o_proj.bias", D));
   visit_params(w.indexer, dims.indexer, visit);
 }

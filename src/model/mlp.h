@@ -44,9 +44,9 @@ struct MlpWeights {
 template <class T, class Visit>
 void visit_params(MlpWeights<T>& w, const MlpDims& dims, Visit&& visit) {
   const int64_t D = dims.hidden, I = dims.intermediate;
-  visit(w.gate_proj.weight, linear_row(dims.prefix + "gate_proj.weight", {I, D}, dims.init.std_in));
-  visit(w.up_proj.weight, linear_row(dims.prefix + "up_proj.weight", {I, D}, dims.init.std_in));
-  visit(w.down_proj.weight, linear_row(dims.prefix + "down_proj.weight", {D, I}, dims.init.std_out));
+  visit(w.gate_proj, linear_row(dims.prefix + "gate_proj.weight", {I, D}, dims.init.std_in));
+  visit(w.up_proj, linear_row(dims.prefix + "up_proj.weight", {I, D}, dims.init.std_in));
+  visit(w.down_proj, linear_row(dims.prefix + "down_proj.weight", {D, I}, dims.init.std_out));
 }
 
 // Training FLOPs per token (forward + backward): 6 · 3 · D · I.

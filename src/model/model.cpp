@@ -57,20 +57,43 @@ std::vector<DecoderLayerDims> layer_dims_of(const ModelConfig& config) {
   return dims;
 }
 
+
+// LoRA's changes to the table (model/param_rows.h adds each layer's adapters): the base frozen,
+// modules_to_save moved into the trainable lora group; what the engine does not adapt refused.
+void apply_lora(const ModelConfig& config, ParamTable& table) {
+  const LoraConfig& lora = *config.lora;
+  const std::string& source = lora.source;
+  if (!lora.target_parameters.empty())
+    fail(source, ": field \"target_parameters\": routed experts' adapters are not built yet; expected none");
+  if (lora.targets_module("lm_head"))
+    fail(source, ": field \"target_modules\": matches lm_head, whose adapter is not built; expected it in "
+         "modules_to_save instead");
+  if (table.num_elements(ParamGroup::lora) == 0)
+    fail(source, ": field \"target_modules\": matches no linear layer of ", source_of(config),
+         "; expected Hugging Face module names such as q_proj, o_proj, down_proj");
+  table.freeze(ParamGroup::dense);
+  table.freeze(ParamGroup::expert);
+}
+
 // Units as unit_order states them. Embeddings and norms have no weight decay; projections (the
-// untied LM head included) do.
+// untied LM head included) do. With LoRA (config.lora), the targeted layers' adapters.
 ParamTable build_param_table(const ModelConfig& config, const std::vector<DecoderLayerDims>& layer_dims) {
   ParamTable table;
   const int64_t V = config.vocab_size, D = config.hidden_size;
   const int head = head_unit(config);
   ParamRow embedding = make_row("model.embed_tokens.weight", {V, D}, InitKind::normal, config.initializer_range, false);
   embedding.use = config.tie_word_embeddings ? ParamUse::values_and_products : ParamUse::values;  // (the head)
-  add_row(table, "", 0, embedding);
-  add_row(table, "", head, norm_row("model.norm.weight", D, final_norm_spec(config)));
+  const LoraConfig* lora = config.lora.get();
+  if (lora != nullptr && config.tie_word_embeddings && (lora->saves_module("model.embed_tokens") || lora->saves_module(kOutputLayer)))
+    fail(lora->source, ": field \"modules_to_save\": matches the embeddings, tied to the LM head in ",
+         source_of(config), "; expected untied embeddings");
+  add_row(table, "", 0, lora_saved_row(lora, "", embedding));
+  add_row(table, "", head, lora_saved_row(lora, "", norm_row("model.norm.weight", D, final_norm_spec(config))));
   if (!config.tie_word_embeddings)
-    add_row(table, "", head, linear_row("lm_head.weight", {V, D}, config.initializer_range));
+    add_row(table, "", head, lora_saved_row(lora, "", linear_row("lm_head.weight", {V, D}, config.initializer_range)));
   for (int layer = 0; layer < config.num_hidden_layers; ++layer)
-    add_decoder_layer_params(table, layer_dims[layer], layer);
+    add_decoder_layer_params(table, layer_dims[layer], layer, lora);
+  if (config.lora != nullptr) apply_lora(config, table);
   table.finalize(64);
   return table.with_checkpoint_renames(family_of(config.model_type).checkpoint_renames);
 }
@@ -138,8 +161,10 @@ Model<T>::Impl::Impl(const ModelConfig& c) : config(c) {
   params = Buffer<T>(table.total_size());
   grads = Buffer<T>(table.trainable_size());
   for (int layer = 0; layer < config.num_hidden_layers; ++layer) {
-    layer_params.push_back(bind_decoder_layer(table, params.data(), /*gradients=*/false, layer_dims[layer], layer));
-    layer_grads.push_back(bind_decoder_layer(table, grads.data(), /*gradients=*/true, layer_dims[layer], layer));
+    layer_params.push_back(
+        bind_decoder_layer(table, params.data(), /*gradients=*/false, layer_dims[layer], layer, config.lora.get()));
+    layer_grads.push_back(
+        bind_decoder_layer(table, grads.data(), /*gradients=*/true, layer_dims[layer], layer, config.lora.get()));
   }
 }
 
@@ -374,7 +399,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     // weight gradient accumulated (tied: into the embedding's, which embedding_backward adds to).
     T* dh = saves.out<T>(ActivationTag::loss_dh);  // [n, D]
     call(m.hooks.before_gradients, head_fsdp_unit);
-    result.lm = lm_head_cross_entropy_forward_backward(dh, m.lm_head(m.grads.data()), static_cast<T*>(nullptr), h,
+    result.lm = lm_head_cross_entropy_forward_backward(dh, m.lm_head_grad(), static_cast<T*>(nullptr), h,
                                                        m.lm_head(params), targets, scales.lm, 0.0, n, D, V);
   } else {
     T* lse = saves.out<T>(ActivationTag::loss_lse);  // [n]
@@ -459,7 +484,6 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   const StepResult result = m.forward(tokens, targets, batch, seq, PassMode::train, scales);
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   T* params = m.params.data();
-  T* grads = m.grads.data();
   ensure_size(m.hidden_grad, n * D);
   T* dx = m.hidden_grad.data();  // [n, D] gradient of the residual stream
   const int head = static_cast<int>(m.config.num_hidden_layers);  // the head's entries: layer L
@@ -484,11 +508,11 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
       const T* lse = saved.in<T>(ActivationTag::loss_lse);  // [n]
       T* recomputed = m.scratch.template alloc<T>(n * D);  // [n, D]
       // Tied head: its dw lands in the embedding gradient, which embedding_backward adds to below.
-      lm_head_cross_entropy_backward(recomputed, m.lm_head(grads), in.h, m.lm_head(params), targets, lse, scales.lm, n,
+      lm_head_cross_entropy_backward(recomputed, m.lm_head_grad(), in.h, m.lm_head(params), targets, lse, scales.lm, n,
                                      D, V);
       dh = recomputed;
     }
-    sublayer_input_backward(dx, m.final_norm(grads), dh, in, m.final_norm(params), final_norm_spec(m.config), n, D,
+    sublayer_input_backward(dx, m.final_norm_grad(), dh, in, m.final_norm(params), final_norm_spec(m.config), n, D,
                             /*accumulate=*/false);
   }
   m.store.end_backward(head, TagSublayer::head);
@@ -515,7 +539,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   }
   if (head_fsdp_unit != 0) call(m.hooks.before_backward, 0);
   call(m.hooks.before_gradients, 0);
-  embedding_backward(m.embedding(grads), dx, tokens, n, D, V);
+  if (T* embedding_grad = m.embedding_grad()) embedding_backward(embedding_grad, dx, tokens, n, D, V);
   call(m.hooks.after_backward, 0);
   m.store.clear();
   m.scratch.reset();

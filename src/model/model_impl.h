@@ -111,6 +111,14 @@ struct Model<T>::Impl {
   T* lm_head(T* base) const {
     return config.tie_word_embeddings ? embedding(base) : base + table.find("lm_head.weight").offset;
   }
+  // Their gradients, null where frozen (LoRA's base).
+  T* embedding_grad() { return grad_of("model.embed_tokens.weight"); }
+  T* final_norm_grad() { return grad_of("model.norm.weight"); }
+  T* lm_head_grad() { return config.tie_word_embeddings ? embedding_grad() : grad_of("lm_head.weight"); }
+  T* grad_of(const std::string& name) {
+    const ParamSpec& spec = table.find(name);
+    return spec.trainable() ? grads.data() + spec.offset : nullptr;
+  }
 };
 
 }  // namespace trillion

@@ -91,7 +91,7 @@ void visit_params(MoeWeights<T>& w, const MoeDims& dims, Visit&& visit) {
   if (dims.shared.intermediate > 0) {
     visit_params(w.shared, dims.shared, visit);
     if (dims.shared_gated)
-      visit(w.shared_gate.weight, linear_row("mlp.shared_expert_gate.weight", {1, D}, dims.init.std_in));
+      visit(w.shared_gate, linear_row("mlp.shared_expert_gate.weight", {1, D}, dims.init.std_in));
   }
 }
 

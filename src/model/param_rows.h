@@ -2,18 +2,30 @@
 //
 //   template <class T, class Visit> void visit_params(KindWeights<T>& w, const KindDims& dims, Visit&& visit)
 //
-// that calls visit(w.field, ParamRow{...}) for each tensor. The same function builds the parameter
-// table (declare_rows: the rows, prefixed with the layer's name and unit) and binds the pointers
+// that calls visit(w.field, ParamRow{...}) for each tensor, and visit(w.linear, linear_row(...)) for
+// the weight of each linear layer (a LinearWeights). The same function builds the parameter table
+// (declare_rows: the rows, prefixed with the layer's name and unit) and binds the pointers
 // (bind_rows: field = base + offset of that row), so names are written in one place only. Binding
 // happens once per model; the bound structs live as long as the flat buffers.
+//
+// A linear layer is where LoRA attaches (model/lora_config.h): when the run's adapter config
+// targets the layer's module ("model.layers.3.self_attn.q_proj"), declare_rows adds its pair
+// "MODULE.lora_A.weight" [r, in] (kaiming-uniform, ±1/√in) and "MODULE.lora_B.weight" [out, r]
+// (zeros, so the adapted model starts as the base) to the lora group of the layer's unit, and
+// bind_rows points the LinearWeights' pair at them with the module's rank and scaling.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
+#include "model/linear.h"
+#include "model/lora_config.h"
 #include "model/params.h"
 
 namespace trillion {
@@ -91,22 +103,79 @@ inline void add_row(ParamTable& table, const std::string& prefix, int unit, cons
   table.add(std::move(spec));
 }
 
-// Builds the table rows of one kind. `Weights` is the kind's weights struct of any scalar type
-// (only the rows are used).
-template <class Weights, class Dims>
-void declare_rows(ParamTable& table, const std::string& prefix, int unit, const Dims& dims) {
-  Weights unbound;
-  visit_params(unbound, dims, [&](auto*&, const ParamRow& row) { add_row(table, prefix, unit, row); });
+// The module a linear layer's weight row belongs to: its name without ".weight".
+inline std::string linear_module(const std::string& prefix, const ParamRow& row) {
+  constexpr std::string_view kSuffix = ".weight";
+  TRILLION_CHECK(row.name.size() > kSuffix.size() && row.name.ends_with(kSuffix), "linear row ", row.name,
+                 " does not end with .weight");
+  return prefix + row.name.substr(0, row.name.size() - kSuffix.size());
 }
 
-// Points every field of `w` into `base` (parameters, or gradients: a buffer row of a gradient
-// binding stays null, since buffers have no gradient).
+// The pair of LoRA rows of a targeted linear layer (see above); `weight` is its [out, in] row.
+inline std::pair<ParamRow, ParamRow> lora_rows(const ParamRow& weight, int64_t rank) {
+  const std::string module = weight.name.substr(0, weight.name.size() - std::string_view(".weight").size());
+  const int64_t out = weight.shape.at(0), in = weight.shape.at(1);
+  ParamRow a = make_row(module + ".lora_A.weight", {rank, in}, InitKind::uniform, 0.0, true);
+  a.init_low = -1.0 / std::sqrt(double(in));
+  a.init_high = 1.0 / std::sqrt(double(in));
+  ParamRow b = make_row(module + ".lora_B.weight", {out, rank}, InitKind::zeros, 0.0, true);
+  for (ParamRow* row : {&a, &b}) {
+    row->use = ParamUse::products;
+    row->group = ParamGroup::lora;
+  }
+  return {std::move(a), std::move(b)};
+}
+
+// A row as a LoRA run declares it: a tensor of a module in `modules_to_save` trains whole, in the
+// lora group (routed experts, whose rows shard over expert parallelism, cannot: refused).
+inline ParamRow lora_saved_row(const LoraConfig* lora, const std::string& prefix, ParamRow row) {
+  const std::string name = prefix + row.name;
+  if (lora == nullptr || row.group == ParamGroup::buffer || !lora->saves_module(name.substr(0, name.rfind('.'))))
+    return row;
+  if (row.group == ParamGroup::expert)
+    fail(lora->source, ": field \"modules_to_save\": matches ", name, ", a routed expert tensor; expected dense modules");
+  row.group = ParamGroup::lora;
+  return row;
+}
+
+// Builds the table rows of one kind. `Weights` is the kind's weights struct of any scalar type
+// (only the rows are used); `lora` (null: none) adds the adapters it targets.
+template <class Weights, class Dims>
+void declare_rows(ParamTable& table, const std::string& prefix, int unit, const Dims& dims, const LoraConfig* lora) {
+  Weights unbound;
+  visit_params(unbound, dims, [&]<class Field>(Field&, const ParamRow& row) {
+    add_row(table, prefix, unit, lora_saved_row(lora, prefix, row));
+    if constexpr (!std::is_pointer_v<Field>) {  // a linear layer
+      if (lora == nullptr || !lora->targets_module(linear_module(prefix, row))) return;
+      const auto [a, b] = lora_rows(row, lora->rank_of(linear_module(prefix, row)));
+      add_row(table, prefix, unit, a);
+      add_row(table, prefix, unit, b);
+    }
+  });
+}
+
+// Points every field of `w` into `base` (parameters, or gradients: a frozen or buffer row of a
+// gradient binding stays null, since it has no gradient), and each adapted linear layer's pair,
+// with its rank and scaling from `lora`.
 template <class T, class Weights, class Dims>
 void bind_rows(Weights& w, const ParamTable& table, const std::string& prefix, T* base, bool gradients,
-               const Dims& dims) {
-  visit_params(w, dims, [&](T*& field, const ParamRow& row) {
-    const ParamSpec& spec = table.find(prefix + row.name);
+               const Dims& dims, const LoraConfig* lora) {
+  const auto bind = [&](T*& field, const std::string& name) {
+    const ParamSpec& spec = table.find(name);
     field = gradients && !spec.trainable() ? nullptr : base + spec.offset;
+  };
+  visit_params(w, dims, [&]<class Field>(Field& field, const ParamRow& row) {
+    if constexpr (std::is_pointer_v<Field>) {
+      bind(field, prefix + row.name);
+    } else {  // a linear layer
+      bind(field.weight, prefix + row.name);
+      const std::string module = linear_module(prefix, row);
+      if (!table.contains(module + ".lora_A.weight")) return;
+      bind(field.lora.a, module + ".lora_A.weight");
+      bind(field.lora.b, module + ".lora_B.weight");
+      field.lora.rank = table.find(module + ".lora_A.weight").shape[0];
+      field.lora.scaling = lora->scaling_of(module);
+    }
   });
 }
 

@@ -67,11 +67,35 @@ void ParamTable::add(ParamSpec spec) {
   entries_.push_back(std::move(spec));
 }
 
+void ParamTable::freeze(ParamGroup group) {
+  TRILLION_CHECK(layout_groups_.empty(), "freeze(", param_group_name(group), ") after finalize");
+  TRILLION_CHECK(group != ParamGroup::buffer, "buffers are never trained: nothing to freeze");
+  frozen_[static_cast<int>(group)] = true;
+}
+
+std::vector<ParamGroup> ParamTable::trainable_groups() const {
+  std::vector<ParamGroup> groups;
+  for (ParamGroup group : layout_groups_)
+    if (group != ParamGroup::buffer && !frozen_[static_cast<int>(group)]) groups.push_back(group);
+  return groups;
+}
+
 void ParamTable::finalize(int64_t pad_multiple) {
   TRILLION_CHECK(pad_multiple > 0, "pad_multiple must be positive");
   const auto round_up = [&](int64_t n) { return (n + pad_multiple - 1) / pad_multiple * pad_multiple; };
-  std::stable_sort(entries_.begin(), entries_.end(), [](const ParamSpec& a, const ParamSpec& b) {
-    return a.group != b.group ? a.group < b.group : a.unit < b.unit;
+  // Layout order: trainable groups, then frozen ones, then the buffers, each set in enum order.
+  const auto layout_rank = [&](ParamGroup group) {
+    return group == ParamGroup::buffer ? 2 : frozen_[static_cast<int>(group)] ? 1 : 0;
+  };
+  layout_groups_.clear();
+  for (int rank = 0; rank < 3; ++rank)
+    for (int g = 0; g < kNumParamGroups; ++g)
+      if (layout_rank(static_cast<ParamGroup>(g)) == rank) layout_groups_.push_back(static_cast<ParamGroup>(g));
+  std::vector<int> position(kNumParamGroups);
+  for (size_t i = 0; i < layout_groups_.size(); ++i) position[static_cast<int>(layout_groups_[i])] = int(i);
+  std::stable_sort(entries_.begin(), entries_.end(), [&](const ParamSpec& a, const ParamSpec& b) {
+    const int pa = position[static_cast<int>(a.group)], pb = position[static_cast<int>(b.group)];
+    return pa != pb ? pa < pb : a.unit < b.unit;
   });
   index_.clear();
   for (size_t i = 0; i < entries_.size(); ++i) index_.emplace(entries_[i].name, i);
@@ -79,13 +103,15 @@ void ParamTable::finalize(int64_t pad_multiple) {
   for (const ParamSpec& spec : entries_) num_units = std::max(num_units, spec.unit + 1);
   int64_t offset = 0;
   size_t next = 0;
-  for (int g = 0; g < kNumParamGroups; ++g) {
+  trainable_size_ = 0;
+  for (const ParamGroup group : layout_groups_) {
+    const int g = static_cast<int>(group);
     units_[g].assign(num_units, UnitRange{});
     for (int unit = 0; unit < num_units; ++unit) {
       units_[g][unit].begin = offset;  // already a multiple of pad_multiple
-      for (; next < entries_.size() && static_cast<int>(entries_[next].group) == g && entries_[next].unit == unit;
-           ++next) {
+      for (; next < entries_.size() && entries_[next].group == group && entries_[next].unit == unit; ++next) {
         entries_[next].offset = offset;
+        entries_[next].frozen = frozen_[g];
         offset += entries_[next].numel();
         if (offset > kMaxParamElements)
           fail("the model has more than 2^50 parameter elements: expected smaller sizes in the model config");
@@ -93,7 +119,7 @@ void ParamTable::finalize(int64_t pad_multiple) {
       offset = round_up(offset);
       units_[g][unit].end = offset;
     }
-    if (static_cast<ParamGroup>(g) == ParamGroup::lora) trainable_size_ = offset;  // the groups before buffer
+    if (layout_rank(group) == 0) trainable_size_ = offset;  // the trainable groups come first
   }
   total_size_ = offset;
 }
@@ -156,6 +182,12 @@ void init_parameters(const ParamTable& table, T* values, uint64_t seed) {
           const double dt = std::max(std::exp(low + span * rng.uniform(i)), 1e-4);
           out[i] = static_cast<T>(dt + std::log(-std::expm1(-dt)));
         });
+        break;
+      }
+      case InitKind::uniform: {
+        const CounterRng rng(seed, spec.name);
+        const double low = spec.init_low, span = spec.init_high - spec.init_low;
+        parallel_for(n, [&](int64_t i) { out[i] = static_cast<T>(low + span * rng.uniform(i)); });
         break;
       }
       case InitKind::log_uniform: {

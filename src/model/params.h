@@ -2,12 +2,12 @@
 // key(s), shape, group, FSDP unit, initializer, weight decay, trainable) that drives the flat
 // buffers, initialization, checkpoint names, optimizer groups and sharding (parallel/shard_layout.h).
 //
-// Flat buffers are group-major (dense | expert | lora | buffer), then unit-major inside a group:
-// unit 0 holds the embeddings, unit 1 + l decoder layer l, unit 1 + L the final norm and the LM head
-// (tied: unit 0 holds them; model.h's unit_order). Each (group, unit) range starts at a multiple of
-// `pad_multiple` elements and is padded to one, so it can be sharded evenly on its own. The
-// trainable groups come first, so gradients and optimizer moments cover [0, trainable_size()) and
-// nothing of the buffers. A layer's experts are stacked [E, ...] with each expert's slice
+// Flat buffers are group-major, then unit-major inside a group: unit 0 holds the embeddings, unit
+// 1 + l decoder layer l, unit 1 + L the final norm and the LM head (tied: unit 0 holds them;
+// model.h's unit_order). The groups lie in layout order: the trainable ones (dense | expert | lora),
+// then the frozen ones (LoRA's base: dense | expert), then the buffers, so gradients and optimizer
+// moments cover [0, trainable_size()) and nothing else. Each (group, unit) range starts at a
+// multiple of `pad_multiple` elements and is padded to one, so it can be sharded evenly on its own. A layer's experts are stacked [E, ...] with each expert's slice
 // contiguous, so an expert-parallel rank's experts are one range.
 #pragma once
 
@@ -29,6 +29,7 @@ enum class InitKind {
   ones,
   log_uniform,  // log(U(init_low, init_high)): Gated DeltaNet's and KDA's A_log
   inverse_softplus_log_uniform,  // softplus⁻¹(max(exp(U(log init_low, log init_high)), 1e-4)): KDA's dt_bias
+  uniform,  // U(init_low, init_high): LoRA's A (kaiming-uniform with a = √5: ±1/√in)
 };
 
 // How the model reads a tensor: as values (embeddings looked up, norms, biases, the router, whose
@@ -59,8 +60,9 @@ struct ParamSpec {
   ParamUse use = ParamUse::values;
   std::vector<HfKey> hf_keys = {};  // empty: stored under `name` with `shape`
   int64_t offset = 0;          // element offset in the flat buffer; set by ParamTable::finalize
+  bool frozen = false;         // its group is frozen (ParamTable::freeze); set by ParamTable::finalize
   int64_t numel() const;
-  bool trainable() const { return group != ParamGroup::buffer; }
+  bool trainable() const { return group != ParamGroup::buffer && !frozen; }
   // The keys a checkpoint of the original (save_pretrained default) layout stores.
   std::vector<HfKey> checkpoint_keys() const;
 };
@@ -72,7 +74,12 @@ constexpr int64_t kMaxParamElements = int64_t(1) << 50;
 class ParamTable {
  public:
   void add(ParamSpec spec);  // names must be unique; order inside a (group, unit) is kept
+  // Makes a group's tensors frozen: no gradient, no optimizer state (LoRA's base). Before finalize.
+  void freeze(ParamGroup group);
   void finalize(int64_t pad_multiple = 64);
+  // The groups in layout order (trainable, frozen, buffer), and the trainable ones among them.
+  const std::vector<ParamGroup>& layout_groups() const { return layout_groups_; }
+  std::vector<ParamGroup> trainable_groups() const;
   const std::vector<ParamSpec>& entries() const { return entries_; }  // in layout order once finalized
   const ParamSpec& find(const std::string& name) const;  // CHECK-fails if absent
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
@@ -94,6 +101,8 @@ class ParamTable {
   std::vector<ParamSpec> entries_;
   std::unordered_map<std::string, size_t> index_;
   std::vector<UnitRange> units_[kNumParamGroups];
+  bool frozen_[kNumParamGroups] = {};
+  std::vector<ParamGroup> layout_groups_;
   int64_t total_size_ = 0;
   int64_t trainable_size_ = 0;
 };

@@ -182,7 +182,8 @@ void lm_head_cross_entropy_backward(T* dh, T* dw, const T* h, const T* w, const 
         if (target >= v0 && target < v0 + tile_cols) row[target - v0] -= weight;
       }
       // dw[v0 : v0 + tile_cols, d] += dlogitsᵀ · h_chunk
-      gemm<T>(true, false, tile_cols, d, chunk_rows, T(1), dlogits, tile_cols, h_chunk, d, T(1), dw + v0 * d, d);
+      if (dw != nullptr)
+        gemm<T>(true, false, tile_cols, d, chunk_rows, T(1), dlogits, tile_cols, h_chunk, d, T(1), dw + v0 * d, d);
       // dh_partial[t][chunk_rows, d] = dlogits · w_tile
       gemm<T>(false, false, chunk_rows, d, tile_cols, T(1), dlogits, tile_cols, w_tile, d, T(0),
               dh_partial.data() + t * tiles.row_chunk * d, d);
@@ -251,7 +252,7 @@ CrossEntropyResult lm_head_cross_entropy_forward_backward(T* dh, T* dw, T* lse, 
       ++result.count;
     }
     // Items [0, dh_blocks) are dh column blocks (the larger gemms, scheduled first), the rest dw tiles.
-    parallel_for_dynamic(dh_blocks + tiles.vocab_tiles, [&](int64_t item) {
+    parallel_for_dynamic(dh_blocks + (dw != nullptr ? tiles.vocab_tiles : 0), [&](int64_t item) {
       if (item < dh_blocks) {
         const int64_t j0 = item * kDhColumnBlock;
         const int64_t block_cols = std::min(kDhColumnBlock, d - j0);

@@ -45,7 +45,7 @@ CrossEntropyResult lm_head_cross_entropy_forward(T* lse, const T* h, const T* w,
                                                  const CrossEntropyTiling& tiling = {});
 
 // With dlogits = scale · (softmax(logits) − onehot(target)) for counted rows, 0 for ignored:
-// dh[rows, d] = dlogits · w;  dw[vocab, d] += dlogitsᵀ · h. scale is the loss weight per token
+// dh[rows, d] = dlogits · w;  dw[vocab, d] += dlogitsᵀ · h (null dw: a frozen head, skipped). scale is the loss weight per token
 // (1 / non-ignored tokens of the whole optimizer step).
 template <class T>
 void lm_head_cross_entropy_backward(T* dh, T* dw, const T* h, const T* w, const int32_t* targets, const T* lse,
@@ -67,7 +67,7 @@ int64_t forward_then_backward_workspace_bytes(int64_t rows, int64_t d, int64_t v
 // Loss and gradients in one call. The objective is scale · Σ_counted [(lse − logit[target]) + z_loss_coef · lse²]
 // (PaLM z-loss; z_loss_coef = 0 turns it off), so with p = softmax(logits)
 //   dlogits = scale · (p · (1 + 2 · z_loss_coef · lse) − onehot(target)) for counted rows, 0 for ignored;
-//   dh[rows, d] = dlogits · w (written);  dw[vocab, d] += dlogitsᵀ · h (accumulated).
+//   dh[rows, d] = dlogits · w (written);  dw[vocab, d] += dlogitsᵀ · h (accumulated; null: skipped).
 // lse[rows] is written when not null (ignored rows too). Returns loss_sum, count and z_loss_sum, which
 // exclude scale and z_loss_coef. Results are bitwise identical for any thread count.
 template <class T>

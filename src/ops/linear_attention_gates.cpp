@@ -81,11 +81,13 @@ void decay_gate_backward(T* da, T* dA_log, T* ddt_bias, const T* dg, const T* a,
       da[r * cols + c] = dg[r * cols + c] * -std::exp(A_log[c / group]) * (u > T(20) ? T(1) : sigmoid(u));
     }
   });
-  parallel_for(cols, rows, [&](int64_t c) {
-    T bias_sum = T(0);
-    for (int64_t r = 0; r < rows; ++r) bias_sum += da[r * cols + c];
-    ddt_bias[c] += bias_sum;
-  });
+  if (ddt_bias != nullptr)
+    parallel_for(cols, rows, [&](int64_t c) {
+      T bias_sum = T(0);
+      for (int64_t r = 0; r < rows; ++r) bias_sum += da[r * cols + c];
+      ddt_bias[c] += bias_sum;
+    });
+  if (dA_log == nullptr) return;
   parallel_for(cols / group, rows * group, [&](int64_t h) {
     const T scale = -std::exp(A_log[h]);
     T sum = T(0);
@@ -142,6 +144,7 @@ void gated_rmsnorm_backward(T* dx, T* dz, T* dw, const T* dy, const T* x, const 
       dx[r * d + i] = inv * (w[i] * dy[r * d + i] * value_of[i] - n * mean);
     }
   });
+  if (dw == nullptr) return;
   // Each column summed by one thread in row order; threads take blocks of columns and walk the rows
   // (contiguous in the column), recomputing act(z) on the block.
   parallel_for((d + kColumnBlock - 1) / kColumnBlock, rows * kColumnBlock, [&](int64_t block) {

@@ -40,7 +40,8 @@ void l2norm_backward(T* dx, const T* dy, const T* y, const T* inv_norm, int64_t 
 // g[rows, cols] from a[rows, cols], A_log[cols / group], dt_bias[cols].
 template <class T>
 void decay_gate_forward(T* g, const T* a, const T* A_log, const T* dt_bias, int64_t rows, int64_t cols, int64_t group);
-// da[rows, cols] (=), dA_log[cols / group] (+=), ddt_bias[cols] (+=) from dg and the forward's inputs.
+// da[rows, cols] (=), dA_log[cols / group] (+=), ddt_bias[cols] (+=) from dg and the forward's inputs;
+// a null dA_log or ddt_bias (frozen) is skipped.
 template <class T>
 void decay_gate_backward(T* da, T* dA_log, T* ddt_bias, const T* dg, const T* a, const T* A_log, const T* dt_bias,
                          int64_t rows, int64_t cols, int64_t group);
@@ -51,7 +52,7 @@ enum class GateActivation { silu, sigmoid };
 template <class T>
 void gated_rmsnorm_forward(T* y, T* rstd, const T* x, const T* z, const T* w, int64_t rows, int64_t d, double eps,
                            GateActivation act);
-// dx, dz [rows, d] (=), dw[d] (+=) from dy and the forward's inputs and rstd.
+// dx, dz [rows, d] (=), dw[d] (+=; null: frozen) from dy and the forward's inputs and rstd.
 template <class T>
 void gated_rmsnorm_backward(T* dx, T* dz, T* dw, const T* dy, const T* x, const T* z, const T* w, const T* rstd,
                             int64_t rows, int64_t d, GateActivation act);

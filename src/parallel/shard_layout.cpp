@@ -53,7 +53,7 @@ ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks, int ep) :
                  " of ", ranks, " with ep ", ep);
   const int edp = ranks / ep, my_ep = rank % ep, my_edp = rank / ep;
   int64_t covered = 0;  // the ranges tile the trainable prefix [0, trainable_size) in order
-  for (const ParamGroup group : {ParamGroup::dense, ParamGroup::expert, ParamGroup::lora}) {
+  for (const ParamGroup group : table.trainable_groups()) {
     const std::vector<ParamTable::UnitRange>& ranges = table.units(group);
     for (size_t u = 0; u < ranges.size(); ++u) {
       const ParamTable::UnitRange& range = ranges[u];
