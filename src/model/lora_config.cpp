@@ -2,8 +2,10 @@
 // `SOURCE: field "NAME": PROBLEM; expected WHAT`, as the model config's.
 #include "model/lora_config.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <string_view>
 
 #include <nlohmann/json.hpp>
 
@@ -90,6 +92,13 @@ constexpr const char* kIgnoredFields[] = {"inference_mode", "revision", "auto_ma
 
 }  // namespace
 
+bool ModuleNames::all_linear() const {
+  if (!pattern || pattern->size() != std::string_view("all-linear").size()) return false;
+  std::string lower = *pattern;
+  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return lower == "all-linear";
+}
+
 bool ModuleNames::matches(const std::string& module) const {
   if (all_linear()) return module != kOutputLayer;
   if (pattern) return full_match(*pattern, module);
@@ -99,6 +108,9 @@ bool ModuleNames::matches(const std::string& module) const {
 }
 
 bool LoraConfig::targets_module(const std::string& module) const {
+  // A module to save, or one inside it, never carries an adapter (PEFT: (^|.*\.)NAME($|\..*)).
+  for (const std::string& name : modules_to_save)
+    if (Regex("(^|.*\\.)" + name + "($|\\..*)", name).full_match(module)) return false;
   return !exclude_modules.matches(module) && target_modules.matches(module);
 }
 
@@ -116,33 +128,22 @@ bool LoraConfig::saves_module(const std::string& module) const {
 
 namespace {
 
-// PEFT's get_pattern_key over rank_pattern's keys, then alpha_pattern's: the first key P for
-// which the name matches (.*\.)?(P)$; the name itself when none does. Both values are then looked
-// up under that one key.
-std::string pattern_key(const LoraConfig& c, const std::string& name) {
-  const auto matches = [&](const std::string& key) { return Regex("(.*\\.)?(" + key + ")$", key).full_match(name); };
-  for (const auto& entry : c.rank_pattern)
-    if (matches(entry.first)) return entry.first;
-  for (const auto& entry : c.alpha_pattern)
-    if (matches(entry.first)) return entry.first;
-  return name;
+// PEFT's get_pattern_key over one pattern map: the value of the first key P (file order) for which
+// the name matches (.*\.)?(P)$, else `fallback`. Ranks and alphas are looked up apart (peft
+// 0.21's LoraModel._create_and_replace).
+template <class Value>
+Value pattern_value(const std::vector<std::pair<std::string, Value>>& patterns, const std::string& name,
+                    Value fallback) {
+  for (const auto& [key, value] : patterns)
+    if (Regex("(.*\\.)?(" + key + ")$", key).full_match(name)) return value;
+  return fallback;
 }
 
 }  // namespace
 
-int64_t LoraConfig::rank_of(const std::string& name) const {
-  const std::string key = pattern_key(*this, name);
-  for (const auto& [pattern, rank] : rank_pattern)
-    if (pattern == key) return rank;
-  return r;
-}
+int64_t LoraConfig::rank_of(const std::string& name) const { return pattern_value(rank_pattern, name, r); }
 
-double LoraConfig::alpha_of(const std::string& name) const {
-  const std::string key = pattern_key(*this, name);
-  for (const auto& [pattern, alpha] : alpha_pattern)
-    if (pattern == key) return alpha;
-  return lora_alpha;
-}
+double LoraConfig::alpha_of(const std::string& name) const { return pattern_value(alpha_pattern, name, lora_alpha); }
 
 double LoraConfig::scaling_of(const std::string& name) const {
   const double rank = double(rank_of(name));
@@ -191,10 +192,12 @@ LoraConfig LoraConfig::from_json(const nlohmann::ordered_json& ordered, const st
   refuse_unless(fields, "init_lora_weights", true, "initializations other than A kaiming-uniform, B zero");
   refuse_unless(fields, "lora_bias", false, "a bias on lora_B");
   refuse_unless(fields, "use_qalora", false, "QALoRA");
+  refuse_unless(fields, "use_bdlora", false, "BD-LoRA");
   refuse_unless(fields, "ensure_weight_tying", false, "tying saved modules");
   refuse_unless(fields, "loftq_config", nullptr, "LoftQ");
   for (const char* name : {"layers_to_transform", "layers_pattern", "layer_replication", "trainable_token_indices",
-                           "alora_invocation_tokens", "arrow_config", "eva_config", "corda_config", "megatron_config"})
+                           "alora_invocation_tokens", "arrow_config", "eva_config", "corda_config", "megatron_config",
+                           "kasa_config", "lora_ga_config", "monteclora_config", "velora_config"})
     refuse_unless(fields, name, nullptr, name);
   for (const char* name : kIgnoredFields) fields.has(name);
 

@@ -12,7 +12,7 @@
 //   rank_pattern, alpha_pattern  {pattern: value}: the first pattern P (file order) for which the
 //                            name matches (.*\.)?(P)$ sets that module's rank or alpha
 //   modules_to_save          whole modules trained and saved under their own keys: a module whose
-//                            name ends with one of these
+//                            name ends with one of these; it and the modules inside it carry no adapter
 //
 // scaling = lora_alpha / r, or lora_alpha / √r with use_rslora. What PEFT can express and the engine
 // does not do (DoRA, biases, other initializations, layer selection by index, …) is refused with a
@@ -35,7 +35,7 @@ struct ModuleNames {
   std::vector<std::string> names;
   std::optional<std::string> pattern;  // set: the string form
   bool empty() const { return names.empty() && !pattern; }
-  bool all_linear() const { return pattern == "all-linear"; }  // PEFT's shorthand
+  bool all_linear() const;  // PEFT's shorthand "all-linear", in any case
   // Callers ask about linear modules only, so "all-linear" matches any name but the output layer's.
   bool matches(const std::string& module) const;
 };

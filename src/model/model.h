@@ -141,6 +141,12 @@ class Model {
   // bfloat16 (rounded to nearest even) with `bfloat16`: what `export --dtype bfloat16` writes.
   void save_weights(const std::string& directory, bool bfloat16 = false) const;
   void load_weights(const std::string& directory);
+  // A LoRA model's adapter as PEFT stores it (model/adapter_weights.cpp): DIR/adapter_config.json
+  // (config().lora) and DIR/adapter_model.safetensors, every trainable tensor under
+  // "base_model.model." + its name, in the model's float type. Loading reads every one of them
+  // (all or nothing) and nothing else.
+  void save_adapter(const std::string& directory) const;
+  void load_adapter(const std::string& directory);
 
  private:
   struct Impl;

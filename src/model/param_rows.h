@@ -40,6 +40,7 @@ struct ParamRow {
   bool weight_decay = true;
   ParamUse use = ParamUse::values;
   ParamGroup group = ParamGroup::dense;
+  bool adapter = false;        // a LoRA pair's tensor (lora_rows)
   std::vector<HfKey> hf_keys;  // empty: stored under `name`
 };
 
@@ -99,6 +100,7 @@ inline void add_row(ParamTable& table, const std::string& prefix, int unit, cons
   spec.init_high = row.init_high;
   spec.weight_decay = row.weight_decay;
   spec.use = row.use;
+  spec.adapter = row.adapter;
   for (const HfKey& key : row.hf_keys) spec.hf_keys.push_back({prefix + key.name, key.shape, key.offset});
   table.add(std::move(spec));
 }
@@ -122,6 +124,7 @@ inline std::pair<ParamRow, ParamRow> lora_rows(const ParamRow& weight, int64_t r
   for (ParamRow* row : {&a, &b}) {
     row->use = ParamUse::products;
     row->group = ParamGroup::lora;
+    row->adapter = true;
   }
   return {std::move(a), std::move(b)};
 }

@@ -6,6 +6,8 @@
 // supported dtype, converting. Loading is all-or-nothing: every tensor is read into a staging buffer
 // and checked (missing, misshaped, extra) before the parameters change. A tied model accepts a
 // stored lm_head.weight only when it equals model.embed_tokens.weight bitwise after conversion.
+// A LoRA model's adapter pairs are not the model's: both leave them alone (adapter_weights.cpp
+// reads and writes them).
 #include <cstring>
 #include <set>
 #include <string>
@@ -23,6 +25,7 @@ void Model<T>::save_weights(const std::string& directory, bool bfloat16) const {
   CheckpointWriter writer;
   const DType stored = bfloat16 ? DType::BF16 : dtype_of<T>();
   for (const ParamSpec& spec : m.table.entries()) {
+    if (spec.adapter) continue;
     for (const HfKey& key : spec.checkpoint_keys())
       writer.add(key.name, stored, key.shape, m.params.data() + spec.offset + key.offset);
   }
@@ -38,6 +41,7 @@ void Model<T>::load_weights(const std::string& directory) {
   std::set<std::string> consumed;
   for (size_t i = 0; i < m.table.entries().size(); ++i) {
     const ParamSpec& spec = m.table.entries()[i];
+    if (spec.adapter) continue;
     stored[i] = reader.contains(spec.name) ? std::vector<HfKey>{{spec.name, spec.shape, 0}} : spec.checkpoint_keys();
     for (const HfKey& key : stored[i]) {
       if (!reader.contains(key.name))
@@ -60,7 +64,8 @@ void Model<T>::load_weights(const std::string& directory) {
            m.config.model_type, ", ", m.config.num_hidden_layers, " layers",
            m.config.tie_word_embeddings ? ", tied embeddings" : "", ")");
   }
-  Buffer<T> staging(m.table.total_size());  // padding stays zero
+  Buffer<T> staging(m.table.total_size());  // the adapters' values kept, padding zero
+  std::memcpy(static_cast<void*>(staging.data()), m.params.data(), m.table.total_size() * sizeof(T));
   for (size_t i = 0; i < m.table.entries().size(); ++i) {
     for (const HfKey& key : stored[i])
       reader.read(key.name, key.shape, staging.data() + m.table.entries()[i].offset + key.offset);

@@ -54,10 +54,13 @@ TEST(LoraConfig, StringTargetsAreARegexOverTheWholeName) {
 }
 
 TEST(LoraConfig, AllLinearIsEveryLinearLayerButTheOutputLayer) {
-  const LoraConfig c = parse(R"({"target_modules": "all-linear"})");
+  const LoraConfig c = parse(R"({"target_modules": "All-Linear", "modules_to_save": ["mlp.shared_expert"]})");
   EXPECT_TRUE(c.targets_module("model.layers.0.self_attn.q_proj"));
-  EXPECT_TRUE(c.targets_module("model.layers.7.mlp.shared_expert.down_proj"));
+  EXPECT_TRUE(c.targets_module("model.layers.7.mlp.down_proj"));
   EXPECT_FALSE(c.targets_module("lm_head"));
+  // A module to save and the modules inside it carry no adapter.
+  EXPECT_FALSE(c.targets_module("model.layers.7.mlp.shared_expert.down_proj"));
+  EXPECT_TRUE(c.targets_module("model.layers.7.mlp.shared_expert_gate"));
 }
 
 TEST(LoraConfig, ExcludedModulesNeverMatch) {
@@ -90,7 +93,7 @@ TEST(LoraConfig, PatternsTakeTheFirstMatchingKeyInFileOrder) {
   EXPECT_EQ(c.rank_of("model.layers.1.self_attn.q_proj"), 4);
   EXPECT_EQ(c.alpha_of("model.layers.1.self_attn.q_proj"), 99.0);
   EXPECT_EQ(c.rank_of("model.layers.0.self_attn.q_proj"), 2);
-  EXPECT_EQ(c.alpha_of("model.layers.0.self_attn.q_proj"), 16.0);  // key "q_proj" has no alpha entry
+  EXPECT_EQ(c.alpha_of("model.layers.0.self_attn.q_proj"), 16.0);  // no alpha key matches
   EXPECT_EQ(c.rank_of("model.layers.0.self_attn.v_proj"), 8);
   EXPECT_EQ(c.alpha_of("model.layers.0.self_attn.v_proj"), 3.0);
   EXPECT_EQ(c.scaling_of("model.layers.0.self_attn.v_proj"), 3.0 / 8.0);

@@ -1,0 +1,156 @@
+// PEFT parity of LoRA (tools/ref/write_lora_fixture.py: adapters the peft package made, with non-zero
+// B and a perturbed saved module, on the transformers-made model fixtures): the engine loads the
+// base's weights and PEFT's adapter files and gives PEFT's loss and logits, to 1e-10 in double and
+// 1e-6 in float; an adapter it saves reads back to the bit under PEFT's keys; a file that does not
+// fit the adapter config is refused naming the file and the tensor.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/relative_error.h"
+#include "io/safetensors.h"
+#include "io/test_files.h"
+#include "model/config.h"
+#include "model/model.h"
+#include "test_support/scratch_dir.h"
+
+namespace trillion {
+namespace {
+
+using testing::error_message;
+
+const std::string kFixtureRoot = std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/models/";
+constexpr int64_t kBatch = 2, kSeq = 7;  // the base fixtures' tokens
+
+std::vector<int32_t> read_ids(const SafetensorsReader& fixture, const std::string& name) {
+  std::vector<double> values(kBatch * kSeq);  // [batch, seq]
+  fixture.read(name, {kBatch, kSeq}, values.data());
+  return std::vector<int32_t>(values.begin(), values.end());
+}
+
+ModelConfig adapted_config(const std::string& base) {
+  ModelConfig config = ModelConfig::load(kFixtureRoot + base + "/config.json");
+  config.lora = std::make_shared<const LoraConfig>(LoraConfig::load(kFixtureRoot + base + "/lora/adapter_config.json"));
+  return config;
+}
+
+template <class T>
+std::unique_ptr<Model<T>> adapted_model(const std::string& base) {
+  auto model = std::make_unique<Model<T>>(adapted_config(base));
+  model->load_weights(kFixtureRoot + base);
+  model->load_adapter(kFixtureRoot + base + "/lora");
+  return model;
+}
+
+class LoraParity : public ::testing::TestWithParam<std::string> {};
+
+// PEFT's lm_loss from the loss path, and its logits of every position from the decoding path
+// (relative to the largest |logit|), within `loss_tolerance` and `logit_tolerance`.
+template <class T>
+void expect_peft_outputs(const std::string& base, double loss_tolerance, double logit_tolerance) {
+  const SafetensorsReader tokens_file(kFixtureRoot + base + "/fixture.safetensors");
+  const SafetensorsReader peft(kFixtureRoot + base + "/lora/fixture.safetensors");
+  const std::vector<int32_t> tokens = read_ids(tokens_file, "tokens"), targets = read_ids(tokens_file, "targets");
+  const auto model = adapted_model<T>(base);
+  const StepResult result = model->forward_loss(tokens.data(), targets.data(), kBatch, kSeq);
+  double expected_loss = 0.0;
+  peft.read("lm_loss", {}, &expected_loss);
+  const double loss = result.lm.loss_sum / double(result.lm.count);
+  EXPECT_LE(std::abs(loss - expected_loss) / expected_loss, loss_tolerance) << "lm_loss " << loss << " vs PEFT " << expected_loss;
+
+  const int64_t V = model->config().vocab_size;
+  std::vector<double> expected(kBatch * kSeq * V);  // [batch, seq, vocab]
+  peft.read("logits", {kBatch, kSeq, V}, expected.data());
+  std::vector<T> logits(kBatch * kSeq * V);  // [batch, seq, vocab]
+  for (int64_t b = 0; b < kBatch; ++b) {
+    model->start_generation(kSeq);
+    for (int64_t t = 0; t < kSeq; ++t)
+      model->generate_step(tokens.data() + b * kSeq + t, 1, logits.data() + (b * kSeq + t) * V);
+  }
+  const std::vector<double> widened(logits.begin(), logits.end());
+  EXPECT_LE(relative_error(widened.data(), expected.data(), kBatch * kSeq * V), logit_tolerance) << "logits";
+}
+
+TEST_P(LoraParity, PeftsAdapterGivesPeftsLossAndLogitsInDouble) {
+  expect_peft_outputs<double>(GetParam(), 1e-10, 1e-10);
+}
+
+// Float: the loss within 1e-6; the logits within 32 ε (ε = 2⁻²³): the float base model alone is
+// already 1.6e-6 off transformers' float64 logits on the Gated DeltaNet hybrid (0.3e-6 on the others).
+TEST_P(LoraParity, PeftsAdapterGivesPeftsLossAndLogitsInFloat) {
+  expect_peft_outputs<float>(GetParam(), 1e-6, 32 * 0x1.0p-23);
+}
+
+// save_adapter writes PEFT's files: the same keys and shapes as PEFT's, values that read back to the
+// bit, and a config that reads back as the same one.
+TEST_P(LoraParity, ASavedAdapterHasPeftsKeysAndReadsBackToTheBit) {
+  const auto model = adapted_model<double>(GetParam());
+  const test::ScratchDir dir;
+  model->save_adapter(dir.path());
+  const SafetensorsReader saved(dir.path() + "/adapter_model.safetensors");
+  const SafetensorsReader peft(kFixtureRoot + GetParam() + "/lora/adapter_model.safetensors");
+  ASSERT_EQ(saved.tensors().size(), peft.tensors().size());
+  for (const auto& [key, info] : peft.tensors()) {
+    ASSERT_TRUE(saved.contains(key)) << key;
+    EXPECT_EQ(saved.info(key).shape, info.shape) << key;
+    EXPECT_EQ(saved.info(key).dtype, DType::F64) << key;
+  }
+  const LoraConfig back = LoraConfig::load(dir.path() + "/adapter_config.json");
+  EXPECT_EQ(back.to_json(), model->config().lora->to_json());
+  Model<double> reloaded(adapted_config(GetParam()));
+  reloaded.load_weights(kFixtureRoot + GetParam());
+  reloaded.load_adapter(dir.path());
+  EXPECT_EQ(0, std::memcmp(reloaded.params(), model->params(), model->table().total_size() * sizeof(double)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity,
+                         ::testing::Values("tiny_qwen3", "tiny_qwen3_next_hybrid", "tiny_deepseek_v3"));
+
+// An adapter file that does not fit: a missing tensor, a wrong rank, a tensor of another adapter.
+TEST(LoraParityErrors, AFileThatDoesNotFitTheConfigIsRefusedNamingTheTensor) {
+  const auto model = adapted_model<double>("tiny_qwen3");
+  const SafetensorsReader peft(kFixtureRoot + "tiny_qwen3/lora/adapter_model.safetensors");
+  const std::string dropped = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight";
+  const auto write_variant = [&](const test::ScratchDir& dir, const std::string& changed, bool drop, bool extra) {
+    SafetensorsWriter writer;
+    std::vector<std::vector<double>> values;
+    values.reserve(peft.tensors().size() + 1);
+    for (const auto& [key, info] : peft.tensors()) {
+      std::vector<int64_t> shape = info.shape;
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      values.emplace_back(n);
+      peft.read(key, shape, values.back().data());
+      if (key == changed && drop) continue;
+      if (key == changed) shape[0] += 1, values.back().resize(n + n / (shape[0] - 1));
+      writer.add(key, DType::F64, shape, values.back().data());
+    }
+    values.emplace_back(4, 0.0);
+    if (extra) writer.add("base_model.model.model.layers.0.self_attn.x_proj.lora_A.weight", DType::F64, {2, 2},
+                          values.back().data());
+    writer.write(dir.path() + "/adapter_model.safetensors");
+  };
+  const test::ScratchDir missing, misshaped, unknown;
+  write_variant(missing, dropped, /*drop=*/true, /*extra=*/false);
+  write_variant(misshaped, dropped, /*drop=*/false, /*extra=*/false);
+  write_variant(unknown, "", /*drop=*/false, /*extra=*/true);
+  std::vector<double> before(model->params(), model->params() + model->table().total_size());
+  const std::string missing_error = error_message([&] { model->load_adapter(missing.path()); });
+  EXPECT_NE(missing_error.find("adapter_model.safetensors: tensor " + dropped + " is missing (expected shape [4, 16]"),
+            std::string::npos) << missing_error;
+  const std::string shape_error = error_message([&] { model->load_adapter(misshaped.path()); });
+  EXPECT_NE(shape_error.find(dropped + " has shape [5, 16], expected [4, 16]"), std::string::npos) << shape_error;
+  const std::string unknown_error = error_message([&] { model->load_adapter(unknown.path()); });
+  EXPECT_NE(unknown_error.find("x_proj.lora_A.weight is not a trainable tensor of this adapter"), std::string::npos)
+      << unknown_error;
+  EXPECT_EQ(before, std::vector<double>(model->params(), model->params() + model->table().total_size()))
+      << "a refused adapter changed the parameters";
+}
+
+}  // namespace
+}  // namespace trillion
