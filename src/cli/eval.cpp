@@ -32,20 +32,23 @@ struct EvalOptions {
   int64_t max_batches = 0;  // 0: every window
   std::string indexer_mode;  // "dense" | "warmup" | "sparse"; empty: the checkpoint's (sparse without state)
   std::string precision;     // "fp32" | "bf16"; empty: the checkpoint's (fp32 without state)
+  std::string adapter;       // a PEFT LoRA adapter on the weights; empty: the checkpoint's own, if any
 };
 
 template <class T>
-EvalResult evaluate_checkpoint(const ModelConfig& config, const std::string& weights_dir, const DataDir& data,
-                               const EvalOptions& o) {
+EvalResult evaluate_checkpoint(const ModelConfig& config, const std::string& weights_dir, const std::string& adapter,
+                               const DataDir& data, const EvalOptions& o) {
   Model<T> model(config);
   model.load_weights(weights_dir);
+  if (!adapter.empty()) model.load_adapter(adapter);
   model.set_indexer_training(indexer_mode_from_name(o.indexer_mode), 0.0);  // warmup and dense attend densely
   return evaluate_loss(model, data.val.streams(), o.seq_len, o.batch, o.max_batches);
 }
 
 void run_eval(EvalOptions o) {
   const std::string weights_dir = resolve_weights_dir(o.checkpoint);
-  const ModelConfig config = ModelConfig::load((fs::path(weights_dir) / "config.json").string());
+  ModelConfig config = ModelConfig::load((fs::path(weights_dir) / "config.json").string());
+  const std::string adapter = attach_adapter(config, weights_dir, o.adapter);
   const DataDir data = open_data_dir(o.data_dir, config.vocab_size);
   std::string dtype = "float32";
   const fs::path state_path = fs::path(weights_dir) / "trainer_state.json";
@@ -70,8 +73,8 @@ void run_eval(EvalOptions o) {
   if (o.batch < 1) fail("--batch must be ≥ 1, got ", o.batch);
   if (data.val.token_count() < 2) fail(data.val.path, ": needs at least 2 tokens to evaluate");
 
-  const EvalResult r = dtype == "float64" ? evaluate_checkpoint<double>(config, weights_dir, data, o)
-                                          : evaluate_checkpoint<float>(config, weights_dir, data, o);
+  const EvalResult r = dtype == "float64" ? evaluate_checkpoint<double>(config, weights_dir, adapter, data, o)
+                                          : evaluate_checkpoint<float>(config, weights_dir, adapter, data, o);
   const double loss = r.loss();
   // Bytes of text behind the evaluated targets: the split's bytes in proportion when truncated.
   const double text_bytes = static_cast<double>(data.val.text_bytes) * static_cast<double>(r.target_count) /
@@ -117,6 +120,8 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--precision", options->precision,
                   "Operands of the products: fp32 or bf16 (float accumulation); default: as trained")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  cmd->add_option("--adapter", options->adapter,
+                  "A PEFT LoRA adapter directory on the checkpoint's weights (default: a LoRA run's own adapter/)");
   cmd->callback([options] {
     run_eval(*options);
   });

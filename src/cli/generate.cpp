@@ -31,6 +31,7 @@ struct GenerateOptions {
   SamplingOptions sampling;
   uint64_t seed = 0;
   std::string precision;  // "fp32" | "bf16"; empty: the checkpoint's (fp32 without state)
+  std::string adapter;    // a PEFT LoRA adapter on the weights; empty: the checkpoint's own, if any
 };
 
 // The tokenizer: --tokenizer, else --data DIR's (tokenizer_file_in), else the checkpoint's copy, else the
@@ -46,10 +47,11 @@ std::string find_tokenizer(const GenerateOptions& o, const std::string& weights_
 
 template <class T>
 std::vector<int32_t> generate_tokens(const ModelConfig& config, const std::string& weights_dir,
-                                     const std::vector<int32_t>& prompt, int64_t usable_vocab, int32_t eos_id,
-                                     const GenerateOptions& o) {
+                                     const std::string& adapter, const std::vector<int32_t>& prompt,
+                                     int64_t usable_vocab, int32_t eos_id, const GenerateOptions& o) {
   Model<T> model(config);
   model.load_weights(weights_dir);
+  if (!adapter.empty()) model.load_adapter(adapter);
   model.start_generation(static_cast<int64_t>(prompt.size()) + o.max_new_tokens);
   std::vector<T> logits(config.vocab_size);           // [vocab]
   std::vector<double> candidate_logits(usable_vocab);  // [usable_vocab]
@@ -71,7 +73,8 @@ void run_generate(const GenerateOptions& o) {
   if (!(o.sampling.top_p > 0 && o.sampling.top_p <= 1)) fail("--top-p must be in (0, 1], got ", o.sampling.top_p);
   if (o.max_new_tokens < 0) fail("--max-new-tokens must be ≥ 0, got ", o.max_new_tokens);
   const std::string weights_dir = resolve_weights_dir(o.checkpoint);
-  const ModelConfig config = ModelConfig::load((fs::path(weights_dir) / "config.json").string());
+  ModelConfig config = ModelConfig::load((fs::path(weights_dir) / "config.json").string());
+  const std::string adapter = attach_adapter(config, weights_dir, o.adapter);
   const fs::path state_path = fs::path(weights_dir) / "trainer_state.json";
   std::unique_ptr<TrainerState> state;
   if (fs::exists(state_path)) state = std::make_unique<TrainerState>(TrainerState::load(state_path.string()));
@@ -96,8 +99,8 @@ void run_generate(const GenerateOptions& o) {
   const auto start = std::chrono::steady_clock::now();
   const bool use_double = state != nullptr && state->settings.dtype == "float64";
   const std::vector<int32_t> generated =
-      use_double ? generate_tokens<double>(config, weights_dir, prompt, tokenizer.vocab_size(), tokenizer.eos_id(), o)
-                 : generate_tokens<float>(config, weights_dir, prompt, tokenizer.vocab_size(), tokenizer.eos_id(), o);
+      use_double ? generate_tokens<double>(config, weights_dir, adapter, prompt, tokenizer.vocab_size(), tokenizer.eos_id(), o)
+                 : generate_tokens<float>(config, weights_dir, adapter, prompt, tokenizer.vocab_size(), tokenizer.eos_id(), o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::vector<int32_t> text_ids = empty_prompt ? std::vector<int32_t>() : prompt;
   text_ids.insert(text_ids.end(), generated.begin(), generated.end());
@@ -119,6 +122,8 @@ void register_generate(CLI::App& app) {
   cmd->add_option("--temperature", o.sampling.temperature, "Sampling temperature (0: greedy)");
   cmd->add_option("--top-p", o.sampling.top_p, "Nucleus sampling mass");
   cmd->add_option("--seed", o.seed, "Sampling seed");
+  cmd->add_option("--adapter", o.adapter,
+                  "A PEFT LoRA adapter directory on the checkpoint's weights (default: a LoRA run's own adapter/)");
   cmd->add_option("--precision", o.precision,
                   "Operands of the products: fp32 or bf16 (float accumulation); default: as trained")
       ->check(CLI::IsMember({"fp32", "bf16"}));

@@ -30,6 +30,9 @@ struct GradcheckArgs {
   GradientCheckOptions options;
   int ep = 1;
   double distributed_tolerance = 1e-12;
+  int64_t lora_rank = 0;  // > 0: LoRA adapters on the targets (lora_targets), or as lora_config says
+  std::string lora_targets = "all-linear";
+  std::string lora_config;
 };
 
 void print_check(const TensorCheck& t, double tolerance) {
@@ -42,7 +45,14 @@ void print_check(const TensorCheck& t, double tolerance) {
 }
 
 void run_gradcheck(const GradcheckArgs& args) {
-  const ModelConfig config = ModelConfig::load(args.config_path);
+  ModelConfig config = ModelConfig::load(args.config_path);
+  if (args.lora_rank > 0 && !args.lora_config.empty()) fail("--lora-rank and --lora-config are exclusive");
+  if (args.lora_rank > 0 || !args.lora_config.empty()) {
+    if (ProcessGroup::world().size() > 1) fail("--lora-rank / --lora-config: LoRA under mpirun is not built yet");
+    config.lora = std::make_shared<const LoraConfig>(
+        args.lora_config.empty() ? LoraConfig::from_flags(args.lora_rank, 8.0, args.lora_targets)
+                                 : LoraConfig::load(args.lora_config));
+  }
   const ProcessGroup& world = ProcessGroup::world();
   nlohmann::json summary;
   if (world.size() > 1) {
@@ -109,6 +119,10 @@ void register_gradcheck(CLI::App& app) {
   cmd->add_option("--distributed-tolerance", args->distributed_tolerance,
                   "Under mpirun: largest relative difference per tensor between the distributed and one process's gradient")
       ->capture_default_str();
+  cmd->add_option("--lora-rank", args->lora_rank,
+                  "Check a LoRA model: adapters of this rank on --lora-targets, B drawn non-zero, the base frozen");
+  cmd->add_option("--lora-targets", args->lora_targets, "With --lora-rank: module names comma-separated, or all-linear");
+  cmd->add_option("--lora-config", args->lora_config, "Check a LoRA model as this PEFT adapter_config.json describes");
   cmd->add_option("--step", args->options.step, "Finite-difference step (relative to max(1, |θ|))")
       ->capture_default_str();
   auto mode = std::make_shared<std::string>("sparse");

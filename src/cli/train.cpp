@@ -82,6 +82,16 @@ void register_train(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--check-numerics", o.check_numerics,
                 "Check every sublayer's output in each forward and name the first non-finite one (slower)");
+  cmd->add_option("--lora-rank", o.lora_rank,
+                  "Train a LoRA adapter of this rank on the frozen model (PEFT's r); the run writes OUT/adapter/");
+  cmd->add_option("--lora-alpha", o.lora_alpha, "With --lora-rank: PEFT's lora_alpha (scaling alpha / rank; default 8)");
+  cmd->add_option("--lora-targets", o.lora_targets,
+                  "With --lora-rank: the adapted linear layers, Hugging Face module names comma-separated "
+                  "(q_proj,v_proj) or all-linear (the default)");
+  cmd->add_option("--lora-config", o.lora_config_path,
+                  "Train a LoRA adapter as this PEFT adapter_config.json describes (regular expressions, "
+                  "rank_pattern, alpha_pattern, modules_to_save, rsLoRA)");
+  cmd->add_option("--adapter", o.adapter_dir, "Train this PEFT adapter directory further (its config and weights)");
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
     for (const Setting& setting : training_settings())

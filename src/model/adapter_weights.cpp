@@ -3,16 +3,18 @@
 // (each lora_A / lora_B pair and each module of modules_to_save) under "base_model.model." + its
 // in-memory name, in the model's float type (PEFT saves the adapter's dtype). Loading is
 // all-or-nothing, as load_weights: every tensor is checked (missing, misshaped, extra) and read into
-// a staging buffer before the parameters change.
+// a staging buffer before the parameters change. merge_adapter_into folds the pairs into the weights.
 #include <cstring>
 #include <filesystem>
 #include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "model/model_impl.h"
+#include "ops/gemm.h"
 
 namespace trillion {
 namespace {
@@ -64,9 +66,34 @@ void Model<T>::load_adapter(const std::string& directory) {
   std::memcpy(static_cast<void*>(m.params.data()), staging.data(), m.table.trainable_size() * sizeof(T));
 }
 
+template <class T>
+void Model<T>::merge_adapter_into(Model<T>& plain) const {
+  const Impl& m = *impl_;
+  TRILLION_CHECK(m.config.lora != nullptr && plain.config().lora == nullptr, "merge_adapter_into: from a LoRA model ",
+                 "into one without");
+  constexpr std::string_view kA = ".lora_A.weight";
+  for (const ParamSpec& target : plain.table().entries()) {
+    const ParamSpec& source = m.table.find(target.name);
+    TRILLION_CHECK(source.shape == target.shape, "merge_adapter_into: ", target.name, " differs in shape");
+    std::memcpy(plain.params() + target.offset, m.params.data() + source.offset, target.numel() * sizeof(T));
+  }
+  for (const ParamSpec& a : m.table.entries()) {
+    if (!a.adapter || !a.name.ends_with(kA)) continue;
+    const std::string module = a.name.substr(0, a.name.size() - kA.size());
+    const ParamSpec& b = m.table.find(module + ".lora_B.weight");
+    const ParamSpec& weight = plain.table().find(module + ".weight");
+    const int64_t rank = a.shape[0], in = a.shape[1], out = b.shape[0];
+    // weight[out, in] += scaling · B[out, rank] · A[rank, in]
+    gemm<T>(false, false, out, in, rank, T(m.config.lora->scaling_of(module)), m.params.data() + b.offset, rank,
+            m.params.data() + a.offset, in, T(1), plain.params() + weight.offset, in, Operands::fp32);
+  }
+}
+
 template void Model<float>::save_adapter(const std::string&) const;
 template void Model<float>::load_adapter(const std::string&);
 template void Model<double>::save_adapter(const std::string&) const;
 template void Model<double>::load_adapter(const std::string&);
+template void Model<float>::merge_adapter_into(Model<float>&) const;
+template void Model<double>::merge_adapter_into(Model<double>&) const;
 
 }  // namespace trillion

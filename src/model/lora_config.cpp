@@ -2,6 +2,7 @@
 // `SOURCE: field "NAME": PROBLEM; expected WHAT`, as the model config's.
 #include "model/lora_config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -206,6 +207,22 @@ LoraConfig LoraConfig::from_json(const nlohmann::ordered_json& ordered, const st
   if (!unread.empty())
     std::fprintf(stderr, "warning: %s: fields the engine does not read: %s\n", source.c_str(), unread.c_str());
   return c;
+}
+
+LoraConfig LoraConfig::from_flags(int64_t r, double lora_alpha, const std::string& targets) {
+  nlohmann::ordered_json json = {{"r", r}, {"lora_alpha", lora_alpha}, {"task_type", "CAUSAL_LM"}};
+  if (ModuleNames{{}, targets}.all_linear()) {
+    json["target_modules"] = targets;
+  } else {
+    std::vector<std::string> names;
+    for (size_t begin = 0; begin <= targets.size();) {
+      const size_t end = std::min(targets.find(',', begin), targets.size());
+      if (end > begin) names.push_back(targets.substr(begin, end - begin));
+      begin = end + 1;
+    }
+    json["target_modules"] = names;
+  }
+  return from_json(json, "--lora-rank / --lora-alpha / --lora-targets");
 }
 
 LoraConfig LoraConfig::load(const std::string& path) {

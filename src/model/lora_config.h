@@ -69,6 +69,9 @@ struct LoraConfig {
   double alpha_of(const std::string& name) const;
   double scaling_of(const std::string& name) const;
 
+  // The config of the command line's --lora-rank R --lora-alpha A --lora-targets T: T names comma-
+  // separated ("q_proj,v_proj") or all-linear; checked as a file's would be.
+  static LoraConfig from_flags(int64_t r, double lora_alpha, const std::string& targets);
   // Reads adapter_config.json's object (keys in file order: the first matching pattern wins);
   // `source` names the file in errors.
   static LoraConfig from_json(const nlohmann::ordered_json& json, const std::string& source);

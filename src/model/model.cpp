@@ -589,6 +589,16 @@ double Model<T>::training_flops_per_token(int64_t seq) const {
   const Impl& m = *impl_;
   double flops = 6.0 * double(m.config.vocab_size) * double(m.config.hidden_size);
   for (const DecoderLayerDims& dims : m.layer_dims) flops += dims.flops_per_token(seq);
+  if (m.config.lora == nullptr) return flops;
+  const double routed_share =
+      m.config.num_experts > 0 ? double(m.config.num_experts_per_tok) / double(m.config.num_experts) : 0.0;
+  for (const ParamSpec& spec : m.table.entries()) {
+    if (spec.adapter) {
+      flops += (spec.name.ends_with(".lora_A.weight") ? 8.0 : 6.0) * double(spec.numel());
+    } else if (spec.frozen && spec.use != ParamUse::values) {
+      flops -= 2.0 * double(spec.numel()) * (spec.group == ParamGroup::expert ? routed_share : 1.0);
+    }
+  }
   return flops;
 }
 

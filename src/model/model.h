@@ -134,7 +134,9 @@ class Model {
   // for model FLOPs utilization. Σ_layers of each kind's FLOPs (attention: 6 · projection
   // parameters + 3 · 4 · (seq / 2) · Hq · head_dim; dense MLP 18 · D · I; MoE the active ones:
   // router 6 · D · E, k experts 18 · k · D · I, shared experts) + 6 · V · D for the LM head
-  // (counted even when tied).
+  // (counted even when tied). With LoRA, a frozen linear weight's products skip its gradient (4 of
+  // 6 per weight and token; routed experts at k / E of theirs; the router's 6 stay), and each
+  // adapter adds 8 per element of A (x·Aᵀ, its recompute, dA, dx) and 6 per element of B.
   double training_flops_per_token(int64_t seq) const;
 
   // Hugging Face layout checkpoints (model.safetensors or shards + index), stored as T, or as
@@ -147,6 +149,10 @@ class Model {
   // (all or nothing) and nothing else.
   void save_adapter(const std::string& directory) const;
   void load_adapter(const std::string& directory);
+  // Writes this LoRA model's weights with every pair folded in (W + scaling · B · A, float
+  // operands) and its saved modules as trained into `plain`, a model of the same config without
+  // LoRA: what `trillion merge` saves.
+  void merge_adapter_into(Model<T>& plain) const;
 
  private:
   struct Impl;

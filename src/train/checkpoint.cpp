@@ -152,6 +152,14 @@ std::string resolve_weights_dir(const std::string& directory) {
   return resolve_checkpoint_dir(directory);
 }
 
+std::string attach_adapter(ModelConfig& config, const std::string& weights_dir, const std::string& given) {
+  const fs::path own = fs::path(weights_dir) / "adapter";
+  const std::string adapter = !given.empty() ? given : fs::exists(own / "adapter_config.json") ? own.string() : "";
+  if (!adapter.empty())
+    config.lora = std::make_shared<const LoraConfig>(LoraConfig::load((fs::path(adapter) / "adapter_config.json").string()));
+  return adapter;
+}
+
 std::string write_checkpoint(const std::string& out_dir, int64_t step,
                              const std::function<void(const std::string& temp_dir)>& write_contents) {
   const std::string name = checkpoint_name(step);

@@ -5,6 +5,7 @@
 //   config.json                            the model config
 //   optimizer.safetensors                  AdamW moments per parameter (Optimizer::save)
 //   trainer_state.json                     TrainerState: step, data position, schedule, settings
+//   adapter/                               a LoRA run's adapter in PEFT's files (Model::save_adapter)
 // or, written with --sharded-checkpoints under mpirun, shards/ (each rank's slice of the parameters
 // and moments, and an index: train/sharded_checkpoint.h) in place of the weights and optimizer files.
 // It is written into a temporary directory and renamed into place, then OUT/latest (a one-line
@@ -19,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/config.h"
 #include "train/settings.h"
 
 namespace trillion {
@@ -54,6 +56,11 @@ std::string resolve_checkpoint_dir(const std::string& directory);
 // Like resolve_checkpoint_dir, but also accepts a plain weights directory (config.json +
 // model.safetensors) without trainer state, as `--init` does for Hugging Face checkpoints.
 std::string resolve_weights_dir(const std::string& directory);
+
+// The LoRA adapter that goes with the weights in `weights_dir`: `given` (an --adapter DIR), else
+// the checkpoint's own adapter/ (a LoRA run's), else none (empty). With one, config.lora is set
+// from its adapter_config.json; load it with Model::load_adapter after the weights.
+std::string attach_adapter(ModelConfig& config, const std::string& weights_dir, const std::string& given);
 
 // Creates OUT/checkpoint-<step>/ atomically: `write_contents(temp_dir)` writes the files into a
 // temporary directory, which is then renamed into place (or, when a checkpoint of that step already

@@ -14,6 +14,7 @@
 #include "io/atomic_file.h"
 #include "parallel/mesh.h"
 #include "parallel/process_group.h"
+#include "train/sharded_checkpoint.h"
 
 namespace trillion {
 namespace fs = std::filesystem;
@@ -84,6 +85,41 @@ MatmulPrecision checkpoint_matmul_precision(const std::string& given, const Trai
   return precision;
 }
 
+namespace {
+
+// The run's LoRA adapter, if any (TrainOptions' LoRA flags): set on run.config, with the adapter
+// directory to load its weights from.
+void attach_lora(const TrainOptions& o, RunSetup& run) {
+  const int chosen = (o.lora_rank > 0) + !o.lora_config_path.empty() + !o.adapter_dir.empty();
+  if (chosen > 1) fail("--lora-rank, --lora-config and --adapter are exclusive: expected one of them");
+  if (o.lora_rank < 0) fail("--lora-rank ", o.lora_rank, ": expected a positive rank");
+  LoraConfig lora;
+  if (run.resumed) {
+    if (chosen > 0)
+      fail("--lora-rank / --lora-config / --adapter: a resumed run keeps what its checkpoint trained (",
+           run.weights_dir, "); expected none of them");
+    run.adapter_dir = attach_adapter(run.config, run.weights_dir, "");
+    return;
+  } else if (!o.adapter_dir.empty()) {
+    lora = LoraConfig::load((fs::path(o.adapter_dir) / "adapter_config.json").string());
+    run.adapter_dir = o.adapter_dir;
+  } else if (!o.lora_config_path.empty()) {
+    lora = LoraConfig::load(o.lora_config_path);
+  } else if (o.lora_rank > 0) {
+    lora = LoraConfig::from_flags(o.lora_rank, o.lora_alpha, o.lora_targets);
+  } else {
+    return;
+  }
+  if (!run.weights_dir.empty() && is_sharded_checkpoint(run.weights_dir))
+    fail(run.weights_dir, ": a sharded checkpoint; a LoRA run starts from whole weights (`trillion export` writes them)");
+  if (ProcessGroup::world().size() > 1)
+    fail("LoRA under mpirun (FSDP and expert parallelism with adapters) is not built yet: expected one process");
+  if (lora.base_model_name_or_path.empty()) lora.base_model_name_or_path = !o.init_dir.empty() ? o.init_dir : run.config.source;
+  run.config.lora = std::make_shared<const LoraConfig>(std::move(lora));
+}
+
+}  // namespace
+
 RunSetup prepare_run(TrainOptions& o) {
   RunSetup run;
   std::string config_source = o.config_path;
@@ -122,6 +158,7 @@ RunSetup prepare_run(TrainOptions& o) {
     run.config = ModelConfig::load(o.config_path);
     if (run.resumed) check_same_config(run.config, o.config_path, ModelConfig::load(checkpoint_config), checkpoint_config);
   }
+  attach_lora(o, run);
   if (s.seq_len > run.config.max_position_embeddings) {
     fail("--seq-len ", s.seq_len, " exceeds the model's max_position_embeddings ", run.config.max_position_embeddings);
   }

@@ -19,6 +19,7 @@ struct RunSetup {
   ModelConfig config;
   DataMixture data;
   std::string weights_dir;  // checkpoint or weights to load; empty: seeded initialization
+  std::string adapter_dir;  // a LoRA adapter to load after them (--adapter, a resumed run's); empty: none
   bool resumed = false;
   TrainerState state;       // settings and, when resumed, the saved progress
 };

@@ -130,6 +130,16 @@ Trainer<T>::Trainer(const TrainOptions& o, RunSetup& run)
       schedule_{s_.lr, s_.min_lr_ratio, s_.warmup, s_.steps},
       hyper_{s_.lr, s_.beta1, s_.beta2, s_.eps, s_.weight_decay} {
   load_weights();
+  if (model_.config().lora != nullptr && world_.is_root()) {
+    const ParamTable& table = model_.table();
+    int64_t trainable = 0;
+    for (const ParamSpec& spec : table.entries()) trainable += spec.trainable() ? spec.numel() : 0;
+    const int64_t total = table.num_elements() - table.num_elements(ParamGroup::buffer);
+    std::fprintf(stderr, "LoRA: %lld trainable parameters of %lld (%.3f %%); gradients %lld bytes, AdamW moments %lld\n",
+                 static_cast<long long>(trainable), static_cast<long long>(total), 100.0 * double(trainable) / double(total),
+                 static_cast<long long>(table.trainable_size() * sizeof(T)),
+                 static_cast<long long>(2 * table.trainable_size() * sizeof(T)));
+  }
   set_up_parallelism();
   set_up_training_modes();
   sampler_.emplace(run.data, s_.seq_len, s_.seed);
@@ -157,14 +167,14 @@ Trainer<T>::Trainer(const TrainOptions& o, RunSetup& run)
   targets_.resize(rows_ * s_.seq_len);
 }
 
-// Seeded initialization, the weights of --init / --resume, and a resumed run's optimizer moments.
+// Seeded initialization, the weights of --init / --resume, a LoRA run's adapter, and a resumed
+// run's optimizer moments. A LoRA run starting from weights draws its new adapter from the seed
+// (A kaiming-uniform, B zero) before they load the base.
 template <class T>
 void Trainer<T>::load_weights() {
-  if (run_.weights_dir.empty()) {
-    model_.init_weights(s_.seed);
-  } else if (!is_sharded_checkpoint(run_.weights_dir)) {
-    model_.load_weights(run_.weights_dir);
-  }
+  if (run_.weights_dir.empty() || model_.config().lora != nullptr) model_.init_weights(s_.seed);
+  if (!run_.weights_dir.empty() && !is_sharded_checkpoint(run_.weights_dir)) model_.load_weights(run_.weights_dir);
+  if (!run_.adapter_dir.empty()) model_.load_adapter(run_.adapter_dir);
   if (!run_.weights_dir.empty() && is_sharded_checkpoint(run_.weights_dir)) {
     // Written by any layout: every rank reads the whole flat state, then keeps its shard.
     Buffer<T> avg(model_.table().trainable_size()), avg_sq(model_.table().trainable_size());  // [trainable_size]
@@ -414,9 +424,11 @@ void Trainer<T>::save(int64_t step) {
   }
   const std::string dir = write_checkpoint(o_.out_dir, step, [&](const std::string& temp_dir) {
     model_.save_weights(temp_dir);
+    if (model_.config().lora != nullptr) model_.save_adapter((fs::path(temp_dir) / "adapter").string());
     optimizer_.save((fs::path(temp_dir) / "optimizer.safetensors").string());
     write_run_files(temp_dir);
   });
+  if (model_.config().lora != nullptr) model_.save_adapter((fs::path(o_.out_dir) / "adapter").string());
   const int64_t peak = MemoryStats::peak(Tier::fast);
   if (fsdp) fsdp->release_everything();
   prune_checkpoints(o_.out_dir, step, o_.keep_last);

@@ -211,6 +211,20 @@ TEST(GradcheckCommand, PassesOnTinyAndPrintsJsonLast) {
   EXPECT_NE(output.find("model.layers.1.mlp.down_proj.weight"), std::string::npos);
 }
 
+// With LoRA: only the adapters are checked (every element), and they pass.
+TEST(GradcheckCommand, ChecksTheAdaptersOfALoraModel) {
+  const std::string command = std::string("OMP_NUM_THREADS=1 ") + TRILLION_BINARY + " gradcheck --config " +
+                              testing::model_config_path("tiny_deepseek_v32.json") +
+                              " --seq-len 5 --lora-rank 2 --lora-targets kv_b_proj,wq_b,o_proj 2>&1";
+  const auto [status, output] = test::run_shell(command);
+  EXPECT_EQ(status, 0) << output;
+  const nlohmann::json summary = nlohmann::json::parse(output.substr(output.rfind('{')));
+  EXPECT_LE(summary.at("max_rel_err").get<double>(), 1e-6);
+  EXPECT_NE(summary.at("worst_tensor").get<std::string>().find(".lora_"), std::string::npos);
+  EXPECT_NE(output.find("model.layers.1.self_attn.indexer.wq_b.lora_A.weight"), std::string::npos) << output;
+  EXPECT_EQ(output.find("model.layers.1.self_attn.o_proj.weight "), std::string::npos) << "the base is frozen";
+}
+
 TEST(GradientCheck, RejectsOptionsThatCheckNothing) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny.json"));
   const auto error = [&](const GradientCheckOptions& options) -> std::string {

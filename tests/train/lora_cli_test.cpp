@@ -1,0 +1,140 @@
+// LoRA runs end to end (train --lora-*, eval, generate): a run trains only the adapter (the base's
+// weights in every checkpoint are the ones it started from), writes OUT/adapter/ and each
+// checkpoint's adapter/ in PEFT's files, resumes to the same bits, starts from --init weights, and
+// `eval` of its checkpoint evaluates the adapted model; misused flags are refused by name.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "train/cli_fixture.h"
+
+namespace trillion::train_test {
+namespace {
+
+std::vector<double> tensor_values(const fs::path& file, const std::string& name) {
+  const SafetensorsReader reader(file.string());
+  std::vector<int64_t> shape = reader.info(name).shape;
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  std::vector<double> values(n);
+  reader.read(name, shape, values.data());
+  return values;
+}
+
+std::string read_bytes(const fs::path& path) { return read_text(path); }
+
+const std::string kLoraFlags = " --lora-rank 4 --lora-alpha 8 --lora-targets q_proj,v_proj,down_proj";
+
+TEST(LoraCli, TrainsOnlyTheAdapterAndResumesToTheSameBits) {
+  const fs::path root = test_data().root / "lora";
+  fs::remove_all(root);
+  const CommandResult whole =
+      run_cli("train " + tiny_run_flags(root / "whole") + " --steps 6 --save-every 3" + kLoraFlags);
+  ASSERT_EQ(whole.status, 0) << whole.output;
+  EXPECT_NE(whole.output.find("LoRA: "), std::string::npos) << whole.output;
+  for (const fs::path dir : {root / "whole" / "adapter", root / "whole" / "checkpoint-000006" / "adapter"}) {
+    EXPECT_TRUE(fs::exists(dir / "adapter_config.json")) << dir;
+    EXPECT_TRUE(fs::exists(dir / "adapter_model.safetensors")) << dir;
+  }
+  const fs::path adapter = root / "whole" / "adapter" / "adapter_model.safetensors";
+  const std::string b_key = "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight";
+  const std::vector<double> b = tensor_values(adapter, b_key);
+  EXPECT_TRUE(std::any_of(b.begin(), b.end(), [](double v) { return v != 0.0; })) << "B never trained";
+  // The base stays as it started: checkpoint 3's and 6's weights are equal.
+  const fs::path w3 = root / "whole" / "checkpoint-000003" / "model.safetensors";
+  const fs::path w6 = root / "whole" / "checkpoint-000006" / "model.safetensors";
+  for (const std::string name : {"model.layers.0.self_attn.q_proj.weight", "model.norm.weight", "lm_head.weight"})
+    EXPECT_EQ(tensor_values(w3, name), tensor_values(w6, name)) << name;
+  EXPECT_NE(tensor_values(root / "whole" / "checkpoint-000003" / "adapter" / "adapter_model.safetensors", b_key), b);
+
+  // Stopped after 3 and resumed: the same adapter, to the bit.
+  const CommandResult first = run_cli("train " + tiny_run_flags(root / "split") + " --steps 6 --stop-after 3" + kLoraFlags);
+  ASSERT_EQ(first.status, 0) << first.output;
+  const CommandResult resumed = run_cli("train --resume " + (root / "split").string() + kSmallMfuGemm);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(read_bytes(root / "split" / "adapter" / "adapter_model.safetensors"), read_bytes(adapter));
+  const CommandResult again = run_cli("train --resume " + (root / "split").string() + " --steps 8 --lora-rank 2" +
+                                      kSmallMfuGemm);
+  EXPECT_NE(again.status, 0);
+  EXPECT_NE(again.output.find("a resumed run keeps what its checkpoint trained"), std::string::npos) << again.output;
+
+  // eval of the checkpoint evaluates the adapted model; the same weights without their adapter/
+  // evaluate the base, and with --adapter the adapted model again.
+  const std::string eval_flags = " --data " + test_data().data_dir.string() + " --max-batches 2 --seq-len 16";
+  const auto val_loss = [&](const std::string& args) {
+    const CommandResult r = run_cli("eval " + args + eval_flags);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return nlohmann::json::parse(r.output.substr(r.output.rfind('{'))).at("val_loss").get<double>();
+  };
+  const fs::path base_only = root / "base_only";
+  fs::copy(root / "whole" / "checkpoint-000006", base_only, fs::copy_options::recursive);
+  fs::remove_all(base_only / "adapter");
+  const double adapted = val_loss("--checkpoint " + (root / "whole").string());
+  EXPECT_NE(val_loss("--checkpoint " + base_only.string()), adapted);
+  EXPECT_EQ(val_loss("--checkpoint " + base_only.string() + " --adapter " + (root / "whole" / "adapter").string()),
+            adapted);
+  const CommandResult generated =
+      run_cli("generate --checkpoint " + (root / "whole").string() + " --prompt \"the cat\" --max-new-tokens 4");
+  ASSERT_EQ(generated.status, 0) << generated.output;
+
+  // merge: the adapter folded into the weights, a plain model that evaluates as the adapted one
+  // (float: within rounding); export of the LoRA checkpoint writes the same model.
+  const CommandResult merged = run_cli("merge --checkpoint " + base_only.string() + " --adapter " +
+                                       (root / "whole" / "adapter").string() + " --out " + (root / "merged").string());
+  ASSERT_EQ(merged.status, 0) << merged.output;
+  EXPECT_FALSE(fs::exists(root / "merged" / "adapter"));
+  const double merged_loss = val_loss("--checkpoint " + (root / "merged").string());
+  EXPECT_NEAR(merged_loss, adapted, 1e-5 * adapted);
+  const CommandResult exported =
+      run_cli("export --checkpoint " + (root / "whole").string() + " --out " + (root / "exported").string());
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  EXPECT_EQ(read_bytes(root / "exported" / "model.safetensors"), read_bytes(root / "merged" / "model.safetensors"));
+  const CommandResult no_adapter =
+      run_cli("merge --checkpoint " + base_only.string() + " --out " + (root / "merged_nothing").string());
+  EXPECT_NE(no_adapter.status, 0);
+  EXPECT_NE(no_adapter.output.find("has no adapter/"), std::string::npos) << no_adapter.output;
+}
+
+TEST(LoraCli, StartsFromInitWeightsWithAPeftConfig) {
+  const fs::path root = test_data().root / "lora_init";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  write_text(root / "adapter_config.json",
+             R"({"peft_type": "LORA", "r": 2, "lora_alpha": 4, "target_modules": "model\\.layers\\.1\\..*_proj",
+                 "rank_pattern": {"o_proj": 1}})");
+  const fs::path init = trained_run() / "checkpoint-000040";
+  const CommandResult r = run_cli("train --init " + init.string() + " --data " + test_data().data_dir.string() +
+                                  " --out " + (root / "out").string() + " --steps 2 --batch 2 --seq-len 16" +
+                                  " --lora-config " + (root / "adapter_config.json").string() + kSmallMfuGemm);
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const std::string name : {"model.layers.1.self_attn.q_proj.weight", "model.embed_tokens.weight"})
+    EXPECT_EQ(tensor_values(init / "model.safetensors", name),
+              tensor_values(root / "out" / "checkpoint-000002" / "model.safetensors", name))
+        << name << ": the base changed";
+  const SafetensorsReader adapter((root / "out" / "adapter" / "adapter_model.safetensors").string());
+  EXPECT_EQ(adapter.info("base_model.model.model.layers.1.self_attn.o_proj.lora_A.weight").shape,
+            (std::vector<int64_t>{1, 16}));
+  EXPECT_FALSE(adapter.contains("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"));
+
+  // --adapter trains it further; both ways of choosing an adapter at once are refused.
+  const CommandResult further = run_cli("train --init " + init.string() + " --data " + test_data().data_dir.string() +
+                                        " --out " + (root / "further").string() + " --steps 1 --batch 2 --seq-len 16" +
+                                        " --adapter " + (root / "out" / "adapter").string() + kSmallMfuGemm);
+  ASSERT_EQ(further.status, 0) << further.output;
+  const CommandResult both = run_cli("train --init " + init.string() + " --data " + test_data().data_dir.string() +
+                                     " --out " + (root / "both").string() + " --steps 1 --lora-rank 2 --adapter " +
+                                     (root / "out" / "adapter").string() + kSmallMfuGemm);
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("--lora-rank, --lora-config and --adapter are exclusive"), std::string::npos)
+      << both.output;
+  const CommandResult nothing = run_cli("train " + tiny_run_flags(root / "nothing") + " --steps 1 --lora-rank 2" +
+                                        " --lora-targets qq_proj");
+  EXPECT_NE(nothing.status, 0);
+  EXPECT_NE(nothing.output.find("field \"target_modules\": matches no linear layer"), std::string::npos)
+      << nothing.output;
+}
+
+}  // namespace
+}  // namespace trillion::train_test
