@@ -183,6 +183,8 @@ LoraConfig LoraConfig::from_json(const nlohmann::ordered_json& ordered, const st
     return v.get<double>();
   });
   c.modules_to_save = string_list(fields, "modules_to_save");
+  for (size_t i = 0; i < c.modules_to_save.size(); ++i)  // PEFT reads each as a pattern too (targets_module)
+    Regex("(^|.*\\.)" + c.modules_to_save[i] + "($|\\..*)", str_cat(source, ": field \"modules_to_save\"[", i, "]"));
   c.base_model_name_or_path = fields.string("base_model_name_or_path", "");
   c.task_type = fields.string("task_type", "");
 

@@ -164,6 +164,9 @@ TEST(LoraConfig, WhatTheEngineDoesNotDoIsRefusedByName) {
             std::string::npos);
   EXPECT_NE(parse_error(R"({"target_modules": "(q_proj"})").find("field \"target_modules\": pattern does not compile"),
             std::string::npos);
+  EXPECT_NE(refused(R"("modules_to_save": ["lm_head", "l[m"])").find("field \"modules_to_save\"[1]: pattern does not "
+                                                                    "compile"),
+            std::string::npos);
   EXPECT_NE(parse_error(R"({"target_modules": [3]})").find("field \"target_modules\"[0]: got 3; expected a string"),
             std::string::npos);
   EXPECT_NE(parse_error(R"({"r": 4})").find("field \"target_modules\": and target_parameters are both empty"),
