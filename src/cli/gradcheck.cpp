@@ -133,7 +133,8 @@ void register_gradcheck(CLI::App& app) {
                   "Indexer loss coefficient (its tensors are checked against it, the others without it)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
-  cmd->callback([args, mode] {
+  cmd->callback([cmd, args, mode] {
+    if (args->lora_rank == 0 && cmd->count("--lora-targets") > 0) fail("--lora-targets: expected --lora-rank R with it");
     args->options.indexer_mode = indexer_mode_from_name(*mode);
     run_gradcheck(*args);
   });

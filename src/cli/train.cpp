@@ -3,6 +3,7 @@
 #include <variant>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "train/settings.h"
 #include "train/trainer.h"
 
@@ -94,6 +95,8 @@ void register_train(CLI::App& app) {
   cmd->add_option("--adapter", o.adapter_dir, "Train this PEFT adapter directory further (its config and weights)");
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
+    if (run.lora_rank == 0 && (cmd->count("--lora-alpha") > 0 || cmd->count("--lora-targets") > 0))
+      fail("--lora-alpha / --lora-targets: expected --lora-rank R with them");
     for (const Setting& setting : training_settings())
       if (cmd->count(std::string("--") + setting.flag) > 0) run.given.insert(setting.flag);
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;

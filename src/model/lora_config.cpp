@@ -122,8 +122,13 @@ bool LoraConfig::targets_parameter(const std::string& parameter) const {
 }
 
 bool LoraConfig::saves_module(const std::string& module) const {
-  for (const std::string& name : modules_to_save)
-    if (ends_with(module, name)) return true;
+  // PEFT's _set_trainable wraps every module whose name ends with an entry, so a tensor trains when
+  // its module or any module above it ("model.layers.0.mlp" above "…mlp.down_proj") does.
+  for (size_t end = module.size(); end != std::string::npos && end > 0; end = module.rfind('.', end - 1)) {
+    const std::string ancestor = module.substr(0, end);
+    for (const std::string& name : modules_to_save)
+      if (ends_with(ancestor, name)) return true;
+  }
   return false;
 }
 

@@ -12,7 +12,8 @@
 //   rank_pattern, alpha_pattern  {pattern: value}: the first pattern P (file order) for which the
 //                            name matches (.*\.)?(P)$ sets that module's rank or alpha
 //   modules_to_save          whole modules trained and saved under their own keys: a module whose
-//                            name ends with one of these; it and the modules inside it carry no adapter
+//                            name ends with one of these, and every module inside it, which then
+//                            carries no adapter
 //
 // scaling = lora_alpha / r, or lora_alpha / √r with use_rslora. What PEFT can express and the engine
 // does not do (DoRA, biases, other initializations, layer selection by index, …) is refused with a
@@ -47,7 +48,7 @@ struct LoraConfig {
   int64_t r = 8;
   double lora_alpha = 8.0;
   bool use_rslora = false;
-  double lora_dropout = 0.0;  // on the adapter's input only, as PEFT
+  double lora_dropout = 0.0;  // on the adapter's input, as PEFT; read, and refused by training above 0 (not built)
   ModuleNames target_modules;
   ModuleNames exclude_modules;
   std::vector<std::string> target_parameters;
@@ -62,7 +63,7 @@ struct LoraConfig {
   bool targets_module(const std::string& module) const;
   // Whether the parameter `parameter` (a fused expert weight) carries one (through target_parameters).
   bool targets_parameter(const std::string& parameter) const;
-  // Whether the module `module` is trained and saved whole.
+  // Whether the module `module` is trained and saved whole (it, or a module above it, is listed).
   bool saves_module(const std::string& module) const;
   // The rank, alpha and scaling of the adapter on `name` (a module, or a target parameter).
   int64_t rank_of(const std::string& name) const;

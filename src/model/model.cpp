@@ -68,7 +68,7 @@ void apply_lora(const ModelConfig& config, ParamTable& table) {
   if (lora.targets_module("lm_head"))
     fail(source, ": field \"target_modules\": matches lm_head, whose adapter is not built; expected it in "
          "modules_to_save instead");
-  if (table.num_elements(ParamGroup::lora) == 0)
+  if (std::none_of(table.entries().begin(), table.entries().end(), [](const ParamSpec& spec) { return spec.adapter; }))
     fail(source, ": field \"target_modules\": matches no linear layer of ", source_of(config),
          "; expected Hugging Face module names such as q_proj, o_proj, down_proj");
   table.freeze(ParamGroup::dense);

@@ -12,6 +12,7 @@
 #include "data/shards.h"
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
+#include "model/model.h"
 #include "parallel/mesh.h"
 #include "parallel/process_group.h"
 #include "train/sharded_checkpoint.h"
@@ -87,38 +88,70 @@ MatmulPrecision checkpoint_matmul_precision(const std::string& given, const Trai
 
 namespace {
 
-// The run's LoRA adapter, if any (TrainOptions' LoRA flags): set on run.config, with the adapter
-// directory to load its weights from.
+// PEFT (>= 0.19, transformers 5) reads gate_proj / up_proj / down_proj / gate in the target list of
+// an MoE model as target_parameters on its fused routed experts and router, and all-linear as
+// covering them too: an adapter the engine trained on such names (dense or shared-expert MLPs)
+// would load in PEFT as another adapter. Refused until routed experts' adapters are built.
+void check_peft_reads_it_alike(const ModelConfig& config) {
+  if (config.num_experts == 0) return;
+  const LoraConfig& lora = *config.lora;
+  if (lora.target_modules.all_linear())
+    fail(lora.source, ": field \"target_modules\": all-linear on an MoE model, which PEFT extends to the routed ",
+         "experts and the router (not built yet); expected the attention and linear-attention projections by name");
+  const ParamTable table = param_table_of(config);
+  for (const ParamSpec& spec : table.entries()) {
+    if (!spec.adapter || !spec.name.ends_with(".lora_A.weight")) continue;
+    const std::string module = spec.name.substr(0, spec.name.size() - std::string_view(".lora_A.weight").size());
+    const std::string last = module.substr(module.rfind('.') + 1);
+    if (last == "gate_proj" || last == "up_proj" || last == "down_proj" || last == "gate")
+      fail(lora.source, ": field \"target_modules\": matches ", module, "; on an MoE model PEFT reads ", last,
+           " as the routed experts' target_parameters (not built yet); expected the attention and linear-attention "
+           "projections");
+  }
+}
+
+// The run's LoRA adapter, if any: set on run.config, with the adapter directory to load its
+// weights from (--adapter, or a resumed run's checkpoint's).
 void attach_lora(const TrainOptions& o, RunSetup& run) {
-  const int chosen = (o.lora_rank > 0) + !o.lora_config_path.empty() + !o.adapter_dir.empty();
-  if (chosen > 1) fail("--lora-rank, --lora-config and --adapter are exclusive: expected one of them");
-  if (o.lora_rank < 0) fail("--lora-rank ", o.lora_rank, ": expected a positive rank");
-  LoraConfig lora;
   if (run.resumed) {
-    if (chosen > 0)
+    if (o.lora_rank > 0 || !o.lora_config_path.empty() || !o.adapter_dir.empty())
       fail("--lora-rank / --lora-config / --adapter: a resumed run keeps what its checkpoint trained (",
            run.weights_dir, "); expected none of them");
     run.adapter_dir = attach_adapter(run.config, run.weights_dir, "");
     return;
-  } else if (!o.adapter_dir.empty()) {
-    lora = LoraConfig::load((fs::path(o.adapter_dir) / "adapter_config.json").string());
-    run.adapter_dir = o.adapter_dir;
-  } else if (!o.lora_config_path.empty()) {
-    lora = LoraConfig::load(o.lora_config_path);
-  } else if (o.lora_rank > 0) {
-    lora = LoraConfig::from_flags(o.lora_rank, o.lora_alpha, o.lora_targets);
-  } else {
-    return;
   }
+  run.config.lora = new_run_lora(o, run.config);
+  if (run.config.lora == nullptr) return;
+  run.adapter_dir = o.adapter_dir;
   if (!run.weights_dir.empty() && is_sharded_checkpoint(run.weights_dir))
     fail(run.weights_dir, ": a sharded checkpoint; a LoRA run starts from whole weights (`trillion export` writes them)");
-  if (ProcessGroup::world().size() > 1)
-    fail("LoRA under mpirun (FSDP and expert parallelism with adapters) is not built yet: expected one process");
-  if (lora.base_model_name_or_path.empty()) lora.base_model_name_or_path = !o.init_dir.empty() ? o.init_dir : run.config.source;
-  run.config.lora = std::make_shared<const LoraConfig>(std::move(lora));
 }
 
 }  // namespace
+
+std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const ModelConfig& config) {
+  const int chosen = (o.lora_rank > 0) + !o.lora_config_path.empty() + !o.adapter_dir.empty();
+  if (chosen > 1) fail("--lora-rank, --lora-config and --adapter are exclusive: expected one of them");
+  if (o.lora_rank < 0) fail("--lora-rank ", o.lora_rank, ": expected a positive rank");
+  if (chosen == 0) return nullptr;
+  LoraConfig lora = !o.adapter_dir.empty() ? LoraConfig::load((fs::path(o.adapter_dir) / "adapter_config.json").string())
+                    : !o.lora_config_path.empty() ? LoraConfig::load(o.lora_config_path)
+                                                  : LoraConfig::from_flags(o.lora_rank, o.lora_alpha, o.lora_targets);
+  if (lora.lora_dropout > 0.0)
+    fail(lora.source, ": field \"lora_dropout\": got ", lora.lora_dropout, "; expected 0 (dropout on the ",
+         "adapter's input is not built yet)");
+  if (o.settings.moe_bias_rate > 0.0)
+    fail("--moe-bias-rate ", o.settings.moe_bias_rate, ": would change the frozen base's router biases, which the ",
+         "adapter's files do not carry; expected 0 with LoRA");
+  if (ProcessGroup::world().size() > 1)
+    fail("LoRA under mpirun (FSDP and expert parallelism with adapters) is not built yet: expected one process");
+  if (lora.base_model_name_or_path.empty())
+    lora.base_model_name_or_path = !o.init_dir.empty() ? o.init_dir : fs::path(config.source).parent_path().string();
+  ModelConfig adapted = config;
+  adapted.lora = std::make_shared<const LoraConfig>(std::move(lora));
+  check_peft_reads_it_alike(adapted);
+  return adapted.lora;
+}
 
 RunSetup prepare_run(TrainOptions& o) {
   RunSetup run;

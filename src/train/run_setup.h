@@ -4,6 +4,7 @@
 // the run is checked against before anything large is allocated.
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "data/mixture.h"
@@ -30,6 +31,10 @@ void validate_settings(const TrainSettings& s);
 // (`saved`: its trainer_state.json's settings, null without one: fp32). bf16 with a float64
 // checkpoint fails naming both.
 MatmulPrecision checkpoint_matmul_precision(const std::string& given, const TrainSettings* saved);
+
+// A new run's LoRA config from its --lora-rank / --lora-config / --adapter (null: none), refusing
+// what is not built (dropout, mpirun, --moe-bias-rate, names PEFT reads otherwise on MoE models).
+std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const ModelConfig& config);
 
 // Resolves config, data, weights and settings for a fresh, --init or --resume run.
 RunSetup prepare_run(TrainOptions& o);

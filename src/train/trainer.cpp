@@ -445,7 +445,8 @@ void run_training(TrainOptions options) {
   if (options.dry_run) {
     if (options.config_path.empty()) fail("--dry-run needs --config MODEL.json");
     validate_settings(options.settings);
-    const ModelConfig config = ModelConfig::load(options.config_path);
+    ModelConfig config = ModelConfig::load(options.config_path);
+    config.lora = new_run_lora(options, config);
     // With --data, the sampler's share is counted too.
     const int64_t train_tokens = options.data_dir.empty() ? 0
         : open_data_mixture(options.data_dir, config.vocab_size).train_tokens();

@@ -82,10 +82,17 @@ TEST(LoraConfig, TargetParametersAndModulesToSave) {
   EXPECT_TRUE(c.saves_module("lm_head"));
   EXPECT_TRUE(c.saves_module("model.embed_tokens"));
   EXPECT_FALSE(c.saves_module("model.norm"));
+  // A module inside a saved one trains too; names match by suffix, dotted or not (PEFT's endswith).
+  const LoraConfig parents = parse(R"({"target_modules": ["q_proj"], "modules_to_save": ["layers.0.mlp", "head"]})");
+  EXPECT_TRUE(parents.saves_module("model.layers.0.mlp.down_proj"));
+  EXPECT_TRUE(parents.saves_module("model.layers.0.mlp"));
+  EXPECT_FALSE(parents.saves_module("model.layers.1.mlp.down_proj"));
+  EXPECT_TRUE(parents.saves_module("lm_head"));
+  EXPECT_FALSE(parents.targets_module("model.layers.0.mlp.q_proj"));  // inside a saved module: no adapter
 }
 
-// get_pattern_key: the first key, rank_pattern's then alpha_pattern's in file order, for which the
-// name matches (.*\.)?(KEY)$; both values are looked up under that one key.
+// get_pattern_key: the first key of each map, in file order, for which the name matches
+// (.*\.)?(KEY)$; ranks and alphas are looked up apart.
 TEST(LoraConfig, PatternsTakeTheFirstMatchingKeyInFileOrder) {
   const LoraConfig c = parse(R"({"target_modules": ["q_proj", "v_proj", "o_proj"], "r": 8, "lora_alpha": 16,
     "rank_pattern": {"layers\\.1\\.self_attn\\.q_proj": 4, "q_proj": 2},

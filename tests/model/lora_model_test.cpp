@@ -19,6 +19,7 @@
 #include "io/test_files.h"
 #include "model/gradient_check.h"
 #include "model/model.h"
+#include "ops/gemm.h"
 #include "test_configs.h"
 
 namespace trillion {
@@ -110,19 +111,22 @@ TEST(LoraModel, WhatItCannotAdaptIsRefusedByName) {
             std::string::npos);
 }
 
-// Step 0 of a LoRA run is the base model: B = 0 adds exact zeros (float, both precisions' products).
+// Step 0 of a LoRA run is the base model: B = 0 adds exact zeros, under both precisions' products.
 TEST(LoraModel, WithZeroBTheLossIsTheBaseModelsToTheBit) {
   for (const char* name : {"tiny.json", "tiny_kimi_linear.json"}) {
-    const ModelConfig base = tiny_config(name);
-    Model<float> plain(base), adapted(with_lora(base, R"({"target_modules": "all-linear", "r": 4})"));
-    plain.init_weights(3);
-    adapted.init_weights(3);
-    GradientCheckOptions options;
-    const GradientCheckBatch batch = gradient_check_batch(base, options);
-    const StepResult a = plain.forward_loss(batch.tokens.data(), batch.targets.data(), options.batch, options.seq);
-    const StepResult b = adapted.forward_loss(batch.tokens.data(), batch.targets.data(), options.batch, options.seq);
-    EXPECT_EQ(a.lm.loss_sum, b.lm.loss_sum) << name;
-    EXPECT_GT(a.lm.count, 0);
+    for (MatmulPrecision precision : {MatmulPrecision::fp32, MatmulPrecision::bf16}) {
+      const MatmulPrecisionScope scope(precision);
+      const ModelConfig base = tiny_config(name);
+      Model<float> plain(base), adapted(with_lora(base, R"({"target_modules": "all-linear", "r": 4})"));
+      plain.init_weights(3);
+      adapted.init_weights(3);
+      GradientCheckOptions options;
+      const GradientCheckBatch batch = gradient_check_batch(base, options);
+      const StepResult a = plain.forward_loss(batch.tokens.data(), batch.targets.data(), options.batch, options.seq);
+      const StepResult b = adapted.forward_loss(batch.tokens.data(), batch.targets.data(), options.batch, options.seq);
+      EXPECT_EQ(a.lm.loss_sum, b.lm.loss_sum) << name << " " << matmul_precision_name(precision);
+      EXPECT_GT(a.lm.count, 0);
+    }
   }
 }
 
