@@ -57,24 +57,6 @@ std::vector<DecoderLayerDims> layer_dims_of(const ModelConfig& config) {
   return dims;
 }
 
-
-// LoRA's changes to the table (model/param_rows.h adds each layer's adapters): the base frozen,
-// modules_to_save moved into the trainable lora group; what the engine does not adapt refused.
-void apply_lora(const ModelConfig& config, ParamTable& table) {
-  const LoraConfig& lora = *config.lora;
-  const std::string& source = lora.source;
-  if (!lora.target_parameters.empty())
-    fail(source, ": field \"target_parameters\": routed experts' adapters are not built yet; expected none");
-  if (lora.targets_module("lm_head"))
-    fail(source, ": field \"target_modules\": matches lm_head, whose adapter is not built; expected it in "
-         "modules_to_save instead");
-  if (std::none_of(table.entries().begin(), table.entries().end(), [](const ParamSpec& spec) { return spec.adapter; }))
-    fail(source, ": field \"target_modules\": matches no linear layer of ", source_of(config),
-         "; expected Hugging Face module names such as q_proj, o_proj, down_proj");
-  table.freeze(ParamGroup::dense);
-  table.freeze(ParamGroup::expert);
-}
-
 // Units as unit_order states them. Embeddings and norms have no weight decay; projections (the
 // untied LM head included) do. With LoRA (config.lora), the targeted layers' adapters.
 ParamTable build_param_table(const ModelConfig& config, const std::vector<DecoderLayerDims>& layer_dims) {
@@ -93,7 +75,7 @@ ParamTable build_param_table(const ModelConfig& config, const std::vector<Decode
     add_row(table, "", head, lora_saved_row(lora, "", linear_row("lm_head.weight", {V, D}, config.initializer_range)));
   for (int layer = 0; layer < config.num_hidden_layers; ++layer)
     add_decoder_layer_params(table, layer_dims[layer], layer, lora);
-  if (config.lora != nullptr) apply_lora(config, table);
+  if (lora != nullptr) freeze_base_for_lora(*lora, table, source_of(config));
   table.finalize(64);
   return table.with_checkpoint_renames(family_of(config.model_type).checkpoint_renames);
 }

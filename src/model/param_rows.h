@@ -141,6 +141,24 @@ inline ParamRow lora_saved_row(const LoraConfig* lora, const std::string& prefix
   return row;
 }
 
+// LoRA's changes to a table whose layers declared their adapters: the dense and expert groups
+// frozen, after refusing what the engine does not adapt and a config that adapts nothing of the
+// model `model_source`.
+inline void freeze_base_for_lora(const LoraConfig& lora, ParamTable& table, const std::string& model_source) {
+  if (!lora.target_parameters.empty())
+    fail(lora.source, ": field \"target_parameters\": routed experts' adapters are not built yet; expected none");
+  if (lora.targets_module(kOutputLayer))
+    fail(lora.source, ": field \"target_modules\": matches lm_head, whose adapter is not built; expected it in "
+         "modules_to_save instead");
+  bool adapted = false;
+  for (const ParamSpec& spec : table.entries()) adapted = adapted || spec.adapter;
+  if (!adapted)
+    fail(lora.source, ": field \"target_modules\": matches no linear layer of ", model_source,
+         "; expected Hugging Face module names such as q_proj, o_proj, down_proj");
+  table.freeze(ParamGroup::dense);
+  table.freeze(ParamGroup::expert);
+}
+
 // Builds the table rows of one kind. `Weights` is the kind's weights struct of any scalar type
 // (only the rows are used); `lora` (null: none) adds the adapters it targets.
 template <class Weights, class Dims>

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -132,6 +133,29 @@ TEST(LoraModel, WithZeroBTheLossIsTheBaseModelsToTheBit) {
 
 class LoraModelKinds : public ::testing::TestWithParam<const char*> {};
 
+// One adapted layer: its pair in the adapted model, its weight in the merged one.
+struct AdaptedLayer {
+  std::string module;
+  const ParamSpec* a;       // [rank, in]
+  const ParamSpec* b;       // [out, rank]
+  const ParamSpec* weight;  // [out, in], in the merged model's table
+  int64_t rank, in, out;
+  double scaling;
+};
+
+std::vector<AdaptedLayer> adapted_layers(const Model<double>& adapted, const Model<double>& merged) {
+  constexpr std::string_view kA = ".lora_A.weight";
+  std::vector<AdaptedLayer> layers;
+  for (const ParamSpec& a : adapted.table().entries()) {
+    if (!a.name.ends_with(kA)) continue;
+    const std::string module = a.name.substr(0, a.name.size() - kA.size());
+    const ParamSpec& b = adapted.table().find(module + ".lora_B.weight");
+    layers.push_back({module, &a, &b, &merged.table().find(module + ".weight"), a.shape[0], a.shape[1], b.shape[0],
+                      adapted.config().lora->scaling_of(module)});
+  }
+  return layers;
+}
+
 // The adapted model against the model with merged weights, in double: the same objective, and the
 // adapters' gradients the merged weights' projected through each pair.
 TEST_P(LoraModelKinds, EqualsTheMergedModelAndItsGradientsProjectThroughThePairs) {
@@ -143,24 +167,17 @@ TEST_P(LoraModelKinds, EqualsTheMergedModelAndItsGradientsProjectThroughThePairs
   merged.init_weights(11);
   draw_lora_b(adapted, 12);
   // merged W = W + scaling · B · A for every adapted layer.
-  int64_t pairs = 0;
-  for (const ParamSpec& a_spec : adapted.table().entries()) {
-    if (!a_spec.name.ends_with(".lora_A.weight")) continue;
-    const std::string module = a_spec.name.substr(0, a_spec.name.size() - std::string(".lora_A.weight").size());
-    const ParamSpec& b_spec = adapted.table().find(module + ".lora_B.weight");
-    const ParamSpec& w_spec = merged.table().find(module + ".weight");
-    const int64_t rank = a_spec.shape[0], in = a_spec.shape[1], out = b_spec.shape[0];
-    const double scaling = config.lora->scaling_of(module);
+  const std::vector<AdaptedLayer> layers = adapted_layers(adapted, merged);
+  for (const auto& [module, a_spec, b_spec, w_spec, rank, in, out, scaling] : layers) {
     EXPECT_EQ(scaling, module.ends_with("o_proj") ? 2.5 : 5.0 / 3.0);
-    const double* A = adapted.params() + a_spec.offset;  // [rank, in]
-    const double* B = adapted.params() + b_spec.offset;  // [out, rank]
-    double* W = merged.params() + w_spec.offset;          // [out, in]
+    const double* A = adapted.params() + a_spec->offset;  // [rank, in]
+    const double* B = adapted.params() + b_spec->offset;  // [out, rank]
+    double* W = merged.params() + w_spec->offset;          // [out, in]
     for (int64_t o = 0; o < out; ++o)
       for (int64_t i = 0; i < in; ++i)
         for (int64_t k = 0; k < rank; ++k) W[o * in + i] += scaling * B[o * rank + k] * A[k * in + i];
-    ++pairs;
   }
-  ASSERT_GE(pairs, 4 * base.num_hidden_layers);  // every mixer's and FFN's projections
+  ASSERT_GE(int64_t(layers.size()), 4 * base.num_hidden_layers);  // every mixer's and FFN's projections
   GradientCheckOptions options;
   const GradientCheckBatch batch = gradient_check_batch(base, options);
   for (Model<double>* model : {&adapted, &merged}) {
@@ -172,18 +189,12 @@ TEST_P(LoraModelKinds, EqualsTheMergedModelAndItsGradientsProjectThroughThePairs
   const double merged_objective = merged.forward_backward(batch.tokens.data(), batch.targets.data(), options.batch,
                                                           options.seq, batch.scales).objective(batch.scales);
   EXPECT_NEAR(adapted_objective, merged_objective, 1e-12 * std::abs(merged_objective));
-  for (const ParamSpec& a_spec : adapted.table().entries()) {
-    if (!a_spec.name.ends_with(".lora_A.weight")) continue;
-    const std::string module = a_spec.name.substr(0, a_spec.name.size() - std::string(".lora_A.weight").size());
-    const ParamSpec& b_spec = adapted.table().find(module + ".lora_B.weight");
-    const ParamSpec& w_spec = merged.table().find(module + ".weight");
-    const int64_t rank = a_spec.shape[0], in = a_spec.shape[1], out = b_spec.shape[0];
-    const double scaling = config.lora->scaling_of(module);
-    const double* A = adapted.params() + a_spec.offset;
-    const double* B = adapted.params() + b_spec.offset;
-    const double* dW = merged.grads() + w_spec.offset;  // [out, in]
-    const double* dA = adapted.grads() + a_spec.offset;
-    const double* dB = adapted.grads() + b_spec.offset;
+  for (const auto& [module, a_spec, b_spec, w_spec, rank, in, out, scaling] : layers) {
+    const double* A = adapted.params() + a_spec->offset;
+    const double* B = adapted.params() + b_spec->offset;
+    const double* dW = merged.grads() + w_spec->offset;  // [out, in]
+    const double* dA = adapted.grads() + a_spec->offset;
+    const double* dB = adapted.grads() + b_spec->offset;
     std::vector<double> expected_dA(rank * in), expected_dB(out * rank);
     for (int64_t o = 0; o < out; ++o)
       for (int64_t i = 0; i < in; ++i)
