@@ -19,6 +19,9 @@
 // chunk's tokens writes dweight[t, j] = <dy[t], expert_out[row]> and adds the k rows of dx_part to
 // dx[t] in order j = 0..k−1.
 //
+// LoRA pairs on the experts (ExpertAdapters) run inside the same items, on the same tiles, through
+// their rank (add_adapter, adapter_backward): the u and g tiles [M, r] join the per-thread workspace.
+//
 // Matrix products are single-threaded gemm() calls (ops/gemm.h) from inside the OpenMP region;
 // workspaces are allocated before the regions. Nothing depends on the thread count.
 #include "ops/moe_experts.h"
@@ -50,17 +53,70 @@ int64_t per_thread_count(int64_t count, int64_t elem_bytes) {
   return (count + per_line - 1) / per_line * per_line;
 }
 
-// Per-thread workspace elements: forward x_tile [kForwardTile, H]; backward x_tile [M, H],
-// d_out [M, H], d_act [M, I], d_gu [M, 2I] (M = kBackwardTile).
-int64_t forward_per_thread(int64_t hidden, int64_t elem_bytes) {
-  return per_thread_count(kForwardTile * hidden, elem_bytes);
+// Per-thread workspace elements: forward x_tile [kForwardTile, H], u [kForwardTile, r]; backward
+// x_tile [M, H], d_out [M, H], d_act [M, I], d_gu [M, 2I], u [M, r], g [M, r] (M = kBackwardTile,
+// r = the adapters' largest rank).
+int64_t forward_per_thread(const MoeExpertDims& dims, int64_t elem_bytes) {
+  return per_thread_count(kForwardTile * (dims.hidden + dims.adapter_rank), elem_bytes);
 }
-int64_t backward_per_thread(int64_t hidden, int64_t inter, int64_t elem_bytes) {
-  return per_thread_count(kBackwardTile * (2 * hidden + 3 * inter), elem_bytes);
+int64_t backward_per_thread(const MoeExpertDims& dims, int64_t elem_bytes) {
+  return per_thread_count(kBackwardTile * (2 * dims.hidden + 3 * dims.intermediate + 2 * dims.adapter_rank),
+                          elem_bytes);
 }
 
 // Tokens per backward chunk (about kChunkRows slots).
 int64_t chunk_tokens_of(int64_t top_k) { return std::max<int64_t>(1, kChunkRows / top_k); }
+
+template <class T>
+void check_adapters(const ExpertAdapters<T>& adapters, const ExpertAdapters<T>& grads, const MoeExpertDims& dims) {
+  const auto check = [&](const std::vector<ExpertLoraPair<T>>& pairs, const std::vector<ExpertLoraPair<T>>& pair_grads,
+                         int64_t out) {
+    TRILLION_CHECK(pair_grads.empty() || pair_grads.size() == pairs.size(), "moe experts: ", pair_grads.size(),
+                   " adapter gradients for ", pairs.size(), " adapters");
+    for (const ExpertLoraPair<T>& pair : pairs)
+      TRILLION_CHECK(pair.rank >= 1 && pair.rank <= dims.adapter_rank && pair.row0 >= 0 && pair.rows >= 1 &&
+                         pair.row0 + pair.rows <= out,
+                     "moe experts: adapter of rank ", pair.rank, " on rows ", pair.row0, "..", pair.row0 + pair.rows,
+                     " of ", out, " (largest rank ", dims.adapter_rank, ")");
+  };
+  check(adapters.gate_up, grads.gate_up, 2 * dims.intermediate);
+  check(adapters.down, grads.down, dims.hidden);
+}
+
+// out[m, row0 : row0 + rows] (row stride ldo) += scaling · (in[m, K] · A[e]ᵀ) · B[e]ᵀ, through u [m, r].
+template <class T>
+void add_adapter(T* out, int64_t ldo, const T* in, int64_t m, int64_t K, const ExpertLoraPair<T>& pair, int64_t e,
+                 T* u) {
+  const int64_t r = pair.rank;
+  const T* a = pair.a + e * r * K;          // [r, K]
+  const T* b = pair.b + e * pair.rows * r;  // [rows, r]
+  gemm<T>(false, true, m, r, K, T(1), in, K, a, K, T(0), u, r);
+  gemm<T>(false, true, m, pair.rows, r, T(pair.scaling), u, r, b, r, T(1), out + pair.row0, ldo);
+}
+
+// add_adapter's backward from d [m, row0 : row0 + rows] (row stride ldd), the gradient of its output
+// slice: u = in · A[e]ᵀ, g = scaling · d · B[e] [m, r]; din[m, K] += g · A[e]; grad.b[e] += scaling ·
+// dᵀ · u and grad.a[e] += gᵀ · in (a null grad.a skips both).
+template <class T>
+void adapter_backward(T* din, const T* d, int64_t ldd, const T* in, int64_t m, int64_t K,
+                      const ExpertLoraPair<T>& pair, const ExpertLoraPair<T>* grad, int64_t e, T* u, T* g) {
+  const int64_t r = pair.rank, rows = pair.rows;
+  const T* a = pair.a + e * r * K;     // [r, K]
+  const T* b = pair.b + e * rows * r;  // [rows, r]
+  const T* d_slice = d + pair.row0;    // [m, rows], stride ldd
+  gemm<T>(false, false, m, r, rows, T(pair.scaling), d_slice, ldd, b, r, T(0), g, r);
+  gemm<T>(false, false, m, K, r, T(1), g, r, a, K, T(1), din, K);
+  if (grad == nullptr || grad->a == nullptr) return;
+  gemm<T>(false, true, m, r, K, T(1), in, K, a, K, T(0), u, r);
+  gemm<T>(true, false, rows, r, m, T(pair.scaling), d_slice, ldd, u, r, T(1), grad->b + e * rows * r, r);
+  gemm<T>(true, false, r, K, m, T(1), g, r, in, K, T(1), grad->a + e * r * K, K);
+}
+
+// The gradient pair of adapter i, or null when the backward has none.
+template <class T>
+const ExpertLoraPair<T>* grad_of(const std::vector<ExpertLoraPair<T>>& grads, size_t i) {
+  return grads.empty() ? nullptr : &grads[i];
+}
 
 void check_plan(const MoePlan& plan, const MoeExpertDims& dims) {
   TRILLION_CHECK(dims.hidden > 0 && dims.intermediate > 0 && dims.experts > 0, "moe experts dims H=", dims.hidden,
@@ -89,13 +145,13 @@ T dot(const T* a, const T* b, int64_t n) {
 }  // namespace
 
 int64_t moe_experts_forward_workspace_bytes(const MoeExpertDims& dims, int64_t element_bytes, int threads) {
-  return threads * forward_per_thread(dims.hidden, element_bytes) * element_bytes;  // x_tile
+  return threads * forward_per_thread(dims, element_bytes) * element_bytes;  // x_tile, u
 }
 
 int64_t moe_experts_backward_workspace_bytes(int64_t tokens, int64_t top_k, const MoeExpertDims& dims,
                                              int64_t element_bytes, int threads) {
   const int64_t dx_part = std::min(chunk_tokens_of(top_k), tokens) * top_k * dims.hidden;
-  return (dx_part + threads * backward_per_thread(dims.hidden, dims.intermediate, element_bytes)) * element_bytes;
+  return (dx_part + threads * backward_per_thread(dims, element_bytes)) * element_bytes;
 }
 
 int64_t MoePlan::total_dropped() const { return std::accumulate(dropped.begin(), dropped.end(), int64_t{0}); }
@@ -138,8 +194,10 @@ void moe_plan_build(MoePlan& plan, const int32_t* index, int64_t tokens, int64_t
 
 template <class T>
 void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x, const T* gate_up, const T* down,
-                         const T* weight, const MoePlan& plan, const MoeExpertDims& dims) {
+                         const T* weight, const MoePlan& plan, const MoeExpertDims& dims,
+                         const ExpertAdapters<T>& adapters) {
   check_plan(plan, dims);
+  check_adapters(adapters, {}, dims);
   const int64_t H = dims.hidden, I = dims.intermediate, k = plan.top_k;
   // Items: (expert, first row of the tile), expert-major.
   std::vector<int64_t> item_expert, item_row;
@@ -148,24 +206,27 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x
       item_expert.push_back(e);
       item_row.push_back(r0);
     }
-  const int64_t per_thread = forward_per_thread(H, sizeof(T));  // x_tile
+  const int64_t per_thread = forward_per_thread(dims, sizeof(T));  // x_tile, u
   Buffer<T> workspace(per_thread * num_threads());
 
   parallel_for_dynamic(static_cast<int64_t>(item_expert.size()), [&](int64_t item) {
     const int64_t e = item_expert[item], r0 = item_row[item];
     const int64_t m = std::min(kForwardTile, plan.offsets[e + 1] - r0);
     T* x_tile = workspace.data() + per_thread * omp_get_thread_num();  // [m, H]
+    T* u = x_tile + kForwardTile * H;                                  // [m, r]
     for (int64_t i = 0; i < m; ++i) std::memcpy(x_tile + i * H, x + (plan.row_slot[r0 + i] / k) * H, H * sizeof(T));
     T* gu = gate_up_out + r0 * 2 * I;  // [m, 2I]
     T* a = act + r0 * I;               // [m, I]
-    // gu[m, 2I] = x_tile[m, H] · gate_up[e][2I, H]ᵀ
+    // gu[m, 2I] = x_tile[m, H] · (gate_up[e] + its adapters)[2I, H]ᵀ
     gemm<T>(false, true, m, 2 * I, H, T(1), x_tile, H, gate_up + e * 2 * I * H, H, T(0), gu, 2 * I);
+    for (const ExpertLoraPair<T>& pair : adapters.gate_up) add_adapter(gu, 2 * I, x_tile, m, H, pair, e, u);
     for (int64_t i = 0; i < m; ++i) {
       const T* row = gu + i * 2 * I;  // [2I] = [gate | up]
       swiglu_span(a + i * I, row, row + I, I);
     }
-    // expert_out[m, H] = a[m, I] · down[e][H, I]ᵀ
+    // expert_out[m, H] = a[m, I] · (down[e] + its adapter)[H, I]ᵀ
     gemm<T>(false, true, m, H, I, T(1), a, I, down + e * H * I, I, T(0), expert_out + r0 * H, H);
+    for (const ExpertLoraPair<T>& pair : adapters.down) add_adapter(expert_out + r0 * H, H, a, m, I, pair, e, u);
   });
 
   // Combine: y[t] += Σ_j weight[t, j] · expert_out[row of (t, j)], j in order, one thread per token.
@@ -184,8 +245,10 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x
 template <class T>
 void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* x, const T* gate_up_out,
                           const T* act, const T* expert_out, const T* gate_up, const T* down, const T* weight,
-                          const MoePlan& plan, const MoeExpertDims& dims) {
+                          const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<T>& adapters,
+                          const ExpertAdapters<T>& adapter_grads) {
   check_plan(plan, dims);
+  check_adapters(adapters, adapter_grads, dims);
   const int64_t N = plan.tokens, H = dims.hidden, I = dims.intermediate, E = dims.experts, k = plan.top_k;
   const int64_t M = kBackwardTile;
   // Token chunks of about kChunkRows slots. An expert's rows are token ascending, so its rows of
@@ -209,7 +272,7 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
   Buffer<T> dx_part(max_chunk_rows * H);                         // [chunk rows, H]: d loss / d x of each row
   std::vector<int32_t> part_row(std::min(chunk_tokens, N) * k);  // [chunk slots]: the dx_part row of each slot
   std::vector<int64_t> base(E), order;                           // [E]: first dx_part row of each expert
-  const int64_t per_thread = backward_per_thread(H, I, sizeof(T));  // x_tile, d_out, d_act, d_gu
+  const int64_t per_thread = backward_per_thread(dims, sizeof(T));  // x_tile, d_out, d_act, d_gu, u, g
   Buffer<T> workspace(per_thread * num_threads());
 
   for (int64_t c = 0; c < chunks; ++c) {
@@ -233,6 +296,8 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
       T* d_out = x_tile + M * H;                                         // [M, H]
       T* d_act = d_out + M * H;                                          // [M, I]
       T* d_gu = d_act + M * I;                                           // [M, 2I]
+      T* u = d_gu + M * 2 * I;                                           // [M, r]
+      T* g = u + M * dims.adapter_rank;                                  // [M, r]
       for (int64_t r0 = lo[e]; r0 < hi[e]; r0 += M) {
         const int64_t m = std::min(M, hi[e] - r0);
         T* dx_rows = dx_part.data() + (base[e] + r0 - lo[e]) * H;  // [m, H]
@@ -245,14 +310,20 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
           T* d_out_row = d_out + i * H;
           for (int64_t h = 0; h < H; ++h) d_out_row[h] = w * dy_row[h];
         }
-        // d_act[m, I] = d_out[m, H] · down[e][H, I]
+        // d_act[m, I] = d_out[m, H] · (down[e] + its adapter)[H, I]
         gemm<T>(false, false, m, I, H, T(1), d_out, H, down_e, I, T(0), d_act, I);
+        for (size_t p = 0; p < adapters.down.size(); ++p)
+          adapter_backward(d_act, d_out, H, act + r0 * I, m, I, adapters.down[p], grad_of(adapter_grads.down, p), e,
+                           u, g);
         for (int64_t i = 0; i < m; ++i) {
           const T* row = gate_up_out + (r0 + i) * 2 * I;  // [2I] = [gate | up]
           swiglu_span_backward(d_gu + i * 2 * I, d_gu + i * 2 * I + I, d_act + i * I, row, row + I, I);
         }
-        // dx_rows[m, H] = d_gu[m, 2I] · gate_up[e][2I, H]
+        // dx_rows[m, H] = d_gu[m, 2I] · (gate_up[e] + its adapters)[2I, H]
         gemm<T>(false, false, m, H, 2 * I, T(1), d_gu, 2 * I, gate_up_e, H, T(0), dx_rows, H);
+        for (size_t p = 0; p < adapters.gate_up.size(); ++p)
+          adapter_backward(dx_rows, d_gu, 2 * I, x_tile, m, H, adapters.gate_up[p], grad_of(adapter_grads.gate_up, p),
+                           e, u, g);
         // dgate_up[e][2I, H] += d_gu[m, 2I]ᵀ · x_tile[m, H];  ddown[e][H, I] += d_out[m, H]ᵀ · act[m, I]
         if (dgate_up != nullptr)
           gemm<T>(true, false, 2 * I, H, m, T(1), d_gu, 2 * I, x_tile, H, T(1), dgate_up + e * 2 * I * H, H);
@@ -282,9 +353,10 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
 
 #define TRILLION_INSTANTIATE_MOE_EXPERTS(T)                                                                         \
   template void moe_experts_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const MoePlan&,      \
-                                       const MoeExpertDims&);                                                       \
+                                       const MoeExpertDims&, const ExpertAdapters<T>&);                             \
   template void moe_experts_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*, \
-                                        const T*, const T*, const MoePlan&, const MoeExpertDims&);
+                                        const T*, const T*, const MoePlan&, const MoeExpertDims&,                   \
+                                        const ExpertAdapters<T>&, const ExpertAdapters<T>&);
 TRILLION_INSTANTIATE_MOE_EXPERTS(float)
 TRILLION_INSTANTIATE_MOE_EXPERTS(double)
 #undef TRILLION_INSTANTIATE_MOE_EXPERTS

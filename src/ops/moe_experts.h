@@ -22,7 +22,15 @@
 // order); every output row is summed by one thread in a fixed order, so results do not depend on the
 // thread count. The backward allocates its own workspace: the input-gradient rows of one token chunk
 // (about 8192 slots × H) and per-thread tiles.
-// Gradient rule: dx accumulates (+=); dweight is written (=); dw_gate_up and dw_down accumulate (+=).
+//
+// LoRA on the routed experts (model/lora_config.h): ExpertAdapters' pairs add scaling · B[e] · A[e]
+// to rows row0 .. row0 + rows of expert e's gate_up or down, applied through the rank on the same
+// row tiles as the expert's GEMMs: forward gu[:, row0:] += s · (x_tile · A[e]ᵀ) · B[e]ᵀ, and the same
+// after the down GEMM on act; backward recomputes u = x_tile · A[e]ᵀ [m, r], forms g = s · d · B[e]
+// [m, r] from the slice's output gradient d, adds g · A[e] to the input gradient and accumulates
+// dB[e] += s · dᵀ · u, dA[e] += gᵀ · x_tile, on the expert's one thread. No ΔW is formed.
+// Gradient rule: dx accumulates (+=); dweight is written (=); dw_gate_up, dw_down and the adapters'
+// gradients accumulate (+=).
 #pragma once
 
 #include <cstdint>
@@ -48,22 +56,45 @@ struct MoeExpertDims {
   int64_t hidden = 0;        // H
   int64_t intermediate = 0;  // I (expert width)
   int64_t experts = 0;       // E
+  int64_t adapter_rank = 0;  // the largest rank of the adapters it may carry (their workspace); 0: none
+};
+
+// A LoRA pair on the experts' stacked weight W [E, out, in]: expert e's rows row0 .. row0 + rows
+// gain scaling · B[e] · A[e]. A pair of gradients has the same shape (rank, rows and scaling unused).
+template <class T>
+struct ExpertLoraPair {
+  T* a = nullptr;  // [E, rank, in]
+  T* b = nullptr;  // [E, rows, rank]
+  int64_t rank = 0;
+  int64_t row0 = 0, rows = 0;
+  double scaling = 0.0;
+};
+
+// The adapters of one layer's routed experts, each list in the same order as its gradients'.
+template <class T>
+struct ExpertAdapters {
+  std::vector<ExpertLoraPair<T>> gate_up;  // none; one on all 2I rows (fused); or gate's and up's I rows each
+  std::vector<ExpertLoraPair<T>> down;     // none, or one on all H rows
+  bool empty() const { return gate_up.empty() && down.empty(); }
 };
 
 // y[N, H] += combined expert outputs; gate_up_out [rows, 2I], act [rows, I], expert_out [rows, H] saved.
 template <class T>
 void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x, const T* gate_up, const T* down,
-                         const T* weight, const MoePlan& plan, const MoeExpertDims& dims);
+                         const T* weight, const MoePlan& plan, const MoeExpertDims& dims,
+                         const ExpertAdapters<T>& adapters = {});
 
 // dx[N, H] (+=), dweight[N, k] (=), dgate_up [E, 2I, H] (+=), ddown [E, H, I] (+=) from dy[N, H].
-// A null dgate_up / ddown skips that weight gradient (frozen experts).
+// A null dgate_up / ddown skips that weight gradient (frozen experts); `adapter_grads` holds the
+// gradients of `adapters`' pairs, in their order.
 template <class T>
 void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* x, const T* gate_up_out,
                           const T* act, const T* expert_out, const T* gate_up, const T* down, const T* weight,
-                          const MoePlan& plan, const MoeExpertDims& dims);
+                          const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<T>& adapters = {},
+                          const ExpertAdapters<T>& adapter_grads = {});
 
 // The bytes of moe_experts_forward's and moe_experts_backward's temporaries (Buffers of T: the
-// per-thread tiles at `threads` threads; the backward's dx_part at its dropless bound, one chunk of
+// per-thread tiles at `threads` threads, with the adapters' rank columns; the backward's dx_part at its dropless bound, one chunk of
 // min(N, 8192 / k) tokens · k rows), for the memory plan.
 int64_t moe_experts_forward_workspace_bytes(const MoeExpertDims& dims, int64_t element_bytes, int threads);
 int64_t moe_experts_backward_workspace_bytes(int64_t tokens, int64_t top_k, const MoeExpertDims& dims,
