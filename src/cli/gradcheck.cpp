@@ -32,6 +32,7 @@ struct GradcheckArgs {
   double distributed_tolerance = 1e-12;
   int64_t lora_rank = 0;  // > 0: LoRA adapters on the targets (lora_targets), or as lora_config says
   std::string lora_targets = "all-linear";
+  std::string lora_target_parameters;
   std::string lora_config;
 };
 
@@ -50,7 +51,8 @@ void run_gradcheck(const GradcheckArgs& args) {
   if (args.lora_rank > 0 || !args.lora_config.empty()) {
     if (ProcessGroup::world().size() > 1) fail("--lora-rank / --lora-config: LoRA under mpirun is not built yet");
     config.lora = std::make_shared<const LoraConfig>(
-        args.lora_config.empty() ? LoraConfig::from_flags(args.lora_rank, 8.0, args.lora_targets)
+        args.lora_config.empty() ? LoraConfig::from_flags(args.lora_rank, 8.0, args.lora_targets,
+                                                                        args.lora_target_parameters)
                                  : LoraConfig::load(args.lora_config));
   }
   const ProcessGroup& world = ProcessGroup::world();
@@ -122,6 +124,8 @@ void register_gradcheck(CLI::App& app) {
   cmd->add_option("--lora-rank", args->lora_rank,
                   "Check a LoRA model: adapters of this rank on --lora-targets, B drawn non-zero, the base frozen");
   cmd->add_option("--lora-targets", args->lora_targets, "With --lora-rank: module names comma-separated, or all-linear");
+  cmd->add_option("--lora-target-parameters", args->lora_target_parameters,
+                  "With --lora-rank: routed experts' stacked weights comma-separated (gate_up_proj,down_proj)");
   cmd->add_option("--lora-config", args->lora_config, "Check a LoRA model as this PEFT adapter_config.json describes");
   cmd->add_option("--step", args->options.step, "Finite-difference step (relative to max(1, |θ|))")
       ->capture_default_str();
@@ -134,7 +138,8 @@ void register_gradcheck(CLI::App& app) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->callback([cmd, args, mode] {
-    if (args->lora_rank == 0 && cmd->count("--lora-targets") > 0) fail("--lora-targets: expected --lora-rank R with it");
+    if (args->lora_rank == 0 && (cmd->count("--lora-targets") > 0 || cmd->count("--lora-target-parameters") > 0))
+      fail("--lora-targets / --lora-target-parameters: expected --lora-rank R with them");
     args->options.indexer_mode = indexer_mode_from_name(*mode);
     run_gradcheck(*args);
   });

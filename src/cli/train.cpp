@@ -89,14 +89,18 @@ void register_train(CLI::App& app) {
   cmd->add_option("--lora-targets", o.lora_targets,
                   "With --lora-rank: the adapted linear layers, Hugging Face module names comma-separated "
                   "(q_proj,v_proj) or all-linear (the default)");
+  cmd->add_option("--lora-target-parameters", o.lora_target_parameters,
+                  "With --lora-rank: the routed experts' stacked weights adapted one pair per expert, comma-separated "
+                  "(gate_up_proj,down_proj), as PEFT's target_parameters");
   cmd->add_option("--lora-config", o.lora_config_path,
                   "Train a LoRA adapter as this PEFT adapter_config.json describes (regular expressions, "
                   "rank_pattern, alpha_pattern, modules_to_save, rsLoRA)");
   cmd->add_option("--adapter", o.adapter_dir, "Train this PEFT adapter directory further (its config and weights)");
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
-    if (run.lora_rank == 0 && (cmd->count("--lora-alpha") > 0 || cmd->count("--lora-targets") > 0))
-      fail("--lora-alpha / --lora-targets: expected --lora-rank R with them");
+    if (run.lora_rank == 0 && (cmd->count("--lora-alpha") > 0 || cmd->count("--lora-targets") > 0 ||
+                               cmd->count("--lora-target-parameters") > 0))
+      fail("--lora-alpha / --lora-targets / --lora-target-parameters: expected --lora-rank R with them");
     for (const Setting& setting : training_settings())
       if (cmd->count(std::string("--") + setting.flag) > 0) run.given.insert(setting.flag);
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;

@@ -11,8 +11,11 @@
 
 #include <cstdint>
 
+#include <vector>
+
 #include "core/memory.h"
 #include "ops/gemm.h"
+#include "ops/moe_experts.h"
 
 namespace trillion {
 
@@ -32,6 +35,14 @@ struct LinearWeights {
   T* weight = nullptr;  // [out, in]
   T* bias = nullptr;    // [out], or null (no bias)
   LoraPair<T> lora;     // a == null: no adapter
+};
+
+// Routed experts' stacked weight [E, out, in], which the grouped expert GEMM reads, and the LoRA
+// pairs on it (ops/moe_experts.h; model/param_rows.h declares them).
+template <class T>
+struct ExpertWeights {
+  T* weight = nullptr;                   // [E, out, in]
+  std::vector<ExpertLoraPair<T>> lora;  // none, one on all rows, or one per part (gate_proj, up_proj)
 };
 
 // y[rows, out] (= or +=) x[rows, in] · weightᵀ + bias + scaling · (x · Aᵀ) · Bᵀ. `operands`: the products' operand precision

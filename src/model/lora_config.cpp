@@ -216,20 +216,30 @@ LoraConfig LoraConfig::from_json(const nlohmann::ordered_json& ordered, const st
   return c;
 }
 
-LoraConfig LoraConfig::from_flags(int64_t r, double lora_alpha, const std::string& targets) {
-  nlohmann::ordered_json json = {{"r", r}, {"lora_alpha", lora_alpha}, {"task_type", "CAUSAL_LM"}};
-  if (ModuleNames{{}, targets}.all_linear()) {
-    json["target_modules"] = targets;
-  } else {
-    std::vector<std::string> names;
-    for (size_t begin = 0; begin <= targets.size();) {
-      const size_t end = std::min(targets.find(',', begin), targets.size());
-      if (end > begin) names.push_back(targets.substr(begin, end - begin));
-      begin = end + 1;
-    }
-    json["target_modules"] = names;
+namespace {
+
+// "a,b,,c" → {a, b, c}
+std::vector<std::string> comma_separated(const std::string& list) {
+  std::vector<std::string> names;
+  for (size_t begin = 0; begin <= list.size();) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    if (end > begin) names.push_back(list.substr(begin, end - begin));
+    begin = end + 1;
   }
-  return from_json(json, "--lora-rank / --lora-alpha / --lora-targets");
+  return names;
+}
+
+}  // namespace
+
+LoraConfig LoraConfig::from_flags(int64_t r, double lora_alpha, const std::string& targets,
+                                  const std::string& target_parameters) {
+  nlohmann::ordered_json json = {{"r", r}, {"lora_alpha", lora_alpha}, {"task_type", "CAUSAL_LM"}};
+  if (ModuleNames{{}, targets}.all_linear())
+    json["target_modules"] = targets;
+  else
+    json["target_modules"] = comma_separated(targets);
+  if (!target_parameters.empty()) json["target_parameters"] = comma_separated(target_parameters);
+  return from_json(json, "--lora-rank / --lora-alpha / --lora-targets / --lora-target-parameters");
 }
 
 LoraConfig LoraConfig::load(const std::string& path) {

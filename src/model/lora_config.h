@@ -70,9 +70,12 @@ struct LoraConfig {
   double alpha_of(const std::string& name) const;
   double scaling_of(const std::string& name) const;
 
-  // The config of the command line's --lora-rank R --lora-alpha A --lora-targets T: T names comma-
-  // separated ("q_proj,v_proj") or all-linear; checked as a file's would be.
-  static LoraConfig from_flags(int64_t r, double lora_alpha, const std::string& targets);
+  // The config of the command line's --lora-rank R --lora-alpha A --lora-targets T
+  // --lora-target-parameters P: T names comma-separated ("q_proj,v_proj") or all-linear, P names
+  // comma-separated ("gate_up_proj,down_proj": the routed experts, PEFT's fused layout); checked as
+  // a file's would be.
+  static LoraConfig from_flags(int64_t r, double lora_alpha, const std::string& targets,
+                               const std::string& target_parameters = "");
   // Reads adapter_config.json's object (keys in file order: the first matching pattern wins);
   // `source` names the file in errors.
   static LoraConfig from_json(const nlohmann::ordered_json& json, const std::string& source);

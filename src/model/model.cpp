@@ -575,8 +575,9 @@ double Model<T>::training_flops_per_token(int64_t seq) const {
   const double routed_share =
       m.config.num_experts > 0 ? double(m.config.num_experts_per_tok) / double(m.config.num_experts) : 0.0;
   for (const ParamSpec& spec : m.table.entries()) {
-    if (spec.adapter) {
-      flops += (spec.name.ends_with(".lora_A.weight") ? 8.0 : 6.0) * double(spec.numel());
+    if (spec.adapter) {  // a routed experts' pair is [E, …]: k of its E experts per token
+      flops += (spec.name.ends_with(".lora_A.weight") ? 8.0 : 6.0) * double(spec.numel()) *
+               (spec.shape.size() == 3 ? routed_share : 1.0);
     } else if (spec.frozen && spec.use != ParamUse::values) {
       flops -= 2.0 * double(spec.numel()) * (spec.group == ParamGroup::expert ? routed_share : 1.0);
     }

@@ -44,6 +44,10 @@ MoeDims MoeDims::from_config(const ModelConfig& config) {
     dims.shared.prefix = "mlp.shared_experts.";
   }
   dims.expert_parts = family.expert_parts;
+  if (config.lora != nullptr) {
+    dims.adapter_rank = config.lora->r;
+    for (const auto& [pattern, rank] : config.lora->rank_pattern) dims.adapter_rank = std::max(dims.adapter_rank, rank);
+  }
   dims.aux_type = config.router_aux_loss_type;
   dims.aux_coef = config.aux_loss_coef();
   dims.z_coef = config.router_z_loss_coef;
@@ -132,11 +136,12 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   moe_plan_build(plan, index, n, k, E, pass.mode != PassMode::decode ? dims.capacity(n) : 0);
   extent.routed_rows = plan.rows();
   const SavedWriter saves(saved_tensors(dims, extent), store, layer, scratch);
-  const MoeExpertDims expert_dims{D, I, E};
+  const MoeExpertDims expert_dims{D, I, E, dims.adapter_rank};
   if (pass.experts != nullptr) {
+    TRILLION_CHECK(w.gate_up.lora.empty() && w.down.lora.empty(), "routed experts' adapters under the expert exchange");
     // A re-run finds the exchanged rows kept (they are never dropped), so it does not exchange again.
     if (pass.mode != PassMode::recompute)
-      pass.experts->forward(y, h, w.gate_up, w.down, weight, plan, expert_dims, [&](int64_t received) {
+      pass.experts->forward(y, h, w.gate_up.weight, w.down.weight, weight, plan, expert_dims, [&](int64_t received) {
         extent.received_rows = received;
         const SavedWriter rows(saved_tensors(dims, extent), store, layer, scratch);
         return exchanged_rows<T>(
@@ -146,7 +151,8 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
     T* gate_up_out = saves.out<T>(Tag::expert_gate_up);  // [rows, 2I]
     T* act = saves.out<T>(Tag::expert_act);              // [rows, I]
     T* expert_out = saves.out<T>(Tag::expert_out);       // [rows, D]
-    moe_experts_forward(y, gate_up_out, act, expert_out, h, w.gate_up, w.down, weight, plan, expert_dims);
+    moe_experts_forward(y, gate_up_out, act, expert_out, h, w.gate_up.weight, w.down.weight, weight, plan, expert_dims,
+                        {w.gate_up.lora, w.down.lora});
   }
 
   if (dims.shared.intermediate > 0) {
@@ -200,14 +206,15 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
     const SavedReader rows(saved_tensors(dims, extent), store, layer);
     const ExchangedRows<const T> saved_rows = exchanged_rows<const T>(
         extent.received_rows, [&](Tag tag) { return rows.in<int32_t>(tag); }, [&](Tag tag) { return rows.in<T>(tag); });
-    pass.experts->backward(dh, dweight, grads.gate_up, grads.down, dy, w.gate_up, w.down, weight, plan,
-                           MoeExpertDims{D, I, E}, saved_rows);
+    pass.experts->backward(dh, dweight, grads.gate_up.weight, grads.down.weight, dy, w.gate_up.weight,
+                           w.down.weight, weight, plan, MoeExpertDims{D, I, E}, saved_rows);
   } else {
     const T* gate_up_out = saved.in<T>(Tag::expert_gate_up);  // [rows, 2I]
     const T* act = saved.in<T>(Tag::expert_act);              // [rows, I]
     const T* expert_out = saved.in<T>(Tag::expert_out);       // [rows, D]
-    moe_experts_backward(dh, dweight, grads.gate_up, grads.down, dy, h, gate_up_out, act, expert_out, w.gate_up,
-                         w.down, weight, plan, MoeExpertDims{D, I, E});
+    moe_experts_backward(dh, dweight, grads.gate_up.weight, grads.down.weight, dy, h, gate_up_out, act, expert_out,
+                         w.gate_up.weight, w.down.weight, weight, plan, MoeExpertDims{D, I, E, dims.adapter_rank},
+                         {w.gate_up.lora, w.down.lora}, {grads.gate_up.lora, grads.down.lora});
   }
   T* dscores = scratch.alloc<T>(n * E);  // [n, E], zero-filled
   router_weights_backward(dscores, dweight, scores, index, n, dims.router);
@@ -298,7 +305,7 @@ int64_t routed_rows_bound(const MoeDims& dims, int64_t tokens) {
 // gradients both ways ([rows, D] and [R, D] twice), unit weights and their unused gradients [R].
 Workspace workspace_bytes(const MoeDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, E = dims.experts(), k = dims.top_k(), D = dims.hidden;
-  const MoeExpertDims expert_dims{D, dims.width, E};
+  const MoeExpertDims expert_dims{D, dims.width, E, dims.adapter_rank};
   const bool sequence = dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0, z = dims.z_coef != 0.0;
   const int64_t sequence_bytes = sequence ? sequence_aux_loss_workspace_bytes(shape.batch, shape.seq, E) : 0;
   const int64_t z_bytes = z ? router_z_loss_workspace_bytes(n) : 0;

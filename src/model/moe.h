@@ -45,6 +45,7 @@ struct MoeDims {
   bool correction_bias = false;  // sigmoid routers: e_score_correction_bias used for selection
   double capacity_factor = 0.0;  // 0: dropless
   MlpDims shared;            // shared expert(s); intermediate 0 = none
+  int64_t adapter_rank = 0;  // with LoRA, the largest rank its config gives (the experts' adapter workspace)
   bool shared_gated = false; // qwen3_next's sigmoid(shared_expert_gate(h)) gate
   std::vector<std::string> expert_parts;  // checkpoint names of gate, up, down (family.h)
   AuxLossType aux_type = AuxLossType::pooled;
@@ -61,8 +62,8 @@ template <class T>
 struct MoeWeights {
   LinearWeights<T> router;        // [E, D]
   T* correction_bias = nullptr;   // [E] (buffer; no gradient)
-  T* gate_up = nullptr;           // [E, 2I, D] gate rows then up rows of each expert
-  T* down = nullptr;              // [E, D, I]
+  ExpertWeights<T> gate_up;       // [E, 2I, D] gate rows then up rows of each expert, its LoRA pairs
+  ExpertWeights<T> down;          // [E, D, I], its LoRA pair
   MlpWeights<T> shared;           // [Is, D], [Is, D], [D, Is]
   LinearWeights<T> shared_gate;   // [1, D]
 };
@@ -82,11 +83,13 @@ void visit_params(MoeWeights<T>& w, const MoeDims& dims, Visit&& visit) {
   }
   ParamRow gate_up = linear_row("mlp.experts.gate_up_proj", {E, 2 * I, D}, dims.init.std_in);
   gate_up.group = ParamGroup::expert;
-  gate_up.hf_keys = per_expert_keys(E, {dims.expert_parts[0], dims.expert_parts[1]}, I, D);
+  gate_up.expert_parts = {dims.expert_parts[0], dims.expert_parts[1]};
+  gate_up.hf_keys = per_expert_keys(E, gate_up.expert_parts, I, D);
   visit(w.gate_up, gate_up);
   ParamRow down = linear_row("mlp.experts.down_proj", {E, D, I}, dims.init.std_out);
   down.group = ParamGroup::expert;
-  down.hf_keys = per_expert_keys(E, {dims.expert_parts[2]}, D, I);
+  down.expert_parts = {dims.expert_parts[2]};
+  down.hf_keys = per_expert_keys(E, down.expert_parts, D, I);
   visit(w.down, down);
   if (dims.shared.intermediate > 0) {
     visit_params(w.shared, dims.shared, visit);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -48,6 +49,17 @@ struct HfKey {
   int64_t offset = 0;  // element offset inside the parameter
 };
 
+// What a LoRA pair's tensor adapts (model/param_rows.h): a weight, for routed experts' pairs from
+// row `row0` of each expert's [out, in], with the pair's scaling; `whole_parameter`: PEFT's
+// target_parameters on routed experts' stacked weight, stored as its ParamWrapper stores them
+// (model/adapter_weights.cpp).
+struct AdapterTarget {
+  std::string weight;  // the adapted tensor's name ("…self_attn.q_proj.weight", "…mlp.experts.gate_up_proj")
+  int64_t row0 = 0;
+  double scaling = 0.0;
+  bool whole_parameter = false;
+};
+
 struct ParamSpec {
   std::string name;  // internal name = the name transformers uses in memory (state_dict)
   std::vector<int64_t> shape;
@@ -61,7 +73,7 @@ struct ParamSpec {
   std::vector<HfKey> hf_keys = {};  // empty: stored under `name` with `shape`
   int64_t offset = 0;          // element offset in the flat buffer; set by ParamTable::finalize
   bool frozen = false;         // its group is frozen (ParamTable::freeze); set by ParamTable::finalize
-  bool adapter = false;        // a LoRA pair's tensor: stored in the adapter's files, not the model's
+  std::optional<AdapterTarget> adapter;  // set: a LoRA pair's tensor, stored in the adapter's files, not the model's
   int64_t numel() const;
   bool trainable() const { return group != ParamGroup::buffer && !frozen; }
   // The keys a checkpoint of the original (save_pretrained default) layout stores.

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
+#include <string_view>
 
 #include "core/error.h"
 #include "core/machine_memory.h"
@@ -89,24 +91,41 @@ MatmulPrecision checkpoint_matmul_precision(const std::string& given, const Trai
 namespace {
 
 // PEFT (>= 0.19, transformers 5) reads gate_proj / up_proj / down_proj / gate in the target list of
-// an MoE model as target_parameters on its fused routed experts and router, and all-linear as
-// covering them too: an adapter the engine trained on such names (dense or shared-expert MLPs)
-// would load in PEFT as another adapter. Refused until routed experts' adapters are built.
+// an MoE model as target_parameters on its fused routed experts and router, leaving dense and shared
+// MLPs of those names unadapted, and all-linear as covering the router too: an adapter the engine
+// trained on such names would load in PEFT as another adapter, and refused. Routed experts are
+// adapted the way PEFT reads alike: target_parameters (its fused layout), or their per-expert
+// modules named apart (its per-expert layout, which PEFT converts to the fused one only with gate
+// and up both adapted).
 void check_peft_reads_it_alike(const ModelConfig& config) {
   if (config.num_experts == 0) return;
   const LoraConfig& lora = *config.lora;
   if (lora.target_modules.all_linear())
-    fail(lora.source, ": field \"target_modules\": all-linear on an MoE model, which PEFT extends to the routed ",
-         "experts and the router (not built yet); expected the attention and linear-attention projections by name");
+    fail(lora.source, ": field \"target_modules\": all-linear on an MoE model, which PEFT extends to the router ",
+         "(not adapted here); expected the projections by name and the routed experts as target_parameters");
   const ParamTable table = param_table_of(config);
+  std::set<std::string> expert_parts;  // "…mlp.experts.gate_proj": the parts adapted per expert
   for (const ParamSpec& spec : table.entries()) {
     if (!spec.adapter || !spec.name.ends_with(".lora_A.weight")) continue;
     const std::string module = spec.name.substr(0, spec.name.size() - std::string_view(".lora_A.weight").size());
     const std::string last = module.substr(module.rfind('.') + 1);
+    if (spec.shape.size() == 3) {
+      if (!spec.adapter->whole_parameter) expert_parts.insert(module);
+      continue;
+    }
     if (last == "gate_proj" || last == "up_proj" || last == "down_proj" || last == "gate")
       fail(lora.source, ": field \"target_modules\": matches ", module, "; on an MoE model PEFT reads ", last,
-           " as the routed experts' target_parameters (not built yet); expected the attention and linear-attention "
-           "projections");
+           " as the routed experts' target_parameters and leaves this module unadapted; expected the routed experts "
+           "as target_parameters (--lora-target-parameters gate_up_proj,down_proj) and other modules by names PEFT "
+           "keeps");
+  }
+  for (const std::string& module : expert_parts) {
+    const std::string experts = module.substr(0, module.rfind('.') + 1);
+    const bool gate = expert_parts.count(experts + "gate_proj") > 0, up = expert_parts.count(experts + "up_proj") > 0;
+    if (gate != up)
+      fail(lora.source, ": field \"target_modules\": adapts ", module, " of the routed experts without ",
+           gate ? "up_proj" : "gate_proj", "; PEFT fuses the per-expert gate and up pairs into gate_up_proj only with "
+           "both; expected both or neither");
   }
 }
 
@@ -136,7 +155,8 @@ std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const Mode
   if (chosen == 0) return nullptr;
   LoraConfig lora = !o.adapter_dir.empty() ? LoraConfig::load((fs::path(o.adapter_dir) / "adapter_config.json").string())
                     : !o.lora_config_path.empty() ? LoraConfig::load(o.lora_config_path)
-                                                  : LoraConfig::from_flags(o.lora_rank, o.lora_alpha, o.lora_targets);
+                                                  : LoraConfig::from_flags(o.lora_rank, o.lora_alpha, o.lora_targets,
+                                                                           o.lora_target_parameters);
   if (lora.lora_dropout > 0.0)
     fail(lora.source, ": field \"lora_dropout\": got ", lora.lora_dropout, "; expected 0 (dropout on the ",
          "adapter's input is not built yet)");

@@ -1,5 +1,6 @@
 // PEFT parity of LoRA (tools/ref/write_lora_fixture.py: adapters the peft package made, with non-zero
-// B and a perturbed saved module, on the transformers-made model fixtures): the engine loads the
+// B and a perturbed saved module, on the transformers-made model fixtures; on qwen3_moe the routed
+// experts' pairs in PEFT's fused layout): the engine loads the
 // base's weights and PEFT's adapter files and gives PEFT's loss and logits, to 1e-10 in double and
 // 1e-6 in float; an adapter it saves reads back to the bit under PEFT's keys; a file that does not
 // fit the adapter config is refused naming the file and the tensor.
@@ -86,8 +87,9 @@ TEST_P(LoraParity, PeftsAdapterGivesPeftsLossAndLogitsInFloat) {
   expect_peft_outputs<float>(GetParam(), 1e-6, 32 * 0x1.0p-23);
 }
 
-// save_adapter writes PEFT's files: the same keys and shapes as PEFT's, values that read back to the
-// bit, and a config that reads back as the same one.
+// save_adapter writes PEFT's files: the same keys, shapes and values as PEFT's (the routed experts'
+// fused lora_B in its rank-major order included), values that read back to the bit, and a config
+// that reads back as the same one.
 TEST_P(LoraParity, ASavedAdapterHasPeftsKeysAndReadsBackToTheBit) {
   const auto model = adapted_model<double>(GetParam());
   const test::ScratchDir dir;
@@ -99,6 +101,12 @@ TEST_P(LoraParity, ASavedAdapterHasPeftsKeysAndReadsBackToTheBit) {
     ASSERT_TRUE(saved.contains(key)) << key;
     EXPECT_EQ(saved.info(key).shape, info.shape) << key;
     EXPECT_EQ(saved.info(key).dtype, DType::F64) << key;
+    int64_t n = 1;
+    for (int64_t d : info.shape) n *= d;
+    std::vector<double> ours(n), theirs(n);
+    saved.read(key, info.shape, ours.data());
+    peft.read(key, info.shape, theirs.data());
+    EXPECT_EQ(ours, theirs) << key;
   }
   const LoraConfig back = LoraConfig::load(dir.path() + "/adapter_config.json");
   EXPECT_EQ(back.to_json(), model->config().lora->to_json());
@@ -137,7 +145,8 @@ TEST_P(LoraParity, TheMergedModelGivesTheAdaptedLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity,
-                         ::testing::Values("tiny_qwen3", "tiny_qwen3_next_hybrid", "tiny_deepseek_v3"));
+                         ::testing::Values("tiny_qwen3", "tiny_qwen3_next_hybrid", "tiny_deepseek_v3",
+                                           "tiny_qwen3_moe"));
 
 // An adapter file that does not fit: a missing tensor, a wrong rank, a tensor of another adapter.
 TEST(LoraParityErrors, AFileThatDoesNotFitTheConfigIsRefusedNamingTheTensor) {

@@ -97,6 +97,37 @@ TEST(LoraCli, TrainsOnlyTheAdapterAndResumesToTheSameBits) {
   EXPECT_NE(no_adapter.output.find("has no adapter/"), std::string::npos) << no_adapter.output;
 }
 
+// Routed experts' pairs from the command line (--lora-target-parameters, PEFT's fused layout): the
+// experts' weights stay as they started, the adapter holds PEFT's nested ParamWrapper keys and
+// shapes, and a run stopped and resumed gives the same adapter to the bit.
+TEST(LoraCli, TrainsRoutedExpertsPairsInPeftsFusedLayout) {
+  const fs::path root = test_data().root / "lora_experts";
+  fs::remove_all(root);
+  const fs::path moe = config_with("tiny_qwen3_moe", nullptr);
+  const std::string flags = " --config " + moe.string() + " --data " + test_data().data_dir.string() +
+                            " --batch 2 --seq-len 16 --lr 1e-2 --warmup 2 --steps 4 --save-every 2" + kSmallMfuGemm +
+                            " --lora-rank 2 --lora-targets q_proj --lora-target-parameters gate_up_proj,down_proj";
+  const CommandResult whole = run_cli("train --out " + (root / "whole").string() + flags);
+  ASSERT_EQ(whole.status, 0) << whole.output;
+  const fs::path adapter = root / "whole" / "adapter" / "adapter_model.safetensors";
+  const SafetensorsReader file(adapter.string());
+  const std::string experts = "base_model.model.model.layers.1.mlp.experts.";
+  EXPECT_EQ(file.info(experts + "base_layer.lora_A.weight").shape, (std::vector<int64_t>{6 * 2, 16}));  // [E·r, D]
+  EXPECT_EQ(file.info(experts + "base_layer.lora_B.weight").shape, (std::vector<int64_t>{2 * 8, 2 * 6}));
+  EXPECT_EQ(file.info(experts + "lora_A.weight").shape, (std::vector<int64_t>{6 * 2, 8}));  // down: [E·r, I]
+  const std::vector<double> b = tensor_values(adapter, experts + "lora_B.weight");
+  EXPECT_TRUE(std::any_of(b.begin(), b.end(), [](double v) { return v != 0.0; })) << "the experts' B never trained";
+  const fs::path w2 = root / "whole" / "checkpoint-000002" / "model.safetensors";
+  const fs::path w4 = root / "whole" / "checkpoint-000004" / "model.safetensors";
+  for (const std::string name : {"model.layers.1.mlp.experts.3.up_proj.weight", "model.layers.2.mlp.experts.0.down_proj.weight"})
+    EXPECT_EQ(tensor_values(w2, name), tensor_values(w4, name)) << name;
+  const CommandResult first = run_cli("train --out " + (root / "split").string() + flags + " --stop-after 2");
+  ASSERT_EQ(first.status, 0) << first.output;
+  const CommandResult resumed = run_cli("train --resume " + (root / "split").string() + kSmallMfuGemm);
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_EQ(read_bytes(root / "split" / "adapter" / "adapter_model.safetensors"), read_bytes(adapter));
+}
+
 TEST(LoraCli, StartsFromInitWeightsWithAPeftConfig) {
   const fs::path root = test_data().root / "lora_init";
   fs::remove_all(root);
@@ -143,12 +174,17 @@ TEST(LoraCli, StartsFromInitWeightsWithAPeftConfig) {
     EXPECT_NE(r.output.find(message), std::string::npos) << flags << "\n" << r.output;
   };
   refused(" --lora-rank 2 --lora-targets qq_proj", "field \"target_modules\": matches no linear layer");
-  refused(" --lora-targets q_proj", "--lora-alpha / --lora-targets: expected --lora-rank R with them");
+  refused(" --lora-targets q_proj", "--lora-alpha / --lora-targets / --lora-target-parameters: expected --lora-rank R");
   write_text(root / "dropout.json", R"({"target_modules": ["q_proj"], "lora_dropout": 0.1})");
   refused(" --lora-config " + (root / "dropout.json").string(), "field \"lora_dropout\": got 0.1; expected 0");
   const fs::path moe = config_with("tiny_qwen3_moe", nullptr);
   refused(" --lora-rank 2", "all-linear on an MoE model", moe);
   refused(" --lora-rank 2 --lora-targets q_proj,down_proj", "PEFT reads down_proj as the routed experts'", moe);
+  write_text(root / "up_only.json", R"j({"target_modules": ".*(q_proj|experts\\.[0-9]+\\.up_proj)"})j");
+  refused(" --lora-config " + (root / "up_only.json").string(),
+          "adapts model.layers.1.mlp.experts.up_proj of the routed experts without gate_proj", moe);
+  refused(" --lora-rank 2 --lora-targets q_proj --lora-target-parameters gate_proj",
+          "field \"target_parameters\": matches no routed experts' weight", moe);
   refused(" --lora-rank 2 --lora-targets q_proj --moe-bias-rate 0.001",
           "--moe-bias-rate 0.001: would change the frozen base's router biases", config_with("tiny_glm4_moe", nullptr));
 }

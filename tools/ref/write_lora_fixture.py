@@ -50,9 +50,13 @@ FIXTURES = {
     # then also adapts qwen3_next's router, an nn.Linear, and the routed experts)
     "tiny_qwen3_next_hybrid": (["in_proj_qkvz", "in_proj_ba", "out_proj", "q_proj", "k_proj", "v_proj", "o_proj",
                                 "shared_expert_gate"], "in_proj_qkvz", ["lm_head"]),
-    # MLA's projections (expert targets: PEFT 0.21 turns gate_proj / up_proj / down_proj names on an MoE model
-    # into target_parameters on the fused routed experts, whose adapters the engine does not build yet)
+    # MLA's projections
     "tiny_deepseek_v3": (["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"], "kv_b_proj", None),
+    # attention and the routed experts: PEFT 0.21 on transformers 5 turns gate_proj / up_proj / down_proj on an MoE
+    # model into target_parameters on the fused experts (gate_up_proj at rank 2r and alpha 2 alpha, through
+    # rank_pattern and alpha_pattern), PEFT's fused layout; layer 0's dense MLP is then not adapted
+    "tiny_qwen3_moe": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                       "layers.1.self_attn.v_proj", ["lm_head"]),
 }
 
 
