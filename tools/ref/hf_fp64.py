@@ -62,6 +62,18 @@ SITES = {
         "eager_attention_forward",
         "load_balancing_loss_func",
     ]),
+    # transformers 4.57's qwen3_moe (experts as a list of modules: PEFT's per-expert LoRA layout), for
+    # write_lora_fixture.py --per-expert; its default RoPE table comes from modeling_rope_utils, through
+    # ROPE_INIT_FUNCTIONS
+    "qwen3_moe_transformers4": [
+        ("transformers.models.qwen3_moe.modeling_qwen3_moe", [
+            "Qwen3MoeRMSNorm.forward",
+            "Qwen3MoeRotaryEmbedding.forward",
+            "Qwen3MoeSparseMoeBlock.forward",
+            "eager_attention_forward",
+        ]),
+        ("transformers.modeling_rope_utils", ["_compute_default_rope_parameters", "ROPE_INIT_FUNCTIONS[default]"]),
+    ],
     # Gated DeltaNet (docs/architecture.md, "Float32 traps of transformers"): the gated norm (fp32 norm
     # and fp32 silu(z)), the decay
     # g = -exp(A_log.float()) * softplus(a.float() + dt_bias) in the layer's forward, and the fp32 casts at

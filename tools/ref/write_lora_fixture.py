@@ -8,10 +8,12 @@ Environment: tools/ref/requirements.txt (torch 2.15.0, transformers 5.24.0, peft
 Rerun, from the repository root, after tools/ref/write_model_fixture.py has written the base fixtures:
     /work/venv-ref/bin/python tools/ref/write_lora_fixture.py            # every fixture
     /work/venv-ref/bin/python tools/ref/write_lora_fixture.py tiny_qwen3 # some of them
+    PYTHONPATH=DIR /work/venv-ref/bin/python tools/ref/write_lora_fixture.py --per-expert
+                                       # transformers 4.57.3 in DIR (PER_EXPERT_FIXTURES says how)
 Reruns give identical bytes (the script runs itself under PYTHONHASHSEED=0: PEFT keeps target_modules as a
 set, whose order it writes).
 
-Each fixture is tests/fixtures/models/<base>/lora/:
+Each fixture is tests/fixtures/models/<base>/lora/ (lora_per_expert/ for --per-expert):
     adapter_config.json, adapter_model.safetensors   as PeftModel.save_pretrained writes them (F64)
     fixture.safetensors
         logits  F64 [2, 7, V]   PEFT's model on the base fixture's tokens
@@ -31,7 +33,7 @@ import torch
 import transformers
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 import hf_fp64
 
@@ -58,21 +60,42 @@ FIXTURES = {
     "tiny_qwen3_moe": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                        "layers.1.self_attn.v_proj", ["lm_head"]),
 }
+# PEFT's per-expert layout (--per-expert): transformers 4 keeps routed experts as a list of modules, and PEFT
+# adapts each expert's gate_proj / up_proj / down_proj (and layer 0's dense MLP) as linear layers. Run with
+# transformers 4.57.3 first on the path (tools/ref/requirements-transformers4.txt, installed into a directory
+# of its own: pip install --target DIR -r tools/ref/requirements-transformers4.txt; then
+# PYTHONPATH=DIR /work/venv-ref/bin/python tools/ref/write_lora_fixture.py --per-expert). Written to
+# <base>/lora_per_expert/.
+PER_EXPERT_FIXTURES = {
+    "tiny_qwen3_moe": (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                       "layers.1.self_attn.v_proj", ["lm_head"]),
+}
 
 
-def write(name):
-    targets_modules, alpha_key, save = FIXTURES[name]
+def write(name, per_expert=False):
+    targets_modules, alpha_key, save = (PER_EXPERT_FIXTURES if per_expert else FIXTURES)[name]
     base_dir = os.path.join(MODELS, name)
     with open(os.path.join(base_dir, "config.json")) as f:
         model_type = json.load(f)["model_type"]
     hf_fp64.restore()
-    hf_fp64.apply(model_type, "loss")
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float64, experts_implementation="eager",
-                                                 attn_implementation="eager").eval()
+    if per_expert:
+        assert transformers.__version__.startswith("4."), f"--per-expert needs transformers 4, not {transformers.__version__}"
+        hf_fp64.apply(model_type + "_transformers4", "loss")
+        # transformers 5's config names the expert count num_local_experts and RoPE's base in rope_parameters
+        config = AutoConfig.from_pretrained(base_dir)
+        config.num_experts = config.num_local_experts
+        config.rope_theta = config.rope_parameters["rope_theta"]
+        model = AutoModelForCausalLM.from_pretrained(base_dir, config=config, torch_dtype=torch.float64,
+                                                     attn_implementation="eager").eval()
+    else:
+        hf_fp64.apply(model_type, "loss")
+        model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float64, experts_implementation="eager",
+                                                     attn_implementation="eager").eval()
     # from_pretrained keeps some modules in float32 (routers): cast, then take the stored float64 values
-    # (the fused layout's in-memory names where the base has experts).
+    # (the fused layout's in-memory names where the base has experts, under transformers 5).
     model = model.to(torch.float64)
-    stored = os.path.join(base_dir, "fused" if os.path.isdir(os.path.join(base_dir, "fused")) else ".")
+    fused = os.path.isdir(os.path.join(base_dir, "fused")) and not per_expert
+    stored = os.path.join(base_dir, "fused" if fused else ".")
     missing, unexpected = model.load_state_dict(load_file(os.path.join(stored, "model.safetensors")), strict=False)
     assert not unexpected and all(m == "lm_head.weight" and model.config.tie_word_embeddings for m in missing), \
         (missing, unexpected)
@@ -98,7 +121,7 @@ def write(name):
     lm_loss = hf_fp64.our_ce(logits.double(), targets)
     change = ((logits - base_logits).abs().max() / base_logits.abs().max()).item()
     assert change > 1e-3, f"the adapter barely changes the logits ({change})"
-    out_dir = os.path.join(base_dir, "lora")
+    out_dir = os.path.join(base_dir, "lora_per_expert" if per_expert else "lora")
     model.save_pretrained(out_dir)
     for extra in os.listdir(out_dir):
         if extra not in ("adapter_config.json", "adapter_model.safetensors"):
@@ -115,5 +138,7 @@ def write(name):
 
 
 if __name__ == "__main__":
-    for n in sys.argv[1:] or list(FIXTURES):
-        write(n)
+    per_expert_run = "--per-expert" in sys.argv
+    names = [a for a in sys.argv[1:] if a != "--per-expert"]
+    for n in names or list(PER_EXPERT_FIXTURES if per_expert_run else FIXTURES):
+        write(n, per_expert_run)
