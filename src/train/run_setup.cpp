@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <set>
+#include <map>
 #include <string_view>
 
 #include "core/error.h"
@@ -104,13 +104,13 @@ void check_peft_reads_it_alike(const ModelConfig& config) {
     fail(lora.source, ": field \"target_modules\": all-linear on an MoE model, which PEFT extends to the router ",
          "(not adapted here); expected the projections by name and the routed experts as target_parameters");
   const ParamTable table = param_table_of(config);
-  std::set<std::string> expert_parts;  // "…mlp.experts.gate_proj": the parts adapted per expert
+  std::map<std::string, int64_t> expert_parts;  // "…mlp.experts.gate_proj" → rank: the parts adapted per expert
   for (const ParamSpec& spec : table.entries()) {
     if (!spec.adapter || !spec.name.ends_with(".lora_A.weight")) continue;
     const std::string module = spec.name.substr(0, spec.name.size() - std::string_view(".lora_A.weight").size());
     const std::string last = module.substr(module.rfind('.') + 1);
     if (spec.shape.size() == 3) {
-      if (!spec.adapter->whole_parameter) expert_parts.insert(module);
+      if (!spec.adapter->whole_parameter) expert_parts[module] = spec.shape[1];
       continue;
     }
     if (last == "gate_proj" || last == "up_proj" || last == "down_proj" || last == "gate")
@@ -119,13 +119,25 @@ void check_peft_reads_it_alike(const ModelConfig& config) {
            "as target_parameters (--lora-target-parameters gate_up_proj,down_proj) and other modules by names PEFT "
            "keeps");
   }
-  for (const std::string& module : expert_parts) {
-    const std::string experts = module.substr(0, module.rfind('.') + 1);
+  // PEFT converts per-expert pairs to its fused layout as they are named without the expert index
+  // ("…mlp.experts.gate_proj"), gate and up into one pair of rank 2 r and alpha 2 lora_alpha.
+  for (const auto& [module, rank] : expert_parts) {
+    const std::string experts = module.substr(0, module.rfind('.') + 1), part = module.substr(experts.size());
     const bool gate = expert_parts.count(experts + "gate_proj") > 0, up = expert_parts.count(experts + "up_proj") > 0;
     if (gate != up)
       fail(lora.source, ": field \"target_modules\": adapts ", module, " of the routed experts without ",
            gate ? "up_proj" : "gate_proj", "; PEFT fuses the per-expert gate and up pairs into gate_up_proj only with "
            "both; expected both or neither");
+    if (!lora.targets_module(module))
+      fail(lora.source, ": field \"target_modules\": adapts the routed experts' ", part, " of ", experts,
+           " by their indices; PEFT (transformers 5) matches them as ", module, " and would leave them unadapted; "
+           "expected a pattern that matches that name too");
+    const bool fused_by_peft = part == "gate_proj" || part == "up_proj";
+    if (fused_by_peft && (rank != lora.r || lora.alpha_of(module) != lora.lora_alpha || lora.use_rslora))
+      fail(lora.source, ": fields \"rank_pattern\" / \"alpha_pattern\" / \"use_rslora\": give the routed experts' ",
+           part, " of ", experts, " rank ", rank, ", alpha ", lora.alpha_of(module),
+           "; PEFT fuses gate and up at rank 2 r and alpha 2 lora_alpha (scaling alpha / r); expected r ", lora.r,
+           ", lora_alpha ", lora.lora_alpha, " and no rsLoRA there");
   }
 }
 

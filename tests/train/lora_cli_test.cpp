@@ -183,6 +183,12 @@ TEST(LoraCli, StartsFromInitWeightsWithAPeftConfig) {
   write_text(root / "up_only.json", R"j({"target_modules": ".*(q_proj|experts\\.[0-9]+\\.up_proj)"})j");
   refused(" --lora-config " + (root / "up_only.json").string(),
           "adapts model.layers.1.mlp.experts.up_proj of the routed experts without gate_proj", moe);
+  write_text(root / "indices.json", R"j({"target_modules": ".*(q_proj|experts\\.[0-9]+\\.(gate|up)_proj)"})j");
+  refused(" --lora-config " + (root / "indices.json").string(),
+          "PEFT (transformers 5) matches them as model.layers.1.mlp.experts.gate_proj", moe);
+  write_text(root / "up_rank.json", R"({"target_modules": ["q_proj", "gate_proj", "up_proj"], "rank_pattern": {"up_proj": 2}})");
+  refused(" --lora-config " + (root / "up_rank.json").string(), "PEFT fuses gate and up at rank 2 r",
+          config_with("tiny_qwen3_moe", {{"mlp_only_layers", nlohmann::json::array()}}));
   refused(" --lora-rank 2 --lora-targets q_proj --lora-target-parameters gate_proj",
           "field \"target_parameters\": matches no routed experts' weight", moe);
   refused(" --lora-rank 2 --lora-targets q_proj --moe-bias-rate 0.001",
