@@ -49,7 +49,6 @@ void run_gradcheck(const GradcheckArgs& args) {
   ModelConfig config = ModelConfig::load(args.config_path);
   if (args.lora_rank > 0 && !args.lora_config.empty()) fail("--lora-rank and --lora-config are exclusive");
   if (args.lora_rank > 0 || !args.lora_config.empty()) {
-    if (ProcessGroup::world().size() > 1) fail("--lora-rank / --lora-config: LoRA under mpirun is not built yet");
     config.lora = std::make_shared<const LoraConfig>(
         args.lora_config.empty() ? LoraConfig::from_flags(args.lora_rank, 8.0, args.lora_targets,
                                                                         args.lora_target_parameters)

@@ -108,6 +108,13 @@ void reorder_rank_major(const T* from, T* to, const std::vector<int64_t>& shape,
 
 }  // namespace
 
+int64_t adapter_file_staging_bytes(const ParamTable& table, int64_t element_bytes) {
+  int64_t bytes = 0;
+  for (const FileTensor& tensor : file_tensors(table))
+    if (tensor.rank_major) bytes += tensor.spec->numel() * element_bytes;
+  return bytes;
+}
+
 template <class T>
 void Model<T>::save_adapter(const std::string& directory) const {
   const Impl& m = *impl_;

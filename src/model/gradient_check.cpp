@@ -123,7 +123,7 @@ std::vector<TensorCheck> compare_gradients(const ParamTable& table, const double
 template <class T>
 void draw_lora_b(Model<T>& model, uint64_t seed) {
   for (const ParamSpec& spec : model.table().entries()) {
-    if (spec.group != ParamGroup::lora || !spec.name.ends_with(".lora_B.weight")) continue;
+    if (!spec.adapter || !spec.name.ends_with(".lora_B.weight")) continue;
     const CounterRng rng(seed, spec.name);
     T* values = model.params() + spec.offset;
     for (int64_t i = 0; i < spec.numel(); ++i) values[i] = static_cast<T>(0.02 * rng.normal(static_cast<uint64_t>(i)));

@@ -138,10 +138,10 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   const SavedWriter saves(saved_tensors(dims, extent), store, layer, scratch);
   const MoeExpertDims expert_dims{D, I, E, dims.adapter_rank};
   if (pass.experts != nullptr) {
-    TRILLION_CHECK(w.gate_up.lora.empty() && w.down.lora.empty(), "routed experts' adapters under the expert exchange");
     // A re-run finds the exchanged rows kept (they are never dropped), so it does not exchange again.
     if (pass.mode != PassMode::recompute)
-      pass.experts->forward(y, h, w.gate_up.weight, w.down.weight, weight, plan, expert_dims, [&](int64_t received) {
+      pass.experts->forward(y, h, w.gate_up.weight, w.down.weight, weight, plan, expert_dims,
+                            {w.gate_up.lora, w.down.lora}, [&](int64_t received) {
         extent.received_rows = received;
         const SavedWriter rows(saved_tensors(dims, extent), store, layer, scratch);
         return exchanged_rows<T>(
@@ -207,7 +207,8 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
     const ExchangedRows<const T> saved_rows = exchanged_rows<const T>(
         extent.received_rows, [&](Tag tag) { return rows.in<int32_t>(tag); }, [&](Tag tag) { return rows.in<T>(tag); });
     pass.experts->backward(dh, dweight, grads.gate_up.weight, grads.down.weight, dy, w.gate_up.weight,
-                           w.down.weight, weight, plan, MoeExpertDims{D, I, E}, saved_rows);
+                           w.down.weight, weight, plan, MoeExpertDims{D, I, E, dims.adapter_rank},
+                           {w.gate_up.lora, w.down.lora}, {grads.gate_up.lora, grads.down.lora}, saved_rows);
   } else {
     const T* gate_up_out = saved.in<T>(Tag::expert_gate_up);  // [rows, 2I]
     const T* act = saved.in<T>(Tag::expert_act);              // [rows, I]

@@ -163,7 +163,10 @@ inline std::vector<ExpertPairRows> expert_pair_rows(const LoraConfig* lora, cons
     auto [a, b] = lora_rows(make_row(name + ".weight", {rows, in}, InitKind::zeros, 0.0, true), p.rank, p.scaling);
     a.shape.insert(a.shape.begin(), experts);  // [E, r, in]
     b.shape.insert(b.shape.begin(), experts);  // [E, rows, r]
-    for (ParamRow* row : {&a, &b}) row->adapter = AdapterTarget{weight.name, row0, p.scaling, whole_parameter};
+    for (ParamRow* row : {&a, &b}) {
+      row->adapter = AdapterTarget{weight.name, row0, p.scaling, whole_parameter};
+      row->group = ParamGroup::expert_lora;  // sliced over expert parallelism with the experts
+    }
     p.a = std::move(a);
     p.b = std::move(b);
     return p;

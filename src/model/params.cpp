@@ -18,6 +18,7 @@ const char* param_group_name(ParamGroup group) {
     case ParamGroup::dense: return "dense";
     case ParamGroup::expert: return "expert";
     case ParamGroup::lora: return "lora";
+    case ParamGroup::expert_lora: return "expert_lora";
     case ParamGroup::buffer: return "buffer";
   }
   return "?";

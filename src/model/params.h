@@ -20,8 +20,10 @@
 
 namespace trillion {
 
-enum class ParamGroup { dense, expert, lora, buffer };  // layout order
-constexpr int kNumParamGroups = 4;
+// Layout order. lora: LoRA pairs and modules_to_save (model/param_rows.h); expert_lora: the routed
+// experts' pairs, [E, …] tensors sliced over expert parallelism with their experts.
+enum class ParamGroup { dense, expert, lora, expert_lora, buffer };
+constexpr int kNumParamGroups = 5;
 const char* param_group_name(ParamGroup group);
 
 enum class InitKind {

@@ -165,22 +165,27 @@ using ExchangedRowsFor = std::function<ExchangedRows<T>(int64_t received)>;
 
 // Expert parallelism (parallel/expert_parallel.h): the routed experts are split over a group of
 // ranks, and an MoE layer's permuted rows travel to the ranks that own their experts and back. The
-// same contract as moe_experts_forward / moe_experts_backward (the weights hold every expert; a rank
-// reads and accumulates only its own experts' slices); what its backward needs, it saves through
+// same contract as moe_experts_forward / moe_experts_backward (the weights and the experts' LoRA
+// pairs hold every expert; a rank reads and accumulates only its own experts' slices); what its
+// backward needs, it saves through
 // `save` and gets back as `saved`.
 class ExpertExchange {
  public:
   virtual ~ExpertExchange() = default;
   virtual void forward(float* y, const float* x, const float* gate_up, const float* down, const float* weight,
-                       const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<float>& save) = 0;
+                       const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<float>& adapters,
+                       const ExchangedRowsFor<float>& save) = 0;
   virtual void forward(double* y, const double* x, const double* gate_up, const double* down, const double* weight,
-                       const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<double>& save) = 0;
+                       const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<double>& adapters,
+                       const ExchangedRowsFor<double>& save) = 0;
   virtual void backward(float* dx, float* dweight, float* dgate_up, float* ddown, const float* dy,
                         const float* gate_up, const float* down, const float* weight, const MoePlan& plan,
-                        const MoeExpertDims& dims, const ExchangedRows<const float>& saved) = 0;
+                        const MoeExpertDims& dims, const ExpertAdapters<float>& adapters,
+                        const ExpertAdapters<float>& adapter_grads, const ExchangedRows<const float>& saved) = 0;
   virtual void backward(double* dx, double* dweight, double* dgate_up, double* ddown, const double* dy,
                         const double* gate_up, const double* down, const double* weight, const MoePlan& plan,
-                        const MoeExpertDims& dims, const ExchangedRows<const double>& saved) = 0;
+                        const MoeExpertDims& dims, const ExpertAdapters<double>& adapters,
+                        const ExpertAdapters<double>& adapter_grads, const ExchangedRows<const double>& saved) = 0;
 };
 
 class ActivationStore;

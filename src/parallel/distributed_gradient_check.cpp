@@ -17,6 +17,7 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
   const GradientCheckBatch batch = gradient_check_batch(config, options);
   const auto prepared = [&](Model<double>& model) {
     model.init_weights(options.seed);
+    draw_lora_b(model, options.seed + 1);  // as the one-process check: A's gradient is 0 at B = 0
     if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
     model.zero_grads();
   };

@@ -130,9 +130,25 @@ int64_t ExpertParallel::chunks_of(int64_t tokens) const {
   return std::max<int64_t>(1, std::min<int64_t>(chunks_, tokens));
 }
 
+// The pairs of the experts from `first` on: each [E, …] tensor's slice (a null gradient stays null).
+template <class T>
+ExpertAdapters<T> experts_from(const ExpertAdapters<T>& all, int64_t first, int64_t hidden, int64_t intermediate) {
+  ExpertAdapters<T> local = all;
+  const auto shift = [&](std::vector<ExpertLoraPair<T>>& pairs, int64_t in) {
+    for (ExpertLoraPair<T>& pair : pairs) {
+      if (pair.a != nullptr) pair.a += first * pair.rank * in;   // [E, r, in]
+      if (pair.b != nullptr) pair.b += first * pair.rows * pair.rank;  // [E, rows, r]
+    }
+  };
+  shift(local.gate_up, hidden);
+  shift(local.down, intermediate);
+  return local;
+}
+
 template <class T>
 void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* down, const T* weight,
-                                  const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<T>& save) {
+                                  const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<T>& adapters,
+                                  const ExchangedRowsFor<T>& save) {
   PhaseScope scope(Phase::moe);
   const int ep = group_.size(), me = group_.rank();
   const int64_t E = dims.experts, H = dims.hidden, I = dims.intermediate, k = plan.top_k, N = plan.tokens;
@@ -181,7 +197,7 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
     moe_experts_forward(out_rows.data() + at * H, rows.gate_up_out + at * 2 * I, rows.act + at * I,
                         rows.expert_out + at * H, rows.rows_in + at * H, gate_up + me * local * 2 * I * H,
                         down + me * local * H * I, unit_weight.data(), owner_plan(received.expert[c], local),
-                        MoeExpertDims{H, I, local});
+                        MoeExpertDims{H, I, local, dims.adapter_rank}, experts_from(adapters, me * local, H, I));
     return group_.start_all_to_all(out_rows.data() + at * H, times(received.from[c], H),
                                    rows.returned + own.first[c] * H, times(own.sent[c], H));
   };
@@ -202,6 +218,7 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
 template <class T>
 void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* gate_up,
                                    const T* down, const T* weight, const MoePlan& plan, const MoeExpertDims& dims,
+                                   const ExpertAdapters<T>& adapters, const ExpertAdapters<T>& adapter_grads,
                                    const ExchangedRows<const T>& saved) {
   PhaseScope scope(Phase::moe);
   const int ep = group_.size(), me = group_.rank();
@@ -248,7 +265,9 @@ void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, con
                          ddown != nullptr ? ddown + me * local * H * I : nullptr, dy_received.data() + at * H,
                          saved.rows_in + at * H, saved.gate_up_out + at * 2 * I, saved.act + at * I,
                          saved.expert_out + at * H, gate_up + me * local * 2 * I * H, down + me * local * H * I,
-                         unit_weight.data(), owner_plan(received.expert[c], local), MoeExpertDims{H, I, local});
+                         unit_weight.data(), owner_plan(received.expert[c], local),
+                         MoeExpertDims{H, I, local, dims.adapter_rank}, experts_from(adapters, me * local, H, I),
+                         experts_from(adapter_grads, me * local, H, I));
     const int64_t element = sizeof(T);
     counters_.dispatched_bytes += (own.first[c + 1] - own.first[c] - own.sent[c][me]) * H * element;
     counters_.combined_bytes += (R - received.from[c][me]) * H * element;
@@ -269,23 +288,26 @@ void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, con
 }
 
 void ExpertParallel::forward(float* y, const float* x, const float* gate_up, const float* down, const float* weight,
-                             const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<float>& save) {
-  forward_impl(y, x, gate_up, down, weight, plan, dims, save);
+                             const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<float>& adapters,
+                             const ExchangedRowsFor<float>& save) {
+  forward_impl(y, x, gate_up, down, weight, plan, dims, adapters, save);
 }
 void ExpertParallel::forward(double* y, const double* x, const double* gate_up, const double* down,
                              const double* weight, const MoePlan& plan, const MoeExpertDims& dims,
-                             const ExchangedRowsFor<double>& save) {
-  forward_impl(y, x, gate_up, down, weight, plan, dims, save);
+                             const ExpertAdapters<double>& adapters, const ExchangedRowsFor<double>& save) {
+  forward_impl(y, x, gate_up, down, weight, plan, dims, adapters, save);
 }
 void ExpertParallel::backward(float* dx, float* dweight, float* dgate_up, float* ddown, const float* dy,
                               const float* gate_up, const float* down, const float* weight, const MoePlan& plan,
-                              const MoeExpertDims& dims, const ExchangedRows<const float>& saved) {
-  backward_impl(dx, dweight, dgate_up, ddown, dy, gate_up, down, weight, plan, dims, saved);
+                              const MoeExpertDims& dims, const ExpertAdapters<float>& adapters,
+                              const ExpertAdapters<float>& adapter_grads, const ExchangedRows<const float>& saved) {
+  backward_impl(dx, dweight, dgate_up, ddown, dy, gate_up, down, weight, plan, dims, adapters, adapter_grads, saved);
 }
 void ExpertParallel::backward(double* dx, double* dweight, double* dgate_up, double* ddown, const double* dy,
                               const double* gate_up, const double* down, const double* weight, const MoePlan& plan,
-                              const MoeExpertDims& dims, const ExchangedRows<const double>& saved) {
-  backward_impl(dx, dweight, dgate_up, ddown, dy, gate_up, down, weight, plan, dims, saved);
+                              const MoeExpertDims& dims, const ExpertAdapters<double>& adapters,
+                              const ExpertAdapters<double>& adapter_grads, const ExchangedRows<const double>& saved) {
+  backward_impl(dx, dweight, dgate_up, ddown, dy, gate_up, down, weight, plan, dims, adapters, adapter_grads, saved);
 }
 
 }  // namespace trillion

@@ -49,15 +49,19 @@ class ExpertParallel final : public ExpertExchange {
   explicit ExpertParallel(const ProcessGroup& group, int chunks = 1);
 
   void forward(float* y, const float* x, const float* gate_up, const float* down, const float* weight,
-               const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<float>& save) override;
+               const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<float>& adapters,
+               const ExchangedRowsFor<float>& save) override;
   void forward(double* y, const double* x, const double* gate_up, const double* down, const double* weight,
-               const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRowsFor<double>& save) override;
+               const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<double>& adapters,
+               const ExchangedRowsFor<double>& save) override;
   void backward(float* dx, float* dweight, float* dgate_up, float* ddown, const float* dy, const float* gate_up,
                 const float* down, const float* weight, const MoePlan& plan, const MoeExpertDims& dims,
+                const ExpertAdapters<float>& adapters, const ExpertAdapters<float>& adapter_grads,
                 const ExchangedRows<const float>& saved) override;
   void backward(double* dx, double* dweight, double* dgate_up, double* ddown, const double* dy,
                 const double* gate_up, const double* down, const double* weight, const MoePlan& plan,
-                const MoeExpertDims& dims, const ExchangedRows<const double>& saved) override;
+                const MoeExpertDims& dims, const ExpertAdapters<double>& adapters,
+                const ExpertAdapters<double>& adapter_grads, const ExchangedRows<const double>& saved) override;
 
   const ExpertParallelCounters& counters() const { return counters_; }
   // Between steps: the chunks of the next steps (a layer's backward uses its forward's).
@@ -67,10 +71,11 @@ class ExpertParallel final : public ExpertExchange {
   int64_t chunks_of(int64_t tokens) const;  // min(chunks, tokens), at least 1
   template <class T>
   void forward_impl(T* y, const T* x, const T* gate_up, const T* down, const T* weight, const MoePlan& plan,
-                    const MoeExpertDims& dims, const ExchangedRowsFor<T>& save);
+                    const MoeExpertDims& dims, const ExpertAdapters<T>& adapters, const ExchangedRowsFor<T>& save);
   template <class T>
   void backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* gate_up, const T* down,
-                     const T* weight, const MoePlan& plan, const MoeExpertDims& dims, const ExchangedRows<const T>& saved);
+                     const T* weight, const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<T>& adapters,
+                     const ExpertAdapters<T>& adapter_grads, const ExchangedRows<const T>& saved);
   void finish_timed(ProcessGroup::Pending& pending);  // completes it, counting the wait
   const ProcessGroup& group_;
   int chunks_ = 1;

@@ -60,13 +60,14 @@ ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks, int ep) :
       if (range.end == range.begin) continue;
       TRILLION_CHECK(range.begin == covered, "unit ranges of the parameter table leave a gap at ", covered);
       covered = range.end;
-      if (group != ParamGroup::expert || ep == 1) {
+      const bool sliced = group == ParamGroup::expert || group == ParamGroup::expert_lora;  // [E, …] tensors
+      if (!sliced || ep == 1) {
         add(unit_of(static_cast<int>(u), range.begin, range.end - range.begin, true, true), rank, ranks, -1);
         continue;
       }
       // Expert slices, tensor by tensor; the unit's padding belongs to no one (it stays zero).
       for (const ParamSpec& spec : table.entries()) {
-        if (spec.group != ParamGroup::expert || spec.unit != static_cast<int>(u)) continue;
+        if (spec.group != group || spec.unit != static_cast<int>(u)) continue;
         TRILLION_CHECK(!spec.shape.empty() && spec.shape[0] % ep == 0, spec.name, ": ", spec.shape.empty() ? 0 : spec.shape[0],
                        " experts do not split over ep ", ep);
         const int64_t slice = spec.numel() / ep;

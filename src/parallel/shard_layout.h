@@ -7,7 +7,8 @@
 // so any number of ranks shards any table.
 //   - dense (and LoRA) units, and with ep = 1 the expert units too: each (group, unit) range split
 //     over the world;
-//   - with ep > 1, each expert tensor [E, …] of a unit is cut into ep slices of E / ep experts; the
+//   - with ep > 1, each expert tensor [E, …] of a unit (the expert group's, and the routed experts'
+//     LoRA pairs of expert_lora) is cut into ep slices of E / ep experts; the
 //     slice of ep index p belongs to the ranks of ep index p (its edp group) and is split over them.
 //     A rank never holds the other slices (their experts run elsewhere).
 // A rank's shard stores its pieces back to back in flat order; its gradients and optimizer moments

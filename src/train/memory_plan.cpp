@@ -218,10 +218,13 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   plan.model_buffers = 2 * n * D * e + n * 4 + (any_dropped ? n * D * e : 0) + shape.sampler_windows * 8 +
                        (shape.swap_bf16 && plan.peak_slow > 0 ? SwapEngine::kStagingBytes : 0);
   // A whole checkpoint: every rank gathers the trainable parameters (Fsdp::gather_everything) and
-  // both moments (Optimizer::save) beside its shards and buffers; the step's activations are gone.
-  if (shape.ranks > 1 && shape.whole_checkpoints)
+  // both moments (Optimizer::save), or a LoRA run's rank 0 the adapter file's reordered tensors
+  // (Model::save_adapter) before them, beside its shards and buffers; the step's activations are gone.
+  if (shape.ranks > 1 && shape.whole_checkpoints) {
+    const int64_t adapter = config.lora != nullptr ? adapter_file_staging_bytes(param_table_of(config), e) : 0;
     plan.checkpoint_save = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +
-                           3 * counts.trainable_storage * e;
+                           counts.trainable_storage * e + std::max(2 * counts.trainable_storage * e, adapter);
+  }
 
   // The head's saved tensors.
   const bool in_forward = shape.loss == LossGradients::in_forward;

@@ -175,8 +175,6 @@ std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const Mode
   if (o.settings.moe_bias_rate > 0.0)
     fail("--moe-bias-rate ", o.settings.moe_bias_rate, ": would change the frozen base's router biases, which the ",
          "adapter's files do not carry; expected 0 with LoRA");
-  if (ProcessGroup::world().size() > 1)
-    fail("LoRA under mpirun (FSDP and expert parallelism with adapters) is not built yet: expected one process");
   if (lora.base_model_name_or_path.empty())
     lora.base_model_name_or_path = !o.init_dir.empty() ? o.init_dir : fs::path(config.source).parent_path().string();
   ModelConfig adapted = config;

@@ -389,22 +389,34 @@ void Trainer<T>::write_run_files(const std::string& temp_dir) const {
   write_file_atomic((fs::path(temp_dir) / "trainer_state.json").string(), run_.state.to_json().dump(2) + "\n");
 }
 
-// Sharded: every rank writes its shard into rank 0's temporary directory, rank 0 the rest.
+// Sharded: every rank writes its shard into rank 0's temporary directory, rank 0 the rest. A LoRA
+// run's adapter/ too (PEFT's files), from the trainable groups gathered whole.
 template <class T>
 void Trainer<T>::save_sharded(int64_t step) {
+  Fsdp<T>& fsdp = *parallel_->fsdp();
+  const bool lora = model_.config().lora != nullptr;
   const auto write_shard = [&](std::string temp_dir) {
     world_.broadcast(temp_dir);
-    write_checkpoint_shard(temp_dir, optimizer_.layout(), parallel_->fsdp()->shard_params(), optimizer_.exp_avg(),
+    write_checkpoint_shard(temp_dir, optimizer_.layout(), fsdp.shard_params(), optimizer_.exp_avg(),
                            optimizer_.exp_avg_sq());
     world_.barrier();  // every rank's file is complete
   };
-  if (!world_.is_root()) return write_shard(std::string());
+  if (lora) fsdp.gather_everything();
+  if (!world_.is_root()) {
+    if (lora) fsdp.release_everything();
+    return write_shard(std::string());
+  }
   const std::string dir = write_checkpoint(o_.out_dir, step, [&](const std::string& temp_dir) {
     fs::create_directories(fs::path(temp_dir) / "shards");
     write_shard(temp_dir);
     write_checkpoint_index(temp_dir, model_.table(), ranks_, o_.ep, model_.params());
     write_run_files(temp_dir);
+    if (lora) model_.save_adapter((fs::path(temp_dir) / "adapter").string());
   });
+  if (lora) {
+    model_.save_adapter((fs::path(o_.out_dir) / "adapter").string());
+    fsdp.release_everything();
+  }
   prune_checkpoints(o_.out_dir, step, o_.keep_last);
   std::fprintf(stderr, "saved %s (sharded over %lld ranks)\n", dir.c_str(), static_cast<long long>(ranks_));
 }

@@ -74,7 +74,7 @@ TEST(LoraModel, AdaptersJoinTheirLayersUnitAndTheBaseIsFrozen) {
   EXPECT_TRUE(table.find("model.norm.weight").trainable());
   EXPECT_EQ(trainable, table.num_elements(ParamGroup::lora));
   EXPECT_EQ(table.layout_groups().front(), ParamGroup::lora);
-  EXPECT_EQ(table.trainable_groups(), std::vector<ParamGroup>{ParamGroup::lora});
+  EXPECT_EQ(table.trainable_groups(), (std::vector<ParamGroup>{ParamGroup::lora, ParamGroup::expert_lora}));
   // The base's tensors keep their values: initialization depends on (seed, name, index) only.
   Model<float> adapted(config), plain(base);
   adapted.init_weights(5);

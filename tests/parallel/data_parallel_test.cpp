@@ -38,8 +38,9 @@ struct RunResult {
   fs::path out;
 };
 
-RunResult run(const fs::path& config, int ranks, const std::string& dtype, int steps, const std::string& extra) {
-  const fs::path out = test_data().root / ("dp_" + config.stem().string() + "_" + dtype + "_" + std::to_string(ranks));
+RunResult run(const fs::path& config, int ranks, const std::string& dtype, int steps, const std::string& extra,
+              const std::string& label = "dp") {
+  const fs::path out = test_data().root / (label + "_" + config.stem().string() + "_" + dtype + "_" + std::to_string(ranks));
   fs::remove_all(out);
   const std::string flags = "--config " + config.string() + " --data " + test_data().data_dir.string() + " --out " +
                             out.string() + " --batch 4 --seq-len 16 --lr 1e-3 --warmup 2 --log-every 100 --dtype " +
@@ -236,14 +237,16 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // 8 steps of tiny_qwen3_moe in double, interrupted: 4 ranks with ep 2 to step 4, 2 ranks with ep 2
-// resuming to step 6, one rank resuming to step 8; `checkpoints` flags the two parallel legs.
-RunResult resharded_run(const fs::path& config, const std::string& name, const std::string& checkpoints) {
+// resuming to step 6, one rank resuming to step 8; `checkpoints` flags the two parallel legs, `first`
+// the first leg only (what a resumed run keeps from its checkpoint).
+RunResult resharded_run(const fs::path& config, const std::string& name, const std::string& checkpoints,
+                        const std::string& first = "") {
   const fs::path out = test_data().root / name;
   fs::remove_all(out);
   const std::string flags = "--config " + config.string() + " --data " + test_data().data_dir.string() + " --out " +
                             out.string() + " --batch 4 --seq-len 16 --lr 1e-3 --warmup 2 --log-every 100 " +
                             "--dtype float64 --steps 8" + kSmallMfuGemm;
-  for (const auto& [ranks, more] : {std::pair{4, " --ep 2" + checkpoints + " --stop-after 4"},
+  for (const auto& [ranks, more] : {std::pair{4, " --ep 2" + checkpoints + " --stop-after 4" + first},
                                     {2, " --ep 2" + checkpoints + " --resume " + out.string() + " --stop-after 6"},
                                     {1, " --resume " + out.string()}}) {
     const CommandResult r = train_on(ranks, flags + more);
@@ -286,6 +289,42 @@ TEST(DataParallelResume, ShardedCheckpointsResumeOnOtherLayoutsAndExport) {
   ASSERT_EQ(e.status, 0) << e.output;
   expect_same_tensors(exported / "model.safetensors", uninterrupted.out / "checkpoint-000006" / "model.safetensors",
                       1e-6);  // exported in float32
+}
+
+// LoRA over FSDP and expert parallelism: adapters on attention and on the routed experts (their
+// pairs sliced over ep with the experts, run by the experts' owners inside the exchange), the base
+// frozen. 4 ranks with ep 2 give one rank's losses, adapter and (unchanged) base over 20 steps in
+// double; interrupted with sharded checkpoints and resumed on 2 ranks and on one, the same run.
+const std::string kLoraFlags =
+    " --lora-rank 2 --lora-targets q_proj,v_proj --lora-target-parameters gate_up_proj,down_proj";
+
+TEST(DataParallelLora, FourRanksWithExpertParallelismEqualOneRank) {
+  const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
+  const RunResult single = run(config, 1, "float64", 20, kLoraFlags, "dp_lora");
+  const RunResult parallel = run(config, 4, "float64", 20, kLoraFlags + " --ep 2", "dp_lora");
+  expect_same_run(single, parallel, 4, 1e-10);
+  const fs::path adapter = "checkpoint-000020/adapter/adapter_model.safetensors";
+  expect_same_tensors(parallel.out / adapter, single.out / adapter, 1e-9);
+  expect_same_weights(single, parallel, 20, 0.0);  // the frozen base, to the bit
+  const std::vector<double> b = [&] {
+    const SafetensorsReader file((single.out / adapter).string());
+    const std::string key = "base_model.model.model.layers.2.mlp.experts.lora_B.weight";
+    std::vector<double> values(file.info(key).shape[0] * file.info(key).shape[1]);
+    file.read(key, file.info(key).shape, values.data());
+    return values;
+  }();
+  EXPECT_TRUE(std::any_of(b.begin(), b.end(), [](double v) { return v != 0.0; })) << "the experts' B never trained";
+}
+
+TEST(DataParallelLora, ShardedCheckpointsResumeOnOtherLayouts) {
+  const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
+  const RunResult uninterrupted = run(config, 1, "float64", 8, kLoraFlags, "dp_lora_whole");
+  const RunResult resharded = resharded_run(config, "dp_lora_sharded", " --sharded-checkpoints", kLoraFlags);
+  EXPECT_TRUE(fs::exists(resharded.out / "checkpoint-000004" / "shards" / "index.json"));
+  EXPECT_TRUE(fs::exists(resharded.out / "checkpoint-000004" / "adapter" / "adapter_model.safetensors"));
+  expect_same_run(uninterrupted, resharded, 4, 1e-10);
+  const fs::path adapter = "checkpoint-000008/adapter/adapter_model.safetensors";
+  expect_same_tensors(resharded.out / adapter, uninterrupted.out / adapter, 1e-9);
 }
 
 TEST(DataParallelErrors, ABatchTheRanksCannotSplitIsRefusedOnEveryRank) {

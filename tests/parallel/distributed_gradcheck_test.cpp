@@ -43,9 +43,12 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Values(Layout{"tiny_qwen3_moe", 2, 1, ""}, Layout{"tiny_qwen3_moe", 4, 2, ""},
                     Layout{"tiny_glm4_moe", 4, 4, ""}, Layout{"tiny_qwen3_next_hybrid", 2, 2, ""},
                     Layout{"tiny_kimi_linear", 4, 2, ""},
-                    Layout{"tiny_deepseek_v32", 2, 2, "--indexer-mode dense --indexer-loss-coef 0.5"}),
+                    Layout{"tiny_deepseek_v32", 2, 2, "--indexer-mode dense --indexer-loss-coef 0.5"},
+                    Layout{"tiny_qwen3_moe", 4, 2,
+                           "--lora-rank 2 --lora-targets q_proj,v_proj --lora-target-parameters gate_up_proj,down_proj"}),
     [](const testing::TestParamInfo<Layout>& info) {
-      return info.param.config + "_" + std::to_string(info.param.ranks) + "ranks_ep" + std::to_string(info.param.ep);
+      return info.param.config + "_" + std::to_string(info.param.ranks) + "ranks_ep" + std::to_string(info.param.ep) +
+             (info.param.extra.find("--lora") != std::string::npos ? "_lora" : "");
     });
 
 }  // namespace
