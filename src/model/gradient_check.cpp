@@ -135,6 +135,7 @@ template void draw_lora_b<double>(Model<double>&, uint64_t);
 void compute_analytic_gradient(Model<double>& model, const GradientCheckBatch& batch, const GradientCheckOptions& options) {
   model.init_weights(options.seed);
   draw_lora_b(model, options.seed + 1);
+  model.set_lora_dropout(LoraDropoutPass{options.seed, 0, 0});  // one mask for every pass of the check
   if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
   model.zero_grads();
   model.forward_backward(batch.tokens.data(), batch.targets.data(), options.batch, options.seq, batch.scales);

@@ -7,9 +7,42 @@
 
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "core/rng.h"
 #include "ops/gemm.h"
 
 namespace trillion {
+namespace {
+
+const LoraDropoutPass* g_dropout_pass = nullptr;  // set by LoraDropoutScope
+
+bool dropping(double dropout) { return dropout > 0.0 && g_dropout_pass != nullptr; }
+
+// out[rows, in] = values ⊙ m / (1 − p), m the pass's mask of the pair's input (see linear.h).
+template <class T>
+void apply_dropout(T* out, const T* values, const LoraPair<T>& pair, int64_t rows, int64_t in) {
+  const LoraDropoutPass& pass = *g_dropout_pass;
+  const CounterRng rng(pass.seed + 0x632be59bd9b4e019ull * static_cast<uint64_t>(pass.step + 1), pair.stream);
+  const T keep_scale = T(1.0 / (1.0 - pair.dropout));
+  parallel_for(rows, in, [&](int64_t r) {
+    const uint64_t first = static_cast<uint64_t>(pass.first_token + r) * static_cast<uint64_t>(in);
+    for (int64_t c = 0; c < in; ++c)
+      out[r * in + c] = rng.uniform(first + c) >= pair.dropout ? values[r * in + c] * keep_scale : T(0);
+  });
+}
+
+// The pair's input as its products read it: x itself, or under dropout x ⊙ m / (1 − p) in `masked`.
+template <class T>
+const T* adapter_input(const T* x, const LoraPair<T>& pair, int64_t rows, int64_t in, Buffer<T>& masked) {
+  if (!dropping(pair.dropout)) return x;
+  masked = Buffer<T>(rows * in);  // [rows, in]
+  apply_dropout(masked.data(), x, pair, rows, in);
+  return masked.data();
+}
+
+}  // namespace
+
+LoraDropoutScope::LoraDropoutScope(const LoraDropoutPass* pass) : previous_(g_dropout_pass) { g_dropout_pass = pass; }
+LoraDropoutScope::~LoraDropoutScope() { g_dropout_pass = previous_; }
 
 template <class T>
 void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t in, int64_t out, bool accumulate,
@@ -23,8 +56,10 @@ void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t i
     });
   if (w.lora.a == nullptr) return;
   const int64_t rank = w.lora.rank;
-  Buffer<T> u(rows * rank);  // [rows, rank] x · Aᵀ
-  gemm<T>(false, true, rows, rank, in, T(1), x, in, w.lora.a, in, T(0), u.data(), rank, operands);
+  Buffer<T> masked;  // [rows, in] under dropout
+  const T* input = adapter_input(x, w.lora, rows, in, masked);
+  Buffer<T> u(rows * rank);  // [rows, rank] input · Aᵀ
+  gemm<T>(false, true, rows, rank, in, T(1), input, in, w.lora.a, in, T(0), u.data(), rank, operands);
   // y[rows, out] += scaling · u · Bᵀ
   gemm<T>(false, true, rows, out, rank, T(w.lora.scaling), u.data(), rank, w.lora.b, rank, T(1), y, out, operands);
 }
@@ -48,14 +83,27 @@ void linear_grad(T* dx, const LinearWeights<T>& grads, const T* dy, const T* x, 
   Buffer<T> g(rows * rank);  // [rows, rank] scaling · dy · B
   gemm<T>(false, false, rows, rank, out, scaling, dy, out, w.lora.b, rank, T(0), g.data(), rank, operands);
   if (adapter_trains) {
-    Buffer<T> u(rows * rank);  // [rows, rank] x · Aᵀ, recomputed
-    gemm<T>(false, true, rows, rank, in, T(1), x, in, w.lora.a, in, T(0), u.data(), rank, operands);
-    // dB[out, rank] += scaling · dyᵀ · u;  dA[rank, in] += gᵀ · x
+    Buffer<T> masked;  // [rows, in] under dropout
+    const T* input = adapter_input(x, w.lora, rows, in, masked);
+    Buffer<T> u(rows * rank);  // [rows, rank] input · Aᵀ, recomputed
+    gemm<T>(false, true, rows, rank, in, T(1), input, in, w.lora.a, in, T(0), u.data(), rank, operands);
+    // dB[out, rank] += scaling · dyᵀ · u;  dA[rank, in] += gᵀ · input
     gemm<T>(true, false, out, rank, rows, scaling, dy, out, u.data(), rank, T(1), grads.lora.b, rank, operands);
-    gemm<T>(true, false, rank, in, rows, T(1), g.data(), rank, x, in, T(1), grads.lora.a, in, operands);
+    gemm<T>(true, false, rank, in, rows, T(1), g.data(), rank, input, in, T(1), grads.lora.a, in, operands);
   }
-  // dx[rows, in] += g · A
-  if (dx != nullptr) gemm<T>(false, false, rows, in, rank, T(1), g.data(), rank, w.lora.a, in, T(1), dx, in, operands);
+  if (dx == nullptr) return;
+  if (!dropping(w.lora.dropout)) {
+    // dx[rows, in] += g · A
+    gemm<T>(false, false, rows, in, rank, T(1), g.data(), rank, w.lora.a, in, T(1), dx, in, operands);
+    return;
+  }
+  // dx[rows, in] += (g · A) ⊙ m / (1 − p)
+  Buffer<T> through(rows * in);  // [rows, in]
+  gemm<T>(false, false, rows, in, rank, T(1), g.data(), rank, w.lora.a, in, T(0), through.data(), in, operands);
+  apply_dropout(through.data(), through.data(), w.lora, rows, in);
+  parallel_for(rows, in, [&](int64_t r) {
+    for (int64_t c = 0; c < in; ++c) dx[r * in + c] += through[r * in + c];
+  });
 }
 
 template <class T>

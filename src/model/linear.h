@@ -27,6 +27,31 @@ struct LoraPair {
   T* b = nullptr;  // [out, rank] lora_B.weight
   int64_t rank = 0;
   double scaling = 0.0;  // lora_alpha / rank, or lora_alpha / √rank with use_rslora
+  double dropout = 0.0;  // lora_dropout: on the adapter's input, during a LoraDropoutPass
+  uint64_t stream = 0;   // its masks' random stream: the module's name hashed
+};
+
+// PEFT's lora_dropout, applied to a pair's input x (the pair then reads x ⊙ m / (1 − p)) while a
+// pass is set: the trainer sets one around each micro-batch's forward and backward (never for
+// evaluation or generation), the gradient check around its passes. The mask of element (token i, input c)
+// is a pure function of (seed, step, the pair's stream, (first_token + i) · in + c), drawn from the
+// counter-based RNG, so forward, recompute and backward see the same mask, for any thread count,
+// and a token gets its mask whichever rank trains it.
+struct LoraDropoutPass {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int64_t first_token = 0;  // of these rows in the step's whole batch (data parallel: this rank's first)
+};
+// Sets the pass for its lifetime (null: none), restoring the one before.
+class LoraDropoutScope {
+ public:
+  explicit LoraDropoutScope(const LoraDropoutPass* pass);
+  ~LoraDropoutScope();
+  LoraDropoutScope(const LoraDropoutScope&) = delete;
+  LoraDropoutScope& operator=(const LoraDropoutScope&) = delete;
+
+ private:
+  const LoraDropoutPass* previous_;
 };
 
 // Pointers into a flat buffer (parameters or their gradients), Hugging Face shapes.
@@ -51,6 +76,7 @@ template <class T>
 void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t in, int64_t out, bool accumulate,
             Operands operands = Operands::as_set);
 
+// With dropout in a pass, x ⊙ m / (1 − p) in place of x in the adapter's products (and its dx term masked).
 // dx[rows, in] (= or +=) dy · (weight + scaling · B · A);  grads.weight += dyᵀ · x;  grads.bias += Σ_rows dy;
 // with u = x · Aᵀ [rows, rank] (recomputed) and g = scaling · dy · B [rows, rank]:
 // grads.lora.b += scaling · dyᵀ · u;  grads.lora.a += gᵀ · x.

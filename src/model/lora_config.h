@@ -48,7 +48,7 @@ struct LoraConfig {
   int64_t r = 8;
   double lora_alpha = 8.0;
   bool use_rslora = false;
-  double lora_dropout = 0.0;  // on the adapter's input, as PEFT; read, and refused by training above 0 (not built)
+  double lora_dropout = 0.0;  // on the adapter's input in training, as PEFT (model/linear.h LoraDropoutPass)
   ModuleNames target_modules;
   ModuleNames exclude_modules;
   std::vector<std::string> target_parameters;

@@ -174,6 +174,11 @@ DecisionLog& Model<T>::decisions() { return impl_->decisions; }
 template <class T>
 void Model<T>::set_unit_hooks(UnitHooks hooks) { impl_->hooks = std::move(hooks); }
 template <class T>
+void Model<T>::set_lora_dropout(const std::optional<LoraDropoutPass>& pass) {
+  impl_->lora_dropout = pass;
+}
+
+template <class T>
 void Model<T>::set_expert_exchange(ExpertExchange* exchange) {
   impl_->exchange = exchange;
 }
@@ -454,6 +459,7 @@ int Model<T>::sparse_layers() const {
 // Forward only: nothing is saved, so its memory is one sublayer's, not every layer's.
 template <class T>
 StepResult Model<T>::forward_loss(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq) {
+  const LoraDropoutScope dropout(impl_->lora_dropout ? &*impl_->lora_dropout : nullptr);
   StepResult result = impl_->forward(tokens, targets, batch, seq, PassMode::eval, LossScales{});
   impl_->scratch.reset();
   return result;
@@ -463,6 +469,7 @@ template <class T>
 StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq,
                                       const LossScales& scales) {
   Impl& m = *impl_;
+  const LoraDropoutScope dropout(m.lora_dropout ? &*m.lora_dropout : nullptr);
   const StepResult result = m.forward(tokens, targets, batch, seq, PassMode::train, scales);
   const int64_t n = batch * seq, D = m.config.hidden_size, V = m.config.vocab_size;
   T* params = m.params.data();

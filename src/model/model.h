@@ -11,11 +11,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "model/config.h"
+#include "model/linear.h"
 #include "model/params.h"
 #include "model/saved_tensors.h"
 #include "memory/activation_store.h"
@@ -100,6 +102,9 @@ class Model {
   // Expert parallelism (null: every expert runs here; must outlive its use): every forward uses
   // it, so every rank of its group must run the same forwards, recomputation included.
   void set_expert_exchange(ExpertExchange* exchange);
+  // LoRA's dropout (model/linear.h) in the passes that follow: forward_backward and forward_loss
+  // draw its masks while set (the trainer sets it per micro-batch; evaluation leaves it unset).
+  void set_lora_dropout(const std::optional<LoraDropoutPass>& pass);
   // How sparse attention layers train (IndexerTraining: mode, indexer-loss coefficient). Default:
   // sparse attention, no indexer loss (transformers' forward). The loss appears in StepResult.aux
   // as "indexer_loss" (mean over sparse layers), its per-layer values in StepResult.indexer.

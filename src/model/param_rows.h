@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/rng.h"
 #include "model/linear.h"
 #include "model/lora_config.h"
 #include "model/params.h"
@@ -233,6 +234,10 @@ inline void freeze_base_for_lora(const LoraConfig& lora, ParamTable& table, cons
     parameters = parameters || spec.adapter->whole_parameter;
     modules = modules || !spec.adapter->whole_parameter;
   }
+  const bool expert_pairs = table.num_elements(ParamGroup::expert_lora) > 0;
+  if (lora.lora_dropout > 0.0 && expert_pairs)
+    fail(lora.source, ": field \"lora_dropout\": got ", lora.lora_dropout, " with routed experts' adapters, where the ",
+         "engine does not drop out (and PEFT refuses it on target_parameters); expected 0");
   if (!lora.target_parameters.empty() && !parameters)
     fail(lora.source, ": field \"target_parameters\": matches no routed experts' weight of ", model_source,
          "; expected names such as mlp.experts.gate_up_proj, mlp.experts.down_proj");
@@ -295,6 +300,8 @@ void bind_rows(Weights& w, const ParamTable& table, const std::string& prefix, T
       bind(field.lora.b, module + ".lora_B.weight");
       field.lora.rank = table.find(module + ".lora_A.weight").shape[0];
       field.lora.scaling = lora->scaling_of(module);
+      field.lora.dropout = lora->lora_dropout;
+      field.lora.stream = hash_name(module);
     }
   });
 }

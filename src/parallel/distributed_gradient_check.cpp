@@ -15,22 +15,23 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
   const ParallelMesh mesh(world, ep, config);
   const int64_t rows = mesh.rows_per_rank(options.batch, "gradient check: --batch");
   const GradientCheckBatch batch = gradient_check_batch(config, options);
-  const auto prepared = [&](Model<double>& model) {
+  const int64_t at = world.rank() * rows * options.seq;  // this rank's first token
+  const auto prepared = [&](Model<double>& model, int64_t first_token) {
     model.init_weights(options.seed);
     draw_lora_b(model, options.seed + 1);  // as the one-process check: A's gradient is 0 at B = 0
+    model.set_lora_dropout(LoraDropoutPass{options.seed, 0, first_token});
     if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
     model.zero_grads();
   };
 
   Model<double> whole(config);  // this process, the whole batch
-  prepared(whole);
+  prepared(whole, 0);
   whole.forward_backward(batch.tokens.data(), batch.targets.data(), options.batch, options.seq, batch.scales);
 
   Model<double> parts(config);  // this rank's rows, as the trainer runs them
-  prepared(parts);
+  prepared(parts, at);
   const ShardLayout layout(parts.table(), world.rank(), world.size(), ep);
   const ParallelPlan<double> plan(parts, mesh, layout);
-  const int64_t at = world.rank() * rows * options.seq;
   parts.forward_backward(batch.tokens.data() + at, batch.targets.data() + at, rows, options.seq, batch.scales);
   Buffer<double> gathered(parts.table().trainable_size());  // [trainable_size]
   layout.gather_everything(world, plan.step_grads(), gathered.data());

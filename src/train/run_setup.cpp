@@ -169,9 +169,6 @@ std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const Mode
                     : !o.lora_config_path.empty() ? LoraConfig::load(o.lora_config_path)
                                                   : LoraConfig::from_flags(o.lora_rank, o.lora_alpha, o.lora_targets,
                                                                            o.lora_target_parameters);
-  if (lora.lora_dropout > 0.0)
-    fail(lora.source, ": field \"lora_dropout\": got ", lora.lora_dropout, "; expected 0 (dropout on the ",
-         "adapter's input is not built yet)");
   if (o.settings.moe_bias_rate > 0.0)
     fail("--moe-bias-rate ", o.settings.moe_bias_rate, ": would change the frozen base's router biases, which the ",
          "adapter's files do not carry; expected 0 with LoRA");

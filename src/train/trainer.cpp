@@ -279,12 +279,14 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
     for (int64_t micro = 0; micro < s_.grad_accum; ++micro) {
       const int64_t at = (micro * s_.batch + world_.rank() * local_batch_) * s_.seq_len;  // this rank's rows
       if (fsdp) fsdp->set_last_micro_batch(micro + 1 == s_.grad_accum);
+      model_.set_lora_dropout(LoraDropoutPass{s_.seed, step, at});
       const StepResult result =
           model_.forward_backward(inputs_.data() + at, targets_.data() + at, local_batch_, s_.seq_len, scales);
       loss_sum += result.lm.loss_sum;
       if (first_output.empty()) first_output = result.first_nonfinite_output;
       outcome.stats.add(result);
     }
+    model_.set_lora_dropout(std::nullopt);  // evaluation draws no masks
     if (ranks_ > 1) loss_sum = world_.all_reduce_sum(loss_sum);
     outcome.grad_norm = optimizer_.global_grad_norm(parallel_->step_grads());
     outcome.nonfinite = guard.check(step, loss_sum * scales.lm, outcome.grad_norm, first_output, model_.table(),

@@ -320,6 +320,40 @@ TEST(LoraModel, RoutedExpertsPerExpertPairsSaveUnderTheirModulesAndMerge) {
             1e-6 * std::abs(a.lm.loss_sum));  // the adapter changes the loss
 }
 
+// lora_dropout (model/linear.h): while a pass is set the adapters read x ⊙ m / (1 − p), the same
+// masks in every pass with the same (seed, step, first token) and others for another step; without
+// a pass (evaluation) the loss is the dropout-free one; the gradient check passes through the masks.
+TEST(LoraModel, DropoutMasksTheAdaptersInputsOnlyInItsPasses) {
+  const ModelConfig base = tiny_config("tiny.json");
+  const ModelConfig config = with_lora(base, R"({"target_modules": "all-linear", "r": 3, "lora_dropout": 0.3})");
+  const ModelConfig without = with_lora(base, R"({"target_modules": "all-linear", "r": 3})");
+  Model<double> dropping(config), plain(without);
+  for (Model<double>* model : {&dropping, &plain}) {
+    model->init_weights(7);
+    draw_lora_b(*model, 8);
+  }
+  GradientCheckOptions options;
+  const GradientCheckBatch batch = gradient_check_batch(base, options);
+  const auto loss = [&](Model<double>& model) {
+    return model.forward_loss(batch.tokens.data(), batch.targets.data(), options.batch, options.seq).lm.loss_sum;
+  };
+  const double eval = loss(dropping);
+  EXPECT_EQ(eval, loss(plain));
+  dropping.set_lora_dropout(LoraDropoutPass{1, 5, 0});
+  const double step5 = loss(dropping);
+  EXPECT_NE(step5, eval);
+  EXPECT_EQ(loss(dropping), step5);
+  dropping.set_lora_dropout(LoraDropoutPass{1, 6, 0});
+  EXPECT_NE(loss(dropping), step5);
+  dropping.set_lora_dropout(std::nullopt);
+  EXPECT_EQ(loss(dropping), eval);
+
+  GradientCheckOptions check;
+  check.max_full_elements = 0;
+  const GradientCheckReport report = check_model_gradients(config, check);
+  EXPECT_TRUE(report.passed(check.tolerance)) << report.worst_tensor << " " << report.max_rel_err;
+}
+
 // The whole-model gradient check with adapters on every linear layer (B drawn non-zero by the
 // check itself): only the adapters are compared, and they pass.
 TEST_P(LoraModelKinds, GradientCheckPasses) {

@@ -327,6 +327,21 @@ TEST(DataParallelLora, ShardedCheckpointsResumeOnOtherLayouts) {
   expect_same_tensors(resharded.out / adapter, uninterrupted.out / adapter, 1e-9);
 }
 
+// lora_dropout's masks are drawn per token of the step's whole batch (model/linear.h), so the
+// ranks, each training its rows, drop what one rank drops: the same run to 1e-10.
+TEST(DataParallelLora, DropoutMasksFollowTheTokensOverRanks) {
+  const fs::path config = config_with("tiny_qwen3_moe", nlohmann::json::object());
+  const fs::path adapter = test_data().root / "dp_lora_dropout.json";
+  write_text(adapter, R"({"target_modules": ["q_proj", "v_proj", "o_proj"], "r": 2, "lora_dropout": 0.25})");
+  const std::string flags = " --lora-config " + adapter.string();
+  const RunResult single = run(config, 1, "float64", 6, flags, "dp_lora_dropout");
+  const RunResult parallel = run(config, 4, "float64", 6, flags + " --ep 2", "dp_lora_dropout");
+  expect_same_run(single, parallel, 4, 1e-10);
+  const RunResult undropped = run(config, 1, "float64", 6, " --lora-rank 2 --lora-targets q_proj,v_proj,o_proj",
+                                  "dp_lora_undropped");
+  EXPECT_NE(undropped.metrics.back().at("loss"), single.metrics.back().at("loss")) << "no input was dropped";
+}
+
 TEST(DataParallelErrors, ABatchTheRanksCannotSplitIsRefusedOnEveryRank) {
   const fs::path out = test_data().root / "dp_bad_batch";
   const TestData& d = test_data();

@@ -175,9 +175,11 @@ TEST(LoraCli, StartsFromInitWeightsWithAPeftConfig) {
   };
   refused(" --lora-rank 2 --lora-targets qq_proj", "field \"target_modules\": matches no linear layer");
   refused(" --lora-targets q_proj", "--lora-alpha / --lora-targets / --lora-target-parameters: expected --lora-rank R");
-  write_text(root / "dropout.json", R"({"target_modules": ["q_proj"], "lora_dropout": 0.1})");
-  refused(" --lora-config " + (root / "dropout.json").string(), "field \"lora_dropout\": got 0.1; expected 0");
   const fs::path moe = config_with("tiny_qwen3_moe", nullptr);
+  write_text(root / "dropout.json", R"({"target_modules": ["q_proj"], "target_parameters": ["gate_up_proj"],
+                                        "lora_dropout": 0.1})");
+  refused(" --lora-config " + (root / "dropout.json").string(),
+          "field \"lora_dropout\": got 0.1 with routed experts' adapters", moe);
   refused(" --lora-rank 2", "all-linear on an MoE model", moe);
   refused(" --lora-rank 2 --lora-targets q_proj,down_proj", "PEFT reads down_proj as the routed experts'", moe);
   write_text(root / "up_only.json", R"j({"target_modules": ".*(q_proj|experts\\.[0-9]+\\.up_proj)"})j");
