@@ -234,10 +234,6 @@ inline void freeze_base_for_lora(const LoraConfig& lora, ParamTable& table, cons
     parameters = parameters || spec.adapter->whole_parameter;
     modules = modules || !spec.adapter->whole_parameter;
   }
-  const bool expert_pairs = table.num_elements(ParamGroup::expert_lora) > 0;
-  if (lora.lora_dropout > 0.0 && expert_pairs)
-    fail(lora.source, ": field \"lora_dropout\": got ", lora.lora_dropout, " with routed experts' adapters, where the ",
-         "engine does not drop out (and PEFT refuses it on target_parameters); expected 0");
   if (!lora.target_parameters.empty() && !parameters)
     fail(lora.source, ": field \"target_parameters\": matches no routed experts' weight of ", model_source,
          "; expected names such as mlp.experts.gate_up_proj, mlp.experts.down_proj");

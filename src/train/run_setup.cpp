@@ -97,20 +97,21 @@ namespace {
 // adapted the way PEFT reads alike: target_parameters (its fused layout), or their per-expert
 // modules named apart (its per-expert layout, which PEFT converts to the fused one only with gate
 // and up both adapted).
-void check_peft_reads_it_alike(const ModelConfig& config) {
-  if (config.num_experts == 0) return;
-  const LoraConfig& lora = *config.lora;
+void check_peft_reads_it_alike(const LoraConfig& lora, const ParamTable& table) {
   if (lora.target_modules.all_linear())
     fail(lora.source, ": field \"target_modules\": all-linear on an MoE model, which PEFT extends to the router ",
          "(not adapted here); expected the projections by name and the routed experts as target_parameters");
-  const ParamTable table = param_table_of(config);
-  std::map<std::string, int64_t> expert_parts;  // "…mlp.experts.gate_proj" → rank: the parts adapted per expert
+  struct PartPair {
+    int64_t rank = 0;
+    double scaling = 0.0;
+  };
+  std::map<std::string, PartPair> expert_parts;  // "…mlp.experts.gate_proj" → its pairs: the parts adapted per expert
   for (const ParamSpec& spec : table.entries()) {
     if (!spec.adapter || !spec.name.ends_with(".lora_A.weight")) continue;
     const std::string module = spec.name.substr(0, spec.name.size() - std::string_view(".lora_A.weight").size());
     const std::string last = module.substr(module.rfind('.') + 1);
     if (spec.shape.size() == 3) {
-      if (!spec.adapter->whole_parameter) expert_parts[module] = spec.shape[1];
+      if (!spec.adapter->whole_parameter) expert_parts[module] = {spec.shape[1], spec.adapter->scaling};
       continue;
     }
     if (last == "gate_proj" || last == "up_proj" || last == "down_proj" || last == "gate")
@@ -121,7 +122,7 @@ void check_peft_reads_it_alike(const ModelConfig& config) {
   }
   // PEFT converts per-expert pairs to its fused layout as they are named without the expert index
   // ("…mlp.experts.gate_proj"), gate and up into one pair of rank 2 r and alpha 2 lora_alpha.
-  for (const auto& [module, rank] : expert_parts) {
+  for (const auto& [module, pair] : expert_parts) {
     const std::string experts = module.substr(0, module.rfind('.') + 1), part = module.substr(experts.size());
     const bool gate = expert_parts.count(experts + "gate_proj") > 0, up = expert_parts.count(experts + "up_proj") > 0;
     if (gate != up)
@@ -132,10 +133,15 @@ void check_peft_reads_it_alike(const ModelConfig& config) {
       fail(lora.source, ": field \"target_modules\": adapts the routed experts' ", part, " of ", experts,
            " by their indices; PEFT (transformers 5) matches them as ", module, " and would leave them unadapted; "
            "expected a pattern that matches that name too");
+    if (lora.rank_of(module) != pair.rank || lora.scaling_of(module) != pair.scaling)
+      fail(lora.source, ": fields \"rank_pattern\" / \"alpha_pattern\": give the routed experts' ", part, " of ",
+           experts, " rank ", pair.rank, " and scaling ", pair.scaling, " by their indices, but rank ",
+           lora.rank_of(module), " and scaling ", lora.scaling_of(module), " as ", module,
+           ", the name PEFT (transformers 5) reads them by; expected patterns that give both names alike");
     const bool fused_by_peft = part == "gate_proj" || part == "up_proj";
-    if (fused_by_peft && (rank != lora.r || lora.alpha_of(module) != lora.lora_alpha || lora.use_rslora))
+    if (fused_by_peft && (pair.rank != lora.r || lora.alpha_of(module) != lora.lora_alpha || lora.use_rslora))
       fail(lora.source, ": fields \"rank_pattern\" / \"alpha_pattern\" / \"use_rslora\": give the routed experts' ",
-           part, " of ", experts, " rank ", rank, ", alpha ", lora.alpha_of(module),
+           part, " of ", experts, " rank ", pair.rank, ", alpha ", lora.alpha_of(module),
            "; PEFT fuses gate and up at rank 2 r and alpha 2 lora_alpha (scaling alpha / r); expected r ", lora.r,
            ", lora_alpha ", lora.lora_alpha, " and no rsLoRA there");
   }
@@ -176,7 +182,15 @@ std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const Mode
     lora.base_model_name_or_path = !o.init_dir.empty() ? o.init_dir : fs::path(config.source).parent_path().string();
   ModelConfig adapted = config;
   adapted.lora = std::make_shared<const LoraConfig>(std::move(lora));
-  check_peft_reads_it_alike(adapted);
+  if (config.num_experts > 0) {
+    const ParamTable table = param_table_of(adapted);
+    check_peft_reads_it_alike(*adapted.lora, table);
+    // Evaluation, generation and merge read such an adapter (they drop nothing out); training would
+    // drop out the other pairs' inputs only.
+    if (adapted.lora->lora_dropout > 0.0 && table.num_elements(ParamGroup::expert_lora) > 0)
+      fail(adapted.lora->source, ": field \"lora_dropout\": got ", adapted.lora->lora_dropout, " with routed experts' ",
+           "adapters, where the engine does not drop out (and PEFT refuses it on target_parameters); expected 0");
+  }
   return adapted.lora;
 }
 

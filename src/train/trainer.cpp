@@ -276,6 +276,10 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
   if (!outcome.skipped) {
     model_.inject_nan_after_layer(step == nan_injection.step ? nan_injection.layer : -1);
     std::string first_output;  // --check-numerics: the first non-finite sublayer output
+    struct ClearDropoutPass {  // evaluation draws no masks, however the micro-batches end
+      Model<T>& model;
+      ~ClearDropoutPass() { model.set_lora_dropout(std::nullopt); }
+    } clear_dropout{model_};
     for (int64_t micro = 0; micro < s_.grad_accum; ++micro) {
       const int64_t at = (micro * s_.batch + world_.rank() * local_batch_) * s_.seq_len;  // this rank's rows
       if (fsdp) fsdp->set_last_micro_batch(micro + 1 == s_.grad_accum);
@@ -286,7 +290,6 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
       if (first_output.empty()) first_output = result.first_nonfinite_output;
       outcome.stats.add(result);
     }
-    model_.set_lora_dropout(std::nullopt);  // evaluation draws no masks
     if (ranks_ > 1) loss_sum = world_.all_reduce_sum(loss_sum);
     outcome.grad_norm = optimizer_.global_grad_norm(parallel_->step_grads());
     outcome.nonfinite = guard.check(step, loss_sum * scales.lm, outcome.grad_norm, first_output, model_.table(),

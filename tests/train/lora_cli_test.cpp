@@ -34,7 +34,7 @@ TEST(LoraCli, TrainsOnlyTheAdapterAndResumesToTheSameBits) {
       run_cli("train " + tiny_run_flags(root / "whole") + " --steps 6 --save-every 3" + kLoraFlags);
   ASSERT_EQ(whole.status, 0) << whole.output;
   EXPECT_NE(whole.output.find("LoRA: "), std::string::npos) << whole.output;
-  for (const fs::path dir : {root / "whole" / "adapter", root / "whole" / "checkpoint-000006" / "adapter"}) {
+  for (const fs::path& dir : {root / "whole" / "adapter", root / "whole" / "checkpoint-000006" / "adapter"}) {
     EXPECT_TRUE(fs::exists(dir / "adapter_config.json")) << dir;
     EXPECT_TRUE(fs::exists(dir / "adapter_model.safetensors")) << dir;
   }
@@ -126,6 +126,26 @@ TEST(LoraCli, TrainsRoutedExpertsPairsInPeftsFusedLayout) {
   const CommandResult resumed = run_cli("train --resume " + (root / "split").string() + kSmallMfuGemm);
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_EQ(read_bytes(root / "split" / "adapter" / "adapter_model.safetensors"), read_bytes(adapter));
+
+  // Only training refuses lora_dropout on the experts' pairs: evaluation, which drops nothing out,
+  // reads such an adapter as the one without it.
+  const fs::path base_only = root / "base_only", dropout_adapter = root / "dropout_adapter";
+  fs::copy(root / "whole" / "checkpoint-000004", base_only, fs::copy_options::recursive);
+  fs::remove_all(base_only / "adapter");
+  fs::copy(root / "whole" / "adapter", dropout_adapter, fs::copy_options::recursive);
+  nlohmann::json config = nlohmann::json::parse(read_text(dropout_adapter / "adapter_config.json"));
+  config["lora_dropout"] = 0.1;
+  write_text(dropout_adapter / "adapter_config.json", config.dump());
+  const std::string eval_flags = " --data " + test_data().data_dir.string() + " --max-batches 2 --seq-len 16";
+  const CommandResult plain = run_cli("eval --checkpoint " + (root / "whole").string() + eval_flags);
+  const CommandResult dropped =
+      run_cli("eval --checkpoint " + base_only.string() + " --adapter " + dropout_adapter.string() + eval_flags);
+  ASSERT_EQ(plain.status, 0) << plain.output;
+  ASSERT_EQ(dropped.status, 0) << dropped.output;
+  const auto val_loss = [](const CommandResult& r) {
+    return nlohmann::json::parse(r.output.substr(r.output.rfind('{'))).at("val_loss").get<double>();
+  };
+  EXPECT_EQ(val_loss(dropped), val_loss(plain));
 }
 
 TEST(LoraCli, StartsFromInitWeightsWithAPeftConfig) {
@@ -188,6 +208,11 @@ TEST(LoraCli, StartsFromInitWeightsWithAPeftConfig) {
   write_text(root / "indices.json", R"j({"target_modules": ".*(q_proj|experts\\.[0-9]+\\.(gate|up)_proj)"})j");
   refused(" --lora-config " + (root / "indices.json").string(),
           "PEFT (transformers 5) matches them as model.layers.1.mlp.experts.gate_proj", moe);
+  write_text(root / "indexed_rank.json", R"j({"target_modules": ["q_proj", "gate_proj", "up_proj", "down_proj"],
+                                             "rank_pattern": {"experts\\.[0-9]+\\.down_proj": 4}})j");
+  refused(" --lora-config " + (root / "indexed_rank.json").string(),
+          "rank 4 and scaling 2 by their indices, but rank 8 and scaling 1 as model.layers.0.mlp.experts.down_proj",
+          config_with("tiny_qwen3_moe", {{"mlp_only_layers", nlohmann::json::array()}}));
   write_text(root / "up_rank.json", R"({"target_modules": ["q_proj", "gate_proj", "up_proj"], "rank_pattern": {"up_proj": 2}})");
   refused(" --lora-config " + (root / "up_rank.json").string(), "PEFT fuses gate and up at rank 2 r",
           config_with("tiny_qwen3_moe", {{"mlp_only_layers", nlohmann::json::array()}}));
