@@ -106,34 +106,66 @@ void reorder_rank_major(const T* from, T* to, const std::vector<int64_t>& shape,
       }
 }
 
+// The table of `config` with the adapter `lora` instead of its own.
+ParamTable table_with(const ModelConfig& config, const LoraConfig& lora) {
+  ModelConfig written = config;
+  written.lora = std::make_shared<const LoraConfig>(lora);
+  return param_table_of(written);
+}
+
 }  // namespace
 
-int64_t adapter_file_staging_bytes(const ParamTable& table, int64_t element_bytes) {
+int64_t adapter_file_staging_bytes(const ModelConfig& config, ExpertLayout layout, int64_t element_bytes) {
+  const ParamTable trained = param_table_of(config);
+  const std::optional<LoraConfig> converted = lora_in_layout(*config.lora, trained, layout);
+  const ParamTable table = converted ? table_with(config, *converted) : trained;
   int64_t bytes = 0;
+  for (const ParamSpec& spec : table.entries())
+    if (spec.trainable() && !stored_as_is(trained, spec)) bytes += spec.numel() * element_bytes;
   for (const FileTensor& tensor : file_tensors(table))
     if (tensor.rank_major) bytes += tensor.spec->numel() * element_bytes;
   return bytes;
 }
 
 template <class T>
-void Model<T>::save_adapter(const std::string& directory) const {
+void Model<T>::save_adapter(const std::string& directory, ExpertLayout layout) const {
   const Impl& m = *impl_;
   TRILLION_CHECK(m.config.lora != nullptr, "save_adapter of a model without LoRA");
+  const std::optional<LoraConfig> converted = lora_in_layout(*m.config.lora, m.table, layout);
+  const ParamTable table = converted ? table_with(m.config, *converted) : ParamTable();
+  const ParamTable& written = converted ? table : m.table;
   std::filesystem::create_directories(directory);
   SafetensorsWriter writer;
-  std::vector<Buffer<T>> reordered;  // the rank-major copies, alive until written
-  const std::vector<FileTensor> tensors = file_tensors(m.table);
-  for (const FileTensor& tensor : tensors) {
-    const T* values = m.params.data() + tensor.spec->offset + tensor.offset;
+  std::vector<Buffer<T>> held;                 // converted pairs and rank-major copies, alive until written
+  std::map<std::string, const T*> values_of;  // each written tensor's values
+  std::set<std::string> used;                  // the trained tensors written
+  for (const ParamSpec& spec : written.entries()) {
+    if (!spec.trainable()) continue;
+    if (stored_as_is(m.table, spec)) {
+      values_of[spec.name] = m.params.data() + m.table.find(spec.name).offset;
+      used.insert(spec.name);
+      continue;
+    }
+    held.emplace_back(spec.numel());
+    converted_tensor(m.table, m.params.data(), written, spec, held.back().data(), used);
+    values_of[spec.name] = held.back().data();
+  }
+  for (const ParamSpec& spec : m.table.entries())
+    if (spec.trainable() && used.count(spec.name) == 0)
+      fail("--expert-layout ", expert_layout_names()[static_cast<int>(layout)], ": the adapter in that layout (",
+           m.config.lora->source, " rewritten) would not hold ", spec.name, "; expected a config whose names adapt ",
+           "the same modules");
+  for (const FileTensor& tensor : file_tensors(written)) {
+    const T* values = values_of.at(tensor.spec->name) + tensor.offset;
     if (tensor.rank_major) {
-      reordered.emplace_back(tensor.spec->numel());
-      reorder_rank_major(values, reordered.back().data(), tensor.spec->shape, /*from_file=*/false);
-      values = reordered.back().data();
+      held.emplace_back(tensor.spec->numel());
+      reorder_rank_major(values, held.back().data(), tensor.spec->shape, /*from_file=*/false);
+      values = held.back().data();
     }
     writer.add(tensor.key, dtype_of<T>(), tensor.shape, values);
   }
   writer.write((std::filesystem::path(directory) / kAdapterFile).string());
-  m.config.lora->save((std::filesystem::path(directory) / "adapter_config.json").string());
+  (converted ? *converted : *m.config.lora).save((std::filesystem::path(directory) / "adapter_config.json").string());
 }
 
 template <class T>
@@ -183,7 +215,7 @@ void Model<T>::merge_adapter_into(Model<T>& plain) const {
   }
   for (const ParamSpec& a : m.table.entries()) {
     if (!a.adapter || !a.name.ends_with(kPairA)) continue;
-    const ParamSpec& b = m.table.find(a.name.substr(0, a.name.size() - kPairA.size()) + std::string(kPairB));
+    const ParamSpec& b = m.table.find(pair_module(a.name) + std::string(kPairB));
     const ParamSpec& weight = plain.table().find(a.adapter->weight);
     // A [E, rank, in], B [E, rows, rank], weight [E, weight_rows, in]; E = 1 unless routed experts'.
     const bool experts = a.shape.size() == 3;
@@ -196,9 +228,9 @@ void Model<T>::merge_adapter_into(Model<T>& plain) const {
   }
 }
 
-template void Model<float>::save_adapter(const std::string&) const;
+template void Model<float>::save_adapter(const std::string&, ExpertLayout) const;
 template void Model<float>::load_adapter(const std::string&);
-template void Model<double>::save_adapter(const std::string&) const;
+template void Model<double>::save_adapter(const std::string&, ExpertLayout) const;
 template void Model<double>::load_adapter(const std::string&);
 template void Model<float>::merge_adapter_into(Model<float>&) const;
 template void Model<double>::merge_adapter_into(Model<double>&) const;

@@ -24,11 +24,6 @@ bool ends_with(const std::string& text, const std::string& suffix) {
   return text.size() >= suffix.size() && text.compare(text.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// Equal to `name`, or ending with ".name" (PEFT's list form).
-bool names_module(const std::string& name, const std::string& module) {
-  return module == name || ends_with(module, "." + name);
-}
-
 // Python's re.fullmatch(pattern, text); the pattern was checked to compile when read.
 bool full_match(const std::string& pattern, const std::string& text) {
   return Regex(pattern, "pattern \"" + pattern + "\"").full_match(text);
@@ -92,6 +87,10 @@ constexpr const char* kIgnoredFields[] = {"inference_mode", "revision", "auto_ma
                                           "megatron_core", "qalora_group_size", "runtime_config"};
 
 }  // namespace
+
+bool names_module(const std::string& name, const std::string& module) {
+  return module == name || ends_with(module, "." + name);
+}
 
 bool ModuleNames::all_linear() const {
   if (!pattern || pattern->size() != std::string_view("all-linear").size()) return false;

@@ -41,6 +41,10 @@ struct ModuleNames {
   bool matches(const std::string& module) const;
 };
 
+// Whether the list entry `name` names `module`: equal to it, or `module` ends with ".name" (PEFT's
+// list form).
+bool names_module(const std::string& name, const std::string& module);
+
 // The output layer's module name, which "all-linear" leaves out (PEFT: the output embeddings).
 inline constexpr const char* kOutputLayer = "lm_head";
 

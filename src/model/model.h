@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/adapter_layout.h"
 #include "model/config.h"
 #include "model/linear.h"
 #include "model/params.h"
@@ -38,9 +39,10 @@ struct ParamCounts {
 ParamCounts count_parameters(const ModelConfig& config);
 // The parameter table a Model of the config lays out (shapes and offsets; nothing allocated).
 ParamTable param_table_of(const ModelConfig& config);
-// The bytes Model::save_adapter holds while writing: its copies of the routed experts' fused-layout
-// lora_B tensors in PEFT's rank-major order (model/adapter_weights.cpp).
-int64_t adapter_file_staging_bytes(const ParamTable& table, int64_t element_bytes);
+// The bytes Model::save_adapter holds while writing the adapter of `config` in `layout`: the pairs
+// it converts to that layout and its copies of the fused-layout lora_B tensors in PEFT's rank-major
+// order (model/adapter_weights.cpp).
+int64_t adapter_file_staging_bytes(const ModelConfig& config, ExpertLayout layout, int64_t element_bytes);
 // The tensors the head saves under layer L in a training forward of n tokens (model/saved_tensors.h):
 // the final norm's input and statistics, and the loss's gradient wrt the norm's output when it is
 // formed in the forward, else that output and the LM head's log-sum-exp.
@@ -153,9 +155,9 @@ class Model {
   void load_weights(const std::string& directory);
   // A LoRA model's adapter as PEFT stores it (model/adapter_weights.cpp): DIR/adapter_config.json
   // (config().lora) and DIR/adapter_model.safetensors, every trainable tensor under
-  // "base_model.model." + its name, in the model's float type. Loading reads every one of them
-  // (all or nothing) and nothing else.
-  void save_adapter(const std::string& directory) const;  // holds adapter_file_staging_bytes more
+  // "base_model.model." + its name, in the model's float type, the routed experts' pairs in `layout`
+  // (model/adapter_layout.h). Loading reads every one of them (all or nothing) and nothing else.
+  void save_adapter(const std::string& directory, ExpertLayout layout = ExpertLayout::as_trained) const;
   void load_adapter(const std::string& directory);
   // Writes this LoRA model's weights with every pair folded in (W + scaling · B · A, float
   // operands) and its saved modules as trained into `plain`, a model of the same config without

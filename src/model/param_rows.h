@@ -165,7 +165,7 @@ inline std::vector<ExpertPairRows> expert_pair_rows(const LoraConfig* lora, cons
     a.shape.insert(a.shape.begin(), experts);  // [E, r, in]
     b.shape.insert(b.shape.begin(), experts);  // [E, rows, r]
     for (ParamRow* row : {&a, &b}) {
-      row->adapter = AdapterTarget{weight.name, row0, p.scaling, whole_parameter};
+      row->adapter = AdapterTarget{weight.name, row0, p.scaling, whole_parameter, weight.expert_parts};
       row->group = ParamGroup::expert_lora;  // sliced over expert parallelism with the experts
     }
     p.a = std::move(a);

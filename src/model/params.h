@@ -60,6 +60,7 @@ struct AdapterTarget {
   int64_t row0 = 0;
   double scaling = 0.0;
   bool whole_parameter = false;
+  std::vector<std::string> parts = {};  // routed experts' weight: its per-expert modules ("gate_proj", "up_proj")
 };
 
 struct ParamSpec {

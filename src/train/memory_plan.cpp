@@ -221,7 +221,11 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   // both moments (Optimizer::save), or a LoRA run's rank 0 the adapter file's reordered tensors
   // (Model::save_adapter) before them, beside its shards and buffers; the step's activations are gone.
   if (shape.ranks > 1 && shape.whole_checkpoints) {
-    const int64_t adapter = config.lora != nullptr ? adapter_file_staging_bytes(param_table_of(config), e) : 0;
+    // The checkpoint's adapter as trained, then OUT/adapter in its layout.
+    const int64_t adapter =
+        config.lora == nullptr ? 0
+                               : std::max(adapter_file_staging_bytes(config, ExpertLayout::as_trained, e),
+                                          adapter_file_staging_bytes(config, shape.adapter_layout, e));
     plan.checkpoint_save = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +
                            counts.trainable_storage * e + std::max(2 * counts.trainable_storage * e, adapter);
   }

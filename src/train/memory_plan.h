@@ -41,6 +41,7 @@
 #include <nlohmann/json.hpp>
 
 #include "memory/activation_store.h"
+#include "model/adapter_layout.h"
 #include "model/config.h"
 #include "model/step.h"
 
@@ -73,6 +74,7 @@ struct StepMemoryShape {
   // ranks > 1: checkpoints are whole (not --sharded-checkpoints), so a save gathers the whole
   // parameters and both moments on every rank.
   bool whole_checkpoints = false;
+  ExpertLayout adapter_layout = ExpertLayout::as_trained;  // LoRA: OUT/adapter's routed experts' pairs
 };
 
 struct MemoryPlan {

@@ -58,6 +58,7 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
   shape.bf16_products = s.precision == "bf16";
   shape.sampler_windows = train_tokens > 0 ? (train_tokens - 1) / s.seq_len : 0;
   shape.whole_checkpoints = !o.sharded_checkpoints;
+  shape.adapter_layout = expert_layout_named(s.expert_layout, "--expert-layout");
   return shape;
 }
 
@@ -108,7 +109,7 @@ void check_peft_reads_it_alike(const LoraConfig& lora, const ParamTable& table) 
   std::map<std::string, PartPair> expert_parts;  // "…mlp.experts.gate_proj" → its pairs: the parts adapted per expert
   for (const ParamSpec& spec : table.entries()) {
     if (!spec.adapter || !spec.name.ends_with(".lora_A.weight")) continue;
-    const std::string module = spec.name.substr(0, spec.name.size() - std::string_view(".lora_A.weight").size());
+    const std::string module = pair_module(spec.name);
     const std::string last = module.substr(module.rfind('.') + 1);
     if (spec.shape.size() == 3) {
       if (!spec.adapter->whole_parameter) expert_parts[module] = {spec.shape[1], spec.adapter->scaling};
@@ -233,6 +234,11 @@ RunSetup prepare_run(TrainOptions& o) {
     if (run.resumed) check_same_config(run.config, o.config_path, ModelConfig::load(checkpoint_config), checkpoint_config);
   }
   attach_lora(o, run);
+  const ExpertLayout layout = expert_layout_named(s.expert_layout, "--expert-layout");
+  if (layout != ExpertLayout::as_trained && run.config.lora == nullptr)
+    fail("--expert-layout ", s.expert_layout, ": the layout of a LoRA run's adapter; expected a LoRA run ",
+         "(--lora-rank, --lora-config or --adapter)");
+  if (run.config.lora != nullptr) lora_in_layout(*run.config.lora, param_table_of(run.config), layout);  // refusals now
   if (s.seq_len > run.config.max_position_embeddings) {
     fail("--seq-len ", s.seq_len, " exceeds the model's max_position_embeddings ", run.config.max_position_embeddings);
   }

@@ -6,6 +6,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "model/adapter_layout.h"
 
 namespace trillion {
 namespace {
@@ -92,6 +93,11 @@ const std::vector<Setting>& training_settings() {
       {"document-mask", "document_mask",
        "Packed rows: no token attends across a document end (the tokenizer's eos); positions restart",
        &TrainSettings::document_mask, OnResume::must_match, {}, false, false},
+      {"expert-layout", "lora.expert_layout",
+       "LoRA: the routed experts' adapters in OUT/adapter as trained, per-expert (one pair per expert module, "
+       "transformers 4) or fused (target_parameters on the stacked weights, transformers 5); checkpoints keep "
+       "them as trained",
+       &TrainSettings::expert_layout, OnResume::may_change, expert_layout_names(), false, "as-trained"},
   };
   return table;
 }

@@ -38,6 +38,7 @@ struct TrainSettings {
   double indexer_loss_coef = 1.0;       // their indexers' KL loss (0: off)
   std::string loss_gradients = "in-forward";  // LM-head loss: "in-forward" | "recompute" (LossGradients)
   bool document_mask = false;  // packed rows: no attention across the data's eos (Model::set_document_mask)
+  std::string expert_layout = "as-trained";  // LoRA: OUT/adapter's routed experts' pairs (model/adapter_layout.h)
 };
 
 // What a resumed run does with a setting given again on its command line.

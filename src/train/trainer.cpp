@@ -419,7 +419,8 @@ void Trainer<T>::save_sharded(int64_t step) {
     if (lora) model_.save_adapter((fs::path(temp_dir) / "adapter").string());
   });
   if (lora) {
-    model_.save_adapter((fs::path(o_.out_dir) / "adapter").string());
+    model_.save_adapter((fs::path(o_.out_dir) / "adapter").string(),
+                        expert_layout_named(s_.expert_layout, "--expert-layout"));
     fsdp.release_everything();
   }
   prune_checkpoints(o_.out_dir, step, o_.keep_last);
@@ -445,7 +446,9 @@ void Trainer<T>::save(int64_t step) {
     optimizer_.save((fs::path(temp_dir) / "optimizer.safetensors").string());
     write_run_files(temp_dir);
   });
-  if (model_.config().lora != nullptr) model_.save_adapter((fs::path(o_.out_dir) / "adapter").string());
+  if (model_.config().lora != nullptr)  // for users, in their layout; the checkpoint's as trained, to resume
+    model_.save_adapter((fs::path(o_.out_dir) / "adapter").string(),
+                        expert_layout_named(s_.expert_layout, "--expert-layout"));
   const int64_t peak = MemoryStats::peak(Tier::fast);
   if (fsdp) fsdp->release_everything();
   prune_checkpoints(o_.out_dir, step, o_.keep_last);

@@ -157,6 +157,84 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity,
                          ::testing::Values("tiny_qwen3", "tiny_qwen3_next_hybrid", "tiny_deepseek_v3",
                                            "tiny_qwen3_moe", "tiny_qwen3_moe/lora_per_expert"));
 
+// The loss on `base`'s tokens with the adapter in `dir` as its own adapter_config.json declares it.
+double adapter_loss(const std::string& base, const std::string& dir) {
+  ModelConfig config = ModelConfig::load(base_dir(base) + "/config.json");
+  config.lora = std::make_shared<const LoraConfig>(LoraConfig::load(dir + "/adapter_config.json"));
+  Model<double> model(config);
+  model.load_weights(base_dir(base));
+  model.load_adapter(dir);
+  const SafetensorsReader tokens_file(base_dir(base) + "/fixture.safetensors");
+  const std::vector<int32_t> tokens = read_ids(tokens_file, "tokens"), targets = read_ids(tokens_file, "targets");
+  const StepResult result = model.forward_loss(tokens.data(), targets.data(), kBatch, kSeq);
+  return result.lm.loss_sum / double(result.lm.count);
+}
+
+std::vector<double> tensor_of(const SafetensorsReader& file, const std::string& key) {
+  int64_t n = 1;
+  for (int64_t d : file.info(key).shape) n *= d;
+  std::vector<double> values(n);
+  file.read(key, file.info(key).shape, values.data());
+  return values;
+}
+
+// --expert-layout: PEFT's fused adapter on qwen3_moe (gate_up_proj's pair at rank 8 and alpha 16,
+// down_proj's at r 4) written per-expert (each part's pair: the fused A and its part's rows of B)
+// and then back fused (the parts' ranks side by side, B block-diagonal, as PEFT converts) gives
+// PEFT's loss each time.
+TEST(AdapterLayout, PeftsFusedAdapterWrittenPerExpertAndBackGivesPeftsLoss) {
+  const std::string base = "tiny_qwen3_moe";
+  const SafetensorsReader peft(adapter_dir(base) + "/fixture.safetensors");
+  double peft_loss = 0.0;
+  peft.read("lm_loss", {}, &peft_loss);
+  const test::ScratchDir per_expert, fused_again;
+  adapted_model<double>(base)->save_adapter(per_expert.path(), ExpertLayout::per_expert);
+
+  const SafetensorsReader file(per_expert.path() + "/adapter_model.safetensors");
+  const std::string expert = "base_model.model.model.layers.1.mlp.experts.5.";
+  EXPECT_EQ(file.info(expert + "gate_proj.lora_A.weight").shape, (std::vector<int64_t>{8, 32}));  // [rank, D]
+  EXPECT_EQ(file.info(expert + "up_proj.lora_B.weight").shape, (std::vector<int64_t>{16, 8}));    // [I, rank]
+  EXPECT_EQ(file.info(expert + "down_proj.lora_A.weight").shape, (std::vector<int64_t>{4, 16}));  // [r, I]
+  EXPECT_EQ(tensor_of(file, expert + "gate_proj.lora_A.weight"), tensor_of(file, expert + "up_proj.lora_A.weight"));
+  EXPECT_FALSE(file.contains("base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight"));
+  const LoraConfig written = LoraConfig::load(per_expert.path() + "/adapter_config.json");
+  EXPECT_TRUE(written.target_parameters.empty());
+  EXPECT_TRUE(written.targets_module("model.layers.1.mlp.experts.5.up_proj"));
+  EXPECT_TRUE(written.targets_module("model.layers.1.mlp.experts.up_proj"));  // as PEFT on transformers 5 names it
+  EXPECT_TRUE(written.targets_module("model.layers.1.self_attn.q_proj"));
+  EXPECT_FALSE(written.targets_module("model.layers.0.mlp.up_proj"));  // the dense MLP stays as it was
+  EXPECT_EQ(written.rank_of("model.layers.1.mlp.experts.5.gate_proj"), 8);
+  EXPECT_EQ(written.scaling_of("model.layers.1.mlp.experts.5.gate_proj"), 2.0);
+  EXPECT_LE(std::abs(adapter_loss(base, per_expert.path()) - peft_loss) / peft_loss, 1e-10);
+
+  ModelConfig config = ModelConfig::load(base_dir(base) + "/config.json");
+  config.lora = std::make_shared<const LoraConfig>(written);
+  Model<double> per_expert_model(config);
+  per_expert_model.load_weights(base_dir(base));
+  per_expert_model.load_adapter(per_expert.path());
+  per_expert_model.save_adapter(fused_again.path(), ExpertLayout::fused);
+  const SafetensorsReader fused(fused_again.path() + "/adapter_model.safetensors");
+  const std::string experts = "base_model.model.model.layers.1.mlp.experts.";
+  EXPECT_EQ(fused.info(experts + "base_layer.lora_A.weight").shape, (std::vector<int64_t>{8 * 16, 32}));  // [E·2·8, D]
+  EXPECT_EQ(fused.info(experts + "lora_A.weight").shape, (std::vector<int64_t>{8 * 4, 16}));            // [E·r, I]
+  const LoraConfig fused_config = LoraConfig::load(fused_again.path() + "/adapter_config.json");
+  EXPECT_EQ(fused_config.rank_of("model.layers.1.mlp.experts.gate_up_proj"), 16);
+  EXPECT_EQ(fused_config.scaling_of("model.layers.1.mlp.experts.gate_up_proj"), 2.0);
+  EXPECT_FALSE(fused_config.targets_module("model.layers.1.mlp.experts.5.up_proj"));
+  EXPECT_LE(std::abs(adapter_loss(base, fused_again.path()) - peft_loss) / peft_loss, 1e-10);
+}
+
+// A layout that cannot hold the adapter is refused naming the pair it would lose: PEFT's per-expert
+// fixture adapts layer 0's dense MLP by the names that PEFT on transformers 5 reads as the routed
+// experts' target_parameters.
+TEST(AdapterLayout, WhatTheOtherLayoutCannotHoldIsRefused) {
+  const auto model = adapted_model<double>("tiny_qwen3_moe/lora_per_expert");
+  const test::ScratchDir dir;
+  const std::string error = error_message([&] { model->save_adapter(dir.path(), ExpertLayout::fused); });
+  EXPECT_NE(error.find("--expert-layout fused: the adapter in that layout"), std::string::npos) << error;
+  EXPECT_NE(error.find("would not hold model.layers.0.mlp.gate_proj.lora_A.weight"), std::string::npos) << error;
+}
+
 // An adapter file that does not fit: a missing tensor, a wrong rank, a tensor of another adapter.
 TEST(LoraParityErrors, AFileThatDoesNotFitTheConfigIsRefusedNamingTheTensor) {
   const auto model = adapted_model<double>("tiny_qwen3");

@@ -25,6 +25,14 @@ std::vector<double> tensor_values(const fs::path& file, const std::string& name)
 
 std::string read_bytes(const fs::path& path) { return read_text(path); }
 
+// `trillion eval ARGS` on the test data's first two windows of 16 tokens: its val_loss.
+double val_loss(const std::string& args) {
+  const CommandResult r =
+      run_cli("eval " + args + " --data " + test_data().data_dir.string() + " --max-batches 2 --seq-len 16");
+  EXPECT_EQ(r.status, 0) << r.output;
+  return nlohmann::json::parse(r.output.substr(r.output.rfind('{'))).at("val_loss").get<double>();
+}
+
 const std::string kLoraFlags = " --lora-rank 4 --lora-alpha 8 --lora-targets q_proj,v_proj,down_proj";
 
 TEST(LoraCli, TrainsOnlyTheAdapterAndResumesToTheSameBits) {
@@ -62,12 +70,6 @@ TEST(LoraCli, TrainsOnlyTheAdapterAndResumesToTheSameBits) {
 
   // eval of the checkpoint evaluates the adapted model; the same weights without their adapter/
   // evaluate the base, and with --adapter the adapted model again.
-  const std::string eval_flags = " --data " + test_data().data_dir.string() + " --max-batches 2 --seq-len 16";
-  const auto val_loss = [&](const std::string& args) {
-    const CommandResult r = run_cli("eval " + args + eval_flags);
-    EXPECT_EQ(r.status, 0) << r.output;
-    return nlohmann::json::parse(r.output.substr(r.output.rfind('{'))).at("val_loss").get<double>();
-  };
   const fs::path base_only = root / "base_only";
   fs::copy(root / "whole" / "checkpoint-000006", base_only, fs::copy_options::recursive);
   fs::remove_all(base_only / "adapter");
@@ -127,6 +129,28 @@ TEST(LoraCli, TrainsRoutedExpertsPairsInPeftsFusedLayout) {
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_EQ(read_bytes(root / "split" / "adapter" / "adapter_model.safetensors"), read_bytes(adapter));
 
+  // --expert-layout per-expert: OUT/adapter holds one pair per expert module (evaluating as the
+  // fused pairs, within float's rounding of the other sums), the checkpoint's the fused pairs to
+  // resume from; a run without LoRA is refused it.
+  const CommandResult layout = run_cli("train --out " + (root / "layout").string() + flags + " --expert-layout per-expert");
+  ASSERT_EQ(layout.status, 0) << layout.output;
+  const SafetensorsReader per_expert((root / "layout" / "adapter" / "adapter_model.safetensors").string());
+  EXPECT_EQ(per_expert.info(experts + "4.up_proj.lora_B.weight").shape, (std::vector<int64_t>{8, 2}));  // [I, r]
+  EXPECT_EQ(read_bytes(root / "layout" / "checkpoint-000004" / "adapter" / "adapter_model.safetensors"),
+            read_bytes(adapter));
+  const fs::path bare = root / "bare";
+  fs::copy(root / "layout" / "checkpoint-000004", bare, fs::copy_options::recursive);
+  fs::remove_all(bare / "adapter");
+  const double fused_loss = val_loss("--checkpoint " + (root / "layout").string());
+  EXPECT_NEAR(val_loss("--checkpoint " + bare.string() + " --adapter " + (root / "layout" / "adapter").string()),
+              fused_loss, 1e-5 * fused_loss);
+  const CommandResult no_lora = run_cli("train --config " + moe.string() + " --data " + test_data().data_dir.string() +
+                                        " --out " + (root / "no_lora").string() + " --steps 1" + kSmallMfuGemm +
+                                        " --expert-layout fused");
+  EXPECT_NE(no_lora.status, 0);
+  EXPECT_NE(no_lora.output.find("--expert-layout fused: the layout of a LoRA run's adapter"), std::string::npos)
+      << no_lora.output;
+
   // Only training refuses lora_dropout on the experts' pairs: evaluation, which drops nothing out,
   // reads such an adapter as the one without it.
   const fs::path base_only = root / "base_only", dropout_adapter = root / "dropout_adapter";
@@ -136,16 +160,8 @@ TEST(LoraCli, TrainsRoutedExpertsPairsInPeftsFusedLayout) {
   nlohmann::json config = nlohmann::json::parse(read_text(dropout_adapter / "adapter_config.json"));
   config["lora_dropout"] = 0.1;
   write_text(dropout_adapter / "adapter_config.json", config.dump());
-  const std::string eval_flags = " --data " + test_data().data_dir.string() + " --max-batches 2 --seq-len 16";
-  const CommandResult plain = run_cli("eval --checkpoint " + (root / "whole").string() + eval_flags);
-  const CommandResult dropped =
-      run_cli("eval --checkpoint " + base_only.string() + " --adapter " + dropout_adapter.string() + eval_flags);
-  ASSERT_EQ(plain.status, 0) << plain.output;
-  ASSERT_EQ(dropped.status, 0) << dropped.output;
-  const auto val_loss = [](const CommandResult& r) {
-    return nlohmann::json::parse(r.output.substr(r.output.rfind('{'))).at("val_loss").get<double>();
-  };
-  EXPECT_EQ(val_loss(dropped), val_loss(plain));
+  EXPECT_EQ(val_loss("--checkpoint " + base_only.string() + " --adapter " + dropout_adapter.string()),
+            val_loss("--checkpoint " + (root / "whole").string()));
 }
 
 TEST(LoraCli, StartsFromInitWeightsWithAPeftConfig) {
