@@ -17,6 +17,7 @@ packages=(
   libgtest-dev libgmock-dev         # tests
   libopenmpi-dev openmpi-bin        # distributed runs (mpirun: FSDP, expert parallelism)
   fortunes fortunes-min             # the default corpus: fortune cookie files
+  dict-vera                         # the conversations corpus (scripts/chat_corpus.sh): acronyms
   clang libclang-rt-14-dev libomp-14-dev   # the parsers' libFuzzer targets (scripts/fuzz.sh)
 )
 

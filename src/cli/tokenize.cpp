@@ -11,8 +11,8 @@
 // or more documents and the fraction is positive) go to val, those with the smallest
 // CounterRng(seed, "data.val_split").bits(index); the rest, in input order, to train. The
 // tokenizer is trained on the train documents' sample only (or copied from --tokenizer); with
-// conversations in the corpus, ChatML's markers are pieces of their own (a reused tokenizer must
-// have them). Fine-tuning documents (prompt/completion, conversations: data/corpus.h) store loss
+// conversations in the corpus (or --chat-markers), ChatML's markers are pieces of their own (a
+// reused tokenizer must have them). Fine-tuning documents (prompt/completion, conversations: data/corpus.h) store loss
 // masks in their shards (data/shards.h). A progress line (bytes/s, ETA) goes to stderr every few
 // seconds of a long pass.
 #include <unistd.h>
@@ -48,6 +48,7 @@ struct TokenizeOptions {
   uint64_t seed = 1;
   int64_t sample_mb = 64;
   int64_t shard_mb = 256;
+  bool chat_markers = false;  // a trained tokenizer gets ChatML's markers even without conversations
   CorpusOptions corpus;
 };
 
@@ -210,7 +211,7 @@ void run_tokenize(const TokenizeOptions& options) {
   // An earlier run's tokenizer of the other kind would shadow this one.
   remove_file_if_present((fs::path(options.out_dir) / (hf ? "tokenizer.model" : "tokenizer.json")).string());
   std::vector<std::string> chat_symbols;  // conversations need ChatML's markers as pieces
-  if (counts.conversations > 0) chat_symbols = {kChatStart, kChatEnd};
+  if (counts.conversations > 0 || options.chat_markers) chat_symbols = {kChatStart, kChatEnd};
   int64_t sample_sentences = 0, sample_bytes = 0;
   if (sample) {
     const std::vector<std::string> sentences = sample->take([&](int64_t d) { return is_val[d]; });
@@ -303,6 +304,10 @@ void register_tokenize(CLI::App& app) {
       ->required();
   cmd->add_option("--vocab-size", options->vocab_size, "Train a BPE tokenizer of this many pieces on the train split");
   cmd->add_option("--tokenizer", options->tokenizer_path, "Reuse this SentencePiece model (copied to the output)");
+  cmd->add_flag("--chat-markers", options->chat_markers,
+                "The trained tokenizer holds ChatML's <|im_start|> and <|im_end|> as pieces even without "
+                "conversations in the corpus, so a model pretrained on it can be fine-tuned on conversations")
+      ->needs("--vocab-size");
   cmd->add_option("--val-fraction", options->val_fraction, "Fraction of documents held out for val.bin")
       ->capture_default_str();
   cmd->add_option("--shard-mb", options->shard_mb,

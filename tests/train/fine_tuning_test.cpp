@@ -182,6 +182,23 @@ TEST(FineTuning, ConversationsTargetEveryAssistantTurn) {
                                         (d.data_dir / "tokenizer.model").string());
   EXPECT_NE(refused.status, 0);
   EXPECT_NE(refused.output.find("has no piece <|im_start|>"), std::string::npos) << refused.output;
+
+  // --chat-markers: a tokenizer trained on plain text holds the markers too, so the conversations
+  // tokenize with it (a model pretrained on that text fine-tunes on them).
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "You count. Start at " + std::to_string(i) + ", again " + std::to_string(i + 2) + " done\n";
+  write_text(root / "plain.txt", text);
+  const fs::path plain = root / "plain";
+  for (const bool markers : {false, true}) {
+    const CommandResult r = run_cli("tokenize --input " + (root / "plain.txt").string() + " --out " + plain.string() +
+                                    " --doc-per-line --vocab-size 300" + (markers ? " --chat-markers" : ""));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(Tokenizer((plain / "tokenizer.model").string()).has_piece("<|im_start|>"), markers);
+  }
+  const CommandResult chat = run_cli("tokenize --input " + (root / "chat.jsonl").string() + " --out " +
+                                     (root / "chat_on_plain").string() + " --tokenizer " +
+                                     (plain / "tokenizer.model").string());
+  EXPECT_EQ(chat.status, 0) << chat.output;
 }
 
 }  // namespace
