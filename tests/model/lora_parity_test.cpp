@@ -145,12 +145,13 @@ void expect_merged_equals_adapted(const std::string& base, double tolerance) {
   EXPECT_LE(relative_error(merged_logits.data(), adapted_logits.data(), kSeq * V), tolerance) << "logits";
 }
 
-// Float: 32 ε (ε = 2⁻²³, 3.8e-6), as the logits above. The per-expert fixture's adapter moves the
-// logits by 137 % of their largest (its pairs are random at 0.3 on the experts' every module), so
-// its merged weights round far from the base's: 1.6e-6 there, below 1e-6 on the other fixtures.
+// Float: 1e-6, the bound; 32 ε (ε = 2⁻²³, 3.8e-6) on the per-expert fixture, whose adapter
+// moves the logits by 137 % of their largest (its pairs are random at 0.3 on the experts' every
+// module), so that its merged weights round far from the base's: 1.6e-6 there.
 TEST_P(LoraParity, TheMergedModelGivesTheAdaptedLogits) {
   expect_merged_equals_adapted<double>(GetParam(), 1e-12);
-  expect_merged_equals_adapted<float>(GetParam(), 32 * 0x1.0p-23);
+  const bool moves_far = GetParam() == std::string("tiny_qwen3_moe/lora_per_expert");
+  expect_merged_equals_adapted<float>(GetParam(), moves_far ? 32 * 0x1.0p-23 : 1e-6);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, LoraParity,
