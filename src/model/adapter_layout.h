@@ -9,10 +9,11 @@
 //                        parts' A stacked, B block-diagonal; the config gains rank_pattern and
 //                        alpha_pattern ".*\.gate_up_proj": 2 r and 2 lora_alpha, so the scaling stays
 //
-// The converted config is checked by building its table: every pair of the written adapter must be
-// the source's pairs with the same scaling, and every trainable tensor of the source must be written,
-// or the conversion is refused naming the tensor (rsLoRA's scaling, for one, does not survive the
-// doubled rank).
+// The converted config is checked, before training starts, by building its table: every pair of the
+// written adapter must be the source's pairs with the same scaling, every trainable tensor of the
+// source must be written, and PEFT must read the written adapter alike (check_peft_reads_it_alike:
+// a fused gate_up pair of rank other than r, for one, has no per-expert form PEFT reads back), or
+// the conversion is refused naming the tensor or field.
 #pragma once
 
 #include <optional>
@@ -39,12 +40,27 @@ inline const std::vector<std::string>& expert_layout_names() {  // in ExpertLayo
 }
 
 // The config that declares the adapter of `table` (made from `lora`) in `layout`, or none when no
-// routed experts' pair changes layout. A target_modules regex cannot be rewritten: refused.
+// routed experts' pair changes layout. Module names are exact unless every MoE layer's experts are
+// adapted alike (then one pattern of any layer). all-linear cannot be rewritten: refused. The
+// written table is checked against `table` by the caller (model/adapter_weights.cpp).
 std::optional<LoraConfig> lora_in_layout(const LoraConfig& lora, const ParamTable& table, ExpertLayout layout);
+
+// Refuses, naming the field, an adapter of an MoE model (`table`, made from `lora`) that PEFT (>= 0.19,
+// transformers 5) would read as another adapter:
+//   - all-linear (PEFT extends it to the router), or gate_proj / up_proj / down_proj / gate named
+//     as modules (PEFT reads them as the routed experts' target_parameters);
+//   - routed experts adapted per expert (a) with gate and not up or the reverse, (b) by names that
+//     miss the index-less module PEFT reads them as ("…mlp.experts.gate_proj"), (c) with another
+//     rank or scaling there, or (d) gate and up at a rank other than r, alpha other than lora_alpha
+//     or with rsLoRA (PEFT fuses them at rank 2 r, alpha 2 lora_alpha);
+//   - per-expert pairs of a family whose checkpoint renames modules (kimi_linear: its per-expert
+//     modules exist only in Moonshot's remote code, whose other names differ from the adapter's).
+void check_peft_reads_it_alike(const LoraConfig& lora, const ParamTable& table, const std::string& model_type);
 
 // out [to.numel()] = the values of `to`, a trainable tensor of the converted table `to_table` not
 // stored as is, from the source table `from` and its parameters; `used` collects the source tensors
-// read. Fails naming `to` when the source has no pairs that give it exactly.
+// read. Fails naming `to` when the source has no pairs that give it exactly. With `params` and `out`
+// null it only checks that.
 template <class T>
 void converted_tensor(const ParamTable& from, const T* params, const ParamTable& to_table, const ParamSpec& to, T* out,
                       std::set<std::string>& used);

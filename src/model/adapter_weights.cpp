@@ -106,19 +106,49 @@ void reorder_rank_major(const T* from, T* to, const std::vector<int64_t>& shape,
       }
 }
 
-// The table of `config` with the adapter `lora` instead of its own.
-ParamTable table_with(const ModelConfig& config, const LoraConfig& lora) {
-  ModelConfig written = config;
-  written.lora = std::make_shared<const LoraConfig>(lora);
-  return param_table_of(written);
+// The adapter of `config` (whose table is `trained`) as written in `layout`: the config it is written
+// with (none: as trained) and its table, checked without values: each trainable tensor is stored as
+// is or converted from trained pairs, every trained tensor is written, and PEFT reads it alike; what
+// fails is refused naming the tensor or field.
+struct WrittenAdapter {
+  std::optional<LoraConfig> config;
+  ParamTable table;
+};
+
+WrittenAdapter written_adapter(const ModelConfig& config, const ParamTable& trained, ExpertLayout layout) {
+  WrittenAdapter written{lora_in_layout(*config.lora, trained, layout), trained};
+  if (!written.config) return written;
+  written.config->source = config.lora->source + " rewritten for --expert-layout " +
+                           expert_layout_names()[static_cast<int>(layout)];
+  ModelConfig with_written = config;
+  with_written.lora = std::make_shared<const LoraConfig>(*written.config);
+  written.table = param_table_of(with_written);
+  std::set<std::string> used;  // the trained tensors written
+  for (const ParamSpec& spec : written.table.entries()) {
+    if (!spec.trainable()) continue;
+    if (stored_as_is(trained, spec))
+      used.insert(spec.name);
+    else
+      converted_tensor<float>(trained, nullptr, written.table, spec, nullptr, used);
+  }
+  for (const ParamSpec& spec : trained.entries())
+    if (spec.trainable() && used.count(spec.name) == 0)
+      fail("--expert-layout ", expert_layout_names()[static_cast<int>(layout)], ": the adapter in that layout (",
+           config.lora->source, " rewritten) would not hold ", spec.name, "; expected a config whose names adapt ",
+           "the same modules");
+  check_peft_reads_it_alike(*written.config, written.table, config.model_type);
+  return written;
 }
 
 }  // namespace
 
+void check_adapter_layout(const ModelConfig& config, ExpertLayout layout) {
+  written_adapter(config, param_table_of(config), layout);
+}
+
 int64_t adapter_file_staging_bytes(const ModelConfig& config, ExpertLayout layout, int64_t element_bytes) {
   const ParamTable trained = param_table_of(config);
-  const std::optional<LoraConfig> converted = lora_in_layout(*config.lora, trained, layout);
-  const ParamTable table = converted ? table_with(config, *converted) : trained;
+  const ParamTable table = written_adapter(config, trained, layout).table;
   int64_t bytes = 0;
   for (const ParamSpec& spec : table.entries())
     if (spec.trainable() && !stored_as_is(trained, spec)) bytes += spec.numel() * element_bytes;
@@ -131,30 +161,23 @@ template <class T>
 void Model<T>::save_adapter(const std::string& directory, ExpertLayout layout) const {
   const Impl& m = *impl_;
   TRILLION_CHECK(m.config.lora != nullptr, "save_adapter of a model without LoRA");
-  const std::optional<LoraConfig> converted = lora_in_layout(*m.config.lora, m.table, layout);
-  const ParamTable table = converted ? table_with(m.config, *converted) : ParamTable();
-  const ParamTable& written = converted ? table : m.table;
+  const WrittenAdapter adapter = written_adapter(m.config, m.table, layout);
+  const ParamTable& written = adapter.table;
   std::filesystem::create_directories(directory);
   SafetensorsWriter writer;
   std::vector<Buffer<T>> held;                 // converted pairs and rank-major copies, alive until written
   std::map<std::string, const T*> values_of;  // each written tensor's values
-  std::set<std::string> used;                  // the trained tensors written
+  std::set<std::string> used;                  // the trained tensors written (checked by written_adapter)
   for (const ParamSpec& spec : written.entries()) {
     if (!spec.trainable()) continue;
     if (stored_as_is(m.table, spec)) {
       values_of[spec.name] = m.params.data() + m.table.find(spec.name).offset;
-      used.insert(spec.name);
       continue;
     }
     held.emplace_back(spec.numel());
     converted_tensor(m.table, m.params.data(), written, spec, held.back().data(), used);
     values_of[spec.name] = held.back().data();
   }
-  for (const ParamSpec& spec : m.table.entries())
-    if (spec.trainable() && used.count(spec.name) == 0)
-      fail("--expert-layout ", expert_layout_names()[static_cast<int>(layout)], ": the adapter in that layout (",
-           m.config.lora->source, " rewritten) would not hold ", spec.name, "; expected a config whose names adapt ",
-           "the same modules");
   for (const FileTensor& tensor : file_tensors(written)) {
     const T* values = values_of.at(tensor.spec->name) + tensor.offset;
     if (tensor.rank_major) {
@@ -165,7 +188,7 @@ void Model<T>::save_adapter(const std::string& directory, ExpertLayout layout) c
     writer.add(tensor.key, dtype_of<T>(), tensor.shape, values);
   }
   writer.write((std::filesystem::path(directory) / kAdapterFile).string());
-  (converted ? *converted : *m.config.lora).save((std::filesystem::path(directory) / "adapter_config.json").string());
+  adapter.config.value_or(*m.config.lora).save((std::filesystem::path(directory) / "adapter_config.json").string());
 }
 
 template <class T>

@@ -140,11 +140,15 @@ template <class Value>
 Value pattern_value(const std::vector<std::pair<std::string, Value>>& patterns, const std::string& name,
                     Value fallback) {
   for (const auto& [key, value] : patterns)
-    if (Regex("(.*\\.)?(" + key + ")$", key).full_match(name)) return value;
+    if (pattern_key_matches(key, name)) return value;
   return fallback;
 }
 
 }  // namespace
+
+bool pattern_key_matches(const std::string& key, const std::string& name) {
+  return Regex("(.*\\.)?(" + key + ")$", key).full_match(name);
+}
 
 int64_t LoraConfig::rank_of(const std::string& name) const { return pattern_value(rank_pattern, name, r); }
 

@@ -45,6 +45,9 @@ struct ModuleNames {
 // list form).
 bool names_module(const std::string& name, const std::string& module);
 
+// Whether the rank_pattern / alpha_pattern key `key` gives `name` its value: the name matches (.*\.)?(KEY)$.
+bool pattern_key_matches(const std::string& key, const std::string& name);
+
 // The output layer's module name, which "all-linear" leaves out (PEFT: the output embeddings).
 inline constexpr const char* kOutputLayer = "lm_head";
 

@@ -43,6 +43,9 @@ ParamTable param_table_of(const ModelConfig& config);
 // it converts to that layout and its copies of the fused-layout lora_B tensors in PEFT's rank-major
 // order (model/adapter_weights.cpp).
 int64_t adapter_file_staging_bytes(const ModelConfig& config, ExpertLayout layout, int64_t element_bytes);
+// Refuses, naming the tensor or field, an adapter of `config` that cannot be written in `layout`
+// (model/adapter_layout.h): what Model::save_adapter would refuse, known before training.
+void check_adapter_layout(const ModelConfig& config, ExpertLayout layout);
 // The tensors the head saves under layer L in a training forward of n tokens (model/saved_tensors.h):
 // the final norm's input and statistics, and the loss's gradient wrt the norm's output when it is
 // formed in the forward, else that output and the LM head's log-sum-exp.

@@ -91,63 +91,6 @@ MatmulPrecision checkpoint_matmul_precision(const std::string& given, const Trai
 
 namespace {
 
-// PEFT (>= 0.19, transformers 5) reads gate_proj / up_proj / down_proj / gate in the target list of
-// an MoE model as target_parameters on its fused routed experts and router, leaving dense and shared
-// MLPs of those names unadapted, and all-linear as covering the router too: an adapter the engine
-// trained on such names would load in PEFT as another adapter, and refused. Routed experts are
-// adapted the way PEFT reads alike: target_parameters (its fused layout), or their per-expert
-// modules named apart (its per-expert layout, which PEFT converts to the fused one only with gate
-// and up both adapted).
-void check_peft_reads_it_alike(const LoraConfig& lora, const ParamTable& table) {
-  if (lora.target_modules.all_linear())
-    fail(lora.source, ": field \"target_modules\": all-linear on an MoE model, which PEFT extends to the router ",
-         "(not adapted here); expected the projections by name and the routed experts as target_parameters");
-  struct PartPair {
-    int64_t rank = 0;
-    double scaling = 0.0;
-  };
-  std::map<std::string, PartPair> expert_parts;  // "…mlp.experts.gate_proj" → its pairs: the parts adapted per expert
-  for (const ParamSpec& spec : table.entries()) {
-    if (!spec.adapter || !spec.name.ends_with(".lora_A.weight")) continue;
-    const std::string module = pair_module(spec.name);
-    const std::string last = module.substr(module.rfind('.') + 1);
-    if (spec.shape.size() == 3) {
-      if (!spec.adapter->whole_parameter) expert_parts[module] = {spec.shape[1], spec.adapter->scaling};
-      continue;
-    }
-    if (last == "gate_proj" || last == "up_proj" || last == "down_proj" || last == "gate")
-      fail(lora.source, ": field \"target_modules\": matches ", module, "; on an MoE model PEFT reads ", last,
-           " as the routed experts' target_parameters and leaves this module unadapted; expected the routed experts "
-           "as target_parameters (--lora-target-parameters gate_up_proj,down_proj) and other modules by names PEFT "
-           "keeps");
-  }
-  // PEFT converts per-expert pairs to its fused layout as they are named without the expert index
-  // ("…mlp.experts.gate_proj"), gate and up into one pair of rank 2 r and alpha 2 lora_alpha.
-  for (const auto& [module, pair] : expert_parts) {
-    const std::string experts = module.substr(0, module.rfind('.') + 1), part = module.substr(experts.size());
-    const bool gate = expert_parts.count(experts + "gate_proj") > 0, up = expert_parts.count(experts + "up_proj") > 0;
-    if (gate != up)
-      fail(lora.source, ": field \"target_modules\": adapts ", module, " of the routed experts without ",
-           gate ? "up_proj" : "gate_proj", "; PEFT fuses the per-expert gate and up pairs into gate_up_proj only with "
-           "both; expected both or neither");
-    if (!lora.targets_module(module))
-      fail(lora.source, ": field \"target_modules\": adapts the routed experts' ", part, " of ", experts,
-           " by their indices; PEFT (transformers 5) matches them as ", module, " and would leave them unadapted; "
-           "expected a pattern that matches that name too");
-    if (lora.rank_of(module) != pair.rank || lora.scaling_of(module) != pair.scaling)
-      fail(lora.source, ": fields \"rank_pattern\" / \"alpha_pattern\": give the routed experts' ", part, " of ",
-           experts, " rank ", pair.rank, " and scaling ", pair.scaling, " by their indices, but rank ",
-           lora.rank_of(module), " and scaling ", lora.scaling_of(module), " as ", module,
-           ", the name PEFT (transformers 5) reads them by; expected patterns that give both names alike");
-    const bool fused_by_peft = part == "gate_proj" || part == "up_proj";
-    if (fused_by_peft && (pair.rank != lora.r || lora.alpha_of(module) != lora.lora_alpha || lora.use_rslora))
-      fail(lora.source, ": fields \"rank_pattern\" / \"alpha_pattern\" / \"use_rslora\": give the routed experts' ",
-           part, " of ", experts, " rank ", pair.rank, ", alpha ", lora.alpha_of(module),
-           "; PEFT fuses gate and up at rank 2 r and alpha 2 lora_alpha (scaling alpha / r); expected r ", lora.r,
-           ", lora_alpha ", lora.lora_alpha, " and no rsLoRA there");
-  }
-}
-
 // The run's LoRA adapter, if any: set on run.config, with the adapter directory to load its
 // weights from (--adapter, or a resumed run's checkpoint's).
 void attach_lora(const TrainOptions& o, RunSetup& run) {
@@ -185,7 +128,7 @@ std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const Mode
   adapted.lora = std::make_shared<const LoraConfig>(std::move(lora));
   if (config.num_experts > 0) {
     const ParamTable table = param_table_of(adapted);
-    check_peft_reads_it_alike(*adapted.lora, table);
+    check_peft_reads_it_alike(*adapted.lora, table, config.model_type);
     // Evaluation, generation and merge read such an adapter (they drop nothing out); training would
     // drop out the other pairs' inputs only.
     if (adapted.lora->lora_dropout > 0.0 && table.num_elements(ParamGroup::expert_lora) > 0)
@@ -193,6 +136,14 @@ std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const Mode
            "adapters, where the engine does not drop out (and PEFT refuses it on target_parameters); expected 0");
   }
   return adapted.lora;
+}
+
+void check_expert_layout(const std::string& name, const ModelConfig& config) {
+  const ExpertLayout layout = expert_layout_named(name, "--expert-layout");
+  if (layout != ExpertLayout::as_trained && config.lora == nullptr)
+    fail("--expert-layout ", name, ": the layout of a LoRA run's adapter; expected a LoRA run ",
+         "(--lora-rank, --lora-config or --adapter)");
+  if (config.lora != nullptr) check_adapter_layout(config, layout);
 }
 
 RunSetup prepare_run(TrainOptions& o) {
@@ -234,11 +185,7 @@ RunSetup prepare_run(TrainOptions& o) {
     if (run.resumed) check_same_config(run.config, o.config_path, ModelConfig::load(checkpoint_config), checkpoint_config);
   }
   attach_lora(o, run);
-  const ExpertLayout layout = expert_layout_named(s.expert_layout, "--expert-layout");
-  if (layout != ExpertLayout::as_trained && run.config.lora == nullptr)
-    fail("--expert-layout ", s.expert_layout, ": the layout of a LoRA run's adapter; expected a LoRA run ",
-         "(--lora-rank, --lora-config or --adapter)");
-  if (run.config.lora != nullptr) lora_in_layout(*run.config.lora, param_table_of(run.config), layout);  // refusals now
+  check_expert_layout(s.expert_layout, run.config);
   if (s.seq_len > run.config.max_position_embeddings) {
     fail("--seq-len ", s.seq_len, " exceeds the model's max_position_embeddings ", run.config.max_position_embeddings);
   }

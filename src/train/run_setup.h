@@ -35,6 +35,9 @@ MatmulPrecision checkpoint_matmul_precision(const std::string& given, const Trai
 // A new run's LoRA config from its --lora-rank / --lora-config / --adapter (null: none), refusing
 // what is not built (dropout, mpirun, --moe-bias-rate, names PEFT reads otherwise on MoE models).
 std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const ModelConfig& config);
+// --expert-layout `name` for a run of `config`: refused without LoRA, or naming the tensor or field
+// when the adapter cannot be written in that layout (check_adapter_layout), before any step.
+void check_expert_layout(const std::string& name, const ModelConfig& config);
 
 // Resolves config, data, weights and settings for a fresh, --init or --resume run.
 RunSetup prepare_run(TrainOptions& o);

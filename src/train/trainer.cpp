@@ -467,6 +467,7 @@ void run_training(TrainOptions options) {
     validate_settings(options.settings);
     ModelConfig config = ModelConfig::load(options.config_path);
     config.lora = new_run_lora(options, config);
+    check_expert_layout(options.settings.expert_layout, config);
     // With --data, the sampler's share is counted too.
     const int64_t train_tokens = options.data_dir.empty() ? 0
         : open_data_mixture(options.data_dir, config.vocab_size).train_tokens();

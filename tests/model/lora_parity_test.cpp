@@ -5,10 +5,12 @@
 // 1e-6 in float; an adapter it saves reads back to the bit under PEFT's keys; a file that does not
 // fit the adapter config is refused naming the file and the tensor.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -179,50 +181,155 @@ std::vector<double> tensor_of(const SafetensorsReader& file, const std::string& 
   return values;
 }
 
-// --expert-layout: PEFT's fused adapter on qwen3_moe (gate_up_proj's pair at rank 8 and alpha 16,
-// down_proj's at r 4) written per-expert (each part's pair: the fused A and its part's rows of B)
-// and then back fused (the parts' ranks side by side, B block-diagonal, as PEFT converts) gives
-// PEFT's loss each time.
-TEST(AdapterLayout, PeftsFusedAdapterWrittenPerExpertAndBackGivesPeftsLoss) {
-  const std::string base = "tiny_qwen3_moe";
-  const SafetensorsReader peft(adapter_dir(base) + "/fixture.safetensors");
-  double peft_loss = 0.0;
-  peft.read("lm_loss", {}, &peft_loss);
-  const test::ScratchDir per_expert, fused_again;
-  adapted_model<double>(base)->save_adapter(per_expert.path(), ExpertLayout::per_expert);
+// The loss of `model` on `base`'s tokens.
+double loss_on_fixture_tokens(Model<double>& model, const std::string& base) {
+  const SafetensorsReader tokens_file(base_dir(base) + "/fixture.safetensors");
+  const std::vector<int32_t> tokens = read_ids(tokens_file, "tokens"), targets = read_ids(tokens_file, "targets");
+  const StepResult result = model.forward_loss(tokens.data(), targets.data(), kBatch, kSeq);
+  return result.lm.loss_sum / double(result.lm.count);
+}
 
+// Every trainable value of `model` drawn in ±0.3, so that each pair moves the loss.
+void draw_adapter(Model<double>& model) {
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (const ParamSpec& spec : model.table().entries())
+    if (spec.trainable())
+      for (int64_t i = 0; i < spec.numel(); ++i) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        model.params()[spec.offset + i] = 0.6 * (double(state >> 11) * 0x1.0p-53 - 0.5);
+      }
+}
+
+// `to`'s frozen base = `from`'s, tensor by tensor (their adapters may differ in layout).
+void copy_base(const Model<double>& from, Model<double>& to) {
+  for (const ParamSpec& spec : to.table().entries())
+    if (!spec.trainable())
+      std::memcpy(to.params() + spec.offset, from.params() + from.table().find(spec.name).offset,
+                  spec.numel() * sizeof(double));
+}
+
+// --expert-layout: a fused adapter on qwen3_moe with gate_up_proj's pair at rank r (PEFT's fused
+// fixture's config at r 4, alpha 8, with o_proj's and v_proj's own patterns) written per-expert
+// (each part's pair: the fused A and its part's rows of B) and back fused (the parts' ranks side by
+// side, B block-diagonal, as PEFT converts) gives its loss each time; the per-expert config is one
+// PEFT on transformers 5 reads alike (the index-less names, rank r and lora_alpha there) and drops
+// the stale gate_up_proj patterns.
+TEST(AdapterLayout, FusedAdapterWrittenPerExpertAndBackGivesItsLoss) {
+  const std::string base = "tiny_qwen3_moe";
+  ModelConfig config = adapted_config(base);
+  LoraConfig lora = *config.lora;
+  lora.rank_pattern.front() = {".*\\.gate_up_proj", 4};  // = r: stale once the experts are per-expert
+  lora.alpha_pattern.front() = {".*\\.gate_up_proj", 8};
+  config.lora = std::make_shared<const LoraConfig>(lora);
+  Model<double> model(config);
+  model.load_weights(base_dir(base));
+  draw_adapter(model);
+  const double loss = loss_on_fixture_tokens(model, base);
+
+  const test::ScratchDir per_expert, fused_again;
+  model.save_adapter(per_expert.path(), ExpertLayout::per_expert);
   const SafetensorsReader file(per_expert.path() + "/adapter_model.safetensors");
   const std::string expert = "base_model.model.model.layers.1.mlp.experts.5.";
-  EXPECT_EQ(file.info(expert + "gate_proj.lora_A.weight").shape, (std::vector<int64_t>{8, 32}));  // [rank, D]
-  EXPECT_EQ(file.info(expert + "up_proj.lora_B.weight").shape, (std::vector<int64_t>{16, 8}));    // [I, rank]
-  EXPECT_EQ(file.info(expert + "down_proj.lora_A.weight").shape, (std::vector<int64_t>{4, 16}));  // [r, I]
+  EXPECT_EQ(file.info(expert + "gate_proj.lora_A.weight").shape, (std::vector<int64_t>{4, 32}));  // [r, D]
+  EXPECT_EQ(file.info(expert + "up_proj.lora_B.weight").shape, (std::vector<int64_t>{16, 4}));    // [I, r]
   EXPECT_EQ(tensor_of(file, expert + "gate_proj.lora_A.weight"), tensor_of(file, expert + "up_proj.lora_A.weight"));
-  EXPECT_FALSE(file.contains("base_model.model.model.layers.1.mlp.experts.base_layer.lora_A.weight"));
   const LoraConfig written = LoraConfig::load(per_expert.path() + "/adapter_config.json");
   EXPECT_TRUE(written.target_parameters.empty());
   EXPECT_TRUE(written.targets_module("model.layers.1.mlp.experts.5.up_proj"));
   EXPECT_TRUE(written.targets_module("model.layers.1.mlp.experts.up_proj"));  // as PEFT on transformers 5 names it
   EXPECT_TRUE(written.targets_module("model.layers.1.self_attn.q_proj"));
   EXPECT_FALSE(written.targets_module("model.layers.0.mlp.up_proj"));  // the dense MLP stays as it was
-  EXPECT_EQ(written.rank_of("model.layers.1.mlp.experts.5.gate_proj"), 8);
-  EXPECT_EQ(written.scaling_of("model.layers.1.mlp.experts.5.gate_proj"), 2.0);
-  EXPECT_LE(std::abs(adapter_loss(base, per_expert.path()) - peft_loss) / peft_loss, 1e-10);
+  for (const auto& [key, rank] : written.rank_pattern) EXPECT_EQ(key.find("gate_up_proj"), std::string::npos) << key;
+  for (const auto& [key, alpha] : written.alpha_pattern) EXPECT_EQ(key.find("gate_up_proj"), std::string::npos) << key;
+  EXPECT_EQ(written.rank_of("model.layers.1.mlp.experts.gate_proj"), written.r);
+  EXPECT_EQ(written.alpha_of("model.layers.1.mlp.experts.gate_proj"), written.lora_alpha);
+  EXPECT_EQ(written.rank_of("model.layers.1.self_attn.o_proj"), 2);
+  EXPECT_LE(std::abs(adapter_loss(base, per_expert.path()) - loss) / loss, 1e-12);
 
-  ModelConfig config = ModelConfig::load(base_dir(base) + "/config.json");
-  config.lora = std::make_shared<const LoraConfig>(written);
-  Model<double> per_expert_model(config);
+  ModelConfig per_expert_config = config;
+  per_expert_config.lora = std::make_shared<const LoraConfig>(written);
+  Model<double> per_expert_model(per_expert_config);
   per_expert_model.load_weights(base_dir(base));
   per_expert_model.load_adapter(per_expert.path());
   per_expert_model.save_adapter(fused_again.path(), ExpertLayout::fused);
   const SafetensorsReader fused(fused_again.path() + "/adapter_model.safetensors");
   const std::string experts = "base_model.model.model.layers.1.mlp.experts.";
-  EXPECT_EQ(fused.info(experts + "base_layer.lora_A.weight").shape, (std::vector<int64_t>{8 * 16, 32}));  // [E·2·8, D]
-  EXPECT_EQ(fused.info(experts + "lora_A.weight").shape, (std::vector<int64_t>{8 * 4, 16}));            // [E·r, I]
+  EXPECT_EQ(fused.info(experts + "base_layer.lora_A.weight").shape, (std::vector<int64_t>{8 * 8, 32}));  // [E·2r, D]
+  EXPECT_EQ(fused.info(experts + "lora_A.weight").shape, (std::vector<int64_t>{8 * 4, 16}));           // [E·r, I]
   const LoraConfig fused_config = LoraConfig::load(fused_again.path() + "/adapter_config.json");
-  EXPECT_EQ(fused_config.rank_of("model.layers.1.mlp.experts.gate_up_proj"), 16);
-  EXPECT_EQ(fused_config.scaling_of("model.layers.1.mlp.experts.gate_up_proj"), 2.0);
+  EXPECT_EQ(fused_config.rank_of("model.layers.1.mlp.experts.gate_up_proj"), 8);
+  EXPECT_EQ(fused_config.alpha_of("model.layers.1.mlp.experts.gate_up_proj"), 16.0);  // PEFT's 2 r, 2 lora_alpha
   EXPECT_FALSE(fused_config.targets_module("model.layers.1.mlp.experts.5.up_proj"));
-  EXPECT_LE(std::abs(adapter_loss(base, fused_again.path()) - peft_loss) / peft_loss, 1e-10);
+  EXPECT_LE(std::abs(adapter_loss(base, fused_again.path()) - loss) / loss, 1e-12);
+}
+
+// PEFT's fused fixture has gate_up_proj's pair at rank 8 = 2 r: per expert, gate's and up's pairs
+// would be rank 8, which PEFT on transformers 5 fuses at 2 r = 8 and then cannot load; refused
+// before anything is written.
+TEST(AdapterLayout, AFusedPairAtAnotherRankThanRIsRefusedPerExpert) {
+  const auto model = adapted_model<double>("tiny_qwen3_moe");
+  const test::ScratchDir dir;
+  const std::string error = error_message([&] { model->save_adapter(dir.path(), ExpertLayout::per_expert); });
+  EXPECT_NE(error.find("rewritten for --expert-layout per-expert: fields \"rank_pattern\""), std::string::npos) << error;
+  EXPECT_NE(error.find("PEFT fuses gate and up at rank 2 r"), std::string::npos) << error;
+  EXPECT_FALSE(std::filesystem::exists(dir.path() + "/adapter_model.safetensors"));
+}
+
+// A run that adapts the experts of some MoE layers only names those exactly in either layout:
+// 3 layers, experts in 1 and 2, layer 1's adapted; the written configs adapt nothing of layer 2.
+TEST(AdapterLayout, ExpertsOfSomeLayersAreNamedExactly) {
+  const std::string base = "tiny_qwen3_moe";
+  const test::ScratchDir three_layers, per_expert, fused_again;
+  nlohmann::json json = nlohmann::json::parse(std::ifstream(base_dir(base) + "/config.json"));
+  json["num_hidden_layers"] = 3;
+  std::ofstream(three_layers.path() + "/config.json") << json.dump();
+  ModelConfig config = ModelConfig::load(three_layers.path() + "/config.json");
+  config.lora = std::make_shared<const LoraConfig>(
+      LoraConfig::from_flags(4, 8, "q_proj", "model.layers.1.mlp.experts.gate_up_proj,model.layers.1.mlp.experts.down_proj"));
+  Model<double> model(config);
+  model.init_weights(7);
+  draw_adapter(model);
+  const double loss = loss_on_fixture_tokens(model, base);
+  const auto loss_read_back = [&](const std::string& dir) {
+    ModelConfig written = config;
+    written.lora = std::make_shared<const LoraConfig>(LoraConfig::load(dir + "/adapter_config.json"));
+    Model<double> reader(written);
+    copy_base(model, reader);
+    reader.load_adapter(dir);
+    EXPECT_FALSE(written.lora->targets_module("model.layers.2.mlp.experts.0.gate_proj"));
+    EXPECT_FALSE(written.lora->targets_module("model.layers.2.mlp.experts.gate_proj"));
+    EXPECT_FALSE(written.lora->targets_parameter("model.layers.2.mlp.experts.gate_up_proj"));
+    return loss_on_fixture_tokens(reader, base);
+  };
+  model.save_adapter(per_expert.path(), ExpertLayout::per_expert);
+  EXPECT_LE(std::abs(loss_read_back(per_expert.path()) - loss) / loss, 1e-12);
+  ModelConfig per_expert_config = config;
+  per_expert_config.lora = std::make_shared<const LoraConfig>(LoraConfig::load(per_expert.path() + "/adapter_config.json"));
+  Model<double> per_expert_model(per_expert_config);
+  copy_base(model, per_expert_model);
+  per_expert_model.load_adapter(per_expert.path());
+  per_expert_model.save_adapter(fused_again.path(), ExpertLayout::fused);
+  EXPECT_LE(std::abs(loss_read_back(fused_again.path()) - loss) / loss, 1e-12);
+}
+
+// Per-expert pairs named by a pattern that matches the routed experts only are written fused with
+// no target_modules left (a pattern matching nothing would be refused when read).
+TEST(AdapterLayout, AnExpertsOnlyPatternWrittenFusedLeavesNoTargetModules) {
+  const std::string base = "tiny_qwen3_moe";
+  ModelConfig config = ModelConfig::load(base_dir(base) + "/config.json");
+  const auto json = nlohmann::ordered_json::parse(
+      R"json({"r": 4, "lora_alpha": 8, "target_modules": ".*\\.experts\\.(\\d+\\.)?(gate_proj|up_proj|down_proj)"})json");
+  config.lora = std::make_shared<const LoraConfig>(LoraConfig::from_json(json, "experts_only.json"));
+  Model<double> model(config);
+  model.load_weights(base_dir(base));
+  draw_adapter(model);
+  const double loss = loss_on_fixture_tokens(model, base);
+  const test::ScratchDir fused;
+  model.save_adapter(fused.path(), ExpertLayout::fused);
+  const LoraConfig written = LoraConfig::load(fused.path() + "/adapter_config.json");
+  EXPECT_TRUE(written.target_modules.empty());
+  EXPECT_EQ(written.target_parameters, (std::vector<std::string>{"gate_up_proj", "down_proj"}));
+  EXPECT_LE(std::abs(adapter_loss(base, fused.path()) - loss) / loss, 1e-12);
 }
 
 // A layout that cannot hold the adapter is refused naming the pair it would lose: PEFT's per-expert

@@ -150,6 +150,22 @@ TEST(LoraCli, TrainsRoutedExpertsPairsInPeftsFusedLayout) {
   EXPECT_NE(no_lora.status, 0);
   EXPECT_NE(no_lora.output.find("--expert-layout fused: the layout of a LoRA run's adapter"), std::string::npos)
       << no_lora.output;
+  // A layout the adapter cannot be written in is refused before the first step: PEFT's fused fixture
+  // (gate_up_proj at rank 2 r) per expert, and kimi_linear's experts per expert (modules only
+  // Moonshot's remote code has).
+  const std::string fixture_config = std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/models/tiny_qwen3_moe/lora/adapter_config.json";
+  const CommandResult twice_r = run_cli("train --config " + moe.string() + " --data " + test_data().data_dir.string() +
+                                        " --out " + (root / "twice_r").string() + " --steps 1" + kSmallMfuGemm +
+                                        " --lora-config " + fixture_config + " --expert-layout per-expert");
+  EXPECT_NE(twice_r.status, 0);
+  EXPECT_NE(twice_r.output.find("PEFT fuses gate and up at rank 2 r"), std::string::npos) << twice_r.output;
+  EXPECT_FALSE(fs::exists(root / "twice_r" / "checkpoint-000001"));
+  const CommandResult kimi = run_cli("train --config " + config_with("tiny_kimi_linear", nullptr).string() + " --data " +
+                                     test_data().data_dir.string() + " --out " + (root / "kimi").string() +
+                                     " --steps 1 --dry-run --lora-rank 2 --lora-targets q_proj"
+                                     " --lora-target-parameters gate_up_proj,down_proj --expert-layout per-expert");
+  EXPECT_NE(kimi.status, 0);
+  EXPECT_NE(kimi.output.find("modules only its remote code has"), std::string::npos) << kimi.output;
 
   // Only training refuses lora_dropout on the experts' pairs: evaluation, which drops nothing out,
   // reads such an adapter as the one without it.
