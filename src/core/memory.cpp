@@ -2,6 +2,7 @@
 #include "core/memory.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -81,6 +82,40 @@ void tier_free(void* p, int64_t bytes, Tier tier) {
     std::free(p);
   }
   MemoryStats::sub(tier, bytes);
+}
+
+int64_t page_bytes() {
+  static const int64_t bytes = sysconf(_SC_PAGESIZE);
+  return bytes;
+}
+
+bool is_page_mapped(int64_t bytes) { return bytes >= kMappedBytes; }
+
+void ReleasedPages::release(void* begin, void* end, Tier tier) {
+  char* first = static_cast<char*>(begin);
+  const int64_t bytes = static_cast<char*>(end) - first;
+  TRILLION_CHECK(bytes > 0 && reinterpret_cast<uintptr_t>(first) % page_bytes() == 0 && bytes % page_bytes() == 0,
+                 "released pages must be whole pages, got ", bytes, " bytes");
+  if (madvise(first, static_cast<size_t>(bytes), MADV_DONTNEED) != 0 ||
+      mprotect(first, static_cast<size_t>(bytes), PROT_NONE) != 0)
+    fail("releasing ", bytes, " bytes of pages failed");
+  ranges_.push_back({first, bytes, tier});
+  MemoryStats::sub(tier, bytes);
+}
+
+void ReleasedPages::restore() {
+  for (const Range& range : ranges_) {
+    TRILLION_CHECK(mprotect(range.begin, static_cast<size_t>(range.bytes), PROT_READ | PROT_WRITE) == 0,
+                   "restoring ", range.bytes, " bytes of released pages failed");
+    MemoryStats::add(range.tier, range.bytes);
+  }
+  ranges_.clear();
+}
+
+int64_t ReleasedPages::bytes() const {
+  int64_t total = 0;
+  for (const Range& range : ranges_) total += range.bytes;
+  return total;
 }
 
 Arena::Arena(Tier tier, int64_t block_bytes) : tier_(tier), block_bytes_(block_bytes) {}

@@ -90,6 +90,37 @@ class Buffer {
   Tier tier_ = Tier::fast;
 };
 
+// The system's memory page, in bytes (4096 on x86-64 Linux).
+int64_t page_bytes();
+// Whether a Buffer of `bytes` is a mapping of whole pages (tier_alloc: from 1 MiB on).
+bool is_page_mapped(int64_t bytes);
+
+// Whole pages of a page-mapped Buffer handed back to the system while their values live elsewhere
+// (the frozen base's float weights, held in the parameters' bf16 copy: model/model_impl.h).
+// madvise(MADV_DONTNEED) frees them and mprotect(PROT_NONE) makes any access fault, so a kernel that
+// still reads them fails loudly instead of reading zeros. Out of the tier's bytes while released;
+// restore() (or destruction, before the buffer is freed) maps them back, zero-filled and counted.
+class ReleasedPages {
+ public:
+  ReleasedPages() = default;
+  ~ReleasedPages() { restore(); }
+  ReleasedPages(const ReleasedPages&) = delete;
+  ReleasedPages& operator=(const ReleasedPages&) = delete;
+
+  // Releases [begin, end) of a page-mapped buffer in `tier`; both page-aligned.
+  void release(void* begin, void* end, Tier tier);
+  void restore();
+  int64_t bytes() const;  // released now
+
+ private:
+  struct Range {
+    char* begin;
+    int64_t bytes;
+    Tier tier;
+  };
+  std::vector<Range> ranges_;
+};
+
 // Bump allocator for the activations of one step: alloc() hands out zero-filled, 64-byte-aligned
 // slices of large blocks; reset() frees them all at once (the blocks are kept for the next step).
 // Bytes in use are counted in MemoryStats while handed out.

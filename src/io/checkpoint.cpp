@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
@@ -140,5 +141,6 @@ void CheckpointWriter::write(const std::string& directory) const {
 
 template void CheckpointWriter::add<float>(const std::string&, DType, const std::vector<int64_t>&, const float*);
 template void CheckpointWriter::add<double>(const std::string&, DType, const std::vector<int64_t>&, const double*);
+template void CheckpointWriter::add<bf16>(const std::string&, DType, const std::vector<int64_t>&, const bf16*);
 
 }  // namespace trillion

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "io/atomic_file.h"
@@ -312,7 +313,10 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, const std::vec
   if (entries_.count(name) != 0) fail("safetensors writer: tensor \"", name, "\" added twice");
   const int64_t numel = checked_numel(shape);
   if (numel < 0) fail("safetensors writer: tensor \"", name, "\": invalid shape ", shape_string(shape));
-  entries_.emplace(name, Entry{dtype, shape, numel, data, std::is_same_v<T, double>});
+  const DType held = std::is_same_v<T, double> ? DType::F64 : std::is_same_v<T, float> ? DType::F32 : DType::BF16;
+  if (held == DType::BF16 && dtype != DType::BF16)
+    fail("safetensors writer: tensor \"", name, "\": bf16 values are stored as BF16, not ", dtype_name(dtype));
+  entries_.emplace(name, Entry{dtype, shape, numel, data, held});
 }
 
 int64_t SafetensorsWriter::data_bytes() const {
@@ -331,7 +335,7 @@ void SafetensorsWriter::write(const std::string& path) const {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
   const auto stored_as_held = [](const Entry& entry) {
-    return entry.dtype == (entry.data_is_double ? DType::F64 : DType::F32);
+    return entry.dtype == entry.held;
   };
   int64_t offset = 0;
   int64_t largest_converted_bytes = 0;  // of the tensors stored in another dtype than held (0: none)
@@ -366,7 +370,7 @@ void SafetensorsWriter::write(const std::string& path) const {
     const int64_t chunk_elements = staging.size() / element_bytes;
     for (int64_t first = 0; first < entry.numel; first += chunk_elements) {
       const int64_t count = std::min(chunk_elements, entry.numel - first);
-      if (entry.data_is_double) {
+      if (entry.held == DType::F64) {
         encode_elements(entry.dtype, static_cast<const double*>(entry.data) + first, count, staging.data());
       } else {
         encode_elements(entry.dtype, static_cast<const float*>(entry.data) + first, count, staging.data());
@@ -381,5 +385,6 @@ template void SafetensorsReader::read<float>(const std::string&, const std::vect
 template void SafetensorsReader::read<double>(const std::string&, const std::vector<int64_t>&, double*) const;
 template void SafetensorsWriter::add<float>(const std::string&, DType, const std::vector<int64_t>&, const float*);
 template void SafetensorsWriter::add<double>(const std::string&, DType, const std::vector<int64_t>&, const double*);
+template void SafetensorsWriter::add<bf16>(const std::string&, DType, const std::vector<int64_t>&, const bf16*);
 
 }  // namespace trillion

@@ -60,7 +60,8 @@ class SafetensorsReader {
 // which must stay alive and unchanged until write() returns: nothing is copied up front.
 // write() streams the header and then each tensor through an AtomicFileWriter, converting to the
 // stored dtype in a staging buffer of at most kStagingBytes (a tensor stored in its own
-// layout, F32 from float or F64 from double, is written straight from the caller's memory).
+// layout, F32 from float, F64 from double or BF16 from bf16 (stored only as BF16), is written
+// straight from the caller's memory).
 class SafetensorsWriter {
  public:
   static constexpr int64_t kStagingBytes = int64_t{1} << 20;
@@ -76,8 +77,8 @@ class SafetensorsWriter {
     DType dtype;
     std::vector<int64_t> shape;
     int64_t numel;
-    const void* data;  // the caller's float or double values
-    bool data_is_double;
+    const void* data;  // the caller's float, double or bf16 values
+    DType held;        // their type (F32, F64, BF16)
   };
   std::map<std::string, Entry> entries_;
   std::map<std::string, std::string> metadata_;

@@ -21,7 +21,8 @@ void Model<T>::start_generation(int64_t max_len) {
   }
   m.cache_capacity = max_len;
   m.cache_length = 0;
-  m.refresh_bf16_params();
+  m.restore_base();  // decoding's merged weights (MLA's absorbed kv_b_proj) read the base's floats
+  m.refresh_bf16_params(/*may_release=*/false);
 }
 
 template <class T>

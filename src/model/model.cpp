@@ -166,7 +166,10 @@ const T* Model<T>::params() const { return impl_->params.data(); }
 template <class T>
 T* Model<T>::grads() { return impl_->grads.data(); }
 template <class T>
-void Model<T>::init_weights(uint64_t seed) { init_parameters(impl_->table, impl_->params.data(), seed); }
+void Model<T>::init_weights(uint64_t seed) {
+  impl_->restore_base();
+  init_parameters(impl_->table, impl_->params.data(), seed);
+}
 template <class T>
 void Model<T>::zero_grads() { impl_->grads.zero(); }
 template <class T>
@@ -302,15 +305,6 @@ MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer,
       break;
   }
   return grad;
-}
-
-template <class T>
-void Model<T>::Impl::refresh_bf16_params() {
-  if constexpr (std::is_same_v<T, float>) {
-    if (matmul_precision() != MatmulPrecision::bf16 || hooks.before_forward) return bf16_params.reset();
-    if (bf16_params) return bf16_params->refresh();
-    bf16_params.emplace(params.data(), params.size());
-  }
 }
 
 template <class T>

@@ -43,6 +43,10 @@ ParamTable param_table_of(const ModelConfig& config);
 // it converts to that layout and its copies of the fused-layout lora_B tensors in PEFT's rank-major
 // order (model/adapter_weights.cpp).
 int64_t adapter_file_staging_bytes(const ModelConfig& config, ExpertLayout layout, int64_t element_bytes);
+// The float elements [begin, end) of a LoRA model's parameters that Model::keep_frozen_base_in_bf16_only
+// releases: the whole pages inside each run of frozen tensors that only products read (the base's
+// linear weights), when the buffer is page-mapped (core/memory.h); none otherwise.
+std::vector<std::pair<int64_t, int64_t>> bf16_only_base_ranges(const ParamTable& table);
 // Refuses, naming the tensor or field, an adapter of `config` that cannot be written in `layout`
 // (model/adapter_layout.h): what Model::save_adapter would refuse, known before training.
 void check_adapter_layout(const ModelConfig& config, ExpertLayout layout);
@@ -86,6 +90,15 @@ class Model {
   T* grads();  // [table().trainable_size()]: the trainable groups only
   void init_weights(uint64_t seed);
   void zero_grads();
+  // LoRA under the bf16 matmul precision on one rank (float parameters, no unit hooks): the frozen
+  // base's linear weights, which only products read, become their bf16 values, kept in the
+  // parameters' bf16 copy alone.
+  // The copy is made now and their float pages (bf16_only_base_ranges) released: they fault when
+  // read through params(). save_weights writes those tensors as BF16 from the copy; init_weights,
+  // load_weights and generation map the pages back first, holding the bf16 values widened, and the
+  // next forward releases them again.
+  void keep_frozen_base_in_bf16_only();
+  int64_t released_base_bytes() const;  // float bytes released now
 
   // One micro-batch: tokens and targets [batch, seq] (targets kIgnoreIndex are skipped).
   // Accumulates (+=) d(objective)/dθ into grads(), objective = StepResult::objective(scales), and

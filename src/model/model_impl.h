@@ -67,6 +67,12 @@ struct Model<T>::Impl {
   // there is none: FSDP gathers the units into a copy of its own (parallel/fsdp.h). Declared after
   // `params`, so it unregisters before the buffer it copies is freed.
   std::optional<Bf16OperandCopy> bf16_params;
+  // LoRA's frozen base in bf16 only (Model::keep_frozen_base_in_bf16_only): the float elements
+  // [begin, end) whose pages are released, their values in bf16_params alone. Declared after
+  // `params`, so the pages are mapped back before the buffer is freed.
+  bool bf16_only_base = false;
+  std::vector<std::pair<int64_t, int64_t>> released_ranges;
+  ReleasedPages released_pages;
   // Generation: one decode cache per layer (its kinds say how large).
   std::vector<Buffer<T>> caches;
   int64_t cache_capacity = 0;
@@ -81,8 +87,14 @@ struct Model<T>::Impl {
   StepResult forward(const int32_t* tokens, const int32_t* targets, int64_t batch, int64_t seq, PassMode mode,
                      const LossScales& scales);
   // Before a forward or a generation: the parameters' bf16 copy made or refreshed where it is
-  // used (float parameters, the bf16 precision, no unit hooks), dropped otherwise.
-  void refresh_bf16_params();
+  // used (float parameters, the bf16 precision, no unit hooks), dropped otherwise (the base
+  // restored first).
+  // Then, with bf16_only_base and `may_release`, the frozen base's float pages released once the
+  // copy holds them; a copy with released ranges refreshes the rest only.
+  void refresh_bf16_params(bool may_release = true);
+  // The released float pages mapped back, holding their bf16 values widened (exact), before
+  // anything reads or writes the base's floats (load, init, generation, another precision).
+  void restore_base();
   // Before the backward of `layer`: re-runs the sublayers whose saved tensors the store dropped
   // (mixer from attn_input, FFN from ffn_input), decisions replayed, statistics discarded.
   void recompute(int layer, int64_t batch, int64_t seq);

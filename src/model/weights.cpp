@@ -26,8 +26,14 @@ void Model<T>::save_weights(const std::string& directory, bool bfloat16) const {
   const DType stored = bfloat16 ? DType::BF16 : dtype_of<T>();
   for (const ParamSpec& spec : m.table.entries()) {
     if (spec.adapter) continue;
-    for (const HfKey& key : spec.checkpoint_keys())
-      writer.add(key.name, stored, key.shape, m.params.data() + spec.offset + key.offset);
+    // A bf16-only base's linear weights: from the copy, the values every product used.
+    const bool in_bf16_only = !m.released_ranges.empty() && spec.frozen && spec.use == ParamUse::products;
+    for (const HfKey& key : spec.checkpoint_keys()) {
+      if (in_bf16_only)
+        writer.add(key.name, DType::BF16, key.shape, m.bf16_params->data() + spec.offset + key.offset);
+      else
+        writer.add(key.name, stored, key.shape, m.params.data() + spec.offset + key.offset);
+    }
   }
   writer.write(directory);
 }
@@ -35,6 +41,7 @@ void Model<T>::save_weights(const std::string& directory, bool bfloat16) const {
 template <class T>
 void Model<T>::load_weights(const std::string& directory) {
   Impl& m = *impl_;
+  m.restore_base();
   const CheckpointReader reader(directory);
   // Each parameter as the checkpoint stores it: fused under its own name, else by its keys.
   std::vector<std::vector<HfKey>> stored(m.table.entries().size());

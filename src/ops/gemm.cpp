@@ -300,7 +300,12 @@ Bf16OperandCopy::Bf16OperandCopy(const float* source, int64_t size)
   refresh();
 }
 
-void Bf16OperandCopy::refresh() { to_bf16_threaded(source_, copy_.data(), size_); }
+void Bf16OperandCopy::refresh() { refresh(0, size_); }
+
+void Bf16OperandCopy::refresh(int64_t begin, int64_t end) {
+  TRILLION_CHECK(0 <= begin && begin <= end && end <= size_, "refresh of ", begin, "..", end, " of ", size_);
+  to_bf16_threaded(source_ + begin, copy_.data() + begin, end - begin);
+}
 
 bool bf16_matmul_is_native() {
   static const bool native = bf16_matmul(false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f).native;

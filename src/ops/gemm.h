@@ -80,6 +80,8 @@ class Bf16OperandCopy {
   Bf16OperandCopy(const float* source, int64_t size);
 
   void refresh();  // copy = to_bf16(source): one parallel pass
+  void refresh(int64_t begin, int64_t end);  // elements begin .. end only
+  const bf16* data() const { return copy_.data(); }  // [size]
 
  private:
   const float* source_;

@@ -199,11 +199,17 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   const int64_t unsharded = counts.storage - counts.trainable_storage;  // buffers: every rank keeps them whole
   plan.parameters = (shard + unsharded) * e;
   if (shape.ranks == 1 && shape.bf16_products && e == 4) plan.parameters += counts.storage * int64_t(sizeof(bf16));
+  int64_t released = 0;  // LoRA's frozen base in bf16 only: its linear weights' float pages
+  if (keeps_bf16_only_base(config, shape.ranks, e, shape.bf16_products))
+    for (const auto& [begin, end] : bf16_only_base_ranges(param_table_of(config))) released += (end - begin) * e;
+  plan.parameters -= released;
   plan.gradients = shard * e;
   plan.optimizer_state = 2 * shard * e;  // AdamW's two moments
   // Every rank initializes or loads the whole parameters, then takes its shard (parallel/fsdp.h).
   plan.start_up = counts.storage * e + (shape.ranks > 1 ? plan.parameters - unsharded * e + plan.gradients : 0) +
                   plan.optimizer_state;
+  if (released > 0)  // the bf16 copy made beside the whole float parameters, before their release
+    plan.start_up = plan.parameters + released + plan.gradients + plan.optimizer_state;
   std::vector<LayerBytes> layers;
   bool any_dropped = false;
   for (int l = 0; l < config.num_hidden_layers; ++l) {
@@ -302,6 +308,10 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   plan.peak_fast = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +
                    plan.activations_at_peak + plan.workspace_at_peak + plan.gathered_at_peak;
   return plan;
+}
+
+bool keeps_bf16_only_base(const ModelConfig& config, int ranks, int64_t element_bytes, bool bf16_products) {
+  return config.lora != nullptr && ranks == 1 && element_bytes == 4 && bf16_products;
 }
 
 nlohmann::json MemoryPlan::to_json() const {

@@ -53,6 +53,10 @@ struct MemoryPolicy {
   std::string name() const;  // "keep-all", "recompute full", "swap selective", "recompute full + swap attn_input"
 };
 
+// Whether a run keeps LoRA's frozen base in bf16 only (Model::keep_frozen_base_in_bf16_only):
+// float parameters (`element_bytes` 4) under the bf16 precision (`bf16_products`), on one rank.
+bool keeps_bf16_only_base(const ModelConfig& config, int ranks, int64_t element_bytes, bool bf16_products);
+
 struct StepMemoryShape {
   int64_t batch = 0, seq = 0;
   int64_t element_bytes = 4;  // float32 or float64 parameters and compute

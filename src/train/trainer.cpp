@@ -130,6 +130,8 @@ Trainer<T>::Trainer(const TrainOptions& o, RunSetup& run)
       schedule_{s_.lr, s_.min_lr_ratio, s_.warmup, s_.steps},
       hyper_{s_.lr, s_.beta1, s_.beta2, s_.eps, s_.weight_decay} {
   load_weights();
+  if (keeps_bf16_only_base(model_.config(), ranks_, sizeof(T), matmul_precision() == MatmulPrecision::bf16))
+    model_.keep_frozen_base_in_bf16_only();
   if (model_.config().lora != nullptr && world_.is_root()) {
     const ParamTable& table = model_.table();
     int64_t trainable = 0;
@@ -139,6 +141,9 @@ Trainer<T>::Trainer(const TrainOptions& o, RunSetup& run)
                  static_cast<long long>(trainable), static_cast<long long>(total), 100.0 * double(trainable) / double(total),
                  static_cast<long long>(table.trainable_size() * sizeof(T)),
                  static_cast<long long>(2 * table.trainable_size() * sizeof(T)));
+    if (model_.released_base_bytes() > 0)
+      std::fprintf(stderr, "LoRA: the frozen base's linear weights in bf16 only (%lld float bytes released)\n",
+                   static_cast<long long>(model_.released_base_bytes()));
   }
   set_up_parallelism();
   set_up_training_modes();
