@@ -27,7 +27,7 @@ std::vector<std::pair<int64_t, int64_t>> bf16_only_base_ranges(const ParamTable&
     run_begin = -1;
   };
   for (const ParamSpec* spec : by_offset) {
-    if (!spec->frozen || spec->use != ParamUse::products) {
+    if (!held_in_bf16_only(*spec)) {
       close_run();
       continue;
     }
@@ -71,7 +71,7 @@ void Model<T>::Impl::refresh_bf16_params(bool may_release) {
     // The base's linear weights become their bf16 values, the copy's, also where a page holds
     // other tensors too and stays: what decoding's float reads and a checkpoint then see.
     for (const ParamSpec& spec : table.entries())
-      if (spec.frozen && spec.use == ParamUse::products)
+      if (held_in_bf16_only(spec))
         to_float(bf16_params->data() + spec.offset, params.data() + spec.offset, spec.numel());
     released_ranges = bf16_only_base_ranges(table);
     for (const auto& [begin, end] : released_ranges)

@@ -36,6 +36,10 @@ void ensure_size(Buffer<U>& buffer, int64_t count) {
   if (buffer.size() < count) buffer = Buffer<U>(count);
 }
 
+// A tensor that a bf16-only base holds in bf16 alone (Model::keep_frozen_base_in_bf16_only):
+// frozen, and read only through products (the base's linear weights).
+inline bool held_in_bf16_only(const ParamSpec& spec) { return spec.frozen && spec.use == ParamUse::products; }
+
 template <class T>
 struct Model<T>::Impl {
   ModelConfig config;

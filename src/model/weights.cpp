@@ -27,7 +27,7 @@ void Model<T>::save_weights(const std::string& directory, bool bfloat16) const {
   for (const ParamSpec& spec : m.table.entries()) {
     if (spec.adapter) continue;
     // A bf16-only base's linear weights: from the copy, the values every product used.
-    const bool in_bf16_only = !m.released_ranges.empty() && spec.frozen && spec.use == ParamUse::products;
+    const bool in_bf16_only = !m.released_ranges.empty() && held_in_bf16_only(spec);
     for (const HfKey& key : spec.checkpoint_keys()) {
       if (in_bf16_only)
         writer.add(key.name, DType::BF16, key.shape, m.bf16_params->data() + spec.offset + key.offset);
