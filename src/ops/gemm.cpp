@@ -4,11 +4,11 @@
 // OpenBLAS's OpenMP build too), so kernels that tile their work over the team may call gemm() from
 // their items.
 //
-// bf16 operands: oneDNN's C API has no bf16 GEMM, so gemm_bf16 builds a matmul primitive per shape
-// (cached per thread) where oneDNN has a bf16 kernel for the CPU (AVX-512: avx512_core emulates,
-// avx512_core_bf16 has the dot-product instruction, which flushes subnormal inputs to zero, as the
-// emulation and widening do not). Elsewhere (AVX2) the operands are widened to
-// float, which is exact, for the float backend. A float product under the bf16 precision reads each
+// bf16 operands: oneDNN's C API has no bf16 GEMM, so gemm_bf16 builds a runtime-shaped matmul
+// primitive (cached per thread) where oneDNN has a bf16 kernel for the CPU (AVX-512: avx512_core
+// emulates, avx512_core_bf16 has the dot-product instruction, which flushes subnormal inputs to zero,
+// as the emulation and widening do not). Elsewhere (AVX2) the operands are widened to float, which
+// is exact, for the float backend. A float product under the bf16 precision reads each
 // operand from a registered bf16 copy (Bf16OperandCopy) or packs it rounded into a per-thread buffer
 // first, then runs as gemm_bf16 does.
 #include "ops/gemm.h"
@@ -131,16 +131,20 @@ struct PackedOperands {
 };
 thread_local PackedOperands t_packed;
 
-// One oneDNN bf16 matmul per shape, strides, transposes, alpha/beta and team size, built on first
-// use by the thread that runs it (oneDNN's scratchpad is per creating thread: a primitive must run
-// where it was made). Inside an OpenMP region it is built for one thread, as it then runs. The team
-// size is in the key because a primitive keeps the split of k it chose at creation, and the split
-// sets the summation order: results depend on the thread count only, not on which came first.
-using MatmulKey = std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, float, int>;
+// One oneDNN bf16 matmul per transposes, alpha/beta and team size, its sizes and strides given at
+// each call (DNNL_RUNTIME_DIM_VAL): the expert chain's row tiles change size every step, and a
+// primitive per shape (each with its generated kernels) made the resident memory grow by hundreds of
+// MB over a run's first steps. The runtime-shaped primitive is oneDNN's jit GEMM, as fast as its
+// per-shape brgemm kernels at the engine's shapes (docs/benchmarks.md, "bf16 matmul primitives").
+// Built on first use by the thread that runs it (oneDNN's scratchpad is per creating thread: a
+// primitive must run where it was made); inside an OpenMP region it is built for one thread, as it
+// then runs. The team size is in the key because it sets the split of k, hence the summation order:
+// results depend on the thread count only, not on which came first.
+using MatmulKey = std::tuple<bool, bool, float, float, int>;
 struct Bf16Matmul {
-  bool native = false;  // false: oneDNN has no bf16 kernel for this CPU and shape (use widening)
+  bool native = false;  // false: oneDNN has no bf16 kernel for this CPU (use widening)
+  bool trans_a = false, trans_b = false;
   dnnl::matmul primitive;
-  dnnl::memory::desc a, b, c;
 };
 
 const dnnl::engine& cpu_engine() {
@@ -148,14 +152,27 @@ const dnnl::engine& cpu_engine() {
   return engine;
 }
 
-Bf16Matmul make_bf16_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda,
-                            int64_t ldb, int64_t ldc, float alpha, float beta) {
-  limit_onednn_isa_once();
+// a [m, k] (or stored [k, m]), b [k, n] (or stored [n, k]) in bf16 and c [m, n] in float, each row
+// `ld` apart; DNNL_RUNTIME_DIM_VAL for sizes and strides describes the runtime-shaped primitive.
+struct MatmulDescs {
+  dnnl::memory::desc a, b, c;
+};
+MatmulDescs matmul_descs(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
+                         int64_t ldc) {
   using dt = dnnl::memory::data_type;
+  using dims = dnnl::memory::dims;
+  return {dnnl::memory::desc({m, k}, dt::bf16, trans_a ? dims{1, lda} : dims{lda, 1}),
+          dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dims{1, ldb} : dims{ldb, 1}),
+          dnnl::memory::desc({m, n}, dt::f32, dims{ldc, 1})};
+}
+
+Bf16Matmul make_bf16_matmul(bool trans_a, bool trans_b, float alpha, float beta) {
+  limit_onednn_isa_once();
   Bf16Matmul result;
-  result.a = dnnl::memory::desc({m, k}, dt::bf16, trans_a ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
-  result.b = dnnl::memory::desc({k, n}, dt::bf16, trans_b ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
-  result.c = dnnl::memory::desc({m, n}, dt::f32, dnnl::memory::dims{ldc, 1});
+  result.trans_a = trans_a;
+  result.trans_b = trans_b;
+  constexpr int64_t any = DNNL_RUNTIME_DIM_VAL;
+  const MatmulDescs descs = matmul_descs(trans_a, trans_b, any, any, any, any, any, any);
   dnnl::primitive_attr attributes;
   if (alpha != 1.0f) attributes.set_output_scales(0, {alpha});
   if (beta != 0.0f) {
@@ -166,7 +183,7 @@ Bf16Matmul make_bf16_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
   const int threads = omp_get_max_threads();
   if (omp_in_parallel()) omp_set_num_threads(1);
   try {
-    const dnnl::matmul::primitive_desc description(dnnl::matmul::desc(result.a, result.b, result.c), attributes,
+    const dnnl::matmul::primitive_desc description(dnnl::matmul::desc(descs.a, descs.b, descs.c), attributes,
                                                    cpu_engine());
     // oneDNN's reference kernel computes correctly but far below the float backend's rate.
     if (std::strncmp(description.impl_info_str(), "ref", 3) != 0) {
@@ -174,29 +191,35 @@ Bf16Matmul make_bf16_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, in
       result.native = true;
     }
   } catch (const dnnl::error&) {
-    // unimplemented for this CPU (no AVX-512) or layout: the caller widens
+    // unimplemented for this CPU (no AVX-512): the caller widens
   }
   omp_set_num_threads(threads);
   return result;
 }
 
-const Bf16Matmul& bf16_matmul(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb,
-                              int64_t ldc, float alpha, float beta) {
+std::map<MatmulKey, Bf16Matmul>& thread_matmuls() {
   thread_local std::map<MatmulKey, Bf16Matmul> cache;
+  return cache;
+}
+
+const Bf16Matmul& bf16_matmul(bool trans_a, bool trans_b, float alpha, float beta) {
+  std::map<MatmulKey, Bf16Matmul>& cache = thread_matmuls();
   const int team = omp_in_parallel() ? 1 : omp_get_max_threads();  // threads the primitive is built for
-  const MatmulKey key{trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta, team};
+  const MatmulKey key{trans_a, trans_b, alpha, beta, team};
   auto found = cache.find(key);
-  if (found == cache.end())
-    found = cache.emplace(key, make_bf16_matmul(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta)).first;
+  if (found == cache.end()) found = cache.emplace(key, make_bf16_matmul(trans_a, trans_b, alpha, beta)).first;
   return found->second;
 }
 
-// c = alpha · a · b + beta · c on oneDNN's bf16 matmul, a and b laid out as `matmul` was built for.
-void execute(const Bf16Matmul& matmul, const bf16* a, const bf16* b, float* c) {
+// c[m, n] = alpha · a · b + beta · c on oneDNN's bf16 matmul, a and b transposed as `matmul` was
+// built for.
+void execute(const Bf16Matmul& matmul, int64_t m, int64_t n, int64_t k, const bf16* a, int64_t lda, const bf16* b,
+             int64_t ldb, float* c, int64_t ldc) {
   thread_local dnnl::stream stream(cpu_engine());
   const dnnl::engine& engine = cpu_engine();
-  dnnl::memory a_memory(matmul.a, engine, const_cast<bf16*>(a)), b_memory(matmul.b, engine, const_cast<bf16*>(b)),
-      c_memory(matmul.c, engine, c);
+  const MatmulDescs descs = matmul_descs(matmul.trans_a, matmul.trans_b, m, n, k, lda, ldb, ldc);
+  dnnl::memory a_memory(descs.a, engine, const_cast<bf16*>(a)), b_memory(descs.b, engine, const_cast<bf16*>(b)),
+      c_memory(descs.c, engine, c);
   matmul.primitive.execute(stream, {{DNNL_ARG_SRC, a_memory}, {DNNL_ARG_WEIGHTS, b_memory}, {DNNL_ARG_DST, c_memory}});
   stream.wait();
 }
@@ -248,8 +271,8 @@ void gemm_rounding_operands(bool trans_a, bool trans_b, int64_t m, int64_t n, in
                             int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   const StoredMatrix a_shape = stored(trans_a, m, k, lda), b_shape = stored(trans_b, k, n, ldb);
   const Bf16Operand a16 = bf16_operand(a, a_shape, t_packed.a_bf16), b16 = bf16_operand(b, b_shape, t_packed.b_bf16);
-  const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, m, n, k, a16.ld, b16.ld, ldc, alpha, beta);
-  if (matmul.native) return execute(matmul, a16.data, b16.data, c);
+  const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, alpha, beta);
+  if (matmul.native) return execute(matmul, m, n, k, a16.data, a16.ld, b16.data, b16.ld, c, ldc);
   // no oneDNN bf16 kernel for this CPU (AVX2) or layout: the bf16 values, widened, on the float backend
   widened_product(trans_a, trans_b, m, n, k, alpha, a16.data, a16.ld, b16.data, b16.ld, beta, c, ldc);
 }
@@ -308,9 +331,11 @@ void Bf16OperandCopy::refresh(int64_t begin, int64_t end) {
 }
 
 bool bf16_matmul_is_native() {
-  static const bool native = bf16_matmul(false, false, 64, 64, 64, 64, 64, 64, 1.0f, 0.0f).native;
+  static const bool native = bf16_matmul(false, false, 1.0f, 0.0f).native;
   return native;
 }
+
+int64_t bf16_matmul_primitives_on_this_thread() { return int64_t(thread_matmuls().size()); }
 
 template <class T>
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, T alpha, const T* a, int64_t lda,
@@ -347,8 +372,8 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                  " ldb=", ldb, " ldc=", ldc, " for m=", m, " n=", n, " k=", k);
   if (k == 0) return scale_rows(m, n, beta, c, ldc);
   [[maybe_unused]] const LibraryOnCallingThread one_thread_under_tsan;
-  const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, m, n, k, lda, ldb, ldc, alpha, beta);
-  if (matmul.native) return execute(matmul, a, b, c);
+  const Bf16Matmul& matmul = bf16_matmul(trans_a, trans_b, alpha, beta);
+  if (matmul.native) return execute(matmul, m, n, k, a, lda, b, ldb, c, ldc);
   widened_product(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

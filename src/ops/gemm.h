@@ -107,6 +107,9 @@ void gemm_bf16(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, floa
                int64_t lda, const bf16* b, int64_t ldb, float beta, float* c, int64_t ldc);
 // Whether gemm_bf16 runs on oneDNN's bf16 matmul (false: on widened operands).
 bool bf16_matmul_is_native();
+// The bf16 matmul primitives the calling thread has built: one per transposes, alpha, beta and team
+// size, whatever the sizes and strides of the products.
+int64_t bf16_matmul_primitives_on_this_thread();
 
 // y[rows, out] = x[rows, in] · w[out, in]ᵀ
 template <class T>

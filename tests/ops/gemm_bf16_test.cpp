@@ -4,7 +4,8 @@
 // precision equals the double product of its operands rounded to bf16 within that bound, and the
 // double product of its float operands within bf16's (2⁻⁷ relative per product); Operands::fp32
 // keeps float operands; a registered bf16 copy is what such a product reads of an operand inside
-// its buffer; both are repeatable to the bit and callable inside OpenMP regions.
+// its buffer; both are repeatable to the bit and callable inside OpenMP regions; one primitive per
+// thread serves products of every size and stride.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -175,6 +176,31 @@ TEST(GemmBf16, FloatProductsReadARegisteredCopyOfTheirOperands) {
 }
 
 // Twice the same bits; inside an OpenMP region each thread's product equals the one-thread product.
+// The expert chain's row tiles change size every step: one primitive serves every size and stride,
+// so the products of 40 row counts, 3 depths and 2 paddings build none after the first.
+TEST(GemmBf16, OnePrimitiveServesEverySizeAndStride) {
+  const auto product = [](const Problem& p) {
+    std::vector<float> a = cast_values<float>(random_values(p.a_size(), 61));
+    std::vector<float> b = cast_values<float>(random_values(p.b_size(), 62));
+    std::vector<bf16> a16(a.size()), b16(b.size());
+    to_bf16(a.data(), a16.data(), int64_t(a.size()));
+    to_bf16(b.data(), b16.data(), int64_t(b.size()));
+    to_float(a16.data(), a.data(), int64_t(a.size()));
+    to_float(b16.data(), b.data(), int64_t(b.size()));
+    const std::vector<float> c_before = initial_c(p, 63);
+    std::vector<float> c = c_before;
+    gemm_bf16(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a16.data(), p.lda(), b16.data(), p.ldb(), p.beta,
+              c.data(), p.ldc());
+    expect_product(p, a, b, c_before, c, 0.0, "gemm_bf16");
+  };
+  product({false, true, 8, 24, 16, 0, 1.0f, 1.0f});
+  const int64_t built = bf16_matmul_primitives_on_this_thread();
+  for (int64_t rows = 1; rows <= 40; ++rows)
+    for (int64_t k : {16, 33, 70})
+      for (int64_t pad : {0, 3}) product({false, true, rows, 24, k, pad, 1.0f, 1.0f});
+  EXPECT_EQ(bf16_matmul_primitives_on_this_thread(), built);
+}
+
 TEST(GemmBf16, RepeatableAndRunsInsideParallelRegions) {
   const int64_t m = 45, n = 77, k = 130;
   const std::vector<float> a = cast_values<float>(random_values(m * k, 71)), b = cast_values<float>(random_values(k * n, 72));
