@@ -124,6 +124,7 @@ ParamCounts count_parameters(const ModelConfig& config) {
   counts.total = counts.dense + counts.expert;
   counts.storage = table.total_size();
   counts.trainable_storage = table.trainable_size();
+  counts.sharded_storage = table.sharded_size();
   counts.active = counts.dense;
   if (config.num_experts > 0)
     counts.active += counts.expert / config.num_experts * config.num_experts_per_tok;

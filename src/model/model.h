@@ -35,6 +35,7 @@ struct ParamCounts {
   int64_t total = 0, active = 0, dense = 0, expert = 0, buffer = 0;
   int64_t storage = 0;            // elements of the parameter buffer (padding included)
   int64_t trainable_storage = 0;  // elements of the gradient buffer (and of each AdamW moment)
+  int64_t sharded_storage = 0;    // elements FSDP shards: the trainable and the frozen ones
 };
 ParamCounts count_parameters(const ModelConfig& config);
 // The parameter table a Model of the config lays out (shapes and offsets; nothing allocated).

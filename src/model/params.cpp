@@ -81,6 +81,13 @@ std::vector<ParamGroup> ParamTable::trainable_groups() const {
   return groups;
 }
 
+std::vector<ParamGroup> ParamTable::frozen_groups() const {
+  std::vector<ParamGroup> groups;
+  for (ParamGroup group : layout_groups_)
+    if (group != ParamGroup::buffer && frozen_[static_cast<int>(group)]) groups.push_back(group);
+  return groups;
+}
+
 void ParamTable::finalize(int64_t pad_multiple) {
   TRILLION_CHECK(pad_multiple > 0, "pad_multiple must be positive");
   const auto round_up = [&](int64_t n) { return (n + pad_multiple - 1) / pad_multiple * pad_multiple; };
@@ -105,6 +112,7 @@ void ParamTable::finalize(int64_t pad_multiple) {
   int64_t offset = 0;
   size_t next = 0;
   trainable_size_ = 0;
+  sharded_size_ = 0;
   for (const ParamGroup group : layout_groups_) {
     const int g = static_cast<int>(group);
     units_[g].assign(num_units, UnitRange{});
@@ -121,6 +129,7 @@ void ParamTable::finalize(int64_t pad_multiple) {
       units_[g][unit].end = offset;
     }
     if (layout_rank(group) == 0) trainable_size_ = offset;  // the trainable groups come first
+    if (layout_rank(group) <= 1) sharded_size_ = offset;    // then the frozen ones
   }
   total_size_ = offset;
 }

@@ -93,14 +93,19 @@ class ParamTable {
   // Makes a group's tensors frozen: no gradient, no optimizer state (LoRA's base). Before finalize.
   void freeze(ParamGroup group);
   void finalize(int64_t pad_multiple = 64);
-  // The groups in layout order (trainable, frozen, buffer), and the trainable ones among them.
+  // The groups in layout order (trainable, frozen, buffer), the trainable ones among them, and the
+  // frozen ones.
   const std::vector<ParamGroup>& layout_groups() const { return layout_groups_; }
   std::vector<ParamGroup> trainable_groups() const;
+  std::vector<ParamGroup> frozen_groups() const;
   const std::vector<ParamSpec>& entries() const { return entries_; }  // in layout order once finalized
   const ParamSpec& find(const std::string& name) const;  // CHECK-fails if absent
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   int64_t total_size() const { return total_size_; }  // elements, padding included
   int64_t trainable_size() const { return trainable_size_; }  // elements of the trainable groups
+  // Elements of the trainable and the frozen groups, [0, sharded_size()): what FSDP shards (the
+  // buffers follow; every rank keeps them whole).
+  int64_t sharded_size() const { return sharded_size_; }
   int64_t num_elements() const;                        // elements, padding excluded
   int64_t num_elements(ParamGroup group) const;
   struct UnitRange {
@@ -121,6 +126,7 @@ class ParamTable {
   std::vector<ParamGroup> layout_groups_;
   int64_t total_size_ = 0;
   int64_t trainable_size_ = 0;
+  int64_t sharded_size_ = 0;
 };
 
 // Fills every parameter from the counter-based RNG: element i of tensor `name` depends only on

@@ -53,6 +53,7 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
       layout_(layout),
       shard_params_(layout.shard_size()),
       shard_grads_(layout.shard_size()),
+      shard_frozen_(layout.frozen_shard_size()),
       bf16_gathers_(std::is_same_v<T, float> && gathers == Operands::as_set &&
                     matmul_precision() == MatmulPrecision::bf16) {
   TRILLION_CHECK(group.size() == layout.ranks() && group.rank() == layout.rank(), "FSDP layout of ",
@@ -76,23 +77,25 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
   grads_resident_.assign(units, false);
   held_bytes_of_unit_.assign(units, 0);
   for (const ShardLayout::Unit& piece : layout.units()) {
-    if (piece.held) held_bytes_of_unit_[piece.table_unit] += piece.count * static_cast<int64_t>(sizeof(T));
+    if (piece.held && !piece.frozen) held_bytes_of_unit_[piece.table_unit] += piece.count * static_cast<int64_t>(sizeof(T));
     runs_.push_back(layout.gather_runs(model.table(), piece, bf16_gathers_));
     gathered_bytes_.push_back(0);
     for (const ShardLayout::Run& run : runs_.back()) gathered_bytes_.back() += run.held_bytes(sizeof(T));
   }
   layout.copy_to_shard(model.params(), shard_params_.data());
+  layout.copy_to_shard(model.params(), shard_frozen_.data(), /*frozen=*/true);
   release_everything();
   if constexpr (std::is_same_v<T, float>) {
     if (bf16_gathers_) {
-      const int64_t trainable = model.table().trainable_size();
-      params_bf16_ = Buffer<bf16>(trainable);  // counted as its runs are gathered
-      release_range(params_bf16_.data(), 0, trainable, /*zero_ends=*/false);
-      uncount(trainable * static_cast<int64_t>(sizeof(bf16)));
-      registration_.emplace(model.params(), params_bf16_.data(), trainable);
+      const int64_t sharded = model.table().sharded_size();
+      params_bf16_ = Buffer<bf16>(sharded);  // counted as its runs are gathered
+      release_range(params_bf16_.data(), 0, sharded, /*zero_ends=*/false);
+      uncount(sharded * static_cast<int64_t>(sizeof(bf16)));
+      registration_.emplace(model.params(), params_bf16_.data(), sharded);
     }
   }
   for (const ShardLayout::Unit& piece : layout.units()) {
+    if (piece.frozen) continue;  // no gradients
     release_range(model.grads(), piece.begin, piece.begin + piece.count, /*zero_ends=*/true);
     uncount(piece.count * static_cast<int64_t>(sizeof(T)));
   }
@@ -145,17 +148,18 @@ UnitHooks Fsdp<T>::hooks() {
 template <class T>
 ProcessGroup::Pending Fsdp<T>::start_run(const ShardLayout::Unit& piece, const ShardLayout::Run& run) {
   const ProcessGroup& group = group_of(piece);
-  const int64_t to = piece.begin + run.begin, from = piece.shard_offset + run.send_offset;
+  const int64_t to = piece.begin + run.begin;
+  const T* own_part = (piece.frozen ? shard_frozen_ : shard_params_).data() + piece.shard_offset + run.send_offset;
   counters_.gathered_bytes += run.moved_bytes(sizeof(T), layout_.group_rank(piece));
   if constexpr (std::is_same_v<T, float>) {
     if (run.use == ParamUse::products) {
       const int me = layout_.group_rank(piece);
       bf16* own = params_bf16_.data() + to + run.displs[me];
-      to_bf16_threaded(shard_params_.data() + from, own, run.counts[me]);
+      to_bf16_threaded(own_part, own, run.counts[me]);
       return group.start_all_gather(own, params_bf16_.data() + to, run.counts, run.displs);
     }
   }
-  return group.start_all_gather(shard_params_.data() + from, model_.params() + to, run.counts, run.displs);
+  return group.start_all_gather(own_part, model_.params() + to, run.counts, run.displs);
 }
 
 template <class T>
@@ -211,6 +215,7 @@ template <class T>
 void Fsdp<T>::reduce_scatter(int unit) {
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
+    if (piece.frozen) continue;  // no gradients
     group_of(piece).reduce_scatter_sum(model_.grads() + piece.begin, shard_grads_.data() + piece.shard_offset,
                                        piece.counts);
     counters_.reduce_scattered_bytes += moved_bytes(piece);
@@ -232,6 +237,7 @@ void Fsdp<T>::gather_everything() {
   for (const UnitState state : state_)
     TRILLION_CHECK(state == UnitState::released, "FSDP gathers everything only between steps");
   layout_.gather_everything(group_, shard_params_.data(), model_.params());
+  layout_.gather_everything(group_, shard_frozen_.data(), model_.params(), /*frozen=*/true);
   for (const ShardLayout::Unit& piece : layout_.units()) count(piece.count * static_cast<int64_t>(sizeof(T)));
 }
 

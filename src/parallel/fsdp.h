@@ -5,7 +5,8 @@
 // from the embedding to the head.
 //
 // Each rank keeps its shard (parallel/shard_layout.h) of the parameters, the master copy its
-// optimizer updates, and of the gradients. Prefetch: each unit's hook starts the gather of the unit
+// optimizer updates, and of the gradients; of a LoRA base's frozen tensors its frozen shard, which
+// is gathered with its unit like the rest and has no gradients to reduce-scatter. Prefetch: each unit's hook starts the gather of the unit
 // that follows it in the unit order (non-blocking) before its own compute, so two units (three, when
 // tied: unit 0 stays) may be gathered at once. The model's flat buffers hold a unit only while it is
 // in use, and of its experts only this rank's ep slice (gathered over its edp group): before a unit's
@@ -86,6 +87,7 @@ class Fsdp {
   void release_everything();
 
   int64_t shard_size() const { return layout_.shard_size(); }
+  int64_t frozen_shard_size() const { return layout_.frozen_shard_size(); }  // LoRA's base: parameters alone
   // Elements of the ranges this rank gathers to use (all dense ones, its ep slice of the experts).
   int64_t held_elements() const;
   const FsdpCounters& counters() const { return counters_; }
@@ -119,9 +121,10 @@ class Fsdp {
   };
   std::vector<std::vector<InFlight>> in_flight_;  // [table units] gathers not yet complete
   Buffer<T> shard_params_, shard_grads_;          // [layout.shard_size()] each
+  Buffer<T> shard_frozen_;                        // [layout.frozen_shard_size()] LoRA's frozen base
   bool bf16_gathers_ = false;
   // bf16 gathers: the flat parameters' copy the products read; empty otherwise.
-  Buffer<bf16> params_bf16_;  // [table.trainable_size()]
+  Buffer<bf16> params_bf16_;  // [table.sharded_size()]
   std::optional<RegisteredBf16Copy> registration_;  // of params_bf16_ for the model's parameters
   bool last_micro_batch_ = true;
   int64_t gathered_now_ = 0;  // parameter bytes gathered at the moment

@@ -1,8 +1,9 @@
-// The split of the trainable parameters over the ranks. See shard_layout.h.
+// The split of the parameters over the ranks. See shard_layout.h.
 #include "parallel/shard_layout.h"
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "core/error.h"
 
@@ -10,13 +11,14 @@ namespace trillion {
 namespace {
 
 // A range of table unit `table_unit` before add splits it.
-ShardLayout::Unit unit_of(int table_unit, int64_t begin, int64_t count, bool over_world, bool held) {
+ShardLayout::Unit unit_of(int table_unit, int64_t begin, int64_t count, bool over_world, bool held, bool frozen) {
   ShardLayout::Unit unit;
   unit.table_unit = table_unit;
   unit.begin = begin;
   unit.count = count;
   unit.over_world = over_world;
   unit.held = held;
+  unit.frozen = frozen;
   return unit;
 }
 
@@ -39,11 +41,12 @@ void ShardLayout::add(Unit unit, int group_rank, int group_size, int owner_ep) {
     unit.world_displs[world_rank] = unit.displs[g];
   }
   if (unit.held) {
-    unit.shard_offset = shard_size_;
+    int64_t& shard_size = shard_size_[unit.frozen ? 1 : 0];
+    unit.shard_offset = shard_size;
     if (unit.counts[group_rank] > 0) {
-      slices_.push_back({unit.begin + unit.displs[group_rank], shard_size_, unit.counts[group_rank]});
+      slices_[unit.frozen ? 1 : 0].push_back({unit.begin + unit.displs[group_rank], shard_size, unit.counts[group_rank]});
     }
-    shard_size_ += unit.counts[group_rank];
+    shard_size += unit.counts[group_rank];
   }
   units_.push_back(std::move(unit));
 }
@@ -52,8 +55,11 @@ ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks, int ep) :
   TRILLION_CHECK(ranks >= 1 && rank >= 0 && rank < ranks && ep >= 1 && ranks % ep == 0, "shard layout of rank ", rank,
                  " of ", ranks, " with ep ", ep);
   const int edp = ranks / ep, my_ep = rank % ep, my_edp = rank / ep;
-  int64_t covered = 0;  // the ranges tile the trainable prefix [0, trainable_size) in order
-  for (const ParamGroup group : table.trainable_groups()) {
+  int64_t covered = 0;  // the ranges tile the sharded prefix [0, sharded_size) in order
+  std::vector<std::pair<ParamGroup, bool>> groups;  // (group, frozen) in layout order
+  for (const ParamGroup group : table.trainable_groups()) groups.emplace_back(group, false);
+  for (const ParamGroup group : table.frozen_groups()) groups.emplace_back(group, true);
+  for (const auto& [group, frozen] : groups) {
     const std::vector<ParamTable::UnitRange>& ranges = table.units(group);
     for (size_t u = 0; u < ranges.size(); ++u) {
       const ParamTable::UnitRange& range = ranges[u];
@@ -62,7 +68,7 @@ ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks, int ep) :
       covered = range.end;
       const bool sliced = group == ParamGroup::expert || group == ParamGroup::expert_lora;  // [E, …] tensors
       if (!sliced || ep == 1) {
-        add(unit_of(static_cast<int>(u), range.begin, range.end - range.begin, true, true), rank, ranks, -1);
+        add(unit_of(static_cast<int>(u), range.begin, range.end - range.begin, true, true, frozen), rank, ranks, -1);
         continue;
       }
       // Expert slices, tensor by tensor; the unit's padding belongs to no one (it stays zero).
@@ -72,13 +78,13 @@ ShardLayout::ShardLayout(const ParamTable& table, int rank, int ranks, int ep) :
                        " experts do not split over ep ", ep);
         const int64_t slice = spec.numel() / ep;
         for (int p = 0; p < ep; ++p) {
-          add(unit_of(static_cast<int>(u), spec.offset + p * slice, slice, false, p == my_ep), my_edp, edp, p);
+          add(unit_of(static_cast<int>(u), spec.offset + p * slice, slice, false, p == my_ep, frozen), my_edp, edp, p);
         }
       }
     }
   }
-  TRILLION_CHECK(covered == table.trainable_size(), "unit ranges cover ", covered, " of ", table.trainable_size(),
-                 " trainable elements");
+  TRILLION_CHECK(covered == table.sharded_size(), "unit ranges cover ", covered, " of ", table.sharded_size(),
+                 " trainable and frozen elements");
 }
 
 int64_t ShardLayout::Run::held_bytes(int64_t element_bytes) const {
@@ -119,23 +125,24 @@ std::vector<ShardLayout::Run> ShardLayout::gather_runs(const ParamTable& table, 
 }
 
 template <class T>
-void ShardLayout::copy_to_shard(const T* flat, T* shard) const {
-  for (const Slice& s : slices_) std::memcpy(shard + s.local, flat + s.global, s.count * sizeof(T));
+void ShardLayout::copy_to_shard(const T* flat, T* shard, bool frozen) const {
+  for (const Slice& s : slices_[frozen ? 1 : 0]) std::memcpy(shard + s.local, flat + s.global, s.count * sizeof(T));
 }
 
 template <class T>
-void ShardLayout::gather_everything(const ProcessGroup& world, const T* shard, T* flat) const {
+void ShardLayout::gather_everything(const ProcessGroup& world, const T* shard, T* flat, bool frozen) const {
   TRILLION_CHECK(world.size() == ranks_ && world.rank() == rank_, "shard layout of ", ranks_, " ranks used on ",
                  world.describe());
   for (const Unit& unit : units_) {
+    if (unit.frozen != frozen) continue;
     world.all_gather(unit.held ? shard + unit.shard_offset : shard, flat + unit.begin, unit.world_counts,
                      unit.world_displs);
   }
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                    \
-  template void ShardLayout::copy_to_shard<T>(const T*, T*) const;                                                 \
-  template void ShardLayout::gather_everything<T>(const ProcessGroup&, const T*, T*) const;
+  template void ShardLayout::copy_to_shard<T>(const T*, T*, bool) const;                                           \
+  template void ShardLayout::gather_everything<T>(const ProcessGroup&, const T*, T*, bool) const;
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)
 #undef TRILLION_INSTANTIATE

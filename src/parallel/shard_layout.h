@@ -1,6 +1,8 @@
-// ShardLayout: which elements of the trainable parameters one rank owns under FSDP (with expert
+// ShardLayout: which elements of the parameters one rank owns under FSDP (with expert
 // parallelism), and where they sit in its shard (docs/architecture.md, "Parameters and the flat
-// buffers": the flat buffers are group-major, then unit-major).
+// buffers": the flat buffers are group-major, then unit-major). The trainable groups' pieces form
+// the shard that gradients and optimizer moments share; a LoRA base's frozen groups are split the
+// same way into a second, frozen shard of parameters alone (gathered to use, never reduced).
 //
 // Mesh: world = ep × edp, rank = edp index · ep + ep index. A range is split over a group in order:
 // the group's rank g owns the g-th of its contiguous pieces (sizes differ by at most one element),
@@ -14,8 +16,9 @@
 // A rank's shard stores its pieces back to back in flat order; its gradients and optimizer moments
 // have the shard's layout. One rank owns everything, at the same offsets as the flat buffers.
 //
-//   flat [trainable_size]:  | unit 0: r0 r1 … | unit 1: r0 r1 … | …
-//   shard of rank r:        | unit 0's piece r | unit 1's piece r | …
+//   flat [sharded_size]:    | trainable: unit 0: r0 r1 … | unit 1: … | frozen: unit 0: r0 r1 … | …
+//   shard of rank r:        | unit 0's piece r | unit 1's piece r | …  (trainable)
+//   frozen shard of rank r: | unit 0's piece r | unit 1's piece r | …
 #pragma once
 
 #include <cstdint>
@@ -37,10 +40,11 @@ class ShardLayout {
     int64_t count = 0;              // elements of the range
     bool over_world = true;         // split over the world; else over its ep slice's edp group
     bool held = false;              // this rank holds a piece (and gathers the range to use it)
+    bool frozen = false;            // a frozen group's range: its piece in the frozen shard
     std::vector<int64_t> counts;    // [group ranks] elements of each piece, in the group's order
     std::vector<int64_t> displs;    // [group ranks] offset of each piece inside the range
     std::vector<int64_t> world_counts, world_displs;  // [ranks] the same by world rank (0: holds none)
-    int64_t shard_offset = 0;       // where this rank's piece starts in its shard (when held)
+    int64_t shard_offset = 0;       // where this rank's piece starts in its (frozen) shard, when held
   };
   // A run of owned elements: flat [global, global + count) at shard [local, local + count).
   struct Slice {
@@ -68,23 +72,29 @@ class ShardLayout {
   int ranks() const { return ranks_; }
   int ep() const { return ep_; }
   int group_rank(const Unit& unit) const { return unit.over_world ? rank_ : rank_ / ep_; }
-  const std::vector<Unit>& units() const { return units_; }
-  const std::vector<Slice>& slices() const { return slices_; }  // in flat order; empty pieces left out
-  int64_t shard_size() const { return shard_size_; }            // elements of this rank's shard
+  const std::vector<Unit>& units() const { return units_; }  // trainable, then frozen ranges
+  // The trainable shard: its slices in flat order (empty pieces left out) and its elements.
+  const std::vector<Slice>& slices() const { return slices_[0]; }
+  int64_t shard_size() const { return shard_size_[0]; }
+  // The frozen shard (LoRA's base; empty without one).
+  const std::vector<Slice>& frozen_slices() const { return slices_[1]; }
+  int64_t frozen_shard_size() const { return shard_size_[1]; }
 
-  // shard[shard_size] ← this rank's elements of flat[trainable_size].
+  // shard[shard_size] ← this rank's elements of flat[trainable_size]; with `frozen`, the frozen
+  // shard's of flat[trainable_size, sharded_size).
   template <class T>
-  void copy_to_shard(const T* flat, T* shard) const;
-  // flat ← every piece of every range, over the world (a checkpoint's full parameters or moments).
+  void copy_to_shard(const T* flat, T* shard, bool frozen = false) const;
+  // flat ← every piece of every trainable (or frozen) range, over the world (a checkpoint's full
+  // parameters or moments).
   template <class T>
-  void gather_everything(const ProcessGroup& world, const T* shard, T* flat) const;
+  void gather_everything(const ProcessGroup& world, const T* shard, T* flat, bool frozen = false) const;
 
  private:
   void add(Unit unit, int group_rank, int group_size, int owner_ep);
   int rank_ = 0, ranks_ = 1, ep_ = 1;
   std::vector<Unit> units_;
-  std::vector<Slice> slices_;
-  int64_t shard_size_ = 0;
+  std::vector<Slice> slices_[2];   // [trainable, frozen]
+  int64_t shard_size_[2] = {0, 0};  // [trainable, frozen]
 };
 
 }  // namespace trillion

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <set>
 
 #include "core/bf16.h"
@@ -117,7 +118,7 @@ class UnitsInUse {
     const ShardLayout layout(table, shape.rank, shape.ranks, shape.ep);
     for (const ShardLayout::Unit& piece : layout.units()) {
       if (!piece.held) continue;
-      written_[piece.table_unit] += piece.count * shape.element_bytes;
+      if (!piece.frozen) written_[piece.table_unit] += piece.count * shape.element_bytes;
       for (const ShardLayout::Run& run : layout.gather_runs(table, piece, bf16_gathers(shape)))
         gathered_[piece.table_unit] += run.held_bytes(shape.element_bytes);
     }
@@ -193,11 +194,15 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   plan.policy = policy;
   plan.ranks = shape.ranks;
   plan.rank = shape.rank;
-  // The rank's shard of the trainable elements (one rank: all of them, at their flat offsets).
-  const int64_t shard = shape.ranks > 1
-      ? ShardLayout(param_table_of(config), shape.rank, shape.ranks, shape.ep).shard_size() : counts.trainable_storage;
-  const int64_t unsharded = counts.storage - counts.trainable_storage;  // buffers: every rank keeps them whole
-  plan.parameters = (shard + unsharded) * e;
+  // The rank's shards of the trainable and of the frozen elements (one rank: all of them, at their
+  // flat offsets).
+  const std::optional<ShardLayout> layout =
+      shape.ranks > 1 ? std::optional<ShardLayout>(std::in_place, param_table_of(config), shape.rank, shape.ranks, shape.ep)
+                      : std::nullopt;
+  const int64_t shard = layout ? layout->shard_size() : counts.trainable_storage;
+  const int64_t frozen_shard = layout ? layout->frozen_shard_size() : counts.sharded_storage - counts.trainable_storage;
+  const int64_t unsharded = counts.storage - counts.sharded_storage;  // buffers: every rank keeps them whole
+  plan.parameters = (shard + frozen_shard + unsharded) * e;
   if (shape.ranks == 1 && shape.bf16_products && e == 4) plan.parameters += counts.storage * int64_t(sizeof(bf16));
   int64_t released = 0;  // LoRA's frozen base in bf16 only: its linear weights' float pages
   if (keeps_bf16_only_base(config, shape.ranks, e, shape.bf16_products))
@@ -223,7 +228,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   // hidden, its gradient, positions; the recompute copy; the sampler; the bf16 swap's staging buffer.
   plan.model_buffers = 2 * n * D * e + n * 4 + (any_dropped ? n * D * e : 0) + shape.sampler_windows * 8 +
                        (shape.swap_bf16 && plan.peak_slow > 0 ? SwapEngine::kStagingBytes : 0);
-  // A whole checkpoint: every rank gathers the trainable parameters (Fsdp::gather_everything) and
+  // A whole checkpoint: every rank gathers the parameters but the buffers (Fsdp::gather_everything) and
   // both moments (Optimizer::save), or a LoRA run's rank 0 the adapter file's reordered tensors
   // (Model::save_adapter) before them, beside its shards and buffers; the step's activations are gone.
   if (shape.ranks > 1 && shape.whole_checkpoints) {
@@ -233,7 +238,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
                                : std::max(adapter_file_staging_bytes(config, ExpertLayout::as_trained, e),
                                           adapter_file_staging_bytes(config, shape.adapter_layout, e));
     plan.checkpoint_save = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +
-                           counts.trainable_storage * e + std::max(2 * counts.trainable_storage * e, adapter);
+                           counts.sharded_storage * e + std::max(2 * counts.trainable_storage * e, adapter);
   }
 
   // The head's saved tensors.

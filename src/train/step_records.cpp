@@ -32,7 +32,7 @@ nlohmann::json memory_record(const StoreCounters& before, const StoreCounters& a
 
 // Metrics field "fsdp": this step's bytes moved by the gathers and reduce-scatters and the peak of
 // gathered parameters on this rank; the shard's resident state (parameters, gradients and both
-// moments) and the elements it gathers to use; and every rank's peak fast-tier and resident bytes
+// moments), its frozen shard's elements (LoRA's base) and the elements it gathers to use; and every rank's peak fast-tier and resident bytes
 // and its planned peak (a collective: all ranks call it).
 template <class T>
 nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const FsdpCounters& before,
@@ -47,6 +47,7 @@ nlohmann::json fsdp_record(const ProcessGroup& world, const Fsdp<T>& fsdp, const
           {"shard_elements", fsdp.shard_size()},
           {"held_elements", fsdp.held_elements()},
           {"shard_state_bytes", 4 * fsdp.shard_size() * static_cast<int64_t>(sizeof(T))},
+          {"frozen_shard_elements", fsdp.frozen_shard_size()},
           {"rank_peak_bytes", column_of(memory, 3, 0)},
           {"rank_peak_rss_bytes", column_of(memory, 3, 1)},
           {"rank_planned_peak_bytes", column_of(memory, 3, 2)}};

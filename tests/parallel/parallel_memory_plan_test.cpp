@@ -5,7 +5,8 @@
 // rank_peak_bytes). For every demo config at 1, 2 and 4 ranks, with gradient accumulation,
 // recompute and swap, and with ep 2 and 4 for the MoE demo (ep 2 also with full recompute and with full
 // and selective swap, which moves the exchanged rows; ep 4 with selective recompute), and the MoE
-// demo under --precision bf16 (units gathered in bf16 runs) with ep 1 and 2,
+// demo under --precision bf16 (units gathered in bf16 runs) with ep 1 and 2, and LoRA of the MoE demo
+// (its frozen base sharded) with ep 2, in float and bf16,
 // the plan bounds the measurement and lies within 5 % of it. With --ep the plan needs the routing's imbalance (the rows a rank's
 // experts receive, as a multiple of its own): the test reads each rank's from the run's routing
 // loads and asks `--dry-run --expert-imbalance` for that rank's plan. `--dry-run` under mpirun
@@ -77,6 +78,9 @@ std::vector<double> expert_imbalance(const std::vector<nlohmann::json>& metrics,
   return imbalance;
 }
 
+// LoRA on attention and the routed experts: the frozen base in each rank's frozen shard.
+const std::string kLoraFlags = "--lora-rank 4 --lora-targets q_proj,v_proj --lora-target-parameters gate_up_proj,down_proj";
+
 struct Case {
   std::string config;  // configs/models/NAME.json with the test vocab
   std::string extra;   // train flags
@@ -132,7 +136,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"demo_moe", "--precision bf16"}, Case{"demo_moe", "--precision bf16", {2}, 2},
                     Case{"demo_moe", "", {4}, 4}, Case{"demo_moe", "--recompute full", {2}, 2},
                     Case{"demo_moe", "--swap full", {2}, 2}, Case{"demo_moe", "--swap selective", {2}, 2},
-                    Case{"demo_moe", "--recompute selective", {4}, 4}, Case{"demo_moe_deep", ""}, Case{"demo_hybrid", ""},
+                    Case{"demo_moe", "--recompute selective", {4}, 4},
+                    Case{"demo_moe", kLoraFlags, {2, 4}, 2}, Case{"demo_moe", kLoraFlags + " --precision bf16", {2}, 2}, Case{"demo_moe_deep", ""}, Case{"demo_hybrid", ""},
                     Case{"demo_mla", ""}, Case{"demo_kda", ""}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.config + "_" + std::to_string(info.index); });
 

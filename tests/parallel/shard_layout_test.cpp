@@ -2,7 +2,8 @@
 // rank, in order and in near-equal pieces per unit (sizes differ by at most one), buffers belong to
 // none, a rank's shard holds its pieces back to back, and one rank's shard is the flat layout; with
 // expert parallelism each expert slice belongs to its ep index's ranks only; FSDP's gather runs
-// follow the tensors' uses and rebuild each range from every rank's parts.
+// follow the tensors' uses and rebuild each range from every rank's parts; a LoRA base's frozen
+// groups split the same way into a frozen shard of their own.
 #include "parallel/shard_layout.h"
 
 #include <gtest/gtest.h>
@@ -98,6 +99,75 @@ TEST(ShardLayout, ExpertSlicesBelongToTheirEpGroup) {
       if (!spec.trainable()) continue;
       for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
         ASSERT_EQ(owners[i], 1) << spec.name << " element " << i - spec.offset << ", " << ranks << " ranks, ep " << ep;
+      }
+    }
+  }
+}
+
+// make_table's tensors as a LoRA base (dense and expert groups frozen) with a pair on q_proj and
+// one per expert on gate_up_proj.
+ParamTable make_lora_table() {
+  ParamTable table;
+  const ParamTable base = make_table();
+  for (ParamSpec spec : base.entries()) {
+    spec.offset = 0;
+    table.add(spec);
+  }
+  const auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamGroup group, int unit) {
+    ParamSpec spec{name, std::move(shape)};
+    spec.group = group;
+    spec.unit = unit;
+    spec.use = ParamUse::products;
+    table.add(spec);
+  };
+  add("model.layers.0.self_attn.q_proj.lora_A.weight", {2, 3}, ParamGroup::lora, 1);
+  add("model.layers.0.self_attn.q_proj.lora_B.weight", {5, 2}, ParamGroup::lora, 1);
+  add("model.layers.0.mlp.experts.lora_A", {4, 2, 3}, ParamGroup::expert_lora, 1);
+  table.freeze(ParamGroup::dense);
+  table.freeze(ParamGroup::expert);
+  table.finalize(8);
+  return table;
+}
+
+// The frozen base's elements each have one owner among the ranks' frozen shards (its expert slices
+// only among their ep index's ranks), packed back to back; the trainable shard is the adapters'
+// alone; one rank's frozen shard is the flat frozen range, and the ranks' frozen shards rebuild it.
+TEST(ShardLayout, AFrozenBaseSplitsIntoItsOwnShard) {
+  const ParamTable table = make_lora_table();
+  ASSERT_GT(table.sharded_size(), table.trainable_size());
+  std::vector<double> flat(table.sharded_size());
+  std::iota(flat.begin(), flat.end(), 0.0);
+  for (const auto& [ranks, ep] : {std::pair{1, 1}, {2, 1}, {3, 1}, {4, 2}}) {
+    std::vector<int> trainable_owners(table.sharded_size(), 0), frozen_owners(table.sharded_size(), 0);
+    std::vector<double> rebuilt(flat.size(), -1.0);
+    for (int rank = 0; rank < ranks; ++rank) {
+      const ShardLayout layout(table, rank, ranks, ep);
+      for (const ShardLayout::Slice& s : layout.slices())
+        for (int64_t i = s.global; i < s.global + s.count; ++i) ++trainable_owners[i];
+      int64_t local = 0;
+      for (const ShardLayout::Slice& s : layout.frozen_slices()) {
+        EXPECT_EQ(s.local, local) << "frozen pieces back to back";
+        for (int64_t i = s.global; i < s.global + s.count; ++i) ++frozen_owners[i];
+        local += s.count;
+      }
+      EXPECT_EQ(local, layout.frozen_shard_size());
+      std::vector<double> frozen(layout.frozen_shard_size());
+      layout.copy_to_shard(flat.data(), frozen.data(), /*frozen=*/true);
+      for (const ShardLayout::Unit& unit : layout.units()) {
+        EXPECT_EQ(unit.frozen, unit.begin >= table.trainable_size()) << unit.begin;
+        if (!unit.frozen || !unit.held) continue;
+        const int me = layout.group_rank(unit);
+        for (int64_t i = 0; i < unit.counts[me]; ++i)
+          rebuilt[unit.begin + unit.displs[me] + i] = frozen[unit.shard_offset + i];
+      }
+      if (ranks == 1) EXPECT_EQ(frozen, std::vector<double>(flat.begin() + table.trainable_size(), flat.end()));
+    }
+    for (const ParamSpec& spec : table.entries()) {
+      if (spec.group == ParamGroup::buffer) continue;
+      for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
+        ASSERT_EQ(trainable_owners[i], spec.trainable() ? 1 : 0) << spec.name << ", " << ranks << " ranks";
+        ASSERT_EQ(frozen_owners[i], spec.frozen ? 1 : 0) << spec.name << ", " << ranks << " ranks";
+        if (spec.frozen) ASSERT_EQ(rebuilt[i], flat[i]) << spec.name << ", " << ranks << " ranks";
       }
     }
   }
