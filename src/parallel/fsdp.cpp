@@ -53,7 +53,7 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
       layout_(layout),
       shard_params_(layout.shard_size()),
       shard_grads_(layout.shard_size()),
-      shard_frozen_(layout.frozen_shard_size()),
+
       bf16_gathers_(std::is_same_v<T, float> && gathers == Operands::as_set &&
                     matmul_precision() == MatmulPrecision::bf16) {
   TRILLION_CHECK(group.size() == layout.ranks() && group.rank() == layout.rank(), "FSDP layout of ",
@@ -83,7 +83,7 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
     for (const ShardLayout::Run& run : runs_.back()) gathered_bytes_.back() += run.held_bytes(sizeof(T));
   }
   layout.copy_to_shard(model.params(), shard_params_.data());
-  layout.copy_to_shard(model.params(), shard_frozen_.data(), /*frozen=*/true);
+  keep_frozen_parts();
   release_everything();
   if constexpr (std::is_same_v<T, float>) {
     if (bf16_gathers_) {
@@ -98,6 +98,30 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
     if (piece.frozen) continue;  // no gradients
     release_range(model.grads(), piece.begin, piece.begin + piece.count, /*zero_ends=*/true);
     uncount(piece.count * static_cast<int64_t>(sizeof(T)));
+  }
+}
+
+// The frozen shard as held (ShardLayout::frozen_parts): each frozen run's own part copied from the
+// whole parameters, or under bf16 gathers a products-only run's part rounded to bf16, which is all
+// its gathers and the products read (the frozen base in bf16 alone).
+template <class T>
+void Fsdp<T>::keep_frozen_parts() {
+  frozen_parts_ = layout_.frozen_parts(model_.table(), bf16_gathers_);
+  frozen_float_ = Buffer<T>(frozen_parts_.float_elements);
+  frozen_bf16_ = Buffer<bf16>(frozen_parts_.bf16_elements);
+  for (size_t i = 0; i < layout_.units().size(); ++i) {
+    const ShardLayout::Unit& piece = layout_.units()[i];
+    if (!piece.frozen || !piece.held) continue;
+    const int me = layout_.group_rank(piece);
+    for (size_t r = 0; r < runs_[i].size(); ++r) {
+      const ShardLayout::Run& run = runs_[i][r];
+      const T* own = model_.params() + piece.begin + run.begin + run.displs[me];
+      if (in_bf16(run)) {
+        if constexpr (std::is_same_v<T, float>) to_bf16_threaded(own, frozen_bf16_.data() + frozen_parts_.at[i][r], run.counts[me]);
+      } else {
+        std::memcpy(frozen_float_.data() + frozen_parts_.at[i][r], own, run.counts[me] * sizeof(T));
+      }
+    }
   }
 }
 
@@ -146,11 +170,17 @@ UnitHooks Fsdp<T>::hooks() {
 // Each run of each piece is one all-gather: float from the shard into the parameters, or bf16 in
 // place in the copy, this rank's part rounded into it first.
 template <class T>
-ProcessGroup::Pending Fsdp<T>::start_run(const ShardLayout::Unit& piece, const ShardLayout::Run& run) {
+ProcessGroup::Pending Fsdp<T>::start_run(int i, size_t r) {
+  const ShardLayout::Unit& piece = layout_.units()[i];
+  const ShardLayout::Run& run = runs_[i][r];
   const ProcessGroup& group = group_of(piece);
   const int64_t to = piece.begin + run.begin;
-  const T* own_part = (piece.frozen ? shard_frozen_ : shard_params_).data() + piece.shard_offset + run.send_offset;
   counters_.gathered_bytes += run.moved_bytes(sizeof(T), layout_.group_rank(piece));
+  if (piece.frozen && in_bf16(run))
+    return group.start_all_gather(frozen_bf16_.data() + frozen_parts_.at[i][r], params_bf16_.data() + to, run.counts,
+                                  run.displs);
+  const T* own_part = piece.frozen ? frozen_float_.data() + frozen_parts_.at[i][r]
+                                   : shard_params_.data() + piece.shard_offset + run.send_offset;
   if constexpr (std::is_same_v<T, float>) {
     if (run.use == ParamUse::products) {
       const int me = layout_.group_rank(piece);
@@ -170,7 +200,7 @@ void Fsdp<T>::start_gather(int unit) {
                  "float weights it never gathers");
   for (const int i : pieces_of_unit_[unit]) {
     const ShardLayout::Unit& piece = layout_.units()[i];
-    for (const ShardLayout::Run& run : runs_[i]) in_flight_[unit].push_back({&group_of(piece), start_run(piece, run)});
+    for (size_t r = 0; r < runs_[i].size(); ++r) in_flight_[unit].push_back({&group_of(piece), start_run(i, r)});
     gathered_now_ += gathered_bytes_[i];
     count(gathered_bytes_[i]);
   }
@@ -237,7 +267,24 @@ void Fsdp<T>::gather_everything() {
   for (const UnitState state : state_)
     TRILLION_CHECK(state == UnitState::released, "FSDP gathers everything only between steps");
   layout_.gather_everything(group_, shard_params_.data(), model_.params());
-  layout_.gather_everything(group_, shard_frozen_.data(), model_.params(), /*frozen=*/true);
+  {  // the frozen shard in the layout's float form, its bf16 parts widened, then gathered whole
+    Buffer<T> frozen(layout_.frozen_shard_size());  // [layout.frozen_shard_size()]
+    for (size_t i = 0; i < layout_.units().size(); ++i) {
+      const ShardLayout::Unit& piece = layout_.units()[i];
+      if (!piece.frozen || !piece.held) continue;
+      const int me = layout_.group_rank(piece);
+      for (size_t r = 0; r < runs_[i].size(); ++r) {
+        T* to = frozen.data() + piece.shard_offset + runs_[i][r].send_offset;
+        const int64_t at = frozen_parts_.at[i][r], count = runs_[i][r].counts[me];
+        if (!in_bf16(runs_[i][r])) {
+          std::memcpy(to, frozen_float_.data() + at, count * sizeof(T));
+        } else if constexpr (std::is_same_v<T, float>) {
+          to_float(frozen_bf16_.data() + at, to, count);
+        }
+      }
+    }
+    layout_.gather_everything(group_, frozen.data(), model_.params(), /*frozen=*/true);
+  }
   for (const ShardLayout::Unit& piece : layout_.units()) count(piece.count * static_cast<int64_t>(sizeof(T)));
 }
 

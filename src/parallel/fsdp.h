@@ -6,7 +6,9 @@
 //
 // Each rank keeps its shard (parallel/shard_layout.h) of the parameters, the master copy its
 // optimizer updates, and of the gradients; of a LoRA base's frozen tensors its frozen shard, which
-// is gathered with its unit like the rest and has no gradients to reduce-scatter. Prefetch: each unit's hook starts the gather of the unit
+// is gathered with its unit like the rest and has no gradients to reduce-scatter. Under bf16
+// gathers the frozen shard's products-only parts are kept in bf16 alone (the base's linear weights
+// take their bf16 values, as on one rank: model/frozen_base.cpp), gathered as they are. Prefetch: each unit's hook starts the gather of the unit
 // that follows it in the unit order (non-blocking) before its own compute, so two units (three, when
 // tied: unit 0 stays) may be gathered at once. The model's flat buffers hold a unit only while it is
 // in use, and of its experts only this rank's ep slice (gathered over its edp group): before a unit's
@@ -88,6 +90,7 @@ class Fsdp {
 
   int64_t shard_size() const { return layout_.shard_size(); }
   int64_t frozen_shard_size() const { return layout_.frozen_shard_size(); }  // LoRA's base: parameters alone
+  int64_t frozen_shard_bytes() const { return frozen_parts_.bytes(sizeof(T)); }  // as held (bf16 parts)
   // Elements of the ranges this rank gathers to use (all dense ones, its ep slice of the experts).
   int64_t held_elements() const;
   const FsdpCounters& counters() const { return counters_; }
@@ -97,7 +100,10 @@ class Fsdp {
   enum class UnitState { released, in_flight, gathered };
   const ProcessGroup& group_of(const ShardLayout::Unit& piece) const;  // the world, or the edp group
   int64_t moved_bytes(const ShardLayout::Unit& piece) const;          // the range but this rank's piece
-  ProcessGroup::Pending start_run(const ShardLayout::Unit& piece, const ShardLayout::Run& run);
+  ProcessGroup::Pending start_run(int i, size_t r);  // run r of layout unit i
+  void keep_frozen_parts();
+  // Whether a run's frozen part is held in bf16 alone (products-only, bf16 gathers).
+  bool in_bf16(const ShardLayout::Run& run) const { return bf16_gathers_ && run.use == ParamUse::products; }
   void start_gather(int unit);  // unless it is in flight or gathered
   void gather(int unit);        // completes it (starting it first unless prefetched)
   void release(int unit);
@@ -121,7 +127,10 @@ class Fsdp {
   };
   std::vector<std::vector<InFlight>> in_flight_;  // [table units] gathers not yet complete
   Buffer<T> shard_params_, shard_grads_;          // [layout.shard_size()] each
-  Buffer<T> shard_frozen_;                        // [layout.frozen_shard_size()] LoRA's frozen base
+  // LoRA's frozen base as held (ShardLayout::frozen_parts): float parts, and bf16 ones.
+  ShardLayout::FrozenParts frozen_parts_;
+  Buffer<T> frozen_float_;     // [frozen_parts_.float_elements]
+  Buffer<bf16> frozen_bf16_;   // [frozen_parts_.bf16_elements]
   bool bf16_gathers_ = false;
   // bf16 gathers: the flat parameters' copy the products read; empty otherwise.
   Buffer<bf16> params_bf16_;  // [table.sharded_size()]

@@ -124,6 +124,21 @@ std::vector<ShardLayout::Run> ShardLayout::gather_runs(const ParamTable& table, 
   return runs;
 }
 
+ShardLayout::FrozenParts ShardLayout::frozen_parts(const ParamTable& table, bool bf16) const {
+  FrozenParts parts;
+  parts.at.resize(units_.size());
+  for (size_t i = 0; i < units_.size(); ++i) {
+    if (!units_[i].frozen || !units_[i].held) continue;
+    const int me = group_rank(units_[i]);
+    for (const Run& run : gather_runs(table, units_[i], bf16)) {
+      int64_t& elements = run.use == ParamUse::products && bf16 ? parts.bf16_elements : parts.float_elements;
+      parts.at[i].push_back(elements);
+      elements += run.counts[me];
+    }
+  }
+  return parts;
+}
+
 template <class T>
 void ShardLayout::copy_to_shard(const T* flat, T* shard, bool frozen) const {
   for (const Slice& s : slices_[frozen ? 1 : 0]) std::memcpy(shard + s.local, flat + s.global, s.count * sizeof(T));

@@ -67,6 +67,15 @@ class ShardLayout {
   };
   // The runs of `range` (one of units()) as this rank gathers them, bf16 or not.
   std::vector<Run> gather_runs(const ParamTable& table, const Unit& range, bool bf16) const;
+  // Where this rank keeps its part of each gather run of its frozen ranges (FSDP's frozen shard as
+  // held): with `bf16` (bf16 gathers), products-only runs' parts in bf16 alone, packed in flat
+  // order, the other parts in float; without, every part in float (the frozen shard's layout).
+  struct FrozenParts {
+    std::vector<std::vector<int64_t>> at;  // [units()][runs] offset of the part in its buffer (frozen held ranges)
+    int64_t float_elements = 0, bf16_elements = 0;
+    int64_t bytes(int64_t element_bytes) const { return float_elements * element_bytes + bf16_elements * 2; }
+  };
+  FrozenParts frozen_parts(const ParamTable& table, bool bf16) const;
 
   int rank() const { return rank_; }
   int ranks() const { return ranks_; }

@@ -200,9 +200,12 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
       shape.ranks > 1 ? std::optional<ShardLayout>(std::in_place, param_table_of(config), shape.rank, shape.ranks, shape.ep)
                       : std::nullopt;
   const int64_t shard = layout ? layout->shard_size() : counts.trainable_storage;
-  const int64_t frozen_shard = layout ? layout->frozen_shard_size() : counts.sharded_storage - counts.trainable_storage;
+  // The frozen shard as FSDP holds it: under bf16 gathers its products-only parts in bf16 alone.
+  const int64_t frozen_shard_bytes =
+      layout ? layout->frozen_parts(param_table_of(config), UnitsInUse::bf16_gathers(shape)).bytes(e)
+             : (counts.sharded_storage - counts.trainable_storage) * e;
   const int64_t unsharded = counts.storage - counts.sharded_storage;  // buffers: every rank keeps them whole
-  plan.parameters = (shard + frozen_shard + unsharded) * e;
+  plan.parameters = (shard + unsharded) * e + frozen_shard_bytes;
   if (shape.ranks == 1 && shape.bf16_products && e == 4) plan.parameters += counts.storage * int64_t(sizeof(bf16));
   int64_t released = 0;  // LoRA's frozen base in bf16 only: its linear weights' float pages
   if (keeps_bf16_only_base(config, shape.ranks, e, shape.bf16_products))
@@ -237,8 +240,10 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
         config.lora == nullptr ? 0
                                : std::max(adapter_file_staging_bytes(config, ExpertLayout::as_trained, e),
                                           adapter_file_staging_bytes(config, shape.adapter_layout, e));
+    // The frozen shard widened to float for its gather, when held partly in bf16, before the moments.
+    const int64_t widened = layout->frozen_shard_size() * e == frozen_shard_bytes ? 0 : layout->frozen_shard_size() * e;
     plan.checkpoint_save = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +
-                           counts.sharded_storage * e + std::max(2 * counts.trainable_storage * e, adapter);
+                           counts.sharded_storage * e + std::max({widened, 2 * counts.trainable_storage * e, adapter});
   }
 
   // The head's saved tensors.

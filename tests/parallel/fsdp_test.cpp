@@ -12,10 +12,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/rng.h"
+#include "model/lora_config.h"
 #include "model/model.h"
 #include "model/test_configs.h"
 #include "ops/gemm.h"
@@ -93,7 +97,8 @@ INSTANTIATE_TEST_SUITE_P(TiedOrNot, FsdpUnits, ::testing::Bool(),
 
 // Under the bf16 precision, units gathered in bf16 runs (products-only tensors as bf16 into the
 // registered copy, the rest as float) give the bits of float gathers whose products round each
-// weight, in fewer gathered bytes, for every layer kind, tied embeddings too. The float parameters
+// weight, in fewer gathered bytes, for every layer kind, tied embeddings too, and with LoRA on
+// every linear weight, whose frozen shard holds those weights in bf16 alone. The float parameters
 // of the products-only tensors are poisoned with NaN: a kernel that read one as values would show.
 // Between the two steps the shard changes, so a stale rounding would show too.
 class FsdpBf16Gathers : public ::testing::TestWithParam<const char*> {
@@ -103,14 +108,16 @@ class FsdpBf16Gathers : public ::testing::TestWithParam<const char*> {
 
 TEST_P(FsdpBf16Gathers, GiveTheBitsOfFloatGathersInFewerBytes) {
   const MatmulPrecisionScope bf16_products(MatmulPrecision::bf16);
-  for (const bool tied : {false, true}) {
-    SCOPED_TRACE(tied ? "tied" : "untied");
-    const ModelConfig config = testing::tiny_config_with({{"tie_word_embeddings", tied}}, GetParam());
+  for (const auto& [tied, lora] : {std::pair{false, false}, {true, false}, {false, true}, {true, true}}) {
+    SCOPED_TRACE(std::string(tied ? "tied" : "untied") + (lora ? ", LoRA on every linear weight" : ""));
+    ModelConfig config = testing::tiny_config_with({{"tie_word_embeddings", tied}}, GetParam());
+    if (lora) config.lora = std::make_shared<const LoraConfig>(LoraConfig::from_flags(2, 4, "all-linear"));
     const Batch b = random_batch(config.vocab_size);
     struct Run {
       double loss = 0.0;
       std::vector<float> grads;  // [shard] after each step
       FsdpCounters counters;
+      int64_t frozen_bytes = 0;
     };
     const auto run = [&](Operands gathers) {
       Model<float> model(config);
@@ -131,6 +138,7 @@ TEST_P(FsdpBf16Gathers, GiveTheBitsOfFloatGathersInFewerBytes) {
         r.grads.insert(r.grads.end(), fsdp.shard_grads(), fsdp.shard_grads() + fsdp.shard_size());
       }
       r.counters = fsdp.counters();
+      r.frozen_bytes = fsdp.frozen_shard_bytes();
       return r;
     };
     const Run floats = run(Operands::fp32), rounded = run(Operands::as_set);
@@ -140,6 +148,13 @@ TEST_P(FsdpBf16Gathers, GiveTheBitsOfFloatGathersInFewerBytes) {
     EXPECT_EQ(std::memcmp(rounded.grads.data(), floats.grads.data(), floats.grads.size() * sizeof(float)), 0);
     EXPECT_LT(rounded.counters.peak_gathered_bytes, floats.counters.peak_gathered_bytes);
     EXPECT_GE(2 * rounded.counters.peak_gathered_bytes, floats.counters.peak_gathered_bytes);
+    // LoRA's frozen base: its linear weights held in bf16 alone.
+    if (lora) {
+      EXPECT_LT(rounded.frozen_bytes, floats.frozen_bytes);
+      EXPECT_GE(2 * rounded.frozen_bytes, floats.frozen_bytes);
+    } else {
+      EXPECT_EQ(rounded.frozen_bytes, 0);
+    }
   }
 }
 

@@ -114,7 +114,9 @@ ParamTable make_lora_table() {
     table.add(spec);
   }
   const auto add = [&](const std::string& name, std::vector<int64_t> shape, ParamGroup group, int unit) {
-    ParamSpec spec{name, std::move(shape)};
+    ParamSpec spec;
+    spec.name = name;
+    spec.shape = std::move(shape);
     spec.group = group;
     spec.unit = unit;
     spec.use = ParamUse::products;
@@ -160,14 +162,18 @@ TEST(ShardLayout, AFrozenBaseSplitsIntoItsOwnShard) {
         for (int64_t i = 0; i < unit.counts[me]; ++i)
           rebuilt[unit.begin + unit.displs[me] + i] = frozen[unit.shard_offset + i];
       }
-      if (ranks == 1) EXPECT_EQ(frozen, std::vector<double>(flat.begin() + table.trainable_size(), flat.end()));
+      if (ranks == 1) {
+        EXPECT_EQ(frozen, std::vector<double>(flat.begin() + table.trainable_size(), flat.end()));
+      }
     }
     for (const ParamSpec& spec : table.entries()) {
       if (spec.group == ParamGroup::buffer) continue;
       for (int64_t i = spec.offset; i < spec.offset + spec.numel(); ++i) {
         ASSERT_EQ(trainable_owners[i], spec.trainable() ? 1 : 0) << spec.name << ", " << ranks << " ranks";
         ASSERT_EQ(frozen_owners[i], spec.frozen ? 1 : 0) << spec.name << ", " << ranks << " ranks";
-        if (spec.frozen) ASSERT_EQ(rebuilt[i], flat[i]) << spec.name << ", " << ranks << " ranks";
+        if (spec.frozen) {
+          ASSERT_EQ(rebuilt[i], flat[i]) << spec.name << ", " << ranks << " ranks";
+        }
       }
     }
   }
