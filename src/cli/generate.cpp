@@ -1,15 +1,20 @@
 // `trillion generate`: continues a prompt with a checkpoint, batch 1 with the model's KV cache,
 // sampling with temperature and nucleus top-p from the counter-based RNG (temperature 0: greedy),
-// and prints the prompt and its continuation, decoded. Generation stops at the end-of-document token.
+// and prints the prompt and its continuation, decoded. Generation stops at the end-of-document token,
+// and at ChatML's end of turn (<|im_end|>) when the tokenizer holds it as a piece: a chat model's
+// answer ends there, as Qwen's generation_config lists it among its eos_token_id.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/rng.h"
+#include "data/corpus.h"
 #include "data/mixture.h"
 #include "data/tokenizer.h"
 #include "model/config.h"
@@ -45,10 +50,17 @@ std::string find_tokenizer(const GenerateOptions& o, const std::string& weights_
   fail(weights_dir, ": has no tokenizer.model or tokenizer.json and no trainer_state.json; pass --tokenizer or --data");
 }
 
+// A token that ends the continuation (not printed).
+struct StopToken {
+  int32_t id;
+  const char* name;
+};
+
 template <class T>
 std::vector<int32_t> generate_tokens(const ModelConfig& config, const std::string& weights_dir,
                                      const std::string& adapter, const std::vector<int32_t>& prompt,
-                                     int64_t usable_vocab, int32_t eos_id, const GenerateOptions& o) {
+                                     int64_t usable_vocab, const std::vector<StopToken>& stops,
+                                     const GenerateOptions& o) {
   Model<T> model(config);
   model.load_weights(weights_dir);
   if (!adapter.empty()) model.load_adapter(adapter);
@@ -61,7 +73,11 @@ std::vector<int32_t> generate_tokens(const ModelConfig& config, const std::strin
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     for (int64_t v = 0; v < usable_vocab; ++v) candidate_logits[v] = static_cast<double>(logits[v]);
     const int32_t next = sample_token(candidate_logits, o.sampling, rng.uniform(static_cast<uint64_t>(i)));
-    if (next == eos_id) break;
+    const auto stop = std::find_if(stops.begin(), stops.end(), [&](const StopToken& s) { return s.id == next; });
+    if (stop != stops.end()) {
+      std::fprintf(stderr, "stopped at %s (token %d)\n", stop->name, next);
+      break;
+    }
     generated.push_back(next);
     if (i + 1 < o.max_new_tokens) model.generate_step(&next, 1, logits.data());
   }
@@ -98,9 +114,11 @@ void run_generate(const GenerateOptions& o) {
   set_matmul_precision(checkpoint_matmul_precision(o.precision, state ? &state->settings : nullptr));
   const auto start = std::chrono::steady_clock::now();
   const bool use_double = state != nullptr && state->settings.dtype == "float64";
+  std::vector<StopToken> stops = {{tokenizer.eos_id(), "the end of the document"}};
+  if (const std::optional<int32_t> turn_end = tokenizer.piece_id(kChatEnd)) stops.push_back({*turn_end, kChatEnd});
   const std::vector<int32_t> generated =
-      use_double ? generate_tokens<double>(config, weights_dir, adapter, prompt, tokenizer.vocab_size(), tokenizer.eos_id(), o)
-                 : generate_tokens<float>(config, weights_dir, adapter, prompt, tokenizer.vocab_size(), tokenizer.eos_id(), o);
+      use_double ? generate_tokens<double>(config, weights_dir, adapter, prompt, tokenizer.vocab_size(), stops, o)
+                 : generate_tokens<float>(config, weights_dir, adapter, prompt, tokenizer.vocab_size(), stops, o);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::vector<int32_t> text_ids = empty_prompt ? std::vector<int32_t>() : prompt;
   text_ids.insert(text_ids.end(), generated.begin(), generated.end());

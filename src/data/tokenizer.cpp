@@ -73,8 +73,11 @@ int64_t Tokenizer::vocab_size() const { return hf_ ? hf_->vocab_size() : process
 
 int32_t Tokenizer::eos_id() const { return eos_; }
 
-bool Tokenizer::has_piece(const std::string& piece) const {
-  return hf_ ? hf_->token_id(piece).has_value() : !processor_->IsUnknown(processor_->PieceToId(piece));
+std::optional<int32_t> Tokenizer::piece_id(const std::string& piece) const {
+  if (hf_) return hf_->token_id(piece);
+  const int id = processor_->PieceToId(piece);
+  if (processor_->IsUnknown(id)) return std::nullopt;
+  return static_cast<int32_t>(id);
 }
 
 std::vector<int32_t> Tokenizer::encode(const std::string& text) const {

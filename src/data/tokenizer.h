@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,8 @@ class Tokenizer {
   int64_t vocab_size() const;
   uint64_t hash() const { return hash_; }
   int32_t eos_id() const;  // document separator appended after every document
-  bool has_piece(const std::string& piece) const;  // a piece of its own (not unknown)
+  bool has_piece(const std::string& piece) const { return piece_id(piece).has_value(); }
+  std::optional<int32_t> piece_id(const std::string& piece) const;  // a piece of its own's id; none if unknown
   std::vector<int32_t> encode(const std::string& text) const;  // adds no eos; the caller appends it
   // The same ids, and the byte offset in `text` where each token's piece begins.
   std::vector<int32_t> encode_with_offsets(const std::string& text, std::vector<uint32_t>& begins) const;

@@ -132,14 +132,9 @@ TEST(FineTuning, PromptCompletionMasksTrainAndEvaluateOnlyTheCompletions) {
   EXPECT_NEAR(result.at("val_loss").get<double>(), loss_sum / double(count), 1e-12 * loss_sum / double(count));
 }
 
-// Conversations: a tokenizer trained on them holds ChatML's markers as pieces, the targets decode
-// to the assistant turns (content and end marker, every turn), and a tokenizer without the markers
-// is refused by name.
-TEST(FineTuning, ConversationsTargetEveryAssistantTurn) {
-  const TestData& d = test_data();
-  const fs::path root = d.root / "fine_tuning_chat";
-  fs::remove_all(root);
-  fs::create_directories(root);
+// 30 conversations of two assistant turns each (a number, then a number and "done") in
+// ROOT/chat.jsonl, tokenized into DATA with a tokenizer trained on them.
+CommandResult tokenize_counting_chat(const fs::path& root, const fs::path& data) {
   std::string jsonl;
   for (int i = 0; i < 30; ++i) {
     const nlohmann::json messages = nlohmann::json::array(
@@ -151,9 +146,20 @@ TEST(FineTuning, ConversationsTargetEveryAssistantTurn) {
     jsonl += nlohmann::json{{"messages", messages}}.dump() + "\n";
   }
   write_text(root / "chat.jsonl", jsonl);
+  return run_cli("tokenize --input " + (root / "chat.jsonl").string() + " --out " + data.string() +
+                 " --vocab-size 300 --val-fraction 0.2");
+}
+
+// Conversations: a tokenizer trained on them holds ChatML's markers as pieces, the targets decode
+// to the assistant turns (content and end marker, every turn), and a tokenizer without the markers
+// is refused by name.
+TEST(FineTuning, ConversationsTargetEveryAssistantTurn) {
+  const TestData& d = test_data();
+  const fs::path root = d.root / "fine_tuning_chat";
+  fs::remove_all(root);
+  fs::create_directories(root);
   const fs::path data = root / "data";
-  const CommandResult tokenized = run_cli("tokenize --input " + (root / "chat.jsonl").string() + " --out " +
-                                          data.string() + " --vocab-size 300 --val-fraction 0.2");
+  const CommandResult tokenized = tokenize_counting_chat(root, data);
   ASSERT_EQ(tokenized.status, 0) << tokenized.output;
   const DataDir dir = open_data_dir(data.string(), 0);
   const Tokenizer tokenizer(dir.tokenizer_path);
@@ -199,6 +205,33 @@ TEST(FineTuning, ConversationsTargetEveryAssistantTurn) {
                                      (root / "chat_on_plain").string() + " --tokenizer " +
                                      (plain / "tokenizer.model").string());
   EXPECT_EQ(chat.status, 0) << chat.output;
+}
+
+// A model fine-tuned on conversations answers a user turn and `generate` stops at the end of the
+// answer's turn (<|im_end|>, the tokenizer's piece), printing none of it or what would follow.
+TEST(FineTuning, GenerationStopsAtTheEndOfAnAssistantTurn) {
+  const fs::path root = test_data().root / "fine_tuning_chat_generate";
+  fs::remove_all(root);
+  fs::create_directories(root);
+  const fs::path data = root / "data";
+  const CommandResult tokenized = tokenize_counting_chat(root, data);
+  ASSERT_EQ(tokenized.status, 0) << tokenized.output;
+  const fs::path config = root / "tiny.json";
+  write_config(config, 300);
+  const fs::path run = root / "run";
+  const CommandResult trained = run_cli("train --config " + config.string() + " --data " + data.string() + " --out " +
+                                        run.string() + " --batch 4 --seq-len 32 --steps 60 --lr 1e-2" + kSmallMfuGemm);
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  const std::string prompt = "<|im_start|>user\nStart at 3<|im_end|>\n<|im_start|>assistant\n";
+  for (const int seed : {1, 2, 3}) {
+    const CommandResult r = run_cli("generate --checkpoint " + run.string() + " --prompt '" + prompt +  // newlines quoted
+                                    "' --max-new-tokens 20 --seed " + std::to_string(seed));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find("stopped at <|im_end|>"), std::string::npos) << "seed " << seed << ": " << r.output;
+    const size_t answer = r.output.find(prompt);
+    ASSERT_NE(answer, std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("<|im_end|>", answer + prompt.size()), std::string::npos) << "seed " << seed << ": " << r.output;
+  }
 }
 
 }  // namespace
