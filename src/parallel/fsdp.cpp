@@ -262,30 +262,33 @@ int64_t Fsdp<T>::held_elements() const {
   return held;
 }
 
+// The parameters count as resident from the start: the gathers write them while the frozen
+// shard's widened copy, if any, is held.
 template <class T>
 void Fsdp<T>::gather_everything() {
   for (const UnitState state : state_)
     TRILLION_CHECK(state == UnitState::released, "FSDP gathers everything only between steps");
+  for (const ShardLayout::Unit& piece : layout_.units()) count(piece.count * static_cast<int64_t>(sizeof(T)));
   layout_.gather_everything(group_, shard_params_.data(), model_.params());
-  {  // the frozen shard in the layout's float form, its bf16 parts widened, then gathered whole
-    Buffer<T> frozen(layout_.frozen_shard_size());  // [layout.frozen_shard_size()]
-    for (size_t i = 0; i < layout_.units().size(); ++i) {
-      const ShardLayout::Unit& piece = layout_.units()[i];
-      if (!piece.frozen || !piece.held) continue;
-      const int me = layout_.group_rank(piece);
-      for (size_t r = 0; r < runs_[i].size(); ++r) {
-        T* to = frozen.data() + piece.shard_offset + runs_[i][r].send_offset;
-        const int64_t at = frozen_parts_.at[i][r], count = runs_[i][r].counts[me];
-        if (!in_bf16(runs_[i][r])) {
-          std::memcpy(to, frozen_float_.data() + at, count * sizeof(T));
-        } else if constexpr (std::is_same_v<T, float>) {
-          to_float(frozen_bf16_.data() + at, to, count);
-        }
+  // Held in float alone, the frozen parts are the frozen shard (one run per range, in flat order).
+  if (frozen_parts_.bf16_elements == 0)
+    return layout_.gather_everything(group_, frozen_float_.data(), model_.params(), /*frozen=*/true);
+  Buffer<T> frozen(layout_.frozen_shard_size());  // [layout.frozen_shard_size()] its bf16 parts widened
+  for (size_t i = 0; i < layout_.units().size(); ++i) {
+    const ShardLayout::Unit& piece = layout_.units()[i];
+    if (!piece.frozen || !piece.held) continue;
+    const int me = layout_.group_rank(piece);
+    for (size_t r = 0; r < runs_[i].size(); ++r) {
+      T* to = frozen.data() + piece.shard_offset + runs_[i][r].send_offset;
+      const int64_t at = frozen_parts_.at[i][r], count = runs_[i][r].counts[me];
+      if (!in_bf16(runs_[i][r])) {
+        std::memcpy(to, frozen_float_.data() + at, count * sizeof(T));
+      } else if constexpr (std::is_same_v<T, float>) {
+        to_float(frozen_bf16_.data() + at, to, count);
       }
     }
-    layout_.gather_everything(group_, frozen.data(), model_.params(), /*frozen=*/true);
   }
-  for (const ShardLayout::Unit& piece : layout_.units()) count(piece.count * static_cast<int64_t>(sizeof(T)));
+  layout_.gather_everything(group_, frozen.data(), model_.params(), /*frozen=*/true);
 }
 
 template <class T>

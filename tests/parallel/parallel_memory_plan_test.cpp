@@ -164,14 +164,23 @@ TEST(ParallelMemoryPlan, DryRunPrintsEveryRanksPlan) {
 }
 
 // A whole checkpoint's save under FSDP gathers the whole parameters and both moments on every
-// rank: the plan's checkpoint_save, which the start-up check counts. `trillion train` prints rank
+// rank (a LoRA base's frozen shard widened from bf16 first): the plan's checkpoint_save, which
+// the start-up check counts. `trillion train` prints rank
 // 0's measured peak of each save beside it; --sharded-checkpoints plans none.
 TEST(ParallelMemoryPlan, AWholeCheckpointsSaveStaysWithinItsPlan) {
-  for (const auto& [name, ep] : {std::pair{"demo", 1}, std::pair{"demo_moe", 2}}) {
+  struct SaveCase {
+    const char* name;
+    int ep;
+    std::string flags;
+  };
+  for (const auto& [name, ep, flags] : {SaveCase{"demo", 1, ""}, SaveCase{"demo_moe", 2, ""},
+                                         SaveCase{"demo_moe", 2, " " + kLoraFlags + " --precision bf16"}}) {
+    SCOPED_TRACE(name + flags);
     const fs::path config = config_with(name, nullptr);
-    const fs::path out = test_data().root / (std::string("whole_save_") + name);
+    const fs::path out = test_data().root / (std::string("whole_save_") + name + (flags.empty() ? "" : "_lora"));
     fs::remove_all(out);
-    const std::string shape = "--config " + config.string() + " --batch 4 --seq-len 32 --ep " + std::to_string(ep);
+    const std::string shape =
+        "--config " + config.string() + " --batch 4 --seq-len 32 --ep " + std::to_string(ep) + flags;
     const CommandResult r = train_on(2, shape + " --data " + test_data().data_dir.string() + " --out " + out.string() +
                                             " --steps 1" + kSmallMfuGemm);
     ASSERT_EQ(r.status, 0) << r.output;
