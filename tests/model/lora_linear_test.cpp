@@ -2,11 +2,13 @@
 // weight W + scaling · B · A (double to rounding, float within float's, bf16 operands within
 // bf16's bound), every gradient (x, W, bias, A, B) matches central differences in double at odd
 // sizes and ranks 1 to past `in`, a frozen base or a frozen pair skips its gradients and leaves the
-// others unchanged, and a pair with B = 0 changes no bit of the base layer's output.
+// others unchanged, and a pair with B = 0 changes no bit of the base layer's output; a dropout
+// scope sets its pass for its lifetime only, nested or left by an exception.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "model/linear.h"
@@ -194,6 +196,42 @@ TEST(LoraLinear, ZeroBLeavesTheBaseOutputBitwise) {
     EXPECT_EQ(0, std::memcmp(y_base.data(), y_adapted.data(), y_base.size() * sizeof(float)))
         << matmul_precision_name(precision);
   }
+}
+
+// LoraDropoutScope: the pair's input is masked only while a scope with a pass is alive; an inner
+// scope without one turns it off and, ended, gives the outer pass back (its very masks); a scope
+// left by an exception restores the state before it.
+TEST(LoraLinear, DropoutScopesSetTheirPassForTheirLifetimeOnly) {
+  const Sizes s{6, 9, 5, 3};
+  Layer layer(s, 0.5, 40);
+  const auto forward = [&] {
+    LinearWeights<double> weights = Layer::weights(layer.w, layer.bias, layer.a, layer.b, s.rank, 0.5);
+    weights.lora.dropout = 0.5;
+    weights.lora.stream = 77;
+    std::vector<double> y(s.rows * s.out);  // [rows, out]
+    linear<double>(y.data(), layer.x.data(), weights, s.rows, s.in, s.out, false);
+    return y;
+  };
+  const std::vector<double> undropped = forward();
+  EXPECT_LE(relative_error(undropped, layer.merged_forward()), 1e-14) << "no pass: no mask";
+  const LoraDropoutPass pass{3, 1, 0};
+  {
+    const LoraDropoutScope outer(&pass);
+    const std::vector<double> dropped = forward();
+    EXPECT_GT(relative_error(dropped, undropped), 1e-3) << "the pass masks the adapter's input";
+    {
+      const LoraDropoutScope inner(nullptr);
+      EXPECT_EQ(forward(), undropped) << "an inner scope without a pass";
+    }
+    EXPECT_EQ(forward(), dropped) << "the outer pass again, with its masks";
+  }
+  EXPECT_EQ(forward(), undropped) << "after the scope";
+  try {
+    const LoraDropoutScope thrown(&pass);
+    throw std::runtime_error("a failure inside the pass");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(forward(), undropped) << "after a scope left by an exception";
 }
 
 }  // namespace
