@@ -53,7 +53,6 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
       layout_(layout),
       shard_params_(layout.shard_size()),
       shard_grads_(layout.shard_size()),
-
       bf16_gathers_(std::is_same_v<T, float> && gathers == Operands::as_set &&
                     matmul_precision() == MatmulPrecision::bf16) {
   TRILLION_CHECK(group.size() == layout.ranks() && group.rank() == layout.rank(), "FSDP layout of ",
@@ -77,7 +76,8 @@ Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& ed
   grads_resident_.assign(units, false);
   held_bytes_of_unit_.assign(units, 0);
   for (const ShardLayout::Unit& piece : layout.units()) {
-    if (piece.held && !piece.frozen) held_bytes_of_unit_[piece.table_unit] += piece.count * static_cast<int64_t>(sizeof(T));
+    if (piece.held && !piece.frozen)  // its gradients
+      held_bytes_of_unit_[piece.table_unit] += piece.count * static_cast<int64_t>(sizeof(T));
     runs_.push_back(layout.gather_runs(model.table(), piece, bf16_gathers_));
     gathered_bytes_.push_back(0);
     for (const ShardLayout::Run& run : runs_.back()) gathered_bytes_.back() += run.held_bytes(sizeof(T));
@@ -117,7 +117,8 @@ void Fsdp<T>::keep_frozen_parts() {
       const ShardLayout::Run& run = runs_[i][r];
       const T* own = model_.params() + piece.begin + run.begin + run.displs[me];
       if (in_bf16(run)) {
-        if constexpr (std::is_same_v<T, float>) to_bf16_threaded(own, frozen_bf16_.data() + frozen_parts_.at[i][r], run.counts[me]);
+        if constexpr (std::is_same_v<T, float>)
+          to_bf16_threaded(own, frozen_bf16_.data() + frozen_parts_.at[i][r], run.counts[me]);
       } else {
         std::memcpy(frozen_float_.data() + frozen_parts_.at[i][r], own, run.counts[me] * sizeof(T));
       }
@@ -168,7 +169,8 @@ UnitHooks Fsdp<T>::hooks() {
 }
 
 // Each run of each piece is one all-gather: float from the shard into the parameters, or bf16 in
-// place in the copy, this rank's part rounded into it first.
+// place in the copy, this rank's part rounded into it first (a frozen part held in bf16 is sent
+// as it is).
 template <class T>
 ProcessGroup::Pending Fsdp<T>::start_run(int i, size_t r) {
   const ShardLayout::Unit& piece = layout_.units()[i];

@@ -119,7 +119,7 @@ class Fsdp {
   std::vector<int64_t> gathered_bytes_;           // [layout units] bytes a gathered range holds
   std::vector<UnitState> state_;                  // [table units]
   std::vector<bool> grads_resident_;              // [table units] written since their last reduce-scatter
-  std::vector<int64_t> held_bytes_of_unit_;       // [table units] bytes of the ranges this rank gathers
+  std::vector<int64_t> held_bytes_of_unit_;       // [table units] gradient bytes of its trainable ranges here
   std::vector<int> next_forward_, next_backward_;  // [table units] the unit after it in unit_order, or -1
   struct InFlight {
     const ProcessGroup* group;
