@@ -267,15 +267,24 @@ int64_t Fsdp<T>::held_elements() const {
 // The parameters count as resident from the start: the gathers write them while the frozen
 // shard's widened copy, if any, is held.
 template <class T>
-void Fsdp<T>::gather_everything() {
+void Fsdp<T>::gather_everything(bool frozen_too) {
   for (const UnitState state : state_)
     TRILLION_CHECK(state == UnitState::released, "FSDP gathers everything only between steps");
-  for (const ShardLayout::Unit& piece : layout_.units()) count(piece.count * static_cast<int64_t>(sizeof(T)));
+  frozen_gathered_ = frozen_too;
+  for (const ShardLayout::Unit& piece : layout_.units())
+    if (frozen_too || !piece.frozen) count(piece.count * static_cast<int64_t>(sizeof(T)));
   layout_.gather_everything(group_, shard_params_.data(), model_.params());
+  if (!frozen_too) return;
   // Held in float alone, the frozen parts are the frozen shard (one run per range, in flat order).
   if (frozen_parts_.bf16_elements == 0)
     return layout_.gather_everything(group_, frozen_float_.data(), model_.params(), /*frozen=*/true);
-  Buffer<T> frozen(layout_.frozen_shard_size());  // [layout.frozen_shard_size()] its bf16 parts widened
+  const Buffer<T> frozen = frozen_shard();
+  layout_.gather_everything(group_, frozen.data(), model_.params(), /*frozen=*/true);
+}
+
+template <class T>
+Buffer<T> Fsdp<T>::frozen_shard() const {
+  Buffer<T> frozen(layout_.frozen_shard_size());  // [layout.frozen_shard_size()]
   for (size_t i = 0; i < layout_.units().size(); ++i) {
     const ShardLayout::Unit& piece = layout_.units()[i];
     if (!piece.frozen || !piece.held) continue;
@@ -290,15 +299,17 @@ void Fsdp<T>::gather_everything() {
       }
     }
   }
-  layout_.gather_everything(group_, frozen.data(), model_.params(), /*frozen=*/true);
+  return frozen;
 }
 
 template <class T>
 void Fsdp<T>::release_everything() {
   for (const ShardLayout::Unit& piece : layout_.units()) {
+    if (piece.frozen && !frozen_gathered_) continue;
     release_range(model_.params(), piece.begin, piece.begin + piece.count, /*zero_ends=*/false);
     uncount(piece.count * static_cast<int64_t>(sizeof(T)));
   }
+  frozen_gathered_ = false;
 }
 
 template class Fsdp<float>;

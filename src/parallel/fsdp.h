@@ -84,9 +84,13 @@ class Fsdp {
   T* shard_params() { return shard_params_.data(); }  // [layout.shard_size()]
   T* shard_grads() { return shard_grads_.data(); }    // [layout.shard_size()]
   // Every parameter gathered over the world, the other ep slices' experts too (writing a
-  // checkpoint: every rank calls it); then release_everything.
-  void gather_everything();
+  // checkpoint: every rank calls it), or without `frozen_too` the trainable ones alone; then
+  // release_everything.
+  void gather_everything(bool frozen_too = true);
   void release_everything();
+  // The frozen shard in the layout's float form (ShardLayout::frozen_slices), its bf16 parts
+  // widened: what a sharded checkpoint writes.
+  Buffer<T> frozen_shard() const;
 
   int64_t shard_size() const { return layout_.shard_size(); }
   int64_t frozen_shard_size() const { return layout_.frozen_shard_size(); }  // LoRA's base: parameters alone
@@ -136,6 +140,7 @@ class Fsdp {
   Buffer<bf16> params_bf16_;  // [table.sharded_size()]
   std::optional<RegisteredBf16Copy> registration_;  // of params_bf16_ for the model's parameters
   bool last_micro_batch_ = true;
+  bool frozen_gathered_ = true;  // the model's frozen ranges hold the base (at construction, or gathered whole)
   int64_t gathered_now_ = 0;  // parameter bytes gathered at the moment
   int64_t uncounted_bytes_ = 0;  // bytes of the model's flat buffers taken out of MemoryStats
   FsdpCounters counters_;

@@ -399,19 +399,21 @@ void Trainer<T>::write_run_files(const std::string& temp_dir) const {
   write_file_atomic((fs::path(temp_dir) / "trainer_state.json").string(), run_.state.to_json().dump(2) + "\n");
 }
 
-// Sharded: every rank writes its shard into rank 0's temporary directory, rank 0 the rest. A LoRA
-// run's adapter/ too (PEFT's files), from the trainable groups gathered whole.
+// Sharded: every rank writes its shard (and its frozen shard) into rank 0's temporary directory,
+// rank 0 the rest. A LoRA run's adapter/ too (PEFT's files), from the trainable groups gathered
+// whole.
 template <class T>
 void Trainer<T>::save_sharded(int64_t step) {
   Fsdp<T>& fsdp = *parallel_->fsdp();
   const bool lora = model_.config().lora != nullptr;
   const auto write_shard = [&](std::string temp_dir) {
     world_.broadcast(temp_dir);
+    const Buffer<T> frozen = fsdp.frozen_shard();  // [frozen shard size]
     write_checkpoint_shard(temp_dir, optimizer_.layout(), fsdp.shard_params(), optimizer_.exp_avg(),
-                           optimizer_.exp_avg_sq());
+                           optimizer_.exp_avg_sq(), frozen.data());
     world_.barrier();  // every rank's file is complete
   };
-  if (lora) fsdp.gather_everything();
+  if (lora) fsdp.gather_everything(/*frozen_too=*/false);
   if (!world_.is_root()) {
     if (lora) fsdp.release_everything();
     return write_shard(std::string());
