@@ -74,17 +74,10 @@ void ParamTable::freeze(ParamGroup group) {
   frozen_[static_cast<int>(group)] = true;
 }
 
-std::vector<ParamGroup> ParamTable::trainable_groups() const {
+std::vector<ParamGroup> ParamTable::groups_but_buffers(bool frozen) const {
   std::vector<ParamGroup> groups;
   for (ParamGroup group : layout_groups_)
-    if (group != ParamGroup::buffer && !frozen_[static_cast<int>(group)]) groups.push_back(group);
-  return groups;
-}
-
-std::vector<ParamGroup> ParamTable::frozen_groups() const {
-  std::vector<ParamGroup> groups;
-  for (ParamGroup group : layout_groups_)
-    if (group != ParamGroup::buffer && frozen_[static_cast<int>(group)]) groups.push_back(group);
+    if (group != ParamGroup::buffer && frozen_[static_cast<int>(group)] == frozen) groups.push_back(group);
   return groups;
 }
 

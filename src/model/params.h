@@ -96,8 +96,8 @@ class ParamTable {
   // The groups in layout order (trainable, frozen, buffer), the trainable ones among them, and the
   // frozen ones.
   const std::vector<ParamGroup>& layout_groups() const { return layout_groups_; }
-  std::vector<ParamGroup> trainable_groups() const;
-  std::vector<ParamGroup> frozen_groups() const;
+  std::vector<ParamGroup> trainable_groups() const { return groups_but_buffers(false); }
+  std::vector<ParamGroup> frozen_groups() const { return groups_but_buffers(true); }
   const std::vector<ParamSpec>& entries() const { return entries_; }  // in layout order once finalized
   const ParamSpec& find(const std::string& name) const;  // CHECK-fails if absent
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
@@ -119,6 +119,7 @@ class ParamTable {
   const std::vector<UnitRange>& units(ParamGroup group) const { return units_[static_cast<int>(group)]; }
 
  private:
+  std::vector<ParamGroup> groups_but_buffers(bool frozen) const;  // in layout order
   std::vector<ParamSpec> entries_;
   std::unordered_map<std::string, size_t> index_;
   std::vector<UnitRange> units_[kNumParamGroups];

@@ -109,19 +109,28 @@ void Fsdp<T>::keep_frozen_parts() {
   frozen_parts_ = layout_.frozen_parts(model_.table(), bf16_gathers_);
   frozen_float_ = Buffer<T>(frozen_parts_.float_elements);
   frozen_bf16_ = Buffer<bf16>(frozen_parts_.bf16_elements);
+  for_each_frozen_part([&](const FrozenPart& part) {
+    const T* own = model_.params() + part.flat;
+    if (!part.in_bf16) {
+      std::memcpy(frozen_float_.data() + part.at, own, part.count * sizeof(T));
+    } else if constexpr (std::is_same_v<T, float>) {
+      to_bf16_threaded(own, frozen_bf16_.data() + part.at, part.count);
+    }
+  });
+}
+
+// Each of this rank's parts of the frozen runs, in flat order.
+template <class T>
+template <class F>
+void Fsdp<T>::for_each_frozen_part(F&& f) const {
   for (size_t i = 0; i < layout_.units().size(); ++i) {
     const ShardLayout::Unit& piece = layout_.units()[i];
     if (!piece.frozen || !piece.held) continue;
     const int me = layout_.group_rank(piece);
     for (size_t r = 0; r < runs_[i].size(); ++r) {
       const ShardLayout::Run& run = runs_[i][r];
-      const T* own = model_.params() + piece.begin + run.begin + run.displs[me];
-      if (in_bf16(run)) {
-        if constexpr (std::is_same_v<T, float>)
-          to_bf16_threaded(own, frozen_bf16_.data() + frozen_parts_.at[i][r], run.counts[me]);
-      } else {
-        std::memcpy(frozen_float_.data() + frozen_parts_.at[i][r], own, run.counts[me] * sizeof(T));
-      }
+      f(FrozenPart{piece.begin + run.begin + run.displs[me], piece.shard_offset + run.send_offset,
+                   frozen_parts_.at[i][r], run.counts[me], in_bf16(run)});
     }
   }
 }
@@ -285,20 +294,14 @@ void Fsdp<T>::gather_everything(bool frozen_too) {
 template <class T>
 Buffer<T> Fsdp<T>::frozen_shard() const {
   Buffer<T> frozen(layout_.frozen_shard_size());  // [layout.frozen_shard_size()]
-  for (size_t i = 0; i < layout_.units().size(); ++i) {
-    const ShardLayout::Unit& piece = layout_.units()[i];
-    if (!piece.frozen || !piece.held) continue;
-    const int me = layout_.group_rank(piece);
-    for (size_t r = 0; r < runs_[i].size(); ++r) {
-      T* to = frozen.data() + piece.shard_offset + runs_[i][r].send_offset;
-      const int64_t at = frozen_parts_.at[i][r], count = runs_[i][r].counts[me];
-      if (!in_bf16(runs_[i][r])) {
-        std::memcpy(to, frozen_float_.data() + at, count * sizeof(T));
-      } else if constexpr (std::is_same_v<T, float>) {
-        to_float(frozen_bf16_.data() + at, to, count);
-      }
+  for_each_frozen_part([&](const FrozenPart& part) {
+    T* to = frozen.data() + part.local;
+    if (!part.in_bf16) {
+      std::memcpy(to, frozen_float_.data() + part.at, part.count * sizeof(T));
+    } else if constexpr (std::is_same_v<T, float>) {
+      to_float(frozen_bf16_.data() + part.at, to, part.count);
     }
-  }
+  });
   return frozen;
 }
 

@@ -106,6 +106,14 @@ class Fsdp {
   int64_t moved_bytes(const ShardLayout::Unit& piece) const;          // the range but this rank's piece
   ProcessGroup::Pending start_run(int i, size_t r);  // run r of layout unit i
   void keep_frozen_parts();
+  // One of this rank's parts of a frozen run: at flat[flat, +count) and frozen-shard[local, +count)
+  // (the layout's float form), held at `at` of frozen_bf16_ (in_bf16) or frozen_float_.
+  struct FrozenPart {
+    int64_t flat, local, at, count;
+    bool in_bf16;
+  };
+  template <class F>
+  void for_each_frozen_part(F&& f) const;
   // Whether a run's frozen part is held in bf16 alone (products-only, bf16 gathers).
   bool in_bf16(const ShardLayout::Run& run) const { return bf16_gathers_ && run.use == ParamUse::products; }
   void start_gather(int unit);  // unless it is in flight or gathered

@@ -201,9 +201,11 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
                       : std::nullopt;
   const int64_t shard = layout ? layout->shard_size() : counts.trainable_storage;
   // The frozen shard as FSDP holds it: under bf16 gathers its products-only parts in bf16 alone.
+  const std::optional<ShardLayout::FrozenParts> frozen_parts =
+      layout ? std::optional(layout->frozen_parts(param_table_of(config), UnitsInUse::bf16_gathers(shape)))
+             : std::nullopt;
   const int64_t frozen_shard_bytes =
-      layout ? layout->frozen_parts(param_table_of(config), UnitsInUse::bf16_gathers(shape)).bytes(e)
-             : (counts.sharded_storage - counts.trainable_storage) * e;
+      frozen_parts ? frozen_parts->bytes(e) : (counts.sharded_storage - counts.trainable_storage) * e;
   const int64_t unsharded = counts.storage - counts.sharded_storage;  // buffers: every rank keeps them whole
   plan.parameters = (shard + unsharded) * e + frozen_shard_bytes;
   if (shape.ranks == 1 && shape.bf16_products && e == 4) plan.parameters += counts.storage * int64_t(sizeof(bf16));
@@ -241,7 +243,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
                                : std::max(adapter_file_staging_bytes(config, ExpertLayout::as_trained, e),
                                           adapter_file_staging_bytes(config, shape.adapter_layout, e));
     // The frozen shard widened to float for its gather, when held partly in bf16, before the moments.
-    const int64_t widened = layout->frozen_shard_size() * e == frozen_shard_bytes ? 0 : layout->frozen_shard_size() * e;
+    const int64_t widened = frozen_parts->bf16_elements == 0 ? 0 : layout->frozen_shard_size() * e;
     plan.checkpoint_save = plan.parameters + plan.gradients + plan.optimizer_state + plan.model_buffers +
                            counts.sharded_storage * e + std::max({widened, 2 * counts.trainable_storage * e, adapter});
   }

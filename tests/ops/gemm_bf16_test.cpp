@@ -87,22 +87,25 @@ std::vector<Problem> problems() {
   return all;
 }
 
+// gemm_bf16 of random operands (seeds seed, seed + 1) onto a random c (seed + 2) against double.
+void expect_gemm_bf16_product(const Problem& p, uint64_t seed) {
+  std::vector<float> a = cast_values<float>(random_values(p.a_size(), seed));
+  std::vector<float> b = cast_values<float>(random_values(p.b_size(), seed + 1));
+  std::vector<bf16> a16(a.size()), b16(b.size());
+  to_bf16(a.data(), a16.data(), int64_t(a.size()));
+  to_bf16(b.data(), b16.data(), int64_t(b.size()));
+  to_float(a16.data(), a.data(), int64_t(a.size()));  // the values the product sees
+  to_float(b16.data(), b.data(), int64_t(b.size()));
+  const std::vector<float> c_before = initial_c(p, seed + 2);
+  std::vector<float> c = c_before;
+  gemm_bf16(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a16.data(), p.lda(), b16.data(), p.ldb(), p.beta, c.data(),
+            p.ldc());
+  expect_product(p, a, b, c_before, c, 0.0, "gemm_bf16");
+}
+
 TEST(GemmBf16, MatchesDoubleOfItsOperandsWithinFloatAccumulation) {
   RecordProperty("native", bf16_matmul_is_native() ? "oneDNN bf16 matmul" : "widened to float");
-  for (const Problem& p : problems()) {
-    std::vector<float> a = cast_values<float>(random_values(p.a_size(), 51));
-    std::vector<float> b = cast_values<float>(random_values(p.b_size(), 52));
-    std::vector<bf16> a16(a.size()), b16(b.size());
-    to_bf16(a.data(), a16.data(), int64_t(a.size()));
-    to_bf16(b.data(), b16.data(), int64_t(b.size()));
-    to_float(a16.data(), a.data(), int64_t(a.size()));  // the values the product sees
-    to_float(b16.data(), b.data(), int64_t(b.size()));
-    const std::vector<float> c_before = initial_c(p, 53);
-    std::vector<float> c = c_before;
-    gemm_bf16(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a16.data(), p.lda(), b16.data(), p.ldb(), p.beta,
-              c.data(), p.ldc());
-    expect_product(p, a, b, c_before, c, 0.0, "gemm_bf16");
-  }
+  for (const Problem& p : problems()) expect_gemm_bf16_product(p, 51);
 }
 
 TEST(GemmBf16, FloatProductsUnderTheBf16PrecisionRoundTheirOperands) {
@@ -175,32 +178,18 @@ TEST(GemmBf16, FloatProductsReadARegisteredCopyOfTheirOperands) {
   }
 }
 
-// Twice the same bits; inside an OpenMP region each thread's product equals the one-thread product.
 // The expert chain's row tiles change size every step: one primitive serves every size and stride,
 // so the products of 40 row counts, 3 depths and 2 paddings build none after the first.
 TEST(GemmBf16, OnePrimitiveServesEverySizeAndStride) {
-  const auto product = [](const Problem& p) {
-    std::vector<float> a = cast_values<float>(random_values(p.a_size(), 61));
-    std::vector<float> b = cast_values<float>(random_values(p.b_size(), 62));
-    std::vector<bf16> a16(a.size()), b16(b.size());
-    to_bf16(a.data(), a16.data(), int64_t(a.size()));
-    to_bf16(b.data(), b16.data(), int64_t(b.size()));
-    to_float(a16.data(), a.data(), int64_t(a.size()));
-    to_float(b16.data(), b.data(), int64_t(b.size()));
-    const std::vector<float> c_before = initial_c(p, 63);
-    std::vector<float> c = c_before;
-    gemm_bf16(p.trans_a, p.trans_b, p.m, p.n, p.k, p.alpha, a16.data(), p.lda(), b16.data(), p.ldb(), p.beta,
-              c.data(), p.ldc());
-    expect_product(p, a, b, c_before, c, 0.0, "gemm_bf16");
-  };
-  product({false, true, 8, 24, 16, 0, 1.0f, 1.0f});
+  expect_gemm_bf16_product({false, true, 8, 24, 16, 0, 1.0f, 1.0f}, 61);
   const int64_t built = bf16_matmul_primitives_on_this_thread();
   for (int64_t rows = 1; rows <= 40; ++rows)
     for (int64_t k : {16, 33, 70})
-      for (int64_t pad : {0, 3}) product({false, true, rows, 24, k, pad, 1.0f, 1.0f});
+      for (int64_t pad : {0, 3}) expect_gemm_bf16_product({false, true, rows, 24, k, pad, 1.0f, 1.0f}, 61);
   EXPECT_EQ(bf16_matmul_primitives_on_this_thread(), built);
 }
 
+// Twice the same bits; inside an OpenMP region each thread's product equals the one-thread product.
 TEST(GemmBf16, RepeatableAndRunsInsideParallelRegions) {
   const int64_t m = 45, n = 77, k = 130;
   const std::vector<float> a = cast_values<float>(random_values(m * k, 71)), b = cast_values<float>(random_values(k * n, 72));
