@@ -58,7 +58,6 @@ class MoeChain {
     if (fused_) {  // saved tensors of the fused experts: dropless, so rows = T · k
       gate_up_out_ = Buffer<float>(T_ * k_ * 2 * I_);
       act_ = Buffer<float>(T_ * k_ * I_);
-      expert_out_ = Buffer<float>(T_ * k_ * H_);
     }
   }
 
@@ -79,8 +78,8 @@ class MoeChain {
     moe_plan_build(plan_, index_.data(), T_, k_, E_, 0);
     const auto t2 = clock();
     if (fused_) {
-      moe_experts_forward(y_.data(), gate_up_out_.data(), act_.data(), expert_out_.data(), in_.x.data(),
-                          in_.gate_up.data(), in_.down.data(), weight_.data(), plan_, dims);
+      moe_experts_forward(y_.data(), gate_up_out_.data(), act_.data(), in_.x.data(), in_.gate_up.data(),
+                          in_.down.data(), weight_.data(), plan_, dims);
     } else {
       moe_fragmented_forward(y_.data(), saved_, in_.x.data(), in_.gate_up.data(), in_.down.data(), weight_.data(),
                              plan_, dims);
@@ -88,7 +87,7 @@ class MoeChain {
     const auto t3 = clock();
     if (fused_) {
       moe_experts_backward(dx_.data(), dweight_.data(), dgate_up_.data(), ddown_.data(), in_.dy.data(), in_.x.data(),
-                           gate_up_out_.data(), act_.data(), expert_out_.data(), in_.gate_up.data(),
+                           gate_up_out_.data(), act_.data(), in_.gate_up.data(),
                            in_.down.data(), weight_.data(), plan_, dims);
     } else {
       moe_fragmented_backward(dx_.data(), dweight_.data(), dgate_up_.data(), ddown_.data(), in_.dy.data(), saved_,
@@ -144,7 +143,7 @@ class MoeChain {
   Buffer<float> y_, dx_;                               // [T, H]
   Buffer<float> dw_router_;                            // [E, H]
   Buffer<float> dgate_up_, ddown_;                     // [E, 2I, H], [E, H, I]
-  Buffer<float> gate_up_out_, act_, expert_out_;       // fused only: [T·k, 2I], [T·k, I], [T·k, H]
+  Buffer<float> gate_up_out_, act_;                    // fused only: [T·k, 2I], [T·k, I]
   MoeFragmentedSaved<float> saved_;                    // fragmented only, between its forward and backward
   MoePlan plan_;
   std::vector<std::array<double, 5>> phases_;

@@ -70,14 +70,12 @@ namespace trillion {
   X(router_weight, ffn, cheap, real)        /* [N, k]        combine weights */ \
   X(expert_gate_up, ffn, gemm, real)        /* [R, 2I]       grouped gate/up output, pre-activation */ \
   X(expert_act, ffn, cheap, real)           /* [R, I] */ \
-  X(expert_out, ffn, gemm, real)            /* [R, D]        expert outputs before weighting */ \
   /* Expert parallelism (parallel/expert_parallel.h), R = rows this rank's experts receive, chunk-major: */ \
   X(ep_row_source, ffn, exchanged, int32)   /* [R] int32     (chunk · ep + source) · local experts + local expert */ \
   X(ep_received, ffn, exchanged, real)      /* [R, D]        the rows dispatched to this rank's experts */ \
   X(ep_gate_up, ffn, exchanged, real)       /* [R, 2I]       their grouped gate/up output */ \
   X(ep_act, ffn, exchanged, real)           /* [R, I] */ \
-  X(ep_out, ffn, exchanged, real)           /* [R, D]        their expert outputs */ \
-  X(ep_returned, ffn, exchanged, real)      /* [rows, D]     this rank's own routed rows' outputs, sent back */ \
+  X(ep_weight, ffn, exchanged, real)        /* [R]           their combine weights */ \
   X(shared_gate, ffn, gemm, real)           /* [N, Is] */ \
   X(shared_up, ffn, gemm, real)             /* [N, Is] */ \
   X(shared_act, ffn, cheap, real)           /* [N, Is] */ \

@@ -100,8 +100,7 @@ ExchangedRows<T> exchanged_rows(int64_t received, const Index& index, const Real
           real(Tag::ep_received),     // [R, D]
           real(Tag::ep_gate_up),      // [R, 2I]
           real(Tag::ep_act),          // [R, I]
-          real(Tag::ep_out),          // [R, D]
-          real(Tag::ep_returned)};    // [rows, D]
+          real(Tag::ep_weight)};      // [R]
 }
 
 }  // namespace
@@ -150,8 +149,7 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   } else {
     T* gate_up_out = saves.out<T>(Tag::expert_gate_up);  // [rows, 2I]
     T* act = saves.out<T>(Tag::expert_act);              // [rows, I]
-    T* expert_out = saves.out<T>(Tag::expert_out);       // [rows, D]
-    moe_experts_forward(y, gate_up_out, act, expert_out, h, w.gate_up.weight, w.down.weight, weight, plan, expert_dims,
+    moe_experts_forward(y, gate_up_out, act, h, w.gate_up.weight, w.down.weight, weight, plan, expert_dims,
                         {w.gate_up.lora, w.down.lora});
   }
 
@@ -212,8 +210,7 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
   } else {
     const T* gate_up_out = saved.in<T>(Tag::expert_gate_up);  // [rows, 2I]
     const T* act = saved.in<T>(Tag::expert_act);              // [rows, I]
-    const T* expert_out = saved.in<T>(Tag::expert_out);       // [rows, D]
-    moe_experts_backward(dh, dweight, grads.gate_up.weight, grads.down.weight, dy, h, gate_up_out, act, expert_out,
+    moe_experts_backward(dh, dweight, grads.gate_up.weight, grads.down.weight, dy, h, gate_up_out, act,
                          w.gate_up.weight, w.down.weight, weight, plan, MoeExpertDims{D, I, E, dims.adapter_rank},
                          {w.gate_up.lora, w.down.lora}, {grads.gate_up.lora, grads.down.lora});
   }
@@ -255,7 +252,7 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
 
 // Saved in the forward's order: the router's tensors, the routed experts' rows (rows: the extent's
 // routed rows, or their bound), or under the expert exchange the rows this rank's experts received
-// (R) and its own rows' returned outputs; then the shared expert's.
+// (R) with their weights; then the shared expert's.
 std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& extent) {
   using Tag = ActivationTag;
   const int64_t n = extent.tokens(), D = dims.hidden, E = dims.experts(), k = dims.top_k(), I = dims.width;
@@ -270,12 +267,10 @@ std::vector<SavedTensor> saved_tensors(const MoeDims& dims, const SavedExtent& e
                              {Tag::ep_received, {R, D}},      // [R, D]
                              {Tag::ep_gate_up, {R, 2 * I}},   // [R, 2I]
                              {Tag::ep_act, {R, I}},           // [R, I]
-                             {Tag::ep_out, {R, D}},           // [R, D]
-                             {Tag::ep_returned, {rows, D}}});  // [rows, D]
+                             {Tag::ep_weight, {R}}});         // [R]
   } else {
     list.insert(list.end(), {{Tag::expert_gate_up, {rows, 2 * I}},  // [rows, 2I]
-                             {Tag::expert_act, {rows, I}, true, /*operand=*/true},  // [rows, I] down's input
-                             {Tag::expert_out, {rows, D}}});        // [rows, D]
+                             {Tag::expert_act, {rows, I}, true, /*operand=*/true}});  // [rows, I] down's input
   }
   if (dims.shared.intermediate == 0) return list;
   if (dims.shared_gated) list.insert(list.end(), {{Tag::shared_out, {n, D}}, {Tag::shared_gate_logit, {n}}});
@@ -297,25 +292,29 @@ int64_t routed_rows_bound(const MoeDims& dims, int64_t tokens) {
 }
 
 // Training forward: nothing in scratch (everything it allocates is saved), so the largest of its
-// kernels' temporaries: router_select's, the experts', and the routing statistics'. Backward, at
-// each kernel with temporaries: the experts' after dweight [n, k]; the sequence loss's after dscores
-// [n, E]; the z-loss's after dlogits [n, E]; then the shared expert's (gated: after d_out [n, D] and
-// d_logit [n]). Under the expert exchange (parallel/expert_parallel.h, one chunk: more chunks hold
-// less at once) the experts' are the exchange's: in forward the dispatch copy [rows, D], the
-// experts' outputs [R, D] and unit weights [R] beside the grouped GEMMs'; in backward the row
-// gradients both ways ([rows, D] and [R, D] twice), unit weights and their unused gradients [R].
+// kernels' temporaries: router_select's, the experts' (their rows' outputs [rows, D] among them),
+// and the routing statistics'. Backward, at each kernel with temporaries: the experts' after
+// dweight [n, k]; the sequence loss's after dscores [n, E]; the z-loss's after dlogits [n, E]; then
+// the shared expert's (gated: after d_out [n, D] and d_logit [n]). Under the expert exchange
+// (parallel/expert_parallel.h, one chunk: more chunks hold less at once) the experts' are the
+// exchange's: in forward the dispatch copy [rows, D] and its weights [rows], the experts' outputs
+// [R, D] and unit weights [R] beside the grouped GEMMs' (for R rows), the returned outputs [rows,
+// D]; in backward the row gradients both ways ([rows, D] and [R, D] twice) and the dweights both
+// ways ([R] and [rows]).
 Workspace workspace_bytes(const MoeDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, E = dims.experts(), k = dims.top_k(), D = dims.hidden;
   const MoeExpertDims expert_dims{D, dims.width, E, dims.adapter_rank};
   const bool sequence = dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0, z = dims.z_coef != 0.0;
   const int64_t sequence_bytes = sequence ? sequence_aux_loss_workspace_bytes(shape.batch, shape.seq, E) : 0;
   const int64_t z_bytes = z ? router_z_loss_workspace_bytes(n) : 0;
-  int64_t experts_forward = moe_experts_forward_workspace_bytes(expert_dims, e, shape.threads);
+  const int64_t rows = routed_rows_bound(dims, n);
+  int64_t experts_forward = moe_experts_forward_workspace_bytes(rows, expert_dims, e, shape.threads);
   int64_t experts_backward = moe_experts_backward_workspace_bytes(n, k, expert_dims, e, shape.threads);
   if (shape.experts_exchanged) {
-    const int64_t rows = routed_rows_bound(dims, n), R = received_rows(shape.extent(), rows);
-    experts_forward += (rows * D + R * D + R) * e;
-    experts_backward = (2 * rows * D + 2 * R * D + 2 * R) * e +
+    const int64_t R = received_rows(shape.extent(), rows);
+    experts_forward = moe_experts_forward_workspace_bytes(R, expert_dims, e, shape.threads) +
+                      (2 * rows * D + rows + R * D + R) * e;
+    experts_backward = (2 * rows * D + rows + 2 * R * D + R) * e +
                        moe_experts_backward_workspace_bytes(R, 1, expert_dims, e, shape.threads);
   }
   const int64_t forward = std::max({router_select_workspace_bytes(n, dims.router, e, shape.threads), experts_forward,

@@ -156,8 +156,7 @@ struct ExchangedRows {
   T* rows_in = nullptr;      // [R, H] the rows received
   T* gate_up_out = nullptr;  // [R, 2I] their experts' activations
   T* act = nullptr;          // [R, I]
-  T* expert_out = nullptr;   // [R, H]
-  T* returned = nullptr;     // [rows, H] the own rows' outputs, back from their owners
+  T* weight = nullptr;       // [R] their combine weights
 };
 // The forward asks for its buffers once it knows R.
 template <class T>

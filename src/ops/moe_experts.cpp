@@ -4,8 +4,9 @@
 // Forward: one parallel region over (expert, row tile) items. An item gathers its tile's x rows into
 // a contiguous per-thread tile, multiplies it by gate_up[e]ᵀ straight into the saved gate_up_out
 // rows (an expert's permuted rows are contiguous), applies SwiGLU row by row while the tile is still
-// in cache, and multiplies act by down[e]ᵀ into expert_out. The combine then runs over tokens: each
-// token's y row is summed by one thread over its slots j = 0..k−1.
+// in cache, and multiplies act by down[e]ᵀ into the rows' outputs, a forward-only buffer [rows, H]
+// (not saved: the backward forms the weights' gradient from act). The combine then runs over tokens:
+// each token's y row is summed by one thread over its slots j = 0..k−1.
 //
 // Backward runs over chunks of tokens (about kChunkRows slots each), so the input-gradient rows are
 // materialized for one chunk at a time (dx_part) instead of all rows: a workspace of [kChunkRows, H]
@@ -13,14 +14,16 @@
 // the extra chunk boundaries: −5 % backward time). An expert's rows are token
 // ascending, so its rows in a chunk are one contiguous range. Per chunk, one parallel region over
 // experts (largest first, for load balance): an expert's item walks its row tiles in order, gathers
-// x and weight·dy rows, computes d_act = d_out · down[e], the SwiGLU backward, dx_part = d_gu ·
-// gate_up[e], and the weight gradients dgate_up[e] += d_guᵀ · x_tile and ddown[e] += d_outᵀ · act,
-// accumulated by that one thread in (chunk, tile) order, so deterministic. Then a pass over the
-// chunk's tokens writes dweight[t, j] = <dy[t], expert_out[row]> and adds the k rows of dx_part to
-// dx[t] in order j = 0..k−1.
+// x and dy rows, computes the unweighted d_act = dy · down[e] (with its adapter's input gradient),
+// the combine weight's gradient dweight[t, j] = <dy[t], out[row]> = <d_act[row], act[row]> (so the
+// outputs need not be saved), then scales d_act and d_out = dy by the row's weight, the SwiGLU
+// backward, dx_part = d_gu · gate_up[e], and the weight gradients dgate_up[e] += d_guᵀ · x_tile and
+// ddown[e] += d_outᵀ · act, accumulated by that one thread in (chunk, tile) order, so deterministic.
+// Then a pass over the chunk's tokens adds the k rows of dx_part to dx[t] in order j = 0..k−1.
 //
 // LoRA pairs on the experts (ExpertAdapters) run inside the same items, on the same tiles, through
-// their rank (add_adapter, adapter_backward): the u and g tiles [M, r] join the per-thread workspace.
+// their rank (add_adapter, adapter_input_grad, adapter_weight_grads): the u and g tiles [M, r] join
+// the per-thread workspace.
 //
 // Matrix products are single-threaded gemm() calls (ops/gemm.h) from inside the OpenMP region;
 // workspaces are allocated before the regions. Nothing depends on the thread count.
@@ -28,9 +31,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 
+#include "core/bf16.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
@@ -81,6 +87,8 @@ void check_adapters(const ExpertAdapters<T>& adapters, const ExpertAdapters<T>& 
   };
   check(adapters.gate_up, grads.gate_up, 2 * dims.intermediate);
   check(adapters.down, grads.down, dims.hidden);
+  // The backward scales a down pair's g tile by the rows' weights in place: one pair, one tile.
+  TRILLION_CHECK(adapters.down.size() <= 1, "moe experts: ", adapters.down.size(), " adapters on down (at most one)");
 }
 
 // out[m, row0 : row0 + rows] (row stride ldo) += scaling · (in[m, K] · A[e]ᵀ) · B[e]ᵀ, through u [m, r].
@@ -94,21 +102,28 @@ void add_adapter(T* out, int64_t ldo, const T* in, int64_t m, int64_t K, const E
   gemm<T>(false, true, m, pair.rows, r, T(pair.scaling), u, r, b, r, T(1), out + pair.row0, ldo);
 }
 
-// add_adapter's backward from d [m, row0 : row0 + rows] (row stride ldd), the gradient of its output
-// slice: u = in · A[e]ᵀ, g = scaling · d · B[e] [m, r]; din[m, K] += g · A[e]; grad.b[e] += scaling ·
-// dᵀ · u and grad.a[e] += gᵀ · in (a null grad.a skips both).
+// add_adapter's input gradient from d [m, row0 : row0 + rows] (row stride ldd), the gradient of its
+// output slice: g = scaling · d · B[e] [m, r]; din[m, K] += g · A[e].
 template <class T>
-void adapter_backward(T* din, const T* d, int64_t ldd, const T* in, int64_t m, int64_t K,
-                      const ExpertLoraPair<T>& pair, const ExpertLoraPair<T>* grad, int64_t e, T* u, T* g) {
+void adapter_input_grad(T* din, const T* d, int64_t ldd, int64_t m, int64_t K, const ExpertLoraPair<T>& pair,
+                        int64_t e, T* g) {
   const int64_t r = pair.rank, rows = pair.rows;
   const T* a = pair.a + e * r * K;     // [r, K]
   const T* b = pair.b + e * rows * r;  // [rows, r]
-  const T* d_slice = d + pair.row0;    // [m, rows], stride ldd
-  gemm<T>(false, false, m, r, rows, T(pair.scaling), d_slice, ldd, b, r, T(0), g, r);
+  gemm<T>(false, false, m, r, rows, T(pair.scaling), d + pair.row0, ldd, b, r, T(0), g, r);
   gemm<T>(false, false, m, K, r, T(1), g, r, a, K, T(1), din, K);
+}
+
+// add_adapter's weight gradients from the same d and its g = scaling · d · B[e] [m, r]: u = in ·
+// A[e]ᵀ [m, r], grad.b[e] += scaling · dᵀ · u and grad.a[e] += gᵀ · in (a null grad or grad.a: none).
+template <class T>
+void adapter_weight_grads(const T* d, int64_t ldd, const T* in, int64_t m, int64_t K, const ExpertLoraPair<T>& pair,
+                          const ExpertLoraPair<T>* grad, int64_t e, T* u, const T* g) {
   if (grad == nullptr || grad->a == nullptr) return;
+  const int64_t r = pair.rank, rows = pair.rows;
+  const T* a = pair.a + e * r * K;  // [r, K]
   gemm<T>(false, true, m, r, K, T(1), in, K, a, K, T(0), u, r);
-  gemm<T>(true, false, rows, r, m, T(pair.scaling), d_slice, ldd, u, r, T(1), grad->b + e * rows * r, r);
+  gemm<T>(true, false, rows, r, m, T(pair.scaling), d + pair.row0, ldd, u, r, T(1), grad->b + e * rows * r, r);
   gemm<T>(true, false, r, K, m, T(1), g, r, in, K, T(1), grad->a + e * r * K, K);
 }
 
@@ -128,24 +143,36 @@ void check_plan(const MoePlan& plan, const MoeExpertDims& dims) {
                  "moe plan is inconsistent: ", plan.slot_row.size(), " slots, ", plan.row_slot.size(), " rows");
 }
 
-// Σ a[i] · b[i] in 16 interleaved partial sums (vectorizable), combined in a fixed order.
-template <class T>
-T dot(const T* a, const T* b, int64_t n) {
+// Σ a[i] · read(b[i]) in 16 interleaved partial sums (vectorizable), combined in a fixed order.
+template <class T, class Read = std::identity>
+T dot(const T* a, const T* b, int64_t n, Read read = {}) {
   constexpr int64_t kLanes = 16;
   T acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) acc[l] += a[i + l] * b[i + l];
-  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += a[i] * b[i];
+    for (int64_t l = 0; l < kLanes; ++l) acc[l] += a[i + l] * read(b[i + l]);
+  for (int64_t l = 0; i < n; ++i, ++l) acc[l] += a[i] * read(b[i]);
   T sum = 0;
   for (int64_t l = 0; l < kLanes; ++l) sum += acc[l];
   return sum;
 }
 
+// dweight's <d_act, act> as the forward's down product read act: its bf16 rounding under the bf16
+// matmul precision (so act saved in float or as its bf16 rounding gives the same bits).
+template <class T>
+T dot_with_act(const T* d_act, const T* act, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (matmul_precision() == MatmulPrecision::bf16)
+      return dot(d_act, act, n, [](float value) { return round_to_bf16(value); });
+  }
+  return dot(d_act, act, n);
+}
+
 }  // namespace
 
-int64_t moe_experts_forward_workspace_bytes(const MoeExpertDims& dims, int64_t element_bytes, int threads) {
-  return threads * forward_per_thread(dims, element_bytes) * element_bytes;  // x_tile, u
+int64_t moe_experts_forward_workspace_bytes(int64_t rows, const MoeExpertDims& dims, int64_t element_bytes,
+                                            int threads) {
+  return (threads * forward_per_thread(dims, element_bytes) + rows * dims.hidden) * element_bytes;  // x_tile, u; out
 }
 
 int64_t moe_experts_backward_workspace_bytes(int64_t tokens, int64_t top_k, const MoeExpertDims& dims,
@@ -193,9 +220,8 @@ void moe_plan_build(MoePlan& plan, const int32_t* index, int64_t tokens, int64_t
 }
 
 template <class T>
-void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x, const T* gate_up, const T* down,
-                         const T* weight, const MoePlan& plan, const MoeExpertDims& dims,
-                         const ExpertAdapters<T>& adapters) {
+void moe_experts_forward(T* y, T* gate_up_out, T* act, const T* x, const T* gate_up, const T* down, const T* weight,
+                         const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<T>& adapters) {
   check_plan(plan, dims);
   check_adapters(adapters, {}, dims);
   const int64_t H = dims.hidden, I = dims.intermediate, k = plan.top_k;
@@ -208,6 +234,7 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x
     }
   const int64_t per_thread = forward_per_thread(dims, sizeof(T));  // x_tile, u
   Buffer<T> workspace(per_thread * num_threads());
+  Buffer<T> expert_out(plan.rows() * H);  // [rows, H] each row's output before its weight
 
   parallel_for_dynamic(static_cast<int64_t>(item_expert.size()), [&](int64_t item) {
     const int64_t e = item_expert[item], r0 = item_row[item];
@@ -225,8 +252,9 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x
       swiglu_span(a + i * I, row, row + I, I);
     }
     // expert_out[m, H] = a[m, I] · (down[e] + its adapter)[H, I]ᵀ
-    gemm<T>(false, true, m, H, I, T(1), a, I, down + e * H * I, I, T(0), expert_out + r0 * H, H);
-    for (const ExpertLoraPair<T>& pair : adapters.down) add_adapter(expert_out + r0 * H, H, a, m, I, pair, e, u);
+    T* out = expert_out.data() + r0 * H;  // [m, H]
+    gemm<T>(false, true, m, H, I, T(1), a, I, down + e * H * I, I, T(0), out, H);
+    for (const ExpertLoraPair<T>& pair : adapters.down) add_adapter(out, H, a, m, I, pair, e, u);
   });
 
   // Combine: y[t] += Σ_j weight[t, j] · expert_out[row of (t, j)], j in order, one thread per token.
@@ -236,7 +264,7 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x
       const int64_t row = plan.slot_row[t * k + j];
       if (row < 0) continue;
       const T w = weight[t * k + j];
-      const T* out = expert_out + row * H;
+      const T* out = expert_out.data() + row * H;
       for (int64_t h = 0; h < H; ++h) y_row[h] += w * out[h];
     }
   });
@@ -244,8 +272,8 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x
 
 template <class T>
 void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* x, const T* gate_up_out,
-                          const T* act, const T* expert_out, const T* gate_up, const T* down, const T* weight,
-                          const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<T>& adapters,
+                          const T* act, const T* gate_up, const T* down, const T* weight, const MoePlan& plan,
+                          const MoeExpertDims& dims, const ExpertAdapters<T>& adapters,
                           const ExpertAdapters<T>& adapter_grads) {
   check_plan(plan, dims);
   check_adapters(adapters, adapter_grads, dims);
@@ -305,37 +333,46 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
           const int64_t s = plan.row_slot[r0 + i], t = s / k;
           part_row[s - t0 * k] = static_cast<int32_t>(base[e] + r0 - lo[e] + i);
           std::memcpy(x_tile + i * H, x + t * H, H * sizeof(T));
-          const T w = weight[s];
-          const T* dy_row = dy + t * H;
-          T* d_out_row = d_out + i * H;
-          for (int64_t h = 0; h < H; ++h) d_out_row[h] = w * dy_row[h];
+          std::memcpy(d_out + i * H, dy + t * H, H * sizeof(T));
         }
-        // d_act[m, I] = d_out[m, H] · (down[e] + its adapter)[H, I]
+        // Unweighted: d_act[m, I] = dy rows[m, H] · (down[e] + its adapter)[H, I], and g = s · dy · B[e]
+        const T* act_rows = act + r0 * I;  // [m, I]
         gemm<T>(false, false, m, I, H, T(1), d_out, H, down_e, I, T(0), d_act, I);
+        for (const ExpertLoraPair<T>& pair : adapters.down) adapter_input_grad(d_act, d_out, H, m, I, pair, e, g);
+        // dweight = <dy[t], out[row]> = <d_act[row], act[row]>; then d_act, d_out (and g) take the weight.
+        for (int64_t i = 0; i < m; ++i) {
+          const int64_t s = plan.row_slot[r0 + i];
+          dweight[s] = dot_with_act(d_act + i * I, act_rows + i * I, I);
+          const T w = weight[s];
+          for (int64_t j = 0; j < I; ++j) d_act[i * I + j] *= w;
+          for (int64_t h = 0; h < H; ++h) d_out[i * H + h] *= w;
+          if (!adapters.down.empty())
+            for (int64_t j = 0; j < adapters.down[0].rank; ++j) g[i * adapters.down[0].rank + j] *= w;
+        }
         for (size_t p = 0; p < adapters.down.size(); ++p)
-          adapter_backward(d_act, d_out, H, act + r0 * I, m, I, adapters.down[p], grad_of(adapter_grads.down, p), e,
-                           u, g);
+          adapter_weight_grads(d_out, H, act_rows, m, I, adapters.down[p], grad_of(adapter_grads.down, p), e, u, g);
         for (int64_t i = 0; i < m; ++i) {
           const T* row = gate_up_out + (r0 + i) * 2 * I;  // [2I] = [gate | up]
           swiglu_span_backward(d_gu + i * 2 * I, d_gu + i * 2 * I + I, d_act + i * I, row, row + I, I);
         }
         // dx_rows[m, H] = d_gu[m, 2I] · (gate_up[e] + its adapters)[2I, H]
         gemm<T>(false, false, m, H, 2 * I, T(1), d_gu, 2 * I, gate_up_e, H, T(0), dx_rows, H);
-        for (size_t p = 0; p < adapters.gate_up.size(); ++p)
-          adapter_backward(dx_rows, d_gu, 2 * I, x_tile, m, H, adapters.gate_up[p], grad_of(adapter_grads.gate_up, p),
-                           e, u, g);
+        for (size_t p = 0; p < adapters.gate_up.size(); ++p) {
+          adapter_input_grad(dx_rows, d_gu, 2 * I, m, H, adapters.gate_up[p], e, g);
+          adapter_weight_grads(d_gu, 2 * I, x_tile, m, H, adapters.gate_up[p], grad_of(adapter_grads.gate_up, p), e, u,
+                               g);
+        }
         // dgate_up[e][2I, H] += d_gu[m, 2I]ᵀ · x_tile[m, H];  ddown[e][H, I] += d_out[m, H]ᵀ · act[m, I]
         if (dgate_up != nullptr)
           gemm<T>(true, false, 2 * I, H, m, T(1), d_gu, 2 * I, x_tile, H, T(1), dgate_up + e * 2 * I * H, H);
         if (ddown != nullptr)
-          gemm<T>(true, false, H, I, m, T(1), d_out, H, act + r0 * I, I, T(1), ddown + e * H * I, I);
+          gemm<T>(true, false, H, I, m, T(1), d_out, H, act_rows, I, T(1), ddown + e * H * I, I);
       }
     });
 
-    // Per token: dweight[t, j] = <dy[t], expert_out[row]> (0 when dropped); dx[t] += Σ_j dx_part[row].
-    parallel_for(t1 - t0, 2 * k * H, [&](int64_t i) {
+    // Per token: dweight[t, j] = 0 when dropped; dx[t] += Σ_j dx_part[row].
+    parallel_for(t1 - t0, k * H, [&](int64_t i) {
       const int64_t t = t0 + i;
-      const T* dy_row = dy + t * H;
       T* dx_row = dx + t * H;
       for (int64_t j = 0; j < k; ++j) {
         const int64_t s = t * k + j, row = plan.slot_row[s];
@@ -343,7 +380,6 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
           dweight[s] = T(0);
           continue;
         }
-        dweight[s] = dot(dy_row, expert_out + row * H, H);
         const T* part = dx_part.data() + int64_t(part_row[s - t0 * k]) * H;
         for (int64_t h = 0; h < H; ++h) dx_row[h] += part[h];
       }
@@ -352,11 +388,11 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
 }
 
 #define TRILLION_INSTANTIATE_MOE_EXPERTS(T)                                                                         \
-  template void moe_experts_forward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const MoePlan&,      \
+  template void moe_experts_forward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const MoePlan&,          \
                                        const MoeExpertDims&, const ExpertAdapters<T>&);                             \
   template void moe_experts_backward<T>(T*, T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*, \
-                                        const T*, const T*, const MoePlan&, const MoeExpertDims&,                   \
-                                        const ExpertAdapters<T>&, const ExpertAdapters<T>&);
+                                        const T*, const MoePlan&, const MoeExpertDims&, const ExpertAdapters<T>&,   \
+                                        const ExpertAdapters<T>&);
 TRILLION_INSTANTIATE_MOE_EXPERTS(float)
 TRILLION_INSTANTIATE_MOE_EXPERTS(double)
 #undef TRILLION_INSTANTIATE_MOE_EXPERTS

@@ -15,8 +15,10 @@
 // A token may name the same expert in several of its k choices; each slot is then its own row.
 //
 // Forward saves, per permuted row (rows = plan.rows(), in plan order), gate_up_out [rows, 2I]
-// (pre-activation), act [rows, I] and expert_out [rows, H] (before weighting; the weight gradient
-// needs it); the caller allocates them once the plan is built (dropless: rows = N · k). The forward
+// (pre-activation) and act [rows, I]; the caller allocates them once the plan is built (dropless:
+// rows = N · k). The rows' outputs before weighting live only in the forward: the combine weight's
+// gradient <dy[t], out> is formed in the backward as <dy[t] · down[e], act>, from the d_act rows the
+// backward computes anyway, so they are never saved. The forward
 // runs all experts in one parallel region over (expert, row tile) items, the backward one region per
 // chunk of tokens over experts (weight gradients of an expert accumulate on one thread in a fixed
 // order); every output row is summed by one thread in a fixed order, so results do not depend on the
@@ -78,25 +80,26 @@ struct ExpertAdapters {
   bool empty() const { return gate_up.empty() && down.empty(); }
 };
 
-// y[N, H] += combined expert outputs; gate_up_out [rows, 2I], act [rows, I], expert_out [rows, H] saved.
+// y[N, H] += combined expert outputs; gate_up_out [rows, 2I] and act [rows, I] saved.
 template <class T>
-void moe_experts_forward(T* y, T* gate_up_out, T* act, T* expert_out, const T* x, const T* gate_up, const T* down,
-                         const T* weight, const MoePlan& plan, const MoeExpertDims& dims,
-                         const ExpertAdapters<T>& adapters = {});
+void moe_experts_forward(T* y, T* gate_up_out, T* act, const T* x, const T* gate_up, const T* down, const T* weight,
+                         const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<T>& adapters = {});
 
 // dx[N, H] (+=), dweight[N, k] (=), dgate_up [E, 2I, H] (+=), ddown [E, H, I] (+=) from dy[N, H].
 // A null dgate_up / ddown skips that weight gradient (frozen experts); `adapter_grads` holds the
 // gradients of `adapters`' pairs, in their order.
 template <class T>
 void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* x, const T* gate_up_out,
-                          const T* act, const T* expert_out, const T* gate_up, const T* down, const T* weight,
-                          const MoePlan& plan, const MoeExpertDims& dims, const ExpertAdapters<T>& adapters = {},
+                          const T* act, const T* gate_up, const T* down, const T* weight, const MoePlan& plan,
+                          const MoeExpertDims& dims, const ExpertAdapters<T>& adapters = {},
                           const ExpertAdapters<T>& adapter_grads = {});
 
 // The bytes of moe_experts_forward's and moe_experts_backward's temporaries (Buffers of T: the
-// per-thread tiles at `threads` threads, with the adapters' rank columns; the backward's dx_part at its dropless bound, one chunk of
-// min(N, 8192 / k) tokens · k rows), for the memory plan.
-int64_t moe_experts_forward_workspace_bytes(const MoeExpertDims& dims, int64_t element_bytes, int threads);
+// per-thread tiles at `threads` threads, with the adapters' rank columns; the forward's outputs of
+// `rows` rows; the backward's dx_part at its dropless bound, one chunk of min(N, 8192 / k) tokens ·
+// k rows), for the memory plan.
+int64_t moe_experts_forward_workspace_bytes(int64_t rows, const MoeExpertDims& dims, int64_t element_bytes,
+                                            int threads);
 int64_t moe_experts_backward_workspace_bytes(int64_t tokens, int64_t top_k, const MoeExpertDims& dims,
                                              int64_t element_bytes, int threads);
 

@@ -18,7 +18,7 @@ namespace {
 
 // The plan's rows cut into token chunks (chunk c: tokens [c·N/C, (c+1)·N/C)) in one walk over its
 // expert-major rows, so each chunk's rows stay expert-major; the order of the layer's own rows in
-// the dispatch and in ep_returned. Built alike in forward and backward from the plan.
+// the dispatch and in the returned outputs. Built alike in forward and backward from the plan.
 struct ChunkedRows {
   std::vector<int64_t> first;                // [C + 1] each chunk's first place
   std::vector<int32_t> row;                  // [rows] the plan row at each place
@@ -172,20 +172,30 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
   const ReceivedRows received = received_rows(rows.source, rows.received, C, ep, local);
   const int64_t own_rows = plan.rows();
   Buffer<T> outgoing(own_rows * H);  // [rows, H] each row carries its token's input
+  Buffer<T> outgoing_weight(own_rows);  // [rows] and its combine weight
   parallel_for(own_rows, H, [&](int64_t i) {
-    const T* in = x + (plan.row_slot[own.row[i]] / k) * H;
+    const int64_t slot = plan.row_slot[own.row[i]];
+    const T* in = x + (slot / k) * H;
     std::copy(in, in + H, outgoing.data() + i * H);
+    outgoing_weight.data()[i] = weight[slot];
   });
+  // The weights go to the owners first (one value per row), for the backward they run there.
+  for (int64_t c = 0; c < C; ++c) {
+    ProcessGroup::Pending p = group_.start_all_to_all(outgoing_weight.data() + own.first[c], own.sent[c],
+                                                      rows.weight + received.first[c], received.from[c]);
+    finish_timed(p);
+  }
   int64_t to_me = 0, from_me = 0;  // rows this rank sends to itself: they never leave it
   for (int64_t c = 0; c < C; ++c) {
     to_me += own.sent[c][me];
     from_me += received.from[c][me];
   }
-  counters_.dispatched_bytes += (own_rows - to_me) * H * static_cast<int64_t>(sizeof(T));
+  counters_.dispatched_bytes += (own_rows - to_me) * (H + 1) * static_cast<int64_t>(sizeof(T));
   counters_.combined_bytes += (rows.received - from_me) * H * static_cast<int64_t>(sizeof(T));
 
   // The pipeline: chunk c + 1's dispatch and chunk c − 1's combine in flight during chunk c's experts.
   Buffer<T> out_rows(rows.received * H);  // [R, H] the experts' outputs (zero: the kernel adds 1 · out)
+  Buffer<T> returned(own_rows * H);       // [rows, H] the own rows' outputs, back from their owners
   const auto start = [&](int64_t c) {
     const int64_t at = received.first[c];
     return group_.start_all_to_all(outgoing.data() + own.first[c] * H, times(own.sent[c], H),
@@ -195,11 +205,11 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
     const int64_t at = received.first[c], R = received.first[c + 1] - at;
     const Buffer<T> unit_weight = ones<T>(R);
     moe_experts_forward(out_rows.data() + at * H, rows.gate_up_out + at * 2 * I, rows.act + at * I,
-                        rows.expert_out + at * H, rows.rows_in + at * H, gate_up + me * local * 2 * I * H,
+                        rows.rows_in + at * H, gate_up + me * local * 2 * I * H,
                         down + me * local * H * I, unit_weight.data(), owner_plan(received.expert[c], local),
                         MoeExpertDims{H, I, local, dims.adapter_rank}, experts_from(adapters, me * local, H, I));
     return group_.start_all_to_all(out_rows.data() + at * H, times(received.from[c], H),
-                                   rows.returned + own.first[c] * H, times(own.sent[c], H));
+                                   returned.data() + own.first[c] * H, times(own.sent[c], H));
   };
   pipeline(C, start, compute, [&](ProcessGroup::Pending& p) { finish_timed(p); });
 
@@ -209,7 +219,7 @@ void ExpertParallel::forward_impl(T* y, const T* x, const T* gate_up, const T* d
       const int32_t r = plan.slot_row[t * k + j];
       if (r < 0) continue;  // dropped by the capacity
       const T w = weight[t * k + j];
-      const T* out = rows.returned + own.place[r] * H;
+      const T* out = returned.data() + own.place[r] * H;
       for (int64_t c = 0; c < H; ++c) y[t * H + c] += w * out[c];
     }
   });
@@ -227,59 +237,51 @@ void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, con
   const ChunkedRows own = chunk_rows(plan, C, E, ep);
   const ReceivedRows received = received_rows(saved.source, saved.received, C, ep, local);
 
-  // The combine's backward: dweight here, the weighted output gradients of the own rows.
+  // The combine's backward starts at the owners, which hold the rows' weights: each own row carries
+  // its token's output gradient, unweighted.
   Buffer<T> d_rows(own_rows * H);  // [rows, H]
-  parallel_for(N, k * H, [&](int64_t t) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t slot = t * k + j;
-      const int32_t r = plan.slot_row[slot];
-      if (r < 0) {
-        dweight[slot] = T(0);
-        continue;
-      }
-      const T* out = saved.returned + own.place[r] * H;
-      T* d = d_rows.data() + own.place[r] * H;
-      T dot = T(0);
-      for (int64_t c = 0; c < H; ++c) {
-        dot += dy[t * H + c] * out[c];
-        d[c] = weight[slot] * dy[t * H + c];
-      }
-      dweight[slot] = dot;
-    }
+  parallel_for(own_rows, H, [&](int64_t i) {
+    const T* d = dy + (plan.row_slot[own.row[i]] / k) * H;
+    std::copy(d, d + H, d_rows.data() + i * H);
   });
 
   // The pipeline as in forward: dispatch the output gradients, the owners' expert backward (weight
-  // gradients summed chunk by chunk), the input gradients back.
+  // gradients summed chunk by chunk; each row's dweight as one rank forms it), the input gradients
+  // back; then the dweights back.
   Buffer<T> dy_received(saved.received * H), dx_received(saved.received * H);  // [R, H] each
-  Buffer<T> dx_rows(own_rows * H);                                             // [rows, H]
+  Buffer<T> dweight_received(saved.received);                                  // [R]
+  Buffer<T> dx_rows(own_rows * H), dweight_rows(own_rows);                     // [rows, H], [rows]
   const auto start = [&](int64_t c) {
     return group_.start_all_to_all(d_rows.data() + own.first[c] * H, times(own.sent[c], H),
                                    dy_received.data() + received.first[c] * H, times(received.from[c], H));
   };
   const auto compute = [&](int64_t c) {
     const int64_t at = received.first[c], R = received.first[c + 1] - at;
-    const Buffer<T> unit_weight = ones<T>(R);
-    Buffer<T> unused_dweight(R);  // [R] <dy, out> of the unit weights
-    moe_experts_backward(dx_received.data() + at * H, unused_dweight.data(),
+    moe_experts_backward(dx_received.data() + at * H, dweight_received.data() + at,
                          dgate_up != nullptr ? dgate_up + me * local * 2 * I * H : nullptr,
                          ddown != nullptr ? ddown + me * local * H * I : nullptr, dy_received.data() + at * H,
                          saved.rows_in + at * H, saved.gate_up_out + at * 2 * I, saved.act + at * I,
-                         saved.expert_out + at * H, gate_up + me * local * 2 * I * H, down + me * local * H * I,
-                         unit_weight.data(), owner_plan(received.expert[c], local),
-                         MoeExpertDims{H, I, local, dims.adapter_rank}, experts_from(adapters, me * local, H, I),
-                         experts_from(adapter_grads, me * local, H, I));
+                         gate_up + me * local * 2 * I * H, down + me * local * H * I, saved.weight + at,
+                         owner_plan(received.expert[c], local), MoeExpertDims{H, I, local, dims.adapter_rank},
+                         experts_from(adapters, me * local, H, I), experts_from(adapter_grads, me * local, H, I));
     const int64_t element = sizeof(T);
     counters_.dispatched_bytes += (own.first[c + 1] - own.first[c] - own.sent[c][me]) * H * element;
-    counters_.combined_bytes += (R - received.from[c][me]) * H * element;
+    counters_.combined_bytes += (R - received.from[c][me]) * (H + 1) * element;
     return group_.start_all_to_all(dx_received.data() + at * H, times(received.from[c], H),
                                    dx_rows.data() + own.first[c] * H, times(own.sent[c], H));
   };
   pipeline(C, start, compute, [&](ProcessGroup::Pending& p) { finish_timed(p); });
+  for (int64_t c = 0; c < C; ++c) {
+    ProcessGroup::Pending p = group_.start_all_to_all(dweight_received.data() + received.first[c], received.from[c],
+                                                      dweight_rows.data() + own.first[c], own.sent[c]);
+    finish_timed(p);
+  }
 
-  // dx[t] += the input gradients of its rows, j in order.
+  // dweight[t, j] from its row's owner (0 when dropped); dx[t] += its rows' input gradients, j in order.
   parallel_for(N, k * H, [&](int64_t t) {
     for (int64_t j = 0; j < k; ++j) {
       const int32_t r = plan.slot_row[t * k + j];
+      dweight[t * k + j] = r < 0 ? T(0) : dweight_rows.data()[own.place[r]];
       if (r < 0) continue;
       const T* d = dx_rows.data() + own.place[r] * H;
       for (int64_t c = 0; c < H; ++c) dx[t * H + c] += d[c];

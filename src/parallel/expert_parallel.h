@@ -10,10 +10,11 @@
 //      ops/moe_experts.h, each received row a slot of weight 1, grouped by expert by the plan);
 //   4. combine: all-to-all-v of the output rows back, and y[t] += Σ_j weight[t, j] · out(t, j)
 //      over j in order (one thread per token).
-// Backward reverses it: the weighted output gradients travel to the owners (the backward of a
-// combine is a dispatch), the owners form the input gradients of their rows and accumulate their
-// experts' weight gradients, and the input gradients travel back (the backward of a dispatch is a
-// combine); dweight[t, j] = <dy[t], out(t, j)> is formed where the token lives.
+// Backward reverses it: the output gradients travel to the owners (the backward of a combine is a
+// dispatch), and the owners, which received each row's combine weight with it in the forward, run
+// the fused backward as one rank does: each row's dweight = <dy[t], out(t, j)> (from its act, so
+// the outputs need not be kept), its input gradient, their experts' weight gradients; the input
+// gradients and the dweights travel back (the backward of a dispatch is a combine).
 //
 // Overlap: with chunks > 1 the rank's tokens are cut into that many ranges, and each chunk's rows
 // travel while another chunk's experts compute: dispatch of chunk c + 1 and combine of chunk c − 1
@@ -23,8 +24,8 @@
 //
 // Kept between forward and backward, as saved tensors of the MoE layer in the activation store
 // (model/step.h's ExchangedRows; tags of kind exchanged): the received rows with their sources and
-// their owner-side expert activations (gate_up, act, out: R rows), and the returned output rows
-// (the layer's own rows). R, the number of rows routed to this rank's experts, is at most
+// their owner-side expert activations (gate_up, act: R rows) and combine weights. R, the number of
+// rows routed to this rank's experts, is at most
 // ep · N · k and differs between ranks. Capacity applies per rank to its own tokens. Swap may move
 // these tensors; recompute never drops them, so a re-run MoE sublayer does not exchange again and
 // each rank may re-run its sublayers alone. Nothing is kept here between calls.
@@ -38,8 +39,8 @@
 namespace trillion {
 
 struct ExpertParallelCounters {
-  int64_t dispatched_bytes = 0;  // rows sent to other ranks (forward dispatch, backward dispatch)
-  int64_t combined_bytes = 0;    // rows sent back (forward combine, backward combine)
+  int64_t dispatched_bytes = 0;  // rows sent to other ranks (forward: with their weights; backward dispatch)
+  int64_t combined_bytes = 0;    // rows sent back (forward combine; backward: with their dweights)
   double wait_s = 0.0;           // waiting for exchanges to complete
 };
 

@@ -97,17 +97,17 @@ TEST(ActivationStore, SwapPolicyWritesAndReadsBack) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");  // the swap engine runs a thread
   ActivationStore store;
   swap_every_entry_synchronously(store);
-  store.set_policy(ActivationTag::expert_out, SavePolicy::swap);
+  store.set_policy(ActivationTag::expert_gate_up, SavePolicy::swap);
   for (int layer = 0; layer < 2; ++layer) {
-    float* out = store.save<float>(ActivationTag::expert_out, layer, 5000);
+    float* out = store.save<float>(ActivationTag::expert_gate_up, layer, 5000);
     for (int i = 0; i < 5000; ++i) out[i] = float(i + layer);
     store.end_forward(layer, TagSublayer::ffn);
   }
   EXPECT_EQ(MemoryStats::current(Tier::slow), 2 * PageArena::rounded(20000));  // the file's bytes
-  EXPECT_DEATH(store.get<float>(ActivationTag::expert_out, 1, 5000), "not resident \\(swapped out\\)");
+  EXPECT_DEATH(store.get<float>(ActivationTag::expert_gate_up, 1, 5000), "not resident \\(swapped out\\)");
   for (int layer = 1; layer >= 0; --layer) {
     store.begin_backward(layer, TagSublayer::ffn);
-    const float* out = store.get<float>(ActivationTag::expert_out, layer, 5000);
+    const float* out = store.get<float>(ActivationTag::expert_gate_up, layer, 5000);
     for (int i = 0; i < 5000; ++i) ASSERT_EQ(out[i], float(i + layer));
     store.end_backward(layer, TagSublayer::ffn);
     store.begin_backward(layer, TagSublayer::mixer);
@@ -135,13 +135,13 @@ TEST(SavePolicies, ExchangedRowsAreNeverRecomputedAndSwapSelectiveMovesThem) {
     }
     EXPECT_EQ(std::count(swapped.begin(), swapped.end(), tag), 1) << activation_tag_name(tag);
   }
-  EXPECT_EQ(exchanged, 6);  // ep_row_source, ep_received, ep_gate_up, ep_act, ep_out, ep_returned
+  EXPECT_EQ(exchanged, 5);  // ep_row_source, ep_received, ep_gate_up, ep_act, ep_weight
   ActivationStore store;
   try {
-    apply_save_policies(store, "router_logits,ep_out", "none");
-    ADD_FAILURE() << "--recompute ep_out was accepted";
+    apply_save_policies(store, "router_logits,ep_act", "none");
+    ADD_FAILURE() << "--recompute ep_act was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--recompute router_logits,ep_out: activation ep_out cannot be recomputed: "
+    EXPECT_NE(std::string(e.what()).find("--recompute router_logits,ep_act: activation ep_act cannot be recomputed: "
                                          "it came over the expert exchange"),
               std::string::npos)
         << e.what();
@@ -153,15 +153,15 @@ TEST(ActivationStore, Bf16SwapIsLossyForFloatsOnly) {
   ActivationStore store;
   swap_every_entry_synchronously(store);
   store.set_swap_bf16(true);
-  store.set_policy(ActivationTag::expert_out, SavePolicy::swap);
+  store.set_policy(ActivationTag::expert_gate_up, SavePolicy::swap);
   store.set_policy(ActivationTag::router_index, SavePolicy::swap);
-  float* out = store.save<float>(ActivationTag::expert_out, 0, 3000);
+  float* out = store.save<float>(ActivationTag::expert_gate_up, 0, 3000);
   int32_t* index = store.save<int32_t>(ActivationTag::router_index, 0, 3000);
   for (int i = 0; i < 3000; ++i) out[i] = 1.0f + float(i) / 4096.0f, index[i] = 100000 + i;
   store.end_forward(0, TagSublayer::ffn);
   EXPECT_EQ(MemoryStats::current(Tier::slow), PageArena::rounded(3000 * 2) + PageArena::rounded(3000 * 4));
   store.begin_backward(0, TagSublayer::ffn);
-  const float* back = store.get<float>(ActivationTag::expert_out, 0, 3000);
+  const float* back = store.get<float>(ActivationTag::expert_gate_up, 0, 3000);
   const int32_t* index_back = store.get<int32_t>(ActivationTag::router_index, 0, 3000);
   int rounded = 0;
   for (int i = 0; i < 3000; ++i) {
@@ -182,11 +182,11 @@ TEST(ActivationStore, BackwardPartsPrefetchTheNextPartOnly) {
   ActivationStore store;
   swap_every_entry_synchronously(store);
   store.set_policy(ActivationTag::q, SavePolicy::swap);
-  store.set_policy(ActivationTag::expert_out, SavePolicy::swap);
+  store.set_policy(ActivationTag::expert_gate_up, SavePolicy::swap);
   const int64_t before = MemoryStats::current(Tier::fast);
   for (int layer = 0; layer < 3; ++layer) {
     float* q = store.save<float>(ActivationTag::q, layer, 1000);           // mixer: 4000 bytes
-    float* out = store.save<float>(ActivationTag::expert_out, layer, 2000);  // FFN: 8000 bytes
+    float* out = store.save<float>(ActivationTag::expert_gate_up, layer, 2000);  // FFN: 8000 bytes
     q[3] = float(layer), out[5] = float(10 + layer);
     store.end_forward(layer, TagSublayer::mixer, /*backward_next=*/layer == 2);
     store.end_forward(layer, TagSublayer::ffn, /*backward_next=*/layer == 2);
@@ -202,11 +202,11 @@ TEST(ActivationStore, BackwardPartsPrefetchTheNextPartOnly) {
   store.end_backward(2, TagSublayer::mixer);
   EXPECT_FALSE(store.contains(ActivationTag::q, 2));
   store.begin_backward(1, TagSublayer::ffn);  // its FFN entries are in; its mixer's are prefetched
-  EXPECT_EQ(store.get<float>(ActivationTag::expert_out, 1, 2000)[5], 11.0f);
+  EXPECT_EQ(store.get<float>(ActivationTag::expert_gate_up, 1, 2000)[5], 11.0f);
   EXPECT_EQ(store.counters().read_back_bytes, 12000);
   EXPECT_DEATH(store.get<float>(ActivationTag::q, 0, 1000), "not resident \\(swapped out\\)");
   store.end_backward(1, TagSublayer::ffn);
-  EXPECT_DEATH(store.get<float>(ActivationTag::expert_out, 1, 2000), "consumed by its backward");
+  EXPECT_DEATH(store.get<float>(ActivationTag::expert_gate_up, 1, 2000), "consumed by its backward");
   store.begin_backward(1, TagSublayer::mixer);
   EXPECT_EQ(store.get<float>(ActivationTag::q, 1, 1000)[3], 1.0f);
   store.end_backward(1, TagSublayer::mixer);

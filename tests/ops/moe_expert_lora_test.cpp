@@ -116,7 +116,7 @@ Outputs run_adapted(const Problem& p, bool backward = true) {
   moe_plan_build(plan, p.index.data(), c.tokens, c.top_k, c.experts, c.capacity);
   std::vector<T> x = cast<T>(p.x), gate_up = cast<T>(p.gate_up), down = cast<T>(p.down), weight = cast<T>(p.weight);
   std::vector<T> dy = cast<T>(p.dy), y(c.tokens * c.hidden, T(0));
-  std::vector<T> gate_up_out(plan.rows() * 2 * c.inter), act(plan.rows() * c.inter), out(plan.rows() * c.hidden);
+  std::vector<T> gate_up_out(plan.rows() * 2 * c.inter), act(plan.rows() * c.inter);
   std::vector<std::vector<T>> a, b, da, db;
   for (size_t i = 0; i < p.a.size(); ++i) {
     a.push_back(cast<T>(p.a[i]));
@@ -134,15 +134,15 @@ Outputs run_adapted(const Problem& p, bool backward = true) {
     ++i;
   }
   const MoeExpertDims dims = p.dims();
-  moe_experts_forward(y.data(), gate_up_out.data(), act.data(), out.data(), x.data(), gate_up.data(), down.data(),
-                      weight.data(), plan, dims, adapters);
+  moe_experts_forward(y.data(), gate_up_out.data(), act.data(), x.data(), gate_up.data(), down.data(), weight.data(),
+                      plan, dims, adapters);
   Outputs o;
   o.y = widen(y);
   if (!backward) return o;
   std::vector<T> dx(x.size(), T(0)), dweight(weight.size()), dgate_up(gate_up.size(), T(0)), ddown(down.size(), T(0));
   moe_experts_backward(dx.data(), dweight.data(), dgate_up.data(), ddown.data(), dy.data(), x.data(),
-                       gate_up_out.data(), act.data(), out.data(), gate_up.data(), down.data(), weight.data(), plan,
-                       dims, adapters, grads);
+                       gate_up_out.data(), act.data(), gate_up.data(), down.data(), weight.data(), plan, dims,
+                       adapters, grads);
   o.dx = widen(dx);
   o.dweight = widen(dweight);
   o.dgate_up = widen(dgate_up);
@@ -176,16 +176,15 @@ Outputs run_merged(const Problem& p) {
   const MoeExpertDims dims{H, I, E};
   Outputs o;
   o.y.assign(c.tokens * H, 0.0);
-  std::vector<double> gate_up_out(plan.rows() * 2 * I), act(plan.rows() * I), out(plan.rows() * H);
-  moe_experts_forward(o.y.data(), gate_up_out.data(), act.data(), out.data(), p.x.data(), gate_up.data(), down.data(),
+  std::vector<double> gate_up_out(plan.rows() * 2 * I), act(plan.rows() * I);
+  moe_experts_forward(o.y.data(), gate_up_out.data(), act.data(), p.x.data(), gate_up.data(), down.data(),
                       p.weight.data(), plan, dims);
   o.dx.assign(p.x.size(), 0.0);
   o.dweight.assign(p.weight.size(), 0.0);
   o.dgate_up.assign(gate_up.size(), 0.0);
   o.ddown.assign(down.size(), 0.0);
   moe_experts_backward(o.dx.data(), o.dweight.data(), o.dgate_up.data(), o.ddown.data(), p.dy.data(), p.x.data(),
-                       gate_up_out.data(), act.data(), out.data(), gate_up.data(), down.data(), p.weight.data(), plan,
-                       dims);
+                       gate_up_out.data(), act.data(), gate_up.data(), down.data(), p.weight.data(), plan, dims);
   i = 0;
   for (const auto& [shape, in] : p.pairs()) {
     const bool on_gate_up = i < p.layout.gate_up.size();

@@ -165,8 +165,9 @@ void expect_expert_counts(const RunResult& parallel, const Case& c, int ranks, i
           }
         }
       }
-      EXPECT_EQ(x.at("rank_dispatched_bytes")[r], 2 * out * hidden * 8) << "rank " << r << ": " << m.dump();
-      EXPECT_EQ(x.at("rank_combined_bytes")[r], 2 * in * hidden * 8) << "rank " << r;
+      // Each way, the rows twice (forward, backward) and one weight or dweight per row once.
+      EXPECT_EQ(x.at("rank_dispatched_bytes")[r], out * (2 * hidden + 1) * 8) << "rank " << r << ": " << m.dump();
+      EXPECT_EQ(x.at("rank_combined_bytes")[r], in * (2 * hidden + 1) * 8) << "rank " << r;
     }
     for (size_t l = 0; l < loads.size(); ++l) {
       const nlohmann::json& total = m.at("moe_layers")[l].at("tokens_per_expert");
