@@ -39,7 +39,9 @@ void register_train(CLI::App& app) {
   // Settings of this process only.
   cmd->add_option("--recompute", o.recompute,
                   "Saved activations recomputed before their layer's backward: none, selective (the FFN "
-                  "sublayer), full (the whole layer) or a comma-separated list of activation tags");
+                  "sublayer), full (the whole layer) or a comma-separated list of activation tags "
+                  "(expert_gate_up,expert_act or ep_gate_up,ep_act: formed again inside the experts' "
+                  "backward, with no re-run)");
   cmd->add_option("--swap", o.swap,
                   "Saved activations swapped to a file during forward and prefetched during backward: none, "
                   "selective (GEMM and attention outputs), full or a comma-separated list of activation tags");

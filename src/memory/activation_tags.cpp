@@ -30,10 +30,16 @@ TagSublayer tag_sublayer(ActivationTag tag) { return info(tag).sublayer; }
 TagKind tag_kind(ActivationTag tag) { return info(tag).kind; }
 TagElement tag_element(ActivationTag tag) { return info(tag).element; }
 
+bool rebuilt_by_its_backward(ActivationTag tag) {
+  using Tag = ActivationTag;
+  return tag == Tag::expert_gate_up || tag == Tag::expert_act || tag == Tag::ep_gate_up || tag == Tag::ep_act;
+}
+
 const char* why_not_recomputable(ActivationTag tag) {
   if (tag == ActivationTag::attn_input) return "it is the layer's recompute checkpoint";
   if (tag_sublayer(tag) == TagSublayer::head) return "the head is never re-run";
-  if (tag_kind(tag) == TagKind::exchanged) return "it came over the expert exchange, which a re-run does not repeat";
+  if (tag_kind(tag) == TagKind::exchanged && !rebuilt_by_its_backward(tag))
+    return "it came over the expert exchange, which a re-run does not repeat";
   return nullptr;
 }
 

@@ -114,14 +114,20 @@ const char* activation_tag_name(ActivationTag tag);
 // The tag of a name activation_tag_name gives; fails with the list of names otherwise.
 ActivationTag activation_tag_from_name(const std::string& name);
 TagSublayer tag_sublayer(ActivationTag tag);
+// Whether the backward that reads `tag` forms it again itself when it was dropped, with no re-run:
+// the routed experts' gate/up rows and act, formed again inside the fused backward's row tiles from
+// the rows' inputs (ops/moe_experts.h), on one rank and on the owners under expert parallelism.
+bool rebuilt_by_its_backward(ActivationTag tag);
 // Whether recompute re-runs `sublayer` when `tag` was dropped: its own sublayer, and the mixer for
-// ffn_input too (the mixer's output is the FFN's input).
+// ffn_input too (the mixer's output is the FFN's input); never for a tag its backward rebuilds.
 inline bool recompute_reruns(ActivationTag tag, TagSublayer sublayer) {
+  if (rebuilt_by_its_backward(tag)) return false;
   return tag_sublayer(tag) == sublayer || (sublayer == TagSublayer::mixer && tag == ActivationTag::ffn_input);
 }
 TagKind tag_kind(ActivationTag tag);
 TagElement tag_element(ActivationTag tag);
-// Why recompute cannot refill `tag` (attn_input, the head's tags, the exchanged ones), or null.
+// Why recompute cannot refill `tag` (attn_input, the head's tags, the exchanged ones but those
+// their backward rebuilds), or null.
 const char* why_not_recomputable(ActivationTag tag);
 constexpr int kNumActivationTags = static_cast<int>(ActivationTag::count_);
 

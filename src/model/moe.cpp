@@ -203,13 +203,14 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
     extent.received_rows = store.shape(Tag::ep_received, layer)[0];  // R: the other ranks' routing
     const SavedReader rows(saved_tensors(dims, extent), store, layer);
     const ExchangedRows<const T> saved_rows = exchanged_rows<const T>(
-        extent.received_rows, [&](Tag tag) { return rows.in<int32_t>(tag); }, [&](Tag tag) { return rows.in<T>(tag); });
+        extent.received_rows, [&](Tag tag) { return rows.in<int32_t>(tag); },
+        [&](Tag tag) { return rows.in_or_rebuilt<T>(tag); });
     pass.experts->backward(dh, dweight, grads.gate_up.weight, grads.down.weight, dy, w.gate_up.weight,
                            w.down.weight, weight, plan, MoeExpertDims{D, I, E, dims.adapter_rank},
                            {w.gate_up.lora, w.down.lora}, {grads.gate_up.lora, grads.down.lora}, saved_rows);
   } else {
-    const T* gate_up_out = saved.in<T>(Tag::expert_gate_up);  // [rows, 2I]
-    const T* act = saved.in<T>(Tag::expert_act);              // [rows, I]
+    const T* gate_up_out = saved.in_or_rebuilt<T>(Tag::expert_gate_up);  // [rows, 2I], or null: rebuilt
+    const T* act = saved.in_or_rebuilt<T>(Tag::expert_act);              // [rows, I], or null: rebuilt
     moe_experts_backward(dh, dweight, grads.gate_up.weight, grads.down.weight, dy, h, gate_up_out, act,
                          w.gate_up.weight, w.down.weight, weight, plan, MoeExpertDims{D, I, E, dims.adapter_rank},
                          {w.gate_up.lora, w.down.lora}, {grads.gate_up.lora, grads.down.lora});

@@ -158,6 +158,12 @@ class SavedReader {
     TRILLION_CHECK(s.kept, "saved tensor ", activation_tag_name(tag), " is not kept in this pass");
     return store_.get<E>(tag, layer_, s.shape.numel());
   }
+  // The same, or null where the policy dropped a tensor its backward rebuilds and no re-run refilled it.
+  template <class E>
+  const E* in_or_rebuilt(ActivationTag tag) const {
+    if (rebuilt_by_its_backward(tag) && store_.dropped(tag, layer_)) return nullptr;
+    return in<E>(tag);
+  }
 
  private:
   std::vector<SavedTensor> list_;

@@ -154,8 +154,8 @@ struct ExchangedRows {
   int64_t received = 0;      // R
   Index* source = nullptr;   // [R] (chunk · ep + source rank) · local experts + local expert
   T* rows_in = nullptr;      // [R, H] the rows received
-  T* gate_up_out = nullptr;  // [R, 2I] their experts' activations
-  T* act = nullptr;          // [R, I]
+  T* gate_up_out = nullptr;  // [R, 2I] their experts' activations (backward: null where dropped, rebuilt)
+  T* act = nullptr;          // [R, I] (likewise)
   T* weight = nullptr;       // [R] their combine weights
 };
 // The forward asks for its buffers once it knows R.

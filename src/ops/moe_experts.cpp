@@ -60,13 +60,14 @@ int64_t per_thread_count(int64_t count, int64_t elem_bytes) {
 }
 
 // Per-thread workspace elements: forward x_tile [kForwardTile, H], u [kForwardTile, r]; backward
-// x_tile [M, H], d_out [M, H], d_act [M, I], d_gu [M, 2I], u [M, r], g [M, r] (M = kBackwardTile,
-// r = the adapters' largest rank).
+// x_tile [M, H], d_out [M, H], d_act [M, I], d_gu [M, 2I], u [M, r], g [M, r], and the rebuilt
+// gate_up rows [M, 2I] and act [M, I] where they were not saved (M = kBackwardTile, r = the
+// adapters' largest rank).
 int64_t forward_per_thread(const MoeExpertDims& dims, int64_t elem_bytes) {
   return per_thread_count(kForwardTile * (dims.hidden + dims.adapter_rank), elem_bytes);
 }
 int64_t backward_per_thread(const MoeExpertDims& dims, int64_t elem_bytes) {
-  return per_thread_count(kBackwardTile * (2 * dims.hidden + 3 * dims.intermediate + 2 * dims.adapter_rank),
+  return per_thread_count(kBackwardTile * (2 * dims.hidden + 6 * dims.intermediate + 2 * dims.adapter_rank),
                           elem_bytes);
 }
 
@@ -326,6 +327,8 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
       T* d_gu = d_act + M * I;                                           // [M, 2I]
       T* u = d_gu + M * 2 * I;                                           // [M, r]
       T* g = u + M * dims.adapter_rank;                                  // [M, r]
+      T* gu_tile = g + M * dims.adapter_rank;                            // [M, 2I] rebuilt gate_up rows
+      T* act_tile = gu_tile + M * 2 * I;                                 // [M, I] rebuilt act
       for (int64_t r0 = lo[e]; r0 < hi[e]; r0 += M) {
         const int64_t m = std::min(M, hi[e] - r0);
         T* dx_rows = dx_part.data() + (base[e] + r0 - lo[e]) * H;  // [m, H]
@@ -335,8 +338,16 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
           std::memcpy(x_tile + i * H, x + t * H, H * sizeof(T));
           std::memcpy(d_out + i * H, dy + t * H, H * sizeof(T));
         }
+        // The forward's gate_up rows and act, saved or formed again from the x rows as the forward did.
+        const T* gu_rows = gate_up_out != nullptr ? gate_up_out + r0 * 2 * I : gu_tile;  // [m, 2I]
+        if (gate_up_out == nullptr) {
+          gemm<T>(false, true, m, 2 * I, H, T(1), x_tile, H, gate_up_e, H, T(0), gu_tile, 2 * I);
+          for (const ExpertLoraPair<T>& pair : adapters.gate_up) add_adapter(gu_tile, 2 * I, x_tile, m, H, pair, e, u);
+        }
+        const T* act_rows = act != nullptr ? act + r0 * I : act_tile;  // [m, I]
+        if (act == nullptr)
+          for (int64_t i = 0; i < m; ++i) swiglu_span(act_tile + i * I, gu_rows + i * 2 * I, gu_rows + i * 2 * I + I, I);
         // Unweighted: d_act[m, I] = dy rows[m, H] · (down[e] + its adapter)[H, I], and g = s · dy · B[e]
-        const T* act_rows = act + r0 * I;  // [m, I]
         gemm<T>(false, false, m, I, H, T(1), d_out, H, down_e, I, T(0), d_act, I);
         for (const ExpertLoraPair<T>& pair : adapters.down) adapter_input_grad(d_act, d_out, H, m, I, pair, e, g);
         // dweight = <dy[t], out[row]> = <d_act[row], act[row]>; then d_act, d_out (and g) take the weight.
@@ -352,7 +363,7 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
         for (size_t p = 0; p < adapters.down.size(); ++p)
           adapter_weight_grads(d_out, H, act_rows, m, I, adapters.down[p], grad_of(adapter_grads.down, p), e, u, g);
         for (int64_t i = 0; i < m; ++i) {
-          const T* row = gate_up_out + (r0 + i) * 2 * I;  // [2I] = [gate | up]
+          const T* row = gu_rows + i * 2 * I;  // [2I] = [gate | up]
           swiglu_span_backward(d_gu + i * 2 * I, d_gu + i * 2 * I + I, d_act + i * I, row, row + I, I);
         }
         // dx_rows[m, H] = d_gu[m, 2I] · (gate_up[e] + its adapters)[2I, H]

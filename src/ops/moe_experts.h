@@ -87,7 +87,9 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, const T* x, const T* gate
 
 // dx[N, H] (+=), dweight[N, k] (=), dgate_up [E, 2I, H] (+=), ddown [E, H, I] (+=) from dy[N, H].
 // A null dgate_up / ddown skips that weight gradient (frozen experts); `adapter_grads` holds the
-// gradients of `adapters`' pairs, in their order.
+// gradients of `adapters`' pairs, in their order. A null gate_up_out or act (not saved) is formed
+// again inside each row tile, from the x rows the tile gathers anyway, as the forward formed it: one
+// more gate/up product per tile (gate_up_out) or one more SwiGLU (act), and no rows saved.
 template <class T>
 void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy, const T* x, const T* gate_up_out,
                           const T* act, const T* gate_up, const T* down, const T* weight, const MoePlan& plan,

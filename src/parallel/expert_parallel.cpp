@@ -260,7 +260,8 @@ void ExpertParallel::backward_impl(T* dx, T* dweight, T* dgate_up, T* ddown, con
     moe_experts_backward(dx_received.data() + at * H, dweight_received.data() + at,
                          dgate_up != nullptr ? dgate_up + me * local * 2 * I * H : nullptr,
                          ddown != nullptr ? ddown + me * local * H * I : nullptr, dy_received.data() + at * H,
-                         saved.rows_in + at * H, saved.gate_up_out + at * 2 * I, saved.act + at * I,
+                         saved.rows_in + at * H, saved.gate_up_out ? saved.gate_up_out + at * 2 * I : nullptr,
+                         saved.act ? saved.act + at * I : nullptr,
                          gate_up + me * local * 2 * I * H, down + me * local * H * I, saved.weight + at,
                          owner_plan(received.expert[c], local), MoeExpertDims{H, I, local, dims.adapter_rank},
                          experts_from(adapters, me * local, H, I), experts_from(adapter_grads, me * local, H, I));

@@ -27,8 +27,9 @@
 // their owner-side expert activations (gate_up, act: R rows) and combine weights. R, the number of
 // rows routed to this rank's experts, is at most
 // ep · N · k and differs between ranks. Capacity applies per rank to its own tokens. Swap may move
-// these tensors; recompute never drops them, so a re-run MoE sublayer does not exchange again and
-// each rank may re-run its sublayers alone. Nothing is kept here between calls.
+// these tensors; recompute drops only the activations, which the owner's fused backward forms again
+// from the received rows (no re-run), so a re-run MoE sublayer does not exchange again and each rank
+// may re-run its sublayers alone. Nothing is kept here between calls.
 #pragma once
 
 #include <cstdint>

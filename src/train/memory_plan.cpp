@@ -33,6 +33,8 @@ struct LayerBytes {
   int64_t first = 0;        // swapped, read back for the backward's first part (FFN + checkpoint)
   int64_t dropped = 0;      // dropped for recompute
   int64_t dropped_ffn = 0;  // of which the FFN's: refilled only when the FFN is re-run, after the mixer
+  int64_t rebuilt = 0;      // of which those never refilled: their backward forms them again (not counted above)
+  int64_t rebuilt_float_copies = 0;  // the float copies they would have had in the backward
   int64_t throwaway = 0;    // copies handed out for kept tensors while its sublayers are re-run
   int64_t throwaway_mixer = 0;  // of which the mixer's
   int64_t file = 0;         // the swapped tensors' bytes in the swap file
@@ -65,8 +67,15 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
     if (paged && ffn) b.paged_ffn += counted;
     if (!paged) b.small += counted;
     if (paged && recompute.count(s.tag)) {
-      b.dropped += counted;  // refilled in place by recompute
-      if (ffn) b.dropped_ffn += counted;
+      b.dropped += counted;
+      // A tag its backward rebuilds stays dropped unless its sublayer is re-run for another tag and
+      // saves it again (never the exchanged rows: a re-run does not exchange).
+      if (rebuilt_by_its_backward(s.tag) && (!rerun_ffn || tag_kind(s.tag) == TagKind::exchanged)) {
+        b.rebuilt += counted;
+        b.rebuilt_float_copies += s.float_copy;
+        continue;
+      }
+      if (ffn) b.dropped_ffn += counted;  // refilled in place by recompute
       b.float_copies_dropped += s.float_copy;
       continue;
     }
@@ -221,17 +230,17 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   if (released > 0)  // the bf16 copy made beside the whole float parameters, before their release
     plan.start_up = plan.parameters + released + plan.gradients + plan.optimizer_state;
   std::vector<LayerBytes> layers;
-  bool any_dropped = false;
+  bool any_rerun = false;
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     const bool swaps = l + 1 < config.num_hidden_layers;
     const DecoderLayerDims dims = DecoderLayerDims::from_config(config, l);
     layers.push_back(layer_bytes(dims, step, recompute, swap, swaps, shape.policy_min_bytes, shape.swap_bf16));
     plan.activations_saved += layers.back().total();
     plan.peak_slow += layers.back().file;
-    any_dropped = any_dropped || layers.back().dropped > 0;
+    any_rerun = any_rerun || layers.back().rerun_mixer || layers.back().rerun_ffn;
   }
   // hidden, its gradient, positions; the recompute copy; the sampler; the bf16 swap's staging buffer.
-  plan.model_buffers = 2 * n * D * e + n * 4 + (any_dropped ? n * D * e : 0) + shape.sampler_windows * 8 +
+  plan.model_buffers = 2 * n * D * e + n * 4 + (any_rerun ? n * D * e : 0) + shape.sampler_windows * 8 +
                        (shape.swap_bf16 && plan.peak_slow > 0 ? SwapEngine::kStagingBytes : 0);
   // A whole checkpoint: every rank gathers the parameters but the buffers (Fsdp::gather_everything) and
   // both moments (Optimizer::save), or a LoRA run's rank 0 the adapter file's reordered tensors
@@ -301,15 +310,15 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   for (int l = L - 1; l >= 0; --l) {
     const std::string where = "backward of layer " + std::to_string(l);
     const LayerBytes& b = layers[l];
-    const int64_t resident = small_after + sum_kept(layers, l) + b.total();
+    const int64_t resident = small_after + sum_kept(layers, l) + b.total() - b.rebuilt;
     if (b.rerun_mixer)
       consider(resident - b.dropped_ffn + b.throwaway_mixer + b.float_copies_dropped, b.workspace.mixer_forward,
                units.layer_backward(l), where + ", the mixer's recompute");
     if (b.rerun_ffn)
       consider(resident + b.throwaway + b.float_copies_dropped, b.workspace.ffn_forward, units.layer_backward(l),
                where + ", the FFN's recompute");
-    consider(resident + b.throwaway + b.float_copies[1], b.workspace.ffn_backward, units.layer_backward(l),
-             where + ", FFN");
+    consider(resident + b.throwaway + b.float_copies[1] - b.rebuilt_float_copies, b.workspace.ffn_backward,
+             units.layer_backward(l), where + ", FFN");
     const int64_t prefetch = l > 0 ? layers[l - 1].first : 0;
     consider(small_after + sum_kept(layers, l) + b.total() - b.paged_ffn + prefetch + b.float_copies[0],
              b.workspace.mixer_backward, units.layer_backward(l), where + ", mixer");

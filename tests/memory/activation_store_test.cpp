@@ -121,31 +121,56 @@ TEST(ActivationStore, SwapPolicyWritesAndReadsBack) {
 }
 
 // The rows that came over the expert exchange: no preset recomputes them and naming one is refused
-// (a re-run does not exchange again); the selective swap moves them with the GEMM outputs.
-TEST(SavePolicies, ExchangedRowsAreNeverRecomputedAndSwapSelectiveMovesThem) {
-  int exchanged = 0;
+// (a re-run does not exchange again), but for the owners' activations, which their fused backward
+// rebuilds from the received rows with no re-run; the selective swap moves them all with the GEMM
+// outputs.
+TEST(SavePolicies, ExchangedRowsAreNeverRecomputedButTheRebuiltOnesAndSwapSelectiveMovesThem) {
+  int exchanged = 0, rebuilt = 0;
   const std::vector<ActivationTag> swapped = swap_tags("selective");
   for (int i = 0; i < kNumActivationTags; ++i) {
     const ActivationTag tag = static_cast<ActivationTag>(i);
     if (tag_kind(tag) != TagKind::exchanged) continue;
     ++exchanged;
+    rebuilt += rebuilt_by_its_backward(tag) ? 1 : 0;
     for (const char* spec : {"selective", "full"}) {
       const std::vector<ActivationTag> recomputed = recompute_tags(spec);
-      EXPECT_EQ(std::count(recomputed.begin(), recomputed.end(), tag), 0) << spec << " " << activation_tag_name(tag);
+      EXPECT_EQ(std::count(recomputed.begin(), recomputed.end(), tag), rebuilt_by_its_backward(tag) ? 1 : 0)
+          << spec << " " << activation_tag_name(tag);
     }
     EXPECT_EQ(std::count(swapped.begin(), swapped.end(), tag), 1) << activation_tag_name(tag);
   }
   EXPECT_EQ(exchanged, 5);  // ep_row_source, ep_received, ep_gate_up, ep_act, ep_weight
+  EXPECT_EQ(rebuilt, 2);    // ep_gate_up, ep_act
   ActivationStore store;
+  apply_save_policies(store, "ep_gate_up,ep_act", "none");
+  EXPECT_EQ(store.policy(ActivationTag::ep_act), SavePolicy::recompute);
   try {
-    apply_save_policies(store, "router_logits,ep_act", "none");
-    ADD_FAILURE() << "--recompute ep_act was accepted";
+    apply_save_policies(store, "router_logits,ep_received", "none");
+    ADD_FAILURE() << "--recompute ep_received was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--recompute router_logits,ep_act: activation ep_act cannot be recomputed: "
-                                         "it came over the expert exchange"),
+    EXPECT_NE(std::string(e.what()).find("--recompute router_logits,ep_received: activation ep_received cannot be "
+                                         "recomputed: it came over the expert exchange"),
               std::string::npos)
         << e.what();
   }
+}
+
+// A dropped tag its backward rebuilds never makes recompute re-run its sublayer.
+TEST(SavePolicies, RebuiltTagsAskForNoReRun) {
+  for (int i = 0; i < kNumActivationTags; ++i) {
+    const ActivationTag tag = static_cast<ActivationTag>(i);
+    for (TagSublayer part : {TagSublayer::mixer, TagSublayer::ffn})
+      if (rebuilt_by_its_backward(tag)) EXPECT_FALSE(recompute_reruns(tag, part)) << activation_tag_name(tag);
+  }
+  EXPECT_TRUE(recompute_reruns(ActivationTag::router_logits, TagSublayer::ffn));
+  ActivationStore store;
+  store.set_paged_min_bytes(1);
+  store.set_policy(ActivationTag::expert_act, SavePolicy::recompute);
+  store.save<float>(ActivationTag::expert_act, 0, 100);
+  store.end_forward(0, TagSublayer::ffn);
+  EXPECT_TRUE(store.dropped(ActivationTag::expert_act, 0));
+  EXPECT_FALSE(store.reruns(0, TagSublayer::ffn));
+  store.clear();
 }
 
 // --swap-bf16: float32 tensors come back rounded to bfloat16, int32 ones exactly.

@@ -108,9 +108,10 @@ std::vector<double> widen(const std::vector<T>& v) {
   return std::vector<double>(v.begin(), v.end());
 }
 
-// The adapted chain, forward and backward, in T.
+// The adapted chain, forward and backward, in T; `rebuild`: the backward gets no saved gate_up rows
+// or act and forms them again, adapters included.
 template <class T>
-Outputs run_adapted(const Problem& p, bool backward = true) {
+Outputs run_adapted(const Problem& p, bool backward = true, bool rebuild = false) {
   const Case& c = p.c;
   MoePlan plan;
   moe_plan_build(plan, p.index.data(), c.tokens, c.top_k, c.experts, c.capacity);
@@ -141,8 +142,8 @@ Outputs run_adapted(const Problem& p, bool backward = true) {
   if (!backward) return o;
   std::vector<T> dx(x.size(), T(0)), dweight(weight.size()), dgate_up(gate_up.size(), T(0)), ddown(down.size(), T(0));
   moe_experts_backward(dx.data(), dweight.data(), dgate_up.data(), ddown.data(), dy.data(), x.data(),
-                       gate_up_out.data(), act.data(), gate_up.data(), down.data(), weight.data(), plan, dims,
-                       adapters, grads);
+                       rebuild ? nullptr : gate_up_out.data(), rebuild ? nullptr : act.data(), gate_up.data(),
+                       down.data(), weight.data(), plan, dims, adapters, grads);
   o.dx = widen(dx);
   o.dweight = widen(dweight);
   o.dgate_up = widen(dgate_up);
@@ -277,6 +278,22 @@ TEST(MoeExpertLora, ZeroBGivesThePlainChainBitwise) {
   EXPECT_EQ(adapted.dgate_up, base.dgate_up);
   for (const std::vector<double>& da : adapted.da) EXPECT_EQ(da, std::vector<double>(da.size(), 0.0));
   for (const std::vector<double>& db : adapted.db) EXPECT_NE(db, std::vector<double>(db.size(), 0.0));
+}
+
+// The backward rebuilding gate_up rows (through the gate/up pairs) and act gives the saved bits.
+TEST(MoeExpertLora, RebuiltActivationsGiveTheSavedBits) {
+  const Case c{533, 16, 12, 3, 3, 300};
+  for (const Layout& layout : layouts(c.inter, c.hidden)) {
+    SCOPED_TRACE(layout.name);
+    const Problem p(c, layout, 17);
+    const Outputs saved = run_adapted<float>(p), rebuilt = run_adapted<float>(p, true, true);
+    EXPECT_EQ(saved.dx, rebuilt.dx);
+    EXPECT_EQ(saved.dweight, rebuilt.dweight);
+    EXPECT_EQ(saved.dgate_up, rebuilt.dgate_up);
+    EXPECT_EQ(saved.ddown, rebuilt.ddown);
+    EXPECT_EQ(saved.da, rebuilt.da);
+    EXPECT_EQ(saved.db, rebuilt.db);
+  }
 }
 
 TEST(MoeExpertLora, ResultsDoNotDependOnThreadCount) {

@@ -20,6 +20,7 @@
 
 #include "core/rng.h"
 #include "ops/finite_diff.h"
+#include "ops/gemm.h"
 #include "ops/ref/moe_ref.h"
 #include "test_support/command.h"
 
@@ -84,7 +85,8 @@ struct Problem {
     fill(ddown, E * H * I, 9, 0.5);
     dweight.assign(N * k, T(7));
   }
-  void run_fused(bool weight_grads = true) {
+  // rebuild_gate_up / rebuild_act: the backward gets no saved gate_up_out / act and forms them again.
+  void run_fused(bool weight_grads = true, bool rebuild_gate_up = false, bool rebuild_act = false) {
     MoePlan plan;
     moe_plan_build(plan, index.data(), c.tokens, c.top_k, c.experts, c.capacity);
     gate_up_out.assign(plan.rows() * 2 * c.inter, T(0));
@@ -92,7 +94,8 @@ struct Problem {
     moe_experts_forward(y.data(), gate_up_out.data(), act.data(), x.data(), gate_up.data(), down.data(),
                         weight.data(), plan, dims);
     moe_experts_backward(dx.data(), dweight.data(), weight_grads ? dgate_up.data() : nullptr,
-                         weight_grads ? ddown.data() : nullptr, dy.data(), x.data(), gate_up_out.data(), act.data(),
+                         weight_grads ? ddown.data() : nullptr, dy.data(), x.data(),
+                         rebuild_gate_up ? nullptr : gate_up_out.data(), rebuild_act ? nullptr : act.data(),
                          gate_up.data(), down.data(), weight.data(), plan, dims);
   }
   void run_oracle() {
@@ -269,6 +272,37 @@ TEST(MoeExperts, ResultsDoNotDependOnThreadCount) {
       EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << name;
     }
   }
+}
+
+// The backward given no saved gate_up rows or act forms them again in its tiles as the forward did:
+// the same bits as with them saved, in double, in float and under the bf16 matmul precision, with
+// capacity drops and tiles cut at other rows than the forward's (token chunks of 8192 / k slots).
+TEST(MoeExperts, RebuiltActivationsGiveTheSavedBits) {
+  for (const MatmulPrecision precision : {MatmulPrecision::fp32, MatmulPrecision::bf16}) {
+    const MatmulPrecisionScope scope(precision);
+    for (const Case& c : {Case{37, 24, 20, 8, 2, 0}, Case{533, 16, 12, 3, 3, 300}, Case{3000, 8, 6, 4, 3, 1500}}) {
+      SCOPED_TRACE(c.str() + " " + matmul_precision_name(precision));
+      Problem<float> saved(c, 9);
+      saved.run_fused();
+      for (const auto& [gate_up, act] : {std::pair{true, true}, {true, false}, {false, true}}) {
+        Problem<float> rebuilt(c, 9);
+        rebuilt.run_fused(true, gate_up, act);
+        for (auto [a, b, name] : {std::tuple{&saved.dx, &rebuilt.dx, "dx"},
+                                  {&saved.dweight, &rebuilt.dweight, "dweight"},
+                                  {&saved.dgate_up, &rebuilt.dgate_up, "dgate_up"},
+                                  {&saved.ddown, &rebuilt.ddown, "ddown"}})
+          EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0)
+              << name << " rebuilding gate_up " << gate_up << " act " << act;
+      }
+    }
+  }
+  Problem<double> saved(kCases[0], 3), rebuilt(kCases[0], 3);
+  saved.run_fused();
+  rebuilt.run_fused(true, true, true);
+  EXPECT_EQ(saved.dx, rebuilt.dx);
+  EXPECT_EQ(saved.dweight, rebuilt.dweight);
+  EXPECT_EQ(saved.dgate_up, rebuilt.dgate_up);
+  EXPECT_EQ(saved.ddown, rebuilt.ddown);
 }
 
 // index[5, 2] over 3 experts; slots s = t·2 + j.

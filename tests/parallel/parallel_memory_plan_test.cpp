@@ -137,6 +137,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"demo_moe", "", {4}, 4}, Case{"demo_moe", "--recompute full", {2}, 2},
                     Case{"demo_moe", "--swap full", {2}, 2}, Case{"demo_moe", "--swap selective", {2}, 2},
                     Case{"demo_moe", "--recompute selective", {4}, 4},
+                    Case{"demo_moe", "--recompute expert_gate_up,expert_act", {1}},
+                    Case{"demo_moe", "--recompute ep_gate_up,ep_act", {2}, 2},
                     Case{"demo_moe", kLoraFlags, {2, 4}, 2}, Case{"demo_moe", kLoraFlags + " --precision bf16", {2}, 2}, Case{"demo_moe_deep", ""}, Case{"demo_hybrid", ""},
                     Case{"demo_mla", ""}, Case{"demo_kda", ""}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.config + "_" + std::to_string(info.index); });
