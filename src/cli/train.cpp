@@ -85,29 +85,38 @@ void register_train(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--check-numerics", o.check_numerics,
                 "Check every sublayer's output in each forward and name the first non-finite one (slower)");
-  cmd->add_option("--lora-rank", o.lora_rank,
-                  "Train a LoRA adapter of this rank on the frozen model (PEFT's r); the run writes OUT/adapter/");
-  cmd->add_option("--lora-alpha", o.lora_alpha, "With --lora-rank: PEFT's lora_alpha (scaling alpha / rank; default 8)");
-  cmd->add_option("--lora-targets", o.lora_targets,
-                  "With --lora-rank: the adapted linear layers, Hugging Face module names comma-separated "
-                  "(q_proj,v_proj) or all-linear (the default)");
-  cmd->add_option("--lora-target-parameters", o.lora_target_parameters,
-                  "With --lora-rank: the routed experts' stacked weights adapted one pair per expert, comma-separated "
-                  "(gate_up_proj,down_proj), as PEFT's target_parameters");
-  cmd->add_option("--lora-config", o.lora_config_path,
-                  "Train a LoRA adapter as this PEFT adapter_config.json describes (regular expressions, "
-                  "rank_pattern, alpha_pattern, modules_to_save, rsLoRA)");
-  cmd->add_option("--adapter", o.adapter_dir, "Train this PEFT adapter directory further (its config and weights)");
+  add_lora_options(cmd, o.lora, "Train");
   cmd->callback([cmd, options] {
     TrainOptions& run = *options;
-    if (run.lora_rank == 0 && (cmd->count("--lora-alpha") > 0 || cmd->count("--lora-targets") > 0 ||
-                               cmd->count("--lora-target-parameters") > 0))
-      fail("--lora-alpha / --lora-targets / --lora-target-parameters: expected --lora-rank R with them");
+    check_lora_options(cmd, run.lora);
     for (const Setting& setting : training_settings())
       if (cmd->count(std::string("--") + setting.flag) > 0) run.given.insert(setting.flag);
     if (run.given.count("warmup") == 0 && run.resume_dir.empty()) run.settings.warmup = run.settings.steps / 20;
     run_training(run);
   });
+}
+
+void add_lora_options(CLI::App* cmd, LoraOptions& o, const char* verb) {
+  const std::string v = verb;
+  cmd->add_option("--lora-rank", o.rank, v + " a LoRA adapter of this rank on the frozen model (PEFT's r)");
+  cmd->add_option("--lora-alpha", o.alpha, "With --lora-rank: PEFT's lora_alpha (scaling alpha / rank; default 8)");
+  cmd->add_option("--lora-targets", o.targets,
+                  "With --lora-rank: the adapted linear layers, Hugging Face module names comma-separated "
+                  "(q_proj,v_proj) or all-linear (the default)");
+  cmd->add_option("--lora-target-parameters", o.target_parameters,
+                  "With --lora-rank: the routed experts' stacked weights adapted one pair per expert, comma-separated "
+                  "(gate_up_proj,down_proj), as PEFT's target_parameters");
+  cmd->add_option("--lora-config", o.config_path,
+                  v + " a LoRA adapter as this PEFT adapter_config.json describes (regular expressions, "
+                      "rank_pattern, alpha_pattern, modules_to_save, rsLoRA)");
+  cmd->add_option("--adapter", o.adapter_dir,
+                  v + " the adapter in this PEFT adapter directory (training: its weights, trained further)");
+}
+
+void check_lora_options(const CLI::App* cmd, const LoraOptions& o) {
+  if (o.rank == 0 && (cmd->count("--lora-alpha") > 0 || cmd->count("--lora-targets") > 0 ||
+                      cmd->count("--lora-target-parameters") > 0))
+    fail("--lora-alpha / --lora-targets / --lora-target-parameters: expected --lora-rank R with them");
 }
 
 }  // namespace trillion

@@ -245,6 +245,16 @@ LoraConfig LoraConfig::from_flags(int64_t r, double lora_alpha, const std::strin
   return from_json(json, "--lora-rank / --lora-alpha / --lora-targets / --lora-target-parameters");
 }
 
+std::optional<LoraConfig> LoraOptions::config() const {
+  const int chosen = (rank != 0) + !config_path.empty() + !adapter_dir.empty();
+  if (chosen > 1) fail("--lora-rank, --lora-config and --adapter are exclusive: expected one of them");
+  if (rank < 0) fail("--lora-rank ", rank, ": expected a positive rank");
+  if (chosen == 0) return std::nullopt;
+  if (!adapter_dir.empty()) return LoraConfig::load(adapter_dir + "/adapter_config.json");
+  if (!config_path.empty()) return LoraConfig::load(config_path);
+  return LoraConfig::from_flags(rank, alpha, targets, target_parameters);
+}
+
 LoraConfig LoraConfig::load(const std::string& path) {
   nlohmann::ordered_json json;
   try {

@@ -92,4 +92,20 @@ struct LoraConfig {
   void save(const std::string& path) const;  // atomically
 };
 
+// The adapter a command line asks for (train, info), by one of: flags (rank > 0, alpha, targets:
+// names comma-separated or all-linear, target_parameters: the routed experts' stacked weights
+// comma-separated), a PEFT adapter_config.json (config_path), or an adapter directory (its
+// adapter_config.json, and for training its weights).
+struct LoraOptions {
+  int64_t rank = 0;
+  double alpha = 8.0;
+  std::string targets = "all-linear";
+  std::string target_parameters;
+  std::string config_path;
+  std::string adapter_dir;
+  bool given() const { return rank != 0 || !config_path.empty() || !adapter_dir.empty(); }
+  // The config they describe, or nullopt when none; fails when more than one way is given.
+  std::optional<LoraConfig> config() const;
+};
+
 }  // namespace trillion

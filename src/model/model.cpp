@@ -125,6 +125,8 @@ ParamCounts count_parameters(const ModelConfig& config) {
   counts.storage = table.total_size();
   counts.trainable_storage = table.trainable_size();
   counts.sharded_storage = table.sharded_size();
+  for (const ParamSpec& spec : table.entries()) counts.trainable += spec.trainable() ? spec.numel() : 0;
+  counts.with_adapters = table.num_elements() - counts.buffer;
   counts.active = counts.dense;
   if (config.num_experts > 0)
     counts.active += counts.expert / config.num_experts * config.num_experts_per_tok;

@@ -36,6 +36,8 @@ struct ParamCounts {
   int64_t storage = 0;            // elements of the parameter buffer (padding included)
   int64_t trainable_storage = 0;  // elements of the gradient buffer (and of each AdamW moment)
   int64_t sharded_storage = 0;    // elements FSDP shards: the trainable and the frozen ones
+  int64_t trainable = 0;          // trainable parameters: all of them, or under LoRA the adapters' (and modules_to_save)
+  int64_t with_adapters = 0;      // total with the adapters' parameters
 };
 ParamCounts count_parameters(const ModelConfig& config);
 // The parameter table a Model of the config lays out (shapes and offsets; nothing allocated).

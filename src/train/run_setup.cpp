@@ -95,7 +95,7 @@ namespace {
 // weights from (--adapter, or a resumed run's checkpoint's).
 void attach_lora(const TrainOptions& o, RunSetup& run) {
   if (run.resumed) {
-    if (o.lora_rank > 0 || !o.lora_config_path.empty() || !o.adapter_dir.empty())
+    if (o.lora.given())
       fail("--lora-rank / --lora-config / --adapter: a resumed run keeps what its checkpoint trained (",
            run.weights_dir, "); expected none of them");
     run.adapter_dir = attach_adapter(run.config, run.weights_dir, "");
@@ -103,7 +103,7 @@ void attach_lora(const TrainOptions& o, RunSetup& run) {
   }
   run.config.lora = new_run_lora(o, run.config);
   if (run.config.lora == nullptr) return;
-  run.adapter_dir = o.adapter_dir;
+  run.adapter_dir = o.lora.adapter_dir;
   if (!run.weights_dir.empty() && is_sharded_checkpoint(run.weights_dir))
     fail(run.weights_dir, ": a sharded checkpoint; a LoRA run starts from whole weights (`trillion export` writes them)");
 }
@@ -111,14 +111,9 @@ void attach_lora(const TrainOptions& o, RunSetup& run) {
 }  // namespace
 
 std::shared_ptr<const LoraConfig> new_run_lora(const TrainOptions& o, const ModelConfig& config) {
-  const int chosen = (o.lora_rank > 0) + !o.lora_config_path.empty() + !o.adapter_dir.empty();
-  if (chosen > 1) fail("--lora-rank, --lora-config and --adapter are exclusive: expected one of them");
-  if (o.lora_rank < 0) fail("--lora-rank ", o.lora_rank, ": expected a positive rank");
-  if (chosen == 0) return nullptr;
-  LoraConfig lora = !o.adapter_dir.empty() ? LoraConfig::load((fs::path(o.adapter_dir) / "adapter_config.json").string())
-                    : !o.lora_config_path.empty() ? LoraConfig::load(o.lora_config_path)
-                                                  : LoraConfig::from_flags(o.lora_rank, o.lora_alpha, o.lora_targets,
-                                                                           o.lora_target_parameters);
+  std::optional<LoraConfig> asked = o.lora.config();
+  if (!asked) return nullptr;
+  LoraConfig lora = std::move(*asked);
   if (o.settings.moe_bias_rate > 0.0)
     fail("--moe-bias-rate ", o.settings.moe_bias_rate, ": would change the frozen base's router biases, which the ",
          "adapter's files do not carry; expected 0 with LoRA");

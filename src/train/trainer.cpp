@@ -134,11 +134,10 @@ Trainer<T>::Trainer(const TrainOptions& o, RunSetup& run)
     model_.keep_frozen_base_in_bf16_only();
   if (model_.config().lora != nullptr && world_.is_root()) {
     const ParamTable& table = model_.table();
-    int64_t trainable = 0;
-    for (const ParamSpec& spec : table.entries()) trainable += spec.trainable() ? spec.numel() : 0;
-    const int64_t total = table.num_elements() - table.num_elements(ParamGroup::buffer);
+    const ParamCounts counts = count_parameters(model_.config());
     std::fprintf(stderr, "LoRA: %lld trainable parameters of %lld (%.3f %%); gradients %lld bytes, AdamW moments %lld\n",
-                 static_cast<long long>(trainable), static_cast<long long>(total), 100.0 * double(trainable) / double(total),
+                 static_cast<long long>(counts.trainable), static_cast<long long>(counts.with_adapters),
+                 100.0 * double(counts.trainable) / double(counts.with_adapters),
                  static_cast<long long>(table.trainable_size() * sizeof(T)),
                  static_cast<long long>(2 * table.trainable_size() * sizeof(T)));
     if (model_.released_base_bytes() > 0)

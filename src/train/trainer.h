@@ -69,18 +69,9 @@ struct TrainOptions {
   bool sharded_checkpoints = false;  // under mpirun: each rank writes its shard (train/sharded_checkpoint.h)
   bool dry_run = false;  // print the memory plan (stdout: JSON; stderr: lines) and train nothing
                          // (needs --config; --data adds the sampler's share)
-  // LoRA (model/lora_config.h): an adapter trained on the frozen base, from flags (--lora-rank > 0,
-  // --lora-alpha, --lora-targets: names, comma-separated, or all-linear; --lora-target-parameters:
-  // the routed experts' stacked weights, comma-separated), from a PEFT
-  // adapter_config.json (--lora-config), or an adapter trained further (--adapter DIR: its config
-  // and weights). A resumed run keeps its checkpoint's adapter. The run writes OUT/adapter/ and
-  // each checkpoint's adapter/ in PEFT's files.
-  int64_t lora_rank = 0;
-  double lora_alpha = 8.0;
-  std::string lora_targets = "all-linear";
-  std::string lora_target_parameters;
-  std::string lora_config_path;
-  std::string adapter_dir;
+  // LoRA: an adapter trained on the frozen base. A resumed run keeps its checkpoint's adapter. The
+  // run writes OUT/adapter/ and each checkpoint's adapter/ in PEFT's files.
+  LoraOptions lora;
 };
 
 // Runs (or resumes) a training run; throws trillion::Error on bad input. With dry_run, prints the

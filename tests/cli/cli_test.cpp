@@ -66,6 +66,38 @@ TEST(Info, RefusesToCountKindsNotBuilt) {
   EXPECT_NE(r.output.find("deepseek.json: layer_types[1] = linear_attention: not built yet for qwen3"), std::string::npos) << r.output;
 }
 
+// With train's LoRA flags, info counts the adapter's parameters without allocating anything: rank-r
+// pairs on attention (r (in + out) per projection) and one pair per routed expert on its stacked
+// gate_up [2I, D] and down [D, I]. At DeepSeek-V3's widths the same targets train under 2 % of the
+// model; at the MoE demo's small experts, 5 %.
+TEST(Info, CountsAnAdaptersTrainableParameters) {
+  const std::string lora = " --lora-rank 8 --lora-targets q_proj,k_proj,v_proj,o_proj "
+                           "--lora-target-parameters gate_up_proj,down_proj";
+  const fs::path demo = fs::path(TRILLION_SOURCE_DIR) / "configs/models/demo_moe.json";
+  const CommandResult r = run_cli("info --json --config " + demo.string() + lora, "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json info = nlohmann::json::parse(r.output);
+  const nlohmann::json c = nlohmann::json::parse(read_text(demo));
+  const int64_t D = c["hidden_size"], d = c["head_dim"], q = int64_t(c["num_attention_heads"]) * d,
+                kv = int64_t(c["num_key_value_heads"]) * d, I = c["moe_intermediate_size"], E = c["num_experts"],
+                L = c["num_hidden_layers"], rank = 8;
+  const int64_t attention = rank * ((D + q) + 2 * (D + kv) + (q + D));
+  const int64_t experts = E * rank * ((D + 2 * I) + (I + D));
+  EXPECT_EQ(info.at("trainable_parameters").get<int64_t>(), L * (attention + experts));
+  EXPECT_EQ(info.at("parameters_with_adapters").get<int64_t>(),
+            info.at("total_parameters").get<int64_t>() + L * (attention + experts));
+  const fs::path v3 = fs::path(TRILLION_SOURCE_DIR) / "configs/models/deepseek_v3_default.json";
+  const CommandResult large = run_cli(
+      "info --json --config " + v3.string() + " --lora-rank 8 --lora-targets q_a_proj,q_b_proj,kv_a_proj_with_mqa,"
+      "kv_b_proj,o_proj --lora-target-parameters gate_up_proj,down_proj", "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(large.status, 0) << large.output;
+  const nlohmann::json big = nlohmann::json::parse(large.output);
+  EXPECT_LT(double(big.at("trainable_parameters").get<int64_t>()), 0.02 * double(big.at("parameters_with_adapters")));
+  const CommandResult alone = run_cli("info --config " + demo.string() + " --lora-alpha 16");
+  EXPECT_EQ(alone.status, 1);
+  EXPECT_NE(alone.output.find("expected --lora-rank R with them"), std::string::npos) << alone.output;
+}
+
 TEST(BenchGemm, TinyRunReportsACorrectProduct) {
   const CommandResult r = run_cli("bench gemm --json --size 48", "OMP_NUM_THREADS=1", /*stdout_only=*/true);
   ASSERT_EQ(r.status, 0) << r.output;
