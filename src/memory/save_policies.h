@@ -6,8 +6,11 @@
 //                          (router, grouped GEMMs, shared expert) is re-run from ffn_input before
 //                          its backward (Megatron's `mlp` / `moe` recompute modules)
 //               full       every decoder-layer tensor except attn_input: the whole layer is re-run
-//               Neither drops the rows of the expert exchange (kind exchanged): a re-run MoE layer
-//               does not exchange again, so every rank may re-run what it dropped alone.
+//               Neither drops the rows of the expert exchange (kind exchanged) but the owners'
+//               activations (ep_gate_up, ep_act), which their fused backward forms again: a re-run
+//               MoE layer does not exchange again, so every rank may re-run what it dropped alone.
+//               A list naming only expert_gate_up / expert_act (or ep_gate_up / ep_act) re-runs
+//               nothing: the experts' backward forms them again in its row tiles.
 //   --swap      none       (the default)
 //               selective  the outputs of GEMMs, grouped GEMMs and attention kernels, and the
 //                          exchanged rows (kinds gemm, attention, exchanged): the tensors most

@@ -246,9 +246,9 @@ LoraConfig LoraConfig::from_flags(int64_t r, double lora_alpha, const std::strin
 }
 
 std::optional<LoraConfig> LoraOptions::config() const {
-  const int chosen = (rank != 0) + !config_path.empty() + !adapter_dir.empty();
-  if (chosen > 1) fail("--lora-rank, --lora-config and --adapter are exclusive: expected one of them");
   if (rank < 0) fail("--lora-rank ", rank, ": expected a positive rank");
+  const int chosen = (rank > 0) + !config_path.empty() + !adapter_dir.empty();
+  if (chosen > 1) fail("--lora-rank, --lora-config and --adapter are exclusive: expected one of them");
   if (chosen == 0) return std::nullopt;
   if (!adapter_dir.empty()) return LoraConfig::load(adapter_dir + "/adapter_config.json");
   if (!config_path.empty()) return LoraConfig::load(config_path);

@@ -550,7 +550,7 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
   pass.decisions = &decisions;
   pass.result = &discarded;
   pass.indexer = &indexer;
-  pass.experts = exchange;  // the FFN's re-run finds the exchanged rows kept: it does not exchange
+  pass.experts = exchange;  // the FFN's re-run does not exchange (model/moe.cpp)
   const bool was_replaying = decisions.replaying();
   decisions.start_replay();  // never re-route, never re-select
   store.begin_recompute(layer);

@@ -137,7 +137,8 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   const SavedWriter saves(saved_tensors(dims, extent), store, layer, scratch);
   const MoeExpertDims expert_dims{D, I, E, dims.adapter_rank};
   if (pass.experts != nullptr) {
-    // A re-run finds the exchanged rows kept (they are never dropped), so it does not exchange again.
+    // A re-run does not exchange again: it finds the exchanged rows kept, and the owners' activations
+    // kept or left to the owners' backward to form again.
     if (pass.mode != PassMode::recompute)
       pass.experts->forward(y, h, w.gate_up.weight, w.down.weight, weight, plan, expert_dims,
                             {w.gate_up.lora, w.down.lora}, [&](int64_t received) {

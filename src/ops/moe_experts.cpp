@@ -1,7 +1,8 @@
 // The routed experts of an MoE layer (see moe_experts.h): the plan (a stable counting sort of the
 // slots by expert, with the capacity limit), and the fused grouped-GEMM forward and backward.
 //
-// Forward: one parallel region over (expert, row tile) items. An item gathers its tile's x rows into
+// Forward: one parallel region over (expert, row tile) items, the tiles cut from each expert's rows
+// of each token chunk (below) as the backward cuts them. An item gathers its tile's x rows into
 // a contiguous per-thread tile, multiplies it by gate_up[e]ᵀ straight into the saved gate_up_out
 // rows (an expert's permuted rows are contiguous), applies SwiGLU row by row while the tile is still
 // in cache, and multiplies act by down[e]ᵀ into the rows' outputs, a forward-only buffer [rows, H]
@@ -20,6 +21,8 @@
 // backward, dx_part = d_gu · gate_up[e], and the weight gradients dgate_up[e] += d_guᵀ · x_tile and
 // ddown[e] += d_outᵀ · act, accumulated by that one thread in (chunk, tile) order, so deterministic.
 // Then a pass over the chunk's tokens adds the k rows of dx_part to dx[t] in order j = 0..k−1.
+// Given no saved gate_up rows or act, a tile forms them again from its x rows as its forward tile
+// did (the same rows, the same products), so bitwise the values the forward saved.
 //
 // LoRA pairs on the experts (ExpertAdapters) run inside the same items, on the same tiles, through
 // their rank (add_adapter, adapter_input_grad, adapter_weight_grads): the u and g tiles [M, r] join
@@ -49,8 +52,7 @@ namespace {
 // Measured at T=4096, H=512, E=64, k=8, I=256 (docs/benchmarks.md): 128, 256 and 512 row tiles are
 // within 3 % of each other; one token chunk per 8192 slots beats one chunk (-5 % backward time) and
 // 4096 (+10 %).
-constexpr int64_t kForwardTile = 256;   // permuted rows per forward work item
-constexpr int64_t kBackwardTile = 256;  // permuted rows per backward tile (within an expert's item)
+constexpr int64_t kTileRows = 256;      // permuted rows per tile, forward and backward alike
 constexpr int64_t kChunkRows = 8192;    // slots per backward token chunk (bounds the dx workspace)
 
 // Elements per thread, rounded up so every thread's slice starts on a 64-byte line.
@@ -59,20 +61,37 @@ int64_t per_thread_count(int64_t count, int64_t elem_bytes) {
   return (count + per_line - 1) / per_line * per_line;
 }
 
-// Per-thread workspace elements: forward x_tile [kForwardTile, H], u [kForwardTile, r]; backward
-// x_tile [M, H], d_out [M, H], d_act [M, I], d_gu [M, 2I], u [M, r], g [M, r], and the rebuilt
-// gate_up rows [M, 2I] and act [M, I] where they were not saved (M = kBackwardTile, r = the
-// adapters' largest rank).
+// Per-thread workspace elements (M = kTileRows, r = the adapters' largest rank): forward x_tile
+// [M, H], u [M, r]; backward x_tile [M, H], d_out [M, H], d_act [M, I], d_gu [M, 2I], u [M, r],
+// g [M, r], and the gate_up rows [M, 2I] and act [M, I] it forms again when they were not saved
+// (always allocated, so the memory plan needs no policy here).
 int64_t forward_per_thread(const MoeExpertDims& dims, int64_t elem_bytes) {
-  return per_thread_count(kForwardTile * (dims.hidden + dims.adapter_rank), elem_bytes);
+  return per_thread_count(kTileRows * (dims.hidden + dims.adapter_rank), elem_bytes);
 }
 int64_t backward_per_thread(const MoeExpertDims& dims, int64_t elem_bytes) {
-  return per_thread_count(kBackwardTile * (2 * dims.hidden + 6 * dims.intermediate + 2 * dims.adapter_rank),
+  return per_thread_count(kTileRows * (2 * dims.hidden + 6 * dims.intermediate + 2 * dims.adapter_rank),
                           elem_bytes);
 }
 
 // Tokens per backward chunk (about kChunkRows slots).
 int64_t chunk_tokens_of(int64_t top_k) { return std::max<int64_t>(1, kChunkRows / top_k); }
+
+// The plan's rows by token chunk and expert: an expert's rows are token ascending, so its rows of
+// chunk c are one range [first[c·E + e], first[(c+1)·E + e]). Forward and backward cut their tiles
+// from these ranges alike, so a backward tile that forms its rows again makes the forward's products.
+std::vector<int64_t> chunk_firsts(const MoePlan& plan) {
+  const int64_t N = plan.tokens, E = plan.experts, k = plan.top_k, chunk_tokens = chunk_tokens_of(k);
+  const int64_t chunks = (N + chunk_tokens - 1) / chunk_tokens;
+  std::vector<int64_t> first((chunks + 1) * E);  // [chunks + 1, E]
+  for (int64_t c = 0; c <= chunks; ++c)
+    for (int64_t e = 0; e < E; ++e) {
+      const int32_t* begin = plan.row_slot.data() + plan.offsets[e];
+      const int32_t* end = plan.row_slot.data() + plan.offsets[e + 1];
+      const int64_t bound = std::min(c * chunk_tokens, N) * k;  // first slot of chunk c
+      first[c * E + e] = std::lower_bound(begin, end, bound) - plan.row_slot.data();
+    }
+  return first;
+}
 
 template <class T>
 void check_adapters(const ExpertAdapters<T>& adapters, const ExpertAdapters<T>& grads, const MoeExpertDims& dims) {
@@ -226,22 +245,26 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, const T* x, const T* gate
   check_plan(plan, dims);
   check_adapters(adapters, {}, dims);
   const int64_t H = dims.hidden, I = dims.intermediate, k = plan.top_k;
-  // Items: (expert, first row of the tile), expert-major.
-  std::vector<int64_t> item_expert, item_row;
-  for (int64_t e = 0; e < dims.experts; ++e)
-    for (int64_t r0 = plan.offsets[e]; r0 < plan.offsets[e + 1]; r0 += kForwardTile) {
-      item_expert.push_back(e);
-      item_row.push_back(r0);
-    }
+  // Items: (expert, first row of the tile, end of its range), chunk-major, then expert-major.
+  const std::vector<int64_t> first = chunk_firsts(plan);
+  const int64_t E = dims.experts, chunks = static_cast<int64_t>(first.size()) / E - 1;
+  std::vector<int64_t> item_expert, item_row, item_end;
+  for (int64_t c = 0; c < chunks; ++c)
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t r0 = first[c * E + e]; r0 < first[(c + 1) * E + e]; r0 += kTileRows) {
+        item_expert.push_back(e);
+        item_row.push_back(r0);
+        item_end.push_back(first[(c + 1) * E + e]);
+      }
   const int64_t per_thread = forward_per_thread(dims, sizeof(T));  // x_tile, u
   Buffer<T> workspace(per_thread * num_threads());
   Buffer<T> expert_out(plan.rows() * H);  // [rows, H] each row's output before its weight
 
   parallel_for_dynamic(static_cast<int64_t>(item_expert.size()), [&](int64_t item) {
     const int64_t e = item_expert[item], r0 = item_row[item];
-    const int64_t m = std::min(kForwardTile, plan.offsets[e + 1] - r0);
+    const int64_t m = std::min(kTileRows, item_end[item] - r0);
     T* x_tile = workspace.data() + per_thread * omp_get_thread_num();  // [m, H]
-    T* u = x_tile + kForwardTile * H;                                  // [m, r]
+    T* u = x_tile + kTileRows * H;                                     // [m, r]
     for (int64_t i = 0; i < m; ++i) std::memcpy(x_tile + i * H, x + (plan.row_slot[r0 + i] / k) * H, H * sizeof(T));
     T* gu = gate_up_out + r0 * 2 * I;  // [m, 2I]
     T* a = act + r0 * I;               // [m, I]
@@ -279,19 +302,11 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
   check_plan(plan, dims);
   check_adapters(adapters, adapter_grads, dims);
   const int64_t N = plan.tokens, H = dims.hidden, I = dims.intermediate, E = dims.experts, k = plan.top_k;
-  const int64_t M = kBackwardTile;
-  // Token chunks of about kChunkRows slots. An expert's rows are token ascending, so its rows of
-  // chunk c are one range [first[c·E + e], first[(c+1)·E + e]).
+  const int64_t M = kTileRows;
+  // Token chunks of about kChunkRows slots, each expert's rows of chunk c one range.
   const int64_t chunk_tokens = chunk_tokens_of(k);
-  const int64_t chunks = (N + chunk_tokens - 1) / chunk_tokens;
-  std::vector<int64_t> first((chunks + 1) * E);  // [chunks + 1, E]
-  for (int64_t c = 0; c <= chunks; ++c)
-    for (int64_t e = 0; e < E; ++e) {
-      const int32_t* begin = plan.row_slot.data() + plan.offsets[e];
-      const int32_t* end = plan.row_slot.data() + plan.offsets[e + 1];
-      const int64_t bound = std::min(c * chunk_tokens, N) * k;  // first slot of chunk c
-      first[c * E + e] = std::lower_bound(begin, end, bound) - plan.row_slot.data();
-    }
+  const std::vector<int64_t> first = chunk_firsts(plan);  // [chunks + 1, E]
+  const int64_t chunks = static_cast<int64_t>(first.size()) / E - 1;
   int64_t max_chunk_rows = 0;
   for (int64_t c = 0; c < chunks; ++c) {
     int64_t rows = 0;
@@ -301,7 +316,7 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
   Buffer<T> dx_part(max_chunk_rows * H);                         // [chunk rows, H]: d loss / d x of each row
   std::vector<int32_t> part_row(std::min(chunk_tokens, N) * k);  // [chunk slots]: the dx_part row of each slot
   std::vector<int64_t> base(E), order;                           // [E]: first dx_part row of each expert
-  const int64_t per_thread = backward_per_thread(dims, sizeof(T));  // x_tile, d_out, d_act, d_gu, u, g
+  const int64_t per_thread = backward_per_thread(dims, sizeof(T));  // x_tile, d_out, d_act, d_gu, u, g, gu, act
   Buffer<T> workspace(per_thread * num_threads());
 
   for (int64_t c = 0; c < chunks; ++c) {

@@ -19,7 +19,9 @@
 // Overlap: with chunks > 1 the rank's tokens are cut into that many ranges, and each chunk's rows
 // travel while another chunk's experts compute: dispatch of chunk c + 1 and combine of chunk c − 1
 // are in flight (non-blocking all-to-all-v) during chunk c's grouped GEMMs, in forward and backward.
-// The results equal one chunk's to rounding (the expert weight gradients sum chunk by chunk).
+// The results equal one chunk's to rounding (the expert weight gradients sum chunk by chunk). The
+// rows' weights (forward, before the pipeline) and their dweights (backward, after it) travel in
+// blocking exchanges of their own, one value per row.
 // `wait_s` counts the time spent waiting for exchanges to complete: the communication not hidden.
 //
 // Kept between forward and backward, as saved tensors of the MoE layer in the activation store

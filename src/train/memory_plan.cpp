@@ -31,9 +31,8 @@ struct LayerBytes {
   int64_t paged_ffn = 0;    // freed when the FFN part of the backward ends
   int64_t small = 0;        // entries below the paged size: the store frees them when the step ends
   int64_t first = 0;        // swapped, read back for the backward's first part (FFN + checkpoint)
-  int64_t dropped = 0;      // dropped for recompute
-  int64_t dropped_ffn = 0;  // of which the FFN's: refilled only when the FFN is re-run, after the mixer
-  int64_t rebuilt = 0;      // of which those never refilled: their backward forms them again (not counted above)
+  int64_t dropped_ffn = 0;  // the FFN's dropped for recompute: refilled only when the FFN is re-run, after the mixer
+  int64_t rebuilt = 0;      // dropped and never refilled: their backward forms them again
   int64_t rebuilt_float_copies = 0;  // the float copies they would have had in the backward
   int64_t throwaway = 0;    // copies handed out for kept tensors while its sublayers are re-run
   int64_t throwaway_mixer = 0;  // of which the mixer's
@@ -67,7 +66,6 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
     if (paged && ffn) b.paged_ffn += counted;
     if (!paged) b.small += counted;
     if (paged && recompute.count(s.tag)) {
-      b.dropped += counted;
       // A tag its backward rebuilds stays dropped unless its sublayer is re-run for another tag and
       // saves it again (never the exchanged rows: a re-run does not exchange).
       if (rebuilt_by_its_backward(s.tag) && (!rerun_ffn || tag_kind(s.tag) == TagKind::exchanged)) {

@@ -6,7 +6,8 @@
 //   forward of layer l   per sublayer: the kept tensors of layers < l (the swapped ones of l − 1
 //                        still writing), l's so far, that sublayer's forward workspace;
 //   the loss             every layer's kept tensors, the head's, the loss's chunk of logits;
-//   backward of layer l  the kept tensors of layers < l, l's (refilled, read back), and the small
+//   backward of layer l  the kept tensors of layers < l, l's (refilled, read back; not those its
+//                        backward forms again, memory/activation_tags.h), and the small
 //                        entries (under the paged size) of the head and the layers above, which
 //                        the store frees only when the step ends; then per part: a re-run mixer
 //                        (the FFN's dropped tensors not yet refilled) with its forward workspace, a
@@ -24,10 +25,10 @@
 // parameters (initialized or loaded, then sharded): the start-up figure; and a whole checkpoint's
 // save gathers the whole parameters and both moments on every rank beside its shards: the
 // checkpoint figure (--sharded-checkpoints writes the shards instead). With ep > 1 an MoE layer's
-// routed rows live in the expert exchange (parallel/expert_parallel.h), whatever the policy: the
-// rows this rank's experts receive (expert_imbalance times its own) with their activations, and its
-// own rows' outputs, from the layer's forward to its FFN backward; the exchange's buffers of the
-// moment count as the layer's workspace.
+// routed rows live in the expert exchange (parallel/expert_parallel.h): the rows this rank's experts
+// receive (expert_imbalance times its own) with their weights and, unless the policy leaves them to
+// the owners' backward, their activations, from the layer's forward to its FFN backward; the
+// exchange's buffers of the moment count as the layer's workspace.
 //
 // `--memory-budget` tries the policies from the cheapest on (measured on the MoE demo, docs/benchmarks.md:
 // keep-all, swap selective, swap full, recompute selective, recompute full, recompute full with the

@@ -276,11 +276,13 @@ TEST(MoeExperts, ResultsDoNotDependOnThreadCount) {
 
 // The backward given no saved gate_up rows or act forms them again in its tiles as the forward did:
 // the same bits as with them saved, in double, in float and under the bf16 matmul precision, with
-// capacity drops and tiles cut at other rows than the forward's (token chunks of 8192 / k slots).
+// capacity drops and tiles cut at other rows than the forward's (token chunks of 8192 / k slots:
+// N = 4100, k = 2 leaves a second chunk of 4 tokens, so tiles of one or two rows, at real widths).
 TEST(MoeExperts, RebuiltActivationsGiveTheSavedBits) {
   for (const MatmulPrecision precision : {MatmulPrecision::fp32, MatmulPrecision::bf16}) {
     const MatmulPrecisionScope scope(precision);
-    for (const Case& c : {Case{37, 24, 20, 8, 2, 0}, Case{533, 16, 12, 3, 3, 300}, Case{3000, 8, 6, 4, 3, 1500}}) {
+    for (const Case& c : {Case{37, 24, 20, 8, 2, 0}, Case{533, 16, 12, 3, 3, 300}, Case{3000, 8, 6, 4, 3, 1500},
+                          Case{4100, 256, 128, 4, 2, 0}}) {
       SCOPED_TRACE(c.str() + " " + matmul_precision_name(precision));
       Problem<float> saved(c, 9);
       saved.run_fused();
