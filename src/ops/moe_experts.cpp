@@ -122,6 +122,22 @@ void add_adapter(T* out, int64_t ldo, const T* in, int64_t m, int64_t K, const E
   gemm<T>(false, true, m, pair.rows, r, T(pair.scaling), u, r, b, r, T(1), out + pair.row0, ldo);
 }
 
+// A tile's gate/up rows as the forward forms them: gu[m, 2I] = x_tile[m, H] · (gate_up[e] + its
+// adapters)[2I, H]ᵀ, through u [m, r]. The backward forms dropped rows again with the same call.
+template <class T>
+void form_gate_up(T* gu, const T* x_tile, int64_t m, const T* gate_up_e, const ExpertAdapters<T>& adapters,
+                  const MoeExpertDims& dims, int64_t e, T* u) {
+  const int64_t H = dims.hidden, I = dims.intermediate;
+  gemm<T>(false, true, m, 2 * I, H, T(1), x_tile, H, gate_up_e, H, T(0), gu, 2 * I);
+  for (const ExpertLoraPair<T>& pair : adapters.gate_up) add_adapter(gu, 2 * I, x_tile, m, H, pair, e, u);
+}
+
+// act[m, I] = silu(gu[:, :I]) · gu[:, I:], row by row.
+template <class T>
+void form_act(T* act, const T* gu, int64_t m, int64_t I) {
+  for (int64_t i = 0; i < m; ++i) swiglu_span(act + i * I, gu + i * 2 * I, gu + i * 2 * I + I, I);
+}
+
 // add_adapter's input gradient from d [m, row0 : row0 + rows] (row stride ldd), the gradient of its
 // output slice: g = scaling · d · B[e] [m, r]; din[m, K] += g · A[e].
 template <class T>
@@ -177,13 +193,13 @@ T dot(const T* a, const T* b, int64_t n, Read read = {}) {
   return sum;
 }
 
-// dweight's <d_act, act> as the forward's down product read act: its bf16 rounding under the bf16
-// matmul precision (so act saved in float or as its bf16 rounding gives the same bits).
+// dweight's <d_act, act> as the forward's down product read act: its bf16 rounding when
+// `act_in_bf16` (float under the bf16 matmul precision), so act saved in float or as its bf16
+// rounding gives the same bits.
 template <class T>
-T dot_with_act(const T* d_act, const T* act, int64_t n) {
+T dot_with_act(const T* d_act, const T* act, int64_t n, bool act_in_bf16) {
   if constexpr (std::is_same_v<T, float>) {
-    if (matmul_precision() == MatmulPrecision::bf16)
-      return dot(d_act, act, n, [](float value) { return round_to_bf16(value); });
+    if (act_in_bf16) return dot(d_act, act, n, [](float value) { return round_to_bf16(value); });
   }
   return dot(d_act, act, n);
 }
@@ -268,13 +284,8 @@ void moe_experts_forward(T* y, T* gate_up_out, T* act, const T* x, const T* gate
     for (int64_t i = 0; i < m; ++i) std::memcpy(x_tile + i * H, x + (plan.row_slot[r0 + i] / k) * H, H * sizeof(T));
     T* gu = gate_up_out + r0 * 2 * I;  // [m, 2I]
     T* a = act + r0 * I;               // [m, I]
-    // gu[m, 2I] = x_tile[m, H] · (gate_up[e] + its adapters)[2I, H]ᵀ
-    gemm<T>(false, true, m, 2 * I, H, T(1), x_tile, H, gate_up + e * 2 * I * H, H, T(0), gu, 2 * I);
-    for (const ExpertLoraPair<T>& pair : adapters.gate_up) add_adapter(gu, 2 * I, x_tile, m, H, pair, e, u);
-    for (int64_t i = 0; i < m; ++i) {
-      const T* row = gu + i * 2 * I;  // [2I] = [gate | up]
-      swiglu_span(a + i * I, row, row + I, I);
-    }
+    form_gate_up(gu, x_tile, m, gate_up + e * 2 * I * H, adapters, dims, e, u);
+    form_act(a, gu, m, I);
     // expert_out[m, H] = a[m, I] · (down[e] + its adapter)[H, I]ᵀ
     T* out = expert_out.data() + r0 * H;  // [m, H]
     gemm<T>(false, true, m, H, I, T(1), a, I, down + e * H * I, I, T(0), out, H);
@@ -317,6 +328,7 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
   std::vector<int32_t> part_row(std::min(chunk_tokens, N) * k);  // [chunk slots]: the dx_part row of each slot
   std::vector<int64_t> base(E), order;                           // [E]: first dx_part row of each expert
   const int64_t per_thread = backward_per_thread(dims, sizeof(T));  // x_tile, d_out, d_act, d_gu, u, g, gu, act
+  const bool act_in_bf16 = std::is_same_v<T, float> && matmul_precision() == MatmulPrecision::bf16;
   Buffer<T> workspace(per_thread * num_threads());
 
   for (int64_t c = 0; c < chunks; ++c) {
@@ -355,20 +367,16 @@ void moe_experts_backward(T* dx, T* dweight, T* dgate_up, T* ddown, const T* dy,
         }
         // The forward's gate_up rows and act, saved or formed again from the x rows as the forward did.
         const T* gu_rows = gate_up_out != nullptr ? gate_up_out + r0 * 2 * I : gu_tile;  // [m, 2I]
-        if (gate_up_out == nullptr) {
-          gemm<T>(false, true, m, 2 * I, H, T(1), x_tile, H, gate_up_e, H, T(0), gu_tile, 2 * I);
-          for (const ExpertLoraPair<T>& pair : adapters.gate_up) add_adapter(gu_tile, 2 * I, x_tile, m, H, pair, e, u);
-        }
+        if (gate_up_out == nullptr) form_gate_up(gu_tile, x_tile, m, gate_up_e, adapters, dims, e, u);
         const T* act_rows = act != nullptr ? act + r0 * I : act_tile;  // [m, I]
-        if (act == nullptr)
-          for (int64_t i = 0; i < m; ++i) swiglu_span(act_tile + i * I, gu_rows + i * 2 * I, gu_rows + i * 2 * I + I, I);
+        if (act == nullptr) form_act(act_tile, gu_rows, m, I);
         // Unweighted: d_act[m, I] = dy rows[m, H] · (down[e] + its adapter)[H, I], and g = s · dy · B[e]
         gemm<T>(false, false, m, I, H, T(1), d_out, H, down_e, I, T(0), d_act, I);
         for (const ExpertLoraPair<T>& pair : adapters.down) adapter_input_grad(d_act, d_out, H, m, I, pair, e, g);
         // dweight = <dy[t], out[row]> = <d_act[row], act[row]>; then d_act, d_out (and g) take the weight.
         for (int64_t i = 0; i < m; ++i) {
           const int64_t s = plan.row_slot[r0 + i];
-          dweight[s] = dot_with_act(d_act + i * I, act_rows + i * I, I);
+          dweight[s] = dot_with_act(d_act + i * I, act_rows + i * I, I, act_in_bf16);
           const T w = weight[s];
           for (int64_t j = 0; j < I; ++j) d_act[i * I + j] *= w;
           for (int64_t h = 0; h < H; ++h) d_out[i * H + h] *= w;
