@@ -5,8 +5,8 @@
 // - row_dots: dots[g · ld + c] ← scale · Σ_e a[g · dim + e] · row(c)[e] for g < rows, c < count,
 //   the rows of a small [rows, dim] matrix (a few query heads, in L1) against rows read in place
 //   (no gather, no packing). Per (g, c) one 64-byte accumulator over dim's full chunks, its lanes
-//   summed in the fixed tree of ops/vector_lane_tree.h, then the scalar tail. Rows are taken four
-//   at a time (see dots_of_rows).
+//   summed in the fixed tree of ops/vector_lane_tree.h, then the scalar tail. The set's rows are
+//   taken four at a time against blocks of a's rows (see dots_of_rows).
 // - add_weighted_rows: dst[dim] += Σ_c weights[c · weight_stride] · row(c)[0, dim), c = 0 .. count − 1
 //   in order. dst is walked in 64-byte chunks held in registers across all c (four chunks at a
 //   time), so each row is read once per chunk and dst loaded and stored once; the tail is the same
@@ -24,6 +24,7 @@
 // compiles its own copy for its own instruction set.
 #pragma once
 
+#include <algorithm>
 #include <cstring>
 
 #include "ops/vector_exp.h"
@@ -91,36 +92,51 @@ inline const T* row_of(const RowSet<T>& set, int64_t c) {
   return set.base + (set.index != nullptr ? int64_t(set.index[c]) : c) * set.stride;
 }
 
-// The dots of rows row[0, kKeys) of the set against every row of a: each chunk of a's row is
-// loaded once for kKeys products, whose kKeys independent chains keep the adders busy (one chain
-// per dot is bound by the add latency); each dot is still its own chain, lanes summed in the tree,
-// then the scalar tail.
-template <int64_t kKeys, class T>
-void dots_of_rows(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t rows, const T* const (&row)[kKeys],
-                  int64_t full, int64_t dim, T scale) {
+// Rows of a whose dots run together, each against the same loaded chunks of kKeys rows of the set:
+// kRowBlock · kKeys accumulators, kKeys row chunks and one chunk of a stay in registers (21 of
+// AVX-512's 32 at four; AVX2's 16 hold only one row's four accumulators, each chunk being two).
+#if defined(__AVX512F__)
+constexpr int64_t kRowBlock = 4;
+#else
+constexpr int64_t kRowBlock = 1;
+#endif
+
+// The dots of rows row[0, kKeys) of the set against rows a[0, kRows): each chunk of the set's rows
+// is loaded once for the kRows rows of a, each chunk of a once for the kKeys rows, and the
+// kRows · kKeys independent chains keep the adders busy (one chain per dot is bound by the add
+// latency); each dot is still its own chain over the chunks in order, lanes summed in the tree,
+// then the scalar tail, so its bits do not depend on kRows or kKeys.
+template <int64_t kKeys, int64_t kRows, class T>
+void dots_of_rows(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t dim, const T* const (&row)[kKeys],
+                  int64_t full, T scale) {
   using V = Chunk<T>;
-  for (int64_t g = 0; g < rows; ++g) {
-    const T* a_row = a + g * dim;  // [dim]
-    typename V::type acc[kKeys] = {};
-    for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) {
-      const typename V::type a_chunk = V::load(a_row + e0);
-      for (int64_t i = 0; i < kKeys; ++i) acc[i] += a_chunk * V::load(row[i] + e0);
-    }
-    for (int64_t i = 0; i < kKeys; ++i) {
-      T sum = full > 0 ? V::lane_sum(acc[i]) : T(0);
-      for (int64_t e = full; e < dim; ++e) sum += a_row[e] * row[i][e];
-      dots[g * ld + i] = scale * sum;
+  typename V::type acc[kRows][kKeys] = {};
+  for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) {
+    typename V::type row_chunk[kKeys];
+    for (int64_t i = 0; i < kKeys; ++i) row_chunk[i] = V::load(row[i] + e0);
+    for (int64_t g = 0; g < kRows; ++g) {
+      const typename V::type a_chunk = V::load(a + g * dim + e0);
+      for (int64_t i = 0; i < kKeys; ++i) acc[g][i] += a_chunk * row_chunk[i];
     }
   }
+  for (int64_t g = 0; g < kRows; ++g)
+    for (int64_t i = 0; i < kKeys; ++i) {
+      T sum = full > 0 ? V::lane_sum(acc[g][i]) : T(0);
+      for (int64_t e = full; e < dim; ++e) sum += a[g * dim + e] * row[i][e];
+      dots[g * ld + i] = scale * sum;
+    }
 }
 
-// row_dots with dim's count of 64-byte chunks known at compile time (kChunks > 0: no tail, the
-// loop unrolls), or any dim (kChunks = 0): rows of the set four at a time, then one at a time. The
-// first two cache lines of the rows two blocks ahead are prefetched (the hardware follows a row
-// once its first lines are read).
-template <int64_t kChunks, class T>
-void row_dots_fixed(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t rows, const RowSet<T>& set,
-                    int64_t count, int64_t dim, T scale) {
+// row_dots for kRows rows of a (one row block), dim's count of 64-byte chunks known at compile
+// time (kChunks > 0: no tail, the loop unrolls) or any dim (kChunks = 0): rows of the set four at a
+// time, then one at a time. The first two cache lines of the rows two blocks ahead are prefetched
+// (the hardware follows a row once its first lines are read). The set's rows are the inner loop, so
+// nothing invariant across row blocks is left for the compiler to hoist (gcc hoisted all 48 chunks
+// of four 192-wide rows out of a loop over a's rows and stored them on the stack, to read them back
+// from there: sparse attention's forward at MLA's shape ran 1.15× slower, docs/benchmarks.md).
+template <int64_t kChunks, int64_t kRows, class T>
+void row_block_dots(T* __restrict dots, int64_t ld, const T* __restrict a, const RowSet<T>& set, int64_t count,
+                    int64_t dim, T scale) {
   constexpr int64_t kKeys = 4;
   const int64_t full = kChunks > 0 ? kChunks * Chunk<T>::kLanes : dim / Chunk<T>::kLanes * Chunk<T>::kLanes;
   int64_t c = 0;
@@ -132,12 +148,30 @@ void row_dots_fixed(T* __restrict dots, int64_t ld, const T* __restrict a, int64
         __builtin_prefetch(ahead + 64);
       }
     const T* const row[kKeys] = {row_of(set, c), row_of(set, c + 1), row_of(set, c + 2), row_of(set, c + 3)};
-    dots_of_rows<kKeys>(dots + c, ld, a, rows, row, full, dim, scale);
+    dots_of_rows<kKeys, kRows>(dots + c, ld, a, dim, row, full, scale);
   }
   for (; c < count; ++c) {
     const T* const row[1] = {row_of(set, c)};
-    dots_of_rows<1>(dots + c, ld, a, rows, row, full, dim, scale);
+    dots_of_rows<1, kRows>(dots + c, ld, a, dim, row, full, scale);
   }
+}
+
+// row_block_dots for the last n ≤ kRows rows of a block, kRows known at compile time.
+template <int64_t kChunks, int64_t kRows, class T>
+void short_row_block_dots(int64_t n, T* dots, int64_t ld, const T* a, const RowSet<T>& set, int64_t count,
+                          int64_t dim, T scale) {
+  if constexpr (kRows > 1)
+    if (n < kRows) return short_row_block_dots<kChunks, kRows - 1>(n, dots, ld, a, set, count, dim, scale);
+  row_block_dots<kChunks, kRows>(dots, ld, a, set, count, dim, scale);
+}
+
+// row_dots with a compile-time chunk count: a's rows in blocks of kRowBlock, the last one shorter.
+template <int64_t kChunks, class T>
+void row_dots_fixed(T* dots, int64_t ld, const T* a, int64_t rows, const RowSet<T>& set, int64_t count, int64_t dim,
+                    T scale) {
+  for (int64_t g = 0; g < rows; g += kRowBlock)
+    short_row_block_dots<kChunks, kRowBlock>(std::min(kRowBlock, rows - g), dots + g * ld, ld, a + g * dim, set,
+                                             count, dim, scale);
 }
 
 // The head dims of the benchmark and model shapes (64, 128, 192 floats; half as many doubles)

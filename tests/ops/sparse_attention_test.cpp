@@ -124,10 +124,12 @@ void expect_close(const Problem<A>& got, const Problem<B>& want, double tol) {
   EXPECT_LE(relative_error(got.dv, want.dv), tol) << "dv";
 }
 
-// Random-selection cases: odd sizes, GQA group 3, qk_dim != v_dim, topk below and above the
-// visible count, decoding (q_len < kv_len), batch 2, and selections longer than one key tile.
+// Random-selection cases: odd sizes, GQA groups 3 and 6 (6: two blocks of query heads in the
+// AVX-512 row kernels, ops/vector_rows.h), qk_dim != v_dim, topk below and above the visible count,
+// decoding (q_len < kv_len), batch 2, and selections longer than one key tile.
 const SparseAttentionSizes kRandomCases[] = {
     make_sizes(2, 37, 37, 6, 2, 12, 8, 5),
+    make_sizes(1, 41, 41, 6, 1, 40, 24, 12),
     make_sizes(1, 37, 37, 6, 2, 12, 8, 40),
     make_sizes(2, 3, 20, 6, 2, 12, 8, 5),
     make_sizes(1, 3, 20, 6, 2, 12, 8, 25),
@@ -336,8 +338,11 @@ void expect_isas_agree(const SparseAttentionSizes& s, uint64_t seed) {
 
 TEST(SparseAttention, BothInstructionSetsGiveTheSameBits) {
   if (!cpu_supports(VectorIsa::avx512)) GTEST_SKIP() << "this CPU has no AVX-512";
+  // Groups of 2, 1, 6 (a block of four query heads and one of two under AVX-512, six single rows
+  // under AVX2) and 5, with compile-time and any head dims.
   for (const SparseAttentionSizes& s : {make_sizes(1, 70, 70, 4, 2, 64, 128, 40), make_sizes(1, 40, 45, 2, 2, 192, 128, 30),
-                                        make_sizes(2, 50, 60, 4, 2, 72, 21, 33)}) {
+                                        make_sizes(2, 50, 60, 4, 2, 72, 21, 33), make_sizes(1, 45, 50, 6, 1, 64, 64, 20),
+                                        make_sizes(1, 33, 33, 5, 1, 72, 40, 17)}) {
     expect_isas_agree<float>(s, 8);
     expect_isas_agree<double>(s, 9);
   }
