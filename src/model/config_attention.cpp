@@ -107,7 +107,10 @@ void KimiLinearAttention::read(const FieldReader& fields, const Family&, ModelCo
           if (one_based < 1 || one_based > c.num_hidden_layers)
             sub.fail_field(type == LayerType::full_attention ? "full_attn_layers" : "kda_layers",
                            str_cat("has layer ", one_based, "; expected 1-indexed layers in [1, ", c.num_hidden_layers, "]"));
-          c.layer_types[one_based - 1] = type;
+          // full_attn_layers names the softmax layers; those layer_types names sparse stay sparse
+          // (transformers' Kimi-Linear has no sparse layers, the engine's configs mark them there).
+          LayerType& layer = c.layer_types[one_based - 1];
+          if (type != LayerType::full_attention || layer != LayerType::sparse_attention) layer = type;
           ++seen[one_based - 1];
         }
       }

@@ -98,6 +98,25 @@ TEST(Info, CountsAnAdaptersTrainableParameters) {
   EXPECT_NE(alone.output.find("expected --lora-rank R with them"), std::string::npos) << alone.output;
 }
 
+// The seed's model (docs/scale.md): ~2.8 T parameters within 5 %, of which the routed experts are
+// every MoE layer's E · 3 · D · I, with 16 of 896 experts active, KDA in three of every four layers.
+TEST(Info, CountsTheKimiK3LikeConfigAtTheSeedsSize) {
+  const fs::path k3 = fs::path(TRILLION_SOURCE_DIR) / "configs/models/kimi_k3_like.json";
+  const CommandResult r = run_cli("info --json --config " + k3.string(), "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const nlohmann::json info = nlohmann::json::parse(r.output);
+  const nlohmann::json c = nlohmann::json::parse(read_text(k3));
+  const int64_t D = c["hidden_size"], I = c["moe_intermediate_size"], E = c["num_experts"];
+  EXPECT_EQ(info.at("expert_parameters").get<int64_t>(), info.at("moe_layers").get<int64_t>() * E * 3 * D * I);
+  EXPECT_NEAR(info.at("total_parameters").get<double>(), 2.8e12, 0.05 * 2.8e12);
+  EXPECT_EQ(E, 896);
+  EXPECT_EQ(c["num_experts_per_token"], 16);
+  const std::vector<std::string> kinds = c["layer_types"];
+  for (size_t i = 0; i < kinds.size(); ++i)
+    EXPECT_EQ(kinds[i], i % 4 == 3 ? "sparse_attention" : "linear_attention") << "layer " << i;
+  EXPECT_EQ(c["index_topk"], 2048);
+}
+
 TEST(BenchGemm, TinyRunReportsACorrectProduct) {
   const CommandResult r = run_cli("bench gemm --json --size 48", "OMP_NUM_THREADS=1", /*stdout_only=*/true);
   ASSERT_EQ(r.status, 0) << r.output;

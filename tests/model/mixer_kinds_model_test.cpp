@@ -1,8 +1,9 @@
 // Models of the mixer kinds beyond plain attention, end to end: Qwen3-Next hybrids (Gated DeltaNet
-// and gated full attention layers, MoE), Kimi-Linear with Kimi Delta Attention layers, and
-// multi-head latent attention (DeepSeek-V3 with YaRN RoPE; Kimi-Linear's NoPE MLA after a KDA
-// layer): the whole model against finite differences, and decoding (carried conv windows and
-// recurrent states; MLA's latent cache and weight-absorbed attention) against the training forward.
+// and gated full attention layers, MoE), Kimi-Linear with Kimi Delta Attention layers, multi-head
+// latent attention (DeepSeek-V3 with YaRN RoPE; Kimi-Linear's NoPE MLA after a KDA layer), sparse
+// attention, and the seed's hybrid of KDA and sparse MLA: the whole model against finite
+// differences, and decoding (carried conv windows and recurrent states; MLA's latent cache and
+// weight-absorbed attention) against the training forward.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -36,6 +37,10 @@ const char* const kKimiMla = "tiny_kimi_linear.json";
 const char* const kSparse = "tiny_deepseek_v32.json";
 // tiny_qwen3_sparse.json: a sparse GQA attention layer (indexer query from h: indexer.wq) then a full one.
 const char* const kSparseGqa = "tiny_qwen3_sparse.json";
+// tiny_kimi_k3_like.json: configs/models/kimi_k3_like.json's shape (docs/scale.md): three KDA
+// layers, then NoPE MLA with q LoRA and the indexer (top-5), a dense FFN then MoE layers with
+// sigmoid routing over 4 groups of 4 experts (2 groups, 2 experts chosen) and a shared expert.
+const char* const kKimiK3 = "tiny_kimi_k3_like.json";
 
 class MixerKindModel : public ::testing::TestWithParam<const char*> {};
 
@@ -87,7 +92,7 @@ TEST_P(MixerKindModel, DecodingWithCarriedStateEqualsTheForward) {
 // The indexer's warm-up (dense attention, the indexer learning over every visible key) and the dense
 // stage: the indexer's tensors against finite differences of its loss, the others of the LM loss.
 TEST(SparseAttentionModel, GradientCheckInTheDenseStages) {
-  for (const char* name : {kSparse, kSparseGqa})
+  for (const char* name : {kSparse, kSparseGqa, kKimiK3})
   for (IndexerMode mode : {IndexerMode::warmup, IndexerMode::dense}) {
     const ModelConfig config = ModelConfig::load(testing::model_config_path(name));
     GradientCheckOptions options;
@@ -155,7 +160,8 @@ TEST(SparseAttentionModel, IndexerLossTrainsOnlyTheIndexer) {
   for (const IndexerLayerStats& s : warm.indexer) EXPECT_LT(s.selected_mass, 1.0);  // 3 of up to 7 keys
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, MixerKindModel, ::testing::Values(kHybrid, kKimi, kDeepseek, kKimiMla, kSparse, kSparseGqa),
+INSTANTIATE_TEST_SUITE_P(Configs, MixerKindModel, ::testing::Values(kHybrid, kKimi, kDeepseek, kKimiMla, kSparse, kSparseGqa,
+                                                                             kKimiK3),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            const std::string name = info.param;
                            return name == kHybrid ? "Qwen3NextHybrid"
@@ -163,6 +169,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, MixerKindModel, ::testing::Values(kHybrid, kKi
                                   : name == kDeepseek ? "DeepseekV3Yarn"
                                   : name == kKimiMla  ? "KimiLinearMla"
                                   : name == kSparse   ? "DeepseekV32Sparse"
+                                  : name == kKimiK3   ? "KimiK3Like"
                                                       : "Qwen3SparseGqa";
                          });
 
