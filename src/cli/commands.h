@@ -15,6 +15,7 @@ void register_generate(CLI::App& app);
 void register_gradcheck(CLI::App& app);
 void register_bench(CLI::App& app);
 void register_info(CLI::App& app);
+void register_plan(CLI::App& app);
 void register_export(CLI::App& app);
 
 // The LoRA flags train and info share (--lora-rank, --lora-alpha, --lora-targets,

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   trillion::register_gradcheck(app);
   trillion::register_bench(app);
   trillion::register_info(app);
+  trillion::register_plan(app);
   trillion::register_export(app);
   try {
     trillion::install_crash_points_from_environment();  // a test mode (io/crash_points.h); off unless set

@@ -4,16 +4,13 @@
 #include "core/error.h"
 
 namespace trillion {
-namespace {
 
-void validate_mesh(int ranks, int ep, const ModelConfig& config) {
+void ParallelMesh::validate(int ranks, int ep, const ModelConfig& config) {
   if (ep < 1 || ranks % ep != 0) fail("--ep ", ep, " must be ≥ 1 and divide the ", ranks, " ranks");
   if (ep > 1 && (config.num_experts == 0 || config.num_experts % ep != 0)) {
     fail("--ep ", ep, ": the model's ", config.num_experts, " routed experts must split evenly over ", ep, " ranks");
   }
 }
-
-}  // namespace
 
 int64_t ParallelMesh::rows_per_rank(int64_t batch, int ranks, const std::string& flag) {
   if (batch < 1) fail(flag, " must be ≥ 1, got ", batch);
@@ -26,7 +23,7 @@ int64_t ParallelMesh::rows_per_rank(int64_t batch, int ranks, const std::string&
 
 ParallelMesh::ParallelMesh(const ProcessGroup& world, int ep, const ModelConfig& config)
     : world_(world),
-      ep_((validate_mesh(world.size(), ep, config), ep)),  // validated before any split
+      ep_((validate(world.size(), ep, config), ep)),  // validated before any split
       ep_group_(world.split(world.rank() / ep, world.rank() % ep)),
       edp_group_(world.split(world.rank() % ep, world.rank() / ep)) {}
 

@@ -25,6 +25,10 @@ class ParallelMesh {
   int ep() const { return ep_; }
   int edp() const { return world_.size() / ep_; }
 
+  // Fails naming --ep unless `ep` divides `ranks` and the model's routed experts (a mesh of that
+  // shape, checked without building one: the constructor's check, and `trillion plan`'s).
+  static void validate(int ranks, int ep, const ModelConfig& config);
+
   // The rows of a global batch each of `ranks` ranks trains (every rank its own share of every
   // micro-batch); fails naming `flag` unless the ranks split it evenly.
   static int64_t rows_per_rank(int64_t batch, int ranks, const std::string& flag);

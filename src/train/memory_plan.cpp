@@ -112,7 +112,9 @@ int64_t sum_kept(const std::vector<LayerBytes>& layers, size_t below) {
 // reduce-scattered. One rank: nothing is gathered or released.
 class UnitsInUse {
  public:
-  UnitsInUse(const ModelConfig& config, const StepMemoryShape& shape, bool head_gradients_in_forward)
+  // table and layout: the model's parameter table and, on several ranks, this rank's shards of it.
+  UnitsInUse(const ModelConfig& config, const StepMemoryShape& shape, bool head_gradients_in_forward,
+             const ParamTable& table, const std::optional<ShardLayout>& layout)
       : layers_(config.num_hidden_layers),
         head_(head_unit(config)),
         sharded_(shape.ranks > 1),
@@ -121,12 +123,10 @@ class UnitsInUse {
         gathered_(config.num_hidden_layers + 2, 0),
         written_(config.num_hidden_layers + 2, 0) {
     if (!sharded_) return;
-    const ParamTable table = param_table_of(config);
-    const ShardLayout layout(table, shape.rank, shape.ranks, shape.ep);
-    for (const ShardLayout::Unit& piece : layout.units()) {
+    for (const ShardLayout::Unit& piece : layout->units()) {
       if (!piece.held) continue;
       if (!piece.frozen) written_[piece.table_unit] += piece.count * shape.element_bytes;
-      for (const ShardLayout::Run& run : layout.gather_runs(table, piece, bf16_gathers(shape)))
+      for (const ShardLayout::Run& run : layout->gather_runs(table, piece, bf16_gathers(shape)))
         gathered_[piece.table_unit] += run.held_bytes(shape.element_bytes);
     }
   }
@@ -203,14 +203,14 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   plan.rank = shape.rank;
   // The rank's shards of the trainable and of the frozen elements (one rank: all of them, at their
   // flat offsets).
+  const ParamTable table = param_table_of(config);  // built once: a 2.8 T config's takes a fifth of a second
   const std::optional<ShardLayout> layout =
-      shape.ranks > 1 ? std::optional<ShardLayout>(std::in_place, param_table_of(config), shape.rank, shape.ranks, shape.ep)
+      shape.ranks > 1 ? std::optional<ShardLayout>(std::in_place, table, shape.rank, shape.ranks, shape.ep)
                       : std::nullopt;
   const int64_t shard = layout ? layout->shard_size() : counts.trainable_storage;
   // The frozen shard as FSDP holds it: under bf16 gathers its products-only parts in bf16 alone.
-  const std::optional<ShardLayout::FrozenParts> frozen_parts =
-      layout ? std::optional(layout->frozen_parts(param_table_of(config), UnitsInUse::bf16_gathers(shape)))
-             : std::nullopt;
+  std::optional<ShardLayout::FrozenParts> frozen_parts;
+  if (layout) frozen_parts.emplace(layout->frozen_parts(table, UnitsInUse::bf16_gathers(shape)));
   const int64_t frozen_shard_bytes =
       frozen_parts ? frozen_parts->bytes(e) : (counts.sharded_storage - counts.trainable_storage) * e;
   const int64_t unsharded = counts.storage - counts.sharded_storage;  // buffers: every rank keeps them whole
@@ -218,7 +218,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   if (shape.ranks == 1 && shape.bf16_products && e == 4) plan.parameters += counts.storage * int64_t(sizeof(bf16));
   int64_t released = 0;  // LoRA's frozen base in bf16 only: its linear weights' float pages
   if (keeps_bf16_only_base(config, shape.ranks, e, shape.bf16_products))
-    for (const auto& [begin, end] : bf16_only_base_ranges(param_table_of(config))) released += (end - begin) * e;
+    for (const auto& [begin, end] : bf16_only_base_ranges(table)) released += (end - begin) * e;
   plan.parameters -= released;
   plan.gradients = shard * e;
   plan.optimizer_state = 2 * shard * e;  // AdamW's two moments
@@ -278,7 +278,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
       in_forward ? norm_backward : Arena::rounded(n * D * e) + std::max(loss_forward, norm_backward);
 
   const int L = static_cast<int>(layers.size());
-  const UnitsInUse units(config, shape, in_forward);
+  const UnitsInUse units(config, shape, in_forward, table, layout);
   const auto consider = [&](int64_t activations, int64_t workspace, int64_t gathered, const std::string& where) {
     if (activations + workspace + gathered >
             plan.activations_at_peak + plan.workspace_at_peak + plan.gathered_at_peak ||

@@ -165,6 +165,25 @@ TEST(ParallelMemoryPlan, DryRunPrintsEveryRanksPlan) {
   EXPECT_EQ(whole.at("fast").at("gathered_at_peak"), 0);
 }
 
+// `trillion plan` gives, without mpirun, every rank's plan that `train --dry-run` prints under it
+// (each device's micro-batch being the global batch over the ranks), with experts over ep groups,
+// bf16 gathers and a LoRA adapter on the routed experts.
+TEST(ParallelMemoryPlan, PlanCommandGivesEveryRanksDryRunPlan) {
+  const fs::path config = config_with("demo_moe", nullptr);
+  const std::string shape = "--config " + config.string() + " --seq-len 32 --ep 2 --precision bf16 " + kLoraFlags;
+  const CommandResult run = run_shell(mpirun_prefix(4) + TRILLION_BINARY + " train " + shape + " --batch 8 --dry-run 2>/dev/null");
+  ASSERT_EQ(run.status, 0) << run.output;
+  const nlohmann::json dry = nlohmann::json::parse(run.output);
+  const CommandResult planned = run_cli("plan " + shape + " --devices 4 --micro-batch 2 --json", "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(planned.status, 0) << planned.output;
+  const nlohmann::json plan = nlohmann::json::parse(planned.output);
+  ASSERT_EQ(plan.at("device_plans").size(), 4u);
+  EXPECT_EQ(plan.at("device_plans"), dry.at("rank_plans"));
+  const CommandResult uneven = run_cli("plan " + shape + " --devices 3 --json");
+  EXPECT_EQ(uneven.status, 1);
+  EXPECT_NE(uneven.output.find("--ep 2 must be ≥ 1 and divide the 3 ranks"), std::string::npos) << uneven.output;
+}
+
 // A whole checkpoint's save under FSDP gathers the whole parameters and both moments on every
 // rank (a LoRA base's frozen shard widened from bf16 first): the plan's checkpoint_save, which
 // the start-up check counts. `trillion train` prints rank
