@@ -2,11 +2,16 @@
 // to the app; callbacks throw trillion::Error on bad input, which main() reports.
 #pragma once
 
+#include <set>
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace trillion {
 
 struct LoraOptions;
+struct TrainOptions;
+struct TrainSettings;
 
 void register_tokenize(CLI::App& app);
 void register_train(CLI::App& app);
@@ -23,5 +28,11 @@ void register_export(CLI::App& app);
 // check that the rank's companions come with it.
 void add_lora_options(CLI::App* cmd, LoraOptions& o, const char* verb);
 void check_lora_options(const CLI::App* cmd, const LoraOptions& o);
+// train's flags that `trillion plan` takes too, declared once (cli/train.cpp): the settings table's
+// flags (train/settings.h), all or those named in `only`; and the process's options that shape the
+// memory plan (--recompute, --swap, --swap-bf16, --ep, --expert-imbalance, --sharded-checkpoints,
+// --memory-budget, --policy-min-bytes).
+void add_setting_options(CLI::App* cmd, TrainSettings& s, const std::set<std::string>& only = {});
+void add_memory_plan_options(CLI::App* cmd, TrainOptions& o);
 
 }  // namespace trillion

@@ -1,17 +1,17 @@
-// `trillion plan --config FILE --devices N [--ep E] [--micro-batch B] [--seq-len T] [--grad-accum G]
-// [--precision fp32|bf16] [--recompute …] [--swap …] [--imbalance X] [--sharded-checkpoints]
-// [--device-memory BYTES] [LoRA flags] [--json]`: what every device of an N-device mesh holds, by
+// `trillion plan --config FILE --devices N [--micro-batch B] [--threads T] [--device-memory BYTES]
+// [--json] [train's flags that shape the plan]`: what every device of an N-device mesh holds, by
 // part, at its training step's peak, at start-up and at a whole checkpoint's save, before any
-// machine is rented. It is the memory plan that training checks at start-up and `train --dry-run`
-// prints (train/memory_plan.h), given the mesh's shape instead of mpirun's: FSDP over all N
-// devices, the routed experts over groups of E. Nothing is allocated, so a 2.8 T config plans on a
-// laptop. (docs/scale.md uses it.)
+// machine is rented. It is the plan training checks at start-up and `train --dry-run` prints under
+// mpirun: the same function (train/run_setup.h, memory_plan_of) with train's own flags (--seq-len,
+// --grad-accum, --precision, --indexer-mode, --recompute, --swap, --ep, --expert-imbalance, the
+// LoRA flags, …), given the mesh's size instead of mpirun's. Nothing is allocated, so a 2.8 T config
+// plans on a laptop (docs/scale.md).
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <memory>
-#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -22,39 +22,19 @@
 #include "model/config.h"
 #include "model/lora_config.h"
 #include "parallel/mesh.h"
-#include "train/memory_plan.h"
+#include "train/run_setup.h"
 
 namespace trillion {
 namespace {
 
 struct PlanOptions {
-  std::string config_path;
-  int devices = 1, ep = 1;
-  int64_t micro_batch = 1, seq_len = 4096, grad_accum = 1;
-  std::string precision = "fp32";
-  std::string recompute = "none", swap = "none";
-  double imbalance = 1.25;
-  bool sharded_checkpoints = false;
+  TrainOptions train;  // the run's flags, as train takes them
+  int devices = 1;
+  int64_t micro_batch = 1;
+  int threads = 0;  // 0: this process's OpenMP threads
   std::string device_memory;
   bool json = false;
 };
-
-// The step's shape on device `rank`: its rows of a micro-batch, the run's precision and policy
-// inputs, as a training run on that mesh would give them (train/run_setup.cpp, step_memory_shape).
-StepMemoryShape shape_of(const PlanOptions& o, int rank) {
-  StepMemoryShape shape;
-  shape.ranks = o.devices;
-  shape.rank = rank;
-  shape.ep = o.ep;
-  shape.expert_imbalance = o.imbalance;
-  shape.grad_accum = o.grad_accum;
-  shape.batch = o.micro_batch;
-  shape.seq = o.seq_len;
-  shape.bf16_products = o.precision == "bf16";
-  shape.threads = num_threads();
-  shape.whole_checkpoints = !o.sharded_checkpoints;
-  return shape;
-}
 
 std::string gib(int64_t bytes) {
   char text[32];
@@ -65,22 +45,27 @@ std::string gib(int64_t bytes) {
 // The largest of what the device must hold at once: the step's peak, start-up, a checkpoint's save.
 int64_t largest_of(const MemoryPlan& plan) { return std::max({plan.peak_fast, plan.start_up, plan.checkpoint_save}); }
 
-void run_plan(const PlanOptions& o, const LoraOptions& lora) {
-  ModelConfig config = ModelConfig::load(o.config_path);
-  if (std::optional<LoraConfig> adapter = lora.config())
-    config.lora = std::make_shared<const LoraConfig>(std::move(*adapter));
-  ParallelMesh::validate(o.devices, o.ep, config);
-  const MemoryPolicy policy{o.recompute, o.swap};
-  std::vector<MemoryPlan> plans;  // one per device
-  for (int rank = 0; rank < o.devices; ++rank) plans.push_back(plan_memory(config, shape_of(o, rank), policy));
+void run_plan(PlanOptions& o) {
+  TrainOptions& t = o.train;
+  if (o.threads > 0) omp_set_num_threads(o.threads);  // per-thread workspaces scale with it
+  ModelConfig config = ModelConfig::load(t.config_path);
+  config.lora = new_run_lora(t, config);
+  check_expert_layout(t.settings.expert_layout, config);
+  ParallelMesh::validate(o.devices, t.ep, config);
+  t.settings.batch = o.micro_batch * o.devices;  // the global batch, as train's --batch
+  std::vector<MemoryPlan> plans;                 // one per device
+  for (int rank = 0; rank < o.devices; ++rank)
+    plans.push_back(memory_plan_of(t, config, t.settings, /*train_tokens=*/0, o.devices, rank));
   const MemoryPlan& busiest = *std::max_element(plans.begin(), plans.end(), [](const MemoryPlan& a, const MemoryPlan& b) {
     return largest_of(a) < largest_of(b);
   });
   const int64_t capacity = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory, "--device-memory");
   if (o.json) {
-    nlohmann::json out = {{"config", o.config_path},     {"devices", o.devices},       {"ep", o.ep},
-                          {"micro_batch", o.micro_batch}, {"seq_len", o.seq_len},       {"grad_accum", o.grad_accum},
-                          {"precision", o.precision},     {"imbalance", o.imbalance},   {"busiest", busiest.to_json()},
+    nlohmann::json out = {{"config", t.config_path},           {"devices", o.devices},
+                          {"ep", t.ep},                        {"micro_batch", o.micro_batch},
+                          {"seq_len", t.settings.seq_len},     {"grad_accum", t.settings.grad_accum},
+                          {"precision", t.settings.precision}, {"expert_imbalance", t.expert_imbalance},
+                          {"threads", num_threads()},          {"busiest", busiest.to_json()},
                           {"device_plans", nlohmann::json::array()}};
     for (const MemoryPlan& plan : plans) out["device_plans"].push_back(plan.to_json()["fast"]);  // as --dry-run's rank_plans
     if (capacity > 0) out["fits"] = largest_of(busiest) <= capacity;
@@ -88,10 +73,10 @@ void run_plan(const PlanOptions& o, const LoraOptions& lora) {
     return;
   }
   std::printf("%s on %d device%s (FSDP over all, experts over groups of %d), micro-batch %lld x %lld tokens per "
-              "device, %lld micro-batch%s a step, %s\n",
-              o.config_path.c_str(), o.devices, o.devices > 1 ? "s" : "", o.ep, static_cast<long long>(o.micro_batch),
-              static_cast<long long>(o.seq_len), static_cast<long long>(o.grad_accum), o.grad_accum > 1 ? "es" : "",
-              o.precision.c_str());
+              "device, %lld micro-batch%s a step, %s, %d threads per device\n",
+              t.config_path.c_str(), o.devices, o.devices > 1 ? "s" : "", t.ep, static_cast<long long>(o.micro_batch),
+              static_cast<long long>(t.settings.seq_len), static_cast<long long>(t.settings.grad_accum),
+              t.settings.grad_accum > 1 ? "es" : "", t.settings.precision.c_str(), num_threads());
   std::printf("%s\n", busiest.describe().c_str());
   std::printf("the device that holds the most: rank %d, %s (the step's peak, start-up or a checkpoint's save)\n",
               busiest.rank, gib(largest_of(busiest)).c_str());
@@ -105,32 +90,23 @@ void register_plan(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("plan", "What each device of a mesh holds for a training step, from the "
                                              "memory plan training checks, without allocating");
   auto o = std::make_shared<PlanOptions>();
-  cmd->add_option("--config", o->config_path, "Model config.json")->required();
+  cmd->add_option("--config", o->train.config_path, "Model config.json")->required();
   cmd->add_option("--devices", o->devices, "Devices (ranks): FSDP shards over all of them")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--ep", o->ep, "Expert-parallel degree: the routed experts split over groups of this many devices")
       ->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--micro-batch", o->micro_batch, "Sequences per device per micro-batch")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--seq-len", o->seq_len, "Tokens per sequence")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--grad-accum", o->grad_accum, "Micro-batches per optimizer step")
-      ->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--precision", o->precision, "fp32, or bf16 (products' operands and FSDP's gathers in bfloat16)")
-      ->check(CLI::IsMember({"fp32", "bf16"}))->capture_default_str();
-  cmd->add_option("--recompute", o->recompute, "As train's --recompute")->capture_default_str();
-  cmd->add_option("--swap", o->swap, "As train's --swap")->capture_default_str();
-  cmd->add_option("--imbalance", o->imbalance,
-                  "Rows a device's experts receive per MoE layer, as a multiple of its own routed rows (max/mean load)")
-      ->check(CLI::Range(1.0, 1e6))->capture_default_str();
-  cmd->add_flag("--sharded-checkpoints", o->sharded_checkpoints,
-                "Checkpoints written as shards (a whole checkpoint's save gathers everything on every device)");
+  cmd->add_option("--threads", o->threads, "OpenMP threads per device (per-thread workspaces; default: this machine's)")
+      ->check(CLI::PositiveNumber);
   cmd->add_option("--device-memory", o->device_memory, "A device's memory (\"64G\"): say whether the plan fits");
-  cmd->add_flag("--json", o->json, "One JSON object instead of text");
-  auto lora = std::make_shared<LoraOptions>();
-  add_lora_options(cmd, *lora, "Plan");
-  cmd->callback([cmd, o, lora] {
-    check_lora_options(cmd, *lora);
-    run_plan(*o, *lora);
+  cmd->add_flag("--json", o->json, "One JSON object, with every device's plan, instead of text");
+  add_setting_options(cmd, o->train.settings,
+                      {"seq-len", "grad-accum", "dtype", "precision", "indexer-mode", "indexer-loss-coef",
+                       "loss-gradients", "expert-layout"});
+  add_memory_plan_options(cmd, o->train);
+  add_lora_options(cmd, o->train.lora, "Plan");
+  cmd->callback([cmd, o] {
+    check_lora_options(cmd, o->train.lora);
+    run_plan(*o);
   });
 }
 

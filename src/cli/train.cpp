@@ -1,4 +1,6 @@
 // `trillion train`: flags of the training run (docs/architecture.md, "Commands and their outputs"); the loop is in train/trainer.h.
+#include <set>
+#include <string>
 #include <type_traits>
 #include <variant>
 
@@ -8,6 +10,55 @@
 #include "train/trainer.h"
 
 namespace trillion {
+
+// The settings table's flags (train/settings.h), all or those named in `only`.
+void add_setting_options(CLI::App* cmd, TrainSettings& s, const std::set<std::string>& only) {
+  size_t named = 0;
+  for (const Setting& setting : training_settings()) {
+    if (!only.empty() && only.count(setting.flag) == 0) continue;
+    ++named;
+    const std::string flag = std::string("--") + setting.flag;
+    std::visit(
+        [&](auto member) {
+          if constexpr (std::is_same_v<decltype(member), bool TrainSettings::*>) {
+            cmd->add_flag(flag, s.*member, setting.help);
+          } else {
+            CLI::Option* option = cmd->add_option(flag, s.*member, setting.help);
+            if (!setting.choices.empty()) option->check(CLI::IsMember(setting.choices));
+            if (setting.non_negative) option->check(CLI::NonNegativeNumber);
+          }
+        },
+        setting.member);
+  }
+  TRILLION_CHECK(only.empty() || named == only.size(), "add_setting_options: a name of `only` is no training setting");
+}
+
+void add_memory_plan_options(CLI::App* cmd, TrainOptions& o) {
+  cmd->add_option("--recompute", o.recompute,
+                  "Saved activations recomputed before their layer's backward: none, selective (the FFN "
+                  "sublayer), full (the whole layer) or a comma-separated list of activation tags "
+                  "(expert_gate_up,expert_act or ep_gate_up,ep_act: formed again inside the experts' "
+                  "backward, with no re-run)");
+  cmd->add_option("--swap", o.swap,
+                  "Saved activations swapped to a file during forward and prefetched during backward: none, "
+                  "selective (GEMM and attention outputs), full or a comma-separated list of activation tags");
+  cmd->add_flag("--swap-bf16", o.swap_bf16,
+                "Store swapped float32 tensors as bfloat16: half the disk traffic, lossy (off by default)");
+  cmd->add_option("--ep", o.ep,
+                  "Expert-parallel degree: the routed experts split over groups of EP ranks (divides the ranks)");
+  cmd->add_option("--expert-imbalance", o.expert_imbalance,
+                  "With --ep: the memory plan's rows received by a rank's experts per MoE layer, as a multiple of "
+                  "its own routed rows (the start-up check's and --dry-run's margin for uneven routing; default 1.25)")
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--sharded-checkpoints", o.sharded_checkpoints,
+                "Each rank writes its shard of the checkpoint (no gather); `trillion export` converts");
+  cmd->add_option("--memory-budget", o.memory_budget,
+                  "Fast-tier budget (e.g. 2G): the cheapest recompute / swap policy whose planned peak fits, or "
+                  "an error naming the smallest budget it could meet");
+  cmd->add_option("--policy-min-bytes", o.policy_min_bytes,
+                  "Saved tensors smaller than this are always kept (default 65536)")
+      ->check(CLI::PositiveNumber);
+}
 
 void register_train(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("train", "Train a model (or resume / fine-tune one) on tokenized data");
@@ -22,51 +73,15 @@ void register_train(CLI::App& app) {
   CLI::Option* init = cmd->add_option("--init", o.init_dir, "Start a new run from these model weights");
   resume->excludes(init);
   // Settings that define the run (train/settings.h); on --resume they come from trainer_state.json.
-  for (const Setting& setting : training_settings()) {
-    const std::string flag = std::string("--") + setting.flag;
-    std::visit(
-        [&](auto member) {
-          if constexpr (std::is_same_v<decltype(member), bool TrainSettings::*>) {
-            cmd->add_flag(flag, s.*member, setting.help);
-          } else {
-            CLI::Option* option = cmd->add_option(flag, s.*member, setting.help);
-            if (!setting.choices.empty()) option->check(CLI::IsMember(setting.choices));
-            if (setting.non_negative) option->check(CLI::NonNegativeNumber);
-          }
-        },
-        setting.member);
-  }
+  add_setting_options(cmd, s);
   // Settings of this process only.
-  cmd->add_option("--recompute", o.recompute,
-                  "Saved activations recomputed before their layer's backward: none, selective (the FFN "
-                  "sublayer), full (the whole layer) or a comma-separated list of activation tags "
-                  "(expert_gate_up,expert_act or ep_gate_up,ep_act: formed again inside the experts' "
-                  "backward, with no re-run)");
-  cmd->add_option("--swap", o.swap,
-                  "Saved activations swapped to a file during forward and prefetched during backward: none, "
-                  "selective (GEMM and attention outputs), full or a comma-separated list of activation tags");
+  add_memory_plan_options(cmd, o);
   cmd->add_option("--swap-dir", o.swap_dir, "Directory of the swap file, on local disk (default: --out)");
-  cmd->add_flag("--swap-bf16", o.swap_bf16,
-                "Store swapped float32 tensors as bfloat16: half the disk traffic, lossy (off by default)");
-  cmd->add_option("--ep", o.ep,
-                  "Under mpirun: expert-parallel degree (routed experts split over groups of EP ranks; divides the ranks)");
   cmd->add_option("--ep-chunks", o.ep_chunks,
                   "Under mpirun with --ep: token chunks per MoE layer whose exchange overlaps the others' experts");
-  cmd->add_option("--expert-imbalance", o.expert_imbalance,
-                  "With --ep: the memory plan's rows received by a rank's experts per MoE layer, as a multiple of "
-                  "its own routed rows (the start-up check's and --dry-run's margin for uneven routing; default 1.25)")
-      ->check(CLI::PositiveNumber);
-  cmd->add_flag("--sharded-checkpoints", o.sharded_checkpoints,
-                "Under mpirun: each rank writes its shard of the checkpoint (no gather); `trillion export` converts");
   cmd->add_option("--collective-timeout", o.collective_timeout_s,
                   "Under mpirun: seconds a collective may wait before the job ends, naming the silent ranks");
-  cmd->add_option("--memory-budget", o.memory_budget,
-                  "Fast-tier budget (e.g. 2G): the cheapest recompute / swap policy whose planned peak fits, or "
-                  "an error naming the smallest budget it could meet");
   cmd->add_flag("--dry-run", o.dry_run, "Print the memory plan of a step (JSON on stdout) and train nothing");
-  cmd->add_option("--policy-min-bytes", o.policy_min_bytes,
-                  "Saved tensors smaller than this are always kept (default 65536)")
-      ->check(CLI::PositiveNumber);
   cmd->add_option("--stop-after", o.stop_after, "End this process after step K, with a checkpoint");
   cmd->add_option("--save-every", o.save_every, "Checkpoint every K steps (0: only at the end)");
   cmd->add_option("--keep-last", o.keep_last,

@@ -107,10 +107,15 @@ void KimiLinearAttention::read(const FieldReader& fields, const Family&, ModelCo
           if (one_based < 1 || one_based > c.num_hidden_layers)
             sub.fail_field(type == LayerType::full_attention ? "full_attn_layers" : "kda_layers",
                            str_cat("has layer ", one_based, "; expected 1-indexed layers in [1, ", c.num_hidden_layers, "]"));
-          // full_attn_layers names the softmax layers; those layer_types names sparse stay sparse
-          // (transformers' Kimi-Linear has no sparse layers, the engine's configs mark them there).
+          // full_attn_layers names the softmax layers, dense or sparse: layer_types, when given,
+          // says which (transformers' Kimi-Linear has none sparse) and must agree on the rest.
           LayerType& layer = c.layer_types[one_based - 1];
-          if (type != LayerType::full_attention || layer != LayerType::sparse_attention) layer = type;
+          const bool linear = layer == LayerType::linear_attention;
+          if (fields.has("layer_types") && linear != (type == LayerType::linear_attention))
+            sub.fail_field(type == LayerType::full_attention ? "full_attn_layers" : "kda_layers",
+                           str_cat("has layer ", one_based, ", which layer_types names ", layer_type_name(layer),
+                                   "; expected the two to agree"));
+          if (!fields.has("layer_types")) layer = type;
           ++seen[one_based - 1];
         }
       }

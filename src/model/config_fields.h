@@ -276,7 +276,8 @@ struct RopeParameters {
 };
 // Kimi-Linear's names for its delta-attention layers (one head count and head dim for q, k and v)
 // and its checkpoint form `linear_attn_config` {full_attn_layers, kda_layers (1-indexed), head_dim,
-// num_heads, short_conv_kernel_size}, which overrides them and sets layer_types.
+// num_heads, short_conv_kernel_size}, which overrides them and sets layer_types, or, when
+// layer_types is given (it names the sparse layers among full_attn_layers), must agree with it.
 struct KimiLinearAttention {
   static void read(const FieldReader& fields, const Family& family, ModelConfig& c);
   static void write(nlohmann::json& json, const Family& family, const ModelConfig& c);

@@ -93,8 +93,9 @@ inline const T* row_of(const RowSet<T>& set, int64_t c) {
 }
 
 // Rows of a whose dots run together, each against the same loaded chunks of kKeys rows of the set:
-// kRowBlock · kKeys accumulators, kKeys row chunks and one chunk of a stay in registers (21 of
-// AVX-512's 32 at four; AVX2's 16 hold only one row's four accumulators, each chunk being two).
+// kRowBlock · kKeys accumulators, kKeys row chunks and one chunk of a (21 of AVX-512's 32 registers
+// at four rows). On AVX2 a chunk is two registers, so one row's four accumulators take 8 of 16.
+// With more query heads than a block, each block reads the keys' rows again (from L1).
 #if defined(__AVX512F__)
 constexpr int64_t kRowBlock = 4;
 #else

@@ -39,9 +39,10 @@ void check_same_config(const ModelConfig& given, const std::string& given_path, 
 
 // train_tokens: the training split's size (0 before the data is known: a dry run).
 // rank: whose plan (every rank's differs a little: the shards' sizes, the expert slices).
-StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens, int rank) {
+StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens, int ranks,
+                                  int rank) {
   StepMemoryShape shape;
-  shape.ranks = ProcessGroup::world().size();
+  shape.ranks = ranks;
   shape.rank = rank;
   shape.ep = o.ep;
   shape.expert_imbalance = o.expert_imbalance;
@@ -229,8 +230,8 @@ RunSetup prepare_run(TrainOptions& o) {
 // The policy the run uses and its plan: --recompute / --swap as given, or, with --memory-budget and
 // neither given, the cheapest candidate that fits; a given policy over the budget is an error.
 MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
-                          int64_t train_tokens, int rank) {
-  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens, rank);
+                          int64_t train_tokens, int ranks, int rank) {
+  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens, ranks, rank);
   const bool chosen_by_user = o.recompute != "none" || o.swap != "none";
   if (o.memory_budget.empty() || chosen_by_user) {
     MemoryPlan plan = plan_memory(config, shape, MemoryPolicy{o.recompute, o.swap});
@@ -248,10 +249,11 @@ void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const T
                        int64_t train_tokens) {
   const ProcessGroup& world = ProcessGroup::world();
   if (!world.is_root()) return;
-  const MemoryPlan plan = memory_plan_of(o, config, s, train_tokens, 0);
+  ParallelMesh::validate(world.size(), o.ep, config);
+  const MemoryPlan plan = memory_plan_of(o, config, s, train_tokens, world.size(), 0);
   nlohmann::json json = plan.to_json();
   nlohmann::json candidates = nlohmann::json::array();
-  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens, 0);
+  const StepMemoryShape shape = step_memory_shape(o, s, train_tokens, world.size(), 0);
   for (const MemoryPolicy& policy : budget_candidates()) {
     const MemoryPlan other = plan_memory(config, shape, policy);
     candidates.push_back({{"policy", policy.name()}, {"peak_fast", other.peak_fast}, {"peak_slow", other.peak_slow}});
@@ -261,7 +263,7 @@ void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const T
   if (world.size() > 1) {
     json["rank_plans"] = nlohmann::json::array({json["fast"]});
     for (int rank = 1; rank < world.size(); ++rank) {
-      const MemoryPlan other = memory_plan_of(o, config, s, train_tokens, rank);
+      const MemoryPlan other = memory_plan_of(o, config, s, train_tokens, world.size(), rank);
       json["rank_plans"].push_back(other.to_json()["fast"]);
       std::fprintf(stderr, "%s\n", other.describe().c_str());
     }

@@ -42,11 +42,12 @@ void check_expert_layout(const std::string& name, const ModelConfig& config);
 // Resolves config, data, weights and settings for a fresh, --init or --resume run.
 RunSetup prepare_run(TrainOptions& o);
 
-// The memory plan of `rank`'s step (train/memory_plan.h) with the run's policy: --recompute / --swap
-// as given, or, with --memory-budget and neither given, the cheapest candidate that fits; a given
-// policy over the budget is an error. train_tokens: the training split's size (0: not known).
+// The memory plan of `rank`'s step of `ranks` (train/memory_plan.h; s.batch is the global batch)
+// with the run's policy: --recompute / --swap as given, or, with --memory-budget and neither given,
+// the cheapest candidate that fits; a given policy over the budget is an error. train_tokens: the
+// training split's size (0: not known). Training and `trillion plan` both plan through it.
 MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
-                          int64_t train_tokens, int rank);
+                          int64_t train_tokens, int ranks, int rank);
 // --dry-run: the plan (JSON on stdout, lines on stderr), every candidate's peak, and under mpirun
 // every rank's plan; rank 0 prints.
 void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,

@@ -121,7 +121,7 @@ Trainer<T>::Trainer(const TrainOptions& o, RunSetup& run)
       local_batch_(s_.batch / ranks_),
       mesh_(world_, o.ep, run.config),
       plan_([&] {
-        MemoryPlan plan = memory_plan_of(o, run.config, s_, run.data.train_tokens(), world_.rank());
+        MemoryPlan plan = memory_plan_of(o, run.config, s_, run.data.train_tokens(), world_.size(), world_.rank());
         require_fits_machine(plan, run.config);
         return plan;
       }()),

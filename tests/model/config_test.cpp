@@ -139,6 +139,19 @@ TEST(ModelConfig, EveryCommittedConfigRoundTripsExactly) {
   EXPECT_FALSE(kimi.contains("linear_num_key_heads")) << kimi.dump();
 }
 
+// Kimi-Linear's linear_attn_config lists the KDA and the softmax layers; layer_types, when given
+// too, names which softmax layers are sparse (the seed's hybrid) and must agree on the others.
+TEST(ModelConfig, KimiLinearAttnConfigAndLayerTypesMustAgree) {
+  nlohmann::json json = nlohmann::json::parse(read_file(kConfigDir + "tiny_kimi_k3_like.json"));
+  json["linear_attn_config"] = {{"kda_layers", {1, 2, 3}}, {"full_attn_layers", {4}}};
+  EXPECT_EQ(ModelConfig::from_json(json, kSource).layer_types[3], LayerType::sparse_attention);
+  json["linear_attn_config"] = {{"kda_layers", {1, 2, 4}}, {"full_attn_layers", {3}}};
+  EXPECT_EQ(config_error(json), "configs/x.json: linear_attn_config: field \"full_attn_layers\": has layer 3, which "
+                                "layer_types names linear_attention; expected the two to agree");
+  json.erase("layer_types");  // without it the block alone sets the layers (softmax ones dense)
+  EXPECT_EQ(ModelConfig::from_json(json, kSource).layer_types[2], LayerType::full_attention);
+}
+
 // Reading what to_json wrote gives the same ModelConfig, member by member: for every family's
 // defaults (a minimal config of each model_type) and every committed config.
 TEST(ModelConfig, WrittenConfigReadsBackAsTheSameConfig) {

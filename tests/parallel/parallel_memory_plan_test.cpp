@@ -166,20 +166,26 @@ TEST(ParallelMemoryPlan, DryRunPrintsEveryRanksPlan) {
 }
 
 // `trillion plan` gives, without mpirun, every rank's plan that `train --dry-run` prints under it
-// (each device's micro-batch being the global batch over the ranks), with experts over ep groups,
-// bf16 gathers and a LoRA adapter on the routed experts.
+// with the same flags (each device's micro-batch being the global batch over the ranks): experts
+// over ep groups, bf16 gathers and a LoRA adapter on the routed experts; and the seed's hybrid's
+// shape, whose sparse layers plan the indexer's loss.
 TEST(ParallelMemoryPlan, PlanCommandGivesEveryRanksDryRunPlan) {
-  const fs::path config = config_with("demo_moe", nullptr);
-  const std::string shape = "--config " + config.string() + " --seq-len 32 --ep 2 --precision bf16 " + kLoraFlags;
-  const CommandResult run = run_shell(mpirun_prefix(4) + TRILLION_BINARY + " train " + shape + " --batch 8 --dry-run 2>/dev/null");
-  ASSERT_EQ(run.status, 0) << run.output;
-  const nlohmann::json dry = nlohmann::json::parse(run.output);
-  const CommandResult planned = run_cli("plan " + shape + " --devices 4 --micro-batch 2 --json", "OMP_NUM_THREADS=1", true);
-  ASSERT_EQ(planned.status, 0) << planned.output;
-  const nlohmann::json plan = nlohmann::json::parse(planned.output);
-  ASSERT_EQ(plan.at("device_plans").size(), 4u);
-  EXPECT_EQ(plan.at("device_plans"), dry.at("rank_plans"));
-  const CommandResult uneven = run_cli("plan " + shape + " --devices 3 --json");
+  for (const auto& [name, flags] : {std::pair<std::string, std::string>{"demo_moe", "--precision bf16 " + kLoraFlags},
+                                    {"tiny_kimi_k3_like", "--recompute selective"}}) {
+    SCOPED_TRACE(name);
+    const fs::path config = config_with(name, nullptr);
+    const std::string shape = "--config " + config.string() + " --seq-len 32 --ep 2 " + flags;
+    const CommandResult run =
+        run_shell(mpirun_prefix(4) + TRILLION_BINARY + " train " + shape + " --batch 8 --dry-run 2>/dev/null");
+    ASSERT_EQ(run.status, 0) << run.output;
+    const nlohmann::json dry = nlohmann::json::parse(run.output);
+    const CommandResult planned = run_cli("plan " + shape + " --devices 4 --micro-batch 2 --json", "OMP_NUM_THREADS=1", true);
+    ASSERT_EQ(planned.status, 0) << planned.output;
+    const nlohmann::json plan = nlohmann::json::parse(planned.output);
+    ASSERT_EQ(plan.at("device_plans").size(), 4u);
+    EXPECT_EQ(plan.at("device_plans"), dry.at("rank_plans"));
+  }
+  const CommandResult uneven = run_cli("plan --config " + config_with("demo_moe", nullptr).string() + " --ep 2 --devices 3");
   EXPECT_EQ(uneven.status, 1);
   EXPECT_NE(uneven.output.find("--ep 2 must be ≥ 1 and divide the 3 ranks"), std::string::npos) << uneven.output;
 }
