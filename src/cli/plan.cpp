@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "core/error.h"
+#include "core/machine_memory.h"
 #include "core/parallel.h"
 #include "model/config.h"
 #include "model/lora_config.h"
@@ -36,15 +36,6 @@ struct PlanOptions {
   bool json = false;
 };
 
-std::string gib(int64_t bytes) {
-  char text[32];
-  std::snprintf(text, sizeof(text), "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
-  return text;
-}
-
-// The largest of what the device must hold at once: the step's peak, start-up, a checkpoint's save.
-int64_t largest_of(const MemoryPlan& plan) { return std::max({plan.peak_fast, plan.start_up, plan.checkpoint_save}); }
-
 void run_plan(PlanOptions& o) {
   TrainOptions& t = o.train;
   if (o.threads > 0) omp_set_num_threads(o.threads);  // per-thread workspaces scale with it
@@ -57,7 +48,7 @@ void run_plan(PlanOptions& o) {
   for (int rank = 0; rank < o.devices; ++rank)
     plans.push_back(memory_plan_of(t, config, t.settings, /*train_tokens=*/0, o.devices, rank));
   const MemoryPlan& busiest = *std::max_element(plans.begin(), plans.end(), [](const MemoryPlan& a, const MemoryPlan& b) {
-    return largest_of(a) < largest_of(b);
+    return a.largest() < b.largest();
   });
   const int64_t capacity = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory, "--device-memory");
   if (o.json) {
@@ -68,7 +59,7 @@ void run_plan(PlanOptions& o) {
                           {"threads", num_threads()},          {"busiest", busiest.to_json()},
                           {"device_plans", nlohmann::json::array()}};
     for (const MemoryPlan& plan : plans) out["device_plans"].push_back(plan.to_json()["fast"]);  // as --dry-run's rank_plans
-    if (capacity > 0) out["fits"] = largest_of(busiest) <= capacity;
+    if (capacity > 0) out["fits"] = busiest.largest() <= capacity;
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
@@ -79,9 +70,9 @@ void run_plan(PlanOptions& o) {
               t.settings.grad_accum > 1 ? "es" : "", t.settings.precision.c_str(), num_threads());
   std::printf("%s\n", busiest.describe().c_str());
   std::printf("the device that holds the most: rank %d, %s (the step's peak, start-up or a checkpoint's save)\n",
-              busiest.rank, gib(largest_of(busiest)).c_str());
+              busiest.rank, human_bytes(double(busiest.largest())).c_str());
   if (capacity > 0)
-    std::printf("--device-memory %s: %s\n", o.device_memory.c_str(), largest_of(busiest) <= capacity ? "fits" : "does not fit");
+    std::printf("--device-memory %s: %s\n", o.device_memory.c_str(), busiest.largest() <= capacity ? "fits" : "does not fit");
 }
 
 }  // namespace

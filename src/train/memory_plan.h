@@ -35,6 +35,7 @@
 // layer inputs swapped) and takes the first whose peak fits, or names the smallest budget any of them meets.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -101,6 +102,8 @@ struct MemoryPlan {
   int64_t checkpoint_save = 0;     // a whole checkpoint's save on several ranks (0: none, or sharded)
   // Slow tier: the swap file's bytes at most (every swapped tensor of a step).
   int64_t peak_slow = 0;
+  // What the rank must hold at once at some point: the step's peak, start-up or a checkpoint's save.
+  int64_t largest() const { return std::max({peak_fast, start_up, checkpoint_save}); }
   nlohmann::json to_json() const;
   std::string describe() const;  // a few lines for people
 };

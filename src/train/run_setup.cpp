@@ -280,7 +280,7 @@ void require_fits_machine(const MemoryPlan& plan, const ModelConfig& config) {
   const int64_t local_ranks = local_size != nullptr ? std::max(1, std::atoi(local_size)) : 1;
   const auto part = [](const char* name, int64_t bytes) { return str_cat(name, " ", human_bytes(double(bytes))); };
   const std::string shards = plan.ranks > 1 ? " (the rank's shards)" : "";
-  const int64_t largest = std::max({plan.peak_fast, plan.start_up, plan.checkpoint_save});
+  const int64_t largest = plan.largest();
   std::string where, instead;
   if (largest == plan.checkpoint_save && plan.checkpoint_save > plan.peak_fast) {
     where = str_cat(" at a checkpoint's save (", part("the whole parameters and both moments gathered on every rank",
