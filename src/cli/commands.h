@@ -30,9 +30,9 @@ void add_lora_options(CLI::App* cmd, LoraOptions& o, const char* verb);
 void check_lora_options(const CLI::App* cmd, const LoraOptions& o);
 // train's flags that `trillion plan` takes too, declared once (cli/train.cpp): the settings table's
 // flags (train/settings.h), all or those named in `only`; and the process's options that shape the
-// memory plan (--recompute, --swap, --swap-bf16, --ep, --expert-imbalance, --sharded-checkpoints,
-// --memory-budget, --policy-min-bytes).
+// memory plan and the step's traffic (--recompute, --swap, --swap-bf16, --ep, --ep-chunks,
+// --expert-imbalance, --sharded-checkpoints, --memory-budget, --policy-min-bytes).
 void add_setting_options(CLI::App* cmd, TrainSettings& s, const std::set<std::string>& only = {});
-void add_memory_plan_options(CLI::App* cmd, TrainOptions& o);
+void add_step_plan_options(CLI::App* cmd, TrainOptions& o);
 
 }  // namespace trillion

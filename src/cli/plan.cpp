@@ -1,11 +1,16 @@
 // `trillion plan --config FILE --devices N [--micro-batch B] [--threads T] [--device-memory BYTES]
-// [--json] [train's flags that shape the plan]`: what every device of an N-device mesh holds, by
-// part, at its training step's peak, at start-up and at a whole checkpoint's save, before any
-// machine is rented. It is the plan training checks at start-up and `train --dry-run` prints under
-// mpirun: the same function (train/run_setup.h, memory_plan_of) with train's own flags (--seq-len,
-// --grad-accum, --precision, --indexer-mode, --recompute, --swap, --ep, --expert-imbalance, the
-// LoRA flags, …), given the mesh's size instead of mpirun's. Nothing is allocated, so a 2.8 T config
-// plans on a laptop (docs/scale.md).
+// [--host-memory BYTES] [--device-flops F --intra-bandwidth B --inter-bandwidth B --node-size D]
+// [--imbalance-from metrics.jsonl] [--search] [--json] [train's flags that shape the plan]`: what
+// every device of an N-device mesh holds, by part, at its training step's peak, at start-up and at a
+// whole checkpoint's save, what it sends and computes per step, and the step time of a stated
+// roofline (train/step_traffic.h), before any machine is rented. The memory is the plan training
+// checks at start-up and `train --dry-run` prints under mpirun: the same function
+// (train/run_setup.h, memory_plan_of) with train's own flags (--seq-len, --grad-accum, --precision,
+// --indexer-mode, --recompute, --swap, --ep, --ep-chunks, --expert-imbalance, the LoRA flags, …),
+// given the mesh's size instead of mpirun's; the bytes sent are those training's counters count.
+// --search plans every ep dividing the devices and the experts with every policy --memory-budget
+// tries, and lists them by step time (or peak). Nothing is allocated, so a 2.8 T config plans on a
+// laptop (docs/scale.md).
 #include <omp.h>
 
 #include <algorithm>
@@ -21,8 +26,10 @@
 #include "core/parallel.h"
 #include "model/config.h"
 #include "model/lora_config.h"
+#include "model/model.h"
 #include "parallel/mesh.h"
 #include "train/run_setup.h"
+#include "train/step_traffic.h"
 
 namespace trillion {
 namespace {
@@ -32,9 +39,147 @@ struct PlanOptions {
   int devices = 1;
   int64_t micro_batch = 1;
   int threads = 0;  // 0: this process's OpenMP threads
-  std::string device_memory;
+  std::string device_memory, host_memory;
+  std::string device_flops, intra_bandwidth, inter_bandwidth, host_bandwidth;  // rates ("989T", "450G")
+  int node_size = 8;
+  std::string imbalance_from;  // a run's metrics.jsonl: its last step's expert loads
+  bool search = false;
   bool json = false;
 };
+
+// The device with the largest value of `key` (the first of equals).
+template <class T, class Key>
+const T& largest_by(const std::vector<T>& items, Key key) {
+  return *std::max_element(items.begin(), items.end(), [&](const T& a, const T& b) { return key(a) < key(b); });
+}
+
+double exchanged(const DeviceTraffic& d) { return d.expert_dispatched + d.expert_combined; }
+
+void print_traffic(const PlanOptions& o, const std::vector<DeviceTraffic>& traffic, double imbalance) {
+  const TrainOptions& t = o.train;
+  const DeviceTraffic& fsdp = largest_by(traffic, [](const DeviceTraffic& d) { return d.fsdp_gathered + d.fsdp_reduce_scattered; });
+  std::printf("sent per step by a device: FSDP gathers %s and reduce-scatters %s (rank %d, the most)",
+              human_bytes(double(fsdp.fsdp_gathered)).c_str(), human_bytes(double(fsdp.fsdp_reduce_scattered)).c_str(),
+              fsdp.rank);
+  if (t.ep > 1) {
+    double mean = 0.0;
+    for (const DeviceTraffic& d : traffic) mean += exchanged(d) / double(traffic.size());
+    const DeviceTraffic& busiest = largest_by(traffic, exchanged);
+    std::printf("; the expert exchange %s on the mean device, %s on the busiest (rank %d, its experts receiving %.3g x "
+                "the mean rows%s)",
+                human_bytes(mean).c_str(), human_bytes(exchanged(busiest)).c_str(), busiest.rank, imbalance,
+                o.imbalance_from.empty() ? "" : str_cat(", as measured in ", o.imbalance_from).c_str());
+  }
+  const DeviceTraffic& most = largest_by(traffic, [](const DeviceTraffic& d) { return d.flops; });
+  std::printf("\nmodel FLOPs per step: %.4g on the busiest device (rank %d), %.4g of them its experts', %.4g "
+              "recompute's\n", most.flops, most.rank, most.expert_flops, most.rerun_flops);
+  const DeviceTraffic& slowest = largest_by(traffic, [](const DeviceTraffic& d) { return d.step_s; });
+  if (slowest.step_s <= 0.0) {
+    std::printf("step time: give --device-flops and the rates it needs (--intra-bandwidth; --inter-bandwidth beyond "
+                "--node-size %d devices; --host-bandwidth with --swap)\n", o.node_size);
+    return;
+  }
+  std::printf("step time (roofline): %.4g s = max(compute %.4g s, FSDP %.4g s, swap %.4g s) + exchange %.4g s of %.4g "
+              "s not hidden, on rank %d; %.0f tokens/s over the mesh\n",
+              slowest.step_s, slowest.compute_s, slowest.fsdp_s, slowest.swap_s, slowest.exposed_exchange_s,
+              slowest.exchange_s,
+              slowest.rank,
+              double(o.micro_batch * t.settings.seq_len * t.settings.grad_accum * o.devices) / slowest.step_s);
+}
+
+// Whether `plan` fits a device of `capacity` bytes, and where it does not.
+std::string verdict(const MemoryPlan& plan, int64_t capacity) {
+  if (plan.largest() <= capacity) return "fits";
+  if (plan.largest() == plan.start_up)
+    return str_cat("does not fit at start-up (", human_bytes(double(plan.start_up)),
+                   ": every device holds the whole parameters before it takes its shard)");
+  if (plan.largest() == plan.checkpoint_save)
+    return str_cat("does not fit at a whole checkpoint's save (", human_bytes(double(plan.checkpoint_save)),
+                   "; --sharded-checkpoints saves the shards)");
+  return str_cat("does not fit at the step's peak (", human_bytes(double(plan.peak_fast)), ", ", plan.peak_at, ")");
+}
+
+// A device too small for its weights alone is a bad input, named in one line.
+void require_weights_fit(const std::vector<MemoryPlan>& plans, const std::string& text, int64_t capacity) {
+  const MemoryPlan& most = largest_by(plans, [](const MemoryPlan& p) { return p.parameters; });
+  if (most.parameters > capacity)
+    fail("--device-memory ", text, ": too small for the weights alone: device ", most.rank, "'s parameters",
+         plans.size() > 1 ? " (its shards and the buffers every device keeps)" : "", " take ",
+         human_bytes(double(most.parameters)));
+}
+
+// The routing the plan assumes for `ep` (t.expert_imbalance follows measured loads).
+Routing routing_for(const PlanOptions& o, TrainOptions& t, const ModelConfig& config, int ep) {
+  if (o.imbalance_from.empty()) return imbalanced_routing(config, ep, t.expert_imbalance);
+  Routing routing = measured_routing(o.imbalance_from, config);
+  t.expert_imbalance = received_imbalance(routing, ep);
+  return routing;
+}
+
+DeviceRates rates_of(const PlanOptions& o) {
+  DeviceRates rates;
+  if (!o.device_flops.empty()) rates.flops = parse_rate(o.device_flops, "--device-flops");
+  if (!o.intra_bandwidth.empty()) rates.intra_bandwidth = parse_rate(o.intra_bandwidth, "--intra-bandwidth");
+  if (!o.inter_bandwidth.empty()) rates.inter_bandwidth = parse_rate(o.inter_bandwidth, "--inter-bandwidth");
+  if (!o.host_bandwidth.empty()) rates.host_bandwidth = parse_rate(o.host_bandwidth, "--host-bandwidth");
+  rates.node_size = o.node_size;
+  rates.exchange_chunks = o.train.ep_chunks;
+  return rates;
+}
+
+double slowest_step(const std::vector<DeviceTraffic>& traffic) {
+  return largest_by(traffic, [](const DeviceTraffic& d) { return d.step_s; }).step_s;
+}
+
+// --search: each ep that divides the devices and the routed experts, with each policy
+// --memory-budget tries; rank 0's memory plan stands for every device's (the ranks' shards differ by
+// at most one element per range), the step time is the slowest device's.
+void run_search(PlanOptions& o, const ModelConfig& config) {
+  TrainOptions& t = o.train;
+  if (t.recompute != "none" || t.swap != "none" || !t.memory_budget.empty())
+    fail("--search tries every policy --memory-budget tries: leave --recompute, --swap and --memory-budget out");
+  const int64_t capacity = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory, "--device-memory");
+  struct Candidate {
+    int ep;
+    MemoryPolicy policy;
+    int64_t largest, peak;
+    double step_s;
+  };
+  std::vector<Candidate> candidates;
+  const ParamTable table = param_table_of(config);
+  for (int ep = 1; ep <= o.devices; ++ep) {
+    if (o.devices % ep != 0 || (ep > 1 && (config.num_experts == 0 || config.num_experts % ep != 0))) continue;
+    t.ep = ep;
+    const Routing routing = routing_for(o, t, config, ep);
+    const StepMemoryShape shape = step_memory_shape(t, t.settings, 0, o.devices, 0);
+    const std::vector<DeviceTraffic> traffic = plan_step_traffic(config, shape, routing);
+    for (const MemoryPolicy& policy : budget_candidates()) {
+      const MemoryPlan plan = plan_memory(config, table, shape, policy);
+      if (capacity > 0 && plan.largest() > capacity) continue;
+      const double step_s = slowest_step(time_step(traffic, shape, plan, rates_of(o)));
+      candidates.push_back({ep, policy, plan.largest(), plan.peak_fast, step_s});
+    }
+  }
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.step_s != b.step_s ? a.step_s < b.step_s : a.largest < b.largest;
+  });
+  if (o.json) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const Candidate& c : candidates)
+      out.push_back({{"ep", c.ep}, {"policy", c.policy.name()}, {"largest", c.largest}, {"peak_fast", c.peak},
+                     {"step_s", c.step_s}});
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  std::printf("%zu meshes and policies%s, by %s:\n", candidates.size(),
+              capacity > 0 ? str_cat(" that fit --device-memory ", o.device_memory).c_str() : "",
+              candidates.empty() || candidates[0].step_s == 0.0 ? "the device's largest bytes (no rates given)"
+                                                                : "the roofline's step time");
+  for (const Candidate& c : candidates)
+    std::printf("  ep %4d  %-34s step peak %10s  largest %10s%s\n", c.ep, c.policy.name().c_str(),
+                human_bytes(double(c.peak)).c_str(), human_bytes(double(c.largest)).c_str(),
+                c.step_s > 0.0 ? str_cat("  step ", c.step_s, " s").c_str() : "");
+}
 
 void run_plan(PlanOptions& o) {
   TrainOptions& t = o.train;
@@ -42,24 +187,35 @@ void run_plan(PlanOptions& o) {
   ModelConfig config = ModelConfig::load(t.config_path);
   config.lora = new_run_lora(t, config);
   check_expert_layout(t.settings.expert_layout, config);
-  ParallelMesh::validate(o.devices, t.ep, config);
   t.settings.batch = o.micro_batch * o.devices;  // the global batch, as train's --batch
-  std::vector<MemoryPlan> plans;                 // one per device
+  if (o.search) return run_search(o, config);
+  ParallelMesh::validate(o.devices, t.ep, config);
+  const Routing routing = routing_for(o, t, config, t.ep);
+  const ParamTable table = param_table_of(config);
+  std::vector<MemoryPlan> plans;  // one per device
   for (int rank = 0; rank < o.devices; ++rank)
-    plans.push_back(memory_plan_of(t, config, t.settings, /*train_tokens=*/0, o.devices, rank));
-  const MemoryPlan& busiest = *std::max_element(plans.begin(), plans.end(), [](const MemoryPlan& a, const MemoryPlan& b) {
-    return a.largest() < b.largest();
-  });
+    plans.push_back(memory_plan_of(t, config, t.settings, /*train_tokens=*/0, o.devices, rank, &table));
+  const StepMemoryShape shape = step_memory_shape(t, t.settings, 0, o.devices, 0);
+  const std::vector<DeviceTraffic> traffic =
+      time_step(plan_step_traffic(config, shape, routing), shape, plans[0], rates_of(o));
+  const MemoryPlan& busiest = largest_by(plans, [](const MemoryPlan& p) { return p.largest(); });
+  const int64_t swap_per_node = largest_by(plans, [](const MemoryPlan& p) { return p.peak_slow; }).peak_slow *
+                                std::min(o.node_size, o.devices);
   const int64_t capacity = o.device_memory.empty() ? 0 : parse_bytes(o.device_memory, "--device-memory");
+  if (capacity > 0) require_weights_fit(plans, o.device_memory, capacity);
+  const int64_t host = o.host_memory.empty() ? 0 : parse_bytes(o.host_memory, "--host-memory");
   if (o.json) {
     nlohmann::json out = {{"config", t.config_path},           {"devices", o.devices},
                           {"ep", t.ep},                        {"micro_batch", o.micro_batch},
                           {"seq_len", t.settings.seq_len},     {"grad_accum", t.settings.grad_accum},
                           {"precision", t.settings.precision}, {"expert_imbalance", t.expert_imbalance},
                           {"threads", num_threads()},          {"busiest", busiest.to_json()},
-                          {"device_plans", nlohmann::json::array()}};
+                          {"swap_bytes_per_node", swap_per_node},
+                          {"device_plans", nlohmann::json::array()}, {"device_traffic", nlohmann::json::array()}};
     for (const MemoryPlan& plan : plans) out["device_plans"].push_back(plan.to_json()["fast"]);  // as --dry-run's rank_plans
+    for (const DeviceTraffic& d : traffic) out["device_traffic"].push_back(d.to_json());
     if (capacity > 0) out["fits"] = busiest.largest() <= capacity;
+    if (host > 0) out["swap_fits_host"] = swap_per_node <= host;
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
@@ -72,7 +228,12 @@ void run_plan(PlanOptions& o) {
   std::printf("the device that holds the most: rank %d, %s (the step's peak, start-up or a checkpoint's save)\n",
               busiest.rank, human_bytes(double(busiest.largest())).c_str());
   if (capacity > 0)
-    std::printf("--device-memory %s: %s\n", o.device_memory.c_str(), busiest.largest() <= capacity ? "fits" : "does not fit");
+    std::printf("--device-memory %s: %s\n", o.device_memory.c_str(), verdict(busiest, capacity).c_str());
+  if (swap_per_node > 0)
+    std::printf("swap files on a node's host (%d devices): %s%s\n", std::min(o.node_size, o.devices),
+                human_bytes(double(swap_per_node)).c_str(),
+                host > 0 ? str_cat("; --host-memory ", o.host_memory, swap_per_node <= host ? ": fits" : ": does not fit").c_str() : "");
+  print_traffic(o, traffic, t.expert_imbalance);
 }
 
 }  // namespace
@@ -89,11 +250,26 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--threads", o->threads, "OpenMP threads per device (per-thread workspaces; default: this machine's)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--device-memory", o->device_memory, "A device's memory (\"64G\"): say whether the plan fits");
-  cmd->add_flag("--json", o->json, "One JSON object, with every device's plan, instead of text");
+  cmd->add_option("--host-memory", o->host_memory,
+                  "A node's host memory (\"1T\"): say whether its devices' swap files fit (--swap)");
+  cmd->add_option("--device-flops", o->device_flops,
+                  "FLOP/s a device sustains in the run's precision (\"400T\"): the roofline's step time");
+  cmd->add_option("--intra-bandwidth", o->intra_bandwidth, "Bytes/s a device sends within its node (\"450G\")");
+  cmd->add_option("--inter-bandwidth", o->inter_bandwidth, "Bytes/s a device sends to other nodes (\"50G\")");
+  cmd->add_option("--host-bandwidth", o->host_bandwidth,
+                  "Bytes/s between a device and its host's memory (\"50G\"): swap's transfers (--swap)");
+  cmd->add_option("--node-size", o->node_size, "Devices per node")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--imbalance-from", o->imbalance_from,
+                  "A run's metrics.jsonl: its last step's expert loads set the rows each ep slice receives "
+                  "(instead of --expert-imbalance)");
+  cmd->add_flag("--search", o->search,
+                "Every ep dividing the devices and experts with every memory policy (that fits --device-memory), "
+                "by step time");
+  cmd->add_flag("--json", o->json, "One JSON object, with every device's plan and traffic, instead of text");
   add_setting_options(cmd, o->train.settings,
                       {"seq-len", "grad-accum", "dtype", "precision", "indexer-mode", "indexer-loss-coef",
                        "loss-gradients", "expert-layout"});
-  add_memory_plan_options(cmd, o->train);
+  add_step_plan_options(cmd, o->train);
   add_lora_options(cmd, o->train.lora, "Plan");
   cmd->callback([cmd, o] {
     check_lora_options(cmd, o->train.lora);

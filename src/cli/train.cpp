@@ -33,7 +33,7 @@ void add_setting_options(CLI::App* cmd, TrainSettings& s, const std::set<std::st
   TRILLION_CHECK(only.empty() || named == only.size(), "add_setting_options: a name of `only` is no training setting");
 }
 
-void add_memory_plan_options(CLI::App* cmd, TrainOptions& o) {
+void add_step_plan_options(CLI::App* cmd, TrainOptions& o) {
   cmd->add_option("--recompute", o.recompute,
                   "Saved activations recomputed before their layer's backward: none, selective (the FFN "
                   "sublayer), full (the whole layer) or a comma-separated list of activation tags "
@@ -46,6 +46,8 @@ void add_memory_plan_options(CLI::App* cmd, TrainOptions& o) {
                 "Store swapped float32 tensors as bfloat16: half the disk traffic, lossy (off by default)");
   cmd->add_option("--ep", o.ep,
                   "Expert-parallel degree: the routed experts split over groups of EP ranks (divides the ranks)");
+  cmd->add_option("--ep-chunks", o.ep_chunks,
+                  "Under mpirun with --ep: token chunks per MoE layer whose exchange overlaps the others' experts");
   cmd->add_option("--expert-imbalance", o.expert_imbalance,
                   "With --ep: the memory plan's rows received by a rank's experts per MoE layer, as a multiple of "
                   "its own routed rows (the start-up check's and --dry-run's margin for uneven routing; default 1.25)")
@@ -75,10 +77,8 @@ void register_train(CLI::App& app) {
   // Settings that define the run (train/settings.h); on --resume they come from trainer_state.json.
   add_setting_options(cmd, s);
   // Settings of this process only.
-  add_memory_plan_options(cmd, o);
+  add_step_plan_options(cmd, o);
   cmd->add_option("--swap-dir", o.swap_dir, "Directory of the swap file, on local disk (default: --out)");
-  cmd->add_option("--ep-chunks", o.ep_chunks,
-                  "Under mpirun with --ep: token chunks per MoE layer whose exchange overlaps the others' experts");
   cmd->add_option("--collective-timeout", o.collective_timeout_s,
                   "Under mpirun: seconds a collective may wait before the job ends, naming the silent ranks");
   cmd->add_flag("--dry-run", o.dry_run, "Print the memory plan of a step (JSON on stdout) and train nothing");

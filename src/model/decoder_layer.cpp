@@ -42,8 +42,15 @@ DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int la
 }
 
 double DecoderLayerDims::flops_per_token(int64_t seq) const {
-  const auto of_kind = [&](const auto& d) { return trillion::flops_per_token(d, seq); };
-  return std::visit(of_kind, mixer) + std::visit(of_kind, ffn);
+  return mixer_flops_per_token(seq) + ffn_flops_per_token(seq);
+}
+
+double DecoderLayerDims::mixer_flops_per_token(int64_t seq) const {
+  return std::visit([&](const auto& d) { return trillion::flops_per_token(d, seq); }, mixer);
+}
+
+double DecoderLayerDims::ffn_flops_per_token(int64_t seq) const {
+  return std::visit([&](const auto& d) { return trillion::flops_per_token(d, seq); }, ffn);
 }
 
 InputUse DecoderLayerDims::mixer_input_use() const {

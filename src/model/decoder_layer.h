@@ -73,6 +73,8 @@ struct DecoderLayerDims {
   static DecoderLayerDims from_config(const ModelConfig& config, int layer);
   bool is_moe() const { return std::holds_alternative<MoeDims>(ffn); }
   double flops_per_token(int64_t seq) const;        // training, forward + backward
+  double mixer_flops_per_token(int64_t seq) const;  // … of the mixer alone
+  double ffn_flops_per_token(int64_t seq) const;    // … of the FFN alone
   // The memory plan's sizes of the layer (model/memory_sizes.h): the tensors both sublayers save
   // (each one's input and norm, then its kind's), and the most scratch each sublayer's forward and
   // backward holds at once.

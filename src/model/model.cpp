@@ -115,8 +115,9 @@ ParamTable param_table_of(const ModelConfig& config) {
   return build_param_table(config, layer_dims_of(config));
 }
 
-ParamCounts count_parameters(const ModelConfig& config) {
-  const ParamTable table = param_table_of(config);
+ParamCounts count_parameters(const ModelConfig& config) { return count_parameters(config, param_table_of(config)); }
+
+ParamCounts count_parameters(const ModelConfig& config, const ParamTable& table) {
   ParamCounts counts;
   counts.dense = table.num_elements(ParamGroup::dense);
   counts.expert = table.num_elements(ParamGroup::expert);
@@ -570,23 +571,36 @@ void Model<T>::reset_workspace() {
   impl_->scratch.reset();
 }
 
-template <class T>
-double Model<T>::training_flops_per_token(int64_t seq) const {
-  const Impl& m = *impl_;
-  double flops = 6.0 * double(m.config.vocab_size) * double(m.config.hidden_size);
-  for (const DecoderLayerDims& dims : m.layer_dims) flops += dims.flops_per_token(seq);
-  if (m.config.lora == nullptr) return flops;
+TrainingFlops training_flops_of(const ModelConfig& config, const ParamTable& table, int64_t seq) {
+  TrainingFlops flops;
+  flops.per_token = 6.0 * double(config.vocab_size) * double(config.hidden_size);
+  for (const DecoderLayerDims& dims : layer_dims_of(config)) {
+    flops.per_token += dims.flops_per_token(seq);
+    if (const MoeDims* moe = std::get_if<MoeDims>(&dims.ffn))
+      flops.routed_experts += 18.0 * double(moe->top_k()) * double(moe->hidden) * double(moe->width);
+  }
+  if (config.lora == nullptr) return flops;
   const double routed_share =
-      m.config.num_experts > 0 ? double(m.config.num_experts_per_tok) / double(m.config.num_experts) : 0.0;
-  for (const ParamSpec& spec : m.table.entries()) {
+      config.num_experts > 0 ? double(config.num_experts_per_tok) / double(config.num_experts) : 0.0;
+  for (const ParamSpec& spec : table.entries()) {
+    double change = 0.0;
+    const bool routed = spec.group == ParamGroup::expert;
     if (spec.adapter) {  // a routed experts' pair is [E, …]: k of its E experts per token
-      flops += (spec.name.ends_with(".lora_A.weight") ? 8.0 : 6.0) * double(spec.numel()) *
+      change = (spec.name.ends_with(".lora_A.weight") ? 8.0 : 6.0) * double(spec.numel()) *
                (spec.shape.size() == 3 ? routed_share : 1.0);
+      if (spec.shape.size() == 3) flops.routed_experts += change;
     } else if (spec.frozen && spec.use != ParamUse::values) {
-      flops -= 2.0 * double(spec.numel()) * (spec.group == ParamGroup::expert ? routed_share : 1.0);
+      change = -2.0 * double(spec.numel()) * (routed ? routed_share : 1.0);
+      if (routed) flops.routed_experts += change;
     }
+    flops.per_token += change;
   }
   return flops;
+}
+
+template <class T>
+double Model<T>::training_flops_per_token(int64_t seq) const {
+  return training_flops_of(impl_->config, impl_->table, seq).per_token;
 }
 
 template class Model<float>;

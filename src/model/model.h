@@ -40,8 +40,15 @@ struct ParamCounts {
   int64_t with_adapters = 0;      // total with the adapters' parameters
 };
 ParamCounts count_parameters(const ModelConfig& config);
+ParamCounts count_parameters(const ModelConfig& config, const ParamTable& table);  // its table, built already
 // The parameter table a Model of the config lays out (shapes and offsets; nothing allocated).
 ParamTable param_table_of(const ModelConfig& config);
+// Model FLOPs of one training token (Model::training_flops_per_token) from a config and its
+// parameter table alone, and the part of them the routed experts do (their owners', under ep).
+struct TrainingFlops {
+  double per_token = 0.0, routed_experts = 0.0;
+};
+TrainingFlops training_flops_of(const ModelConfig& config, const ParamTable& table, int64_t seq);
 // The bytes Model::save_adapter holds while writing the adapter of `config` in `layout`: the pairs
 // it converts to that layout and its copies of the fused-layout lora_B tensors in PEFT's rank-major
 // order (model/adapter_weights.cpp).

@@ -113,6 +113,29 @@ Buffer<T> ones(int64_t count) {
 
 }  // namespace
 
+std::vector<ExchangeBytes> exchange_bytes(const std::vector<std::vector<std::vector<double>>>& loads, int ep,
+                                          int64_t hidden, int64_t element_bytes) {
+  const int ranks = loads.empty() ? 0 : static_cast<int>(loads[0].size());
+  TRILLION_CHECK(ep > 0 && ranks % ep == 0, "exchange_bytes: ", ranks, " ranks' loads for ep ", ep);
+  std::vector<ExchangeBytes> bytes(ranks);
+  const double per_row = double((2 * hidden + 1) * element_bytes);
+  for (const std::vector<std::vector<double>>& layer : loads) {
+    TRILLION_CHECK(static_cast<int>(layer.size()) == ranks, "exchange_bytes: a layer's loads of ", layer.size(),
+                   " ranks, not ", ranks);
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t E = static_cast<int64_t>(layer[r].size()), local = E / ep;
+      TRILLION_CHECK(E % ep == 0, "exchange_bytes: ", E, " experts over ep ", ep);
+      for (int64_t e = 0; e < E; ++e) {
+        const int owner = (r / ep) * ep + static_cast<int>(e / local);  // the rank of e's slice in r's ep group
+        if (owner == r) continue;                                   // rows to itself never leave it
+        bytes[r].dispatched += layer[r][e] * per_row;
+        bytes[owner].combined += layer[r][e] * per_row;
+      }
+    }
+  }
+  return bytes;
+}
+
 ExpertParallel::ExpertParallel(const ProcessGroup& group, int chunks) : group_(group) { set_chunks(chunks); }
 
 void ExpertParallel::finish_timed(ProcessGroup::Pending& pending) {

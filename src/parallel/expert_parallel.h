@@ -47,6 +47,19 @@ struct ExpertParallelCounters {
   double wait_s = 0.0;           // waiting for exchanges to complete
 };
 
+// The bytes each rank's exchange sends in a step (its counters; metrics' "expert_parallel"), from
+// every rank's routed rows per expert of each MoE layer, summed over the step's micro-batches
+// (loads[layer][rank][expert], as metrics' rank_tokens_per_expert; fractional for a plan's expected
+// rows). A row bound for another rank's expert goes there twice (the token's input forward, its
+// output gradient backward) and its weight once; each row a rank's experts receive from another
+// rank goes back twice (the output forward, the input gradient backward) with its dweight.
+// ranks = loads[l].size(), a multiple of ep (rank = edp index · ep + ep index, parallel/mesh.h).
+struct ExchangeBytes {
+  double dispatched = 0.0, combined = 0.0;
+};
+std::vector<ExchangeBytes> exchange_bytes(const std::vector<std::vector<std::vector<double>>>& loads, int ep,
+                                          int64_t hidden, int64_t element_bytes);
+
 class ExpertParallel final : public ExpertExchange {
  public:
   // The group must outlive this object; chunks ≥ 1 token ranges per layer (see Overlap above).

@@ -40,11 +40,6 @@ const ProcessGroup& Fsdp<T>::group_of(const ShardLayout::Unit& piece) const {
 }
 
 template <class T>
-int64_t Fsdp<T>::moved_bytes(const ShardLayout::Unit& piece) const {
-  return (piece.count - piece.counts[layout_.group_rank(piece)]) * static_cast<int64_t>(sizeof(T));
-}
-
-template <class T>
 Fsdp<T>::Fsdp(Model<T>& model, const ProcessGroup& group, const ProcessGroup& edp, const ShardLayout& layout,
               Operands gathers)
     : model_(model),
@@ -259,7 +254,7 @@ void Fsdp<T>::reduce_scatter(int unit) {
     if (piece.frozen) continue;  // no gradients
     group_of(piece).reduce_scatter_sum(model_.grads() + piece.begin, shard_grads_.data() + piece.shard_offset,
                                        piece.counts);
-    counters_.reduce_scattered_bytes += moved_bytes(piece);
+    counters_.reduce_scattered_bytes += piece.moved_elements(layout_.group_rank(piece)) * static_cast<int64_t>(sizeof(T));
     release_range(model_.grads(), piece.begin, piece.begin + piece.count, /*zero_ends=*/true);  // zero for the next step
   }
   if (grads_resident_[unit]) uncount(held_bytes_of_unit_[unit]);

@@ -33,8 +33,9 @@
 // gathers whose products round each weight (tests/parallel/fsdp_test.cpp).
 //
 // Counted per rank: bytes moved by the gathers and the reduce-scatters (each collective moves the
-// unit's elements other than this rank's piece, in or out: the volume of a ring algorithm) and the
-// peak of gathered parameter bytes (in flight included).
+// unit's elements other than this rank's piece, in or out: the volume of a ring algorithm; a step's
+// are ShardLayout::gather_bytes and reduce_scatter_bytes, which `trillion plan` predicts by) and
+// the peak of gathered parameter bytes (in flight included).
 //
 // MemoryStats' fast tier follows what is resident: the released ranges of the model's flat buffers
 // are taken out of it, a unit's parameters count from the start of their gather to their release,
@@ -103,7 +104,6 @@ class Fsdp {
  private:
   enum class UnitState { released, in_flight, gathered };
   const ProcessGroup& group_of(const ShardLayout::Unit& piece) const;  // the world, or the edp group
-  int64_t moved_bytes(const ShardLayout::Unit& piece) const;          // the range but this rank's piece
   ProcessGroup::Pending start_run(int i, size_t r);  // run r of layout unit i
   void keep_frozen_parts();
   // One of this rank's parts of a frozen run: at flat[flat, +count) and frozen-shard[local, +count)

@@ -97,6 +97,22 @@ int64_t ShardLayout::Run::moved_bytes(int64_t element_bytes, int group_rank) con
   return (count - counts[group_rank]) * (use == ParamUse::products ? 2 : element_bytes);
 }
 
+int64_t ShardLayout::gather_bytes(const ParamTable& table, bool bf16, int64_t element_bytes) const {
+  int64_t bytes = 0;
+  for (const Unit& range : units_) {
+    if (!range.held) continue;
+    for (const Run& run : gather_runs(table, range, bf16)) bytes += run.moved_bytes(element_bytes, group_rank(range));
+  }
+  return bytes;
+}
+
+int64_t ShardLayout::reduce_scatter_bytes(int64_t element_bytes) const {
+  int64_t bytes = 0;
+  for (const Unit& range : units_)
+    if (range.held && !range.frozen) bytes += range.moved_elements(group_rank(range)) * element_bytes;
+  return bytes;
+}
+
 std::vector<ShardLayout::Run> ShardLayout::gather_runs(const ParamTable& table, const Unit& range, bool bf16) const {
   std::vector<Run> runs(1);  // a run of values from 0 unless the range's first tensor says otherwise
   for (const ParamSpec& spec : table.entries()) {

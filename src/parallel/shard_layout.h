@@ -45,6 +45,9 @@ class ShardLayout {
     std::vector<int64_t> displs;    // [group ranks] offset of each piece inside the range
     std::vector<int64_t> world_counts, world_displs;  // [ranks] the same by world rank (0: holds none)
     int64_t shard_offset = 0;       // where this rank's piece starts in its (frozen) shard, when held
+    // Elements a collective over the range moves for the group's rank `group_rank`: the range but
+    // its own piece, in or out (the volume of a ring algorithm).
+    int64_t moved_elements(int group_rank) const { return count - counts[group_rank]; }
   };
   // A run of owned elements: flat [global, global + count) at shard [local, local + count).
   struct Slice {
@@ -76,6 +79,12 @@ class ShardLayout {
     int64_t bytes(int64_t element_bytes) const { return float_elements * element_bytes + bf16_elements * 2; }
   };
   FrozenParts frozen_parts(const ParamTable& table, bool bf16) const;
+  // What FSDP's collectives move for this rank (parallel/fsdp.h's counters, metrics' "fsdp"): bytes
+  // of one all-gather of every range it holds (runs as gather_runs gives them, bf16 or not), and of
+  // one reduce-scatter of every trainable range's gradients. A step gathers each unit twice per
+  // micro-batch (forward, backward) and reduce-scatters once.
+  int64_t gather_bytes(const ParamTable& table, bool bf16, int64_t element_bytes) const;
+  int64_t reduce_scatter_bytes(int64_t element_bytes) const;
 
   int rank() const { return rank_; }
   int ranks() const { return ranks_; }

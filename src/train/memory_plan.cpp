@@ -126,13 +126,9 @@ class UnitsInUse {
     for (const ShardLayout::Unit& piece : layout->units()) {
       if (!piece.held) continue;
       if (!piece.frozen) written_[piece.table_unit] += piece.count * shape.element_bytes;
-      for (const ShardLayout::Run& run : layout->gather_runs(table, piece, bf16_gathers(shape)))
+      for (const ShardLayout::Run& run : layout->gather_runs(table, piece, shape.bf16_gathers()))
         gathered_[piece.table_unit] += run.held_bytes(shape.element_bytes);
     }
-  }
-  // Whether FSDP gathers in bf16 runs (parallel/fsdp.h).
-  static bool bf16_gathers(const StepMemoryShape& shape) {
-    return shape.ranks > 1 && shape.bf16_products && shape.element_bytes == 4;
   }
   int64_t embedding_forward() const { return bytes({0, 1}, {}); }
   int64_t layer_forward(int l) const {  // unit 1 + l, the next one prefetched
@@ -178,12 +174,17 @@ std::string MemoryPolicy::name() const {
 }
 
 MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, const MemoryPolicy& policy) {
+  return plan_memory(config, param_table_of(config), shape, policy);
+}
+
+MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const StepMemoryShape& shape,
+                       const MemoryPolicy& policy) {
   check_disjoint_policies(policy.recompute, policy.swap);
   const std::vector<ActivationTag> recompute_list = recompute_tags(policy.recompute);
   const std::vector<ActivationTag> swap_list = swap_tags(policy.swap);
   const std::set<ActivationTag> recompute(recompute_list.begin(), recompute_list.end());
   const std::set<ActivationTag> swap(swap_list.begin(), swap_list.end());
-  const ParamCounts counts = count_parameters(config);
+  const ParamCounts counts = count_parameters(config, table);
   const int64_t e = shape.element_bytes, n = shape.batch * shape.seq, D = config.hidden_size, V = config.vocab_size;
   StepShape step;
   step.batch = shape.batch;
@@ -203,14 +204,13 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
   plan.rank = shape.rank;
   // The rank's shards of the trainable and of the frozen elements (one rank: all of them, at their
   // flat offsets).
-  const ParamTable table = param_table_of(config);  // one for the shards and units (a 2.8 T config's takes 0.2 s)
   const std::optional<ShardLayout> layout =
       shape.ranks > 1 ? std::optional<ShardLayout>(std::in_place, table, shape.rank, shape.ranks, shape.ep)
                       : std::nullopt;
   const int64_t shard = layout ? layout->shard_size() : counts.trainable_storage;
   // The frozen shard as FSDP holds it: under bf16 gathers its products-only parts in bf16 alone.
   std::optional<ShardLayout::FrozenParts> frozen_parts;
-  if (layout) frozen_parts.emplace(layout->frozen_parts(table, UnitsInUse::bf16_gathers(shape)));
+  if (layout) frozen_parts.emplace(layout->frozen_parts(table, shape.bf16_gathers()));
   const int64_t frozen_shard_bytes =
       frozen_parts ? frozen_parts->bytes(e) : (counts.sharded_storage - counts.trainable_storage) * e;
   const int64_t unsharded = counts.storage - counts.sharded_storage;  // buffers: every rank keeps them whole
@@ -236,6 +236,9 @@ MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, 
     plan.activations_saved += layers.back().total();
     plan.peak_slow += layers.back().file;
     any_rerun = any_rerun || layers.back().rerun_mixer || layers.back().rerun_ffn;
+    // A re-run sublayer's forward: a third of its training FLOPs (forward 1, backward 2).
+    plan.rerun_flops_per_token += (layers.back().rerun_mixer ? dims.mixer_flops_per_token(shape.seq) / 3.0 : 0.0) +
+                                  (layers.back().rerun_ffn ? dims.ffn_flops_per_token(shape.seq) / 3.0 : 0.0);
   }
   // hidden, its gradient, positions; the recompute copy; the sampler; the bf16 swap's staging buffer.
   plan.model_buffers = 2 * n * D * e + n * 4 + (any_rerun ? n * D * e : 0) + shape.sampler_windows * 8 +
@@ -375,10 +378,11 @@ std::vector<MemoryPolicy> budget_candidates() {
           {"selective", "none"}, {"full", "none"},      {"full", "attn_input"}};
 }
 
-MemoryPlan choose_policy(const ModelConfig& config, const StepMemoryShape& shape, int64_t budget) {
+MemoryPlan choose_policy(const ModelConfig& config, const ParamTable& table, const StepMemoryShape& shape,
+                         int64_t budget) {
   MemoryPlan smallest;
   for (const MemoryPolicy& policy : budget_candidates()) {
-    const MemoryPlan plan = plan_memory(config, shape, policy);
+    const MemoryPlan plan = plan_memory(config, table, shape, policy);
     if (plan.peak_fast <= budget) return plan;
     if (smallest.peak_at.empty() || plan.peak_fast < smallest.peak_fast) smallest = plan;
   }

@@ -81,6 +81,8 @@ struct StepMemoryShape {
   // parameters and both moments on every rank.
   bool whole_checkpoints = false;
   ExpertLayout adapter_layout = ExpertLayout::as_trained;  // LoRA: OUT/adapter's routed experts' pairs
+  // Whether FSDP gathers in bf16 runs (parallel/fsdp.h).
+  bool bf16_gathers() const { return ranks > 1 && bf16_products && element_bytes == 4; }
 };
 
 struct MemoryPlan {
@@ -102,6 +104,9 @@ struct MemoryPlan {
   int64_t checkpoint_save = 0;     // a whole checkpoint's save on several ranks (0: none, or sharded)
   // Slow tier: the swap file's bytes at most (every swapped tensor of a step).
   int64_t peak_slow = 0;
+  // The FLOPs recompute adds per token: the forward of each sublayer it re-runs (the step's time,
+  // train/step_traffic.h).
+  double rerun_flops_per_token = 0.0;
   // What the rank must hold at once at some point: the step's peak, start-up or a checkpoint's save.
   int64_t largest() const { return std::max({peak_fast, start_up, checkpoint_save}); }
   nlohmann::json to_json() const;
@@ -109,12 +114,17 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_memory(const ModelConfig& config, const StepMemoryShape& shape, const MemoryPolicy& policy);
+// The same with the config's parameter table built already (param_table_of: a 2.8 T config's takes
+// 0.2 s, and every device of a mesh plans with the same).
+MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const StepMemoryShape& shape,
+                       const MemoryPolicy& policy);
 
 // The policies `--memory-budget` tries, cheapest first.
 std::vector<MemoryPolicy> budget_candidates();
 // The first candidate whose peak fits `budget` bytes; fails naming the budget, the smallest peak of
 // any candidate (and its policy) otherwise.
-MemoryPlan choose_policy(const ModelConfig& config, const StepMemoryShape& shape, int64_t budget);
+MemoryPlan choose_policy(const ModelConfig& config, const ParamTable& table, const StepMemoryShape& shape,
+                         int64_t budget);
 
 // "2G", "512M", "1.5GiB", "300000" (suffixes K, M, G, T, powers of 1024, optional "iB" / "B");
 // `option` names the flag in errors.

@@ -37,6 +37,8 @@ void check_same_config(const ModelConfig& given, const std::string& given_path, 
   fail(given_path, ": differs from the checkpoint's ", saved_path);
 }
 
+}  // namespace
+
 // train_tokens: the training split's size (0 before the data is known: a dry run).
 // rank: whose plan (every rank's differs a little: the shards' sizes, the expert slices).
 StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens, int ranks,
@@ -62,8 +64,6 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
   shape.adapter_layout = expert_layout_named(s.expert_layout, "--expert-layout");
   return shape;
 }
-
-}  // namespace
 
 void validate_settings(const TrainSettings& s) {
   if (s.steps < 1) fail("--steps must be ≥ 1, got ", s.steps);
@@ -230,17 +230,19 @@ RunSetup prepare_run(TrainOptions& o) {
 // The policy the run uses and its plan: --recompute / --swap as given, or, with --memory-budget and
 // neither given, the cheapest candidate that fits; a given policy over the budget is an error.
 MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
-                          int64_t train_tokens, int ranks, int rank) {
+                          int64_t train_tokens, int ranks, int rank, const ParamTable* table) {
   const StepMemoryShape shape = step_memory_shape(o, s, train_tokens, ranks, rank);
+  const ParamTable built = table != nullptr ? ParamTable() : param_table_of(config);
+  if (table == nullptr) table = &built;
   const bool chosen_by_user = o.recompute != "none" || o.swap != "none";
   if (o.memory_budget.empty() || chosen_by_user) {
-    MemoryPlan plan = plan_memory(config, shape, MemoryPolicy{o.recompute, o.swap});
+    MemoryPlan plan = plan_memory(config, *table, shape, MemoryPolicy{o.recompute, o.swap});
     if (!o.memory_budget.empty() && plan.peak_fast > parse_bytes(o.memory_budget, "--memory-budget"))
       fail("--memory-budget ", o.memory_budget, ": the planned peak of ", plan.policy.name(), " is ", plan.peak_fast,
            " bytes; expected a larger budget, or leave --recompute / --swap to the budget");
     return plan;
   }
-  return choose_policy(config, shape, parse_bytes(o.memory_budget, "--memory-budget"));
+  return choose_policy(config, *table, shape, parse_bytes(o.memory_budget, "--memory-budget"));
 }
 
 // --dry-run: the plan of the chosen policy (JSON on stdout, lines on stderr) and every candidate's

@@ -42,12 +42,17 @@ void check_expert_layout(const std::string& name, const ModelConfig& config);
 // Resolves config, data, weights and settings for a fresh, --init or --resume run.
 RunSetup prepare_run(TrainOptions& o);
 
+// The step's shape for the memory plan and the traffic plan (train/step_traffic.h) of `rank` of
+// `ranks` (s.batch is the global batch); train_tokens: the training split's size (0: not known).
+StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens, int ranks,
+                                  int rank);
 // The memory plan of `rank`'s step of `ranks` (train/memory_plan.h; s.batch is the global batch)
 // with the run's policy: --recompute / --swap as given, or, with --memory-budget and neither given,
 // the cheapest candidate that fits; a given policy over the budget is an error. train_tokens: the
-// training split's size (0: not known). Training and `trillion plan` both plan through it.
+// training split's size (0: not known). Training and `trillion plan` both plan through it; `table`:
+// the config's parameter table when built already (else built here).
 MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,
-                          int64_t train_tokens, int ranks, int rank);
+                          int64_t train_tokens, int ranks, int rank, const ParamTable* table = nullptr);
 // --dry-run: the plan (JSON on stdout, lines on stderr), every candidate's peak, and under mpirun
 // every rank's plan; rank 0 prints.
 void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const TrainSettings& s,

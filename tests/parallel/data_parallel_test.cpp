@@ -23,6 +23,7 @@
 
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "parallel/expert_parallel.h"
 #include "train/cli_fixture.h"
 
 namespace trillion::train_test {
@@ -154,6 +155,9 @@ void expect_expert_counts(const RunResult& parallel, const Case& c, int ranks, i
     EXPECT_EQ(x.at("ep"), c.ep);
     const nlohmann::json& loads = x.at("rank_tokens_per_expert");
     ASSERT_EQ(loads.size(), m.at("moe_layers").size());
+    // The planner's function of the same loads (train/step_traffic.h predicts by it).
+    const std::vector<ExchangeBytes> planned =
+        exchange_bytes(loads.get<std::vector<std::vector<std::vector<double>>>>(), c.ep, hidden, 8);
     for (int r = 0; r < ranks; ++r) {
       int64_t out = 0, in = 0;  // rows
       for (size_t l = 0; l < loads.size(); ++l) {
@@ -168,6 +172,8 @@ void expect_expert_counts(const RunResult& parallel, const Case& c, int ranks, i
       // Each way, the rows twice (forward, backward) and one weight or dweight per row once.
       EXPECT_EQ(x.at("rank_dispatched_bytes")[r], out * (2 * hidden + 1) * 8) << "rank " << r << ": " << m.dump();
       EXPECT_EQ(x.at("rank_combined_bytes")[r], in * (2 * hidden + 1) * 8) << "rank " << r;
+      EXPECT_EQ(planned[r].dispatched, x.at("rank_dispatched_bytes")[r].get<double>()) << "rank " << r;
+      EXPECT_EQ(planned[r].combined, x.at("rank_combined_bytes")[r].get<double>()) << "rank " << r;
     }
     for (size_t l = 0; l < loads.size(); ++l) {
       const nlohmann::json& total = m.at("moe_layers")[l].at("tokens_per_expert");

@@ -7,7 +7,8 @@
 // and selective swap, which moves the exchanged rows; ep 4 with selective recompute), and the MoE
 // demo under --precision bf16 (units gathered in bf16 runs) with ep 1 and 2, and LoRA of the MoE demo
 // (its frozen base sharded) with ep 2, in float and bf16,
-// the plan bounds the measurement and lies within 5 % of it. With --ep the plan needs the routing's imbalance (the rows a rank's
+// the plan bounds the measurement and lies within 5 % of it, and `trillion plan`'s bytes sent
+// equal the run's counters exactly. With --ep the plan needs the routing's imbalance (the rows a rank's
 // experts receive, as a multiple of its own): the test reads each rank's from the run's routing
 // loads and asks `--dry-run --expert-imbalance` for that rank's plan. `--dry-run` under mpirun
 // prints every rank's plan; a whole checkpoint's save stays within its plan; and a 0.48 B dense Qwen3 that one rank's plan refused on four local
@@ -16,6 +17,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <numeric>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -78,6 +81,36 @@ std::vector<double> expert_imbalance(const std::vector<nlohmann::json>& metrics,
   return imbalance;
 }
 
+// The plan's bytes sent are the run's (train/step_traffic.h), exactly: rank 0's FSDP gathers and
+// reduce-scatters of the last step (metrics "fsdp"; none on one rank) and, with ep, every rank's
+// expert exchange, the plan taking the run's loads per rank from its metrics (--imbalance-from).
+void expect_planned_traffic(const std::string& plan_flags, int ranks, const std::vector<nlohmann::json>& metrics,
+                            const fs::path& out) {
+  const nlohmann::json& last = metrics.back();
+  const std::string routing = last.contains("moe_layers") ? " --imbalance-from " + (out / "metrics.jsonl").string() : "";
+  const CommandResult planned = run_cli("plan " + plan_flags + " --devices " + std::to_string(ranks) +
+                                            " --micro-batch " + std::to_string(4 / ranks) + routing + " --json",
+                                        "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(planned.status, 0) << planned.output;
+  const nlohmann::json traffic = nlohmann::json::parse(planned.output).at("device_traffic");
+  ASSERT_EQ(traffic.size(), size_t(ranks));
+  if (ranks == 1) {
+    EXPECT_FALSE(last.contains("fsdp"));
+    EXPECT_EQ(traffic[0].at("fsdp_gathered_bytes"), 0);
+  } else {
+    EXPECT_EQ(traffic[0].at("fsdp_gathered_bytes"), last.at("fsdp").at("gathered_bytes"));
+    EXPECT_EQ(traffic[0].at("fsdp_reduce_scattered_bytes"), last.at("fsdp").at("reduce_scattered_bytes"));
+  }
+  if (!last.contains("expert_parallel")) return;
+  const nlohmann::json& exchange = last.at("expert_parallel");
+  for (int r = 0; r < ranks; ++r) {
+    EXPECT_EQ(traffic[r].at("expert_dispatched_bytes").get<double>(),
+              exchange.at("rank_dispatched_bytes")[r].get<double>()) << "rank " << r;
+    EXPECT_EQ(traffic[r].at("expert_combined_bytes").get<double>(), exchange.at("rank_combined_bytes")[r].get<double>())
+        << "rank " << r;
+  }
+}
+
 // LoRA on attention and the routed experts: the frozen base in each rank's frozen shard.
 const std::string kLoraFlags = "--lora-rank 4 --lora-targets q_proj,v_proj --lora-target-parameters gate_up_proj,down_proj";
 
@@ -107,6 +140,7 @@ TEST_P(ParallelMemoryPlan, EveryRankStaysWithinItsPlan) {
     ASSERT_EQ(r.status, 0) << r.output;
     const std::vector<nlohmann::json> metrics = read_metrics(out);
     ASSERT_EQ(metrics.size(), 2u);
+    expect_planned_traffic("--config " + config.string() + " --seq-len 32 " + c.extra + ep, ranks, metrics, out);
     const RankPeaks peaks = rank_peaks(metrics, ranks);
     if (c.ep == 1) {
       for (int rank = 0; rank < ranks; ++rank)
@@ -185,9 +219,96 @@ TEST(ParallelMemoryPlan, PlanCommandGivesEveryRanksDryRunPlan) {
     ASSERT_EQ(plan.at("device_plans").size(), 4u);
     EXPECT_EQ(plan.at("device_plans"), dry.at("rank_plans"));
   }
-  const CommandResult uneven = run_cli("plan --config " + config_with("demo_moe", nullptr).string() + " --ep 2 --devices 3");
-  EXPECT_EQ(uneven.status, 1);
-  EXPECT_NE(uneven.output.find("--ep 2 must be ≥ 1 and divide the 3 ranks"), std::string::npos) << uneven.output;
+}
+
+// Bad meshes and devices get one line each, naming the flag and what does not fit: a mesh ep does
+// not divide, experts ep does not divide, a device memory below the weights alone (and a device
+// memory above them that the plan still exceeds says where).
+TEST(ParallelMemoryPlan, PlanRefusesBadMeshesAndDevicesInOneLine) {
+  const std::string plan = "plan --config " + config_with("demo_moe", nullptr).string();
+  for (const auto& [flags, message] :
+       {std::pair<std::string, std::string>{" --ep 2 --devices 3", "error: --ep 2 must be ≥ 1 and divide the 3 ranks\n"},
+        {" --ep 3 --devices 6", "error: --ep 3: the model's 32 routed experts must split evenly over 3 ranks\n"},
+        {" --ep 2 --devices 4 --device-memory 1M",
+         "error: --device-memory 1M: too small for the weights alone: device 0's parameters (its shards and the "
+         "buffers every device keeps) take "}}) {
+    const CommandResult r = run_cli(plan + flags);
+    EXPECT_EQ(r.status, 1) << flags;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flags << ": " << r.output;
+    EXPECT_EQ(std::count(r.output.begin(), r.output.end(), '\n'), 1) << r.output;
+  }
+  const CommandResult tight = run_cli(plan + " --ep 2 --devices 4 --device-memory 30M");
+  EXPECT_EQ(tight.status, 0) << tight.output;
+  EXPECT_NE(tight.output.find("--device-memory 30M: does not fit at "), std::string::npos) << tight.output;
+}
+
+// `trillion plan`'s bytes are the ones training sends (train/step_traffic.h): rank 0's FSDP gathers
+// and reduce-scatters of a step (metrics "fsdp") equal the plan's for that device, in double and
+// under bf16 with LoRA (products-only runs, frozen ones included, gathered in bf16), over two
+// micro-batches; and the run's metrics give the plan its routing (--imbalance-from): the busiest ep
+// slice's rows over the mean, from the step's loads.
+TEST(ParallelMemoryPlan, PlanCommandPredictsTheBytesTrainingSends) {
+  for (const std::string& flags : {std::string("--dtype float64"), "--precision bf16 " + kLoraFlags}) {
+    SCOPED_TRACE(flags);
+    const fs::path config = config_with("tiny_qwen3_moe", nullptr);
+    const std::string shape = "--config " + config.string() + " --seq-len 16 --grad-accum 2 --ep 2 " + flags;
+    const fs::path out = test_data().root / (flags.size() < 20 ? "plan_traffic" : "plan_traffic_lora");
+    fs::remove_all(out);
+    const CommandResult r = train_on(4, shape + " --batch 8 --steps 1 --log-every 100 --data " +
+                                            test_data().data_dir.string() + " --out " + out.string() + kSmallMfuGemm);
+    ASSERT_EQ(r.status, 0) << r.output;
+    const nlohmann::json step = read_metrics(out).at(0);
+    const CommandResult planned = run_cli("plan " + shape + " --devices 4 --micro-batch 2 --json --imbalance-from " +
+                                              (out / "metrics.jsonl").string(),
+                                          "OMP_NUM_THREADS=1", true);
+    ASSERT_EQ(planned.status, 0) << planned.output;
+    const nlohmann::json plan = nlohmann::json::parse(planned.output);
+    const nlohmann::json& device = plan.at("device_traffic").at(0);
+    EXPECT_GT(step.at("fsdp").at("gathered_bytes").get<int64_t>(), 0);
+    EXPECT_EQ(device.at("fsdp_gathered_bytes"), step.at("fsdp").at("gathered_bytes"));
+    EXPECT_EQ(device.at("fsdp_reduce_scattered_bytes"), step.at("fsdp").at("reduce_scattered_bytes"));
+    double busiest = 0.0;  // the slice of the most rows, over the mean slice's
+    for (const nlohmann::json& layer : step.at("moe_layers")) {
+      const std::vector<int64_t> loads = layer.at("tokens_per_expert");
+      const auto middle = loads.begin() + static_cast<std::ptrdiff_t>(loads.size() / 2);  // ep 2's slices
+      const int64_t half = std::accumulate(loads.begin(), middle, int64_t{0});
+      const int64_t all = std::accumulate(loads.begin(), loads.end(), int64_t{0});
+      busiest = std::max(busiest, double(std::max(half, all - half)) / (double(all) / 2));
+    }
+    EXPECT_NEAR(plan.at("expert_imbalance").get<double>(), busiest, 1e-12);
+  }
+}
+
+// --search plans every ep that divides the devices and the routed experts (tiny_qwen3_moe's 6 on
+// 4 devices: 1 and 2) with every policy the budget tries, by the roofline's step time; a device
+// memory leaves out what does not fit; a policy given with it is refused.
+TEST(ParallelMemoryPlan, PlanSearchListsMeshesAndPoliciesByStepTime) {
+  const std::string shape = "plan --config " + config_with("tiny_qwen3_moe", nullptr).string() +
+                            " --devices 4 --seq-len 16 --search --device-flops 1G --intra-bandwidth 100M "
+                            "--host-bandwidth 100M --policy-min-bytes 1";
+  const CommandResult all = run_cli(shape + " --json", "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(all.status, 0) << all.output;
+  const nlohmann::json candidates = nlohmann::json::parse(all.output);
+  ASSERT_EQ(candidates.size(), 12u) << candidates.dump();
+  std::set<int> eps;
+  int64_t smallest = candidates[0].at("largest");
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    eps.insert(candidates[i].at("ep").get<int>());
+    EXPECT_GT(candidates[i].at("step_s").get<double>(), 0.0);
+    if (i > 0) EXPECT_GE(candidates[i].at("step_s").get<double>(), candidates[i - 1].at("step_s").get<double>());
+    smallest = std::min(smallest, candidates[i].at("largest").get<int64_t>());
+  }
+  EXPECT_EQ(eps, (std::set<int>{1, 2}));
+  const CommandResult fitting =
+      run_cli(shape + " --json --device-memory " + std::to_string(smallest), "OMP_NUM_THREADS=1", true);
+  ASSERT_EQ(fitting.status, 0) << fitting.output;
+  const nlohmann::json fit = nlohmann::json::parse(fitting.output);
+  EXPECT_GE(fit.size(), 1u);
+  EXPECT_LT(fit.size(), candidates.size());
+  for (const nlohmann::json& c : fit) EXPECT_LE(c.at("largest").get<int64_t>(), smallest);
+  const CommandResult refused = run_cli(shape + " --recompute full");
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.output.find("--search tries every policy"), std::string::npos) << refused.output;
 }
 
 // A whole checkpoint's save under FSDP gathers the whole parameters and both moments on every

@@ -113,10 +113,10 @@ TEST(MemoryPlan, BudgetTakesTheCheapestPolicyThatFits) {
   shape.seq = 32;
   shape.policy_min_bytes = 1;
   const MemoryPlan keep = plan_memory(config, shape, {});
-  EXPECT_EQ(choose_policy(config, shape, keep.peak_fast).policy.name(), "keep-all");
+  EXPECT_EQ(choose_policy(config, param_table_of(config), shape, keep.peak_fast).policy.name(), "keep-all");
   const MemoryPlan full = plan_memory(config, shape, {"full", "none"});
   ASSERT_LT(full.peak_fast, keep.peak_fast);
-  const MemoryPlan chosen = choose_policy(config, shape, full.peak_fast);
+  const MemoryPlan chosen = choose_policy(config, param_table_of(config), shape, full.peak_fast);
   EXPECT_LE(chosen.peak_fast, full.peak_fast);
   // Nothing cheaper than the chosen candidate fits.
   for (const MemoryPolicy& policy : budget_candidates()) {
@@ -126,7 +126,7 @@ TEST(MemoryPlan, BudgetTakesTheCheapestPolicyThatFits) {
   int64_t smallest = keep.peak_fast;
   for (const MemoryPolicy& policy : budget_candidates()) smallest = std::min(smallest, plan_memory(config, shape, policy).peak_fast);
   try {
-    choose_policy(config, shape, smallest - 1);
+    choose_policy(config, param_table_of(config), shape, smallest - 1);
     ADD_FAILURE() << "a budget below every candidate's peak was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("the smallest peak is " + std::to_string(smallest) + " bytes"),

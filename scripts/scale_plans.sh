@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The planner's numbers in docs/scale.md: `trillion plan` on configs/models/kimi_k3_like.json for the
+# seed's case (LoRA of rank 16 on the frozen bf16 base) and its variations, each plan's text under a
+# header line: the busiest device's memory by part, its bytes sent, FLOPs and the roofline's step
+# time. The devices' rates are stated below. About 8 s a plan on 2 cores.
+# Usage: scripts/scale_plans.sh [build/trillion] > plans.txt
+set -euo pipefail
+trillion=${1:-build/trillion}
+config=configs/models/kimi_k3_like.json
+lora=(--lora-rank 16 --lora-targets q_proj,k_proj,v_proj,o_proj,q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj
+      --lora-target-parameters gate_up_proj,down_proj)
+# A device of ~1 PFLOP/s dense bf16 sustaining 40 %, NVLink-class links within a node of 8, a
+# 400 Gb/s NIC per device between nodes, PCIe 5 x16 to the host.
+rates=(--device-flops 400T --intra-bandwidth 450G --inter-bandwidth 50G --host-bandwidth 50G --node-size 8)
+
+plan() {  # devices ep micro-batch seq-len [flags: policy, LoRA]
+  local devices=$1 ep=$2 micro=$3 seq=$4
+  shift 4
+  local flags="$*" kind="full fine-tuning"
+  local policy="${flags%%--lora-rank*}"
+  [[ $flags == *--lora-rank* ]] && kind="LoRA"
+  echo "## $kind, $devices devices, ep $ep, $micro x $seq tokens per device, ${policy:-keep-all}"
+  "$trillion" plan --config "$config" --devices "$devices" --ep "$ep" --micro-batch "$micro" --seq-len "$seq" \
+    --precision bf16 --sharded-checkpoints --threads 2 "${rates[@]}" "$@" | tail -n +2
+}
+
+policies=("" "--recompute full" "--swap full" "--recompute full --swap attn_input")
+# The seed's case and the largest sequence per device that fits, per policy.
+for seq in 1024 2048 4096 8192; do
+  for policy in "${policies[@]}"; do
+    # shellcheck disable=SC2086
+    plan 128 64 1 "$seq" $policy "${lora[@]}"
+  done
+done
+# Other mesh sizes with EP64, and full fine-tuning, at 4096 tokens with full recompute.
+for devices in 64 256 512; do plan "$devices" 64 1 4096 --recompute full "${lora[@]}"; done
+for devices in 128 256 512; do plan "$devices" 64 1 4096 --recompute full; done
