@@ -192,6 +192,7 @@ void run_plan(PlanOptions& o) {
   ParallelMesh::validate(o.devices, t.ep, config);
   const Routing routing = routing_for(o, t, config, t.ep);
   const ParamTable table = param_table_of(config);
+  const ParamCounts counts = count_parameters(config, table);
   std::vector<MemoryPlan> plans;  // one per device
   for (int rank = 0; rank < o.devices; ++rank)
     plans.push_back(memory_plan_of(t, config, t.settings, /*train_tokens=*/0, o.devices, rank, &table));
@@ -210,6 +211,7 @@ void run_plan(PlanOptions& o) {
                           {"seq_len", t.settings.seq_len},     {"grad_accum", t.settings.grad_accum},
                           {"precision", t.settings.precision}, {"expert_imbalance", t.expert_imbalance},
                           {"threads", num_threads()},          {"busiest", busiest.to_json()},
+                          {"total_parameters", counts.total},  {"active_parameters", counts.active},
                           {"swap_bytes_per_node", swap_per_node},
                           {"device_plans", nlohmann::json::array()}, {"device_traffic", nlohmann::json::array()}};
     for (const MemoryPlan& plan : plans) out["device_plans"].push_back(plan.to_json()["fast"]);  // as --dry-run's rank_plans
@@ -219,9 +221,10 @@ void run_plan(PlanOptions& o) {
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
-  std::printf("%s on %d device%s (FSDP over all, experts over groups of %d), micro-batch %lld x %lld tokens per "
-              "device, %lld micro-batch%s a step, %s, %d threads per device\n",
-              t.config_path.c_str(), o.devices, o.devices > 1 ? "s" : "", t.ep, static_cast<long long>(o.micro_batch),
+  std::printf("%s (%.4g B parameters, %.4g B active per token) on %d device%s (FSDP over all, experts over groups of "
+              "%d), micro-batch %lld x %lld tokens per device, %lld micro-batch%s a step, %s, %d threads per device\n",
+              t.config_path.c_str(), double(counts.total) / 1e9, double(counts.active) / 1e9, o.devices,
+              o.devices > 1 ? "s" : "", t.ep, static_cast<long long>(o.micro_batch),
               static_cast<long long>(t.settings.seq_len), static_cast<long long>(t.settings.grad_accum),
               t.settings.grad_accum > 1 ? "es" : "", t.settings.precision.c_str(), num_threads());
   std::printf("%s\n", busiest.describe().c_str());
