@@ -234,6 +234,15 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
     const DecoderLayerDims dims = DecoderLayerDims::from_config(config, l);
     layers.push_back(layer_bytes(dims, step, recompute, swap, swaps, shape.policy_min_bytes, shape.swap_bf16));
     plan.activations_saved += layers.back().total();
+    const std::string kind =
+        std::string(layer_type_name(config.layer_types[l])) + (config.is_moe_layer(l) ? " + moe" : " + dense mlp");
+    auto of_kind = std::find_if(plan.activations_by_kind.begin(), plan.activations_by_kind.end(),
+                                [&](const MemoryPlan::KindActivations& k) { return k.kind == kind; });
+    if (of_kind == plan.activations_by_kind.end())
+      of_kind = plan.activations_by_kind.insert(of_kind, MemoryPlan::KindActivations{kind});
+    of_kind->layers += 1;
+    of_kind->saved += layers.back().total();
+    of_kind->kept += layers.back().total_kept();
     plan.peak_slow += layers.back().file;
     any_rerun = any_rerun || layers.back().rerun_mixer || layers.back().rerun_ffn;
     // A re-run sublayer's forward: a third of its training FLOPs (forward 1, backward 2).
@@ -352,7 +361,13 @@ nlohmann::json MemoryPlan::to_json() const {
                     {"start_up", start_up},
                     {"checkpoint_save", checkpoint_save}}},
           {"slow", {{"peak", peak_slow}}},
-          {"activations_saved", activations_saved}};
+          {"activations_saved", activations_saved},
+          {"activations_by_kind", [&] {
+             nlohmann::json kinds = nlohmann::json::array();
+             for (const KindActivations& k : activations_by_kind)
+               kinds.push_back({{"kind", k.kind}, {"layers", k.layers}, {"saved", k.saved}, {"kept", k.kept}});
+             return kinds;
+           }()}};
 }
 
 std::string MemoryPlan::describe() const {
@@ -368,6 +383,13 @@ std::string MemoryPlan::describe() const {
          mib(optimizer_state) + shard + ", model buffers " + mib(model_buffers) +
          (ranks > 1 ? ", gathered units " + mib(gathered_at_peak) : std::string()) + "\n  activations " +
          mib(activations_at_peak) + " of " + mib(activations_saved) + " saved, workspace " + mib(workspace_at_peak) +
+         "\n  activations by layer kind, kept of saved:" + [&] {
+           std::string kinds;
+           for (const KindActivations& k : activations_by_kind)
+             kinds += " " + k.kind + " (" + std::to_string(k.layers) + ") " + mib(k.kept) + " of " + mib(k.saved) + ";";
+           if (!kinds.empty()) kinds.pop_back();
+           return kinds;
+         }() +
          "\n  start-up " + mib(start_up) +
          (checkpoint_save > 0 ? ", a whole checkpoint's save " + mib(checkpoint_save) : std::string()) +
          "; slow tier (swap file) " + mib(peak_slow);

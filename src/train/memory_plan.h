@@ -104,6 +104,15 @@ struct MemoryPlan {
   int64_t checkpoint_save = 0;     // a whole checkpoint's save on several ranks (0: none, or sharded)
   // Slow tier: the swap file's bytes at most (every swapped tensor of a step).
   int64_t peak_slow = 0;
+  // Per layer kind ("linear_attention + moe"), in layer order of first use: its layers, the bytes
+  // they save and those the policy keeps in the fast tier until their backward (not swapped, not
+  // dropped for recompute): what the activations at the forward's end are made of.
+  struct KindActivations {
+    std::string kind;
+    int layers = 0;
+    int64_t saved = 0, kept = 0;
+  };
+  std::vector<KindActivations> activations_by_kind;
   // The FLOPs recompute adds per token: the forward of each sublayer it re-runs (the step's time,
   // train/step_traffic.h).
   double rerun_flops_per_token = 0.0;

@@ -135,6 +135,40 @@ TEST(MemoryPlan, BudgetTakesTheCheapestPolicyThatFits) {
   }
 }
 
+// The saved activations by layer kind, for the seed's hybrid shape: one entry per kind in order of
+// first use (a dense first layer, KDA with MoE, sparse MLA with MoE), every layer counted once;
+// kept equals saved with nothing dropped or swapped, is less for every kind under full recompute,
+// and in all under full swap (the last layer's swapped tensors stay resident).
+TEST(MemoryPlan, CountsTheActivationsOfEachLayerKind) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_kimi_k3_like.json"));
+  StepMemoryShape shape;
+  shape.batch = 2;
+  shape.seq = 16;
+  shape.policy_min_bytes = 1;
+  for (const MemoryPolicy& policy : {MemoryPolicy{}, MemoryPolicy{"full", "none"}, MemoryPolicy{"none", "full"}}) {
+    SCOPED_TRACE(policy.name());
+    const MemoryPlan plan = plan_memory(config, shape, policy);
+    std::vector<std::string> kinds;
+    int layers = 0;
+    int64_t saved = 0, kept = 0;
+    for (const MemoryPlan::KindActivations& k : plan.activations_by_kind) {
+      kinds.push_back(k.kind);
+      layers += k.layers;
+      saved += k.saved;
+      kept += k.kept;
+      if (policy.name() == "keep-all") EXPECT_EQ(k.kept, k.saved) << k.kind;
+      if (policy.recompute == "full") EXPECT_LT(k.kept, k.saved) << k.kind;
+      EXPECT_LE(k.kept, k.saved) << k.kind;
+    }
+    if (policy.swap == "full") EXPECT_LT(kept, saved) << "the last layer's swapped tensors stay resident, no other";
+    EXPECT_EQ(kinds, (std::vector<std::string>{"linear_attention + dense mlp", "linear_attention + moe",
+                                               "sparse_attention + moe"}));
+    EXPECT_EQ(layers, config.num_hidden_layers);
+    EXPECT_GT(saved, 0);
+    EXPECT_LT(saved, plan.activations_saved) << "the head saves too";
+  }
+}
+
 TEST(MemoryPlan, ParsesSizes) {
   EXPECT_EQ(parse_bytes("300000", "--memory-budget"), 300000);
   EXPECT_EQ(parse_bytes("2G", "--memory-budget"), int64_t{2} << 30);
