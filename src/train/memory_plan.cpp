@@ -37,6 +37,7 @@ struct LayerBytes {
   int64_t throwaway = 0;    // copies handed out for kept tensors while its sublayers are re-run
   int64_t throwaway_mixer = 0;  // of which the mixer's
   int64_t file = 0;         // the swapped tensors' bytes in the swap file
+  int64_t exchanged = 0;    // the expert exchange's rows (tags of kind exchanged), as counted
   int64_t float_copies[2] = {};  // bf16 operands' float copies while their part's forward or backward runs
   int64_t float_copies_dropped = 0;  // … of the dropped ones, while recompute refills them
   LayerWorkspace workspace;  // each part's
@@ -63,6 +64,7 @@ LayerBytes layer_bytes(const DecoderLayerDims& dims, const StepShape& step, cons
     const int64_t counted = ActivationStore::held_bytes(s.bytes, min_paged);
     b.all[ffn] += counted;
     b.float_copies[ffn] += s.float_copy;
+    if (tag_kind(s.tag) == TagKind::exchanged) b.exchanged += counted;
     if (paged && ffn) b.paged_ffn += counted;
     if (!paged) b.small += counted;
     if (paged && recompute.count(s.tag)) {
@@ -243,6 +245,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
     of_kind->layers += 1;
     of_kind->saved += layers.back().total();
     of_kind->kept += layers.back().total_kept();
+    of_kind->exchanged += layers.back().exchanged;
     plan.peak_slow += layers.back().file;
     any_rerun = any_rerun || layers.back().rerun_mixer || layers.back().rerun_ffn;
     // A re-run sublayer's forward: a third of its training FLOPs (forward 1, backward 2).
@@ -365,7 +368,8 @@ nlohmann::json MemoryPlan::to_json() const {
           {"activations_by_kind", [&] {
              nlohmann::json kinds = nlohmann::json::array();
              for (const KindActivations& k : activations_by_kind)
-               kinds.push_back({{"kind", k.kind}, {"layers", k.layers}, {"saved", k.saved}, {"kept", k.kept}});
+               kinds.push_back({{"kind", k.kind}, {"layers", k.layers}, {"saved", k.saved}, {"kept", k.kept},
+                                {"exchanged", k.exchanged}});
              return kinds;
            }()}};
 }
@@ -386,7 +390,8 @@ std::string MemoryPlan::describe() const {
          "\n  activations by layer kind, kept of saved:" + [&] {
            std::string kinds;
            for (const KindActivations& k : activations_by_kind)
-             kinds += " " + k.kind + " (" + std::to_string(k.layers) + ") " + mib(k.kept) + " of " + mib(k.saved) + ";";
+             kinds += " " + k.kind + " (" + std::to_string(k.layers) + ") " + mib(k.kept) + " of " + mib(k.saved) +
+                      (k.exchanged > 0 ? " (" + mib(k.exchanged) + " the exchange's rows)" : "") + ";";
            if (!kinds.empty()) kinds.pop_back();
            return kinds;
          }() +

@@ -106,11 +106,12 @@ struct MemoryPlan {
   int64_t peak_slow = 0;
   // Per layer kind ("linear_attention + moe"), in layer order of first use: its layers, the bytes
   // they save and those the policy keeps in the fast tier until their backward (not swapped, not
-  // dropped for recompute): what the activations at the forward's end are made of.
+  // dropped for recompute): what the activations at the forward's end are made of; and of the
+  // saved, the expert exchange's rows (with ep > 1: parallel/expert_parallel.h).
   struct KindActivations {
     std::string kind;
     int layers = 0;
-    int64_t saved = 0, kept = 0;
+    int64_t saved = 0, kept = 0, exchanged = 0;
   };
   std::vector<KindActivations> activations_by_kind;
   // The FLOPs recompute adds per token: the forward of each sublayer it re-runs (the step's time,

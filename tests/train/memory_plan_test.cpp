@@ -138,7 +138,8 @@ TEST(MemoryPlan, BudgetTakesTheCheapestPolicyThatFits) {
 // The saved activations by layer kind, for the seed's hybrid shape: one entry per kind in order of
 // first use (a dense first layer, KDA with MoE, sparse MLA with MoE), every layer counted once;
 // kept equals saved with nothing dropped or swapped, is less for every kind under full recompute,
-// and in all under full swap (the last layer's swapped tensors stay resident).
+// and in all under full swap (the last layer's swapped tensors stay resident); with ep the MoE
+// kinds' saved bytes count the exchange's rows.
 TEST(MemoryPlan, CountsTheActivationsOfEachLayerKind) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_kimi_k3_like.json"));
   StepMemoryShape shape;
@@ -166,6 +167,19 @@ TEST(MemoryPlan, CountsTheActivationsOfEachLayerKind) {
     EXPECT_EQ(layers, config.num_hidden_layers);
     EXPECT_GT(saved, 0);
     EXPECT_LT(saved, plan.activations_saved) << "the head saves too";
+  }
+  // With ep, the MoE layers' saved bytes include the exchange's rows; without, nothing is exchanged.
+  for (const MemoryPlan::KindActivations& k : plan_memory(config, shape, {}).activations_by_kind)
+    EXPECT_EQ(k.exchanged, 0) << k.kind;
+  shape.ranks = 2;
+  shape.ep = 2;
+  for (const MemoryPlan::KindActivations& k : plan_memory(config, shape, {}).activations_by_kind) {
+    if (k.kind.ends_with("moe")) {
+      EXPECT_GT(k.exchanged, 0) << k.kind;
+      EXPECT_LT(k.exchanged, k.saved) << k.kind;
+    } else {
+      EXPECT_EQ(k.exchanged, 0) << k.kind;
+    }
   }
 }
 
