@@ -18,6 +18,7 @@ plan() {  # devices ep micro-batch seq-len [flags: policy, LoRA]
   shift 4
   local flags="$*" kind="full fine-tuning"
   local policy="${flags%%--lora-rank*}"
+  policy="${policy% }"
   [[ $flags == *--lora-rank* ]] && kind="LoRA"
   echo "## $kind, $devices devices, ep $ep, $micro x $seq tokens per device, ${policy:-keep-all}"
   "$trillion" plan --config "$config" --devices "$devices" --ep "$ep" --micro-batch "$micro" --seq-len "$seq" \

@@ -9,11 +9,13 @@
 // --indexer-mode, --recompute, --swap, --ep, --ep-chunks, --expert-imbalance, the LoRA flags, …),
 // given the mesh's size instead of mpirun's; the bytes sent are those training's counters count.
 // --search plans every ep dividing the devices and the experts with every policy --memory-budget
-// tries, and lists them by step time (or peak). Nothing is allocated, so a 2.8 T config plans on a
+// tries, and lists them by step time (those a missing rate leaves untimed last), then by the step's
+// peak. Nothing is allocated, so a 2.8 T config plans on a
 // laptop (docs/scale.md).
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -58,15 +60,15 @@ double exchanged(const DeviceTraffic& d) { return d.expert_dispatched + d.expert
 void print_traffic(const PlanOptions& o, const std::vector<DeviceTraffic>& traffic, double imbalance) {
   const TrainOptions& t = o.train;
   const DeviceTraffic& fsdp = largest_by(traffic, [](const DeviceTraffic& d) { return d.fsdp_gathered + d.fsdp_reduce_scattered; });
-  std::printf("sent per step by a device: FSDP gathers %s and reduce-scatters %s (rank %d, the most)",
+  std::printf("per step a device's FSDP gathers move %s and its reduce-scatters %s (rank %d, the most)",
               human_bytes(double(fsdp.fsdp_gathered)).c_str(), human_bytes(double(fsdp.fsdp_reduce_scattered)).c_str(),
               fsdp.rank);
   if (t.ep > 1) {
     double mean = 0.0;
     for (const DeviceTraffic& d : traffic) mean += exchanged(d) / double(traffic.size());
     const DeviceTraffic& busiest = largest_by(traffic, exchanged);
-    std::printf("; the expert exchange %s on the mean device, %s on the busiest (rank %d, its experts receiving %.3g x "
-                "the mean rows%s)",
+    std::printf("; its expert exchange sends %s on the mean device, %s on the busiest (rank %d, its experts receiving "
+                "%.3g x the mean rows%s)",
                 human_bytes(mean).c_str(), human_bytes(exchanged(busiest)).c_str(), busiest.rank, imbalance,
                 o.imbalance_from.empty() ? "" : str_cat(", as measured in ", o.imbalance_from).c_str());
   }
@@ -147,9 +149,11 @@ void run_search(PlanOptions& o, const ModelConfig& config) {
   };
   std::vector<Candidate> candidates;
   const ParamTable table = param_table_of(config);
+  const double margin = t.expert_imbalance;
   for (int ep = 1; ep <= o.devices; ++ep) {
     if (o.devices % ep != 0 || (ep > 1 && (config.num_experts == 0 || config.num_experts % ep != 0))) continue;
     t.ep = ep;
+    t.expert_imbalance = std::min(margin, double(ep));  // no slice receives more than every row
     const Routing routing = routing_for(o, t, config, ep);
     const StepMemoryShape shape = step_memory_shape(t, t.settings, 0, o.devices, 0);
     const std::vector<DeviceTraffic> traffic = plan_step_traffic(config, shape, routing);
@@ -160,8 +164,10 @@ void run_search(PlanOptions& o, const ModelConfig& config) {
       candidates.push_back({ep, policy, plan.largest(), plan.peak_fast, step_s});
     }
   }
-  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
-    return a.step_s != b.step_s ? a.step_s < b.step_s : a.largest < b.largest;
+  // Timed ones first, by step time; then those a missing rate leaves untimed; each by its step's peak.
+  const auto time_of = [](const Candidate& c) { return c.step_s > 0.0 ? c.step_s : HUGE_VAL; };
+  std::stable_sort(candidates.begin(), candidates.end(), [&](const Candidate& a, const Candidate& b) {
+    return time_of(a) != time_of(b) ? time_of(a) < time_of(b) : a.peak < b.peak;
   });
   if (o.json) {
     nlohmann::json out = nlohmann::json::array();
@@ -171,14 +177,13 @@ void run_search(PlanOptions& o, const ModelConfig& config) {
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
-  std::printf("%zu meshes and policies%s, by %s:\n", candidates.size(),
-              capacity > 0 ? str_cat(" that fit --device-memory ", o.device_memory).c_str() : "",
-              candidates.empty() || candidates[0].step_s == 0.0 ? "the device's largest bytes (no rates given)"
-                                                                : "the roofline's step time");
+  std::printf("%zu meshes and policies%s, by the roofline's step time, then the step's peak (untimed: a rate it "
+              "needs is missing):\n",
+              candidates.size(), capacity > 0 ? str_cat(" that fit --device-memory ", o.device_memory).c_str() : "");
   for (const Candidate& c : candidates)
-    std::printf("  ep %4d  %-34s step peak %10s  largest %10s%s\n", c.ep, c.policy.name().c_str(),
+    std::printf("  ep %4d  %-34s step peak %10s  largest %10s  %s\n", c.ep, c.policy.name().c_str(),
                 human_bytes(double(c.peak)).c_str(), human_bytes(double(c.largest)).c_str(),
-                c.step_s > 0.0 ? str_cat("  step ", c.step_s, " s").c_str() : "");
+                c.step_s > 0.0 ? str_cat("step ", c.step_s, " s").c_str() : "untimed");
 }
 
 void run_plan(PlanOptions& o) {

@@ -584,11 +584,11 @@ TrainingFlops training_flops_of(const ModelConfig& config, const ParamTable& tab
       config.num_experts > 0 ? double(config.num_experts_per_tok) / double(config.num_experts) : 0.0;
   for (const ParamSpec& spec : table.entries()) {
     double change = 0.0;
-    const bool routed = spec.group == ParamGroup::expert;
-    if (spec.adapter) {  // a routed experts' pair is [E, …]: k of its E experts per token
-      change = (spec.name.ends_with(".lora_A.weight") ? 8.0 : 6.0) * double(spec.numel()) *
-               (spec.shape.size() == 3 ? routed_share : 1.0);
-      if (spec.shape.size() == 3) flops.routed_experts += change;
+    // The routed experts' tensors: their group's, and their adapters' pairs [E, …] (k of E per token).
+    const bool routed = spec.adapter ? spec.shape.size() == 3 : spec.group == ParamGroup::expert;
+    if (spec.adapter) {
+      change = (spec.name.ends_with(".lora_A.weight") ? 8.0 : 6.0) * double(spec.numel()) * (routed ? routed_share : 1.0);
+      if (routed) flops.routed_experts += change;
     } else if (spec.frozen && spec.use != ParamUse::values) {
       change = -2.0 * double(spec.numel()) * (routed ? routed_share : 1.0);
       if (routed) flops.routed_experts += change;

@@ -231,6 +231,8 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
     plan.start_up = plan.parameters + released + plan.gradients + plan.optimizer_state;
   std::vector<LayerBytes> layers;
   bool any_rerun = false;
+  double rebuilt_row_flops = 0.0;  // summed over the MoE layers
+  int moe_layers = 0;
   for (int l = 0; l < config.num_hidden_layers; ++l) {
     const bool swaps = l + 1 < config.num_hidden_layers;
     const DecoderLayerDims dims = DecoderLayerDims::from_config(config, l);
@@ -248,10 +250,17 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
     of_kind->exchanged += layers.back().exchanged;
     plan.peak_slow += layers.back().file;
     any_rerun = any_rerun || layers.back().rerun_mixer || layers.back().rerun_ffn;
-    // A re-run sublayer's forward: a third of its training FLOPs (forward 1, backward 2).
+    // A re-run sublayer's forward: a third of its training FLOPs (forward 1, backward 2); a re-run
+    // MoE sublayer does not exchange, so with ep its routed experts do not run again. The experts'
+    // backward forms a dropped gate/up output again: 2 · 2I · D per row its experts run.
+    const MoeDims* moe = std::get_if<MoeDims>(&dims.ffn);
+    const double routed = moe != nullptr && shape.ep > 1 ? 18.0 * double(moe->top_k() * moe->hidden * moe->width) : 0.0;
     plan.rerun_flops_per_token += (layers.back().rerun_mixer ? dims.mixer_flops_per_token(shape.seq) / 3.0 : 0.0) +
-                                  (layers.back().rerun_ffn ? dims.ffn_flops_per_token(shape.seq) / 3.0 : 0.0);
+                                  (layers.back().rerun_ffn ? (dims.ffn_flops_per_token(shape.seq) - routed) / 3.0 : 0.0);
+    if (moe != nullptr && layers.back().rebuilt > 0) rebuilt_row_flops += 4.0 * double(moe->hidden * moe->width);
+    moe_layers += moe != nullptr ? 1 : 0;
   }
+  plan.rebuild_flops_per_routed_row = moe_layers > 0 ? rebuilt_row_flops / moe_layers : 0.0;
   // hidden, its gradient, positions; the recompute copy; the sampler; the bf16 swap's staging buffer.
   plan.model_buffers = 2 * n * D * e + n * 4 + (any_rerun ? n * D * e : 0) + shape.sampler_windows * 8 +
                        (shape.swap_bf16 && plan.peak_slow > 0 ? SwapEngine::kStagingBytes : 0);

@@ -114,9 +114,12 @@ struct MemoryPlan {
     int64_t saved = 0, kept = 0, exchanged = 0;
   };
   std::vector<KindActivations> activations_by_kind;
-  // The FLOPs recompute adds per token: the forward of each sublayer it re-runs (the step's time,
-  // train/step_traffic.h).
+  // The FLOPs recompute adds (the step's time, train/step_traffic.h): per token, the forward of each
+  // sublayer it re-runs (with ep, an MoE sublayer's without its routed experts); per routed row an
+  // MoE layer's experts run, averaged over the MoE layers, the gate/up product their backward forms
+  // again when the policy drops it.
   double rerun_flops_per_token = 0.0;
+  double rebuild_flops_per_routed_row = 0.0;
   // What the rank must hold at once at some point: the step's peak, start-up or a checkpoint's save.
   int64_t largest() const { return std::max({peak_fast, start_up, checkpoint_save}); }
   nlohmann::json to_json() const;

@@ -39,8 +39,6 @@ void check_same_config(const ModelConfig& given, const std::string& given_path, 
 
 }  // namespace
 
-// train_tokens: the training split's size (0 before the data is known: a dry run).
-// rank: whose plan (every rank's differs a little: the shards' sizes, the expert slices).
 StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens, int ranks,
                                   int rank) {
   StepMemoryShape shape;

@@ -43,7 +43,8 @@ void check_expert_layout(const std::string& name, const ModelConfig& config);
 RunSetup prepare_run(TrainOptions& o);
 
 // The step's shape for the memory plan and the traffic plan (train/step_traffic.h) of `rank` of
-// `ranks` (s.batch is the global batch); train_tokens: the training split's size (0: not known).
+// `ranks` (every rank's differs a little: the shards' sizes, the expert slices; s.batch is the
+// global batch); train_tokens: the training split's size (0 before the data is known: a dry run).
 StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s, int64_t train_tokens, int ranks,
                                   int rank);
 // The memory plan of `rank`'s step of `ranks` (train/memory_plan.h; s.batch is the global batch)

@@ -18,9 +18,20 @@ namespace {
 
 int moe_layers_of(const ModelConfig& config) {
   int layers = 0;
-  for (int l = 0; l < config.num_hidden_layers; ++l)
-    layers += std::holds_alternative<MoeDims>(DecoderLayerDims::from_config(config, l).ffn) ? 1 : 0;
+  for (int l = 0; l < config.num_hidden_layers; ++l) layers += config.is_moe_layer(l) ? 1 : 0;
   return layers;
+}
+
+// Whether a run's per-rank loads are this step's: every layer routes each of the ranks' tokens to k
+// experts (dropless), so its rows sum to ranks · tokens · k.
+bool loads_fit(const std::vector<std::vector<std::vector<double>>>& loads, double rows) {
+  for (const std::vector<std::vector<double>>& layer : loads) {
+    double sum = 0.0;
+    for (const std::vector<double>& rank : layer)
+      for (double x : rank) sum += x;
+    if (sum != rows) return false;
+  }
+  return true;
 }
 
 // The mean weight of ep slice p's experts in one layer: the rows its ranks receive over their own.
@@ -109,6 +120,7 @@ nlohmann::json DeviceTraffic::to_json() const {
                         {"flops", flops},
                         {"expert_flops", expert_flops},
                         {"rerun_flops", rerun_flops},
+                        {"expert_rows", expert_rows},
                         {"swap_bytes", swap_bytes}};
   if (step_s > 0.0)
     out["seconds"] = {{"compute", compute_s}, {"fsdp", fsdp_s}, {"swap", swap_s}, {"exchange", exchange_s},
@@ -124,10 +136,10 @@ std::vector<DeviceTraffic> plan_step_traffic(const ModelConfig& config, const St
   const double tokens = double(shape.batch * shape.seq * G);  // the device's, per step
   const TrainingFlops flops = training_flops_of(config, table, shape.seq);
 
-  // Each rank's routed rows per layer and expert: the run's own on its mesh, else the weights'
-  // expected rows, every rank alike.
-  // Planned rows are every edp index's alike: one ep group stands for all.
-  const bool own_loads = routing.has_loads_of(ranks, ep);
+  // Each rank's routed rows per layer and expert: the run's own for its mesh and step shape, else
+  // the weights' expected rows, every rank alike (then one ep group stands for all).
+  const bool own_loads =
+      routing.has_loads_of(ranks, ep) && loads_fit(routing.rank_loads, double(ranks) * tokens * double(k));
   const int modelled = own_loads ? ranks : ep;
   std::vector<std::vector<std::vector<double>>> loads;  // [layers][modelled][E]
   if (own_loads) {
@@ -140,8 +152,8 @@ std::vector<DeviceTraffic> plan_step_traffic(const ModelConfig& config, const St
       loads.emplace_back(modelled, rows);
     }
   }
-  std::vector<ExchangeBytes> exchange(modelled);
-  if (ep > 1) exchange = exchange_bytes(loads, ep, config.hidden_size, e);
+  std::vector<ExchangeBytes> exchange(modelled);  // none without MoE layers
+  if (!loads.empty()) exchange = exchange_bytes(loads, ep, config.hidden_size, e);
   // The rows each rank's experts run, summed over the layers: its ep slice's rows from its group.
   std::vector<double> expert_rows(modelled, 0.0);
   for (const std::vector<std::vector<double>>& layer : loads) {
@@ -165,7 +177,8 @@ std::vector<DeviceTraffic> plan_step_traffic(const ModelConfig& config, const St
     }
     d.expert_dispatched = exchange[rank % modelled].dispatched;
     d.expert_combined = exchange[rank % modelled].combined;
-    d.expert_flops = expert_rows[rank % modelled] * per_row;
+    d.expert_rows = expert_rows[rank % modelled];
+    d.expert_flops = d.expert_rows * per_row;
     d.flops = tokens * (flops.per_token - flops.routed_experts) + d.expert_flops;
   }
   return devices;
@@ -178,7 +191,7 @@ std::vector<DeviceTraffic> time_step(std::vector<DeviceTraffic> devices, const S
   const double fsdp_bandwidth = ranks <= rates.node_size ? rates.intra_bandwidth : rates.inter_bandwidth;
   const double off_node = ep > rates.node_size ? double(ep - rates.node_size) / double(ep - 1) : 0.0;
   for (DeviceTraffic& d : devices) {
-    d.rerun_flops = d.tokens * memory.rerun_flops_per_token;
+    d.rerun_flops = d.tokens * memory.rerun_flops_per_token + d.expert_rows * memory.rebuild_flops_per_routed_row;
     d.flops += d.rerun_flops;
     d.swap_bytes = 2 * memory.peak_slow * shape.grad_accum;  // written in the forward, read in the backward
     const double sent = d.expert_dispatched + d.expert_combined;

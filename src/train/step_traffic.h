@@ -13,14 +13,16 @@
 //     loads (--imbalance-from); the bytes are then the expected ones (dropless routing), or, for
 //     the run's own mesh, its ranks' loads as they were: its bytes exactly.
 // FLOPs: the model FLOPs of the device's tokens (model.h's training_flops_of), its experts' share
-// scaled by the rows they receive, and the forward of the sublayers recompute re-runs (the memory
-// plan's rerun_flops_per_token). Swap: each swapped tensor written to the host in the forward and
+// scaled by the rows they receive, and recompute's: the forward of the sublayers it re-runs per
+// token, and the gate/up products the experts' backward forms again per row its experts run (the
+// memory plan's rerun_flops_per_token and rebuild_flops_per_routed_row). Swap: each swapped tensor written to the host in the forward and
 // read back in the backward (the memory plan's swap-file bytes, twice per micro-batch).
 //
 // The roofline, per device: compute at --device-flops; FSDP's gathers and reduce-scatters at the
 // link their group crosses (intra-node when the mesh fits one node, else inter-node) and swap at
 // --host-bandwidth, both overlapped with compute (prefetch); the exchange at its links (an ep group
-// is ep consecutive ranks: the rows for ranks off the node at the inter-node rate), not overlapped
+// is ep consecutive ranks, taken as aligned to nodes: with ep above the node size the rows for the
+// ep − node size ranks off the node at the inter-node rate, the rest intra-node), not overlapped
 // with one chunk, and with C > 1 chunks all but max(1/C of it, what the device's expert compute
 // cannot hide) hidden:
 //   step = max(compute, FSDP, swap) + exposed exchange. The step time is the slowest device's.
@@ -39,8 +41,8 @@ namespace trillion {
 
 // How each MoE layer's routed rows spread over its experts: weights [moe layers][E] of mean 1 per
 // layer, every rank routing alike; and a run's own loads per rank when it had them (metrics'
-// "expert_parallel"), which the plan of the same mesh (ranks, ep) takes as they are: then its
-// exchange bytes are the run's, exactly.
+// "expert_parallel"), which the plan of the same mesh (ranks, ep) and step shape (its tokens per
+// rank and step) takes as they are: then its exchange bytes are the run's, exactly.
 struct Routing {
   std::vector<std::vector<double>> weights;
   std::vector<std::vector<std::vector<double>>> rank_loads;  // [moe layers][ranks][E]; empty: none
@@ -73,10 +75,13 @@ struct DeviceRates {
 
 struct DeviceTraffic {
   int rank = 0;
-  int64_t fsdp_gathered = 0, fsdp_reduce_scattered = 0;  // bytes this device sends, per step
-  double expert_dispatched = 0.0, expert_combined = 0.0;  // expected bytes, per step
+  // Per step: bytes FSDP's gathers and reduce-scatters move for this device (the range but its own
+  // piece, in or out: a ring's volume), and expected bytes its exchange sends.
+  int64_t fsdp_gathered = 0, fsdp_reduce_scattered = 0;
+  double expert_dispatched = 0.0, expert_combined = 0.0;
   double flops = 0.0, expert_flops = 0.0;                 // per step (expert_flops: of them, its experts')
   double rerun_flops = 0.0;                               // of them, recompute's
+  double expert_rows = 0.0;                               // rows its experts run, summed over the MoE layers
   int64_t swap_bytes = 0;                                 // to the host and back, per step
   double tokens = 0.0;                                    // the device's, per step
   // The roofline's seconds (0 without the rates they need).

@@ -96,7 +96,6 @@ void expect_planned_traffic(const std::string& plan_flags, int ranks, const std:
   ASSERT_EQ(traffic.size(), size_t(ranks));
   if (ranks == 1) {
     EXPECT_FALSE(last.contains("fsdp"));
-    EXPECT_EQ(traffic[0].at("fsdp_gathered_bytes"), 0);
   } else {
     EXPECT_EQ(traffic[0].at("fsdp_gathered_bytes"), last.at("fsdp").at("gathered_bytes"));
     EXPECT_EQ(traffic[0].at("fsdp_reduce_scattered_bytes"), last.at("fsdp").at("reduce_scattered_bytes"));
@@ -245,8 +244,8 @@ TEST(ParallelMemoryPlan, PlanRefusesBadMeshesAndDevicesInOneLine) {
 // `trillion plan`'s bytes are the ones training sends (train/step_traffic.h): rank 0's FSDP gathers
 // and reduce-scatters of a step (metrics "fsdp") equal the plan's for that device, in double and
 // under bf16 with LoRA (products-only runs, frozen ones included, gathered in bf16), over two
-// micro-batches; and the run's metrics give the plan its routing (--imbalance-from): the busiest ep
-// slice's rows over the mean, from the step's loads.
+// micro-batches; and the run's metrics give the plan its routing (--imbalance-from): every rank's
+// exchange bytes as the run counted them, and the busiest ep slice's rows over the mean.
 TEST(ParallelMemoryPlan, PlanCommandPredictsTheBytesTrainingSends) {
   for (const std::string& flags : {std::string("--dtype float64"), "--precision bf16 " + kLoraFlags}) {
     SCOPED_TRACE(flags);
@@ -267,6 +266,14 @@ TEST(ParallelMemoryPlan, PlanCommandPredictsTheBytesTrainingSends) {
     EXPECT_GT(step.at("fsdp").at("gathered_bytes").get<int64_t>(), 0);
     EXPECT_EQ(device.at("fsdp_gathered_bytes"), step.at("fsdp").at("gathered_bytes"));
     EXPECT_EQ(device.at("fsdp_reduce_scattered_bytes"), step.at("fsdp").at("reduce_scattered_bytes"));
+    const nlohmann::json& exchange = step.at("expert_parallel");
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_GT(exchange.at("rank_dispatched_bytes")[r].get<double>(), 0.0);
+      EXPECT_EQ(plan.at("device_traffic")[r].at("expert_dispatched_bytes").get<double>(),
+                exchange.at("rank_dispatched_bytes")[r].get<double>()) << "rank " << r;
+      EXPECT_EQ(plan.at("device_traffic")[r].at("expert_combined_bytes").get<double>(),
+                exchange.at("rank_combined_bytes")[r].get<double>()) << "rank " << r;
+    }
     double busiest = 0.0;  // the slice of the most rows, over the mean slice's
     for (const nlohmann::json& layer : step.at("moe_layers")) {
       const std::vector<int64_t> loads = layer.at("tokens_per_expert");

@@ -77,24 +77,32 @@ TEST(StepTraffic, ImbalanceLoadsTheFirstSlicesRanks) {
   EXPECT_THROW(imbalanced_routing(config, 2, 2.5), Error) << "more than every row on one slice";
 }
 
-// Full recompute re-runs every layer's forward: a third of the layers' training FLOPs more; the
-// LM head is not re-run.
+// Full recompute re-runs every layer's forward: a third of the layers' training FLOPs more (the LM
+// head is not re-run). With ep a re-run MoE sublayer does not exchange: its routed experts' third
+// (18 · k · D · I a token and layer) is not re-run, and the owners' backward forms each received
+// row's gate/up output again instead (2 · 2I · D a row).
 TEST(StepTraffic, RecomputeAddsTheReRunForwards) {
   const ModelConfig& config = moe_config();
-  StepMemoryShape shape = shape_of(2);
-  shape.policy_min_bytes = 1;  // every saved tensor follows the policy
-  const MemoryPlan full = plan_memory(config, shape, MemoryPolicy{"full", "none"});
-  const MemoryPlan keep = plan_memory(config, shape, MemoryPolicy{});
-  const Routing routing = imbalanced_routing(config, 2, 1.0);
-  const std::vector<DeviceTraffic> traffic = plan_step_traffic(config, shape, routing);
-  const DeviceTraffic recomputed = time_step(traffic, shape, full, DeviceRates{})[0];
-  const DeviceTraffic kept = time_step(traffic, shape, keep, DeviceRates{})[0];
   const Model<double> model(config);
-  const double head = 6.0 * double(config.vocab_size) * double(config.hidden_size);
-  const double tokens = 2 * 16;
-  EXPECT_EQ(kept.rerun_flops, 0.0);
-  EXPECT_NEAR(recomputed.rerun_flops, tokens * (model.training_flops_per_token(16) - head) / 3, 1e-9 * kept.flops);
-  EXPECT_DOUBLE_EQ(recomputed.flops, kept.flops + recomputed.rerun_flops);
+  const double D = 16, I = 8, k = 2, head = 6.0 * double(config.vocab_size) * D, tokens = 2 * 16;
+  const double routed = 2 * 18 * k * D * I;  // per token, both MoE layers
+  for (const int ep : {1, 2}) {
+    SCOPED_TRACE(ep);
+    StepMemoryShape shape = shape_of(ep);
+    shape.policy_min_bytes = 1;  // every saved tensor follows the policy
+    const Routing routing = imbalanced_routing(config, ep, 1.0);
+    const std::vector<DeviceTraffic> traffic = plan_step_traffic(config, shape, routing);
+    const DeviceTraffic kept = time_step(traffic, shape, plan_memory(config, shape, MemoryPolicy{}), DeviceRates{})[0];
+    const DeviceTraffic recomputed =
+        time_step(traffic, shape, plan_memory(config, shape, MemoryPolicy{"full", "none"}), DeviceRates{})[0];
+    EXPECT_EQ(kept.rerun_flops, 0.0);
+    EXPECT_DOUBLE_EQ(recomputed.expert_rows, 2 * tokens * k) << "its share of both layers' rows";
+    const double expected = ep == 1 ? tokens * (model.training_flops_per_token(16) - head) / 3
+                                    : tokens * (model.training_flops_per_token(16) - head - routed) / 3 +
+                                          recomputed.expert_rows * 4 * D * I;
+    EXPECT_NEAR(recomputed.rerun_flops, expected, 1e-9 * kept.flops);
+    EXPECT_DOUBLE_EQ(recomputed.flops, kept.flops + recomputed.rerun_flops);
+  }
 }
 
 TEST(StepTraffic, RooflineTermsFollowTheLinks) {
@@ -131,6 +139,23 @@ TEST(StepTraffic, RooflineTermsFollowTheLinks) {
   EXPECT_DOUBLE_EQ(d.step_s, std::max({d.compute_s, d.fsdp_s, d.swap_s}) + d.exposed_exchange_s);
   rates.inter_bandwidth = 0.0;
   EXPECT_EQ(time_step(traffic, shape, MemoryPlan{}, rates)[0].step_s, 0.0) << "no --inter-bandwidth";
+}
+
+// An ep group wider than a node: of ep 4 over nodes of 2, two of each device's three peers are on
+// other nodes, so two thirds of its exchanged rows cross the slower link (32 experts: demo_moe).
+TEST(StepTraffic, AnEpGroupWiderThanANodeSendsThePeersOffTheNodeAcrossIt) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("demo_moe.json"));
+  StepMemoryShape shape = shape_of(4);
+  shape.seq = 32;
+  const DeviceRates rates{.flops = 1e12, .intra_bandwidth = 1e8, .inter_bandwidth = 1e7, .host_bandwidth = 0.0,
+                          .node_size = 2, .exchange_chunks = 1};
+  for (const DeviceTraffic& d :
+       time_step(plan_step_traffic(config, shape, imbalanced_routing(config, 4, 1.0)), shape, MemoryPlan{}, rates)) {
+    const double sent = d.expert_dispatched + d.expert_combined;
+    ASSERT_GT(sent, 0.0);
+    EXPECT_DOUBLE_EQ(d.exchange_s, std::max(sent / 3 / 1e8, sent * 2 / 3 / 1e7)) << "rank " << d.rank;
+    EXPECT_DOUBLE_EQ(d.fsdp_s, double(d.fsdp_gathered + d.fsdp_reduce_scattered) / 1e7) << "4 devices, 2 nodes";
+  }
 }
 
 std::string write_metrics(const std::string& name, const std::string& text) {
