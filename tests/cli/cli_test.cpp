@@ -122,9 +122,29 @@ TEST(Info, CountsTheKimiK3LikeConfigAtTheSeedsSize) {
 }
 
 // `trillion plan` counts what transformers counts for the default configs (the fixtures above),
-// DeepSeek-V3 and Qwen3-Next at their published 671 B and 80 B within 1 %, and gives every device of
-// 64 (ep 8) its weights by hand arithmetic: the shards partition the trainable storage (each within
-// a few elements per range of a 64th) and every device keeps the buffers whole, 4 bytes each.
+// DeepSeek-V3, Qwen3-Next and Kimi K2 (configs/models/kimi_k2.json) at their published 671 B, 80 B
+// and 1.03 T within 1 %, and gives every device of 64 (ep 8) its weights by hand arithmetic: the
+// shards partition the trainable storage (each within a few elements per range of a 64th) and every
+// device keeps the buffers whole, 4 bytes each.
+int64_t planned_total_with_weights_by_hand(const std::string& config) {
+  const CommandResult r =
+      run_cli("plan --json --devices 64 --ep 8 --seq-len 64 --config " + config, "OMP_NUM_THREADS=1", true);
+  EXPECT_EQ(r.status, 0) << config << ": " << r.output;
+  if (r.status != 0) return 0;
+  const nlohmann::json plan = nlohmann::json::parse(r.output);
+  const nlohmann::json info =
+      nlohmann::json::parse(run_cli("info --json --config " + config, "OMP_NUM_THREADS=1", true).output);
+  const int64_t storage = info.at("trainable_storage"), buffers = info.at("buffer_elements");
+  int64_t sum = 0;
+  for (const nlohmann::json& device : plan.at("device_plans")) {
+    const int64_t weights = device.at("parameters");
+    sum += weights - 4 * buffers;
+    EXPECT_NEAR(double(weights), 4.0 * (double(storage) / 64 + double(buffers)), 4.0 * 1024) << config;
+  }
+  EXPECT_EQ(sum, 4 * storage) << config << ": the shards partition the storage";
+  return plan.at("total_parameters");
+}
+
 TEST(Plan, CountsPublishedModelsAndTheirWeightsPerDevice) {
   const std::map<std::string, double> published = {{"deepseek_v3_default", 671e9}, {"qwen3_next_default", 80e9}};
   int64_t checked = 0;
@@ -132,28 +152,16 @@ TEST(Plan, CountsPublishedModelsAndTheirWeightsPerDevice) {
     const nlohmann::json counts =
         nlohmann::json::parse(read_file(std::string(TRILLION_SOURCE_DIR) + "/tests/fixtures/" + file));
     for (const auto& [name, entry] : counts.items()) {
-      const std::string config = std::string(TRILLION_SOURCE_DIR) + "/" + entry.at("config").get<std::string>();
-      const CommandResult r =
-          run_cli("plan --json --devices 64 --ep 8 --seq-len 64 --config " + config, "OMP_NUM_THREADS=1", true);
-      ASSERT_EQ(r.status, 0) << name << ": " << r.output;
-      const nlohmann::json plan = nlohmann::json::parse(r.output);
-      const int64_t total = plan.at("total_parameters");
+      const int64_t total = planned_total_with_weights_by_hand(std::string(TRILLION_SOURCE_DIR) + "/" +
+                                                               entry.at("config").get<std::string>());
       EXPECT_EQ(total, entry.at("num_parameters").get<int64_t>()) << name;
       if (published.count(name)) EXPECT_NEAR(double(total), published.at(name), 0.01 * published.at(name)) << name;
-      const nlohmann::json info = nlohmann::json::parse(
-          run_cli("info --json --config " + config, "OMP_NUM_THREADS=1", true).output);
-      const int64_t storage = info.at("trainable_storage"), buffers = info.at("buffer_elements");
-      int64_t sum = 0;
-      for (const nlohmann::json& device : plan.at("device_plans")) {
-        const int64_t weights = device.at("parameters");
-        sum += weights - 4 * buffers;
-        EXPECT_NEAR(double(weights), 4.0 * (double(storage) / 64 + double(buffers)), 4.0 * 1024) << name;
-      }
-      EXPECT_EQ(sum, 4 * storage) << name << ": the shards partition the storage";
       ++checked;
     }
   }
   EXPECT_EQ(checked, 6);
+  const int64_t k2 = planned_total_with_weights_by_hand(std::string(TRILLION_SOURCE_DIR) + "/configs/models/kimi_k2.json");
+  EXPECT_NEAR(double(k2), 1.03e12, 0.01 * 1.03e12) << "Kimi K2";
 }
 
 TEST(BenchGemm, TinyRunReportsACorrectProduct) {

@@ -6,7 +6,7 @@
 // recompute and swap, and with ep 2 and 4 for the MoE demo (ep 2 also with full recompute and with full
 // and selective swap, which moves the exchanged rows; ep 4 with selective recompute), and the MoE
 // demo under --precision bf16 (units gathered in bf16 runs) with ep 1 and 2, and LoRA of the MoE demo
-// (its frozen base sharded) with ep 2, in float and bf16,
+// (its frozen base sharded) with ep 2, in float and bf16, and the MoE demo in double with ep 2,
 // the plan bounds the measurement and lies within 5 % of it, and `trillion plan`'s bytes sent
 // equal the run's counters exactly. With --ep the plan needs the routing's imbalance (the rows a rank's
 // experts receive, as a multiple of its own): the test reads each rank's from the run's routing
@@ -172,7 +172,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"demo_moe", "--recompute selective", {4}, 4},
                     Case{"demo_moe", "--recompute expert_gate_up,expert_act", {1}},
                     Case{"demo_moe", "--recompute ep_gate_up,ep_act", {2}, 2},
-                    Case{"demo_moe", kLoraFlags, {2, 4}, 2}, Case{"demo_moe", kLoraFlags + " --precision bf16", {2}, 2}, Case{"demo_moe_deep", ""}, Case{"demo_hybrid", ""},
+                    Case{"demo_moe", kLoraFlags, {2, 4}, 2}, Case{"demo_moe", kLoraFlags + " --precision bf16", {2}, 2},
+                    Case{"demo_moe", "--dtype float64", {1, 2}}, Case{"demo_moe", "--dtype float64", {2}, 2},
+                    Case{"demo_moe_deep", ""}, Case{"demo_hybrid", ""},
                     Case{"demo_mla", ""}, Case{"demo_kda", ""}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.config + "_" + std::to_string(info.index); });
 
