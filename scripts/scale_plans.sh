@@ -35,4 +35,8 @@ for seq in 1024 2048 4096 8192; do
 done
 # Other mesh sizes with EP64, and full fine-tuning, at 4096 tokens with full recompute.
 for devices in 64 256 512; do plan "$devices" 64 1 4096 --recompute full "${lora[@]}"; done
-for devices in 128 256 512; do plan "$devices" 64 1 4096 --recompute full; done
+for devices in 128 256 512 1024; do plan "$devices" 64 1 4096 --recompute full; done
+# How many devices full fine-tuning needs: its state shrinks with them, the activations swap out.
+for devices in 512 1024; do plan "$devices" 64 1 4096 --swap full; done
+# The all-to-all's long tail: the busiest ep slice's experts receiving more of the rows.
+for imbalance in 1.0 1.5 2 4; do plan 128 64 1 4096 --recompute full --expert-imbalance "$imbalance" "${lora[@]}"; done
