@@ -300,6 +300,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
   const int64_t norm_backward = rmsnorm_backward_workspace_bytes(n, D, true);
   const int64_t loss_backward =
       in_forward ? norm_backward : Arena::rounded(n * D * e) + std::max(loss_forward, norm_backward);
+  plan.loss_workspace = std::max(loss_forward, loss_backward);
 
   const int L = static_cast<int>(layers.size());
   const UnitsInUse units(config, shape, in_forward, table, layout);
@@ -374,6 +375,7 @@ nlohmann::json MemoryPlan::to_json() const {
                     {"checkpoint_save", checkpoint_save}}},
           {"slow", {{"peak", peak_slow}}},
           {"activations_saved", activations_saved},
+          {"loss_workspace", loss_workspace},
           {"activations_by_kind", [&] {
              nlohmann::json kinds = nlohmann::json::array();
              for (const KindActivations& k : activations_by_kind)
@@ -396,6 +398,7 @@ std::string MemoryPlan::describe() const {
          mib(optimizer_state) + shard + ", model buffers " + mib(model_buffers) +
          (ranks > 1 ? ", gathered units " + mib(gathered_at_peak) : std::string()) + "\n  activations " +
          mib(activations_at_peak) + " of " + mib(activations_saved) + " saved, workspace " + mib(workspace_at_peak) +
+         " (the loss's at most " + mib(loss_workspace) + ")" +
          "\n  activations by layer kind, kept of saved:" + [&] {
            std::string kinds;
            for (const KindActivations& k : activations_by_kind)

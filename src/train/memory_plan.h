@@ -98,6 +98,7 @@ struct MemoryPlan {
   int64_t activations_saved = 0;   // every tensor the forward saves (before any policy)
   int64_t activations_at_peak = 0;
   int64_t workspace_at_peak = 0;
+  int64_t loss_workspace = 0;      // the LM head's loss at its largest (its chunk of logits, forward or backward)
   int64_t peak_fast = 0;
   std::string peak_at;             // "forward of layer 3", "the loss", "backward of layer 0", …
   int64_t start_up = 0;            // before the first step: whole parameters and the shard's state

@@ -183,6 +183,20 @@ TEST(MemoryPlan, CountsTheActivationsOfEachLayerKind) {
   }
 }
 
+// The LM head's loss workspace, apart: its tiles of logits grow with the vocabulary.
+TEST(MemoryPlan, GivesTheLossWorkspaceApart) {
+  StepMemoryShape shape;
+  shape.batch = 4;
+  shape.seq = 32;
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_qwen3_moe.json"));
+  const int64_t small = plan_memory(config, shape, {}).loss_workspace;
+  const int64_t large =
+      plan_memory(testing::tiny_config_with({{"vocab_size", 8 * config.vocab_size}}, "tiny_qwen3_moe.json"), shape, {})
+          .loss_workspace;
+  EXPECT_GT(small, 0);
+  EXPECT_GT(large, 2 * small);
+}
+
 TEST(MemoryPlan, ParsesSizes) {
   EXPECT_EQ(parse_bytes("300000", "--memory-budget"), 300000);
   EXPECT_EQ(parse_bytes("2G", "--memory-budget"), int64_t{2} << 30);
