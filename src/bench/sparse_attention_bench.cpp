@@ -15,6 +15,7 @@
 #include "core/relative_error.h"
 #include "core/rng.h"
 #include "ops/attention.h"
+#include "ops/gemm.h"
 #include "ops/indexer.h"
 #include "ops/ref/indexer_ref.h"
 #include "ops/ref/sparse_attention_ref.h"
@@ -147,8 +148,9 @@ void run_dense(const BenchInputs& in, AttentionOutputs& o) {
                      o.out.data(), o.lse.data(), s);
 }
 
-// The plain masked attention over a given selection, forward and backward.
+// The plain masked attention over a given selection, forward and backward, in float.
 void run_plain_attention(const BenchInputs& in, const int32_t* indices, AttentionOutputs& o) {
+  const MatmulPrecisionScope float_operands(MatmulPrecision::fp32);
   sparse_attention_ref_forward(o.out.data(), o.lse.data(), in.q.data(), in.k.data(), in.v.data(), indices,
                                in.attention);
   sparse_attention_ref_backward(o.dq.data(), o.dk.data(), o.dv.data(), in.dout.data(), in.q.data(), in.k.data(),
@@ -214,6 +216,7 @@ double sparse_attention_bench_dense_flops(const SparseAttentionBenchOptions& o, 
 nlohmann::json run_sparse_attention_bench(const SparseAttentionBenchOptions& o,
                                           const std::function<void(const nlohmann::json&)>& emit) {
   check_options(o);
+  const MatmulPrecisionScope operands(matmul_precision_from_name(o.precision, "--precision"));
   const HeadShape shape{o.heads, o.kv_heads, o.head_dim, o.v_dim > 0 ? o.v_dim : o.head_dim};
   const BenchInputs in(o, shape, 1);
   const int64_t topk_bytes = in.indexer_bytes() + in.attention_bytes();
@@ -250,6 +253,7 @@ nlohmann::json run_sparse_attention_bench(const SparseAttentionBenchOptions& o,
   AttentionOutputs plain(in);
   Buffer<int32_t> plain_indices(sparse.indices.size());  // [B, T, topk]
   auto run_plain = [&] {
+    const MatmulPrecisionScope float_operands(MatmulPrecision::fp32);
     indexer_ref_topk(plain_indices.data(), in.iq.data(), in.ik.data(), in.w.data(), in.indexer);
     run_plain_attention(in, plain_indices.data(), plain);
   };
@@ -302,8 +306,20 @@ nlohmann::json run_sparse_attention_bench(const SparseAttentionBenchOptions& o,
     const int64_t mla_sparse_workspace = peak_extra_bytes([&] { mla_sparse.run(); });  // the untimed round
     run_dense(mla_in, mla_dense);
     mla_sparse.clear_phases();
-    const std::vector<TimingResult> mla_times =
-        time_round_robin({[&] { mla_sparse.run(); }, [&] { run_dense(mla_in, mla_dense); }}, 0, o.runs);
+    // Under bf16, the sparse path with float operands too (its baseline in this process).
+    const bool bf16 = matmul_precision() == MatmulPrecision::bf16;
+    SparsePath mla_sparse_fp32(mla_in);
+    const auto run_sparse_fp32 = [&] {
+      const MatmulPrecisionScope float_operands(MatmulPrecision::fp32);
+      mla_sparse_fp32.run();
+    };
+    std::vector<std::function<void()>> mla_paths = {[&] { mla_sparse.run(); }, [&] { run_dense(mla_in, mla_dense); }};
+    if (bf16) {
+      run_sparse_fp32();  // untimed, as the others' first runs
+      mla_sparse_fp32.clear_phases();
+      mla_paths.push_back(run_sparse_fp32);
+    }
+    const std::vector<TimingResult> mla_times = time_round_robin(mla_paths, 0, o.runs);
     const double mla_flops = sparse_attention_bench_sparse_flops(o, kMlaQkDim, kMlaVDim, o.mla_heads);
     const double mla_speedup = mla_times[1].median_s / mla_times[0].median_s;
     nlohmann::json mla_sparse_line = timing_line("mla_sparse", mla_times[0]);
@@ -315,6 +331,13 @@ nlohmann::json run_sparse_attention_bench(const SparseAttentionBenchOptions& o,
     mla_dense_line.update({{"gflops", sparse_attention_bench_dense_flops(o, kMlaQkDim, kMlaVDim, o.mla_heads) /
                                           mla_times[1].median_s * 1e-9}});
     emit(mla_dense_line);
+    if (bf16) {
+      nlohmann::json fp32_line = timing_line("mla_sparse_fp32", mla_times[2]);
+      fp32_line.update(mla_sparse_fp32.phase_fields());
+      emit(fp32_line);
+      summary.update(nlohmann::json{{"mla_sparse_fp32_s", mla_times[2].median_s},
+                                    {"mla_bf16_gain", mla_times[2].median_s / mla_times[0].median_s}});
+    }
     summary.update(nlohmann::json{{"mla_speedup", mla_speedup},
                     {"mla_sparse_s", mla_times[0].median_s},
                     {"mla_dense_s", mla_times[1].median_s},
@@ -331,6 +354,7 @@ nlohmann::json run_sparse_attention_bench(const SparseAttentionBenchOptions& o,
                   {"index_heads", o.index_heads},
                   {"index_head_dim", o.index_head_dim},
                   {"topk", o.topk},
+                  {"precision", o.precision},
                   {"threads", num_threads()}});
   return summary;
 }

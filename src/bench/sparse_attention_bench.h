@@ -15,7 +15,8 @@
 //   indexer_loss: indexer_loss (forward + backward in one call) in dense warm-up mode, its target
 //           the dense attention's lse, and in sparse mode, its target the sparse attention's lse;
 //   mla:    the sparse and dense paths again with MLA's shapes (qk 192, v 128, kv_heads = heads =
-//           mla_heads), with their own speedup (mla_speedup).
+//           mla_heads), with their own speedup (mla_speedup); under bf16 also the sparse path with
+//           float operands, alternating with the others (mla_bf16_gain = its time / bf16's).
 // max_rel_err: the fused path against the plain one (out, lse, dq, dk, dv; the relative error per
 // tensor of docs/architecture.md, "Relative error"); topk_mismatch_rows counts rows whose selected
 // key sets differ (the two score the keys with different float summation orders, so a near tie at
@@ -35,6 +36,7 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace trillion {
 
@@ -55,6 +57,10 @@ struct SparseAttentionBenchOptions {
   // tests only.
   int64_t gemm_size = 2048;     // size of the sgemm that measures the ceiling
   uint64_t seed = 1;            // inputs
+  // The operands of the timed paths' products (ops/gemm.h): fp32, or bf16 (the sparse kernels' rows
+  // and the dense tiles' GEMM operands, and the ceiling's sgemm, in bf16). The plain path, the
+  // reference of max_rel_err, is always float.
+  std::string precision = "fp32";
 };
 
 // FLOPs of the sparse path and of the dense path by the formulas above.
@@ -66,7 +72,8 @@ double sparse_attention_bench_dense_flops(const SparseAttentionBenchOptions& opt
 // Runs the benchmark; calls emit for each measurement (one JSON object each) and returns the
 // summary: bench_summary's fields (bench, speedup, max_rel_err, ceiling_fraction, ceiling_gflops,
 // memory_ratio, ...) plus ratio_plain, plain_s, topk_mismatch_rows, indexer_loss_dense_s,
-// indexer_loss_sparse_s, mla_speedup (when the MLA line ran), the sparse phases and the sizes.
+// indexer_loss_sparse_s, mla_speedup (when the MLA line ran), the sparse phases, the precision and
+// the sizes.
 nlohmann::json run_sparse_attention_bench(const SparseAttentionBenchOptions& options,
                                           const std::function<void(const nlohmann::json&)>& emit);
 

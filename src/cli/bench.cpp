@@ -10,6 +10,7 @@
 //   trillion bench sparse-attention [--json] [--seq-len T] [--batch B] [--heads H] [--kv-heads K]
 //                      [--head-dim d] [--v-dim v] [--index-heads H_I] [--index-head-dim d_I] [--topk k]
 //                      [--mla-heads H] [--runs N] [--baseline-runs N] [--gemm-size N] [--seed S]
+//                      [--precision fp32|bf16]
 //   trillion bench tiles [--json] [--runs N]
 //   trillion bench loss [--json] [--tokens T] [--hidden H] [--vocab V] [--z-loss z] [--precision P] [--runs N]
 //                      [--baseline-runs N] [--gemm-size N]
@@ -271,7 +272,7 @@ void run_sparse_attention(bool json, const SparseAttentionBenchOptions& options)
     return;
   }
   std::printf(
-      "sparse-attention T=%lld H=%lld Hkv=%lld qk=%lld v=%lld H_I=%lld d_I=%lld topk=%lld batch=%lld on %d threads:\n"
+      "sparse-attention T=%lld H=%lld Hkv=%lld qk=%lld v=%lld H_I=%lld d_I=%lld topk=%lld batch=%lld %s on %d threads:\n"
       "  speedup over dense %.2fx, plain / sparse %.2f, max relative error %.2e (%lld top-k rows differ)\n"
       "  %.1f GFLOP/s = %.3f of the sgemm ceiling (%.1f GFLOP/s)\n"
       "  indexer loss: dense mode %.4f s, sparse mode %.4f s\n"
@@ -280,7 +281,8 @@ void run_sparse_attention(bool json, const SparseAttentionBenchOptions& options)
       summary.at("kv_heads").get<long long>(), summary.at("head_dim").get<long long>(),
       summary.at("v_dim").get<long long>(), summary.at("index_heads").get<long long>(),
       summary.at("index_head_dim").get<long long>(), summary.at("topk").get<long long>(),
-      summary.at("batch").get<long long>(), num_threads(), summary.at("speedup").get<double>(),
+      summary.at("batch").get<long long>(), summary.at("precision").get<std::string>().c_str(), num_threads(),
+      summary.at("speedup").get<double>(),
       summary.at("ratio_plain").get<double>(), summary.at("max_rel_err").get<double>(),
       summary.at("topk_mismatch_rows").get<long long>(), summary.at("fused_gflops").get<double>(),
       summary.at("ceiling_fraction").get<double>(), summary.at("ceiling_gflops").get<double>(),
@@ -488,6 +490,10 @@ void add_sparse_attention_bench(CLI::App* bench) {
       ->capture_default_str();
   sparse->add_option("--gemm-size", so->gemm_size, "Size of the sgemm that sets the ceiling")->capture_default_str();
   sparse->add_option("--seed", so->seed, "Seed of the inputs")->capture_default_str();
+  sparse->add_option("--precision", so->precision,
+                     "Operands of the timed paths' products: fp32 or bf16 (the sparse kernels' rows, the dense tiles)")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
   sparse->callback([sparse_json, so] { run_sparse_attention(*sparse_json, *so); });
 }
 

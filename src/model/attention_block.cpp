@@ -81,17 +81,16 @@ void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, 
 std::vector<SavedTensor> saved_tensors(const AttentionBlockDims& dims, const SavedExtent& extent) {
   using Tag = ActivationTag;
   const int64_t n = extent.tokens(), d = dims.head_dim, qw = dims.q_width();
-  // Dense attention reads q, k and v only through its tiles' products (sparse attention's row dots
-  // read them as values).
-  const bool operands = !attends_sparsely(dims.indexer, extent);
+  // Attention reads q, k and v only as operands of products: the dense tiles' GEMMs, and sparse
+  // attention's row products, which under the bf16 precision read their bf16 rounding too.
   std::vector<SavedTensor> list{{Tag::q_raw, {n, dims.q_heads, d}},         // [n, Hq, d] before q_norm
                                 {Tag::q_rstd, {n * dims.q_heads}},          // [n · Hq]
-                                {Tag::q, {n, dims.q_heads, d}, true, operands}};  // [n, Hq, d] after q_norm and RoPE
+                                {Tag::q, {n, dims.q_heads, d}, true, /*operand=*/true}};  // [n, Hq, d] after q_norm and RoPE
   if (dims.gated) list.push_back({Tag::gate, {n, qw}});                     // [n, Hq·d]
   list.insert(list.end(), {{Tag::k_raw, {n, dims.kv_heads, d}},             // [n, Hkv, d] before k_norm
                            {Tag::k_rstd, {n * dims.kv_heads}},              // [n · Hkv]
-                           {Tag::k, {n, dims.kv_heads, d}, true, operands},  // [n, Hkv, d] after k_norm and RoPE
-                           {Tag::v, {n, dims.kv_heads, d}, true, operands},  // [n, Hkv, d]
+                           {Tag::k, {n, dims.kv_heads, d}, true, /*operand=*/true},  // [n, Hkv, d] after k_norm and RoPE
+                           {Tag::v, {n, dims.kv_heads, d}, true, /*operand=*/true},  // [n, Hkv, d]
                            {Tag::attn_out, {n, qw}},                 // [n, Hq·d]
                            {Tag::attn_lse, {extent.batch, dims.q_heads, extent.seq}}});  // [batch, Hq, seq]
   const std::vector<SavedTensor> indexer = saved_tensors(dims.indexer, extent);

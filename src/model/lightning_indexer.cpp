@@ -222,8 +222,9 @@ int64_t main_attention_workspace_bytes(const IndexerDims& dims, const AttentionS
   const int64_t e = shape.element_bytes;
   if (attends_sparsely(dims, shape)) {
     const SparseAttentionSizes sparse = sparse_sizes(sizes, dims.topk);
-    return backward ? sparse_attention_backward_workspace_bytes(sparse, shape.threads, e)
-                    : sparse_attention_forward_workspace_bytes(sparse, shape.threads, e);
+    const bool bf16_rows = shape.bf16_operands && e == 4;  // the float kernels under the bf16 precision
+    return backward ? sparse_attention_backward_workspace_bytes(sparse, shape.threads, e, bf16_rows)
+                    : sparse_attention_forward_workspace_bytes(sparse, shape.threads, e, bf16_rows);
   }
   return backward ? attention_backward_workspace_bytes(sizes, shape.threads, e)
                   : attention_forward_workspace_bytes(sizes, shape.threads, e);

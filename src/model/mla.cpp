@@ -116,15 +116,14 @@ std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& e
     list.insert(list.end(), {{Tag::mla_q_a, {n, rq}},        // [n, r_q]
                              {Tag::mla_q_a_rstd, {n}},       // [n]
                              {Tag::mla_q_latent, {n, rq}, true, /*operand=*/true}});  // [n, r_q] q_b_proj's, wq's input
-  // Dense attention reads q, k and v only through its tiles' products (sparse attention's row dots
-  // read them as values).
-  const bool operands = !attends_sparsely(dims.indexer, extent);
-  list.insert(list.end(), {{Tag::q, {n, H, dims.qk()}, true, operands},  // [n, H, qk]
+  // Attention reads q, k and v only as operands of products: the dense tiles' GEMMs, and sparse
+  // attention's row products, which under the bf16 precision read their bf16 rounding too.
+  list.insert(list.end(), {{Tag::q, {n, H, dims.qk()}, true, /*operand=*/true},  // [n, H, qk]
                            {Tag::mla_kv_a, {n, dims.kv_a_out()}},      // [n, r_kv + rope]
                            {Tag::mla_kv_rstd, {n}},                    // [n]
                            {Tag::mla_latent, {n, dims.kv_lora_rank}, true, /*operand=*/true},  // [n, r_kv] kv_b_proj's input
-                           {Tag::k, {n, H, dims.qk()}, true, operands},  // [n, H, qk]
-                           {Tag::v, {n, H, dims.v}, true, operands},     // [n, H, v]
+                           {Tag::k, {n, H, dims.qk()}, true, /*operand=*/true},  // [n, H, qk]
+                           {Tag::v, {n, H, dims.v}, true, /*operand=*/true},     // [n, H, v]
                            {Tag::attn_out, {n, dims.o_width()}},       // [n, H·v]
                            {Tag::attn_lse, {extent.batch, H, extent.seq}}});  // [batch, H, seq]
   const std::vector<SavedTensor> indexer = saved_tensors(dims.indexer, extent);

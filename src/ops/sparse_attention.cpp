@@ -32,6 +32,14 @@
 // only, so the results are bitwise independent of the thread count and of the chunk size, and all
 // threads are busy whatever the number of heads.
 //
+// Under the bf16 matmul precision (ops/gemm.h), the float kernels read q, k, v and dout as their
+// bf16 rounding: the head copies hold bf16 rows (half the bytes the scattered reads move, the
+// kernels' limit: docs/benchmarks.md, "Sparse attention in bf16"), widened exactly on load, and
+// each query's own rows are rounded into the thread's workspace, so every product has bf16
+// operands and float accumulation, as the dense tiles' GEMMs under bf16. P, dS, the softmax, lse
+// and every sum stay float. The copies are made even for one kv head (then nothing is read in
+// place).
+//
 // Indices are validated before any parallel region (TRILLION_CHECK aborts, never inside OpenMP):
 // each row must be distinct visible keys followed only by −1 padding, with at least one key.
 #include "ops/sparse_attention.h"
@@ -39,10 +47,12 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/parallel.h"
+#include "ops/gemm.h"
 #include "ops/vector_exp.h"
 
 namespace trillion {
@@ -144,15 +154,36 @@ Buffer<int32_t> selected_counts(const int32_t* indices, const Geometry& geo) {
   return counts;
 }
 
-// Elements of one thread's forward workspace: scores [group, kKeyTile], row_max, row_sum [group].
-int64_t forward_per_thread(const Geometry& geo, int64_t elem_bytes) {
-  return round_up_64_bytes(geo.group * kKeyTile + 2 * geo.group, elem_bytes);
+// Whether the float kernels read bf16 rows: under the bf16 matmul precision.
+template <class T>
+bool rows_in_bf16() {
+  return std::is_same_v<T, float> && matmul_precision() == MatmulPrecision::bf16;
+}
+
+// A query's own rows x[n] as products read them: x itself, or (bf16 rows) x rounded to bf16 in
+// the thread's scratch[n].
+template <class T, class R>
+const T* operand_rows(const T* x, int64_t n, T* scratch) {
+  if constexpr (std::is_same_v<R, T>) return x;
+  else {
+    for (int64_t i = 0; i < n; ++i) scratch[i] = round_to_bf16(x[i]);
+    return scratch;
+  }
+}
+
+// Elements of one thread's forward workspace: scores [group, kKeyTile], row_max, row_sum [group],
+// then with bf16 rows the query's rounded rows [group, qk_dim].
+int64_t forward_per_thread(const Geometry& geo, int64_t elem_bytes, bool bf16_rows) {
+  const int64_t rounded = bf16_rows ? geo.group * geo.s.qk_dim : 0;
+  return round_up_64_bytes(geo.group * kKeyTile + 2 * geo.group + rounded, elem_bytes);
 }
 
 // Elements of one thread's backward workspace: probs, dprobs [group, kKeyTile], lse_rows, dot_rows
-// [group], then a key's gathered weights [2, kKeyTile] (with their rows in gathered_rows).
-int64_t backward_per_thread(const Geometry& geo, int64_t elem_bytes) {
-  return round_up_64_bytes(2 * geo.group * kKeyTile + 2 * geo.group + 2 * kKeyTile, elem_bytes);
+// [group], a key's gathered weights [2, kKeyTile] (with their rows in gathered_rows), then with
+// bf16 rows the query's rounded q and dout rows [group, qk_dim + v_dim].
+int64_t backward_per_thread(const Geometry& geo, int64_t elem_bytes, bool bf16_rows) {
+  const int64_t rounded = bf16_rows ? geo.group * (geo.s.qk_dim + geo.s.v_dim) : 0;
+  return round_up_64_bytes(2 * geo.group * kKeyTile + 2 * geo.group + 2 * kKeyTile + rounded, elem_bytes);
 }
 
 // One head's rows of a [batch, len, heads, dim] tensor as a contiguous [len, dim] matrix. With
@@ -160,17 +191,24 @@ int64_t backward_per_thread(const Geometry& geo, int64_t elem_bytes) {
 // power of two times 64 bytes at the usual dims), so its scattered rows share a fraction of the
 // cache sets and many more pages: at MLA's shape reading them from such a copy halved the time of
 // both passes (docs/benchmarks.md, "Sparse attention"). With one head the tensor is that matrix and
-// nothing is copied.
-template <class T>
+// nothing is copied, unless the copy's rows R are bf16 (rounded from T = float).
+template <class T, class R = T>
 class HeadRows {
  public:
-  HeadRows(int64_t len, int64_t heads, int64_t dim) : len_(len), heads_(heads), dim_(dim), copy_(copy_count(len, heads, dim)) {}
-  static int64_t copy_count(int64_t len, int64_t heads, int64_t dim) { return heads > 1 ? len * dim : 0; }
+  HeadRows(int64_t len, int64_t heads, int64_t dim)
+      : len_(len), heads_(heads), dim_(dim), copy_(copy_count(len, heads, dim, !std::is_same_v<R, T>)) {}
+  static int64_t copy_count(int64_t len, int64_t heads, int64_t dim, bool converted) {
+    return heads > 1 || converted ? len * dim : 0;
+  }
 
   // Head h of batch entry b of x, [len, dim].
-  const T* load(const T* x, int64_t b, int64_t h) {
-    if (heads_ == 1) return x + b * len_ * dim_;
-    parallel_for(len_, dim_, [&](int64_t j) { std::copy_n(row(x, b, j, h), dim_, copy_.data() + j * dim_); });
+  const R* load(const T* x, int64_t b, int64_t h) {
+    if constexpr (std::is_same_v<R, T>) {
+      if (heads_ == 1) return x + b * len_ * dim_;
+      parallel_for(len_, dim_, [&](int64_t j) { std::copy_n(row(x, b, j, h), dim_, copy_.data() + j * dim_); });
+    } else {
+      parallel_for(len_, dim_, [&](int64_t j) { to_bf16(row(x, b, j, h), copy_.data() + j * dim_, dim_); });
+    }
     return copy_.data();
   }
   // Zeroed rows [len, dim] to accumulate head h of batch entry b of x in; store() writes them to x.
@@ -188,7 +226,7 @@ class HeadRows {
   template <class P>
   P* row(P* x, int64_t b, int64_t j, int64_t h) const { return x + ((b * len_ + j) * heads_ + h) * dim_; }
   int64_t len_, heads_, dim_;
-  Buffer<T> copy_;  // [len, dim] when heads > 1
+  Buffer<R> copy_;  // [len, dim] when heads > 1 or R is bf16
 };
 
 // Query positions per chunk of the backward: as many as fill tiling.chunk_terms terms, a query's
@@ -251,14 +289,17 @@ int64_t chunk_bytes(const Geometry& geo, const SparseAttentionTiling& tiling, in
          2 * pairs * geo.group * element_bytes;
 }
 
-// Elements of the HeadRows copies of k and v (forward), and of dk, dv and the group's q and dout
-// (backward).
-int64_t forward_head_copies(const SparseAttentionSizes& s) {
-  return HeadRows<char>::copy_count(s.kv_len, s.kv_heads, s.qk_dim + s.v_dim);
+// Bytes of the HeadRows copies of k and v (forward), and of dk, dv and the group's q and dout
+// (backward); the rows read are bf16 (2 bytes) or elements, the accumulated dk and dv elements.
+int64_t forward_head_copy_bytes(const SparseAttentionSizes& s, int64_t element_bytes, bool bf16_rows) {
+  const int64_t row_bytes = bf16_rows ? int64_t(sizeof(bf16)) : element_bytes;
+  return HeadRows<char>::copy_count(s.kv_len, s.kv_heads, s.qk_dim + s.v_dim, bf16_rows) * row_bytes;
 }
-int64_t backward_head_copies(const Geometry& geo) {
+int64_t backward_head_copy_bytes(const Geometry& geo, int64_t element_bytes, bool bf16_rows) {
   const SparseAttentionSizes& s = geo.s;
-  return 2 * forward_head_copies(s) + HeadRows<char>::copy_count(s.q_len, s.kv_heads, geo.group * (s.qk_dim + s.v_dim));
+  const int64_t row_bytes = bf16_rows ? int64_t(sizeof(bf16)) : element_bytes;
+  return forward_head_copy_bytes(s, element_bytes, false) + forward_head_copy_bytes(s, element_bytes, bf16_rows) +
+         HeadRows<char>::copy_count(s.q_len, s.kv_heads, geo.group * (s.qk_dim + s.v_dim), bf16_rows) * row_bytes;
 }
 
 // A kernel's peak bytes of Buffers: the counts, with the marks, then the per-thread workspace and
@@ -272,34 +313,39 @@ int64_t kernel_bytes(const SparseAttentionSizes& s, int threads, int64_t per_thr
 }  // namespace
 
 int64_t sparse_attention_forward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
-                                                 int64_t element_bytes) {
-  return kernel_bytes(sizes, threads, forward_per_thread(Geometry(sizes), element_bytes),
-                      forward_head_copies(sizes) * element_bytes, element_bytes);
+                                                 int64_t element_bytes, bool bf16_rows) {
+  return kernel_bytes(sizes, threads, forward_per_thread(Geometry(sizes), element_bytes, bf16_rows),
+                      forward_head_copy_bytes(sizes, element_bytes, bf16_rows), element_bytes);
 }
 
 int64_t sparse_attention_backward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
-                                                  int64_t element_bytes, const SparseAttentionTiling& tiling) {
+                                                  int64_t element_bytes, bool bf16_rows,
+                                                  const SparseAttentionTiling& tiling) {
   const Geometry geo(sizes);
-  return kernel_bytes(sizes, threads, backward_per_thread(geo, element_bytes),
-                      backward_head_copies(geo) * element_bytes + chunk_bytes(geo, tiling, threads, element_bytes),
+  return kernel_bytes(sizes, threads, backward_per_thread(geo, element_bytes, bf16_rows),
+                      backward_head_copy_bytes(geo, element_bytes, bf16_rows) +
+                          chunk_bytes(geo, tiling, threads, element_bytes),
                       element_bytes);
 }
 
-template <class T>
-void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* indices,
-                              const SparseAttentionSizes& sizes) {
+namespace {
+
+// The forward with the selected rows read as R (T, or bf16 for float).
+template <class T, class R>
+void forward_with_rows(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* indices,
+                       const SparseAttentionSizes& sizes) {
   const Geometry geo(sizes);
   const Buffer<int32_t> counts = selected_counts(indices, geo);  // [batch, q_len]
   const int64_t group = geo.group, qk_dim = sizes.qk_dim, v_dim = sizes.v_dim;
-  const int64_t per_thread = forward_per_thread(geo, sizeof(T));  // layout below
+  const int64_t per_thread = forward_per_thread(geo, sizeof(T), !std::is_same_v<R, T>);  // layout below
   Buffer<T> workspace(per_thread * num_threads());
   const T scale = T(sizes.scale);
 
-  HeadRows<T> k_head(sizes.kv_len, sizes.kv_heads, qk_dim), v_head(sizes.kv_len, sizes.kv_heads, v_dim);
+  HeadRows<T, R> k_head(sizes.kv_len, sizes.kv_heads, qk_dim), v_head(sizes.kv_len, sizes.kv_heads, v_dim);
   for (int64_t b = 0; b < sizes.batch; ++b) {
     for (int64_t kvh = 0; kvh < sizes.kv_heads; ++kvh) {
-      const T* k_rows_of_head = k_head.load(k, b, kvh);  // [kv_len, qk_dim]
-      const T* v_rows_of_head = v_head.load(v, b, kvh);  // [kv_len, v_dim]
+      const R* k_rows_of_head = k_head.load(k, b, kvh);  // [kv_len, qk_dim]
+      const R* v_rows_of_head = v_head.load(v, b, kvh);  // [kv_len, v_dim]
       parallel_for_dynamic(sizes.q_len, sizes.topk * group * (qk_dim + v_dim), [&](int64_t t) {
         const int64_t row = b * sizes.q_len + t;
         const int32_t* selected = indices + row * sizes.topk;  // [count] key positions
@@ -307,7 +353,8 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
         T* scores = workspace.data() + per_thread * omp_get_thread_num();  // [group, kKeyTile]
         T* row_max = scores + group * kKeyTile;                            // [group]
         T* row_sum = row_max + group;                                      // [group]
-        const T* q_rows = q + geo.q_index(b, t, kvh * group);  // [group, qk_dim]
+        T* rounded_q = row_sum + group;                                    // [group, qk_dim] with bf16 rows
+        const T* q_rows = operand_rows<T, R>(q + geo.q_index(b, t, kvh * group), group * qk_dim, rounded_q);  // [group, qk_dim]
         T* out_rows = out + geo.out_index(b, t, kvh * group);  // [group, v_dim]: unnormalized until the end
         std::fill(out_rows, out_rows + group * v_dim, T(0));
         std::fill(row_max, row_max + group, -std::numeric_limits<T>::infinity());
@@ -315,7 +362,7 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
         for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
           const int64_t n = std::min(kKeyTile, count - c0);
           // scores[group, n] = scale · q_rows · k[b, selected[c0 + c], kvh], read in place
-          const RowSet<T> k_rows{k_rows_of_head, qk_dim, selected + c0};
+          const RowSet<R> k_rows{k_rows_of_head, qk_dim, selected + c0};
           row_dots(scores, kKeyTile, q_rows, group, k_rows, n, qk_dim, scale);
           for (int64_t g = 0; g < group; ++g) {
             T* score_row = scores + g * kKeyTile;
@@ -328,7 +375,7 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
             for (int64_t e = 0; e < v_dim; ++e) out_row[e] *= rescale;
           }
           // out_rows[g] += Σ_c P[g, c] v[b, selected[c0 + c], kvh], read in place
-          const RowSet<T> v_rows{v_rows_of_head, v_dim, selected + c0};
+          const RowSet<R> v_rows{v_rows_of_head, v_dim, selected + c0};
           for (int64_t g = 0; g < group; ++g)
             add_weighted_rows(out_rows + g * v_dim, scores + g * kKeyTile, 1, n, v_rows, v_dim);
         }
@@ -343,14 +390,15 @@ void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v
   }
 }
 
-template <class T>
-void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
-                               const T* out, const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes,
-                               const SparseAttentionTiling& tiling) {
+// The backward with the selected rows, and the queries' rows gathered by key, read as R.
+template <class T, class R>
+void backward_with_rows(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                        const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes,
+                        const SparseAttentionTiling& tiling) {
   const Geometry geo(sizes);
   const Buffer<int32_t> counts = selected_counts(indices, geo);  // [batch, q_len]
   const int64_t group = geo.group, qk_dim = sizes.qk_dim, v_dim = sizes.v_dim;
-  const int64_t per_thread = backward_per_thread(geo, sizeof(T));  // layout below
+  const int64_t per_thread = backward_per_thread(geo, sizeof(T), !std::is_same_v<R, T>);  // layout below
   Buffer<T> workspace(per_thread * num_threads());
   const int64_t chunk = chunk_queries(sizes, tiling), max_pairs = chunk * sizes.topk;
   KeyMajorPairs sorted_pairs[2] = {KeyMajorPairs(sizes.kv_len, max_pairs), KeyMajorPairs(sizes.kv_len, max_pairs)};
@@ -360,9 +408,9 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   const T scale = T(sizes.scale);
 
   const int64_t kv_len = sizes.kv_len, q_len = sizes.q_len, kv_heads = sizes.kv_heads, topk = sizes.topk;
-  HeadRows<T> k_head(kv_len, kv_heads, qk_dim), v_head(kv_len, kv_heads, v_dim);
+  HeadRows<T, R> k_head(kv_len, kv_heads, qk_dim), v_head(kv_len, kv_heads, v_dim);
   HeadRows<T> dk_head(kv_len, kv_heads, qk_dim), dv_head(kv_len, kv_heads, v_dim);
-  HeadRows<T> q_group(q_len, kv_heads, group * qk_dim), dout_group(q_len, kv_heads, group * v_dim);
+  HeadRows<T, R> q_group(q_len, kv_heads, group * qk_dim), dout_group(q_len, kv_heads, group * v_dim);
   // Chunks are numbered in the order the loops below take them, (b, kvh, t0); chunk n's pairs are
   // sorted into sorted_pairs[n % 2] by one thread while the others start the previous chunk's
   // query-major pass (sorting is sequential).
@@ -377,13 +425,13 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
   int64_t chunk_number = 0;
   for (int64_t b = 0; b < sizes.batch; ++b) {
     for (int64_t kvh = 0; kvh < kv_heads; ++kvh) {
-      const T* k_rows_of_head = k_head.load(k, b, kvh);  // [kv_len, qk_dim]
-      const T* v_rows_of_head = v_head.load(v, b, kvh);  // [kv_len, v_dim]
+      const R* k_rows_of_head = k_head.load(k, b, kvh);  // [kv_len, qk_dim]
+      const R* v_rows_of_head = v_head.load(v, b, kvh);  // [kv_len, v_dim]
       T* dk_rows_of_head = dk_head.zeroed(dk, b, kvh);   // [kv_len, qk_dim]
       T* dv_rows_of_head = dv_head.zeroed(dv, b, kvh);   // [kv_len, v_dim]
       // Query head g of the group at position t is row t · group + g of these.
-      const T* q_rows_of_group = q_group.load(q, b, kvh);           // [q_len · group, qk_dim]
-      const T* dout_rows_of_group = dout_group.load(dout, b, kvh);  // [q_len · group, v_dim]
+      const R* q_rows_of_group = q_group.load(q, b, kvh);           // [q_len · group, qk_dim]
+      const R* dout_rows_of_group = dout_group.load(dout, b, kvh);  // [q_len · group, v_dim]
       for (int64_t t0 = 0; t0 < q_len; t0 += chunk, ++chunk_number) {
         const int64_t t1 = std::min(q_len, t0 + chunk), key_end = geo.visible_end(t1 - 1);
         const KeyMajorPairs& pairs = sorted_pairs[chunk_number % 2];
@@ -398,8 +446,11 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
           T* dprobs = probs + group * kKeyTile;                              // [group, kKeyTile]
           T* lse_rows = dprobs + group * kKeyTile;                           // [group]
           T* dot_rows = lse_rows + group;                                    // [group]
-          const T* q_rows = q_rows_of_group + t * group * qk_dim;       // [group, qk_dim]
-          const T* dout_rows = dout_rows_of_group + t * group * v_dim;  // [group, v_dim]
+          T* rounded_q = dot_rows + group + 2 * kKeyTile;                    // [group, qk_dim] with bf16 rows
+          T* rounded_dout = rounded_q + group * qk_dim;                      // [group, v_dim] with bf16 rows
+          const T* q_rows = operand_rows<T, R>(q + geo.q_index(b, t, kvh * group), group * qk_dim, rounded_q);  // [group, qk_dim]
+          const T* dout_rows =
+              operand_rows<T, R>(dout + geo.out_index(b, t, kvh * group), group * v_dim, rounded_dout);  // [group, v_dim]
           const T* out_rows = out + geo.out_index(b, t, kvh * group);   // [group, v_dim]
           T* dq_rows = dq + geo.q_index(b, t, kvh * group);             // [group, qk_dim]
           T* kept_probs = chunk_probs.data() + i * group * topk;        // [group, topk]
@@ -414,8 +465,8 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
           for (int64_t c0 = 0; c0 < count; c0 += kKeyTile) {
             const int64_t n = std::min(kKeyTile, count - c0);
             // The selected keys' rows, read in place: k_rows [n, qk_dim], v_rows [n, v_dim].
-            const RowSet<T> k_rows{k_rows_of_head, qk_dim, selected + c0};
-            const RowSet<T> v_rows{v_rows_of_head, v_dim, selected + c0};
+            const RowSet<R> k_rows{k_rows_of_head, qk_dim, selected + c0};
+            const RowSet<R> v_rows{v_rows_of_head, v_dim, selected + c0};
             // probs[group, n] = exp(scale · q_rows · k_rows − lse);  dprobs[group, n] = dout_rows · v_rows
             row_dots(probs, kKeyTile, q_rows, group, k_rows, n, qk_dim, scale);
             for (int64_t g = 0; g < group; ++g) exp_shifted_sum(probs + g * kKeyTile, n, lse_rows[g]);
@@ -441,8 +492,8 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
           T* weights = workspace.data() + per_thread * omp_get_thread_num() + 2 * group * kKeyTile + 2 * group;
           T* dscore_weights = weights + kKeyTile;                                 // [kKeyTile]
           int32_t* rows = gathered_rows.data() + kKeyTile * omp_get_thread_num();  // [kKeyTile]
-          const RowSet<T> dout_set{dout_rows_of_group, v_dim, rows};  // [terms, v_dim]
-          const RowSet<T> q_set{q_rows_of_group, qk_dim, rows};       // [terms, qk_dim]
+          const RowSet<R> dout_set{dout_rows_of_group, v_dim, rows};  // [terms, v_dim]
+          const RowSet<R> q_set{q_rows_of_group, qk_dim, rows};       // [terms, qk_dim]
           int64_t terms = 0;
           const auto flush = [&] {
             add_weighted_rows(dv_rows_of_head + j * v_dim, weights, 1, terms, dout_set, v_dim);
@@ -466,6 +517,26 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
       dv_head.store(dv, b, kvh);
     }
   }
+}
+
+}  // namespace
+
+template <class T>
+void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* indices,
+                              const SparseAttentionSizes& sizes) {
+  if constexpr (std::is_same_v<T, float>)
+    if (rows_in_bf16<T>()) return forward_with_rows<T, bf16>(out, lse, q, k, v, indices, sizes);
+  forward_with_rows<T, T>(out, lse, q, k, v, indices, sizes);
+}
+
+template <class T>
+void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v,
+                               const T* out, const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes,
+                               const SparseAttentionTiling& tiling) {
+  if constexpr (std::is_same_v<T, float>)
+    if (rows_in_bf16<T>())
+      return backward_with_rows<T, bf16>(dq, dk, dv, dout, q, k, v, out, lse, indices, sizes, tiling);
+  backward_with_rows<T, T>(dq, dk, dv, dout, q, k, v, out, lse, indices, sizes, tiling);
 }
 
 template void sparse_attention_forward<float>(float*, float*, const float*, const float*, const float*,

@@ -17,6 +17,8 @@
 // Saved state: out, lse and the indices; never the probabilities.
 // Gradient rule: dq, dk, dv are written (=); each dk/dv row sums its terms in a fixed order (query,
 // column, query head), so results do not depend on the thread count or the tiling.
+// Under the bf16 matmul precision (ops/gemm.h) the float kernels read q, k, v and dout rounded to
+// bf16 (products of bf16 operands, float accumulation); the softmax, P, dS and all sums stay float.
 #pragma once
 
 #include <cstdint>
@@ -58,11 +60,12 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
 // The most bytes of temporaries (Buffers) sparse_attention_forward / _backward hold at once with
 // `threads` OpenMP threads and element_bytes = sizeof(T), for the memory plan: the key counts
 // [batch, q_len] (int32) throughout, with first the validation's marks [threads, kv_len] (bytes),
-// then the per-thread tiles, one kv head's rows copied out, and in the backward the query chunks'
-// buffers (SparseAttentionTiling).
+// then the per-thread tiles, one kv head's rows copied out (as bf16 when bf16_rows: float under the
+// bf16 matmul precision), and in the backward the query chunks' buffers (SparseAttentionTiling).
 int64_t sparse_attention_forward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
-                                                 int64_t element_bytes);
+                                                 int64_t element_bytes, bool bf16_rows);
 int64_t sparse_attention_backward_workspace_bytes(const SparseAttentionSizes& sizes, int threads,
-                                                  int64_t element_bytes, const SparseAttentionTiling& tiling = {});
+                                                  int64_t element_bytes, bool bf16_rows,
+                                                  const SparseAttentionTiling& tiling = {});
 
 }  // namespace trillion

@@ -11,7 +11,7 @@
 // lanes in the same fixed tree, so they give the same bits: results depend only on the inputs.
 //
 // row_dots and add_weighted_rows are sparse attention's products against rows read in place
-// (ops/vector_rows.h).
+// (ops/vector_rows.h); for float, the rows may be bf16 (widened exactly on load).
 //
 // append_ranked_candidates is the lightning indexer's candidate packing (ops/indexer_select.h): it
 // appends pack_rank(scores[c], j0 + c) for c < n to list, only those above `bar` when filter is set,
@@ -23,6 +23,8 @@
 #pragma once
 
 #include <cstdint>
+
+#include "core/bf16.h"
 
 namespace trillion {
 
@@ -54,6 +56,10 @@ struct VectorKernels {
                                 const RowSet<float>& set, int64_t dim);
   void (*add_weighted_rows_f64)(double* dst, const double* weights, int64_t weight_stride, int64_t count,
                                 const RowSet<double>& set, int64_t dim);
+  void (*row_dots_f32_bf16_rows)(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<bf16>& set,
+                                 int64_t count, int64_t dim, float scale);
+  void (*add_weighted_rows_f32_bf16_rows)(float* dst, const float* weights, int64_t weight_stride, int64_t count,
+                                          const RowSet<bf16>& set, int64_t dim);
 };
 const VectorKernels& avx2_vector_kernels();
 const VectorKernels& avx512_vector_kernels();
@@ -82,6 +88,10 @@ inline void row_dots(double* dots, int64_t ld, const double* a, int64_t rows, co
                      int64_t count, int64_t dim, double scale) {
   vector_kernels().row_dots_f64(dots, ld, a, rows, set, count, dim, scale);
 }
+inline void row_dots(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<bf16>& set, int64_t count,
+                     int64_t dim, float scale) {
+  vector_kernels().row_dots_f32_bf16_rows(dots, ld, a, rows, set, count, dim, scale);
+}
 // dst[dim] += Σ_c weights[c · weight_stride] · row(c)[0, dim), c = 0 .. count − 1 in order.
 inline void add_weighted_rows(float* dst, const float* weights, int64_t weight_stride, int64_t count,
                               const RowSet<float>& set, int64_t dim) {
@@ -90,6 +100,10 @@ inline void add_weighted_rows(float* dst, const float* weights, int64_t weight_s
 inline void add_weighted_rows(double* dst, const double* weights, int64_t weight_stride, int64_t count,
                               const RowSet<double>& set, int64_t dim) {
   vector_kernels().add_weighted_rows_f64(dst, weights, weight_stride, count, set, dim);
+}
+inline void add_weighted_rows(float* dst, const float* weights, int64_t weight_stride, int64_t count,
+                              const RowSet<bf16>& set, int64_t dim) {
+  vector_kernels().add_weighted_rows_f32_bf16_rows(dst, weights, weight_stride, count, set, dim);
 }
 
 }  // namespace trillion

@@ -20,13 +20,19 @@
 // same products in the same order (no contraction: -ffp-contract=off), so both instruction sets
 // give the same bits.
 //
+// The rows read in place may be bf16 where a, dst and the weights are float (sparse attention
+// under the bf16 precision): each chunk of 16 bf16 (32 bytes) is widened to 16 floats on load,
+// exactly, so the sums are those of float rows holding the bf16 values, on half the bytes.
+//
 // Everything is in an unnamed namespace on purpose, as in ops/vector_lane_tree.h: each kernel file
 // compiles its own copy for its own instruction set.
 #pragma once
 
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
+#include "core/bf16.h"
 #include "ops/vector_exp.h"
 #include "ops/vector_lane_tree.h"
 
@@ -45,6 +51,11 @@ struct Chunk {
     return v;
   }
   static void store(T* p, const type& v) { std::memcpy(p, &v, sizeof(v)); }
+  // 16 bf16 as the 16 floats they hold (T = float): zero-extended to 32 bits, shifted up.
+  static type widen(const bf16* p) {
+    const __m512i bits = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return type(_mm512_castsi512_ps(_mm512_slli_epi32(bits, 16)));
+  }
   static T lane_sum(const type& v) {
     typename Halves<T>::type halves[2];  // lanes [0, kLanes / 2), [kLanes / 2, kLanes)
     std::memcpy(halves, &v, sizeof(halves));
@@ -77,6 +88,14 @@ struct Chunk {
     std::memcpy(p, &v.lo, sizeof(half));
     std::memcpy(p + kLanes / 2, &v.hi, sizeof(half));
   }
+  // 16 bf16 as the 16 floats they hold (T = float), eight per half.
+  static type widen(const bf16* p) {
+    const auto half_of = [](const bf16* at) {
+      const __m256i bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at)));
+      return half(_mm256_castsi256_ps(_mm256_slli_epi32(bits, 16)));
+    };
+    return {half_of(p), half_of(p + kLanes / 2)};
+  }
   static T lane_sum(const type& v) {
     typename Halves<T>::type lo, hi;
     std::memcpy(&lo, &v.lo, sizeof(lo));
@@ -87,9 +106,24 @@ struct Chunk {
 #endif
 
 // Row c of a RowSet (ops/vector_exp.h).
-template <class T>
-inline const T* row_of(const RowSet<T>& set, int64_t c) {
+template <class R>
+inline const R* row_of(const RowSet<R>& set, int64_t c) {
   return set.base + (set.index != nullptr ? int64_t(set.index[c]) : c) * set.stride;
+}
+
+// A chunk of T from a row of R: T itself, or bf16 widened to float.
+template <class T, class R>
+typename Chunk<T>::type load_chunk(const R* p) {
+  if constexpr (std::is_same_v<R, T>) return Chunk<T>::load(p);
+  else {
+    static_assert(std::is_same_v<T, float> && std::is_same_v<R, bf16>, "rows are T, or bf16 for float");
+    return Chunk<T>::widen(p);
+  }
+}
+inline float value_of(bf16 x) { return to_float(x); }
+template <class T>
+T value_of(T x) {
+  return x;
 }
 
 // Rows of a whose dots run together, each against the same loaded chunks of kKeys rows of the set:
@@ -107,14 +141,14 @@ constexpr int64_t kRowBlock = 1;
 // kRows · kKeys independent chains keep the adders busy (one chain per dot is bound by the add
 // latency); each dot is still its own chain over the chunks in order, lanes summed in the tree,
 // then the scalar tail, so its bits do not depend on kRows or kKeys.
-template <int64_t kKeys, int64_t kRows, class T>
-void dots_of_rows(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t dim, const T* const (&row)[kKeys],
+template <int64_t kKeys, int64_t kRows, class T, class R>
+void dots_of_rows(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t dim, const R* const (&row)[kKeys],
                   int64_t full, T scale) {
   using V = Chunk<T>;
   typename V::type acc[kRows][kKeys] = {};
   for (int64_t e0 = 0; e0 < full; e0 += V::kLanes) {
     typename V::type row_chunk[kKeys];
-    for (int64_t i = 0; i < kKeys; ++i) row_chunk[i] = V::load(row[i] + e0);
+    for (int64_t i = 0; i < kKeys; ++i) row_chunk[i] = load_chunk<T>(row[i] + e0);
     for (int64_t g = 0; g < kRows; ++g) {
       const typename V::type a_chunk = V::load(a + g * dim + e0);
       for (int64_t i = 0; i < kKeys; ++i) acc[g][i] += a_chunk * row_chunk[i];
@@ -123,7 +157,7 @@ void dots_of_rows(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t
   for (int64_t g = 0; g < kRows; ++g)
     for (int64_t i = 0; i < kKeys; ++i) {
       T sum = full > 0 ? V::lane_sum(acc[g][i]) : T(0);
-      for (int64_t e = full; e < dim; ++e) sum += a[g * dim + e] * row[i][e];
+      for (int64_t e = full; e < dim; ++e) sum += a[g * dim + e] * value_of(row[i][e]);
       dots[g * ld + i] = scale * sum;
     }
 }
@@ -135,8 +169,8 @@ void dots_of_rows(T* __restrict dots, int64_t ld, const T* __restrict a, int64_t
 // nothing invariant across row blocks is left for the compiler to hoist (gcc hoisted all 48 chunks
 // of four 192-wide rows out of a loop over a's rows and stored them on the stack, to read them back
 // from there: sparse attention's forward at MLA's shape ran 1.15× slower, docs/benchmarks.md).
-template <int64_t kChunks, int64_t kRows, class T>
-void row_block_dots(T* __restrict dots, int64_t ld, const T* __restrict a, const RowSet<T>& set, int64_t count,
+template <int64_t kChunks, int64_t kRows, class T, class R>
+void row_block_dots(T* __restrict dots, int64_t ld, const T* __restrict a, const RowSet<R>& set, int64_t count,
                     int64_t dim, T scale) {
   constexpr int64_t kKeys = 4;
   const int64_t full = kChunks > 0 ? kChunks * Chunk<T>::kLanes : dim / Chunk<T>::kLanes * Chunk<T>::kLanes;
@@ -148,18 +182,18 @@ void row_block_dots(T* __restrict dots, int64_t ld, const T* __restrict a, const
         __builtin_prefetch(ahead);
         __builtin_prefetch(ahead + 64);
       }
-    const T* const row[kKeys] = {row_of(set, c), row_of(set, c + 1), row_of(set, c + 2), row_of(set, c + 3)};
+    const R* const row[kKeys] = {row_of(set, c), row_of(set, c + 1), row_of(set, c + 2), row_of(set, c + 3)};
     dots_of_rows<kKeys, kRows>(dots + c, ld, a, dim, row, full, scale);
   }
   for (; c < count; ++c) {
-    const T* const row[1] = {row_of(set, c)};
+    const R* const row[1] = {row_of(set, c)};
     dots_of_rows<1, kRows>(dots + c, ld, a, dim, row, full, scale);
   }
 }
 
 // row_block_dots for the last n ≤ kRows rows of a block, kRows known at compile time.
-template <int64_t kChunks, int64_t kRows, class T>
-void short_row_block_dots(int64_t n, T* dots, int64_t ld, const T* a, const RowSet<T>& set, int64_t count,
+template <int64_t kChunks, int64_t kRows, class T, class R>
+void short_row_block_dots(int64_t n, T* dots, int64_t ld, const T* a, const RowSet<R>& set, int64_t count,
                           int64_t dim, T scale) {
   if constexpr (kRows > 1)
     if (n < kRows) return short_row_block_dots<kChunks, kRows - 1>(n, dots, ld, a, set, count, dim, scale);
@@ -167,8 +201,8 @@ void short_row_block_dots(int64_t n, T* dots, int64_t ld, const T* a, const RowS
 }
 
 // row_dots with a compile-time chunk count: a's rows in blocks of kRowBlock, the last one shorter.
-template <int64_t kChunks, class T>
-void row_dots_fixed(T* dots, int64_t ld, const T* a, int64_t rows, const RowSet<T>& set, int64_t count, int64_t dim,
+template <int64_t kChunks, class T, class R>
+void row_dots_fixed(T* dots, int64_t ld, const T* a, int64_t rows, const RowSet<R>& set, int64_t count, int64_t dim,
                     T scale) {
   for (int64_t g = 0; g < rows; g += kRowBlock)
     short_row_block_dots<kChunks, kRowBlock>(std::min(kRowBlock, rows - g), dots + g * ld, ld, a + g * dim, set,
@@ -177,8 +211,8 @@ void row_dots_fixed(T* dots, int64_t ld, const T* a, int64_t rows, const RowSet<
 
 // The head dims of the benchmark and model shapes (64, 128, 192 floats; half as many doubles)
 // specialized, any other dim generic. Same sums in the same order either way.
-template <class T>
-void row_dots(T* dots, int64_t ld, const T* a, int64_t rows, const RowSet<T>& set, int64_t count, int64_t dim,
+template <class T, class R>
+void row_dots(T* dots, int64_t ld, const T* a, int64_t rows, const RowSet<R>& set, int64_t count, int64_t dim,
               T scale) {
   constexpr int64_t lanes = Chunk<T>::kLanes;
   if (dim == 4 * lanes) row_dots_fixed<4>(dots, ld, a, rows, set, count, dim, scale);
@@ -187,9 +221,9 @@ void row_dots(T* dots, int64_t ld, const T* a, int64_t rows, const RowSet<T>& se
   else row_dots_fixed<0>(dots, ld, a, rows, set, count, dim, scale);
 }
 
-template <class T>
+template <class T, class R>
 void add_weighted_rows(T* __restrict dst, const T* __restrict weights, int64_t weight_stride, int64_t count,
-                       const RowSet<T>& set, int64_t dim) {
+                       const RowSet<R>& set, int64_t dim) {
   using V = Chunk<T>;
   int64_t e0 = 0;
   for (; e0 + 4 * V::kLanes <= dim; e0 += 4 * V::kLanes) {  // four independent accumulator chains
@@ -197,15 +231,15 @@ void add_weighted_rows(T* __restrict dst, const T* __restrict weights, int64_t w
                      acc2 = V::load(dst + e0 + 2 * V::kLanes), acc3 = V::load(dst + e0 + 3 * V::kLanes);
     for (int64_t c = 0; c < count; ++c) {
       const T w = weights[c * weight_stride];
-      const T* row = row_of(set, c) + e0;
+      const R* row = row_of(set, c) + e0;
       if (c + 8 < count) {
         const char* ahead = reinterpret_cast<const char*>(row_of(set, c + 8) + e0);
-        for (int64_t byte = 0; byte < 4 * 64; byte += 64) __builtin_prefetch(ahead + byte);
+        for (int64_t byte = 0; byte < 4 * V::kLanes * int64_t(sizeof(R)); byte += 64) __builtin_prefetch(ahead + byte);
       }
-      acc0 += w * V::load(row);
-      acc1 += w * V::load(row + V::kLanes);
-      acc2 += w * V::load(row + 2 * V::kLanes);
-      acc3 += w * V::load(row + 3 * V::kLanes);
+      acc0 += w * load_chunk<T>(row);
+      acc1 += w * load_chunk<T>(row + V::kLanes);
+      acc2 += w * load_chunk<T>(row + 2 * V::kLanes);
+      acc3 += w * load_chunk<T>(row + 3 * V::kLanes);
     }
     V::store(dst + e0, acc0);
     V::store(dst + e0 + V::kLanes, acc1);
@@ -214,12 +248,12 @@ void add_weighted_rows(T* __restrict dst, const T* __restrict weights, int64_t w
   }
   for (; e0 + V::kLanes <= dim; e0 += V::kLanes) {
     typename V::type acc = V::load(dst + e0);  // dst[e0, e0 + kLanes)
-    for (int64_t c = 0; c < count; ++c) acc += weights[c * weight_stride] * V::load(row_of(set, c) + e0);
+    for (int64_t c = 0; c < count; ++c) acc += weights[c * weight_stride] * load_chunk<T>(row_of(set, c) + e0);
     V::store(dst + e0, acc);
   }
   for (; e0 < dim; ++e0) {
     T acc = dst[e0];
-    for (int64_t c = 0; c < count; ++c) acc += weights[c * weight_stride] * row_of(set, c)[e0];
+    for (int64_t c = 0; c < count; ++c) acc += weights[c * weight_stride] * value_of(row_of(set, c)[e0]);
     dst[e0] = acc;
   }
 }

@@ -22,8 +22,6 @@ constexpr const char* kTinyArgs =
     " --seq-len 96 --topk 16 --heads 4 --kv-heads 2 --head-dim 16 --index-heads 2 --index-head-dim 16"
     " --runs 2 --baseline-runs 1 --gemm-size 64";
 
-
-
 TEST(SparseAttentionBench, FlopFormulas) {
   SparseAttentionBenchOptions o;
   o.seq_len = 96;
@@ -82,6 +80,27 @@ TEST(SparseAttentionBench, TinyRunReportsAccurateJson) {
   EXPECT_EQ(s.at("index_head_dim").get<int64_t>(), 16);
   EXPECT_EQ(s.at("mla_heads").get<int64_t>(), 2);
   EXPECT_EQ(s.at("ceiling_gemm_size").get<int64_t>(), 64);
+  EXPECT_EQ(s.at("precision"), "fp32");
+  EXPECT_FALSE(s.contains("mla_bf16_gain"));
+}
+
+// Under --precision bf16 the timed paths read bf16 operands and the plain reference stays float:
+// the error is bf16's, within 4u (u = 2⁻⁸), and far above float's. The MLA line also times its
+// sparse path with float operands.
+TEST(SparseAttentionBench, Bf16RunIsWithinBf16sTolerance) {
+  const auto [status, output] = run_shell(std::string(TRILLION_BINARY) +
+                                          " bench sparse-attention --json --mla-heads 2 --precision bf16" + kTinyArgs);
+  ASSERT_EQ(status, 0) << output;
+  const std::vector<nlohmann::json> lines = json_lines(output);
+  ASSERT_EQ(lines.size(), 10u) << output;
+  EXPECT_EQ(lines[8].at("measurement"), "mla_sparse_fp32");
+  EXPECT_GT(lines[8].at("backward_s").get<double>(), 0.0);
+  const nlohmann::json& s = lines.back();
+  EXPECT_EQ(s.at("precision"), "bf16");
+  EXPECT_LT(s.at("max_rel_err").get<double>(), 4 * 0x1.0p-8);
+  EXPECT_GT(s.at("max_rel_err").get<double>(), 1e-4);
+  EXPECT_DOUBLE_EQ(s.at("mla_bf16_gain").get<double>(),
+                   s.at("mla_sparse_fp32_s").get<double>() / s.at("mla_sparse_s").get<double>());
 }
 
 TEST(SparseAttentionBench, TextOutputAndMlaSkipped) {

@@ -135,8 +135,9 @@ TEST(MixedPrecision, TheWeightsCopyFollowsTheWeights) {
 }
 
 // Keeping the saved operands of products as their bf16 rounding (ActivationStore::set_bf16_operands)
-// changes no bit of the loss or of any gradient, for every mixer kind (attention and MLA attending
-// densely, whose q, k and v are operands, and sparsely, whose are not) and the dense and MoE FFNs:
+// changes no bit of the loss or of any gradient, for every mixer kind (attention, and MLA attending
+// sparsely through the indexer, whose q, k and v are operands of the row products) and the dense
+// and MoE FFNs:
 // under keep-all, full recompute (the re-run refills them), and full swap, with the loss's gradients
 // formed in the forward or recomputed in the backward (which reads the final norm's output). The
 // saved bytes shrink.

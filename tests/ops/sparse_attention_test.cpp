@@ -1,7 +1,8 @@
 // Sparse attention over selected keys (ops/sparse_attention.h): against the tiled dense attention
 // (ops/attention.h) with the full causal selection, against the masked dense reference (ops/ref/)
 // with random selections, central finite differences in double, thread-count and chunk-size
-// independence, the same bits on both instruction sets, and the index checks.
+// independence, the same bits on both instruction sets, and the index checks; under the bf16
+// matmul precision, against the references of the rounded and of the exact inputs.
 #include "ops/sparse_attention.h"
 
 #include <gtest/gtest.h>
@@ -13,8 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/rng.h"
 #include "ops/attention.h"
+#include "ops/gemm.h"
 #include "ops/finite_diff.h"
 #include "ops/ref/sparse_attention_ref.h"
 
@@ -169,6 +172,39 @@ TEST(SparseAttention, FloatMatchesDoubleReference) {
   }
 }
 
+// The problem with its inputs q, k, v and dout rounded to bf16.
+template <class T>
+Problem<T> rounded_to_bf16(Problem<T> p) {
+  for (std::vector<T>* x : {&p.q, &p.k, &p.v, &p.dout})
+    for (T& value : *x) value = T(round_to_bf16(float(value)));
+  return p;
+}
+
+// Under the bf16 matmul precision the float kernels read q, k, v and dout as their bf16 rounding
+// and keep everything else in float: they match the double reference of the rounded inputs within
+// float's tolerance, as the fp32 kernels match the exact inputs' (the two references differ by
+// ~u = 2⁻⁸, bf16's unit roundoff, so this fails unless exactly those four are rounded), and the
+// exact inputs' reference within 4u (measured: at most 1.4u here).
+TEST(SparseAttention, Bf16RowsMatchTheReferenceOfRoundedInputs) {
+  constexpr double kBf16Eps = 0x1.0p-8;
+  const MatmulPrecisionScope bf16_operands(MatmulPrecision::bf16);
+  std::vector<SparseAttentionSizes> cases(std::begin(kRandomCases), std::end(kRandomCases));
+  cases.push_back(make_sizes(1, 40, 45, 2, 2, 192, 128, 30));  // MLA's head dims, compile-time kernels
+  cases.push_back(make_sizes(1, 30, 30, 4, 1, 64, 64, 20));    // one kv head: copied to bf16 all the same
+  for (const SparseAttentionSizes& s : cases) {
+    SCOPED_TRACE(testing::Message() << "q_len " << s.q_len << " kv_len " << s.kv_len << " topk " << s.topk << " qk "
+                                    << s.qk_dim);
+    Problem<float> sparse(s, random_indices(s, 3), 3);
+    Problem<double> exact = convert<double>(sparse), rounded = rounded_to_bf16(convert<double>(sparse));
+    sparse.run_sparse();
+    exact.run_reference();
+    rounded.run_reference();
+    expect_close(sparse, rounded, 1e-4);
+    expect_close(sparse, exact, 4 * kBf16Eps);
+    EXPECT_GT(relative_error(rounded.dk, exact.dk), 1e-3) << "the rounding is visible at this size";
+  }
+}
+
 // Central differences of L = Σ out ⊙ dout with respect to every element of q, k and v, the
 // selection held fixed.
 TEST(SparseAttention, BackwardMatchesFiniteDifferences) {
@@ -185,18 +221,23 @@ TEST(SparseAttention, BackwardMatchesFiniteDifferences) {
   }
 }
 
-// 1, 2 and 3 threads (3 oversubscribes a 2-core machine and splits the items unevenly).
+// 1, 2 and 3 threads (3 oversubscribes a 2-core machine and splits the items unevenly), float
+// rows and bf16 rows.
 TEST(SparseAttention, ResultsDoNotDependOnThreadCount) {
   const SparseAttentionSizes s = make_sizes(2, 200, 230, 4, 2, 72, 16, 150);
   const std::vector<int32_t> indices = random_indices(s, 5);
-  Problem<float> one(s, indices, 5);
-  test::with_threads(1, [&] { one.run_sparse(); });
-  for (int threads : {2, 3}) {
-    Problem<float> many(s, indices, 5);
-    test::with_threads(threads, [&] { many.run_sparse(); });
-    for (auto [a, b] : {std::pair{&one.out, &many.out}, {&one.lse, &many.lse}, {&one.dq, &many.dq},
-                        {&one.dk, &many.dk}, {&one.dv, &many.dv}})
-      EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0) << threads << " threads";
+  for (MatmulPrecision precision : {MatmulPrecision::fp32, MatmulPrecision::bf16}) {
+    const MatmulPrecisionScope operands(precision);
+    Problem<float> one(s, indices, 5);
+    test::with_threads(1, [&] { one.run_sparse(); });
+    for (int threads : {2, 3}) {
+      Problem<float> many(s, indices, 5);
+      test::with_threads(threads, [&] { many.run_sparse(); });
+      for (auto [a, b] : {std::pair{&one.out, &many.out}, {&one.lse, &many.lse}, {&one.dq, &many.dq},
+                          {&one.dk, &many.dk}, {&one.dv, &many.dv}})
+        EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(float)), 0)
+            << threads << " threads, " << matmul_precision_name(precision);
+    }
   }
 }
 
@@ -323,9 +364,11 @@ namespace trillion {
 namespace {
 
 // The row kernels run on AVX-512 or on AVX2 (ops/vector_rows.h, chosen at start-up): both give the
-// same bits, on the specialized head dims and on odd ones with a scalar tail, in float and double.
+// same bits, on the specialized head dims and on odd ones with a scalar tail, in float (with float
+// and with bf16 rows) and double.
 template <class T>
-void expect_isas_agree(const SparseAttentionSizes& s, uint64_t seed) {
+void expect_isas_agree(const SparseAttentionSizes& s, uint64_t seed, MatmulPrecision precision) {
+  const MatmulPrecisionScope operands(precision);
   const std::vector<int32_t> indices = random_indices(s, seed);
   const Problem<T> base = convert<T>(Problem<float>(s, indices, seed));
   Problem<T> avx2 = base, avx512 = base;
@@ -333,7 +376,8 @@ void expect_isas_agree(const SparseAttentionSizes& s, uint64_t seed) {
   test::with_isa(VectorIsa::avx512, [&] { avx512.run_sparse(); });
   for (auto [a, b] : {std::pair{&avx2.out, &avx512.out}, {&avx2.lse, &avx512.lse}, {&avx2.dq, &avx512.dq},
                       {&avx2.dk, &avx512.dk}, {&avx2.dv, &avx512.dv}})
-    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(T)), 0) << "qk " << s.qk_dim << " v " << s.v_dim;
+    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(T)), 0)
+        << "qk " << s.qk_dim << " v " << s.v_dim << " " << matmul_precision_name(precision);
 }
 
 TEST(SparseAttention, BothInstructionSetsGiveTheSameBits) {
@@ -343,8 +387,9 @@ TEST(SparseAttention, BothInstructionSetsGiveTheSameBits) {
   for (const SparseAttentionSizes& s : {make_sizes(1, 70, 70, 4, 2, 64, 128, 40), make_sizes(1, 40, 45, 2, 2, 192, 128, 30),
                                         make_sizes(2, 50, 60, 4, 2, 72, 21, 33), make_sizes(1, 45, 50, 6, 1, 64, 64, 20),
                                         make_sizes(1, 33, 33, 5, 1, 72, 40, 17)}) {
-    expect_isas_agree<float>(s, 8);
-    expect_isas_agree<double>(s, 9);
+    expect_isas_agree<float>(s, 8, MatmulPrecision::fp32);
+    expect_isas_agree<float>(s, 8, MatmulPrecision::bf16);
+    expect_isas_agree<double>(s, 9, MatmulPrecision::bf16);  // double is never rounded
   }
 }
 

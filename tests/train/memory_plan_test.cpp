@@ -157,11 +157,11 @@ TEST(MemoryPlan, CountsTheActivationsOfEachLayerKind) {
       layers += k.layers;
       saved += k.saved;
       kept += k.kept;
-      if (policy.name() == "keep-all") EXPECT_EQ(k.kept, k.saved) << k.kind;
-      if (policy.recompute == "full") EXPECT_LT(k.kept, k.saved) << k.kind;
+      if (policy.name() == "keep-all") { EXPECT_EQ(k.kept, k.saved) << k.kind; }
+      if (policy.recompute == "full") { EXPECT_LT(k.kept, k.saved) << k.kind; }
       EXPECT_LE(k.kept, k.saved) << k.kind;
     }
-    if (policy.swap == "full") EXPECT_LT(kept, saved) << "the last layer's swapped tensors stay resident, no other";
+    if (policy.swap == "full") { EXPECT_LT(kept, saved) << "the last layer's swapped tensors stay resident, no other"; }
     EXPECT_EQ(kinds, (std::vector<std::string>{"linear_attention + dense mlp", "linear_attention + moe",
                                                "sparse_attention + moe"}));
     EXPECT_EQ(layers, config.num_hidden_layers);
