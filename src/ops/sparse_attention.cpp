@@ -33,12 +33,12 @@
 // threads are busy whatever the number of heads.
 //
 // Under the bf16 matmul precision (ops/gemm.h), the float kernels read q, k, v and dout as their
-// bf16 rounding: the head copies hold bf16 rows (half the bytes the scattered reads move, the
-// kernels' limit: docs/benchmarks.md, "Sparse attention in bf16"), widened exactly on load, and
-// each query's own rows are rounded into the thread's workspace, so every product has bf16
-// operands and float accumulation, as the dense tiles' GEMMs under bf16. P, dS, the softmax, lse
-// and every sum stay float. The copies are made even for one kv head (then nothing is read in
-// place).
+// bf16 rounding: the head copies hold bf16 rows, widened exactly on load (half the bytes the
+// scattered reads move, though not faster at MLA's shape: docs/benchmarks.md, "Sparse attention
+// in bf16"), and each query's own rows are rounded into the thread's workspace, so every product
+// has bf16 operands and float accumulation, as the dense tiles' GEMMs under bf16. P, dS, the
+// softmax, lse and every sum stay float. The copies are made even for one kv head (then nothing is
+// read in place).
 //
 // Indices are validated before any parallel region (TRILLION_CHECK aborts, never inside OpenMP):
 // each row must be distinct visible keys followed only by −1 padding, with at least one key.
