@@ -222,7 +222,8 @@ int64_t main_attention_workspace_bytes(const IndexerDims& dims, const AttentionS
   const int64_t e = shape.element_bytes;
   if (attends_sparsely(dims, shape)) {
     const SparseAttentionSizes sparse = sparse_sizes(sizes, dims.topk);
-    const bool bf16_rows = shape.bf16_operands && e == 4;  // the float kernels under the bf16 precision
+    // The kernels read bf16 rows under the bf16 precision, which the plan's bf16_operands stands for.
+    const bool bf16_rows = shape.bf16_operands && e == 4;
     return backward ? sparse_attention_backward_workspace_bytes(sparse, shape.threads, e, bf16_rows)
                     : sparse_attention_forward_workspace_bytes(sparse, shape.threads, e, bf16_rows);
   }

@@ -60,7 +60,8 @@ struct SavedTensor {
   Shape shape;
   bool kept = true;  // false: written by the forward as a temporary, never saved
   // Read only as an operand of products under the matmul precision (never by element-wise code,
-  // hand-written dots or float-operand products): with bf16 operands (ActivationStore::
+  // float-operand products, or hand-written dots other than those that read the bf16 rounding under
+  // the bf16 precision, as sparse attention's): with bf16 operands (ActivationStore::
   // set_bf16_operands) a float tensor's element type is bf16, its rounding.
   bool operand = false;
 };

@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "core/bf16.h"
+#include "core/memory.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "ops/attention.h"
 #include "ops/gemm.h"
@@ -202,6 +204,49 @@ TEST(SparseAttention, Bf16RowsMatchTheReferenceOfRoundedInputs) {
     expect_close(sparse, rounded, 1e-4);
     expect_close(sparse, exact, 4 * kBf16Eps);
     EXPECT_GT(relative_error(rounded.dk, exact.dk), 1e-3) << "the rounding is visible at this size";
+  }
+}
+
+// Double is never rounded: the same bits under either precision.
+TEST(SparseAttention, DoubleIgnoresTheBf16Precision) {
+  const SparseAttentionSizes s = make_sizes(1, 40, 45, 2, 2, 192, 128, 30);
+  const std::vector<int32_t> indices = random_indices(s, 7);
+  Problem<double> plain(s, indices, 7), under_bf16(s, indices, 7);
+  plain.run_sparse();
+  {
+    const MatmulPrecisionScope bf16_operands(MatmulPrecision::bf16);
+    under_bf16.run_sparse();
+  }
+  for (auto [a, b] : {std::pair{&plain.out, &under_bf16.out}, {&plain.lse, &under_bf16.lse}, {&plain.dq, &under_bf16.dq},
+                      {&plain.dk, &under_bf16.dk}, {&plain.dv, &under_bf16.dv}})
+    EXPECT_EQ(std::memcmp(a->data(), b->data(), a->size() * sizeof(double)), 0);
+}
+
+// The temporaries each kernel holds at its peak are what sparse_attention_*_workspace_bytes say
+// (the memory plan's numbers), for float and bf16 rows, one and several kv heads, in float and
+// double.
+template <class T>
+void expect_workspace_as_counted(const SparseAttentionSizes& s, bool bf16_rows) {
+  const MatmulPrecisionScope operands(bf16_rows ? MatmulPrecision::bf16 : MatmulPrecision::fp32);
+  Problem<T> p = convert<T>(Problem<float>(s, random_indices(s, 11), 11));
+  const int64_t before = MemoryStats::current(Tier::fast);
+  MemoryStats::reset_peak(Tier::fast);
+  sparse_attention_forward(p.out.data(), p.lse.data(), p.q.data(), p.k.data(), p.v.data(), p.indices.data(), s);
+  EXPECT_EQ(MemoryStats::peak(Tier::fast) - before,
+            sparse_attention_forward_workspace_bytes(s, num_threads(), sizeof(T), bf16_rows));
+  MemoryStats::reset_peak(Tier::fast);
+  sparse_attention_backward(p.dq.data(), p.dk.data(), p.dv.data(), p.dout.data(), p.q.data(), p.k.data(), p.v.data(),
+                            p.out.data(), p.lse.data(), p.indices.data(), s);
+  EXPECT_EQ(MemoryStats::peak(Tier::fast) - before,
+            sparse_attention_backward_workspace_bytes(s, num_threads(), sizeof(T), bf16_rows));
+}
+
+TEST(SparseAttention, WorkspaceIsWhatTheMemoryPlanCounts) {
+  for (const SparseAttentionSizes& s : {make_sizes(2, 37, 37, 6, 2, 12, 8, 5), make_sizes(1, 40, 45, 2, 2, 192, 128, 30),
+                                        make_sizes(1, 30, 30, 4, 1, 64, 64, 20)}) {
+    SCOPED_TRACE(testing::Message() << "kv heads " << s.kv_heads << " qk " << s.qk_dim);
+    for (const bool bf16_rows : {false, true}) expect_workspace_as_counted<float>(s, bf16_rows);
+    expect_workspace_as_counted<double>(s, false);
   }
 }
 
