@@ -155,10 +155,7 @@ Buffer<int32_t> selected_counts(const int32_t* indices, const Geometry& geo) {
 }
 
 // Whether the float kernels read bf16 rows: under the bf16 matmul precision.
-template <class T>
-bool rows_in_bf16() {
-  return std::is_same_v<T, float> && matmul_precision() == MatmulPrecision::bf16;
-}
+bool rows_in_bf16() { return matmul_precision() == MatmulPrecision::bf16; }
 
 // A query's own rows x[n] as products read them: x itself, or (bf16 rows) x rounded to bf16 in
 // the thread's scratch[n].
@@ -354,7 +351,8 @@ void forward_with_rows(T* out, T* lse, const T* q, const T* k, const T* v, const
         T* row_max = scores + group * kKeyTile;                            // [group]
         T* row_sum = row_max + group;                                      // [group]
         T* rounded_q = row_sum + group;                                    // [group, qk_dim] with bf16 rows
-        const T* q_rows = operand_rows<T, R>(q + geo.q_index(b, t, kvh * group), group * qk_dim, rounded_q);  // [group, qk_dim]
+        // [group, qk_dim]
+        const T* q_rows = operand_rows<T, R>(q + geo.q_index(b, t, kvh * group), group * qk_dim, rounded_q);
         T* out_rows = out + geo.out_index(b, t, kvh * group);  // [group, v_dim]: unnormalized until the end
         std::fill(out_rows, out_rows + group * v_dim, T(0));
         std::fill(row_max, row_max + group, -std::numeric_limits<T>::infinity());
@@ -448,7 +446,8 @@ void backward_with_rows(T* dq, T* dk, T* dv, const T* dout, const T* q, const T*
           T* dot_rows = lse_rows + group;                                    // [group]
           T* rounded_q = dot_rows + group + 2 * kKeyTile;                    // [group, qk_dim] with bf16 rows
           T* rounded_dout = rounded_q + group * qk_dim;                      // [group, v_dim] with bf16 rows
-          const T* q_rows = operand_rows<T, R>(q + geo.q_index(b, t, kvh * group), group * qk_dim, rounded_q);  // [group, qk_dim]
+          // [group, qk_dim]
+        const T* q_rows = operand_rows<T, R>(q + geo.q_index(b, t, kvh * group), group * qk_dim, rounded_q);
           const T* dout_rows =
               operand_rows<T, R>(dout + geo.out_index(b, t, kvh * group), group * v_dim, rounded_dout);  // [group, v_dim]
           const T* out_rows = out + geo.out_index(b, t, kvh * group);   // [group, v_dim]
@@ -525,7 +524,7 @@ template <class T>
 void sparse_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const int32_t* indices,
                               const SparseAttentionSizes& sizes) {
   if constexpr (std::is_same_v<T, float>)
-    if (rows_in_bf16<T>()) return forward_with_rows<T, bf16>(out, lse, q, k, v, indices, sizes);
+    if (rows_in_bf16()) return forward_with_rows<T, bf16>(out, lse, q, k, v, indices, sizes);
   forward_with_rows<T, T>(out, lse, q, k, v, indices, sizes);
 }
 
@@ -534,8 +533,7 @@ void sparse_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, c
                                const T* out, const T* lse, const int32_t* indices, const SparseAttentionSizes& sizes,
                                const SparseAttentionTiling& tiling) {
   if constexpr (std::is_same_v<T, float>)
-    if (rows_in_bf16<T>())
-      return backward_with_rows<T, bf16>(dq, dk, dv, dout, q, k, v, out, lse, indices, sizes, tiling);
+    if (rows_in_bf16()) return backward_with_rows<T, bf16>(dq, dk, dv, dout, q, k, v, out, lse, indices, sizes, tiling);
   backward_with_rows<T, T>(dq, dk, dv, dout, q, k, v, out, lse, indices, sizes, tiling);
 }
 

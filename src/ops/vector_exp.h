@@ -40,6 +40,23 @@ struct RowSet {
   const int32_t* index;  // or nullptr: rows c = 0, 1, …
 };
 
+// Sparse attention's row kernels of one instruction set (ops/vector_rows.h's row_kernels(), the same
+// templates in each kernel file).
+struct RowKernels {
+  void (*row_dots_f32)(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<float>& set,
+                       int64_t count, int64_t dim, float scale);
+  void (*row_dots_f64)(double* dots, int64_t ld, const double* a, int64_t rows, const RowSet<double>& set,
+                       int64_t count, int64_t dim, double scale);
+  void (*row_dots_f32_bf16_rows)(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<bf16>& set,
+                                 int64_t count, int64_t dim, float scale);
+  void (*add_weighted_rows_f32)(float* dst, const float* weights, int64_t weight_stride, int64_t count,
+                                const RowSet<float>& set, int64_t dim);
+  void (*add_weighted_rows_f64)(double* dst, const double* weights, int64_t weight_stride, int64_t count,
+                                const RowSet<double>& set, int64_t dim);
+  void (*add_weighted_rows_f32_bf16_rows)(float* dst, const float* weights, int64_t weight_stride, int64_t count,
+                                          const RowSet<bf16>& set, int64_t dim);
+};
+
 // The kernels of one instruction set.
 struct VectorKernels {
   float (*exp_shifted_sum_f32)(float* x, int64_t n, float shift);
@@ -48,18 +65,7 @@ struct VectorKernels {
   double (*max_value_f64)(const double* x, int64_t n);
   int64_t (*append_ranked_candidates)(uint64_t* list, int64_t count, const float* scores, int64_t n, int64_t j0,
                                       bool filter, uint64_t bar);
-  void (*row_dots_f32)(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<float>& set,
-                       int64_t count, int64_t dim, float scale);
-  void (*row_dots_f64)(double* dots, int64_t ld, const double* a, int64_t rows, const RowSet<double>& set,
-                       int64_t count, int64_t dim, double scale);
-  void (*add_weighted_rows_f32)(float* dst, const float* weights, int64_t weight_stride, int64_t count,
-                                const RowSet<float>& set, int64_t dim);
-  void (*add_weighted_rows_f64)(double* dst, const double* weights, int64_t weight_stride, int64_t count,
-                                const RowSet<double>& set, int64_t dim);
-  void (*row_dots_f32_bf16_rows)(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<bf16>& set,
-                                 int64_t count, int64_t dim, float scale);
-  void (*add_weighted_rows_f32_bf16_rows)(float* dst, const float* weights, int64_t weight_stride, int64_t count,
-                                          const RowSet<bf16>& set, int64_t dim);
+  RowKernels rows;
 };
 const VectorKernels& avx2_vector_kernels();
 const VectorKernels& avx512_vector_kernels();
@@ -82,28 +88,28 @@ inline double max_value(const double* x, int64_t n) { return vector_kernels().ma
 // dots[g · ld + c] ← scale · Σ_e a[g · dim + e] · row(c)[e] for g < rows, c < count.
 inline void row_dots(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<float>& set, int64_t count,
                      int64_t dim, float scale) {
-  vector_kernels().row_dots_f32(dots, ld, a, rows, set, count, dim, scale);
+  vector_kernels().rows.row_dots_f32(dots, ld, a, rows, set, count, dim, scale);
 }
 inline void row_dots(double* dots, int64_t ld, const double* a, int64_t rows, const RowSet<double>& set,
                      int64_t count, int64_t dim, double scale) {
-  vector_kernels().row_dots_f64(dots, ld, a, rows, set, count, dim, scale);
+  vector_kernels().rows.row_dots_f64(dots, ld, a, rows, set, count, dim, scale);
 }
 inline void row_dots(float* dots, int64_t ld, const float* a, int64_t rows, const RowSet<bf16>& set, int64_t count,
                      int64_t dim, float scale) {
-  vector_kernels().row_dots_f32_bf16_rows(dots, ld, a, rows, set, count, dim, scale);
+  vector_kernels().rows.row_dots_f32_bf16_rows(dots, ld, a, rows, set, count, dim, scale);
 }
 // dst[dim] += Σ_c weights[c · weight_stride] · row(c)[0, dim), c = 0 .. count − 1 in order.
 inline void add_weighted_rows(float* dst, const float* weights, int64_t weight_stride, int64_t count,
                               const RowSet<float>& set, int64_t dim) {
-  vector_kernels().add_weighted_rows_f32(dst, weights, weight_stride, count, set, dim);
+  vector_kernels().rows.add_weighted_rows_f32(dst, weights, weight_stride, count, set, dim);
 }
 inline void add_weighted_rows(double* dst, const double* weights, int64_t weight_stride, int64_t count,
                               const RowSet<double>& set, int64_t dim) {
-  vector_kernels().add_weighted_rows_f64(dst, weights, weight_stride, count, set, dim);
+  vector_kernels().rows.add_weighted_rows_f64(dst, weights, weight_stride, count, set, dim);
 }
 inline void add_weighted_rows(float* dst, const float* weights, int64_t weight_stride, int64_t count,
                               const RowSet<bf16>& set, int64_t dim) {
-  vector_kernels().add_weighted_rows_f32_bf16_rows(dst, weights, weight_stride, count, set, dim);
+  vector_kernels().rows.add_weighted_rows_f32_bf16_rows(dst, weights, weight_stride, count, set, dim);
 }
 
 }  // namespace trillion

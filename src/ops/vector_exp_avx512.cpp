@@ -128,13 +128,7 @@ int64_t append_ranked_candidates(uint64_t* list, int64_t count, const float* sco
 
 const VectorKernels& avx512_vector_kernels() {
   static const VectorKernels kernels{exp_shifted_sum_f32, exp_shifted_sum_f64, max_value_f32, max_value_f64,
-                                     append_ranked_candidates,
-                                     row_dots<float, float>,
-                                     row_dots<double, double>,
-                                     add_weighted_rows<float, float>,
-                                     add_weighted_rows<double, double>,
-                                     row_dots<float, bf16>,
-                                     add_weighted_rows<float, bf16>};
+                                     append_ranked_candidates, row_kernels()};
   return kernels;
 }
 

@@ -258,5 +258,11 @@ void add_weighted_rows(T* __restrict dst, const T* __restrict weights, int64_t w
   }
 }
 
+// This instruction set's table of the kernels above (ops/vector_exp.h).
+inline RowKernels row_kernels() {
+  return {row_dots<float, float>,         row_dots<double, double>,         row_dots<float, bf16>,
+          add_weighted_rows<float, float>, add_weighted_rows<double, double>, add_weighted_rows<float, bf16>};
+}
+
 }  // namespace
 }  // namespace trillion
