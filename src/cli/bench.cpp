@@ -16,8 +16,7 @@
 //                      [--baseline-runs N] [--gemm-size N]
 //   trillion bench step --config MODEL.json [--json] [--batch B] [--seq-len T] [--steps N]
 //                      [--warmup N] [--seed S] [--gemm-size N]
-//   mpirun -np N trillion bench moe-parallel --config MODEL.json [--json] [--batch B] [--seq-len T]
-//                      [--steps N] [--rounds R] [--warmup N] [--ep E] [--chunks K] [--seed S]
+//   mpirun -np N trillion bench moe-parallel | context-parallel …   (cli/bench_parallel.cpp)
 //   (--runs and --baseline-runs default to 10, the minimum for a measurement; fewer is a smoke test;
 //   sparse-attention's plain baseline defaults to 2 runs, as it is slow at its default size)
 // With --json each measurement is one JSON line and the last line is the summary; without it the
@@ -34,7 +33,6 @@
 #include "bench/loss_bench.h"
 #include "bench/tile_gemm_bench.h"
 #include "bench/moe_bench.h"
-#include "bench/moe_parallel_bench.h"
 #include "bench/sparse_attention_bench.h"
 #include "bench/physical_peak.h"
 #include "bench/step_bench.h"
@@ -543,39 +541,6 @@ void add_step_bench(CLI::App* bench) {
   step->callback([step_json, st] { run_step(*step_json, *st); });
 }
 
-// `trillion bench moe-parallel`.
-void add_moe_parallel_bench(CLI::App* bench) {
-  CLI::App* mp = bench->add_subcommand(
-      "moe-parallel", "Under mpirun: training steps with the expert exchange serial and pipelined over chunks");
-  auto mp_json = std::make_shared<bool>(false);
-  auto mo = std::make_shared<MoeParallelBenchOptions>();
-  mp->add_option("--config", mo->config, "Model config.json with MoE layers")->required();
-  mp->add_flag("--json", *mp_json, "One JSON line: the summary (rank 0)");
-  mp->add_option("--batch", mo->batch, "Global sequences per step")->capture_default_str();
-  mp->add_option("--seq-len", mo->seq_len, "Tokens per sequence")->capture_default_str();
-  mp->add_option("--steps", mo->steps, "Timed steps per round and mode")->capture_default_str();
-  mp->add_option("--rounds", mo->rounds, "Alternating rounds of both modes")->capture_default_str();
-  mp->add_option("--warmup", mo->warmup, "Untimed steps per round and mode")->capture_default_str();
-  mp->add_option("--ep", mo->ep, "Expert-parallel degree")->capture_default_str();
-  mp->add_option("--chunks", mo->chunks, "Token chunks of the pipelined mode")->capture_default_str();
-  mp->add_option("--seed", mo->seed, "Seed of the weights and tokens")->capture_default_str();
-  mp->callback([mp_json, mo] {
-    const nlohmann::json summary = run_moe_parallel_bench(*mo);
-    if (!ProcessGroup::world().is_root()) return;
-    if (*mp_json) {
-      std::printf("%s\n", summary.dump().c_str());
-      return;
-    }
-    const nlohmann::json &serial = summary.at("serial"), &pipelined = summary.at("pipelined");
-    std::printf("moe-parallel %s on %d ranks, ep %d: serial %.4f s/step (exchange wait %.4f s), %d chunks %.4f s/step "
-                "(wait %.4f s): speedup %.3f, hidden %.1f%% of the exchange wait\n",
-                mo->config.c_str(), summary.at("ranks").get<int>(), mo->ep, serial.at("step_s").get<double>(),
-                serial.at("wait_s").get<double>(), mo->chunks, pipelined.at("step_s").get<double>(),
-                pipelined.at("wait_s").get<double>(), summary.at("speedup").get<double>(),
-                100.0 * summary.at("hidden_fraction").get<double>());
-  });
-}
-
 }  // namespace
 
 void register_bench(CLI::App& app) {
@@ -588,7 +553,7 @@ void register_bench(CLI::App& app) {
   add_sparse_attention_bench(bench);
   add_loss_bench(bench);
   add_step_bench(bench);
-  add_moe_parallel_bench(bench);
+  add_parallel_benches(bench);
   add_tiles_bench(bench);
 }
 

@@ -22,6 +22,8 @@ void register_bench(CLI::App& app);
 void register_info(CLI::App& app);
 void register_plan(CLI::App& app);
 void register_export(CLI::App& app);
+// `trillion bench`'s subcommands run under mpirun (cli/bench_parallel.cpp).
+void add_parallel_benches(CLI::App* bench);
 
 // The LoRA flags train and info share (--lora-rank, --lora-alpha, --lora-targets,
 // --lora-target-parameters, --lora-config, --adapter), their help led by `verb` ("Train"), and the

@@ -49,7 +49,6 @@ struct Geometry {
                    "bad attention sizes");
     TRILLION_CHECK(s.q_len <= s.kv_len, "attention q_len ", s.q_len, " > kv_len ", s.kv_len);
     TRILLION_CHECK(s.q_heads % s.kv_heads == 0, "q_heads ", s.q_heads, " not a multiple of kv_heads ", s.kv_heads);
-    TRILLION_CHECK(s.doc_start == nullptr || s.q_len == s.kv_len, "document masks need q_len == kv_len");
     dv = s.value_dim();
     group = s.q_heads / s.kv_heads;
     q_stride = s.q_heads * s.head_dim;

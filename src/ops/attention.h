@@ -9,8 +9,10 @@
 // query i (0-based) sees keys j ≤ i + (kv_len − q_len), so q_len == kv_len is training and
 // q_len < kv_len is decoding against a KV cache. scale is usually head_dim^−½. head_dim is the
 // query/key head dim; the value head dim may differ (MLA: 192 and 128).
-// Document masks (packed training rows, q_len == kv_len): with doc_start [batch, q_len], query t
-// sees only keys doc_start[t] ≤ j ≤ t (the first token of its document onward).
+// Document masks (packed training rows): with doc_start [batch, q_len], key positions
+// non-decreasing in t, query t sees only keys doc_start[t] ≤ j ≤ t + (kv_len − q_len) (the first
+// token of its document onward). q_len < kv_len with masks is a chunk of a sequence's queries
+// against the keys up to its end (parallel/context_parallel.h).
 // Gradient rule: dq, dk, dv are written (=).
 #pragma once
 

@@ -152,6 +152,23 @@ TEST(Attention, DocumentMasksMatchTheReferenceAndSeparateDocuments) {
   }
 }
 
+// Document masks on a chunk of queries against the keys up to its end (q_len < kv_len, as context
+// parallelism runs each chunk): starts are key positions, before, at and inside the chunk.
+TEST(Attention, DocumentMasksOnAChunkMatchTheReference) {
+  AttentionSizes s = make_sizes(2, 75, 203, 4, 2, 6, 5);  // queries at key positions 128 .. 202
+  std::vector<int32_t> doc_start(2 * 75);                  // [batch, q_len]
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t t = 0; t < 75; ++t) {
+      const int64_t position = t + 128;
+      doc_start[b * 75 + t] = int32_t(b == 0 ? (position < 150 ? 37 : 150) : position - position % 64);
+    }
+  s.doc_start = doc_start.data();
+  Problem<double> tiled(s, 23), reference(s, 23);
+  tiled.run_tiled();
+  reference.run_reference();
+  expect_close(tiled, reference, 1e-12);
+}
+
 TEST(Attention, FloatMatchesDoubleReference) {
   for (const AttentionSizes& s : kCases) {
     Problem<float> tiled(s, 2), ref_float(s, 2);
