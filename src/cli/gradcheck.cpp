@@ -29,6 +29,7 @@ struct GradcheckArgs {
   std::string config_path;
   GradientCheckOptions options;
   int ep = 1;
+  int cp = 1;
   double distributed_tolerance = 1e-12;
   int64_t lora_rank = 0;  // > 0: LoRA adapters on the targets (lora_targets), or as lora_config says
   std::string lora_targets = "all-linear";
@@ -57,10 +58,11 @@ void run_gradcheck(const GradcheckArgs& args) {
   const ProcessGroup& world = ProcessGroup::world();
   nlohmann::json summary;
   if (world.size() > 1) {
-    const std::vector<TensorCheck> distributed = check_distributed_gradients(config, args.options, world, args.ep);
+    const std::vector<TensorCheck> distributed =
+        check_distributed_gradients(config, args.options, world, args.ep, args.cp);
     if (!world.is_root()) return;
-    std::printf("distributed gradient of %s on %s, ep %d, against one process's:\n", args.config_path.c_str(),
-                world.describe().c_str(), args.ep);
+    std::printf("distributed gradient of %s on %s, ep %d, cp %d, against one process's:\n", args.config_path.c_str(),
+                world.describe().c_str(), args.ep, args.cp);
     double worst = 0.0;
     for (const TensorCheck& t : distributed) {
       print_check(t, args.distributed_tolerance);
@@ -116,6 +118,9 @@ void register_gradcheck(CLI::App& app) {
                   "Check every element when the model has at most this many parameters")
       ->capture_default_str();
   cmd->add_option("--ep", args->ep, "Under mpirun: expert-parallel degree of the distributed check")
+      ->capture_default_str();
+  cmd->add_option("--cp", args->cp,
+                  "Under mpirun: context-parallel degree of the distributed check (each sequence split over cp ranks)")
       ->capture_default_str();
   cmd->add_option("--distributed-tolerance", args->distributed_tolerance,
                   "Under mpirun: largest relative difference per tensor between the distributed and one process's gradient")

@@ -122,9 +122,13 @@ void mixer_forward(T* x, const T* h, const AttentionBlockWeights<T>& w, const At
   T* out = saves.out<T>(Tag::attn_out);  // [n, Hq·d]
   T* lse = saves.out<T>(Tag::attn_lse);  // [batch, Hq, seq]
   IndexerOutputs<T> selected;
+  TRILLION_CHECK(pass.context == nullptr || !dims.indexer.enabled(),
+                 "context parallelism with the lightning indexer: not yet");
   if (dims.indexer.enabled()) selected = indexer_forward(h, h, w.indexer, dims.indexer, pass, layer, scratch);
   if (attends_sparsely(dims.indexer, pass))
     sparse_attention_forward(out, lse, p.q, p.k, p.v, selected.selection, sparse_sizes(sizes, dims.indexer.topk));
+  else if (pass.context != nullptr)
+    pass.context->attention_forward(out, lse, p.q, p.k, p.v, sizes);  // over the whole sequences' keys
   else
     attention_forward(out, lse, p.q, p.k, p.v, sizes);
   if (dims.indexer.enabled())
@@ -179,6 +183,8 @@ T* mixer_backward(const T* dy, const T* h, const AttentionBlockWeights<T>& w, co
   if (attends_sparsely(dims.indexer, pass)) {
     const int32_t* selection = saved.in<int32_t>(Tag::attn_indices);  // [n, topk]
     sparse_attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
+  } else if (pass.context != nullptr) {
+    pass.context->attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);  // dk, dv: every rank's terms
   } else {
     attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
   }

@@ -190,6 +190,10 @@ void Model<T>::set_expert_exchange(ExpertExchange* exchange) {
   impl_->exchange = exchange;
 }
 template <class T>
+void Model<T>::set_context_exchange(ContextExchange* context) {
+  impl_->context = context;
+}
+template <class T>
 void Model<T>::set_statistics_reduction(StatisticsReduction reduction) {
   impl_->reduction = std::move(reduction);
 }
@@ -324,6 +328,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   if (!m.decisions.replaying()) m.decisions.start_recording();
   ensure_size(m.hidden, n * D);
   ensure_size(m.positions, n);
+  TRILLION_CHECK(m.context == nullptr || m.document_eos < 0, "context parallelism with document masks: not yet");
   if (m.document_eos >= 0) {  // a document starts at each row's start and after each eos
     ensure_size(m.doc_start, n);
     m.cu_seqlens.clear();
@@ -338,7 +343,9 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     }
     m.cu_seqlens.push_back(static_cast<int32_t>(n));
   } else {
-    for (int64_t i = 0; i < n; ++i) m.positions[i] = static_cast<int32_t>(i % seq);
+    const int32_t* global = m.context != nullptr ? m.context->positions(seq) : nullptr;  // [seq]
+    for (int64_t i = 0; i < n; ++i)
+      m.positions[i] = global != nullptr ? global[i % seq] : static_cast<int32_t>(i % seq);
   }
   StepResult result;
   LayerPass pass(mode, batch, seq);
@@ -353,6 +360,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   m.indexer.grad_scale = sparse > 0 ? shares.batch_mean(m.indexer.coef * scales.aux / sparse) : 0.0;
   pass.indexer = &m.indexer;
   pass.experts = m.exchange;
+  pass.context = m.context;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
   const int head_fsdp_unit = head_unit(m.config);  // 0 (tied: the embeddings' unit) or 1 + L
@@ -505,6 +513,7 @@ StepResult Model<T>::forward_backward(const int32_t* tokens, const int32_t* targ
   m.store.end_backward(head, TagSublayer::head);
   if (head_fsdp_unit != 0) call(m.hooks.after_backward, head_fsdp_unit);
   pass.experts = m.exchange;
+  pass.context = m.context;
   for (int layer = static_cast<int>(m.config.num_hidden_layers) - 1; layer >= 0; --layer) {
     call(m.hooks.before_backward, 1 + layer);
     call(m.hooks.before_gradients, 1 + layer);
@@ -552,6 +561,7 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
   pass.result = &discarded;
   pass.indexer = &indexer;
   pass.experts = exchange;  // the FFN's re-run does not exchange (model/moe.cpp)
+  pass.context = context;   // a re-run attention gathers again, on every rank of the group
   const bool was_replaying = decisions.replaying();
   decisions.start_replay();  // never re-route, never re-select
   store.begin_recompute(layer);

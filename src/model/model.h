@@ -130,6 +130,12 @@ class Model {
   // Expert parallelism (null: every expert runs here; must outlive its use): every forward uses
   // it, so every rank of its group must run the same forwards, recomputation included.
   void set_expert_exchange(ExpertExchange* exchange);
+  // Context parallelism (null: whole sequences here; must outlive its use): the batches' rows hold
+  // this rank's tokens of each sequence; training forwards and backwards (recomputation included)
+  // take their positions and attention from it, so every rank of its group runs the same passes.
+  // Not with document masks, sparse attention or the layer kinds it does not cover yet
+  // (parallel/mesh.h checks the config).
+  void set_context_exchange(ContextExchange* context);
   // LoRA's dropout (model/linear.h) in the passes that follow: forward_backward and forward_loss
   // draw its masks while set (the trainer sets it per micro-batch; evaluation leaves it unset).
   void set_lora_dropout(const std::optional<LoraDropoutPass>& pass);

@@ -9,6 +9,7 @@
 //   StatisticsReduction  how a training forward's routing statistics and loss values become those
 //                of the whole data-parallel batch (one share: as they are);
 //   ExpertExchange  expert parallelism: where an MoE layer's routed experts run (null: here);
+//   ContextExchange context parallelism: this rank holds part of every sequence (null: all of it);
 //   LayerPass    what the layer loops hand every layer kind in forward and backward.
 #pragma once
 
@@ -20,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/attention.h"
 #include "ops/cross_entropy.h"
 #include "ops/moe_experts.h"
 
@@ -187,6 +189,28 @@ class ExpertExchange {
                         const ExpertAdapters<double>& adapter_grads, const ExchangedRows<const double>& saved) = 0;
 };
 
+// Context parallelism (parallel/context_parallel.h, docs/architecture.md "Context parallelism"):
+// every sequence is split over a group of ranks, and this rank's tensors hold its part of each (two
+// chunks, back to back). The model takes its tokens' positions from here, and attention layers see
+// every earlier token of their sequences through it; every rank of the group runs the same passes.
+class ContextExchange {
+ public:
+  virtual ~ContextExchange() = default;
+  // The global position of each of this rank's `seq` tokens of a sequence, [seq].
+  virtual const int32_t* positions(int64_t seq) const = 0;
+  // ops/attention.h's forward and backward for this rank's tokens (local sizes: q_len = kv_len =
+  // its tokens per sequence; doc_start, when set, in global positions) over every visible key.
+  virtual void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                                 const AttentionSizes& local) = 0;
+  virtual void attention_forward(double* out, double* lse, const double* q, const double* k, const double* v,
+                                 const AttentionSizes& local) = 0;
+  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                                  const float* v, const float* out, const float* lse, const AttentionSizes& local) = 0;
+  virtual void attention_backward(double* dq, double* dk, double* dv, const double* dout, const double* q,
+                                  const double* k, const double* v, const double* out, const double* lse,
+                                  const AttentionSizes& local) = 0;
+};
+
 class ActivationStore;
 
 // The gradient of the balance losses w.r.t. one MoE layer's router scores, handed to its backward:
@@ -232,6 +256,7 @@ struct LayerPass {
   const MoeBalanceGrad* balance = nullptr;  // backward of MoE layers
   const IndexerTraining* indexer = nullptr;  // sparse layers: mode and loss (null: sparse, no loss)
   ExpertExchange* experts = nullptr;         // where the routed experts run (null: here)
+  ContextExchange* context = nullptr;        // this rank's part of every sequence (null: all of it)
 };
 
 }  // namespace trillion

@@ -192,6 +192,15 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
   reduce_scatter_sequences(dv, dvalues.data(), batch, at.v_row, split, group, traffic);
 }
 
+ContextParallel::ContextParallel(const ProcessGroup& group, int64_t seq, const char* flag)
+    : group_(group), split_(seq, group.size(), flag), positions_(split_.positions(group.rank())) {}
+
+const int32_t* ContextParallel::positions(int64_t seq) const {
+  TRILLION_CHECK(seq == int64_t(positions_.size()), "context parallelism: rank ", group_.rank(), " holds ",
+                 positions_.size(), " tokens of each ", split_.seq(), "-token sequence, the batch has ", seq);
+  return positions_.data();
+}
+
 template void context_attention_forward<float>(float*, float*, const float*, const float*, const float*,
                                                const AttentionSizes&, const ContextSplit&, const ProcessGroup&,
                                                ContextTraffic*);

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/step.h"
 #include "ops/attention.h"
 #include "parallel/process_group.h"
 
@@ -83,5 +84,38 @@ template <class T>
 void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                                 const T* lse, const AttentionSizes& local, const ContextSplit& split,
                                 const ProcessGroup& group, ContextTraffic* traffic);
+
+// A run's context parallelism, as the model sees it (model/step.h's ContextExchange): this rank's
+// part of sequences of `seq` tokens split over `group` (which must outlive it), and the bytes it has
+// received so far.
+class ContextParallel final : public ContextExchange {
+ public:
+  ContextParallel(const ProcessGroup& group, int64_t seq, const char* flag = "--seq-len");
+  const ContextSplit& split() const { return split_; }
+  const ContextTraffic& traffic() const { return traffic_; }
+  const int32_t* positions(int64_t seq) const override;
+  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                         const AttentionSizes& local) override {
+    context_attention_forward(out, lse, q, k, v, local, split_, group_, &traffic_);
+  }
+  void attention_forward(double* out, double* lse, const double* q, const double* k, const double* v,
+                         const AttentionSizes& local) override {
+    context_attention_forward(out, lse, q, k, v, local, split_, group_, &traffic_);
+  }
+  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                          const float* v, const float* out, const float* lse, const AttentionSizes& local) override {
+    context_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, local, split_, group_, &traffic_);
+  }
+  void attention_backward(double* dq, double* dk, double* dv, const double* dout, const double* q, const double* k,
+                          const double* v, const double* out, const double* lse, const AttentionSizes& local) override {
+    context_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, local, split_, group_, &traffic_);
+  }
+
+ private:
+  const ProcessGroup& group_;
+  ContextSplit split_;
+  std::vector<int32_t> positions_;  // [split_.local_len(rank)]
+  ContextTraffic traffic_;
+};
 
 }  // namespace trillion

@@ -11,11 +11,12 @@
 namespace trillion {
 
 std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, const GradientCheckOptions& options,
-                                                     const ProcessGroup& world, int ep) {
-  const ParallelMesh mesh(world, ep, config);
+                                                     const ProcessGroup& world, int ep, int cp) {
+  const ParallelMesh mesh(world, ep, config, cp);
   const int64_t rows = mesh.rows_per_rank(options.batch, "gradient check: --batch");
+  if (cp > 1 && config.lora != nullptr) fail("--cp ", cp, " with LoRA adapters: not yet");
   const GradientCheckBatch batch = gradient_check_batch(config, options);
-  const int64_t at = world.rank() * rows * options.seq;  // this rank's first token
+  const int64_t at = mesh.data_share() * rows * options.seq;  // this rank's first row's first token
   const auto prepared = [&](Model<double>& model, int64_t first_token) {
     model.init_weights(options.seed);
     draw_lora_b(model, options.seed + 1);  // as the one-process check: A's gradient is 0 at B = 0
@@ -28,12 +29,22 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
   prepared(whole, 0);
   whole.forward_backward(batch.tokens.data(), batch.targets.data(), options.batch, options.seq, batch.scales);
 
-  Model<double> parts(config);  // this rank's rows, as the trainer runs them
+  Model<double> parts(config);  // this rank's rows (and with cp its tokens of them), as the trainer runs them
   prepared(parts, at);
   const ShardLayout layout(parts.table(), world.rank(), world.size(), ep);
-  const ParallelPlan<double> plan(parts, mesh, layout);
-  parts.forward_backward(batch.tokens.data() + at, batch.targets.data() + at, rows, options.seq, batch.scales);
-  Buffer<double> gathered(parts.table().trainable_size());  // [trainable_size]
+  ParallelPlan<double> plan(parts, mesh, layout, 1, options.seq);
+  std::vector<int32_t> positions(options.seq);  // [local] this rank's tokens of each sequence
+  for (int64_t t = 0; t < options.seq; ++t) positions[t] = int32_t(t);
+  if (plan.context() != nullptr) positions = plan.context()->split().positions(mesh.cp_group().rank());
+  const int64_t local = static_cast<int64_t>(positions.size());
+  std::vector<int32_t> tokens(rows * local), targets(rows * local);  // [rows, local]
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < local; ++j) {
+      tokens[r * local + j] = batch.tokens[at + r * options.seq + positions[j]];
+      targets[r * local + j] = batch.targets[at + r * options.seq + positions[j]];
+    }
+  parts.forward_backward(tokens.data(), targets.data(), rows, local, batch.scales);
+  Buffer<double> gathered(parts.table().trainable_size());
   layout.gather_everything(world, plan.step_grads(), gathered.data());
   return compare_gradients(parts.table(), gathered.data(), whole.grads());
 }

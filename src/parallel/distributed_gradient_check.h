@@ -1,7 +1,8 @@
 // The distributed step's gradient against one process's, for `trillion gradcheck` under mpirun:
 // the same model, weights and batch (model/gradient_check.h's), trained once in this process on the
 // whole batch and once as the training run does it (FSDP over the world, the routed experts over
-// ep groups, every rank its rows of the batch, statistics over the ranks); the gathered sharded
+// ep groups, every rank its rows of the batch, and with cp > 1 each context-parallel group its
+// rows, each rank its part of every sequence; statistics over the ranks); the gathered sharded
 // gradient is compared with the one-process gradient tensor by tensor. Every rank calls it.
 #pragma once
 
@@ -13,8 +14,9 @@
 
 namespace trillion {
 
-// Fails (trillion::Error) when the batch does not split over the ranks or the experts over ep.
+// Fails (trillion::Error) when the batch does not split over the ranks, the experts over ep, or
+// the model's layers are not ones context parallelism covers yet (cp > 1).
 std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, const GradientCheckOptions& options,
-                                                     const ProcessGroup& world, int ep);
+                                                     const ProcessGroup& world, int ep, int cp = 1);
 
 }  // namespace trillion

@@ -5,10 +5,22 @@
 
 namespace trillion {
 
-void ParallelMesh::validate(int ranks, int ep, const ModelConfig& config) {
+void ParallelMesh::validate(int ranks, int ep, const ModelConfig& config, int cp) {
   if (ep < 1 || ranks % ep != 0) fail("--ep ", ep, " must be ≥ 1 and divide the ", ranks, " ranks");
   if (ep > 1 && (config.num_experts == 0 || config.num_experts % ep != 0)) {
     fail("--ep ", ep, ": the model's ", config.num_experts, " routed experts must split evenly over ", ep, " ranks");
+  }
+  if (cp < 1 || (ranks / ep) % cp != 0)
+    fail("--cp ", cp, " must be ≥ 1 and divide the ", ranks / ep, " ranks of each expert-data-parallel group (",
+         ranks, " ranks / --ep ", ep, ")");
+  if (cp == 1) return;
+  // What the model's layers run across a split so far (docs/architecture.md, "Context parallelism").
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (config.layer_types[l] != LayerType::full_attention || config.kv_lora_rank > 0)
+      fail("--cp ", cp, ": layer ", l, " is ", config.kv_lora_rank > 0 ? "MLA" : layer_type_name(config.layer_types[l]),
+           "; context parallelism covers full attention (MHA, GQA) layers so far");
+    if (config.is_moe_layer(l))
+      fail("--cp ", cp, ": layer ", l, " is an MoE layer; context parallelism covers dense FFNs so far");
   }
 }
 
@@ -21,10 +33,12 @@ int64_t ParallelMesh::rows_per_rank(int64_t batch, int ranks, const std::string&
   return batch / ranks;
 }
 
-ParallelMesh::ParallelMesh(const ProcessGroup& world, int ep, const ModelConfig& config)
+ParallelMesh::ParallelMesh(const ProcessGroup& world, int ep, const ModelConfig& config, int cp)
     : world_(world),
-      ep_((validate(world.size(), ep, config), ep)),  // validated before any split
+      ep_((validate(world.size(), ep, config, cp), ep)),  // validated before any split
+      cp_(cp),
       ep_group_(world.split(world.rank() / ep, world.rank() % ep)),
-      edp_group_(world.split(world.rank() % ep, world.rank() / ep)) {}
+      edp_group_(world.split(world.rank() % ep, world.rank() / ep)),
+      cp_group_(world.split(data_share(), world.rank() / ep % cp)) {}
 
 }  // namespace trillion

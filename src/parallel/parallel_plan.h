@@ -6,6 +6,7 @@
 //   - FSDP (parallel/fsdp.h): the rank's shard of the parameters, gradients and (through the
 //     layout) the optimizer's moments, the units gathered and released by the model's unit hooks;
 //   - the expert exchange over the mesh's ep group (parallel/expert_parallel.h) when ep > 1;
+//   - context parallelism over the mesh's cp group (parallel/context_parallel.h) when cp > 1;
 //   - the parameters and gradients an optimizer step updates: the shard, or the whole buffers on
 //     one rank.
 // The model knows no rank count: it sees hooks, a reduction and an exchange. The plan and the
@@ -16,6 +17,7 @@
 #include <optional>
 
 #include "model/model.h"
+#include "parallel/context_parallel.h"
 #include "parallel/expert_parallel.h"
 #include "parallel/fsdp.h"
 #include "parallel/mesh.h"
@@ -27,8 +29,10 @@ template <class T>
 class ParallelPlan {
  public:
   // One rank (a world of 1) leaves the model as it is. exchange_chunks: the expert exchange's
-  // token chunks (parallel/expert_parallel.h, "Overlap").
-  ParallelPlan(Model<T>& model, const ParallelMesh& mesh, const ShardLayout& layout, int exchange_chunks = 1) {
+  // token chunks (parallel/expert_parallel.h, "Overlap"); seq_len: tokens per whole sequence, which
+  // context parallelism splits (needed when cp > 1).
+  ParallelPlan(Model<T>& model, const ParallelMesh& mesh, const ShardLayout& layout, int exchange_chunks = 1,
+               int64_t seq_len = 0) {
     const ProcessGroup& world = mesh.world();
     if (world.size() > 1) {
       model.set_statistics_reduction(StatisticsReduction(
@@ -40,6 +44,10 @@ class ParallelPlan {
       experts_.emplace(mesh.ep_group(), exchange_chunks);
       model.set_expert_exchange(&*experts_);
     }
+    if (mesh.cp() > 1) {
+      context_.emplace(mesh.cp_group(), seq_len);
+      model.set_context_exchange(&*context_);
+    }
     step_params_ = fsdp_ ? fsdp_->shard_params() : model.params();
     step_grads_ = fsdp_ ? fsdp_->shard_grads() : model.grads();
   }
@@ -48,12 +56,14 @@ class ParallelPlan {
 
   Fsdp<T>* fsdp() { return fsdp_ ? &*fsdp_ : nullptr; }                // null on one rank
   ExpertParallel* experts() { return experts_ ? &*experts_ : nullptr; }  // null without ep
+  ContextParallel* context() { return context_ ? &*context_ : nullptr; }  // null without cp
   T* step_params() const { return step_params_; }  // [shard size] or every parameter on one rank
   T* step_grads() const { return step_grads_; }
 
  private:
   std::optional<Fsdp<T>> fsdp_;
   std::optional<ExpertParallel> experts_;
+  std::optional<ContextParallel> context_;
   T* step_params_ = nullptr;
   T* step_grads_ = nullptr;
 };
