@@ -1,4 +1,4 @@
-// Attention split over a context-parallel group, measured (see context_parallel_bench.h).
+// Sequence mixers split over a context-parallel group, measured (see context_parallel_bench.h).
 #include "bench/context_parallel_bench.h"
 
 #include <algorithm>
@@ -224,7 +224,7 @@ struct DeltaTensors {
         dv(v.size()),
         dg(g.size()),
         dbeta(beta.size()) {}
-  int64_t bytes() const { return int64_t(sizeof(T)) * 2 * (3 * q.size() + 3 * v.size() + g.size() + beta.size()); }
+  int64_t bytes() const { return int64_t(sizeof(T)) * (4 * q.size() + 4 * v.size() + 2 * g.size() + 2 * beta.size()); }
 };
 
 // Gated DeltaNet (per-head decay) or KDA (per key channel): q and k L2-normalized per head (q also
@@ -313,7 +313,7 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
     fail(
         "bench context-parallel: --batch, --heads, --kv-heads, --head-dim and --runs must be ≥ 1, --v-dim and "
         "--doc-len ≥ 0");
-  if (o.heads % o.kv_heads != 0)
+  if (o.mixer == "attention" && o.heads % o.kv_heads != 0)
     fail("bench context-parallel: --heads ", o.heads, " must be a multiple of --kv-heads ", o.kv_heads);
   const ContextSplit split(o.seq_len, world.size());
   RankMeasure m;

@@ -1,18 +1,20 @@
-// `trillion bench context-parallel` (under mpirun -np cp; one process is cp 1): attention's forward
-// and backward over one long sequence split over the ranks (parallel/context_parallel.h), against
-// the whole sequence's attention on one rank.
+// `trillion bench context-parallel` (under mpirun -np cp; one process is cp 1): a sequence mixer's
+// forward and backward over long sequences split over the ranks, against the plain kernels over the
+// whole sequences on one rank. Mixers: attention (parallel/context_parallel.h, GQA) and the gated
+// delta rule with per-head (gated_deltanet) or per-key-channel (kda) decay
+// (parallel/context_delta_rule.h; --heads, --head-dim and --v-dim are its H, K and V).
 //
-// Every rank draws the same whole inputs (q, k, v, dout; document masks of --doc-len tokens, their
-// starts shifted per sequence so documents cross the ranks' chunks), takes its tokens' rows, and runs
-// context_attention_forward + _backward --runs times. It also runs ops/attention.h over the whole
-// sequences, untimed, and compares: max_rel_err = max over out, lse, dq, dk, dv and the ranks of
-// max|cp − one rank| / max|one rank|.
+// Every rank draws the same whole inputs (document masks of --doc-len tokens, their starts shifted
+// per sequence so documents cross the ranks' chunks), takes its tokens' rows, and runs the split
+// forward + backward --runs times. It also runs the plain kernels over the whole sequences (timed
+// alternately on one rank, untimed otherwise) and compares: max_rel_err = max over every output and
+// gradient and the ranks of max|cp − one rank| / max|one rank|.
 //
 // Reports the slowest rank's median seconds of forward + backward; per rank the peak bytes (the local
 // tensors, inputs, outputs and gradients, plus the kernels' temporaries at their peak) against one
-// rank's for the whole sequence (peak_ratio, the largest over the ranks); and the bytes each rank
-// received, forward and backward, against context_attention_traffic's formula (traffic_matches_plan:
-// equal on every rank).
+// rank's for the whole sequences (peak_ratio, the largest over the ranks); and the bytes each rank
+// received, forward and backward, as the collectives' counts give them, against the mixer's formula
+// (context_attention_traffic, context_delta_rule_traffic; traffic_matches_plan: equal on every rank).
 #pragma once
 
 #include <cstdint>

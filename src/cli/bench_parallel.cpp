@@ -54,7 +54,7 @@ void add_moe_parallel_bench(CLI::App* bench) {
 // `trillion bench context-parallel`.
 void add_context_parallel_bench(CLI::App* bench) {
   CLI::App* cp = bench->add_subcommand("context-parallel",
-                                       "Under mpirun -np CP: attention over one long sequence split over the ranks");
+                                       "Under mpirun -np CP: a sequence mixer over long sequences split over the ranks");
   auto cp_json = std::make_shared<bool>(false);
   auto co = std::make_shared<ContextParallelBenchOptions>();
   auto dtype = std::make_shared<std::string>("float");

@@ -56,6 +56,7 @@ void run_gradcheck(const GradcheckArgs& args) {
                                  : LoraConfig::load(args.lora_config));
   }
   const ProcessGroup& world = ProcessGroup::world();
+  if (args.cp > 1 && world.size() == 1) fail("--cp ", args.cp, " needs mpirun with a multiple of ", args.cp, " ranks");
   nlohmann::json summary;
   if (world.size() > 1) {
     const std::vector<TensorCheck> distributed =

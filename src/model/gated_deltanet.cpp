@@ -164,6 +164,8 @@ std::vector<SavedTensor> saved_tensors(const GatedDeltaNetDims& d, const SavedEx
 template <class T>
 void mixer_forward(T* x, const T* h, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& d,
                    const LayerPass& pass, int layer, Arena& scratch) {
+  TRILLION_CHECK(pass.context == nullptr, "context parallelism does not cover Gated DeltaNet layers yet",
+                 " (parallel/mesh.h refuses them)");
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, D = d.hidden, nv = d.value_heads, dv = d.value_dim;
   const SavedWriter saves(saved_tensors(d, SavedExtent::of(pass)), pass.store, layer, scratch);

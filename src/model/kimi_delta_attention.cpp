@@ -110,6 +110,8 @@ std::vector<SavedTensor> saved_tensors(const KimiDeltaAttentionDims& d, const Sa
 template <class T>
 void mixer_forward(T* x, const T* x_hat, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& d,
                    const LayerPass& pass, int layer, Arena& scratch) {
+  TRILLION_CHECK(pass.context == nullptr, "context parallelism does not cover Kimi Delta Attention layers yet",
+                 " (parallel/mesh.h refuses them)");
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
   const SavedWriter saves(saved_tensors(d, SavedExtent::of(pass)), pass.store, layer, scratch);

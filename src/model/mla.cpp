@@ -134,6 +134,8 @@ std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& e
 template <class T>
 void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims, const LayerPass& pass, int layer,
                    Arena& scratch) {
+  TRILLION_CHECK(pass.context == nullptr, "context parallelism does not cover MLA layers yet",
+                 " (parallel/mesh.h refuses them)");
   using Tag = ActivationTag;
   const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, D = dims.hidden, H = dims.heads;
   const int64_t rkv = dims.kv_lora_rank;

@@ -328,7 +328,8 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   if (!m.decisions.replaying()) m.decisions.start_recording();
   ensure_size(m.hidden, n * D);
   ensure_size(m.positions, n);
-  TRILLION_CHECK(m.context == nullptr || m.document_eos < 0, "context parallelism with document masks: not yet");
+  TRILLION_CHECK(m.context == nullptr || mode != PassMode::train || m.document_eos < 0,
+                 "context parallelism with document masks: not yet");
   if (m.document_eos >= 0) {  // a document starts at each row's start and after each eos
     ensure_size(m.doc_start, n);
     m.cu_seqlens.clear();
@@ -343,7 +344,9 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     }
     m.cu_seqlens.push_back(static_cast<int32_t>(n));
   } else {
-    const int32_t* global = m.context != nullptr ? m.context->positions(seq) : nullptr;  // [seq]
+    // Training passes take this rank's part of each sequence; evaluation and gradient checking's
+    // passes run whole windows.
+    const int32_t* global = m.context != nullptr && mode == PassMode::train ? m.context->positions(seq) : nullptr;
     for (int64_t i = 0; i < n; ++i)
       m.positions[i] = global != nullptr ? global[i % seq] : static_cast<int32_t>(i % seq);
   }
@@ -360,7 +363,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   m.indexer.grad_scale = sparse > 0 ? shares.batch_mean(m.indexer.coef * scales.aux / sparse) : 0.0;
   pass.indexer = &m.indexer;
   pass.experts = m.exchange;
-  pass.context = m.context;
+  pass.context = mode == PassMode::train ? m.context : nullptr;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
   const int head_fsdp_unit = head_unit(m.config);  // 0 (tied: the embeddings' unit) or 1 + L
@@ -561,7 +564,11 @@ void Model<T>::Impl::recompute(int layer, int64_t batch, int64_t seq) {
   pass.result = &discarded;
   pass.indexer = &indexer;
   pass.experts = exchange;  // the FFN's re-run does not exchange (model/moe.cpp)
-  pass.context = context;   // a re-run attention gathers again, on every rank of the group
+  pass.context = context;
+  // Which sublayers re-run depends on tensor sizes, which differ between the ranks of a context-
+  // parallel group when their chunks do; a re-run mixer's gathers would then meet no partner.
+  TRILLION_CHECK(context == nullptr || !mixer, "context parallelism with recomputed mixers: not yet (layer ", layer,
+                 ")");
   const bool was_replaying = decisions.replaying();
   decisions.start_replay();  // never re-route, never re-select
   store.begin_recompute(layer);

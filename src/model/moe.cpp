@@ -108,6 +108,8 @@ ExchangedRows<T> exchanged_rows(int64_t received, const Index& index, const Real
 template <class T>
 void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, const LayerPass& pass, int layer,
                  Arena& scratch) {
+  TRILLION_CHECK(pass.context == nullptr, "context parallelism does not cover MoE layers yet",
+                 " (parallel/mesh.h refuses them)");
   PhaseScope scope(Phase::moe);
   using Tag = ActivationTag;
   const int64_t batch = pass.batch, seq = pass.seq;

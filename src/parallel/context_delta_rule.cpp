@@ -74,13 +74,12 @@ template <class T>
 void gather_chunk_slots(T* x, int64_t count, const Geometry& geo, const ProcessGroup& group, ContextTraffic* traffic) {
   for (int64_t b = 0; b < geo.batch; ++b)
     for (int64_t s = 0; s < 2; ++s) {
-      std::vector<int64_t> counts(geo.split.ranks(), count), displs;
-      for (int r = 0; r < geo.split.ranks(); ++r)
-        displs.push_back((b * geo.chunks + (s == 0 ? r : geo.chunks - 1 - r)) * count);
-      group.all_gather(x + displs[geo.rank], x, counts, displs);
+      std::vector<int64_t> counts(geo.split.ranks(), count), displs;  // in the sequence's slots
+      for (int r = 0; r < geo.split.ranks(); ++r) displs.push_back((s == 0 ? r : geo.chunks - 1 - r) * count);
+      T* slots = x + b * geo.chunks * count;  // [chunks, count]
+      group.all_gather(slots + displs[geo.rank], slots, counts, displs);
+      if (traffic != nullptr) traffic->gathered_bytes += (geo.split.ranks() - 1) * count * int64_t(sizeof(T));
     }
-  if (traffic != nullptr)
-    traffic->gathered_bytes += (geo.split.ranks() - 1) * geo.batch * 2 * count * int64_t(sizeof(T));
 }
 
 // s_in [B, chunks, H, K, V]: the state entering every chunk, from the summaries in chunk order.

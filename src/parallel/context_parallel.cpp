@@ -54,6 +54,13 @@ void check_group(const ContextSplit& split, const ProcessGroup& group, const Att
                  " tokens per sequence, sizes give q_len ", local.q_len, " and kv_len ", local.kv_len);
 }
 
+// Elements of a gather's pieces that come from the other ranks.
+int64_t received_elements(const std::vector<int64_t>& counts, int me) {
+  int64_t all = 0;
+  for (const int64_t count : counts) all += count;
+  return all - counts[me];
+}
+
 // [batch, seq, row]: the whole sequences of every rank's local [batch, local_len, row]. Every
 // rank's first chunks, then every rank's second chunks, are each one all-gather per sequence that
 // places each rank's rows at their positions (the second chunks land in reverse rank order).
@@ -61,21 +68,22 @@ template <class T>
 Buffer<T> gather_sequences(const T* local, int64_t batch, int64_t row, const ContextSplit& split,
                            const ProcessGroup& group, ContextTraffic* traffic) {
   Buffer<T> whole(batch * split.seq() * row);  // [batch, seq, row]
-  const int64_t len = split.local_len(group.rank());
+  const int me = group.rank();
+  const int64_t len = split.local_len(me);
   for (int64_t b = 0; b < batch; ++b) {
     int64_t offset = 0;  // the chunk's first local position
     for (int which : {0, 1}) {
-      std::vector<int64_t> counts, displs;
+      std::vector<int64_t> counts, displs;  // in the sequence's rows
       for (int r = 0; r < split.ranks(); ++r) {
         const ContextSplit::Span span = split.spans(r)[which];
         counts.push_back(span.size() * row);
-        displs.push_back((b * split.seq() + span.begin) * row);
+        displs.push_back(span.begin * row);
       }
-      group.all_gather(local + (b * len + offset) * row, whole.data(), counts, displs);
-      offset += split.spans(group.rank())[which].size();
+      group.all_gather(local + (b * len + offset) * row, whole.data() + b * split.seq() * row, counts, displs);
+      offset += split.spans(me)[which].size();
+      if (traffic != nullptr) traffic->gathered_bytes += received_elements(counts, me) * int64_t(sizeof(T));
     }
   }
-  if (traffic != nullptr) traffic->gathered_bytes += batch * (split.seq() - len) * row * int64_t(sizeof(T));
   return whole;
 }
 
@@ -96,13 +104,14 @@ void reduce_scatter_sequences(T* local, T* whole, int64_t batch, int64_t row, co
       seconds.push_back(split.spans(r)[1].size() * row);
     }
     group.reduce_scatter_sum(sequence, local + b * len * row, firsts);
+    if (traffic != nullptr) traffic->reduced_bytes += (split.ranks() - 1) * firsts[me] * int64_t(sizeof(T));
     T* second = sequence + split.spans(split.ranks() - 1)[1].begin * row;  // [seq − half, row]
     std::reverse(second, sequence + seq * row);
     for (int64_t r = 0, at = 0; r < split.ranks(); at += seconds[r], ++r)
       std::reverse(second + at, second + at + seconds[r]);
     group.reduce_scatter_sum(second, local + (b * len + split.spans(me)[0].size()) * row, seconds);
+    if (traffic != nullptr) traffic->reduced_bytes += (split.ranks() - 1) * seconds[me] * int64_t(sizeof(T));
   }
-  if (traffic != nullptr) traffic->reduced_bytes += (split.ranks() - 1) * batch * len * row * int64_t(sizeof(T));
 }
 
 // A call's sizes and row widths, with the whole sequences' keys and values gathered from the group.

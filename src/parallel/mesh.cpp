@@ -27,8 +27,8 @@ void ParallelMesh::validate(int ranks, int ep, const ModelConfig& config, int cp
 int64_t ParallelMesh::rows_per_rank(int64_t batch, int ranks, const std::string& flag) {
   if (batch < 1) fail(flag, " must be ≥ 1, got ", batch);
   if (batch % ranks != 0) {
-    fail(flag, " ", batch, " must be divisible by the ", ranks, " ranks (each trains batch / ranks rows of every ",
-         "micro-batch)");
+    fail(flag, " ", batch, " must be divisible by the ", ranks, " ranks that split the batch (each trains batch / ",
+         ranks, " rows of every micro-batch; the ranks of a --cp group share theirs)");
   }
   return batch / ranks;
 }

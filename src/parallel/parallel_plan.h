@@ -45,6 +45,7 @@ class ParallelPlan {
       model.set_expert_exchange(&*experts_);
     }
     if (mesh.cp() > 1) {
+      TRILLION_CHECK(seq_len > 0, "context parallelism needs the sequence length to split");
       context_.emplace(mesh.cp_group(), seq_len);
       model.set_context_exchange(&*context_);
     }

@@ -26,7 +26,7 @@ class DistributedGradcheck : public testing::TestWithParam<Layout> {};
 TEST_P(DistributedGradcheck, TheShardedGradientIsOneProcesss) {
   const Layout& l = GetParam();
   // gradcheck's defaults: every element, against finite differences at its default tolerance too;
-  // one sequence per rank (2 ranks: tests/model's batch of 2).
+  // --batch = ranks: one sequence per data share (with --cp, a share's sequence split over its cp ranks).
   const CommandResult r = run_shell(
       "OMP_NUM_THREADS=1 " + mpirun_launcher(l.ranks) + " " + TRILLION_BINARY + " gradcheck --config " +
       TRILLION_SOURCE_DIR + "/configs/models/" + l.config + ".json --batch " + std::to_string(l.ranks) + " --ep " + std::to_string(l.ep) +
