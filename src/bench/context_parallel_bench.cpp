@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/rng.h"
+#include "parallel/context_conv1d.h"
 #include "parallel/context_delta_rule.h"
 #include "parallel/context_parallel.h"
 #include "parallel/process_group.h"
@@ -140,6 +141,15 @@ std::vector<int32_t> document_starts(int64_t batch, int64_t seq, int64_t doc_len
   return doc_start;
 }
 
+// The documents as packed segments over the batch · seq tokens, [segments + 1] (empty: no masks).
+std::vector<int32_t> document_segments(const std::vector<int32_t>& doc_start, int64_t seq) {
+  std::vector<int32_t> cu_seqlens;
+  for (int64_t t = 0; t < int64_t(doc_start.size()); ++t)
+    if (doc_start[t] == t % seq) cu_seqlens.push_back(int32_t(t));
+  cu_seqlens.push_back(int32_t(doc_start.size()));
+  return cu_seqlens;
+}
+
 template <class T>
 RankMeasure run_attention(const ContextParallelBenchOptions& o, const ContextSplit& split, const ProcessGroup& world) {
   const int rank = world.rank();
@@ -253,10 +263,7 @@ RankMeasure run_delta_rule(const ContextParallelBenchOptions& o, DeltaDecay deca
 
   // One rank over the whole sequences; with document masks the documents are its packed segments.
   const std::vector<int32_t> doc_start = document_starts(batch, seq, o.doc_len);  // [batch, seq]
-  std::vector<int32_t> cu_seqlens;  // [segments + 1] over the batch · seq packed tokens
-  for (int64_t t = 0; t < batch * seq && o.doc_len > 0; ++t)
-    if (doc_start[t] == t % seq) cu_seqlens.push_back(int32_t(t));
-  if (o.doc_len > 0) cu_seqlens.push_back(int32_t(batch * seq));
+  const std::vector<int32_t> cu_seqlens = document_segments(doc_start, seq);  // over the packed tokens
   DeltaRuleSizes whole_sizes{batch, seq, H, K, V, 0, decay};
   if (o.doc_len > 0) whole_sizes = {1, batch * seq, H, K, V, int64_t(cu_seqlens.size()) - 1, decay};
   const int32_t* cu = o.doc_len > 0 ? cu_seqlens.data() : nullptr;
@@ -305,6 +312,59 @@ RankMeasure run_delta_rule(const ContextParallelBenchOptions& o, DeltaDecay deca
   return m;
 }
 
+// The short convolution (ops/conv1d.h) of C = heads · head_dim channels and --conv-width taps;
+// dw sums every rank's terms before it is compared.
+template <class T>
+RankMeasure run_conv(const ContextParallelBenchOptions& o, const ContextSplit& split, const ProcessGroup& world) {
+  const int rank = world.rank();
+  const int64_t seq = o.seq_len, batch = o.batch, C = o.heads * o.head_dim, W = o.conv_width;
+  Buffer<T> x(batch * seq * C), dy(x.size()), y(x.size()), dx(x.size()), w(C * W), dw(w.size());
+  const CounterRng rng(o.seed, "bench context-parallel conv");
+  uint64_t counter = 0;
+  for (Buffer<T>* b : {&x, &dy, &w})
+    for (int64_t i = 0; i < b->size(); ++i) (*b)[i] = T(rng.normal(counter++));
+  const std::vector<int32_t> doc_start = document_starts(batch, seq, o.doc_len);  // [batch, seq]
+  const std::vector<int32_t> cu_seqlens = document_segments(doc_start, seq);     // over the packed tokens
+  Conv1dSizes whole_sizes{batch, seq, C, W, 0};
+  if (o.doc_len > 0) whole_sizes = {1, batch * seq, C, W, int64_t(cu_seqlens.size()) - 1};
+  const int32_t* cu = o.doc_len > 0 ? cu_seqlens.data() : nullptr;
+  const auto reference = [&] {
+    conv1d_silu_forward(y.data(), x.data(), w.data(), cu, whole_sizes);
+    dw.zero();
+    conv1d_silu_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), cu, whole_sizes);
+  };
+  RankMeasure m;
+  m.one_rank_peak = int64_t(sizeof(T)) * (4 * x.size() + 2 * w.size()) + peak_extra_bytes(reference);
+
+  const std::vector<int32_t> positions = split.positions(rank);
+  const int64_t len = split.local_len(rank);
+  std::vector<int32_t> local_doc_start(batch * len);  // [batch, len] global positions
+  take_rows(local_doc_start.data(), doc_start.data(), batch, seq, 1, positions);
+  const int32_t* local_docs = o.doc_len > 0 ? local_doc_start.data() : nullptr;
+  Buffer<T> lx(batch * len * C), ldy(lx.size()), ly(lx.size()), ldx(lx.size()), ldw(w.size());
+  take_rows(lx.data(), x.data(), batch, seq, C, positions);
+  take_rows(ldy.data(), dy.data(), batch, seq, C, positions);
+  const Conv1dSizes local_sizes{batch, len, C, W, 0};
+  measure(m, int64_t(sizeof(T)) * (4 * lx.size() + 2 * w.size()), o.runs, world,
+          [&](ContextTraffic* forward, ContextTraffic* backward) {
+            context_conv1d_silu_forward(ly.data(), lx.data(), w.data(), local_docs, local_sizes, split, world,
+                                        forward);
+            ldw.zero();
+            context_conv1d_silu_backward(ldx.data(), ldw.data(), ldy.data(), lx.data(), w.data(), local_docs,
+                                         local_sizes, split, world, backward);
+          },
+          reference);
+  std::vector<double> dw_sum(ldw.data(), ldw.data() + ldw.size());  // [C, W] over the ranks
+  world.all_reduce_sum(dw_sum.data(), int64_t(dw_sum.size()));
+  Buffer<T> dw_all(dw.size());
+  for (int64_t i = 0; i < dw.size(); ++i) dw_all[i] = T(dw_sum[i]);
+  const std::vector<int32_t> all_of_w = {0};  // dw compared as one row of C · W values
+  m.err = std::max({rel_err(ly, y, batch, seq, C, positions), rel_err(ldx, dx, batch, seq, C, positions),
+                    rel_err(dw_all, dw, 1, 1, C * W, all_of_w)});
+  m.plan = context_conv1d_traffic(split, local_sizes, sizeof(T));
+  return m;
+}
+
 }  // namespace
 
 nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) {
@@ -319,11 +379,13 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
   RankMeasure m;
   if (o.mixer == "attention") {
     m = o.use_double ? run_attention<double>(o, split, world) : run_attention<float>(o, split, world);
+  } else if (o.mixer == "conv") {
+    m = o.use_double ? run_conv<double>(o, split, world) : run_conv<float>(o, split, world);
   } else if (o.mixer == "gated_deltanet" || o.mixer == "kda") {
     const DeltaDecay decay = o.mixer == "kda" ? DeltaDecay::per_key_channel : DeltaDecay::per_head;
     m = o.use_double ? run_delta_rule<double>(o, decay, split, world) : run_delta_rule<float>(o, decay, split, world);
   } else {
-    fail("bench context-parallel: --mixer ", o.mixer, " must be attention, gated_deltanet or kda");
+    fail("bench context-parallel: --mixer ", o.mixer, " must be attention, gated_deltanet, kda or conv");
   }
   nlohmann::json summary = summarize_ranks(m, world);
   summary.update({{"bench", "context-parallel"},

@@ -24,7 +24,7 @@
 namespace trillion {
 
 struct ContextParallelBenchOptions {
-  std::string mixer = "attention";  // attention, gated_deltanet or kda
+  std::string mixer = "attention";  // attention, gated_deltanet, kda or conv (the short convolution)
   int64_t seq_len = 16384;
   int64_t batch = 1;
   int64_t heads = 8;
@@ -32,6 +32,7 @@ struct ContextParallelBenchOptions {
   int64_t head_dim = 64;
   int64_t v_dim = 0;    // 0: head_dim
   int64_t doc_len = 0;  // tokens per packed document (document masks); 0: none
+  int64_t conv_width = 4;  // conv: the kernel's taps
   bool use_double = false;
   int runs = 3;
   uint64_t seed = 1;

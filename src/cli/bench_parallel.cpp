@@ -62,7 +62,7 @@ void add_context_parallel_bench(CLI::App* bench) {
   cp->add_option("--mixer", co->mixer,
                  "attention, gated_deltanet (the delta rule, per-head decay) or kda (per key "
                  "channel); --heads, --head-dim and --v-dim are its heads, K and V")
-      ->check(CLI::IsMember({"attention", "gated_deltanet", "kda"}))
+      ->check(CLI::IsMember({"attention", "gated_deltanet", "kda", "conv"}))
       ->capture_default_str();
   cp->add_option("--seq-len", co->seq_len, "Tokens per sequence (split over the ranks)")->capture_default_str();
   cp->add_option("--batch", co->batch, "Sequences")->capture_default_str();
@@ -71,6 +71,8 @@ void add_context_parallel_bench(CLI::App* bench) {
   cp->add_option("--head-dim", co->head_dim, "Query/key head dim")->capture_default_str();
   cp->add_option("--v-dim", co->v_dim, "Value head dim (0: the head dim)")->capture_default_str();
   cp->add_option("--doc-len", co->doc_len, "Tokens per packed document (document masks; 0: none)")
+      ->capture_default_str();
+  cp->add_option("--conv-width", co->conv_width, "conv: the kernel's taps (its channels: heads · head dim)")
       ->capture_default_str();
   cp->add_option("--dtype", *dtype, "Element type")->check(CLI::IsMember({"float", "double"}))->capture_default_str();
   cp->add_option("--runs", co->runs, "Timed forward + backward runs")->capture_default_str();

@@ -68,20 +68,6 @@ struct Geometry {
   }
 };
 
-// Rank r's rows [count] of every (sequence, chunk) slot of x [B, chunks, count], written by each rank
-// at its own chunks' slots, gathered into every rank's x in place.
-template <class T>
-void gather_chunk_slots(T* x, int64_t count, const Geometry& geo, const ProcessGroup& group, ContextTraffic* traffic) {
-  for (int64_t b = 0; b < geo.batch; ++b)
-    for (int64_t s = 0; s < 2; ++s) {
-      std::vector<int64_t> counts(geo.split.ranks(), count), displs;  // in the sequence's slots
-      for (int r = 0; r < geo.split.ranks(); ++r) displs.push_back((s == 0 ? r : geo.chunks - 1 - r) * count);
-      T* slots = x + b * geo.chunks * count;  // [chunks, count]
-      group.all_gather(slots + displs[geo.rank], slots, counts, displs);
-      if (traffic != nullptr) traffic->gathered_bytes += (geo.split.ranks() - 1) * count * int64_t(sizeof(T));
-    }
-}
-
 // s_in [B, chunks, H, K, V]: the state entering every chunk, from the summaries in chunk order.
 template <class T>
 Buffer<T> incoming_states(const T* summaries, const Geometry& geo) {
@@ -155,7 +141,7 @@ void context_delta_rule_forward(T* o, T* summaries, const T* q, const T* k, cons
       std::copy_n(s_id.data() + (seg.last[i] * H + h) * kk, kk, sum);
       std::copy_n(s_zero.data() + (seg.last[i] * H + h) * kv, kv, sum + kk);
     }
-  gather_chunk_slots(summaries, H * geo.summary(), geo, group, traffic);
+  gather_chunk_slots(summaries, geo.batch, H * geo.summary(), split, group, traffic);
   // o += S_inᵀ o' over the tokens that continue the earlier chunks' state.
   const Buffer<T> s_in = incoming_states(summaries, geo);  // [B, chunks, H, K, V]
   for_each_continued(seg, geo, [&](int64_t i, int64_t chunk, int64_t t0, int64_t t1) {
@@ -190,7 +176,7 @@ void context_delta_rule_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* 
            d_o_id.data() + t0 * H * K + h * K, H * K, Operands::fp32);
     }
   });
-  gather_chunk_slots(ds_in.data(), H * kv, geo, group, traffic);
+  gather_chunk_slots(ds_in.data(), geo.batch, H * kv, split, group, traffic);
   // The chain backward: g(c) = dS_in(c) + P_cᵀ g(c + 1); this rank's spans' final states get
   // dS⁰_c = g(c + 1) and dP_c = g(c + 1) S_in(c)ᵀ.
   Buffer<T> ds_zero(seg.count() * H * kv), ds_id(seg.count() * H * kk);  // [segments, H, K, V / K]

@@ -149,6 +149,20 @@ AttentionSizes chunk_sizes(const AttentionSizes& local, const ContextSplit::Span
 }  // namespace
 
 template <class T>
+void gather_chunk_slots(T* x, int64_t batch, int64_t count, const ContextSplit& split, const ProcessGroup& group,
+                        ContextTraffic* traffic) {
+  const int64_t chunks = 2 * int64_t(split.ranks());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t s = 0; s < 2; ++s) {
+      std::vector<int64_t> counts(split.ranks(), count), displs;  // in the sequence's slots
+      for (int r = 0; r < split.ranks(); ++r) displs.push_back((s == 0 ? r : chunks - 1 - r) * count);
+      T* slots = x + b * chunks * count;  // [chunks, count]
+      group.all_gather(slots + displs[group.rank()], slots, counts, displs);
+      if (traffic != nullptr) traffic->gathered_bytes += received_elements(counts, group.rank()) * int64_t(sizeof(T));
+    }
+}
+
+template <class T>
 void context_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& local,
                                const ContextSplit& split, const ProcessGroup& group, ContextTraffic* traffic) {
   const Gathered<T> at(k, v, local, split, group, traffic);
@@ -210,6 +224,10 @@ const int32_t* ContextParallel::positions(int64_t seq) const {
   return positions_.data();
 }
 
+template void gather_chunk_slots<float>(float*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,
+                                        ContextTraffic*);
+template void gather_chunk_slots<double>(double*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,
+                                         ContextTraffic*);
 template void context_attention_forward<float>(float*, float*, const float*, const float*, const float*,
                                                const AttentionSizes&, const ContextSplit&, const ProcessGroup&,
                                                ContextTraffic*);

@@ -69,6 +69,12 @@ struct ContextAttentionTraffic {
 ContextAttentionTraffic context_attention_traffic(const ContextSplit& split, int rank, const AttentionSizes& local,
                                                   int64_t element_bytes);
 
+// x [batch, 2 · ranks, count]: a slot of `count` values per (sequence, chunk). Each rank's slots of
+// its own chunks are gathered into every rank's x, in place; traffic, when not null, is added to.
+template <class T>
+void gather_chunk_slots(T* x, int64_t batch, int64_t count, const ContextSplit& split, const ProcessGroup& group,
+                        ContextTraffic* traffic);
+
 // Causal attention of this rank's tokens over every visible token of their sequences. Tensors are
 // the local ones of ops/attention.h with q_len = kv_len = split.local_len(group.rank()): q [batch,
 // local, q_heads, head_dim], k [batch, local, kv_heads, head_dim], v [batch, local, kv_heads,

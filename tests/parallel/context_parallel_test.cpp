@@ -1,5 +1,6 @@
-// Context parallelism (parallel/context_parallel.h, context_delta_rule.h): the causally balanced
-// split, and attention (GQA) and the gated delta rule (per-head and per-key-channel decay) split over
+// Context parallelism (parallel/context_parallel.h, context_delta_rule.h, context_conv1d.h): the
+// causally balanced split, and attention (GQA), the gated delta rule (per-head and per-key-channel
+// decay) and the short convolution (its halo from the chunks before) split over
 // 1 to 4 ranks under mpirun (`trillion bench context-parallel` at a tiny size, in double) equal to
 // one rank's over the whole sequence to 1e-10 in the outputs and every gradient, with sequence
 // lengths no multiple of 2 · cp, a value head dim of its own, and document masks crossing the ranks'
@@ -100,6 +101,7 @@ TEST_P(ContextMixer, EqualsOneRankOverTheWholeSequence) {
 // cross the chunks; of 51 tokens they start at the chunks' starts (cp 2: 51, 102, 153) in the first.
 const std::string kShape = "--seq-len 203 --batch 2 --heads 4 --kv-heads 2 --head-dim 16 --v-dim 8";
 const std::string kDelta = "--seq-len 203 --batch 2 --heads 2 --head-dim 16 --v-dim 8 --mixer ";
+const std::string kConv = "--batch 2 --heads 3 --head-dim 4 --mixer conv ";  // 12 channels, 4 taps
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ContextMixer,
     testing::Values(Case{1, kShape + " --doc-len 37"}, Case{2, kShape + " --doc-len 37"},
@@ -109,7 +111,11 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{1, kDelta + "gated_deltanet"}, Case{2, kDelta + "gated_deltanet --doc-len 51"},
                     Case{3, kDelta + "gated_deltanet --doc-len 37"}, Case{4, kDelta + "gated_deltanet --doc-len 37"},
                     Case{4, kDelta + "gated_deltanet"}, Case{2, kDelta + "kda --doc-len 37"}, Case{3, kDelta + "kda"},
-                    Case{4, kDelta + "kda --doc-len 37"}),
+                    Case{4, kDelta + "kda --doc-len 37"}, Case{2, "--seq-len 203 " + kConv + "--doc-len 51"},
+                    Case{3, "--seq-len 203 " + kConv + "--doc-len 37"}, Case{4, "--seq-len 203 " + kConv},
+                    // Chunks of 2 or 3 tokens: a halo of 6 reaches over several chunks and ranks.
+                    Case{4, "--seq-len 19 " + kConv + "--conv-width 7"},
+                    Case{4, "--seq-len 19 " + kConv + "--conv-width 7 --doc-len 5"}),
     [](const testing::TestParamInfo<Case>& info) {
       const std::string& flags = info.param.flags;
       const size_t mixer = flags.find("--mixer ");
