@@ -164,20 +164,23 @@ std::vector<SavedTensor> saved_tensors(const GatedDeltaNetDims& d, const SavedEx
 template <class T>
 void mixer_forward(T* x, const T* h, const GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& d,
                    const LayerPass& pass, int layer, Arena& scratch) {
-  TRILLION_CHECK(pass.context == nullptr, "context parallelism does not cover Gated DeltaNet layers yet",
-                 " (parallel/mesh.h refuses them)");
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, D = d.hidden, nv = d.value_heads, dv = d.value_dim;
   const SavedWriter saves(saved_tensors(d, SavedExtent::of(pass)), pass.store, layer, scratch);
   const Core<T> c = core_buffers<T>(n, d, saves, scratch);
   const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), d.conv_channels(), d.conv_width, pass.segments};
-  prepare_core(c, h, n, w, d, scratch,
-               [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes); });
+  prepare_core(c, h, n, w, d, scratch, [&](T* out, const T* in) {
+    if (pass.context != nullptr) pass.context->conv1d_silu_forward(out, in, w.conv, conv_sizes);  // halos across ranks
+    else conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes);
+  });
   T* core = saves.out<T>(Tag::la_core);  // [n, nv, dv]
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), nv, d.key_dim, dv, pass.segments,
                              DeltaDecay::per_head};
-  delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_rep, c.k_rep, c.v, c.g, c.beta,
-                           static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
+  if (pass.context != nullptr)  // from the state the earlier ranks' tokens leave
+    pass.context->delta_rule_forward(core, c.q_rep, c.k_rep, c.v, c.g, c.beta, sizes);
+  else
+    delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_rep, c.k_rep, c.v, c.g, c.beta,
+                             static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
   T* norm_rstd = saves.out<T>(Tag::la_norm_rstd);  // [n · nv]
   T* normed = saves.out<T>(Tag::la_normed);        // [n, nv · dv]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.norm, n * nv, dv, d.norm_eps, GateActivation::silu);
@@ -223,9 +226,12 @@ T* mixer_backward(const T* dy, const T* h, const GatedDeltaNetWeights<T>& w, con
   T* dg = scratch.alloc<T>(n * nv);           // [n, nv]
   T* dbeta = scratch.alloc<T>(n * nv);        // [n, nv]
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), nv, dk, dv, pass.segments, DeltaDecay::per_head};
-  delta_rule_chunk_backward(dq_rep, dk_rep, dv_heads, dg, dbeta, static_cast<T*>(nullptr), d_core,
-                            static_cast<const T*>(nullptr), q_rep, k_rep, v, g, beta, static_cast<const T*>(nullptr),
-                            pass.cu_seqlens, sizes);
+  if (pass.context != nullptr)
+    pass.context->delta_rule_backward(dq_rep, dk_rep, dv_heads, dg, dbeta, d_core, q_rep, k_rep, v, g, beta, sizes);
+  else
+    delta_rule_chunk_backward(dq_rep, dk_rep, dv_heads, dg, dbeta, static_cast<T*>(nullptr), d_core,
+                              static_cast<const T*>(nullptr), q_rep, k_rep, v, g, beta,
+                              static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
   T* da = scratch.alloc<T>(n * nv);  // [n, nv]
   T* db = scratch.alloc<T>(n * nv);  // [n, nv]
   decay_gate_backward(da, grads.A_log, grads.dt_bias, dg, a, w.A_log, w.dt_bias, n, nv, 1);
@@ -254,8 +260,11 @@ T* mixer_backward(const T* dy, const T* h, const GatedDeltaNetWeights<T>& w, con
   copy_column_block(d_conv_out + nk * dk, dk_raw, n, nk * dk, Ck, nk * dk);
   copy_column_block(d_conv_out + 2 * nk * dk, dv_heads, n, nv * dv, Ck, nv * dv);
   T* d_conv_in = scratch.alloc<T>(n * Ck);  // [n, Ck]
-  conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.cu_seqlens,
-                       Conv1dSizes{pass.segment_batch(), pass.segment_seq(), Ck, d.conv_width, pass.segments});
+  const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), Ck, d.conv_width, pass.segments};
+  if (pass.context != nullptr)
+    pass.context->conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, conv_sizes);
+  else
+    conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.cu_seqlens, conv_sizes);
 
   T* d_qkvz = scratch.alloc<T>(n * d.qkvz_rows());  // [n, 2·nk·dk + 2·nv·dv]
   T* d_ba = scratch.alloc<T>(n * 2 * nv);           // [n, 2·nv]

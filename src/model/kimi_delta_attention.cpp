@@ -110,20 +110,23 @@ std::vector<SavedTensor> saved_tensors(const KimiDeltaAttentionDims& d, const Sa
 template <class T>
 void mixer_forward(T* x, const T* x_hat, const KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims& d,
                    const LayerPass& pass, int layer, Arena& scratch) {
-  TRILLION_CHECK(pass.context == nullptr, "context parallelism does not cover Kimi Delta Attention layers yet",
-                 " (parallel/mesh.h refuses them)");
   using Tag = ActivationTag;
   const int64_t n = pass.batch * pass.seq, H = d.hidden, W = d.width(), D = d.head_dim, h = d.heads;
   const SavedWriter saves(saved_tensors(d, SavedExtent::of(pass)), pass.store, layer, scratch);
   const KdaInputs<T> c = kda_buffers<T>(n, d, saves, scratch);
   const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), 3 * W, d.conv_width, pass.segments};
-  prepare_inputs(c, x_hat, n, w, d, scratch,
-                 [&](T* out, const T* in) { conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes); });
+  prepare_inputs(c, x_hat, n, w, d, scratch, [&](T* out, const T* in) {
+    if (pass.context != nullptr) pass.context->conv1d_silu_forward(out, in, w.conv, conv_sizes);  // halos across ranks
+    else conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes);
+  });
   T* core = saves.out<T>(Tag::la_core);  // [n, h, D]
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), h, D, D, pass.segments,
                              DeltaDecay::per_key_channel};
-  delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_scaled, c.k_hat, c.v, c.g, c.beta,
-                           static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
+  if (pass.context != nullptr)  // from the state the earlier ranks' tokens leave
+    pass.context->delta_rule_forward(core, c.q_scaled, c.k_hat, c.v, c.g, c.beta, sizes);
+  else
+    delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_scaled, c.k_hat, c.v, c.g, c.beta,
+                             static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
   T* norm_rstd = saves.out<T>(Tag::la_norm_rstd);  // [n · h]
   T* normed = saves.out<T>(Tag::la_normed);        // [n, h·D]
   gated_rmsnorm_forward(normed, norm_rstd, core, c.z, w.o_norm, n * h, D, d.norm_eps, GateActivation::sigmoid);
@@ -174,8 +177,11 @@ T* mixer_backward(const T* dy, const T* x_hat, const KimiDeltaAttentionWeights<T
   T* dbeta = scratch.alloc<T>(n * h);  // [n, h]
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), h, D, D, pass.segments,
                              DeltaDecay::per_key_channel};
-  delta_rule_chunk_backward(dq, dk, dv, dg, dbeta, static_cast<T*>(nullptr), d_core, static_cast<const T*>(nullptr),
-                            q_scaled, k_hat, v, g, beta, static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
+  if (pass.context != nullptr)
+    pass.context->delta_rule_backward(dq, dk, dv, dg, dbeta, d_core, q_scaled, k_hat, v, g, beta, sizes);
+  else
+    delta_rule_chunk_backward(dq, dk, dv, dg, dbeta, static_cast<T*>(nullptr), d_core, static_cast<const T*>(nullptr),
+                              q_scaled, k_hat, v, g, beta, static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
   for (int64_t i = 0; i < n * h; ++i) dbeta[i] *= beta[i] * (T(1) - beta[i]);  // through the sigmoid
   linear_grad(dx_hat, grads.b_proj, dbeta, x_hat, w.b_proj, n, H, h, /*accumulate_dx=*/true);
   T* da = scratch.alloc<T>(n * W);  // [n, h·D]
@@ -192,8 +198,11 @@ T* mixer_backward(const T* dy, const T* x_hat, const KimiDeltaAttentionWeights<T
   copy_column_block(d_conv_out + W, d_raw, n, W, 3 * W, W);
   copy_column_block(d_conv_out + 2 * W, dv, n, W, 3 * W, W);
   T* d_conv_in = scratch.alloc<T>(n * 3 * W);  // [n, 3·h·D]
-  conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.cu_seqlens,
-                       Conv1dSizes{pass.segment_batch(), pass.segment_seq(), 3 * W, d.conv_width, pass.segments});
+  const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), 3 * W, d.conv_width, pass.segments};
+  if (pass.context != nullptr)
+    pass.context->conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, conv_sizes);
+  else
+    conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.cu_seqlens, conv_sizes);
   const LinearWeights<T>* projections[] = {&w.q_proj, &w.k_proj, &w.v_proj};
   const LinearWeights<T>* projection_grads[] = {&grads.q_proj, &grads.k_proj, &grads.v_proj};
   T* d_proj = scratch.alloc<T>(n * W);  // [n, h·D] one projection's output gradient at a time

@@ -22,7 +22,9 @@
 #include <vector>
 
 #include "ops/attention.h"
+#include "ops/conv1d.h"
 #include "ops/cross_entropy.h"
+#include "ops/delta_rule.h"
 #include "ops/moe_experts.h"
 
 namespace trillion {
@@ -209,6 +211,26 @@ class ContextExchange {
   virtual void attention_backward(double* dq, double* dk, double* dv, const double* dout, const double* q,
                                   const double* k, const double* v, const double* out, const double* lse,
                                   const AttentionSizes& local) = 0;
+  // ops/conv1d.h's short convolution over this rank's tokens (local sizes: batch rows of its tokens
+  // per sequence, no segments), each chunk reading the inputs before it from the ranks that hold them.
+  virtual void conv1d_silu_forward(float* y, const float* x, const float* w, const Conv1dSizes& local) = 0;
+  virtual void conv1d_silu_forward(double* y, const double* x, const double* w, const Conv1dSizes& local) = 0;
+  virtual void conv1d_silu_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                                    const Conv1dSizes& local) = 0;
+  virtual void conv1d_silu_backward(double* dx, double* dw, const double* dy, const double* x, const double* w,
+                                    const Conv1dSizes& local) = 0;
+  // ops/delta_rule.h's chunked gated delta rule over this rank's tokens from the state the earlier
+  // tokens leave (local sizes likewise); the backward forms the exchanged chunk summaries again.
+  virtual void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* g,
+                                  const float* beta, const DeltaRuleSizes& local) = 0;
+  virtual void delta_rule_forward(double* o, const double* q, const double* k, const double* v, const double* g,
+                                  const double* beta, const DeltaRuleSizes& local) = 0;
+  virtual void delta_rule_backward(float* dq, float* dk, float* dv, float* dg, float* dbeta, const float* d_o,
+                                   const float* q, const float* k, const float* v, const float* g, const float* beta,
+                                   const DeltaRuleSizes& local) = 0;
+  virtual void delta_rule_backward(double* dq, double* dk, double* dv, double* dg, double* dbeta, const double* d_o,
+                                   const double* q, const double* k, const double* v, const double* g,
+                                   const double* beta, const DeltaRuleSizes& local) = 0;
 };
 
 class ActivationStore;

@@ -104,6 +104,32 @@ void for_each_continued(const Segments& seg, const Geometry& geo, const Fn& fn) 
     if (seg.continues[i]) fn(i, geo.chunk_of(i % 2), seg.cu_seqlens[seg.first[i]], seg.cu_seqlens[seg.first[i] + 1]);
 }
 
+// The forward's two runs over this rank's spans: from zero into o⁰ [tokens, H, V], and with v = 0 from
+// I_K, whose outputs o' [tokens, H, K] it returns; every chunk's summary (P, S⁰) into summaries, this
+// rank's from its spans' last segments and the others' gathered.
+template <class T>
+Buffer<T> summarized_runs(T* o_zero, T* summaries, const T* q, const T* k, const T* v, const T* g, const T* beta,
+                          const Segments& seg, const Geometry& geo, const DeltaRuleSizes& local,
+                          const ProcessGroup& group, ContextTraffic* traffic) {
+  const int64_t tokens = geo.batch * geo.len, H = geo.heads, K = geo.kd, V = geo.vd, kk = K * K, kv = K * V;
+  Buffer<T> s_zero(seg.count() * H * kv);  // [segments, H, K, V]
+  delta_rule_chunk_forward(o_zero, s_zero.data(), q, k, v, g, beta, static_cast<const T*>(nullptr),
+                           seg.cu_seqlens.data(), geo.packed(local, seg, V));
+  const Buffer<T> zeros(tokens * H * K), s0 = identity_states<T>(seg, geo);  // [tokens, H, K]
+  Buffer<T> o_id(tokens * H * K), s_id(seg.count() * H * kk);                // [tokens, H, K], [segments, H, K, K]
+  delta_rule_chunk_forward(o_id.data(), s_id.data(), q, k, zeros.data(), g, beta, s0.data(), seg.cu_seqlens.data(),
+                           geo.packed(local, seg, K));
+  std::fill_n(summaries, context_delta_rule_summary_count(geo.split, local), T(0));
+  for (int64_t i = 0; i < int64_t(seg.last.size()); ++i)
+    for (int64_t h = 0; h < H; ++h) {
+      T* sum = summaries + (((i / 2) * geo.chunks + geo.chunk_of(i % 2)) * H + h) * geo.summary();
+      std::copy_n(s_id.data() + (seg.last[i] * H + h) * kk, kk, sum);
+      std::copy_n(s_zero.data() + (seg.last[i] * H + h) * kv, kv, sum + kk);
+    }
+  gather_chunk_slots(summaries, geo.batch, H * geo.summary(), geo.split, group, traffic);
+  return o_id;
+}
+
 }  // namespace
 
 int64_t context_delta_rule_summary_count(const ContextSplit& split, const DeltaRuleSizes& local) {
@@ -111,10 +137,10 @@ int64_t context_delta_rule_summary_count(const ContextSplit& split, const DeltaR
 }
 
 ContextAttentionTraffic context_delta_rule_traffic(const ContextSplit& split, const DeltaRuleSizes& local,
-                                                   int64_t element_bytes) {
+                                                   int64_t element_bytes, bool summaries_formed_again) {
   const int64_t others = int64_t(split.ranks() - 1) * local.batch * 2 * local.heads * element_bytes;
-  return {{others * local.key_dim * (local.key_dim + local.value_dim), 0},
-          {others * local.key_dim * local.value_dim, 0}};
+  const int64_t summaries = others * local.key_dim * (local.key_dim + local.value_dim);
+  return {{summaries, 0}, {others * local.key_dim * local.value_dim + (summaries_formed_again ? summaries : 0), 0}};
 }
 
 template <class T>
@@ -123,25 +149,8 @@ void context_delta_rule_forward(T* o, T* summaries, const T* q, const T* k, cons
                                 const ProcessGroup& group, ContextTraffic* traffic) {
   const Geometry geo(split, group, local);
   const Segments seg(split, geo.rank, geo.batch, doc_start);
-  const int64_t tokens = geo.batch * geo.len, H = geo.heads, K = geo.kd, V = geo.vd, kk = K * K, kv = K * V;
-  // From zero: o⁰ into o, each segment's final state S⁰.
-  Buffer<T> s_zero(seg.count() * H * kv);  // [segments, H, K, V]
-  delta_rule_chunk_forward(o, s_zero.data(), q, k, v, g, beta, static_cast<const T*>(nullptr), seg.cu_seqlens.data(),
-                           geo.packed(local, seg, V));
-  // With v = 0 from I_K: o' and each segment's final state P.
-  const Buffer<T> zeros(tokens * H * K), s0 = identity_states<T>(seg, geo);  // [tokens, H, K]
-  Buffer<T> o_id(tokens * H * K), s_id(seg.count() * H * kk);                // [tokens, H, K], [segments, H, K, K]
-  delta_rule_chunk_forward(o_id.data(), s_id.data(), q, k, zeros.data(), g, beta, s0.data(), seg.cu_seqlens.data(),
-                           geo.packed(local, seg, K));
-  // Every chunk's summary: this rank's from its spans' last segments, the others' gathered.
-  std::fill_n(summaries, context_delta_rule_summary_count(split, local), T(0));
-  for (int64_t i = 0; i < int64_t(seg.last.size()); ++i)
-    for (int64_t h = 0; h < H; ++h) {
-      T* sum = summaries + (((i / 2) * geo.chunks + geo.chunk_of(i % 2)) * H + h) * geo.summary();
-      std::copy_n(s_id.data() + (seg.last[i] * H + h) * kk, kk, sum);
-      std::copy_n(s_zero.data() + (seg.last[i] * H + h) * kv, kv, sum + kk);
-    }
-  gather_chunk_slots(summaries, geo.batch, H * geo.summary(), split, group, traffic);
+  const int64_t H = geo.heads, K = geo.kd, V = geo.vd, kv = K * V;
+  const Buffer<T> o_id = summarized_runs(o, summaries, q, k, v, g, beta, seg, geo, local, group, traffic);
   // o += S_inᵀ o' over the tokens that continue the earlier chunks' state.
   const Buffer<T> s_in = incoming_states(summaries, geo);  // [B, chunks, H, K, V]
   for_each_continued(seg, geo, [&](int64_t i, int64_t chunk, int64_t t0, int64_t t1) {
@@ -160,12 +169,22 @@ void context_delta_rule_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* 
   const Geometry geo(split, group, local);
   const Segments seg(split, geo.rank, geo.batch, doc_start);
   const int64_t tokens = geo.batch * geo.len, H = geo.heads, K = geo.kd, V = geo.vd, kk = K * K, kv = K * V;
-  const Buffer<T> s_in = incoming_states(summaries, geo);  // [B, chunks, H, K, V]
-  // o' again, and each continued chunk's own dS_in = Σ_t o'_t d_o_tᵀ and d_o' = S_in d_o.
   const Buffer<T> zeros(tokens * H * K), s0 = identity_states<T>(seg, geo);  // [tokens, H, K]
-  Buffer<T> o_id(tokens * H * K), d_o_id(tokens * H * K);                    // [tokens, H, K]
-  delta_rule_chunk_forward(o_id.data(), static_cast<T*>(nullptr), q, k, zeros.data(), g, beta, s0.data(),
-                           seg.cu_seqlens.data(), geo.packed(local, seg, K));
+  // o' again (and without the forward's summaries, those formed again: both runs and their gather).
+  Buffer<T> o_id, formed;  // [tokens, H, K]; the summaries when formed here
+  if (summaries == nullptr) {
+    formed = Buffer<T>(context_delta_rule_summary_count(split, local));
+    Buffer<T> o_zero(tokens * H * V);  // [tokens, H, V] not needed again
+    o_id = summarized_runs(o_zero.data(), formed.data(), q, k, v, g, beta, seg, geo, local, group, traffic);
+    summaries = formed.data();
+  } else {
+    o_id = Buffer<T>(tokens * H * K);
+    delta_rule_chunk_forward(o_id.data(), static_cast<T*>(nullptr), q, k, zeros.data(), g, beta, s0.data(),
+                             seg.cu_seqlens.data(), geo.packed(local, seg, K));
+  }
+  const Buffer<T> s_in = incoming_states(summaries, geo);  // [B, chunks, H, K, V]
+  // Each continued chunk's own dS_in = Σ_t o'_t d_o_tᵀ, and d_o' = S_in d_o.
+  Buffer<T> d_o_id(tokens * H * K);  // [tokens, H, K]
   Buffer<T> ds_in(geo.batch * geo.chunks * H * kv);  // [B, chunks, H, K, V]
   for_each_continued(seg, geo, [&](int64_t i, int64_t chunk, int64_t t0, int64_t t1) {
     for (int64_t h = 0; h < H; ++h) {

@@ -34,9 +34,9 @@ namespace trillion {
 int64_t context_delta_rule_summary_count(const ContextSplit& split, const DeltaRuleSizes& local);
 
 // The bytes a rank receives: forward the other ranks' summaries of their chunks, backward their
-// chunks' dS_in [K, V] per head.
+// chunks' dS_in [K, V] per head, and the summaries again when the backward forms them again.
 ContextAttentionTraffic context_delta_rule_traffic(const ContextSplit& split, const DeltaRuleSizes& local,
-                                                   int64_t element_bytes);
+                                                   int64_t element_bytes, bool summaries_formed_again = false);
 
 // o [B, local, H, V] (=) and every chunk's summaries (for the backward) from this rank's q, k
 // [B, local, H, K], v [B, local, H, V], g [B, local, H] or [B, local, H, K], beta [B, local, H];
@@ -47,7 +47,8 @@ void context_delta_rule_forward(T* o, T* summaries, const T* q, const T* k, cons
                                 const int32_t* doc_start, const DeltaRuleSizes& local, const ContextSplit& split,
                                 const ProcessGroup& group, ContextTraffic* traffic);
 
-// Its backward: dq, dk, dv, dg, dbeta written (=) from d_o and the forward's inputs and summaries.
+// Its backward: dq, dk, dv, dg, dbeta written (=) from d_o and the forward's inputs and summaries
+// (null: formed again here, by both runs of the forward and their gather).
 template <class T>
 void context_delta_rule_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* d_o, const T* q, const T* k, const T* v,
                                  const T* g, const T* beta, const T* summaries, const int32_t* doc_start,

@@ -6,6 +6,8 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "parallel/context_conv1d.h"
+#include "parallel/context_delta_rule.h"
 
 namespace trillion {
 
@@ -223,6 +225,30 @@ const int32_t* ContextParallel::positions(int64_t seq) const {
                  positions_.size(), " tokens of each ", split_.seq(), "-token sequence, the batch has ", seq);
   return positions_.data();
 }
+
+// The float and double overrides of the convolution and the delta rule, written once.
+#define TRILLION_CONTEXT_LINEAR_ATTENTION(T)                                                                         \
+  void ContextParallel::conv1d_silu_forward(T* y, const T* x, const T* w, const Conv1dSizes& local) {                \
+    context_conv1d_silu_forward(y, x, w, nullptr, local, split_, group_, &traffic_);                                \
+  }                                                                                                                 \
+  void ContextParallel::conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w,                      \
+                                             const Conv1dSizes& local) {                                            \
+    context_conv1d_silu_backward(dx, dw, dy, x, w, nullptr, local, split_, group_, &traffic_);                      \
+  }                                                                                                                 \
+  void ContextParallel::delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* g, const T* beta,      \
+                                           const DeltaRuleSizes& local) {                                           \
+    Buffer<T> summaries(context_delta_rule_summary_count(split_, local)); /* formed again by the backward */        \
+    context_delta_rule_forward(o, summaries.data(), q, k, v, g, beta, nullptr, local, split_, group_, &traffic_);   \
+  }                                                                                                                 \
+  void ContextParallel::delta_rule_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* d_o, const T* q,         \
+                                            const T* k, const T* v, const T* g, const T* beta,                      \
+                                            const DeltaRuleSizes& local) {                                          \
+    context_delta_rule_backward(dq, dk, dv, dg, dbeta, d_o, q, k, v, g, beta, static_cast<const T*>(nullptr),      \
+                                nullptr, local, split_, group_, &traffic_);                                          \
+  }
+TRILLION_CONTEXT_LINEAR_ATTENTION(float)
+TRILLION_CONTEXT_LINEAR_ATTENTION(double)
+#undef TRILLION_CONTEXT_LINEAR_ATTENTION
 
 template void gather_chunk_slots<float>(float*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,
                                         ContextTraffic*);

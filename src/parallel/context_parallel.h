@@ -116,6 +116,23 @@ class ContextParallel final : public ContextExchange {
                           const double* v, const double* out, const double* lse, const AttentionSizes& local) override {
     context_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, local, split_, group_, &traffic_);
   }
+  // parallel/context_conv1d.h and context_delta_rule.h (context_parallel.cpp).
+  void conv1d_silu_forward(float* y, const float* x, const float* w, const Conv1dSizes& local) override;
+  void conv1d_silu_forward(double* y, const double* x, const double* w, const Conv1dSizes& local) override;
+  void conv1d_silu_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                            const Conv1dSizes& local) override;
+  void conv1d_silu_backward(double* dx, double* dw, const double* dy, const double* x, const double* w,
+                            const Conv1dSizes& local) override;
+  void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* g, const float* beta,
+                          const DeltaRuleSizes& local) override;
+  void delta_rule_forward(double* o, const double* q, const double* k, const double* v, const double* g,
+                          const double* beta, const DeltaRuleSizes& local) override;
+  void delta_rule_backward(float* dq, float* dk, float* dv, float* dg, float* dbeta, const float* d_o, const float* q,
+                           const float* k, const float* v, const float* g, const float* beta,
+                           const DeltaRuleSizes& local) override;
+  void delta_rule_backward(double* dq, double* dk, double* dv, double* dg, double* dbeta, const double* d_o,
+                           const double* q, const double* k, const double* v, const double* g, const double* beta,
+                           const DeltaRuleSizes& local) override;
 
  private:
   const ProcessGroup& group_;
