@@ -373,6 +373,7 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
     fail(
         "bench context-parallel: --batch, --heads, --kv-heads, --head-dim and --runs must be ≥ 1, --v-dim and "
         "--doc-len ≥ 0");
+  if (o.conv_width < 1) fail("bench context-parallel: --conv-width must be ≥ 1, got ", o.conv_width);
   if (o.mixer == "attention" && o.heads % o.kv_heads != 0)
     fail("bench context-parallel: --heads ", o.heads, " must be a multiple of --kv-heads ", o.kv_heads);
   const ContextSplit split(o.seq_len, world.size());
@@ -397,7 +398,8 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
                   {"kv_heads", o.kv_heads},
                   {"head_dim", o.head_dim},
                   {"v_dim", o.v_dim > 0 ? o.v_dim : o.head_dim},
-                  {"doc_len", o.doc_len}});
+                  {"doc_len", o.doc_len},
+                  {"conv_width", o.conv_width}});
   return summary;
 }
 

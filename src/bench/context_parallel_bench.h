@@ -1,8 +1,9 @@
 // `trillion bench context-parallel` (under mpirun -np cp; one process is cp 1): a sequence mixer's
 // forward and backward over long sequences split over the ranks, against the plain kernels over the
-// whole sequences on one rank. Mixers: attention (parallel/context_parallel.h, GQA) and the gated
-// delta rule with per-head (gated_deltanet) or per-key-channel (kda) decay
-// (parallel/context_delta_rule.h; --heads, --head-dim and --v-dim are its H, K and V).
+// whole sequences on one rank. Mixers: attention (parallel/context_parallel.h, GQA), the gated delta
+// rule with per-head (gated_deltanet) or per-key-channel (kda) decay (parallel/context_delta_rule.h;
+// --heads, --head-dim and --v-dim are its H, K and V) and the short convolution (conv:
+// parallel/context_conv1d.h; heads · head dim channels, --conv-width taps).
 //
 // Every rank draws the same whole inputs (document masks of --doc-len tokens, their starts shifted
 // per sequence so documents cross the ranks' chunks), takes its tokens' rows, and runs the split
@@ -14,7 +15,8 @@
 // tensors, inputs, outputs and gradients, plus the kernels' temporaries at their peak) against one
 // rank's for the whole sequences (peak_ratio, the largest over the ranks); and the bytes each rank
 // received, forward and backward, as the collectives' counts give them, against the mixer's formula
-// (context_attention_traffic, context_delta_rule_traffic; traffic_matches_plan: equal on every rank).
+// (context_attention_traffic, context_delta_rule_traffic, context_conv1d_traffic; traffic_matches_plan:
+// equal on every rank).
 #pragma once
 
 #include <cstdint>

@@ -60,8 +60,9 @@ void add_context_parallel_bench(CLI::App* bench) {
   auto dtype = std::make_shared<std::string>("float");
   cp->add_flag("--json", *cp_json, "One JSON line: the summary (rank 0)");
   cp->add_option("--mixer", co->mixer,
-                 "attention, gated_deltanet (the delta rule, per-head decay) or kda (per key "
-                 "channel); --heads, --head-dim and --v-dim are its heads, K and V")
+                 "attention, gated_deltanet (the delta rule, per-head decay), kda (per key channel): "
+                 "--heads, --head-dim and --v-dim are its heads, K and V; or conv (the short "
+                 "convolution: heads · head dim channels, --conv-width taps)")
       ->check(CLI::IsMember({"attention", "gated_deltanet", "kda", "conv"}))
       ->capture_default_str();
   cp->add_option("--seq-len", co->seq_len, "Tokens per sequence (split over the ranks)")->capture_default_str();

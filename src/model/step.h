@@ -193,8 +193,9 @@ class ExpertExchange {
 
 // Context parallelism (parallel/context_parallel.h, docs/architecture.md "Context parallelism"):
 // every sequence is split over a group of ranks, and this rank's tensors hold its part of each (two
-// chunks, back to back). The model takes its tokens' positions from here, and attention layers see
-// every earlier token of their sequences through it; every rank of the group runs the same passes.
+// chunks, back to back). The model takes its tokens' positions from here, and its sequence mixers
+// (attention; Gated DeltaNet's and KDA's convolution and delta rule) see every earlier token of their
+// sequences through it; every rank of the group runs the same passes. No document masks yet.
 class ContextExchange {
  public:
   virtual ~ContextExchange() = default;

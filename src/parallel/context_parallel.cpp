@@ -1,4 +1,6 @@
-// The causally balanced split and attention across it. See context_parallel.h.
+// The causally balanced split, its gathers, attention across it, and ContextParallel (which hands the
+// model the convolution and delta rule of context_conv1d.h and context_delta_rule.h). See
+// context_parallel.h.
 #include "parallel/context_parallel.h"
 
 #include <algorithm>
@@ -229,20 +231,24 @@ const int32_t* ContextParallel::positions(int64_t seq) const {
 // The float and double overrides of the convolution and the delta rule, written once.
 #define TRILLION_CONTEXT_LINEAR_ATTENTION(T)                                                                         \
   void ContextParallel::conv1d_silu_forward(T* y, const T* x, const T* w, const Conv1dSizes& local) {                \
+    TRILLION_CHECK(local.num_segments == 0, "context parallelism with document masks: not yet");                    \
     context_conv1d_silu_forward(y, x, w, nullptr, local, split_, group_, &traffic_);                                \
   }                                                                                                                 \
   void ContextParallel::conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w,                      \
                                              const Conv1dSizes& local) {                                            \
+    TRILLION_CHECK(local.num_segments == 0, "context parallelism with document masks: not yet");                    \
     context_conv1d_silu_backward(dx, dw, dy, x, w, nullptr, local, split_, group_, &traffic_);                      \
   }                                                                                                                 \
   void ContextParallel::delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* g, const T* beta,      \
                                            const DeltaRuleSizes& local) {                                           \
+    TRILLION_CHECK(local.num_segments == 0, "context parallelism with document masks: not yet");                    \
     Buffer<T> summaries(context_delta_rule_summary_count(split_, local)); /* formed again by the backward */        \
     context_delta_rule_forward(o, summaries.data(), q, k, v, g, beta, nullptr, local, split_, group_, &traffic_);   \
   }                                                                                                                 \
   void ContextParallel::delta_rule_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* d_o, const T* q,         \
                                             const T* k, const T* v, const T* g, const T* beta,                      \
                                             const DeltaRuleSizes& local) {                                          \
+    TRILLION_CHECK(local.num_segments == 0, "context parallelism with document masks: not yet");                    \
     context_delta_rule_backward(dq, dk, dv, dg, dbeta, d_o, q, k, v, g, beta, static_cast<const T*>(nullptr),      \
                                 nullptr, local, split_, group_, &traffic_);                                          \
   }

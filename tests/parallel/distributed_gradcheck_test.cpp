@@ -63,7 +63,7 @@ INSTANTIATE_TEST_SUITE_P(
 // convolution's halos and the delta rule's state passed across the ranks, the chunks' summaries formed
 // again in the backward. Their FFNs made dense (MoE under cp comes later); chunks of 1 to 3 tokens
 // at cp 4, so a halo reaches over several chunks.
-TEST(DistributedGradcheck, ContextParallelLinearAttentionIsOneProcesss) {
+TEST(DistributedGradcheck, ContextParallelLinearAttentionIsOneProcesses) {
   const test::ScratchDir dir;
   const auto dense = [&](const std::string& config, const nlohmann::json& changes) {
     nlohmann::json c = nlohmann::json::parse(read_text(fs::path(TRILLION_SOURCE_DIR) / "configs/models" / config));
@@ -77,6 +77,7 @@ TEST(DistributedGradcheck, ContextParallelLinearAttentionIsOneProcesss) {
                                  dense("tiny_kimi_linear_kda.json", {{"mlp_layer_types", {"dense", "dense"}}})};
   for (const std::string& config : configs)
     for (const auto& [ranks, flags] : {std::pair<int, std::string>{2, "--batch 1 --cp 2 --seq-len 11"},
+                                       {2, "--batch 2 --cp 2 --seq-len 9"},
                                        {4, "--batch 2 --cp 2 --seq-len 13"},
                                        {4, "--batch 1 --cp 4 --seq-len 9"}}) {
       const CommandResult r = run_shell("OMP_NUM_THREADS=1 " + mpirun_launcher(ranks) + " " + TRILLION_BINARY +
