@@ -109,15 +109,14 @@ void for_each_continued(const Segments& seg, const Geometry& geo, const Fn& fn) 
 // rank's from its spans' last segments and the others' gathered.
 template <class T>
 Buffer<T> summarized_runs(T* o_zero, T* summaries, const T* q, const T* k, const T* v, const T* g, const T* beta,
-                          const Segments& seg, const Geometry& geo, const DeltaRuleSizes& local,
-                          const ProcessGroup& group, ContextTraffic* traffic) {
+                          const T* zeros, const T* s0, const Segments& seg, const Geometry& geo,
+                          const DeltaRuleSizes& local, const ProcessGroup& group, ContextTraffic* traffic) {
   const int64_t tokens = geo.batch * geo.len, H = geo.heads, K = geo.kd, V = geo.vd, kk = K * K, kv = K * V;
   Buffer<T> s_zero(seg.count() * H * kv);  // [segments, H, K, V]
   delta_rule_chunk_forward(o_zero, s_zero.data(), q, k, v, g, beta, static_cast<const T*>(nullptr),
                            seg.cu_seqlens.data(), geo.packed(local, seg, V));
-  const Buffer<T> zeros(tokens * H * K), s0 = identity_states<T>(seg, geo);  // [tokens, H, K]
-  Buffer<T> o_id(tokens * H * K), s_id(seg.count() * H * kk);                // [tokens, H, K], [segments, H, K, K]
-  delta_rule_chunk_forward(o_id.data(), s_id.data(), q, k, zeros.data(), g, beta, s0.data(), seg.cu_seqlens.data(),
+  Buffer<T> o_id(tokens * H * K), s_id(seg.count() * H * kk);  // [tokens, H, K], [segments, H, K, K]
+  delta_rule_chunk_forward(o_id.data(), s_id.data(), q, k, zeros, g, beta, s0, seg.cu_seqlens.data(),
                            geo.packed(local, seg, K));
   std::fill_n(summaries, context_delta_rule_summary_count(geo.split, local), T(0));
   for (int64_t i = 0; i < int64_t(seg.last.size()); ++i)
@@ -150,7 +149,9 @@ void context_delta_rule_forward(T* o, T* summaries, const T* q, const T* k, cons
   const Geometry geo(split, group, local);
   const Segments seg(split, geo.rank, geo.batch, doc_start);
   const int64_t H = geo.heads, K = geo.kd, V = geo.vd, kv = K * V;
-  const Buffer<T> o_id = summarized_runs(o, summaries, q, k, v, g, beta, seg, geo, local, group, traffic);
+  const Buffer<T> zeros(geo.batch * geo.len * H * K), s0 = identity_states<T>(seg, geo);  // [tokens, H, K]
+  const Buffer<T> o_id =
+      summarized_runs(o, summaries, q, k, v, g, beta, zeros.data(), s0.data(), seg, geo, local, group, traffic);
   // o += S_inᵀ o' over the tokens that continue the earlier chunks' state.
   const Buffer<T> s_in = incoming_states(summaries, geo);  // [B, chunks, H, K, V]
   for_each_continued(seg, geo, [&](int64_t i, int64_t chunk, int64_t t0, int64_t t1) {
@@ -175,7 +176,8 @@ void context_delta_rule_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* 
   if (summaries == nullptr) {
     formed = Buffer<T>(context_delta_rule_summary_count(split, local));
     Buffer<T> o_zero(tokens * H * V);  // [tokens, H, V] not needed again
-    o_id = summarized_runs(o_zero.data(), formed.data(), q, k, v, g, beta, seg, geo, local, group, traffic);
+    o_id = summarized_runs(o_zero.data(), formed.data(), q, k, v, g, beta, zeros.data(), s0.data(), seg, geo, local,
+                           group, traffic);
     summaries = formed.data();
   } else {
     o_id = Buffer<T>(tokens * H * K);
@@ -184,7 +186,7 @@ void context_delta_rule_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* 
   }
   const Buffer<T> s_in = incoming_states(summaries, geo);  // [B, chunks, H, K, V]
   // Each continued chunk's own dS_in = Σ_t o'_t d_o_tᵀ, and d_o' = S_in d_o.
-  Buffer<T> d_o_id(tokens * H * K);  // [tokens, H, K]
+  Buffer<T> d_o_id(tokens * H * K);                  // [tokens, H, K]
   Buffer<T> ds_in(geo.batch * geo.chunks * H * kv);  // [B, chunks, H, K, V]
   for_each_continued(seg, geo, [&](int64_t i, int64_t chunk, int64_t t0, int64_t t1) {
     for (int64_t h = 0; h < H; ++h) {
