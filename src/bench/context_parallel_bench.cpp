@@ -66,7 +66,7 @@ struct RankMeasure {
   int64_t peak = 0;           // local tensors plus the temporaries' peak
   int64_t one_rank_peak = 0;  // the same for one rank over the whole sequences
   ContextTraffic forward, backward;
-  ContextAttentionTraffic plan;
+  ContextPassTraffic plan;
   std::vector<double> seconds;           // each run's forward + backward
   std::vector<double> one_rank_seconds;  // on one rank: the plain kernels' over the whole sequences
 };

@@ -64,6 +64,14 @@ IndexerLossMode loss_mode(IndexerMode mode) {
   return mode == IndexerMode::sparse ? IndexerLossMode::kSparse : IndexerLossMode::kDense;
 }
 
+// Under context parallelism, each of this rank's chunks of each row as a call of its own, its
+// queries against the keys up to its end (bottom-right causal): fn(row, chunk).
+template <class Fn>
+void for_each_chunk(const LayerPass& pass, Fn&& fn) {
+  for (int64_t b = 0; b < pass.batch; ++b)
+    for (const ContextChunk& chunk : pass.context->chunks()) fn(b, chunk);
+}
+
 }  // namespace
 
 template <class T>
@@ -81,9 +89,26 @@ IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeight
   out.k = scratch.alloc<T>(n * dims.head_dim);
   out.w = scratch.alloc<T>(n * dims.heads);
   project(out.q, k_raw, k_mean, k_rstd, out.k, out.w, q_in, h, pass.positions, n, w, dims);
-  const IndexerSizes sizes = sizes_of(dims, batch, seq, seq, pass.doc_start);
+  out.kv_len = seq;
+  if (pass.context != nullptr) {  // the whole sequences' keys, from the group
+    out.kv_len = pass.context->sequence_length();
+    T* keys = scratch.alloc<T>(batch * out.kv_len * dims.head_dim);  // [batch, kv_len, d_I]
+    pass.context->gather_sequences(keys, out.k, batch, dims.head_dim);
+    out.k = keys;
+  }
+  const int64_t hd = dims.heads * dims.head_dim;
   int32_t* selection = saves.out<int32_t>(Tag::attn_indices);  // [n, topk]
-  const auto select = [&](int32_t* indices) { indexer_topk(indices, out.q, out.k, out.w, sizes); };
+  const auto select = [&](int32_t* indices) {
+    if (pass.context == nullptr) {
+      indexer_topk(indices, out.q, out.k, out.w, sizes_of(dims, batch, seq, seq, pass.doc_start));
+      return;
+    }
+    for_each_chunk(pass, [&](int64_t b, const ContextChunk& c) {
+      const int64_t first = b * seq + c.offset;  // the chunk's first local token
+      indexer_topk(indices + first * dims.topk, out.q + first * hd, out.k + b * out.kv_len * dims.head_dim,
+                   out.w + first * dims.heads, sizes_of(dims, 1, c.size(), c.end));
+    });
+  };
   if (pass.keeps_decisions()) {
     const int32_t* decided = pass.decisions->decide(DecisionKind::selection, layer, n * dims.topk, select);
     std::copy(decided, decided + n * dims.topk, selection);
@@ -105,10 +130,35 @@ void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T
   T* dq = saves.out<T>(Tag::idx_dq);  // [n, H_I, d_I]
   T* dk = saves.out<T>(Tag::idx_dk);  // [n, d_I]
   T* dw = saves.out<T>(Tag::idx_dw);  // [n, H_I]
-  const IndexerTarget target{q, k, lse, heads, kv_heads, qk_dim, scale};
-  const IndexerLossResult r = indexer_loss(dq, dk, dw, out.q, out.k, out.w, out.selection, target,
-                                           loss_mode(pass.indexer->mode), pass.indexer->grad_scale,
-                                           sizes_of(dims, batch, seq, seq, pass.doc_start));
+  const IndexerLossMode mode = loss_mode(pass.indexer->mode);
+  IndexerLossResult r;
+  if (pass.context == nullptr) {
+    const IndexerTarget target{q, k, lse, heads, kv_heads, qk_dim, scale};
+    r = indexer_loss(dq, dk, dw, out.q, out.k, out.w, out.selection, target, mode, pass.indexer->grad_scale,
+                     sizes_of(dims, batch, seq, seq, pass.doc_start));
+  } else {
+    const int64_t n = batch * seq, kv_len = out.kv_len, di = dims.head_dim, hd = dims.heads * di;
+    T* dk_whole = scratch.alloc<T>(batch * kv_len * di);  // [batch, kv_len, d_I] this rank's terms
+    T* dk_chunk = scratch.alloc<T>(kv_len * di);          // [chunk end, d_I]
+    T* lse_chunk = scratch.alloc<T>(heads * seq);         // [heads, chunk]
+    std::fill(dk_whole, dk_whole + batch * kv_len * di, T(0));
+    for_each_chunk(pass, [&](int64_t b, const ContextChunk& c) {
+      const int64_t first = b * seq + c.offset;          // the chunk's first local token
+      const double share = double(c.size()) / double(n);  // of this rank's mean over its tokens
+      for (int64_t hh = 0; hh < heads; ++hh)
+        std::copy_n(lse + (b * heads + hh) * seq + c.offset, c.size(), lse_chunk + hh * c.size());
+      const IndexerTarget target{q + first * heads * qk_dim, k + b * kv_len * kv_heads * qk_dim, lse_chunk, heads,
+                                 kv_heads, qk_dim, scale};
+      const IndexerLossResult part =
+          indexer_loss(dq + first * hd, dk_chunk, dw + first * dims.heads, out.q + first * hd, out.k + b * kv_len * di,
+                       out.w + first * dims.heads, out.selection + first * dims.topk, target, mode,
+                       pass.indexer->grad_scale * share, sizes_of(dims, 1, c.size(), c.end));
+      for (int64_t i = 0; i < c.end * di; ++i) dk_whole[b * kv_len * di + i] += dk_chunk[i];
+      r.loss += part.loss * share;
+      r.selected_mass += part.selected_mass * share;
+    });
+    pass.context->reduce_sequences(dk, dk_whole, batch, di);  // every rank's terms onto the keys' owners
+  }
   if (pass.result != nullptr) pass.result->indexer.push_back({layer, r.loss, r.selected_mass});
 }
 

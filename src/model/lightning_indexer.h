@@ -102,12 +102,15 @@ inline double flops_per_token(const IndexerDims& dims, int64_t seq) {
 }
 
 // The indexer's tensors of one forward (scratch of the current sublayer) and the selection.
+// Under context parallelism (pass.context) the keys are the whole sequences', gathered from the
+// group, and the selection holds global positions: each rank selects over every earlier position.
 template <class T>
 struct IndexerOutputs {
   T* q = nullptr;                      // [n, H_I, d_I] after RoPE
-  T* k = nullptr;                      // [n, d_I] after LayerNorm and RoPE
+  T* k = nullptr;                      // [batch, kv_len, d_I] after LayerNorm and RoPE
   T* w = nullptr;                      // [n, H_I] head weights (· H_I^−½)
   const int32_t* selection = nullptr;  // [n, topk] int32 key positions, −1 padded
+  int64_t kv_len = 0;                  // keys per row: the pass's seq, or the whole sequence's
 };
 
 // q_in[n, q_in], h[n, D] → the indexer's tensors and the selection (the decision log's, when kept).
@@ -116,8 +119,10 @@ IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeight
                                   const LayerPass& pass, int layer, Arena& scratch);
 
 // The indexer loss of one layer against the main attention the layer ran (detached): q [n, H, qk],
-// k [n, Hkv, qk], lse [batch, H, seq] (dense in warm-up, over the selection in sparse mode), scale its
-// softmax scale. With the loss on (pass.indexer with coef > 0) the loss and the selected attention
+// k [batch, out.kv_len, Hkv, qk], lse [batch, H, seq] (dense in warm-up, over the selection in sparse
+// mode), scale its softmax scale. Under context parallelism each local chunk is a loss of its own
+// over the keys up to its end, their means weighted by their tokens, and the key gradients of every
+// rank summed onto the keys' owners. With the loss on (pass.indexer with coef > 0) the loss and the selected attention
 // mass go to pass.result; in a pass that saves (train, recompute) the gradients wrt q_I, k_I, w_I are saved for
 // the backward.
 template <class T>

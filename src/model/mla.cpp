@@ -104,6 +104,38 @@ void expand_keys(T* k, T* v, const T* kv, const T* kv_a, int64_t n, const MlaDim
     }
 }
 
+// Context parallelism: the keys and values of the whole sequences, built from the group's latents
+// and rotated keys (r_kv + rope elements per token gathered, never the expanded keys).
+template <class T>
+struct WholeKeys {
+  int64_t tokens;  // m = batch · the whole sequence's length
+  T* rows;         // [m, r_kv + rope]  [c | k_rot] of every position
+  T* latent;       // [m, r_kv]         c, contiguous (kv_b_proj's operand)
+  T* k;            // [m, H, qk]
+  T* v;            // [m, H, v]
+};
+
+// latent [n, r_kv] and kv_a [n, r_kv + rope] (its k_rot rotated) are this rank's tokens'.
+template <class T>
+WholeKeys<T> gather_whole_keys(const T* latent, const T* kv_a, int64_t batch, int64_t seq, const MlaWeights<T>& w,
+                               const MlaDims& dims, ContextExchange& context, Arena& scratch) {
+  const int64_t n = batch * seq, rkv = dims.kv_lora_rank, cw = dims.kv_a_out();
+  const int64_t m = batch * context.sequence_length();
+  T* own = scratch.alloc<T>(n * cw);  // [n, r_kv + rope] this rank's [c | k_rot]
+  for (int64_t t = 0; t < n; ++t) {
+    std::memcpy(own + t * cw, latent + t * rkv, rkv * sizeof(T));
+    std::memcpy(own + t * cw + rkv, kv_a + t * cw + rkv, dims.rope_dim * sizeof(T));
+  }
+  WholeKeys<T> whole{m, scratch.alloc<T>(m * cw), scratch.alloc<T>(m * rkv), scratch.alloc<T>(m * dims.q_width()),
+                     scratch.alloc<T>(m * dims.o_width())};
+  context.gather_sequences(whole.rows, own, batch, cw);
+  for (int64_t t = 0; t < m; ++t) std::memcpy(whole.latent + t * rkv, whole.rows + t * cw, rkv * sizeof(T));
+  T* kv = scratch.alloc<T>(m * dims.kv_b_out());  // [m, H, nope + v]
+  linear(kv, whole.latent, w.kv_b_proj, m, rkv, dims.kv_b_out(), /*accumulate=*/false);
+  expand_keys(whole.k, whole.v, kv, whole.rows, m, dims);
+  return whole;
+}
+
 }  // namespace
 
 // Saved in mixer_forward's order: the query latent (q LoRA), the query, kv_a and the latent, the
@@ -121,10 +153,13 @@ std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& e
   list.insert(list.end(), {{Tag::q, {n, H, dims.qk()}, true, /*operand=*/true},  // [n, H, qk]
                            {Tag::mla_kv_a, {n, dims.kv_a_out()}},      // [n, r_kv + rope]
                            {Tag::mla_kv_rstd, {n}},                    // [n]
-                           {Tag::mla_latent, {n, dims.kv_lora_rank}, true, /*operand=*/true},  // [n, r_kv] kv_b_proj's input
-                           {Tag::k, {n, H, dims.qk()}, true, /*operand=*/true},  // [n, H, qk]
-                           {Tag::v, {n, H, dims.v}, true, /*operand=*/true},     // [n, H, v]
-                           {Tag::attn_out, {n, dims.o_width()}},       // [n, H·v]
+                           {Tag::mla_latent, {n, dims.kv_lora_rank}, true, /*operand=*/true}});  // [n, r_kv] kv_b_proj's input
+  // Under context parallelism the keys and values span the whole sequences: the backward builds
+  // them again from the gathered latents instead.
+  if (!extent.sequence_split)
+    list.insert(list.end(), {{Tag::k, {n, H, dims.qk()}, true, /*operand=*/true},  // [n, H, qk]
+                             {Tag::v, {n, H, dims.v}, true, /*operand=*/true}});   // [n, H, v]
+  list.insert(list.end(), {{Tag::attn_out, {n, dims.o_width()}},              // [n, H·v]
                            {Tag::attn_lse, {extent.batch, H, extent.seq}}});  // [batch, H, seq]
   const std::vector<SavedTensor> indexer = saved_tensors(dims.indexer, extent);
   list.insert(list.end(), indexer.begin(), indexer.end());
@@ -134,8 +169,6 @@ std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& e
 template <class T>
 void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims, const LayerPass& pass, int layer,
                    Arena& scratch) {
-  TRILLION_CHECK(pass.context == nullptr, "context parallelism does not cover MLA layers yet",
-                 " (parallel/mesh.h refuses them)");
   using Tag = ActivationTag;
   const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, D = dims.hidden, H = dims.heads;
   const int64_t rkv = dims.kv_lora_rank;
@@ -144,19 +177,32 @@ void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims
   project_latents(p, h, n, w, dims);
   rotate_positions(p.q, p.kv_a, pass.positions, n, dims, /*backward=*/false);
 
-  T* kv = scratch.alloc<T>(n * dims.kv_b_out());  // [n, H, nope + v]
-  linear(kv, p.latent, w.kv_b_proj, n, rkv, dims.kv_b_out(), /*accumulate=*/false);
-  T* k = saves.out<T>(Tag::k);  // [n, H, qk]
-  T* v = saves.out<T>(Tag::v);  // [n, H, v]
-  expand_keys(k, v, kv, p.kv_a, n, dims);
+  // The keys and values: of this rank's tokens, or under context parallelism of the whole sequences,
+  // built from the group's latents.
+  const T* k = nullptr;  // [batch, kv_len, H, qk]
+  const T* v = nullptr;  // [batch, kv_len, H, v]
+  int64_t kv_len = seq;
+  if (pass.context != nullptr) {
+    const WholeKeys<T> whole = gather_whole_keys(p.latent, p.kv_a, batch, seq, w, dims, *pass.context, scratch);
+    k = whole.k, v = whole.v, kv_len = pass.context->sequence_length();
+  } else {
+    T* kv = scratch.alloc<T>(n * dims.kv_b_out());  // [n, H, nope + v]
+    linear(kv, p.latent, w.kv_b_proj, n, rkv, dims.kv_b_out(), /*accumulate=*/false);
+    T* keys = saves.out<T>(Tag::k);    // [n, H, qk]
+    T* values = saves.out<T>(Tag::v);  // [n, H, v]
+    expand_keys(keys, values, kv, p.kv_a, n, dims);
+    k = keys, v = values;
+  }
 
-  const AttentionSizes sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v, pass.doc_start};
+  const AttentionSizes sizes{batch, seq, kv_len, H, H, dims.qk(), dims.scale, dims.v, pass.doc_start};
   T* out = saves.out<T>(Tag::attn_out);  // [n, H·v]
   T* lse = saves.out<T>(Tag::attn_lse);  // [batch, H, seq]
   IndexerOutputs<T> selected;
   if (dims.indexer.enabled()) selected = indexer_forward(p.q_latent, h, w.indexer, dims.indexer, pass, layer, scratch);
-  if (attends_sparsely(dims.indexer, pass))
+  if (attends_sparsely(dims.indexer, pass))  // the selection names its keys (global positions under cp)
     sparse_attention_forward(out, lse, p.q, k, v, selected.selection, sparse_sizes(sizes, dims.indexer.topk));
+  else if (pass.context != nullptr)
+    pass.context->gathered_attention_forward(out, lse, p.q, k, v, sizes);
   else
     attention_forward(out, lse, p.q, k, v, sizes);
   if (dims.indexer.enabled())
@@ -175,29 +221,43 @@ T* mixer_backward(const T* dy, const T* h, const MlaWeights<T>& w, const MlaWeig
   const T* kv_a = saved.in<T>(Tag::mla_kv_a);        // [n, r_kv + rope]
   const T* kv_rstd = saved.in<T>(Tag::mla_kv_rstd);  // [n]
   const T* latent = saved.in<T>(Tag::mla_latent);    // [n, r_kv]
-  const T* k = saved.in<T>(Tag::k);                  // [n, H, qk]
-  const T* v = saved.in<T>(Tag::v);                  // [n, H, v]
   const T* out = saved.in<T>(Tag::attn_out);         // [n, H·v]
   const T* lse = saved.in<T>(Tag::attn_lse);         // [batch, H, seq]
 
   T* d_out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]; dy is the gradient wrt the sublayer output
   linear_grad(d_out, grads.o_proj, dy, out, w.o_proj, n, dims.o_width(), D, /*accumulate_dx=*/false);
-  const AttentionSizes sizes{batch, seq, seq, H, H, qk, dims.scale, dv, pass.doc_start};
-  T* dq = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
-  T* dk = scratch.alloc<T>(n * dims.q_width());  // [n, H, qk]
-  T* d_v = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]
-  if (attends_sparsely(dims.indexer, pass)) {
+  // The keys as the forward attended to them, with their latents: of this rank's tokens, or under
+  // context parallelism of the whole sequences, from the group's latents again (m = batch · kv_len).
+  const T* k = nullptr;            // [m, H, qk]
+  const T* v = nullptr;            // [m, H, v]
+  const T* key_latent = latent;    // [m, r_kv]
+  int64_t kv_len = seq;
+  if (pass.context != nullptr) {
+    const WholeKeys<T> whole = gather_whole_keys(latent, kv_a, batch, seq, w, dims, *pass.context, scratch);
+    k = whole.k, v = whole.v, key_latent = whole.latent, kv_len = pass.context->sequence_length();
+  } else {
+    k = saved.in<T>(Tag::k), v = saved.in<T>(Tag::v);
+  }
+  const int64_t m = batch * kv_len;
+  const AttentionSizes sizes{batch, seq, kv_len, H, H, qk, dims.scale, dv, pass.doc_start};
+  T* dq = scratch.alloc<T>(n * dims.q_width());   // [n, H, qk]
+  T* dk = scratch.alloc<T>(m * dims.q_width());   // [m, H, qk]
+  T* d_v = scratch.alloc<T>(m * dims.o_width());  // [m, H, v]
+  if (attends_sparsely(dims.indexer, pass)) {  // under cp dk, d_v: this rank's terms of every position's
     const int32_t* selection = saved.in<int32_t>(Tag::attn_indices);  // [n, topk]
     sparse_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
+  } else if (pass.context != nullptr) {  // likewise
+    pass.context->gathered_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
   } else {
     attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
   }
 
-  // Back through the key expansion: d_kv[n, H, nope + v] = [dk_nope | dv]; d_kv_a's k_rot part = Σ_heads dk_rot.
-  T* d_kv = scratch.alloc<T>(n * dims.kv_b_out());   // [n, H, nope + v]
-  T* d_kv_a = scratch.alloc<T>(n * dims.kv_a_out()); // [n, r_kv + rope]: [d c_raw | d k_rot]
-  for (int64_t t = 0; t < n; ++t) {
-    T* d_rot = d_kv_a + t * dims.kv_a_out() + rkv;  // [rope]
+  // Back through the key expansion: d_kv[m, H, nope + v] = [dk_nope | dv]; d_rows[m, r_kv + rope] =
+  // [dc | d k_rot], d k_rot = Σ_heads dk_rot and dc = d_kv · kv_b_proj.
+  T* d_kv = scratch.alloc<T>(m * dims.kv_b_out());   // [m, H, nope + v]
+  T* d_rows = scratch.alloc<T>(m * dims.kv_a_out());  // [m, r_kv + rope]
+  for (int64_t t = 0; t < m; ++t) {
+    T* d_rot = d_rows + t * dims.kv_a_out() + rkv;  // [rope]
     std::fill(d_rot, d_rot + dims.rope_dim, T(0));
     for (int64_t hd = 0; hd < H; ++hd) {
       const T* dk_row = dk + (t * H + hd) * qk;
@@ -206,11 +266,19 @@ T* mixer_backward(const T* dy, const T* h, const MlaWeights<T>& w, const MlaWeig
       for (int64_t i = 0; i < dims.rope_dim; ++i) d_rot[i] += dk_row[nope + i];
     }
   }
+  T* d_latent = scratch.alloc<T>(m * rkv);  // [m, r_kv]
+  linear_grad(d_latent, grads.kv_b_proj, d_kv, key_latent, w.kv_b_proj, m, rkv, dims.kv_b_out(), false);
+  // Under context parallelism each rank's terms are summed onto the tokens' owners: d_kv_a[n, r_kv + rope].
+  T* d_kv_a = d_rows;
+  if (pass.context != nullptr) {
+    for (int64_t t = 0; t < m; ++t) std::memcpy(d_rows + t * dims.kv_a_out(), d_latent + t * rkv, rkv * sizeof(T));
+    d_kv_a = scratch.alloc<T>(n * dims.kv_a_out());
+    pass.context->reduce_sequences(d_kv_a, d_rows, batch, dims.kv_a_out());
+    for (int64_t t = 0; t < n; ++t) std::memcpy(d_latent + t * rkv, d_kv_a + t * dims.kv_a_out(), rkv * sizeof(T));
+  }
   rotate_positions(dq, d_kv_a, pass.positions, n, dims, /*backward=*/true);
 
-  // The latent: dc = d_kv · kv_b_proj, then kv_a_layernorm's backward into d_kv_a's first r_kv columns.
-  T* d_latent = scratch.alloc<T>(n * rkv);  // [n, r_kv]
-  linear_grad(d_latent, grads.kv_b_proj, d_kv, latent, w.kv_b_proj, n, rkv, dims.kv_b_out(), false);
+  // kv_a_layernorm's backward of dc = d_latent[n, r_kv] into d_kv_a's first r_kv columns.
   T* c_raw = scratch.alloc<T>(n * rkv);    // [n, r_kv]
   T* d_c_raw = scratch.alloc<T>(n * rkv);  // [n, r_kv]
   for (int64_t t = 0; t < n; ++t) std::memcpy(c_raw + t * rkv, kv_a + t * dims.kv_a_out(), rkv * sizeof(T));
@@ -286,7 +354,7 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // Nothing is freed within either pass; each holds at one of its kernel calls the scratch allocated
 // so far and that kernel's temporaries. Forward: (DeepSeek) RoPE's tables; kv_b_proj's output with
 // the indexer's forward, or with its scratch and the attention's temporaries. Backward: d_out, dq,
-// dk, d_v with the attention's temporaries; d_kv, d_kv_a with RoPE's tables; d_latent, c_raw,
+// dk, d_v with the attention's temporaries; d_kv, d_kv_a, d_latent with RoPE's tables; c_raw,
 // d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with q_a_layernorm's
 // partials or the indexer's backward, then with its scratch and the decoder layer's input norm's partials.
 Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
@@ -310,7 +378,7 @@ Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
                              rmsnorm_backward_workspace_bytes(n, dims.hidden, true);
   const int64_t backward =
       std::max({attention + main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/true),
-                keys + rope, latents + rmsnorm_backward_workspace_bytes(n, rkv, true),
+                keys + latent + rope, latents + rmsnorm_backward_workspace_bytes(n, rkv, true),
                 inputs + std::max(q_lora, input_norm)});
   return {forward, backward};
 }

@@ -21,6 +21,12 @@
 // nope part becomes W_UKᵀ q_nope (W_UK: that head's k_nope rows of kv_b_proj), attention runs with one
 // key head [c | k_rot] and values c, and W_UV (its v rows) maps the result back; scores and outputs
 // are those of the expanded form.
+// Context parallelism (model/step.h's ContextExchange) gathers per token the latent and the rotated
+// key, [c | k_rot], of the whole sequences, and every rank expands them with kv_b_proj itself: its
+// queries attend to the whole sequences' keys, and the backward gathers and expands them again and
+// sums every rank's [dc | d k_rot] onto the tokens' owners (kv_b_proj's gradient: each rank's terms).
+// Sparse layers select over the whole sequences' indexer keys (model/lightning_indexer.h), and their
+// sparse attention reads the selected rows of the whole expanded keys.
 // Training forward saves through the ActivationStore (saved_tensors: q, k, v, attn_out, attn_lse,
 // mla_*). Gradient rule: the backward returns the gradient wrt its input h; parameter gradients
 // accumulate (+=).

@@ -218,12 +218,14 @@ const MoeDims* Model<T>::Impl::first_moe() const {
 template <class T>
 void Model<T>::Impl::reduce_statistics(StepResult& result) const {
   std::vector<double> packed;  // every layer's counts, score sums, dropped slots and means, in order
+  const double per_token = reduction.token_weight(), per_row = reduction.row_weight();
   for (const MoeLayerStats& s : result.moe) {
     for (const int64_t count : s.tokens_per_expert) packed.push_back(double(count));
     packed.insert(packed.end(), s.prob_sums.begin(), s.prob_sums.end());
-    packed.insert(packed.end(), {double(s.dropped), s.sequence_aux, s.z_loss});
+    packed.insert(packed.end(), {double(s.dropped), s.sequence_aux * per_row, s.z_loss * per_token});
   }
-  for (const IndexerLayerStats& s : result.indexer) packed.insert(packed.end(), {s.loss, s.selected_mass});
+  for (const IndexerLayerStats& s : result.indexer)
+    packed.insert(packed.end(), {s.loss * per_token, s.selected_mass * per_token});
   if (packed.empty()) return;
   reduction.sum(packed.data(), static_cast<int64_t>(packed.size()));
   const double* next = packed.data();
@@ -232,12 +234,12 @@ void Model<T>::Impl::reduce_statistics(StepResult& result) const {
     for (int64_t& count : s.tokens_per_expert) count = take_count();
     for (double& sum : s.prob_sums) sum = *next++;
     s.dropped = take_count();
-    s.sequence_aux = reduction.batch_mean(*next++);
-    s.z_loss = reduction.batch_mean(*next++);
+    s.sequence_aux = *next++;
+    s.z_loss = *next++;
   }
   for (IndexerLayerStats& s : result.indexer) {
-    s.loss = reduction.batch_mean(*next++);
-    s.selected_mass = reduction.batch_mean(*next++);
+    s.loss = *next++;
+    s.selected_mass = *next++;
   }
 }
 
@@ -289,7 +291,7 @@ MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer,
   const int64_t E = moe.experts(), k = moe.top_k();
   const double L = double(result.moe.size()), N = double(tokens), coef = moe.aux_coef * aux_scale;
   MoeBalanceGrad grad;
-  grad.z_scale = reduction.batch_mean(moe.z_coef * aux_scale);  // a mean over this rank's share
+  grad.z_scale = moe.z_coef * aux_scale * reduction.token_weight();  // a mean over this rank's tokens
   if (coef == 0.0) return grad;
   const MoeLayerStats* own = nullptr;
   for (const MoeLayerStats& s : result.moe) own = s.layer == layer ? &s : own;
@@ -309,7 +311,7 @@ MoeBalanceGrad Model<T>::Impl::balance_grad(const StepResult& result, int layer,
         grad.per_expert[e] = coef * double(E) * (double(own->tokens_per_expert[e]) / (N * double(k))) / N;
       break;
     case AuxLossType::sequence:
-      grad.sequence_scale = reduction.batch_mean(coef);  // a mean over this rank's sequences
+      grad.sequence_scale = coef * reduction.row_weight();  // a mean over this rank's rows
       break;
   }
   return grad;
@@ -360,7 +362,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   const int sparse = m.sparse_layers();
   // The shares the statistics are over: a training step's, or this rank's batch alone.
   const StatisticsReduction one_share, &shares = mode == PassMode::train ? m.reduction : one_share;
-  m.indexer.grad_scale = sparse > 0 ? shares.batch_mean(m.indexer.coef * scales.aux / sparse) : 0.0;
+  m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse * shares.token_weight() : 0.0;
   pass.indexer = &m.indexer;
   pass.experts = m.exchange;
   pass.context = mode == PassMode::train ? m.context : nullptr;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 #include "core/parallel.h"
@@ -103,13 +104,20 @@ ExchangedRows<T> exchanged_rows(int64_t received, const Index& index, const Real
           real(Tag::ep_weight)};      // [R]
 }
 
+// Under context parallelism the rows are this rank's parts of the sequences, which the sequence-wise
+// balance loss sees whole through the group's sums.
+std::optional<SplitSequences> split_sequences(const LayerPass& pass) {
+  if (pass.context == nullptr) return std::nullopt;
+  ContextExchange* context = pass.context;
+  return SplitSequences{context->sequence_length(),
+                        [context](double* values, int64_t count) { context->sum_over_group(values, count); }};
+}
+
 }  // namespace
 
 template <class T>
 void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, const LayerPass& pass, int layer,
                  Arena& scratch) {
-  TRILLION_CHECK(pass.context == nullptr, "context parallelism does not cover MoE layers yet",
-                 " (parallel/mesh.h refuses them)");
   PhaseScope scope(Phase::moe);
   using Tag = ActivationTag;
   const int64_t batch = pass.batch, seq = pass.seq;
@@ -176,8 +184,12 @@ void ffn_forward(T* y, const T* h, const MoeWeights<T>& w, const MoeDims& dims, 
   expert_load(stats.tokens_per_expert.data(), stats.prob_sums.data(), scores, index, n, dims.router);
   stats.rank_tokens_per_expert = stats.tokens_per_expert;  // reduce_statistics sums the first over the ranks
   stats.dropped = plan.total_dropped();
-  if (dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0)
-    stats.sequence_aux = sequence_aux_loss<T>(nullptr, scores, index, batch, seq, dims.router, 0.0);
+  // A re-run's statistics are discarded, and only some ranks of a context-parallel group re-run.
+  if (dims.aux_type == AuxLossType::sequence && dims.aux_coef != 0.0 && pass.mode != PassMode::recompute) {
+    const std::optional<SplitSequences> split = split_sequences(pass);
+    stats.sequence_aux =
+        sequence_aux_loss<T>(nullptr, scores, index, batch, seq, dims.router, 0.0, split ? &*split : nullptr);
+  }
   if (dims.z_coef != 0.0) stats.z_loss = router_z_loss<T>(nullptr, logits, n, E, 0.0);
   pass.result->moe.push_back(std::move(stats));
 }
@@ -225,8 +237,11 @@ void ffn_backward(T* dh, const T* dy, const T* h, const MoeWeights<T>& w, const 
       for (int64_t e = 0; e < E; ++e) dscores[t * E + e] += static_cast<T>(balance.per_expert[e]);
     });
   }
-  if (balance.sequence_scale != 0.0)
-    sequence_aux_loss(dscores, scores, index, batch, seq, dims.router, balance.sequence_scale);
+  if (balance.sequence_scale != 0.0) {
+    const std::optional<SplitSequences> split = split_sequences(pass);
+    sequence_aux_loss(dscores, scores, index, batch, seq, dims.router, balance.sequence_scale,
+                      split ? &*split : nullptr);
+  }
   T* dlogits = scratch.alloc<T>(n * E);  // [n, E]
   router_scores_backward(dlogits, dscores, scores, n, dims.router);
   if (balance.z_scale != 0.0) router_z_loss(dlogits, logits, n, E, balance.z_scale);

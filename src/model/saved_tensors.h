@@ -39,6 +39,7 @@ struct SavedExtent {
   bool indexer_loss = false;  // sparse layers: the indexer's loss is on (its gradients are saved)
   bool indexer_sparse = true;  // sparse layers attend to the selected keys only (else densely)
   bool experts_exchanged = false;  // MoE: the routed rows run on their experts' owners (model/step.h)
+  bool sequence_split = false;     // context parallelism: this rank holds part of every sequence
   // Under the exchange: the rows this rank's experts receive (−1: ⌈received_imbalance · routed rows⌉,
   // the memory plan's bound).
   int64_t received_rows = -1;
@@ -51,7 +52,8 @@ struct SavedExtent {
             .seq = pass.seq,
             .indexer_loss = pass.indexer != nullptr && pass.indexer->coef > 0.0,
             .indexer_sparse = pass.indexer == nullptr || pass.indexer->mode == IndexerMode::sparse,
-            .experts_exchanged = pass.experts != nullptr};
+            .experts_exchanged = pass.experts != nullptr,
+            .sequence_split = pass.context != nullptr};
   }
 };
 

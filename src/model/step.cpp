@@ -8,9 +8,12 @@
 
 namespace trillion {
 
-StatisticsReduction::StatisticsReduction(int shares, std::function<void(double* values, int64_t count)> sum)
-    : shares_(shares), sum_(std::move(sum)) {
-  TRILLION_CHECK(shares >= 1 && (shares == 1 || sum_), "statistics reduction over ", shares, " shares needs a sum");
+StatisticsReduction::StatisticsReduction(int row_shares, double token_share,
+                                         std::function<void(double* values, int64_t count)> sum)
+    : row_shares_(row_shares), token_share_(token_share), sum_(std::move(sum)) {
+  TRILLION_CHECK(row_shares >= 1 && token_share > 0.0 && token_share <= 1.0 && sum_,
+                 "statistics reduction over ", row_shares, " row shares, holding ", token_share,
+                 " of the tokens, needs a sum");
 }
 
 const char* indexer_mode_name(IndexerMode mode) {

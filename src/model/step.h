@@ -13,6 +13,8 @@
 //   LayerPass    what the layer loops hand every layer kind in forward and backward.
 #pragma once
 
+#include <array>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -126,26 +128,32 @@ struct UnitHooks {
   std::function<void(int unit)> before_gradients;
 };
 
-// Every rank runs each training forward on its equal share of the batch. The MoE layers' expert
-// counts and score sums (and dropped slots) are summed over the shares, so the router losses, their
-// gradients and the bias update see the whole batch's load; the per-token and per-sequence means
-// (sequence-wise balance loss, z-loss, the indexers' loss and selected mass) are averaged, which is
-// the batch's mean since the shares are equal, and their gradients scaled likewise. The parallel
-// plan sets this; the model only asks it to combine. The default, one share, combines nothing.
+// Every rank runs each training forward on its share of the batch: its rows (every rank an equal
+// number), and under context parallelism its part of each of them. The MoE layers' expert counts
+// and score sums (and dropped slots) are summed over the shares, so the router losses, their
+// gradients and the bias update see the whole batch's load. A share's means over its tokens (z-loss,
+// the indexers' loss and selected mass) are weighted by its tokens, and its sequence-wise balance
+// loss (its part of each of its rows' per-sequence loss, averaged over its rows) by its rows; the
+// sums are the batch's means, and each share's gradients are scaled by the same weights. The
+// parallel plan sets this; the model only asks it to combine. The default, one share, combines nothing.
 class StatisticsReduction {
  public:
   StatisticsReduction() = default;
-  // `shares` equal shares of the batch; `sum` adds `count` doubles in place over them.
-  StatisticsReduction(int shares, std::function<void(double* values, int64_t count)> sum);
-  bool combines() const { return shares_ > 1; }
+  // `row_shares` disjoint sets of the batch's rows; this rank holds `token_share` of the batch's
+  // tokens (1 / row_shares, unless its rows are split over ranks); `sum` adds `count` doubles in
+  // place over every rank.
+  StatisticsReduction(int row_shares, double token_share, std::function<void(double* values, int64_t count)> sum);
+  bool combines() const { return static_cast<bool>(sum_); }
   void sum(double* values, int64_t count) const { sum_(values, count); }
-  // The batch's mean from the sum over the shares of each share's mean; and the scale of a share's
-  // mean's gradient as the batch mean's.
-  double batch_mean(double sum_of_share_means) const { return sum_of_share_means / shares_; }
-  int64_t batch_tokens(int64_t share_tokens) const { return share_tokens * shares_; }
+  // The weight of this share's mean over its tokens in the batch's mean over tokens, and of its mean
+  // over its rows (of its parts of them) in the batch's mean over sequences.
+  double token_weight() const { return token_share_; }
+  double row_weight() const { return 1.0 / row_shares_; }
+  int64_t batch_tokens(int64_t share_tokens) const { return std::llround(double(share_tokens) / token_share_); }
 
  private:
-  int shares_ = 1;
+  int row_shares_ = 1;
+  double token_share_ = 1.0;
   std::function<void(double* values, int64_t count)> sum_;
 };
 
@@ -194,11 +202,21 @@ class ExpertExchange {
 // Context parallelism (parallel/context_parallel.h, docs/architecture.md "Context parallelism"):
 // every sequence is split over a group of ranks, and this rank's tensors hold its part of each (two
 // chunks, back to back). The model takes its tokens' positions from here, and its sequence mixers
-// (attention; Gated DeltaNet's and KDA's convolution and delta rule) see every earlier token of their
-// sequences through it; every rank of the group runs the same passes. No document masks yet.
+// (attention; MLA; Gated DeltaNet's and KDA's convolution and delta rule) see every earlier token of
+// their sequences through it, and the MoE layers' sequence-wise balance loss every token of them;
+// every rank of the group runs the same passes. No document masks yet.
+// One of the two chunks of every sequence a rank holds under context parallelism: local positions
+// [offset, offset + size()) of each of its rows, global positions [begin, end).
+struct ContextChunk {
+  int64_t offset = 0, begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
 class ContextExchange {
  public:
   virtual ~ContextExchange() = default;
+  // This rank's chunks, in the order it holds them.
+  virtual std::array<ContextChunk, 2> chunks() const = 0;
   // The global position of each of this rank's `seq` tokens of a sequence, [seq].
   virtual const int32_t* positions(int64_t seq) const = 0;
   // ops/attention.h's forward and backward for this rank's tokens (local sizes: q_len = kv_len =
@@ -212,6 +230,29 @@ class ContextExchange {
   virtual void attention_backward(double* dq, double* dk, double* dv, const double* dout, const double* q,
                                   const double* k, const double* v, const double* out, const double* lse,
                                   const AttentionSizes& local) = 0;
+  // The tokens of each whole sequence.
+  virtual int64_t sequence_length() const = 0;
+  // values [count] ← their sum over the group (per-sequence statistics of the MoE layers).
+  virtual void sum_over_group(double* values, int64_t count) = 0;
+  // Rows gathered rather than keys (MLA's latent and rope key): whole [batch, sequence_length(), row]
+  // ← every rank's local [batch, its tokens, row]; and local ← the group's sum of their whole rows at
+  // this rank's tokens (whole is overwritten).
+  virtual void gather_sequences(float* whole, const float* local, int64_t batch, int64_t row) = 0;
+  virtual void gather_sequences(double* whole, const double* local, int64_t batch, int64_t row) = 0;
+  virtual void reduce_sequences(float* local, float* whole, int64_t batch, int64_t row) = 0;
+  virtual void reduce_sequences(double* local, double* whole, int64_t batch, int64_t row) = 0;
+  // Attention of this rank's tokens over keys and values of the whole sequences built from such rows
+  // (local.kv_len = sequence_length()); the backward writes this rank's terms of their gradients.
+  virtual void gathered_attention_forward(float* out, float* lse, const float* q, const float* k_whole,
+                                          const float* v_whole, const AttentionSizes& local) = 0;
+  virtual void gathered_attention_forward(double* out, double* lse, const double* q, const double* k_whole,
+                                          const double* v_whole, const AttentionSizes& local) = 0;
+  virtual void gathered_attention_backward(float* dq, float* dk_whole, float* dv_whole, const float* dout,
+                                           const float* q, const float* k_whole, const float* v_whole,
+                                           const float* out, const float* lse, const AttentionSizes& local) = 0;
+  virtual void gathered_attention_backward(double* dq, double* dk_whole, double* dv_whole, const double* dout,
+                                           const double* q, const double* k_whole, const double* v_whole,
+                                           const double* out, const double* lse, const AttentionSizes& local) = 0;
   // ops/conv1d.h's short convolution over this rank's tokens (local sizes: batch rows of its tokens
   // per sequence, no segments), each chunk reading the inputs before it from the ranks that hold them.
   virtual void conv1d_silu_forward(float* y, const float* x, const float* w, const Conv1dSizes& local) = 0;

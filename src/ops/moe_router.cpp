@@ -257,22 +257,25 @@ int64_t sequence_aux_loss_workspace_bytes(int64_t batch, int64_t seq, int64_t ex
 
 template <class T>
 double sequence_aux_loss(T* dscores, const T* scores, const int32_t* index, int64_t batch, int64_t seq,
-                         const RouterDims& dims, double scale) {
+                         const RouterDims& dims, double scale, const SplitSequences* split) {
   check_dims(dims);
   TRILLION_CHECK(batch >= 1 && seq >= 1, "sequence_aux_loss batch=", batch, " seq=", seq);
   const int64_t E = dims.experts, k = dims.top_k, tokens = batch * seq;
+  const int64_t whole_seq = split != nullptr ? split->whole_seq : seq;
+  TRILLION_CHECK(whole_seq >= seq, "sequence_aux_loss: ", seq, " tokens of ", whole_seq, "-token sequences");
   check_index(index, tokens, dims);
-  // f[B, E]: f_i = E / (k · seq) · (assignments of expert i in the sequence).
+  // f[B, E]: f_i = E / (k · whole_seq) · (assignments of expert i in the sequence).
   Buffer<double> f(batch * E);
-  const double f_unit = static_cast<double>(E) / static_cast<double>(k * seq);
+  const double f_unit = static_cast<double>(E) / static_cast<double>(k * whole_seq);
   parallel_for(batch, seq * k, [&](int64_t b) {
     double* fb = f.data() + b * E;                  // [E]
     const int32_t* idx = index + b * seq * k;       // [seq, k]
     for (int64_t i = 0; i < seq * k; ++i) fb[idx[i]] += f_unit;
   });
+  if (split != nullptr) split->sum(f.data(), f.size());  // every part's assignments
   // term[N]: Σ_i f_i · p_{t,i} with p_t = s_t / Σ_j s_{t,j}; loss_b = mean over the sequence's t.
   Buffer<double> term(tokens);
-  const double grad_factor = scale / static_cast<double>(batch * seq);
+  const double grad_factor = scale / static_cast<double>(batch * whole_seq);
   parallel_for(tokens, E, [&](int64_t t) {
     const T* s = scores + t * E;                 // [E]
     const double* fb = f.data() + (t / seq) * E;  // [E]
@@ -293,7 +296,7 @@ double sequence_aux_loss(T* dscores, const T* scores, const int32_t* index, int6
   for (int64_t b = 0; b < batch; ++b) {
     double loss_b = 0.0;
     for (int64_t t = b * seq; t < (b + 1) * seq; ++t) loss_b += term[t];
-    total += loss_b / static_cast<double>(seq);
+    total += loss_b / static_cast<double>(whole_seq);
   }
   return total / static_cast<double>(batch);
 }
@@ -306,7 +309,8 @@ double sequence_aux_loss(T* dscores, const T* scores, const int32_t* index, int6
   template void router_weights_backward<T>(T*, const T*, const T*, const int32_t*, int64_t, const RouterDims&); \
   template void expert_load<T>(int64_t*, double*, const T*, const int32_t*, int64_t, const RouterDims&);     \
   template double router_z_loss<T>(T*, const T*, int64_t, int64_t, double);                                  \
-  template double sequence_aux_loss<T>(T*, const T*, const int32_t*, int64_t, int64_t, const RouterDims&, double);
+  template double sequence_aux_loss<T>(T*, const T*, const int32_t*, int64_t, int64_t, const RouterDims&, double, \
+                                       const SplitSequences*);
 TRILLION_INSTANTIATE_MOE_ROUTER(float)
 TRILLION_INSTANTIATE_MOE_ROUTER(double)
 #undef TRILLION_INSTANTIATE_MOE_ROUTER

@@ -37,6 +37,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 namespace trillion {
 
@@ -89,12 +90,22 @@ double router_z_loss(T* dlogits, const T* logits, int64_t tokens, int64_t expert
 // The bytes of router_z_loss's temporaries (lse [N] in double).
 int64_t router_z_loss_workspace_bytes(int64_t tokens);
 
+// Sequences split over ranks (context parallelism): each rank holds `seq` of every sequence's
+// whole_seq tokens, and `sum` adds values [count] in place over the ranks that hold them.
+struct SplitSequences {
+  int64_t whole_seq = 0;
+  std::function<void(double* values, int64_t count)> sum;
+};
+
 // Returns the sequence-wise loss (above) of tokens = batch · seq rows; if dscores is non-null,
 // dscores[N, E] += scale · its gradient (index is a constant). The count behind f_i is of (t, slot)
 // assignments, as DeepSeek's scatter_add does; it equals #{t : i ∈ index_t} for distinct indices.
+// With `split`, the rows are this rank's parts of longer sequences: f_i counts every part's
+// assignments (summed over the ranks), and the value is this rank's part of the loss, (1 / batch)
+// Σ_rows (1 / whole_seq) Σ_{its t} Σ_i f_i p_{t,i}, whose sum over the ranks is the loss.
 template <class T>
 double sequence_aux_loss(T* dscores, const T* scores, const int32_t* index, int64_t batch, int64_t seq,
-                         const RouterDims& dims, double scale);
+                         const RouterDims& dims, double scale, const SplitSequences* split = nullptr);
 // The bytes of sequence_aux_loss's temporaries (f [B, E] and term [N] in double).
 int64_t sequence_aux_loss_workspace_bytes(int64_t batch, int64_t seq, int64_t experts);
 

@@ -91,7 +91,7 @@ Buffer<T> extended_rows(const T* x, const Segments& seg, const Conv1dSizes& loca
 
 }  // namespace
 
-ContextAttentionTraffic context_conv1d_traffic(const ContextSplit& split, const Conv1dSizes& local,
+ContextPassTraffic context_conv1d_traffic(const ContextSplit& split, const Conv1dSizes& local,
                                                int64_t element_bytes) {
   const int64_t slots = int64_t(split.ranks() - 1) * local.batch * 2 * (local.width - 1) * local.channels;
   return {{slots * element_bytes, 0}, {2 * slots * element_bytes, 0}};

@@ -22,7 +22,7 @@ namespace trillion {
 
 // The bytes a rank receives, forward (the other ranks' chunk tails) and backward (the tails again and
 // the other ranks' chunks' halo gradients), for local sizes (batch, channels, width).
-ContextAttentionTraffic context_conv1d_traffic(const ContextSplit& split, const Conv1dSizes& local,
+ContextPassTraffic context_conv1d_traffic(const ContextSplit& split, const Conv1dSizes& local,
                                                int64_t element_bytes);
 
 // y [B, local, C] from x [B, local, C] and w [C, W]; local.seq_len = split.local_len(rank), no

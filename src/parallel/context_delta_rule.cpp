@@ -135,7 +135,7 @@ int64_t context_delta_rule_summary_count(const ContextSplit& split, const DeltaR
   return local.batch * 2 * split.ranks() * local.heads * local.key_dim * (local.key_dim + local.value_dim);
 }
 
-ContextAttentionTraffic context_delta_rule_traffic(const ContextSplit& split, const DeltaRuleSizes& local,
+ContextPassTraffic context_delta_rule_traffic(const ContextSplit& split, const DeltaRuleSizes& local,
                                                    int64_t element_bytes, bool summaries_formed_again) {
   const int64_t others = int64_t(split.ranks() - 1) * local.batch * 2 * local.heads * element_bytes;
   const int64_t summaries = others * local.key_dim * (local.key_dim + local.value_dim);

@@ -35,7 +35,7 @@ int64_t context_delta_rule_summary_count(const ContextSplit& split, const DeltaR
 
 // The bytes a rank receives: forward the other ranks' summaries of their chunks, backward their
 // chunks' dS_in [K, V] per head, and the summaries again when the backward forms them again.
-ContextAttentionTraffic context_delta_rule_traffic(const ContextSplit& split, const DeltaRuleSizes& local,
+ContextPassTraffic context_delta_rule_traffic(const ContextSplit& split, const DeltaRuleSizes& local,
                                                    int64_t element_bytes, bool summaries_formed_again = false);
 
 // o [B, local, H, V] (=) and every chunk's summaries (for the backward) from this rank's q, k

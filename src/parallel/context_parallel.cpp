@@ -39,23 +39,31 @@ std::vector<int32_t> ContextSplit::positions(int rank) const {
   return out;
 }
 
-ContextAttentionTraffic context_attention_traffic(const ContextSplit& split, int rank, const AttentionSizes& local,
-                                                  int64_t element_bytes) {
+ContextPassTraffic context_gathered_rows_traffic(const ContextSplit& split, int rank, int64_t batch, int64_t row,
+                                                 int64_t element_bytes) {
+  const int64_t own = batch * split.local_len(rank) * row * element_bytes;
+  const int64_t others = batch * (split.seq() - split.local_len(rank)) * row * element_bytes;
+  return {{others, 0}, {others, (split.ranks() - 1) * own}};
+}
+
+ContextPassTraffic context_attention_traffic(const ContextSplit& split, int rank, const AttentionSizes& local,
+                                             int64_t element_bytes) {
   const int64_t row = local.kv_heads * (local.head_dim + local.value_dim());  // a token's key and value
-  const int64_t own = local.batch * split.local_len(rank) * row * element_bytes;
-  const int64_t others = local.batch * (split.seq() - split.local_len(rank)) * row * element_bytes;
-  const ContextTraffic gather{others, 0};
-  return {gather, {others, (split.ranks() - 1) * own}};
+  return context_gathered_rows_traffic(split, rank, local.batch, row, element_bytes);
 }
 
 namespace {
 
-void check_group(const ContextSplit& split, const ProcessGroup& group, const AttentionSizes& local) {
+void check_group(const ContextSplit& split, const ProcessGroup& group) {
   TRILLION_CHECK(group.size() == split.ranks(), "context split over ", split.ranks(), " ranks, group of ",
                  group.size());
-  const int64_t len = split.local_len(group.rank());
-  TRILLION_CHECK(local.q_len == len && local.kv_len == len, "context attention: rank ", group.rank(), " holds ", len,
-                 " tokens per sequence, sizes give q_len ", local.q_len, " and kv_len ", local.kv_len);
+}
+
+void check_sizes(const ContextSplit& split, int rank, const AttentionSizes& local, int64_t kv_len) {
+  const int64_t len = split.local_len(rank);
+  TRILLION_CHECK(local.q_len == len && local.kv_len == kv_len, "context attention: rank ", rank, " holds ", len,
+                 " tokens of each ", split.seq(), "-token sequence, sizes give q_len ", local.q_len, " and kv_len ",
+                 local.kv_len, " (expected ", kv_len, ")");
 }
 
 // Elements of a gather's pieces that come from the other ranks.
@@ -65,13 +73,26 @@ int64_t received_elements(const std::vector<int64_t>& counts, int me) {
   return all - counts[me];
 }
 
-// [batch, seq, row]: the whole sequences of every rank's local [batch, local_len, row]. Every
-// rank's first chunks, then every rank's second chunks, are each one all-gather per sequence that
-// places each rank's rows at their positions (the second chunks land in reverse rank order).
+// One local chunk of one sequence as ops/attention.h sizes: its queries against the keys up to its
+// end, bottom-right causal; `offset` is the chunk's first local position.
+AttentionSizes chunk_sizes(const AttentionSizes& local, const ContextSplit::Span& span, int64_t b, int64_t offset) {
+  AttentionSizes c = local;
+  c.batch = 1;
+  c.q_len = span.size();
+  c.kv_len = span.end;
+  if (local.doc_start != nullptr) c.doc_start = local.doc_start + b * local.q_len + offset;
+  return c;
+}
+
+int64_t key_row(const AttentionSizes& local) { return local.kv_heads * local.head_dim; }
+int64_t value_row(const AttentionSizes& local) { return local.kv_heads * local.value_dim(); }
+
+}  // namespace
+
 template <class T>
-Buffer<T> gather_sequences(const T* local, int64_t batch, int64_t row, const ContextSplit& split,
-                           const ProcessGroup& group, ContextTraffic* traffic) {
-  Buffer<T> whole(batch * split.seq() * row);  // [batch, seq, row]
+void context_gather_sequences(T* whole, const T* local, int64_t batch, int64_t row, const ContextSplit& split,
+                              const ProcessGroup& group, ContextTraffic* traffic) {
+  check_group(split, group);
   const int me = group.rank();
   const int64_t len = split.local_len(me);
   for (int64_t b = 0; b < batch; ++b) {
@@ -83,21 +104,20 @@ Buffer<T> gather_sequences(const T* local, int64_t batch, int64_t row, const Con
         counts.push_back(span.size() * row);
         displs.push_back(span.begin * row);
       }
-      group.all_gather(local + (b * len + offset) * row, whole.data() + b * split.seq() * row, counts, displs);
+      group.all_gather(local + (b * len + offset) * row, whole + b * split.seq() * row, counts, displs);
       offset += split.spans(me)[which].size();
       if (traffic != nullptr) traffic->gathered_bytes += received_elements(counts, me) * int64_t(sizeof(T));
     }
   }
-  return whole;
 }
 
-// local [batch, local_len, row] ← the sum over the group of every rank's whole [batch, seq, row] at
-// this rank's positions; `whole` is overwritten. Per sequence, every rank's first chunk lies in rank
-// order and is one reduce-scatter; the second chunks lie in reverse rank order, and are put in rank
-// order in place (their region reversed, then each chunk reversed back) for the second.
+// Per sequence, every rank's first chunk lies in rank order and is one reduce-scatter; the second
+// chunks lie in reverse rank order, and are put in rank order in place (their region reversed, then
+// each chunk reversed back) for the second.
 template <class T>
-void reduce_scatter_sequences(T* local, T* whole, int64_t batch, int64_t row, const ContextSplit& split,
+void context_reduce_sequences(T* local, T* whole, int64_t batch, int64_t row, const ContextSplit& split,
                               const ProcessGroup& group, ContextTraffic* traffic) {
+  check_group(split, group);
   const int me = group.rank();
   const int64_t len = split.local_len(me), seq = split.seq();
   for (int64_t b = 0; b < batch; ++b) {
@@ -118,40 +138,6 @@ void reduce_scatter_sequences(T* local, T* whole, int64_t batch, int64_t row, co
   }
 }
 
-// A call's sizes and row widths, with the whole sequences' keys and values gathered from the group.
-template <class T>
-struct Gathered {
-  int64_t batch, len, seq, heads, q_row, out_row, k_row, v_row;
-  std::array<ContextSplit::Span, 2> spans;  // this rank's chunks
-  Buffer<T> keys, values;                   // [batch, seq, k_row], [batch, seq, v_row]
-  Gathered(const T* k, const T* v, const AttentionSizes& local, const ContextSplit& split, const ProcessGroup& group,
-           ContextTraffic* traffic)
-      : batch((check_group(split, group, local), local.batch)),
-        len(local.q_len),
-        seq(split.seq()),
-        heads(local.q_heads),
-        q_row(heads * local.head_dim),
-        out_row(heads * local.value_dim()),
-        k_row(local.kv_heads * local.head_dim),
-        v_row(local.kv_heads * local.value_dim()),
-        spans(split.spans(group.rank())),
-        keys(gather_sequences(k, batch, k_row, split, group, traffic)),
-        values(gather_sequences(v, batch, v_row, split, group, traffic)) {}
-};
-
-// One local chunk of one sequence as ops/attention.h sizes: its queries against the keys up to its
-// end, bottom-right causal; `offset` is the chunk's first local position.
-AttentionSizes chunk_sizes(const AttentionSizes& local, const ContextSplit::Span& span, int64_t b, int64_t offset) {
-  AttentionSizes c = local;
-  c.batch = 1;
-  c.q_len = span.size();
-  c.kv_len = span.end;
-  if (local.doc_start != nullptr) c.doc_start = local.doc_start + b * local.q_len + offset;
-  return c;
-}
-
-}  // namespace
-
 template <class T>
 void gather_chunk_slots(T* x, int64_t batch, int64_t count, const ContextSplit& split, const ProcessGroup& group,
                         ContextTraffic* traffic) {
@@ -167,17 +153,19 @@ void gather_chunk_slots(T* x, int64_t batch, int64_t count, const ContextSplit& 
 }
 
 template <class T>
-void context_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& local,
-                               const ContextSplit& split, const ProcessGroup& group, ContextTraffic* traffic) {
-  const Gathered<T> at(k, v, local, split, group, traffic);
-  const int64_t batch = at.batch, len = at.len, seq = at.seq, heads = at.heads;
-  Buffer<T> chunk_lse(heads * std::max(at.spans[0].size(), at.spans[1].size()));  // [heads, chunk]
-  for (int64_t b = 0; b < batch; ++b) {
+void context_attention_forward_gathered(T* out, T* lse, const T* q, const T* k_whole, const T* v_whole,
+                                        const AttentionSizes& local, const ContextSplit& split, int rank) {
+  check_sizes(split, rank, local, split.seq());
+  const int64_t len = local.q_len, seq = split.seq(), heads = local.q_heads;
+  const int64_t q_row = heads * local.head_dim, out_row = heads * local.value_dim();
+  const std::array<ContextSplit::Span, 2> spans = split.spans(rank);
+  Buffer<T> chunk_lse(heads * std::max(spans[0].size(), spans[1].size()));  // [heads, chunk]
+  for (int64_t b = 0; b < local.batch; ++b) {
     int64_t offset = 0;
-    for (const ContextSplit::Span& span : at.spans) {
-      const AttentionSizes sizes = chunk_sizes(local, span, b, offset);
-      attention_forward(out + (b * len + offset) * at.out_row, chunk_lse.data(), q + (b * len + offset) * at.q_row,
-                        at.keys.data() + b * seq * at.k_row, at.values.data() + b * seq * at.v_row, sizes);
+    for (const ContextSplit::Span& span : spans) {
+      attention_forward(out + (b * len + offset) * out_row, chunk_lse.data(), q + (b * len + offset) * q_row,
+                        k_whole + b * seq * key_row(local), v_whole + b * seq * value_row(local),
+                        chunk_sizes(local, span, b, offset));
       for (int64_t h = 0; h < heads; ++h)
         std::copy_n(chunk_lse.data() + h * span.size(), span.size(), lse + (b * heads + h) * len + offset);
       offset += span.size();
@@ -186,47 +174,104 @@ void context_attention_forward(T* out, T* lse, const T* q, const T* k, const T* 
 }
 
 template <class T>
-void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
-                                const T* lse, const AttentionSizes& local, const ContextSplit& split,
-                                const ProcessGroup& group, ContextTraffic* traffic) {
-  const Gathered<T> at(k, v, local, split, group, traffic);
-  const int64_t batch = at.batch, len = at.len, seq = at.seq, heads = at.heads;
-  // This rank's terms of every position's key and value gradients; zero past its last chunk's end.
-  Buffer<T> dkeys(batch * seq * at.k_row), dvalues(batch * seq * at.v_row);  // [batch, seq, k_row / v_row]
+void context_attention_backward_gathered(T* dq, T* dk_whole, T* dv_whole, const T* dout, const T* q, const T* k_whole,
+                                         const T* v_whole, const T* out, const T* lse, const AttentionSizes& local,
+                                         const ContextSplit& split, int rank) {
+  check_sizes(split, rank, local, split.seq());
+  const int64_t len = local.q_len, seq = split.seq(), heads = local.q_heads;
+  const int64_t q_row = heads * local.head_dim, out_row = heads * local.value_dim();
+  const int64_t k_row = key_row(local), v_row = value_row(local);
+  const std::array<ContextSplit::Span, 2> spans = split.spans(rank);
   // The earlier chunk's terms [its end, k_row / v_row], added to the later chunk's.
-  Buffer<T> early_dk(at.spans[0].end * at.k_row), early_dv(at.spans[0].end * at.v_row);
-  Buffer<T> chunk_lse(heads * std::max(at.spans[0].size(), at.spans[1].size()));  // [heads, chunk]
-  const int64_t offsets[2] = {0, at.spans[0].size()};
-  for (int64_t b = 0; b < batch; ++b) {
+  Buffer<T> early_dk(spans[0].end * k_row), early_dv(spans[0].end * v_row);
+  Buffer<T> chunk_lse(heads * std::max(spans[0].size(), spans[1].size()));  // [heads, chunk]
+  const int64_t offsets[2] = {0, spans[0].size()};
+  for (int64_t b = 0; b < local.batch; ++b) {
+    T* dk_sequence = dk_whole + b * seq * k_row;  // [seq, k_row]
+    T* dv_sequence = dv_whole + b * seq * v_row;  // [seq, v_row]
+    std::fill(dk_sequence + spans[1].end * k_row, dk_sequence + seq * k_row, T(0));
+    std::fill(dv_sequence + spans[1].end * v_row, dv_sequence + seq * v_row, T(0));
     for (int s : {1, 0}) {  // the later chunk writes its keys' rows; the earlier one's are added
-      const ContextSplit::Span& span = at.spans[s];
+      const ContextSplit::Span& span = spans[s];
       const int64_t offset = offsets[s];
       for (int64_t h = 0; h < heads; ++h)
         std::copy_n(lse + (b * heads + h) * len + offset, span.size(), chunk_lse.data() + h * span.size());
-      T* dk_rows = s == 1 ? dkeys.data() + b * seq * at.k_row : early_dk.data();
-      T* dv_rows = s == 1 ? dvalues.data() + b * seq * at.v_row : early_dv.data();
-      attention_backward(dq + (b * len + offset) * at.q_row, dk_rows, dv_rows, dout + (b * len + offset) * at.out_row,
-                         q + (b * len + offset) * at.q_row, at.keys.data() + b * seq * at.k_row,
-                         at.values.data() + b * seq * at.v_row, out + (b * len + offset) * at.out_row, chunk_lse.data(),
-                         chunk_sizes(local, span, b, offset));
+      attention_backward(dq + (b * len + offset) * q_row, s == 1 ? dk_sequence : early_dk.data(),
+                         s == 1 ? dv_sequence : early_dv.data(), dout + (b * len + offset) * out_row,
+                         q + (b * len + offset) * q_row, k_whole + b * seq * k_row, v_whole + b * seq * v_row,
+                         out + (b * len + offset) * out_row, chunk_lse.data(), chunk_sizes(local, span, b, offset));
     }
-    T* dk_whole = dkeys.data() + b * seq * at.k_row;
-    T* dv_whole = dvalues.data() + b * seq * at.v_row;
-    for (int64_t i = 0; i < at.spans[0].end * at.k_row; ++i) dk_whole[i] += early_dk[i];
-    for (int64_t i = 0; i < at.spans[0].end * at.v_row; ++i) dv_whole[i] += early_dv[i];
+    for (int64_t i = 0; i < spans[0].end * k_row; ++i) dk_sequence[i] += early_dk[i];
+    for (int64_t i = 0; i < spans[0].end * v_row; ++i) dv_sequence[i] += early_dv[i];
   }
-  reduce_scatter_sequences(dk, dkeys.data(), batch, at.k_row, split, group, traffic);
-  reduce_scatter_sequences(dv, dvalues.data(), batch, at.v_row, split, group, traffic);
+}
+
+template <class T>
+void context_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& local,
+                               const ContextSplit& split, const ProcessGroup& group, ContextTraffic* traffic) {
+  check_sizes(split, group.rank(), local, split.local_len(group.rank()));
+  Buffer<T> keys(local.batch * split.seq() * key_row(local));      // [batch, seq, kv_heads, head_dim]
+  Buffer<T> values(local.batch * split.seq() * value_row(local));  // [batch, seq, kv_heads, v_dim]
+  context_gather_sequences(keys.data(), k, local.batch, key_row(local), split, group, traffic);
+  context_gather_sequences(values.data(), v, local.batch, value_row(local), split, group, traffic);
+  AttentionSizes gathered = local;
+  gathered.kv_len = split.seq();
+  context_attention_forward_gathered(out, lse, q, keys.data(), values.data(), gathered, split, group.rank());
+}
+
+template <class T>
+void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
+                                const T* lse, const AttentionSizes& local, const ContextSplit& split,
+                                const ProcessGroup& group, ContextTraffic* traffic) {
+  check_sizes(split, group.rank(), local, split.local_len(group.rank()));
+  const int64_t k_row = key_row(local), v_row = value_row(local), rows = local.batch * split.seq();
+  Buffer<T> keys(rows * k_row), values(rows * v_row);    // [batch, seq, k_row / v_row], gathered again
+  Buffer<T> dkeys(rows * k_row), dvalues(rows * v_row);  // this rank's terms of their gradients
+  context_gather_sequences(keys.data(), k, local.batch, k_row, split, group, traffic);
+  context_gather_sequences(values.data(), v, local.batch, v_row, split, group, traffic);
+  AttentionSizes gathered = local;
+  gathered.kv_len = split.seq();
+  context_attention_backward_gathered(dq, dkeys.data(), dvalues.data(), dout, q, keys.data(), values.data(), out, lse,
+                                      gathered, split, group.rank());
+  context_reduce_sequences(dk, dkeys.data(), local.batch, k_row, split, group, traffic);
+  context_reduce_sequences(dv, dvalues.data(), local.batch, v_row, split, group, traffic);
 }
 
 ContextParallel::ContextParallel(const ProcessGroup& group, int64_t seq, const char* flag)
     : group_(group), split_(seq, group.size(), flag), positions_(split_.positions(group.rank())) {}
+
+std::array<ContextChunk, 2> ContextParallel::chunks() const {
+  const std::array<ContextSplit::Span, 2> spans = split_.spans(group_.rank());
+  return {ContextChunk{0, spans[0].begin, spans[0].end}, ContextChunk{spans[0].size(), spans[1].begin, spans[1].end}};
+}
 
 const int32_t* ContextParallel::positions(int64_t seq) const {
   TRILLION_CHECK(seq == int64_t(positions_.size()), "context parallelism: rank ", group_.rank(), " holds ",
                  positions_.size(), " tokens of each ", split_.seq(), "-token sequence, the batch has ", seq);
   return positions_.data();
 }
+
+// The float and double overrides of the gathered rows and the attention over them, written once.
+#define TRILLION_CONTEXT_GATHERED(T)                                                                                 \
+  void ContextParallel::gather_sequences(T* whole, const T* local, int64_t batch, int64_t row) {                     \
+    context_gather_sequences(whole, local, batch, row, split_, group_, &traffic_);                                   \
+  }                                                                                                                 \
+  void ContextParallel::reduce_sequences(T* local, T* whole, int64_t batch, int64_t row) {                           \
+    context_reduce_sequences(local, whole, batch, row, split_, group_, &traffic_);                                   \
+  }                                                                                                                 \
+  void ContextParallel::gathered_attention_forward(T* out, T* lse, const T* q, const T* k_whole, const T* v_whole,  \
+                                                   const AttentionSizes& local) {                                   \
+    context_attention_forward_gathered(out, lse, q, k_whole, v_whole, local, split_, group_.rank());                 \
+  }                                                                                                                 \
+  void ContextParallel::gathered_attention_backward(T* dq, T* dk_whole, T* dv_whole, const T* dout, const T* q,     \
+                                                    const T* k_whole, const T* v_whole, const T* out, const T* lse, \
+                                                    const AttentionSizes& local) {                                  \
+    context_attention_backward_gathered(dq, dk_whole, dv_whole, dout, q, k_whole, v_whole, out, lse, local, split_, \
+                                        group_.rank());                                                             \
+  }
+TRILLION_CONTEXT_GATHERED(float)
+TRILLION_CONTEXT_GATHERED(double)
+#undef TRILLION_CONTEXT_GATHERED
 
 // The float and double overrides of the convolution and the delta rule, written once.
 #define TRILLION_CONTEXT_LINEAR_ATTENTION(T)                                                                         \
@@ -256,21 +301,25 @@ TRILLION_CONTEXT_LINEAR_ATTENTION(float)
 TRILLION_CONTEXT_LINEAR_ATTENTION(double)
 #undef TRILLION_CONTEXT_LINEAR_ATTENTION
 
-template void gather_chunk_slots<float>(float*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,
-                                        ContextTraffic*);
-template void gather_chunk_slots<double>(double*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,
-                                         ContextTraffic*);
-template void context_attention_forward<float>(float*, float*, const float*, const float*, const float*,
-                                               const AttentionSizes&, const ContextSplit&, const ProcessGroup&,
-                                               ContextTraffic*);
-template void context_attention_forward<double>(double*, double*, const double*, const double*, const double*,
-                                                const AttentionSizes&, const ContextSplit&, const ProcessGroup&,
-                                                ContextTraffic*);
-template void context_attention_backward<float>(float*, float*, float*, const float*, const float*, const float*,
-                                                const float*, const float*, const float*, const AttentionSizes&,
-                                                const ContextSplit&, const ProcessGroup&, ContextTraffic*);
-template void context_attention_backward<double>(double*, double*, double*, const double*, const double*, const double*,
-                                                 const double*, const double*, const double*, const AttentionSizes&,
-                                                 const ContextSplit&, const ProcessGroup&, ContextTraffic*);
+#define TRILLION_INSTANTIATE(T)                                                                                    \
+  template void gather_chunk_slots<T>(T*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,              \
+                                      ContextTraffic*);                                                            \
+  template void context_gather_sequences<T>(T*, const T*, int64_t, int64_t, const ContextSplit&,                   \
+                                            const ProcessGroup&, ContextTraffic*);                                 \
+  template void context_reduce_sequences<T>(T*, T*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,    \
+                                            ContextTraffic*);                                                      \
+  template void context_attention_forward_gathered<T>(T*, T*, const T*, const T*, const T*, const AttentionSizes&, \
+                                                      const ContextSplit&, int);                                   \
+  template void context_attention_backward_gathered<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
+                                                       const T*, const T*, const AttentionSizes&,                  \
+                                                       const ContextSplit&, int);                                  \
+  template void context_attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionSizes&,          \
+                                             const ContextSplit&, const ProcessGroup&, ContextTraffic*);           \
+  template void context_attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,        \
+                                              const T*, const AttentionSizes&, const ContextSplit&,                \
+                                              const ProcessGroup&, ContextTraffic*);
+TRILLION_INSTANTIATE(float)
+TRILLION_INSTANTIATE(double)
+#undef TRILLION_INSTANTIATE
 
 }  // namespace trillion

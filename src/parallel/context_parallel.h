@@ -12,7 +12,9 @@
 // (bottom-right causal, so chunk positions need no offset); document masks give each token's
 // document start as a global position. The backward gathers them again (nothing gathered is kept
 // between the passes, so the memory stays divided), forms each chunk's gradients, and sums the
-// group's key and value gradients onto their owners (a reduce-scatter).
+// group's key and value gradients onto their owners (a reduce-scatter). The gather, the per-chunk
+// attention over gathered keys and the reduce-scatter are also separate pieces, for a layer that
+// gathers less than its keys (MLA: its latents and rotated keys, expanded on every rank).
 #pragma once
 
 #include <array>
@@ -59,15 +61,32 @@ struct ContextTraffic {
   int64_t total() const { return gathered_bytes + reduced_bytes; }
 };
 
-// The traffic of one context_attention_forward and one context_attention_backward on `rank`, for
-// the sizes of its local attention (batch, heads, dims) and element_bytes = sizeof(T): the forward
-// gathers the other ranks' key and value rows; the backward gathers them again and receives the
-// other ranks' sums of its own rows' key and value gradients.
-struct ContextAttentionTraffic {
+// What one forward and its backward receive.
+struct ContextPassTraffic {
   ContextTraffic forward, backward;
 };
-ContextAttentionTraffic context_attention_traffic(const ContextSplit& split, int rank, const AttentionSizes& local,
-                                                  int64_t element_bytes);
+// A gathered tensor's traffic on `rank`: rows of `row` elements per token (element_bytes each) that
+// the forward all-gathers (context_gather_sequences), the backward gathers again, and whose
+// gradients it sums onto their owners (context_reduce_sequences).
+ContextPassTraffic context_gathered_rows_traffic(const ContextSplit& split, int rank, int64_t batch, int64_t row,
+                                                 int64_t element_bytes);
+// The traffic of one context_attention_forward and one context_attention_backward on `rank`, for
+// the sizes of its local attention (batch, heads, dims) and element_bytes = sizeof(T): the keys and
+// values are the gathered rows.
+ContextPassTraffic context_attention_traffic(const ContextSplit& split, int rank, const AttentionSizes& local,
+                                             int64_t element_bytes);
+
+// whole [batch, seq, row] ← the whole sequences of every rank's local [batch, local_len, row]: per
+// sequence, the first chunks and then the second chunks, each one all-gather that places every
+// rank's rows at their positions.
+template <class T>
+void context_gather_sequences(T* whole, const T* local, int64_t batch, int64_t row, const ContextSplit& split,
+                              const ProcessGroup& group, ContextTraffic* traffic);
+// local [batch, local_len, row] ← the sum over the group of every rank's whole [batch, seq, row] at
+// this rank's positions (a reduce-scatter per sequence and chunk); `whole` is overwritten.
+template <class T>
+void context_reduce_sequences(T* local, T* whole, int64_t batch, int64_t row, const ContextSplit& split,
+                              const ProcessGroup& group, ContextTraffic* traffic);
 
 // x [batch, 2 · ranks, count]: a slot of `count` values per (sequence, chunk). Each rank's slots of
 // its own chunks are gathered into every rank's x, in place; traffic, when not null, is added to.
@@ -75,12 +94,25 @@ template <class T>
 void gather_chunk_slots(T* x, int64_t batch, int64_t count, const ContextSplit& split, const ProcessGroup& group,
                         ContextTraffic* traffic);
 
-// Causal attention of this rank's tokens over every visible token of their sequences. Tensors are
-// the local ones of ops/attention.h with q_len = kv_len = split.local_len(group.rank()): q [batch,
-// local, q_heads, head_dim], k [batch, local, kv_heads, head_dim], v [batch, local, kv_heads,
-// v_dim], out [batch, local, q_heads, v_dim], lse [batch, q_heads, local]; local.doc_start
-// [batch, local] holds global positions. The group is the context-parallel group (split.ranks()
-// ranks); traffic, when not null, is added to.
+// Causal attention of this rank's tokens over the keys and values of their whole sequences, already
+// gathered: q [batch, local, q_heads, head_dim], k_whole [batch, seq, kv_heads, head_dim], v_whole
+// [batch, seq, kv_heads, v_dim], out [batch, local, q_heads, v_dim], lse [batch, q_heads, local];
+// local.q_len = split.local_len(rank), local.kv_len = split.seq(); local.doc_start [batch, local]
+// holds global positions. Each local chunk runs ops/attention.h against the keys up to its end.
+template <class T>
+void context_attention_forward_gathered(T* out, T* lse, const T* q, const T* k_whole, const T* v_whole,
+                                        const AttentionSizes& local, const ContextSplit& split, int rank);
+// Its backward: dq of the local tokens is written (=), dk_whole and dv_whole [batch, seq, ...] get
+// this rank's terms of every position's key and value gradients (=; zero past its last chunk).
+template <class T>
+void context_attention_backward_gathered(T* dq, T* dk_whole, T* dv_whole, const T* dout, const T* q,
+                                         const T* k_whole, const T* v_whole, const T* out, const T* lse,
+                                         const AttentionSizes& local, const ContextSplit& split, int rank);
+
+// The same with the local keys and values, gathered here: tensors are the local ones of
+// ops/attention.h with q_len = kv_len = split.local_len(group.rank()), k [batch, local, kv_heads,
+// head_dim], v [batch, local, kv_heads, v_dim]. The group is the context-parallel group
+// (split.ranks() ranks); traffic, when not null, is added to.
 template <class T>
 void context_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& local,
                                const ContextSplit& split, const ProcessGroup& group, ContextTraffic* traffic);
@@ -116,7 +148,26 @@ class ContextParallel final : public ContextExchange {
                           const double* v, const double* out, const double* lse, const AttentionSizes& local) override {
     context_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, local, split_, group_, &traffic_);
   }
-  // parallel/context_conv1d.h and context_delta_rule.h (context_parallel.cpp).
+  std::array<ContextChunk, 2> chunks() const override;
+  int64_t sequence_length() const override { return split_.seq(); }
+  void sum_over_group(double* values, int64_t count) override { group_.all_reduce_sum(values, count); }
+  // Gathered rows and attention over them, and parallel/context_conv1d.h and context_delta_rule.h
+  // (context_parallel.cpp).
+  void gather_sequences(float* whole, const float* local, int64_t batch, int64_t row) override;
+  void gather_sequences(double* whole, const double* local, int64_t batch, int64_t row) override;
+  void reduce_sequences(float* local, float* whole, int64_t batch, int64_t row) override;
+  void reduce_sequences(double* local, double* whole, int64_t batch, int64_t row) override;
+  void gathered_attention_forward(float* out, float* lse, const float* q, const float* k_whole, const float* v_whole,
+                                  const AttentionSizes& local) override;
+  void gathered_attention_forward(double* out, double* lse, const double* q, const double* k_whole,
+                                  const double* v_whole, const AttentionSizes& local) override;
+  void gathered_attention_backward(float* dq, float* dk_whole, float* dv_whole, const float* dout, const float* q,
+                                   const float* k_whole, const float* v_whole, const float* out, const float* lse,
+                                   const AttentionSizes& local) override;
+  void gathered_attention_backward(double* dq, double* dk_whole, double* dv_whole, const double* dout,
+                                   const double* q, const double* k_whole, const double* v_whole, const double* out,
+                                   const double* lse, const AttentionSizes& local) override;
+
   void conv1d_silu_forward(float* y, const float* x, const float* w, const Conv1dSizes& local) override;
   void conv1d_silu_forward(double* y, const double* x, const double* w, const Conv1dSizes& local) override;
   void conv1d_silu_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,

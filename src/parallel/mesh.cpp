@@ -16,13 +16,10 @@ void ParallelMesh::validate(int ranks, int ep, const ModelConfig& config, int cp
   if (cp == 1) return;
   // What the model's layers run across a split so far (docs/architecture.md, "Context parallelism").
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    const bool mla = config.layer_types[l] != LayerType::linear_attention && config.kv_lora_rank > 0;
-    if (config.layer_types[l] == LayerType::sparse_attention || mla)
-      fail("--cp ", cp, ": layer ", l, " is ",
-           config.layer_types[l] == LayerType::sparse_attention ? "sparse_attention" : "MLA",
-           "; context parallelism covers full attention (MHA, GQA), Gated DeltaNet and KDA layers so far");
-    if (config.is_moe_layer(l))
-      fail("--cp ", cp, ": layer ", l, " is an MoE layer; context parallelism covers dense FFNs so far");
+    if (config.layer_types[l] == LayerType::sparse_attention && config.kv_lora_rank == 0)
+      fail("--cp ", cp, ": layer ", l, " is sparse_attention without MLA",
+           "; context parallelism covers full attention (MHA, GQA, MLA), MLA's sparse attention with its indexer, "
+           "Gated DeltaNet and KDA layers and MoE FFNs so far");
   }
 }
 

@@ -34,9 +34,16 @@ class ParallelPlan {
   ParallelPlan(Model<T>& model, const ParallelMesh& mesh, const ShardLayout& layout, int exchange_chunks = 1,
                int64_t seq_len = 0) {
     const ProcessGroup& world = mesh.world();
+    TRILLION_CHECK(mesh.cp() == 1 || seq_len > 0, "context parallelism needs the sequence length to split");
     if (world.size() > 1) {
+      // Every rank holds its rows' tokens, or under context parallelism its part of them.
+      const int row_shares = world.size() / mesh.cp();
+      const double token_share =
+          mesh.cp() > 1 ? double(ContextSplit(seq_len, mesh.cp()).local_len(mesh.cp_group().rank())) /
+                              double(seq_len * row_shares)
+                        : 1.0 / row_shares;
       model.set_statistics_reduction(StatisticsReduction(
-          world.size(), [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }));
+          row_shares, token_share, [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }));
       fsdp_.emplace(model, world, mesh.edp_group(), layout);
       model.set_unit_hooks(fsdp_->hooks());
     }
@@ -45,7 +52,6 @@ class ParallelPlan {
       model.set_expert_exchange(&*experts_);
     }
     if (mesh.cp() > 1) {
-      TRILLION_CHECK(seq_len > 0, "context parallelism needs the sequence length to split");
       context_.emplace(mesh.cp_group(), seq_len);
       model.set_context_exchange(&*context_);
     }

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <string>
 #include <type_traits>
@@ -291,6 +292,55 @@ TEST(MoeRouter, SequenceAuxLossMatchesFormulaAndFiniteDifferences) {
     const double err = test::expect_gradients_match(scaled_loss, {{"scores", &scores, &dscores}}, kGradTolerance);
     RecordProperty(scoring == kSigmoid ? "aux_sigmoid_err" : "aux_softmax_err", sci(err));
   }
+}
+
+// Sequences split over two holders (context parallelism's chunks: positions [0, 3) and [8, 11) on
+// one, [3, 8) on the other): each holder's value and gradient, with f summed over both, add up to the
+// whole sequences' loss and equal their gradient rows.
+TEST(MoeRouter, SequenceAuxLossOverSplitSequencesAddsUpToTheWholeOnes) {
+  const int64_t batch = 2, seq = 11, N = batch * seq, E = 8, k = 2;
+  const double scale = 0.7;
+  const RouterDims d = make_dims(kSigmoid, E, k, true, 4, 2);
+  const std::vector<double> scores = scores_of(make_logits(N * E, 52, false), N, d);
+  const std::vector<int32_t> index = select(scores, (const double*)nullptr, N, d);
+  std::vector<double> whole_dscores(N * E, 0.0);
+  const double whole = sequence_aux_loss<double>(whole_dscores.data(), scores.data(), index.data(), batch, seq, d, scale);
+
+  struct Part {
+    std::vector<int64_t> positions;
+    std::vector<double> scores, dscores, f;  // [batch, len, E] ×2, f [batch, E] of its own assignments
+    std::vector<int32_t> index;              // [batch, len, k]
+  };
+  Part parts[2] = {{{0, 1, 2, 8, 9, 10}}, {{3, 4, 5, 6, 7}}};
+  for (Part& p : parts)
+    for (int64_t b = 0; b < batch; ++b)
+      for (const int64_t t : p.positions) {
+        p.scores.insert(p.scores.end(), scores.begin() + (b * seq + t) * E, scores.begin() + (b * seq + t + 1) * E);
+        p.index.insert(p.index.end(), index.begin() + (b * seq + t) * k, index.begin() + (b * seq + t + 1) * k);
+      }
+  const auto run = [&](Part& p, const std::function<void(double*, int64_t)>& sum, double* dscores) {
+    const SplitSequences split{seq, sum};
+    return sequence_aux_loss<double>(dscores, p.scores.data(), p.index.data(), batch, int64_t(p.positions.size()), d,
+                                     scale, &split);
+  };
+  for (Part& p : parts)  // each holder's own assignment fractions
+    run(p, [&](double* f, int64_t count) { p.f.assign(f, f + count); }, nullptr);
+  double total = 0.0;
+  for (int h = 0; h < 2; ++h) {
+    Part& p = parts[h];
+    const Part& other = parts[1 - h];
+    p.dscores.assign(p.scores.size(), 0.0);
+    total += run(
+        p, [&](double* f, int64_t count) { for (int64_t i = 0; i < count; ++i) f[i] += other.f[i]; },
+        p.dscores.data());
+    const int64_t len = int64_t(p.positions.size());
+    for (int64_t b = 0; b < batch; ++b)
+      for (int64_t j = 0; j < len; ++j)
+        for (int64_t e = 0; e < E; ++e)
+          EXPECT_NEAR(p.dscores[(b * len + j) * E + e], whole_dscores[(b * seq + p.positions[j]) * E + e], 1e-15)
+              << "holder " << h << " row " << b << " position " << p.positions[j];
+  }
+  EXPECT_NEAR(total, whole, 1e-14);
 }
 
 TEST(MoeRouter, ExpertLoadCountsAssignmentsAndSumsScores) {

@@ -2,11 +2,13 @@
 // over ep groups, each rank its rows of the batch) equals one process's to relative 1e-12 in every
 // tensor, and the finite-difference check passes too, for MoE configs of both router kinds, the
 // Gated DeltaNet hybrid, Kimi Delta Attention with MLA and DeepSeek-V3.2's sparse attention with
-// its indexer loss, over several (ranks, ep) layouts.
+// its indexer loss, over several (ranks, ep) layouts; and with context parallelism (--cp), each
+// sequence split over its cp group, for every mixer kind it covers.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "train/cli_fixture.h"
 
@@ -59,29 +61,25 @@ INSTANTIATE_TEST_SUITE_P(
              (cp != std::string::npos ? "_cp" + extra.substr(cp + 5, extra.find(' ', cp + 5) - cp - 5) : "");
     });
 
-// Context parallelism through Gated DeltaNet (beside gated full attention) and KDA layers: the
-// convolution's halos and the delta rule's state passed across the ranks, the chunks' summaries formed
-// again in the backward. Their FFNs made dense (MoE under cp comes later); chunks of 1 to 3 tokens
-// at cp 4, so a halo reaches over several chunks.
-TEST(DistributedGradcheck, ContextParallelLinearAttentionIsOneProcesses) {
-  const test::ScratchDir dir;
-  const auto dense = [&](const std::string& config, const nlohmann::json& changes) {
-    nlohmann::json c = nlohmann::json::parse(read_text(fs::path(TRILLION_SOURCE_DIR) / "configs/models" / config));
-    c.update(changes);
-    c.erase("mlp_only_layers");
-    const fs::path path = fs::path(dir.path()) / config;
-    write_text(path, c.dump());
-    return path.string();
-  };
-  const std::string configs[] = {dense("tiny_qwen3_next_hybrid.json", {{"num_experts", 0}}),
-                                 dense("tiny_kimi_linear_kda.json", {{"mlp_layer_types", {"dense", "dense"}}})};
+// A config of configs/models with `changes`, written to `dir` (mlp_only_layers dropped).
+std::string config_variant(const test::ScratchDir& dir, const std::string& config, const nlohmann::json& changes) {
+  nlohmann::json c = nlohmann::json::parse(read_text(fs::path(TRILLION_SOURCE_DIR) / "configs/models" / config));
+  c.update(changes);
+  c.erase("mlp_only_layers");
+  const fs::path path = fs::path(dir.path()) / config;
+  write_text(path, c.dump());
+  return path.string();
+}
+
+// gradcheck --cp of each config under each (ranks, flags): one process's gradient to 1e-12 in every
+// element, and the finite-difference check along random directions (every element is checked by the
+// one-process gradient checks).
+void expect_context_parallel_is_one_process(const std::vector<std::string>& configs,
+                                            const std::vector<std::pair<int, std::string>>& layouts) {
   for (const std::string& config : configs)
-    for (const auto& [ranks, flags] : {std::pair<int, std::string>{2, "--batch 1 --cp 2 --seq-len 11"},
-                                       {2, "--batch 2 --cp 2 --seq-len 9"},
-                                       {4, "--batch 2 --cp 2 --seq-len 13"},
-                                       {4, "--batch 1 --cp 4 --seq-len 9"}}) {
+    for (const auto& [ranks, flags] : layouts) {
       const CommandResult r = run_shell("OMP_NUM_THREADS=1 " + mpirun_launcher(ranks) + " " + TRILLION_BINARY +
-                                        " gradcheck --config " + config + " " + flags + " 2>&1");
+                                        " gradcheck --max-elements 0 --config " + config + " " + flags + " 2>&1");
       ASSERT_EQ(r.status, 0) << r.output;
       const std::string json = r.output.substr(r.output.rfind('{'));
       const nlohmann::json summary = nlohmann::json::parse(json.substr(0, json.find('\n')));
@@ -90,21 +88,74 @@ TEST(DistributedGradcheck, ContextParallelLinearAttentionIsOneProcesses) {
     }
 }
 
-// Context parallelism refuses, naming the flag and the layer, what it does not cover yet.
-TEST(DistributedGradcheck, ContextParallelismNamesTheLayersItDoesNotCoverYet) {
-  for (const auto& [config, message] : {std::pair<std::string, std::string>{"tiny_qwen3_moe", "is an MoE layer"},
-                                        {"tiny_deepseek_v32", "is sparse_attention"},
-                                        {"tiny_deepseek_v3", "is MLA"}}) {
-    const CommandResult r =
-        run_shell("OMP_NUM_THREADS=1 " + mpirun_launcher(2) + " " + TRILLION_BINARY + " gradcheck --config " +
-                  TRILLION_SOURCE_DIR + "/configs/models/" + config + ".json --batch 1 --cp 2 2>&1");
-    EXPECT_NE(r.status, 0) << r.output;
-    EXPECT_NE(r.output.find("--cp 2: layer "), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+// Context parallelism through Gated DeltaNet (beside gated full attention), KDA and MLA layers: the
+// convolution's halos and the delta rule's state passed across the ranks, the chunks' summaries formed
+// again in the backward; MLA's latents and rotated keys gathered (DeepSeek-V3's with q LoRA, YaRN and
+// interleaved RoPE; Kimi Linear's NoPE beside KDA). Their FFNs made dense; chunks of 1 to 3 tokens
+// at cp 4, so a halo reaches over several chunks.
+TEST(DistributedGradcheck, ContextParallelMixersAreOneProcesses) {
+  const test::ScratchDir dir;
+  expect_context_parallel_is_one_process(
+      {config_variant(dir, "tiny_qwen3_next_hybrid.json", {{"num_experts", 0}}),
+       config_variant(dir, "tiny_kimi_linear_kda.json", {{"mlp_layer_types", {"dense", "dense"}}}),
+       config_variant(dir, "tiny_kimi_linear.json", {{"mlp_layer_types", {"dense", "dense"}}}),
+       config_variant(dir, "tiny_deepseek_v3.json", {{"first_k_dense_replace", 2}})},
+      {{2, "--batch 1 --cp 2 --seq-len 11"},
+       {2, "--batch 2 --cp 2 --seq-len 9"},
+       {4, "--batch 2 --cp 2 --seq-len 13"},
+       {4, "--batch 1 --cp 4 --seq-len 9"}});
+}
+
+// MoE layers under context parallelism, alone and beside expert parallelism: the routing statistics
+// summed over the ranks; the z-loss weighted by each rank's tokens (which differ: no length is a
+// multiple of 2 · cp); the sequence-wise balance loss seeing each sequence whole through its cp
+// group's sums. Kimi Linear (KDA, MLA, sigmoid routing), DeepSeek-V3 (grouped sigmoid routing) and
+// Qwen3-MoE (softmax, the pooled loss).
+TEST(DistributedGradcheck, ContextParallelMoeIsOneProcesses) {
+  const test::ScratchDir dir;
+  const nlohmann::json sequence_loss = {{"output_router_logits", true},
+                                        {"router_aux_loss_coef", 0.3},
+                                        {"router_aux_loss_type", "sequence"},
+                                        {"router_z_loss_coef", 0.01}};
+  expect_context_parallel_is_one_process(
+      {config_variant(dir, "tiny_kimi_linear.json", sequence_loss),
+       config_variant(dir, "tiny_deepseek_v3.json", sequence_loss),
+       config_variant(dir, "tiny_qwen3_moe.json",
+                      {{"output_router_logits", true}, {"router_aux_loss_coef", 0.3}, {"router_z_loss_coef", 0.01}})},
+      {{2, "--batch 1 --cp 2 --seq-len 11"},
+       {4, "--batch 2 --cp 2 --seq-len 9"},
+       {4, "--batch 2 --ep 2 --cp 2 --seq-len 13"},
+       {4, "--batch 1 --cp 4 --seq-len 9"}});
+}
+
+// Sparse MLA layers under context parallelism: the indexer's keys gathered, each rank selecting over
+// every earlier position of its sequences, attention over the selected rows of the gathered latents,
+// the indexer's loss per chunk with its key gradients summed onto their owners; in the indexer's
+// dense (warm-up) and sparse stages, beside MoE and expert parallelism. DeepSeek-V3.2, and the
+// Kimi-K3-like hybrid (KDA : sparse MLA = 3 : 1, 16 grouped sigmoid-routed experts and a shared one).
+TEST(DistributedGradcheck, ContextParallelSparseAttentionIsOneProcesses) {
+  const test::ScratchDir dir;
+  const nlohmann::json sequence_loss = {
+      {"output_router_logits", true}, {"router_aux_loss_coef", 0.3}, {"router_aux_loss_type", "sequence"}};
+  const std::vector<std::string> configs = {config_variant(dir, "tiny_deepseek_v32.json", sequence_loss),
+                                            config_variant(dir, "tiny_kimi_k3_like.json", sequence_loss)};
+  for (const std::string mode : {"dense", "sparse"}) {
+    const std::string indexer = " --indexer-loss-coef 0.5 --indexer-mode " + mode;
+    expect_context_parallel_is_one_process(configs, {{2, "--batch 1 --cp 2 --seq-len 11" + indexer},
+                                                     {4, "--batch 2 --ep 2 --cp 2 --seq-len 13" + indexer},
+                                                     {4, "--batch 1 --cp 4 --seq-len 17" + indexer}});
   }
-  const CommandResult r = run_shell("OMP_NUM_THREADS=1 " + mpirun_launcher(2) + " " + TRILLION_BINARY +
-                                    " gradcheck --config " + TRILLION_SOURCE_DIR +
-                                    "/configs/models/tiny.json --batch 1 --cp 3 2>&1");
+}
+
+// Context parallelism refuses, naming the flag and the layer, what it does not cover yet, and a cp
+// that does not divide the ranks.
+TEST(DistributedGradcheck, ContextParallelismNamesTheLayersItDoesNotCoverYet) {
+  const std::string gradcheck = "OMP_NUM_THREADS=1 " + mpirun_launcher(2) + " " + TRILLION_BINARY +
+                                " gradcheck --batch 1 --config " + TRILLION_SOURCE_DIR + "/configs/models/";
+  CommandResult r = run_shell(gradcheck + "tiny_qwen3_sparse.json --cp 2 2>&1");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("--cp 2: layer 0 is sparse_attention without MLA"), std::string::npos) << r.output;
+  r = run_shell(gradcheck + "tiny.json --cp 3 2>&1");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--cp 3 must be ≥ 1 and divide the 2 ranks"), std::string::npos) << r.output;
 }
