@@ -142,6 +142,9 @@ void register_gradcheck(CLI::App& app) {
                   "Indexer loss coefficient (its tensors are checked against it, the others without it)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  cmd->add_option("--document-eos", args->options.document_eos,
+                  "Document masks: this token ends a document (the batch holds it at about every fourth position)")
+      ->check(CLI::NonNegativeNumber);
   cmd->callback([cmd, args, mode] {
     if (args->lora_rank == 0 && (cmd->count("--lora-targets") > 0 || cmd->count("--lora-target-parameters") > 0))
       fail("--lora-targets / --lora-target-parameters: expected --lora-rank R with them");

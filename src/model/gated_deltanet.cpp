@@ -170,14 +170,16 @@ void mixer_forward(T* x, const T* h, const GatedDeltaNetWeights<T>& w, const Gat
   const Core<T> c = core_buffers<T>(n, d, saves, scratch);
   const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), d.conv_channels(), d.conv_width, pass.segments};
   prepare_core(c, h, n, w, d, scratch, [&](T* out, const T* in) {
-    if (pass.context != nullptr) pass.context->conv1d_silu_forward(out, in, w.conv, conv_sizes);  // halos across ranks
-    else conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes);
+    if (pass.context != nullptr)
+      pass.context->conv1d_silu_forward(out, in, w.conv, pass.doc_start, conv_sizes);  // halos across ranks
+    else
+      conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes);
   });
   T* core = saves.out<T>(Tag::la_core);  // [n, nv, dv]
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), nv, d.key_dim, dv, pass.segments,
                              DeltaDecay::per_head};
   if (pass.context != nullptr)  // from the state the earlier ranks' tokens leave
-    pass.context->delta_rule_forward(core, c.q_rep, c.k_rep, c.v, c.g, c.beta, sizes);
+    pass.context->delta_rule_forward(core, c.q_rep, c.k_rep, c.v, c.g, c.beta, pass.doc_start, sizes);
   else
     delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_rep, c.k_rep, c.v, c.g, c.beta,
                              static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
@@ -227,7 +229,8 @@ T* mixer_backward(const T* dy, const T* h, const GatedDeltaNetWeights<T>& w, con
   T* dbeta = scratch.alloc<T>(n * nv);        // [n, nv]
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), nv, dk, dv, pass.segments, DeltaDecay::per_head};
   if (pass.context != nullptr)
-    pass.context->delta_rule_backward(dq_rep, dk_rep, dv_heads, dg, dbeta, d_core, q_rep, k_rep, v, g, beta, sizes);
+    pass.context->delta_rule_backward(dq_rep, dk_rep, dv_heads, dg, dbeta, d_core, q_rep, k_rep, v, g, beta,
+                                      pass.doc_start, sizes);
   else
     delta_rule_chunk_backward(dq_rep, dk_rep, dv_heads, dg, dbeta, static_cast<T*>(nullptr), d_core,
                               static_cast<const T*>(nullptr), q_rep, k_rep, v, g, beta,
@@ -262,7 +265,7 @@ T* mixer_backward(const T* dy, const T* h, const GatedDeltaNetWeights<T>& w, con
   T* d_conv_in = scratch.alloc<T>(n * Ck);  // [n, Ck]
   const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), Ck, d.conv_width, pass.segments};
   if (pass.context != nullptr)
-    pass.context->conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, conv_sizes);
+    pass.context->conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.doc_start, conv_sizes);
   else
     conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.cu_seqlens, conv_sizes);
 

@@ -95,6 +95,11 @@ GradientCheckBatch gradient_check_batch(const ModelConfig& config, const Gradien
     batch.tokens[i] = static_cast<int32_t>(token_rng.bits(i) % V);
     batch.targets[i] = static_cast<int32_t>(target_rng.bits(i) % V);
   }
+  if (options.document_eos >= V)
+    fail("gradient check: --document-eos ", options.document_eos, " is outside the vocab of ", V, " tokens");
+  const CounterRng eos_rng(options.seed, "gradcheck.documents");
+  for (int64_t i = 0; i < n && options.document_eos >= 0; ++i)
+    if (eos_rng.bits(i) % 4 == 0) batch.tokens[i] = options.document_eos;
   if (n > 1) batch.targets[n / 2] = kIgnoreIndex;  // the ignored-target path is checked too
   const int64_t counted =
       std::count_if(batch.targets.begin(), batch.targets.end(), [](int32_t t) { return t != kIgnoreIndex; });
@@ -137,6 +142,7 @@ void compute_analytic_gradient(Model<double>& model, const GradientCheckBatch& b
   draw_lora_b(model, options.seed + 1);
   model.set_lora_dropout(LoraDropoutPass{options.seed, 0, 0});  // one mask for every pass of the check
   if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
+  if (options.document_eos >= 0) model.set_document_mask(options.document_eos);
   model.zero_grads();
   model.forward_backward(batch.tokens.data(), batch.targets.data(), options.batch, options.seq, batch.scales);
   model.decisions().start_replay();  // perturbed passes keep the unperturbed routing

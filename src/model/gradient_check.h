@@ -60,6 +60,9 @@ struct GradientCheckOptions {
   // tensor against the objective without the indexer loss.
   IndexerMode indexer_mode = IndexerMode::sparse;
   double indexer_loss_coef = 1.0;
+  // Document masks (Model::set_document_mask): this token ends a document, and the batch holds it at
+  // about one position in four, so documents of a few tokens cross every boundary; −1: off.
+  int32_t document_eos = -1;
 };
 
 struct TensorCheck {

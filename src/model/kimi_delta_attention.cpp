@@ -116,14 +116,16 @@ void mixer_forward(T* x, const T* x_hat, const KimiDeltaAttentionWeights<T>& w, 
   const KdaInputs<T> c = kda_buffers<T>(n, d, saves, scratch);
   const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), 3 * W, d.conv_width, pass.segments};
   prepare_inputs(c, x_hat, n, w, d, scratch, [&](T* out, const T* in) {
-    if (pass.context != nullptr) pass.context->conv1d_silu_forward(out, in, w.conv, conv_sizes);  // halos across ranks
-    else conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes);
+    if (pass.context != nullptr)
+      pass.context->conv1d_silu_forward(out, in, w.conv, pass.doc_start, conv_sizes);  // halos across ranks
+    else
+      conv1d_silu_forward(out, in, w.conv, pass.cu_seqlens, conv_sizes);
   });
   T* core = saves.out<T>(Tag::la_core);  // [n, h, D]
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), h, D, D, pass.segments,
                              DeltaDecay::per_key_channel};
   if (pass.context != nullptr)  // from the state the earlier ranks' tokens leave
-    pass.context->delta_rule_forward(core, c.q_scaled, c.k_hat, c.v, c.g, c.beta, sizes);
+    pass.context->delta_rule_forward(core, c.q_scaled, c.k_hat, c.v, c.g, c.beta, pass.doc_start, sizes);
   else
     delta_rule_chunk_forward(core, static_cast<T*>(nullptr), c.q_scaled, c.k_hat, c.v, c.g, c.beta,
                              static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
@@ -178,7 +180,8 @@ T* mixer_backward(const T* dy, const T* x_hat, const KimiDeltaAttentionWeights<T
   const DeltaRuleSizes sizes{pass.segment_batch(), pass.segment_seq(), h, D, D, pass.segments,
                              DeltaDecay::per_key_channel};
   if (pass.context != nullptr)
-    pass.context->delta_rule_backward(dq, dk, dv, dg, dbeta, d_core, q_scaled, k_hat, v, g, beta, sizes);
+    pass.context->delta_rule_backward(dq, dk, dv, dg, dbeta, d_core, q_scaled, k_hat, v, g, beta, pass.doc_start,
+                                      sizes);
   else
     delta_rule_chunk_backward(dq, dk, dv, dg, dbeta, static_cast<T*>(nullptr), d_core, static_cast<const T*>(nullptr),
                               q_scaled, k_hat, v, g, beta, static_cast<const T*>(nullptr), pass.cu_seqlens, sizes);
@@ -200,7 +203,7 @@ T* mixer_backward(const T* dy, const T* x_hat, const KimiDeltaAttentionWeights<T
   T* d_conv_in = scratch.alloc<T>(n * 3 * W);  // [n, 3·h·D]
   const Conv1dSizes conv_sizes{pass.segment_batch(), pass.segment_seq(), 3 * W, d.conv_width, pass.segments};
   if (pass.context != nullptr)
-    pass.context->conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, conv_sizes);
+    pass.context->conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.doc_start, conv_sizes);
   else
     conv1d_silu_backward(d_conv_in, grads.conv, d_conv_out, conv_in, w.conv, pass.cu_seqlens, conv_sizes);
   const LinearWeights<T>* projections[] = {&w.q_proj, &w.k_proj, &w.v_proj};

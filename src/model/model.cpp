@@ -330,9 +330,18 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   if (!m.decisions.replaying()) m.decisions.start_recording();
   ensure_size(m.hidden, n * D);
   ensure_size(m.positions, n);
-  TRILLION_CHECK(m.context == nullptr || mode != PassMode::train || m.document_eos < 0,
-                 "context parallelism with document masks: not yet");
-  if (m.document_eos >= 0) {  // a document starts at each row's start and after each eos
+  // Training passes take this rank's part of each sequence; evaluation and gradient checking's
+  // passes run whole windows.
+  ContextExchange* context = mode == PassMode::train ? m.context : nullptr;
+  const int32_t* global = context != nullptr ? context->positions(seq) : nullptr;  // [seq]
+  if (m.document_eos >= 0 && context != nullptr) {
+    // Documents span the ranks' chunks: their starts as global positions, no packed segments (the
+    // linear-attention layers hand the starts to the exchange).
+    ensure_size(m.doc_start, n);
+    context->document_starts(m.doc_start.data(), tokens, batch, m.document_eos);
+    m.cu_seqlens.clear();
+    for (int64_t i = 0; i < n; ++i) m.positions[i] = global[i % seq] - m.doc_start[i];
+  } else if (m.document_eos >= 0) {  // a document starts at each row's start and after each eos
     ensure_size(m.doc_start, n);
     m.cu_seqlens.clear();
     for (int64_t b = 0; b < batch; ++b) {
@@ -346,9 +355,6 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
     }
     m.cu_seqlens.push_back(static_cast<int32_t>(n));
   } else {
-    // Training passes take this rank's part of each sequence; evaluation and gradient checking's
-    // passes run whole windows.
-    const int32_t* global = m.context != nullptr && mode == PassMode::train ? m.context->positions(seq) : nullptr;
     for (int64_t i = 0; i < n; ++i)
       m.positions[i] = global != nullptr ? global[i % seq] : static_cast<int32_t>(i % seq);
   }
@@ -365,7 +371,7 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   m.indexer.grad_scale = sparse > 0 ? m.indexer.coef * scales.aux / sparse * shares.token_weight() : 0.0;
   pass.indexer = &m.indexer;
   pass.experts = m.exchange;
-  pass.context = mode == PassMode::train ? m.context : nullptr;
+  pass.context = context;
   T* params = m.params.data();
   T* x = m.hidden.data();  // [n, D]
   const int head_fsdp_unit = head_unit(m.config);  // 0 (tied: the embeddings' unit) or 1 + L

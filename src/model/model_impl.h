@@ -103,10 +103,12 @@ struct Model<T>::Impl {
   // Before the backward of `layer`: re-runs the sublayers whose saved tensors the store dropped
   // (mixer from attn_input, FFN from ffn_input), decisions replayed, statistics discarded.
   void recompute(int layer, int64_t batch, int64_t seq);
-  // Document masks (when on): the step's document starts, per row and packed, into the pass.
+  // Document masks (when on): the step's document starts, per row and (without context
+  // parallelism) packed, into the pass.
   void document_segments(LayerPass& pass) const {
     if (document_eos < 0) return;
     pass.doc_start = doc_start.data();
+    if (cu_seqlens.empty()) return;
     pass.cu_seqlens = cu_seqlens.data();
     pass.segments = static_cast<int64_t>(cu_seqlens.size()) - 1;
   }

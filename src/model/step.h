@@ -204,7 +204,7 @@ class ExpertExchange {
 // chunks, back to back). The model takes its tokens' positions from here, and its sequence mixers
 // (attention; MLA; Gated DeltaNet's and KDA's convolution and delta rule) see every earlier token of
 // their sequences through it, and the MoE layers' sequence-wise balance loss every token of them;
-// every rank of the group runs the same passes. No document masks yet.
+// every rank of the group runs the same passes. Document masks give global positions.
 // One of the two chunks of every sequence a rank holds under context parallelism: local positions
 // [offset, offset + size()) of each of its rows, global positions [begin, end).
 struct ContextChunk {
@@ -234,6 +234,9 @@ class ContextExchange {
   virtual int64_t sequence_length() const = 0;
   // values [count] ← their sum over the group (per-sequence statistics of the MoE layers).
   virtual void sum_over_group(double* values, int64_t count) = 0;
+  // Document masks: doc_start [batch, its tokens] ← the global position where each of this rank's
+  // tokens' document starts (at the sequence's start and after each `eos`, whichever rank holds it).
+  virtual void document_starts(int32_t* doc_start, const int32_t* tokens, int64_t batch, int32_t eos) = 0;
   // Rows gathered rather than keys (MLA's latent and rope key): whole [batch, sequence_length(), row]
   // ← every rank's local [batch, its tokens, row]; and local ← the group's sum of their whole rows at
   // this rank's tokens (whole is overwritten).
@@ -254,25 +257,29 @@ class ContextExchange {
                                            const double* q, const double* k_whole, const double* v_whole,
                                            const double* out, const double* lse, const AttentionSizes& local) = 0;
   // ops/conv1d.h's short convolution over this rank's tokens (local sizes: batch rows of its tokens
-  // per sequence, no segments), each chunk reading the inputs before it from the ranks that hold them.
-  virtual void conv1d_silu_forward(float* y, const float* x, const float* w, const Conv1dSizes& local) = 0;
-  virtual void conv1d_silu_forward(double* y, const double* x, const double* w, const Conv1dSizes& local) = 0;
+  // per sequence, no segments), each chunk reading the inputs before it from the ranks that hold
+  // them; doc_start [batch, its tokens] (global positions; null: no document masks) cuts documents.
+  virtual void conv1d_silu_forward(float* y, const float* x, const float* w, const int32_t* doc_start,
+                                   const Conv1dSizes& local) = 0;
+  virtual void conv1d_silu_forward(double* y, const double* x, const double* w, const int32_t* doc_start,
+                                   const Conv1dSizes& local) = 0;
   virtual void conv1d_silu_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                                    const Conv1dSizes& local) = 0;
+                                    const int32_t* doc_start, const Conv1dSizes& local) = 0;
   virtual void conv1d_silu_backward(double* dx, double* dw, const double* dy, const double* x, const double* w,
-                                    const Conv1dSizes& local) = 0;
+                                    const int32_t* doc_start, const Conv1dSizes& local) = 0;
   // ops/delta_rule.h's chunked gated delta rule over this rank's tokens from the state the earlier
-  // tokens leave (local sizes likewise); the backward forms the exchanged chunk summaries again.
+  // tokens leave (local sizes and doc_start likewise); the backward forms the exchanged chunk
+  // summaries again.
   virtual void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* g,
-                                  const float* beta, const DeltaRuleSizes& local) = 0;
+                                  const float* beta, const int32_t* doc_start, const DeltaRuleSizes& local) = 0;
   virtual void delta_rule_forward(double* o, const double* q, const double* k, const double* v, const double* g,
-                                  const double* beta, const DeltaRuleSizes& local) = 0;
+                                  const double* beta, const int32_t* doc_start, const DeltaRuleSizes& local) = 0;
   virtual void delta_rule_backward(float* dq, float* dk, float* dv, float* dg, float* dbeta, const float* d_o,
                                    const float* q, const float* k, const float* v, const float* g, const float* beta,
-                                   const DeltaRuleSizes& local) = 0;
+                                   const int32_t* doc_start, const DeltaRuleSizes& local) = 0;
   virtual void delta_rule_backward(double* dq, double* dk, double* dv, double* dg, double* dbeta, const double* d_o,
                                    const double* q, const double* k, const double* v, const double* g,
-                                   const double* beta, const DeltaRuleSizes& local) = 0;
+                                   const double* beta, const int32_t* doc_start, const DeltaRuleSizes& local) = 0;
 };
 
 class ActivationStore;

@@ -240,6 +240,46 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
 ContextParallel::ContextParallel(const ProcessGroup& group, int64_t seq, const char* flag)
     : group_(group), split_(seq, group.size(), flag), positions_(split_.positions(group.rank())) {}
 
+// Per sequence and chunk, its last token and the latest document start its own tokens reveal (after
+// an eos inside it; −1: none) are all-gathered; each rank then walks the chunks in order.
+void ContextParallel::document_starts(int32_t* doc_start, const int32_t* tokens, int64_t batch, int32_t eos) {
+  const int me = group_.rank();
+  const int64_t chunks = 2 * int64_t(split_.ranks()), len = split_.local_len(me);
+  const std::array<ContextChunk, 2> own = this->chunks();
+  Buffer<double> slots(batch * chunks * 2);  // [batch, chunks, 2]: last token, latest inner start
+  for (int64_t b = 0; b < batch; ++b)
+    for (int which : {0, 1}) {
+      const ContextChunk& c = own[which];
+      const int32_t* row = tokens + b * len + c.offset;  // [chunk]
+      int64_t inner = -1;
+      for (int64_t t = 1; t < c.size(); ++t)
+        if (row[t - 1] == eos) inner = c.begin + t;
+      const int64_t chunk = which == 0 ? me : chunks - 1 - me;
+      slots[(b * chunks + chunk) * 2] = row[c.size() - 1];
+      slots[(b * chunks + chunk) * 2 + 1] = double(inner);
+    }
+  gather_chunk_slots(slots.data(), batch, 2, split_, group_, nullptr);
+  for (int64_t b = 0; b < batch; ++b) {
+    const double* slot = slots.data() + b * chunks * 2;  // [chunks, 2]
+    int64_t start = 0;
+    for (int64_t chunk = 0; chunk < chunks; ++chunk) {
+      const ContextSplit::Span span = split_.chunk(int(chunk));
+      if (chunk > 0 && int32_t(slot[(chunk - 1) * 2]) == eos) start = span.begin;
+      const int which = chunk == me ? 0 : chunk == chunks - 1 - me ? 1 : -1;
+      if (which < 0) {
+        start = std::max<int64_t>(start, int64_t(slot[chunk * 2 + 1]));
+        continue;
+      }
+      const ContextChunk& c = own[which];
+      const int32_t* row = tokens + b * len + c.offset;  // [chunk]
+      for (int64_t t = 0; t < c.size(); ++t) {
+        if (t > 0 && row[t - 1] == eos) start = c.begin + t;
+        doc_start[b * len + c.offset + t] = int32_t(start);
+      }
+    }
+  }
+}
+
 std::array<ContextChunk, 2> ContextParallel::chunks() const {
   const std::array<ContextSplit::Span, 2> spans = split_.spans(group_.rank());
   return {ContextChunk{0, spans[0].begin, spans[0].end}, ContextChunk{spans[0].size(), spans[1].begin, spans[1].end}};
@@ -274,28 +314,25 @@ TRILLION_CONTEXT_GATHERED(double)
 #undef TRILLION_CONTEXT_GATHERED
 
 // The float and double overrides of the convolution and the delta rule, written once.
-#define TRILLION_CONTEXT_LINEAR_ATTENTION(T)                                                                         \
-  void ContextParallel::conv1d_silu_forward(T* y, const T* x, const T* w, const Conv1dSizes& local) {                \
-    TRILLION_CHECK(local.num_segments == 0, "context parallelism with document masks: not yet");                    \
-    context_conv1d_silu_forward(y, x, w, nullptr, local, split_, group_, &traffic_);                                \
+#define TRILLION_CONTEXT_LINEAR_ATTENTION(T)                                                                        \
+  void ContextParallel::conv1d_silu_forward(T* y, const T* x, const T* w, const int32_t* doc_start,                 \
+                                            const Conv1dSizes& local) {                                            \
+    context_conv1d_silu_forward(y, x, w, doc_start, local, split_, group_, &traffic_);                              \
   }                                                                                                                 \
-  void ContextParallel::conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w,                      \
-                                             const Conv1dSizes& local) {                                            \
-    TRILLION_CHECK(local.num_segments == 0, "context parallelism with document masks: not yet");                    \
-    context_conv1d_silu_backward(dx, dw, dy, x, w, nullptr, local, split_, group_, &traffic_);                      \
+  void ContextParallel::conv1d_silu_backward(T* dx, T* dw, const T* dy, const T* x, const T* w,                     \
+                                             const int32_t* doc_start, const Conv1dSizes& local) {                  \
+    context_conv1d_silu_backward(dx, dw, dy, x, w, doc_start, local, split_, group_, &traffic_);                    \
   }                                                                                                                 \
-  void ContextParallel::delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* g, const T* beta,      \
-                                           const DeltaRuleSizes& local) {                                           \
-    TRILLION_CHECK(local.num_segments == 0, "context parallelism with document masks: not yet");                    \
+  void ContextParallel::delta_rule_forward(T* o, const T* q, const T* k, const T* v, const T* g, const T* beta,     \
+                                           const int32_t* doc_start, const DeltaRuleSizes& local) {                 \
     Buffer<T> summaries(context_delta_rule_summary_count(split_, local)); /* formed again by the backward */        \
-    context_delta_rule_forward(o, summaries.data(), q, k, v, g, beta, nullptr, local, split_, group_, &traffic_);   \
+    context_delta_rule_forward(o, summaries.data(), q, k, v, g, beta, doc_start, local, split_, group_, &traffic_); \
   }                                                                                                                 \
-  void ContextParallel::delta_rule_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* d_o, const T* q,         \
+  void ContextParallel::delta_rule_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, const T* d_o, const T* q,        \
                                             const T* k, const T* v, const T* g, const T* beta,                      \
-                                            const DeltaRuleSizes& local) {                                          \
-    TRILLION_CHECK(local.num_segments == 0, "context parallelism with document masks: not yet");                    \
+                                            const int32_t* doc_start, const DeltaRuleSizes& local) {                \
     context_delta_rule_backward(dq, dk, dv, dg, dbeta, d_o, q, k, v, g, beta, static_cast<const T*>(nullptr),      \
-                                nullptr, local, split_, group_, &traffic_);                                          \
+                                doc_start, local, split_, group_, &traffic_);                                       \
   }
 TRILLION_CONTEXT_LINEAR_ATTENTION(float)
 TRILLION_CONTEXT_LINEAR_ATTENTION(double)

@@ -151,6 +151,7 @@ class ContextParallel final : public ContextExchange {
   std::array<ContextChunk, 2> chunks() const override;
   int64_t sequence_length() const override { return split_.seq(); }
   void sum_over_group(double* values, int64_t count) override { group_.all_reduce_sum(values, count); }
+  void document_starts(int32_t* doc_start, const int32_t* tokens, int64_t batch, int32_t eos) override;
   // Gathered rows and attention over them, and parallel/context_conv1d.h and context_delta_rule.h
   // (context_parallel.cpp).
   void gather_sequences(float* whole, const float* local, int64_t batch, int64_t row) override;
@@ -168,22 +169,24 @@ class ContextParallel final : public ContextExchange {
                                    const double* q, const double* k_whole, const double* v_whole, const double* out,
                                    const double* lse, const AttentionSizes& local) override;
 
-  void conv1d_silu_forward(float* y, const float* x, const float* w, const Conv1dSizes& local) override;
-  void conv1d_silu_forward(double* y, const double* x, const double* w, const Conv1dSizes& local) override;
+  void conv1d_silu_forward(float* y, const float* x, const float* w, const int32_t* doc_start,
+                           const Conv1dSizes& local) override;
+  void conv1d_silu_forward(double* y, const double* x, const double* w, const int32_t* doc_start,
+                           const Conv1dSizes& local) override;
   void conv1d_silu_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
-                            const Conv1dSizes& local) override;
+                            const int32_t* doc_start, const Conv1dSizes& local) override;
   void conv1d_silu_backward(double* dx, double* dw, const double* dy, const double* x, const double* w,
-                            const Conv1dSizes& local) override;
+                            const int32_t* doc_start, const Conv1dSizes& local) override;
   void delta_rule_forward(float* o, const float* q, const float* k, const float* v, const float* g, const float* beta,
-                          const DeltaRuleSizes& local) override;
+                          const int32_t* doc_start, const DeltaRuleSizes& local) override;
   void delta_rule_forward(double* o, const double* q, const double* k, const double* v, const double* g,
-                          const double* beta, const DeltaRuleSizes& local) override;
+                          const double* beta, const int32_t* doc_start, const DeltaRuleSizes& local) override;
   void delta_rule_backward(float* dq, float* dk, float* dv, float* dg, float* dbeta, const float* d_o, const float* q,
-                           const float* k, const float* v, const float* g, const float* beta,
+                           const float* k, const float* v, const float* g, const float* beta, const int32_t* doc_start,
                            const DeltaRuleSizes& local) override;
   void delta_rule_backward(double* dq, double* dk, double* dv, double* dg, double* dbeta, const double* d_o,
                            const double* q, const double* k, const double* v, const double* g, const double* beta,
-                           const DeltaRuleSizes& local) override;
+                           const int32_t* doc_start, const DeltaRuleSizes& local) override;
 
  private:
   const ProcessGroup& group_;

@@ -22,6 +22,7 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
     draw_lora_b(model, options.seed + 1);  // as the one-process check: A's gradient is 0 at B = 0
     model.set_lora_dropout(LoraDropoutPass{options.seed, 0, first_token});
     if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
+    if (options.document_eos >= 0) model.set_document_mask(options.document_eos);
     model.zero_grads();
   };
 

@@ -52,13 +52,15 @@ INSTANTIATE_TEST_SUITE_P(
                     // Context parallelism: each sequence split over cp ranks (lengths no multiple of 2 · cp),
                     // alone and beside two data shares.
                     Layout{"tiny", 2, 1, "--cp 2 --seq-len 11"}, Layout{"tiny", 4, 1, "--cp 2 --seq-len 11"},
-                    Layout{"tiny", 4, 1, "--cp 4 --seq-len 13"}),
+                    Layout{"tiny", 4, 1, "--cp 4 --seq-len 13"},
+                    Layout{"tiny", 4, 1, "--cp 2 --seq-len 17 --document-eos 3"}),
     [](const testing::TestParamInfo<Layout>& info) {
       const std::string& extra = info.param.extra;
       const size_t cp = extra.find("--cp ");
       return info.param.config + "_" + std::to_string(info.param.ranks) + "ranks_ep" + std::to_string(info.param.ep) +
              (extra.find("--lora") != std::string::npos ? "_lora" : "") +
-             (cp != std::string::npos ? "_cp" + extra.substr(cp + 5, extra.find(' ', cp + 5) - cp - 5) : "");
+             (cp != std::string::npos ? "_cp" + extra.substr(cp + 5, extra.find(' ', cp + 5) - cp - 5) : "") +
+             (extra.find("--document-eos") != std::string::npos ? "_documents" : "");
     });
 
 // A config of configs/models with `changes`, written to `dir` (mlp_only_layers dropped).
@@ -103,7 +105,10 @@ TEST(DistributedGradcheck, ContextParallelMixersAreOneProcesses) {
       {{2, "--batch 1 --cp 2 --seq-len 11"},
        {2, "--batch 2 --cp 2 --seq-len 9"},
        {4, "--batch 2 --cp 2 --seq-len 13"},
-       {4, "--batch 1 --cp 4 --seq-len 9"}});
+       {4, "--batch 1 --cp 4 --seq-len 9"},
+       // Document masks: documents of a few tokens crossing the chunks, starting at some of them.
+       {2, "--batch 2 --cp 2 --seq-len 15 --document-eos 5"},
+       {4, "--batch 1 --cp 4 --seq-len 19 --document-eos 5"}});
 }
 
 // MoE layers under context parallelism, alone and beside expert parallelism: the routing statistics
@@ -125,7 +130,8 @@ TEST(DistributedGradcheck, ContextParallelMoeIsOneProcesses) {
       {{2, "--batch 1 --cp 2 --seq-len 11"},
        {4, "--batch 2 --cp 2 --seq-len 9"},
        {4, "--batch 2 --ep 2 --cp 2 --seq-len 13"},
-       {4, "--batch 1 --cp 4 --seq-len 9"}});
+       {4, "--batch 1 --cp 4 --seq-len 9"},
+       {4, "--batch 2 --ep 2 --cp 2 --seq-len 15 --document-eos 5"}});
 }
 
 // Sparse MLA layers under context parallelism: the indexer's keys gathered, each rank selecting over
