@@ -105,10 +105,10 @@ void expand_keys(T* k, T* v, const T* kv, const T* kv_a, int64_t n, const MlaDim
 }
 
 // Context parallelism: the keys and values of the whole sequences, built from the group's latents
-// and rotated keys (r_kv + rope elements per token gathered, never the expanded keys).
+// and rotated keys (r_kv + rope elements per token gathered, never the expanded keys); m = batch ·
+// the whole sequence's length.
 template <class T>
 struct WholeKeys {
-  int64_t tokens;  // m = batch · the whole sequence's length
   T* rows;         // [m, r_kv + rope]  [c | k_rot] of every position
   T* latent;       // [m, r_kv]         c, contiguous (kv_b_proj's operand)
   T* k;            // [m, H, qk]
@@ -126,7 +126,7 @@ WholeKeys<T> gather_whole_keys(const T* latent, const T* kv_a, int64_t batch, in
     std::memcpy(own + t * cw, latent + t * rkv, rkv * sizeof(T));
     std::memcpy(own + t * cw + rkv, kv_a + t * cw + rkv, dims.rope_dim * sizeof(T));
   }
-  WholeKeys<T> whole{m, scratch.alloc<T>(m * cw), scratch.alloc<T>(m * rkv), scratch.alloc<T>(m * dims.q_width()),
+  WholeKeys<T> whole{scratch.alloc<T>(m * cw), scratch.alloc<T>(m * rkv), scratch.alloc<T>(m * dims.q_width()),
                      scratch.alloc<T>(m * dims.o_width())};
   context.gather_sequences(whole.rows, own, batch, cw);
   for (int64_t t = 0; t < m; ++t) std::memcpy(whole.latent + t * rkv, whole.rows + t * cw, rkv * sizeof(T));

@@ -116,7 +116,8 @@ struct Model<T>::Impl {
   void check_output(StepResult& result, const T* x, int64_t count, int layer, const char* sublayer) const;
   // The indexer loss term of a forward from its per-layer values (appended to result.aux).
   void add_indexer_loss(StepResult& result) const;
-  // Sums and averages a training forward's statistics over the batch's shares (StatisticsReduction).
+  // Sums a training forward's statistics over the batch's shares, its means weighted by each share's
+  // tokens or rows (StatisticsReduction).
   void reduce_statistics(StepResult& result) const;
   // The router loss terms of a forward from its per-layer statistics (appended to result.aux);
   // tokens: of the whole batch the statistics cover.

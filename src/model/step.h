@@ -80,7 +80,9 @@ IndexerMode indexer_mode_from_name(const std::string& name);
 struct IndexerTraining {
   IndexerMode mode = IndexerMode::sparse;
   double coef = 0.0;        // indexer-loss coefficient; 0: no indexer loss (inference semantics)
-  double grad_scale = 0.0;  // set per forward: coef · aux scale / sparse layers (each layer's share)
+  // Set per forward: coef · aux scale / sparse layers (each layer's share) · this rank's token weight
+  // (StatisticsReduction), the scale of the gradient of its mean over its tokens.
+  double grad_scale = 0.0;
 };
 
 // One sparse layer's indexer in one training forward.
@@ -199,12 +201,6 @@ class ExpertExchange {
                         const ExpertAdapters<double>& adapter_grads, const ExchangedRows<const double>& saved) = 0;
 };
 
-// Context parallelism (parallel/context_parallel.h, docs/architecture.md "Context parallelism"):
-// every sequence is split over a group of ranks, and this rank's tensors hold its part of each (two
-// chunks, back to back). The model takes its tokens' positions from here, and its sequence mixers
-// (attention; MLA; Gated DeltaNet's and KDA's convolution and delta rule) see every earlier token of
-// their sequences through it, and the MoE layers' sequence-wise balance loss every token of them;
-// every rank of the group runs the same passes. Document masks give global positions.
 // One of the two chunks of every sequence a rank holds under context parallelism: local positions
 // [offset, offset + size()) of each of its rows, global positions [begin, end).
 struct ContextChunk {
@@ -212,6 +208,12 @@ struct ContextChunk {
   int64_t size() const { return end - begin; }
 };
 
+// Context parallelism (parallel/context_parallel.h, docs/architecture.md "Context parallelism"):
+// every sequence is split over a group of ranks, and this rank's tensors hold its part of each (two
+// chunks, back to back). The model takes its tokens' positions from here, and its sequence mixers
+// (attention; MLA; Gated DeltaNet's and KDA's convolution and delta rule) see every earlier token of
+// their sequences through it, and the MoE layers' sequence-wise balance loss every token of them;
+// every rank of the group runs the same passes. Document masks give global positions.
 class ContextExchange {
  public:
   virtual ~ContextExchange() = default;

@@ -1,6 +1,9 @@
 // One process's gradient against the distributed step's. See distributed_gradient_check.h.
 #include "parallel/distributed_gradient_check.h"
 
+#include <cmath>
+#include <string>
+
 #include "core/error.h"
 #include "core/memory.h"
 #include "model/model.h"
@@ -28,7 +31,8 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
 
   Model<double> whole(config);  // this process, the whole batch
   prepared(whole, 0);
-  whole.forward_backward(batch.tokens.data(), batch.targets.data(), options.batch, options.seq, batch.scales);
+  const StepResult whole_result =
+      whole.forward_backward(batch.tokens.data(), batch.targets.data(), options.batch, options.seq, batch.scales);
 
   Model<double> parts(config);  // this rank's rows (and with cp its tokens of them), as the trainer runs them
   prepared(parts, at);
@@ -44,10 +48,31 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
       tokens[r * local + j] = batch.tokens[at + r * options.seq + positions[j]];
       targets[r * local + j] = batch.targets[at + r * options.seq + positions[j]];
     }
-  parts.forward_backward(tokens.data(), targets.data(), rows, local, batch.scales);
+  const StepResult part_result = parts.forward_backward(tokens.data(), targets.data(), rows, local, batch.scales);
   Buffer<double> gathered(parts.table().trainable_size());
   layout.gather_everything(world, plan.step_grads(), gathered.data());
-  return compare_gradients(parts.table(), gathered.data(), whole.grads());
+  std::vector<TensorCheck> checks = compare_gradients(parts.table(), gathered.data(), whole.grads());
+  // The loss terms too: the LM loss summed over the ranks, the reduced auxiliary terms as they are.
+  const auto compare = [&](const std::string& name, double value, double reference) {
+    TensorCheck check{.name = name, .checked = 1};
+    check.max_abs_err = std::abs(value - reference);
+    check.max_ref = std::abs(reference);
+    check.rel_err = check.max_ref > 0.0 ? check.max_abs_err / check.max_ref : check.max_abs_err;
+    checks.push_back(check);
+  };
+  compare("loss.lm_loss_sum", world.all_reduce_sum(part_result.lm.loss_sum), whole_result.lm.loss_sum);
+  if (part_result.aux.size() != whole_result.aux.size())
+    fail("distributed gradient check: ", part_result.aux.size(), " auxiliary loss terms, one process has ",
+         whole_result.aux.size());
+  for (size_t i = 0; i < whole_result.aux.size(); ++i)
+    compare("loss." + whole_result.aux[i].name, part_result.aux[i].value, whole_result.aux[i].value);
+  if (part_result.indexer.size() != whole_result.indexer.size())
+    fail("distributed gradient check: ", part_result.indexer.size(), " indexer layers reported, one process has ",
+         whole_result.indexer.size());
+  for (size_t i = 0; i < whole_result.indexer.size(); ++i)
+    compare("indexer.selected_mass." + std::to_string(whole_result.indexer[i].layer),
+            part_result.indexer[i].selected_mass, whole_result.indexer[i].selected_mass);
+  return checks;
 }
 
 }  // namespace trillion

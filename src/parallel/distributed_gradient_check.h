@@ -3,7 +3,9 @@
 // whole batch and once as the training run does it (FSDP over the world, the routed experts over
 // ep groups, every rank its rows of the batch, and with cp > 1 each context-parallel group its
 // rows, each rank its part of every sequence; statistics over the ranks); the gathered sharded
-// gradient is compared with the one-process gradient tensor by tensor. Every rank calls it.
+// gradient is compared with the one-process gradient tensor by tensor, and the step's loss terms
+// (the LM loss summed over the ranks; the auxiliary terms and each indexer layer's selected mass as
+// the statistics reduction gives them) as checks named "loss.…" and "indexer.…". Every rank calls it.
 #pragma once
 
 #include <vector>

@@ -2,6 +2,7 @@
 #include "parallel/mesh.h"
 
 #include "core/error.h"
+#include "model/family.h"
 
 namespace trillion {
 
@@ -16,7 +17,7 @@ void ParallelMesh::validate(int ranks, int ep, const ModelConfig& config, int cp
   if (cp == 1) return;
   // What the model's layers run across a split so far (docs/architecture.md, "Context parallelism").
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    if (config.layer_types[l] == LayerType::sparse_attention && config.kv_lora_rank == 0)
+    if (config.layer_types[l] == LayerType::sparse_attention && !family_of(config.model_type).mla)
       fail("--cp ", cp, ": layer ", l, " is sparse_attention without MLA",
            "; context parallelism covers full attention (MHA, GQA, MLA), MLA's sparse attention with its indexer, "
            "Gated DeltaNet and KDA layers and MoE FFNs so far");

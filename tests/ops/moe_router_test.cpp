@@ -294,9 +294,9 @@ TEST(MoeRouter, SequenceAuxLossMatchesFormulaAndFiniteDifferences) {
   }
 }
 
-// Sequences split over two holders (context parallelism's chunks: positions [0, 3) and [8, 11) on
-// one, [3, 8) on the other): each holder's value and gradient, with f summed over both, add up to the
-// whole sequences' loss and equal their gradient rows.
+// Sequences split over two holders (like context parallelism's chunks: positions [0, 3) and [8, 11)
+// on one, [3, 8) on the other): each holder's value and gradient, with f summed over both, add up to
+// the whole sequences' loss and equal their gradient rows.
 TEST(MoeRouter, SequenceAuxLossOverSplitSequencesAddsUpToTheWholeOnes) {
   const int64_t batch = 2, seq = 11, N = batch * seq, E = 8, k = 2;
   const double scale = 0.7;

@@ -128,6 +128,7 @@ TEST(DistributedGradcheck, ContextParallelMoeIsOneProcesses) {
        config_variant(dir, "tiny_qwen3_moe.json",
                       {{"output_router_logits", true}, {"router_aux_loss_coef", 0.3}, {"router_z_loss_coef", 0.01}})},
       {{2, "--batch 1 --cp 2 --seq-len 11"},
+       {2, "--batch 2 --cp 2 --seq-len 11"},
        {4, "--batch 2 --cp 2 --seq-len 9"},
        {4, "--batch 2 --ep 2 --cp 2 --seq-len 13"},
        {4, "--batch 1 --cp 4 --seq-len 9"},
@@ -148,6 +149,7 @@ TEST(DistributedGradcheck, ContextParallelSparseAttentionIsOneProcesses) {
   for (const std::string mode : {"dense", "sparse"}) {
     const std::string indexer = " --indexer-loss-coef 0.5 --indexer-mode " + mode;
     expect_context_parallel_is_one_process(configs, {{2, "--batch 1 --cp 2 --seq-len 11" + indexer},
+                                                     {2, "--batch 2 --cp 2 --seq-len 11" + indexer},
                                                      {4, "--batch 2 --ep 2 --cp 2 --seq-len 13" + indexer},
                                                      {4, "--batch 1 --cp 4 --seq-len 17" + indexer}});
   }
