@@ -199,10 +199,11 @@ void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims
   T* lse = saves.out<T>(Tag::attn_lse);  // [batch, H, seq]
   IndexerOutputs<T> selected;
   if (dims.indexer.enabled()) selected = indexer_forward(p.q_latent, h, w.indexer, dims.indexer, pass, layer, scratch);
-  if (attends_sparsely(dims.indexer, pass))  // the selection names its keys (global positions under cp)
-    sparse_attention_forward(out, lse, p.q, k, v, selected.selection, sparse_sizes(sizes, dims.indexer.topk));
-  else if (pass.context != nullptr)
-    pass.context->gathered_attention_forward(out, lse, p.q, k, v, sizes);
+  const int32_t* selection = attends_sparsely(dims.indexer, pass) ? selected.selection : nullptr;  // [n, topk]
+  if (pass.context != nullptr)  // chunk by chunk over the whole keys (the selection: global positions)
+    pass.context->gathered_attention_forward(out, lse, p.q, k, v, selection, dims.indexer.topk, sizes);
+  else if (selection != nullptr)
+    sparse_attention_forward(out, lse, p.q, k, v, selection, sparse_sizes(sizes, dims.indexer.topk));
   else
     attention_forward(out, lse, p.q, k, v, sizes);
   if (dims.indexer.enabled())
@@ -243,11 +244,13 @@ T* mixer_backward(const T* dy, const T* h, const MlaWeights<T>& w, const MlaWeig
   T* dq = scratch.alloc<T>(n * dims.q_width());   // [n, H, qk]
   T* dk = scratch.alloc<T>(m * dims.q_width());   // [m, H, qk]
   T* d_v = scratch.alloc<T>(m * dims.o_width());  // [m, H, v]
-  if (attends_sparsely(dims.indexer, pass)) {  // under cp dk, d_v: this rank's terms of every position's
-    const int32_t* selection = saved.in<int32_t>(Tag::attn_indices);  // [n, topk]
+  const int32_t* selection =
+      attends_sparsely(dims.indexer, pass) ? saved.in<int32_t>(Tag::attn_indices) : nullptr;  // [n, topk]
+  if (pass.context != nullptr) {  // dk, d_v: this rank's terms of every position's
+    pass.context->gathered_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, selection, dims.indexer.topk,
+                                              sizes);
+  } else if (selection != nullptr) {
     sparse_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
-  } else if (pass.context != nullptr) {  // likewise
-    pass.context->gathered_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
   } else {
     attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
   }

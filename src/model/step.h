@@ -247,17 +247,23 @@ class ContextExchange {
   virtual void reduce_sequences(float* local, float* whole, int64_t batch, int64_t row) = 0;
   virtual void reduce_sequences(double* local, double* whole, int64_t batch, int64_t row) = 0;
   // Attention of this rank's tokens over keys and values of the whole sequences built from such rows
-  // (local.kv_len = sequence_length()); the backward writes this rank's terms of their gradients.
+  // (local.kv_len = sequence_length()): dense, or (selection [its tokens, topk] of global key
+  // positions, −1 padded; null: dense) sparse over the selected keys; the backward writes this
+  // rank's terms of their gradients.
   virtual void gathered_attention_forward(float* out, float* lse, const float* q, const float* k_whole,
-                                          const float* v_whole, const AttentionSizes& local) = 0;
+                                          const float* v_whole, const int32_t* selection, int64_t topk,
+                                          const AttentionSizes& local) = 0;
   virtual void gathered_attention_forward(double* out, double* lse, const double* q, const double* k_whole,
-                                          const double* v_whole, const AttentionSizes& local) = 0;
+                                          const double* v_whole, const int32_t* selection, int64_t topk,
+                                          const AttentionSizes& local) = 0;
   virtual void gathered_attention_backward(float* dq, float* dk_whole, float* dv_whole, const float* dout,
                                            const float* q, const float* k_whole, const float* v_whole,
-                                           const float* out, const float* lse, const AttentionSizes& local) = 0;
+                                           const float* out, const float* lse, const int32_t* selection,
+                                           int64_t topk, const AttentionSizes& local) = 0;
   virtual void gathered_attention_backward(double* dq, double* dk_whole, double* dv_whole, const double* dout,
                                            const double* q, const double* k_whole, const double* v_whole,
-                                           const double* out, const double* lse, const AttentionSizes& local) = 0;
+                                           const double* out, const double* lse, const int32_t* selection,
+                                           int64_t topk, const AttentionSizes& local) = 0;
   // ops/conv1d.h's short convolution over this rank's tokens (local sizes: batch rows of its tokens
   // per sequence, no segments), each chunk reading the inputs before it from the ranks that hold
   // them; doc_start [batch, its tokens] (global positions; null: no document masks) cuts documents.

@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/memory.h"
+#include "ops/sparse_attention.h"
 #include "parallel/context_conv1d.h"
 #include "parallel/context_delta_rule.h"
 
@@ -84,6 +85,11 @@ AttentionSizes chunk_sizes(const AttentionSizes& local, const ContextSplit::Span
   return c;
 }
 
+// The same chunk's sparse attention over `topk` selected keys per query.
+SparseAttentionSizes sparse_chunk_sizes(const AttentionSizes& c, int64_t topk) {
+  return {c.batch, c.q_len, c.kv_len, c.q_heads, c.kv_heads, c.head_dim, c.value_dim(), topk, c.scale, c.doc_start};
+}
+
 int64_t key_row(const AttentionSizes& local) { return local.kv_heads * local.head_dim; }
 int64_t value_row(const AttentionSizes& local) { return local.kv_heads * local.value_dim(); }
 
@@ -154,7 +160,8 @@ void gather_chunk_slots(T* x, int64_t batch, int64_t count, const ContextSplit& 
 
 template <class T>
 void context_attention_forward_gathered(T* out, T* lse, const T* q, const T* k_whole, const T* v_whole,
-                                        const AttentionSizes& local, const ContextSplit& split, int rank) {
+                                        const AttentionSizes& local, const ContextSplit& split, int rank,
+                                        const int32_t* selection, int64_t topk) {
   check_sizes(split, rank, local, split.seq());
   const int64_t len = local.q_len, seq = split.seq(), heads = local.q_heads;
   const int64_t q_row = heads * local.head_dim, out_row = heads * local.value_dim();
@@ -163,9 +170,15 @@ void context_attention_forward_gathered(T* out, T* lse, const T* q, const T* k_w
   for (int64_t b = 0; b < local.batch; ++b) {
     int64_t offset = 0;
     for (const ContextSplit::Span& span : spans) {
-      attention_forward(out + (b * len + offset) * out_row, chunk_lse.data(), q + (b * len + offset) * q_row,
-                        k_whole + b * seq * key_row(local), v_whole + b * seq * value_row(local),
-                        chunk_sizes(local, span, b, offset));
+      const AttentionSizes sizes = chunk_sizes(local, span, b, offset);
+      const T* k = k_whole + b * seq * key_row(local);    // [seq, kv_heads, head_dim]
+      const T* v = v_whole + b * seq * value_row(local);  // [seq, kv_heads, v_dim]
+      if (selection != nullptr)
+        sparse_attention_forward(out + (b * len + offset) * out_row, chunk_lse.data(), q + (b * len + offset) * q_row,
+                                 k, v, selection + (b * len + offset) * topk, sparse_chunk_sizes(sizes, topk));
+      else
+        attention_forward(out + (b * len + offset) * out_row, chunk_lse.data(), q + (b * len + offset) * q_row, k, v,
+                          sizes);
       for (int64_t h = 0; h < heads; ++h)
         std::copy_n(chunk_lse.data() + h * span.size(), span.size(), lse + (b * heads + h) * len + offset);
       offset += span.size();
@@ -176,7 +189,8 @@ void context_attention_forward_gathered(T* out, T* lse, const T* q, const T* k_w
 template <class T>
 void context_attention_backward_gathered(T* dq, T* dk_whole, T* dv_whole, const T* dout, const T* q, const T* k_whole,
                                          const T* v_whole, const T* out, const T* lse, const AttentionSizes& local,
-                                         const ContextSplit& split, int rank) {
+                                         const ContextSplit& split, int rank, const int32_t* selection,
+                                         int64_t topk) {
   check_sizes(split, rank, local, split.seq());
   const int64_t len = local.q_len, seq = split.seq(), heads = local.q_heads;
   const int64_t q_row = heads * local.head_dim, out_row = heads * local.value_dim();
@@ -196,10 +210,18 @@ void context_attention_backward_gathered(T* dq, T* dk_whole, T* dv_whole, const 
       const int64_t offset = offsets[s];
       for (int64_t h = 0; h < heads; ++h)
         std::copy_n(lse + (b * heads + h) * len + offset, span.size(), chunk_lse.data() + h * span.size());
-      attention_backward(dq + (b * len + offset) * q_row, s == 1 ? dk_sequence : early_dk.data(),
-                         s == 1 ? dv_sequence : early_dv.data(), dout + (b * len + offset) * out_row,
-                         q + (b * len + offset) * q_row, k_whole + b * seq * k_row, v_whole + b * seq * v_row,
-                         out + (b * len + offset) * out_row, chunk_lse.data(), chunk_sizes(local, span, b, offset));
+      const AttentionSizes sizes = chunk_sizes(local, span, b, offset);
+      T* dk = s == 1 ? dk_sequence : early_dk.data();
+      T* dv = s == 1 ? dv_sequence : early_dv.data();
+      const int64_t first = b * len + offset;  // the chunk's first local token
+      if (selection != nullptr)
+        sparse_attention_backward(dq + first * q_row, dk, dv, dout + first * out_row, q + first * q_row,
+                                  k_whole + b * seq * k_row, v_whole + b * seq * v_row, out + first * out_row,
+                                  chunk_lse.data(), selection + first * topk, sparse_chunk_sizes(sizes, topk));
+      else
+        attention_backward(dq + first * q_row, dk, dv, dout + first * out_row, q + first * q_row,
+                           k_whole + b * seq * k_row, v_whole + b * seq * v_row, out + first * out_row,
+                           chunk_lse.data(), sizes);
     }
     for (int64_t i = 0; i < spans[0].end * k_row; ++i) dk_sequence[i] += early_dk[i];
     for (int64_t i = 0; i < spans[0].end * v_row; ++i) dv_sequence[i] += early_dv[i];
@@ -300,14 +322,17 @@ const int32_t* ContextParallel::positions(int64_t seq) const {
     context_reduce_sequences(local, whole, batch, row, split_, group_, &traffic_);                                   \
   }                                                                                                                 \
   void ContextParallel::gathered_attention_forward(T* out, T* lse, const T* q, const T* k_whole, const T* v_whole,  \
+                                                   const int32_t* selection, int64_t topk,                          \
                                                    const AttentionSizes& local) {                                   \
-    context_attention_forward_gathered(out, lse, q, k_whole, v_whole, local, split_, group_.rank());                 \
+    context_attention_forward_gathered(out, lse, q, k_whole, v_whole, local, split_, group_.rank(), selection,       \
+                                       topk);                                                                       \
   }                                                                                                                 \
   void ContextParallel::gathered_attention_backward(T* dq, T* dk_whole, T* dv_whole, const T* dout, const T* q,     \
                                                     const T* k_whole, const T* v_whole, const T* out, const T* lse, \
+                                                    const int32_t* selection, int64_t topk,                         \
                                                     const AttentionSizes& local) {                                  \
     context_attention_backward_gathered(dq, dk_whole, dv_whole, dout, q, k_whole, v_whole, out, lse, local, split_, \
-                                        group_.rank());                                                             \
+                                        group_.rank(), selection, topk);                                            \
   }
 TRILLION_CONTEXT_GATHERED(float)
 TRILLION_CONTEXT_GATHERED(double)
@@ -346,10 +371,10 @@ TRILLION_CONTEXT_LINEAR_ATTENTION(double)
   template void context_reduce_sequences<T>(T*, T*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,    \
                                             ContextTraffic*);                                                      \
   template void context_attention_forward_gathered<T>(T*, T*, const T*, const T*, const T*, const AttentionSizes&, \
-                                                      const ContextSplit&, int);                                   \
+                                                      const ContextSplit&, int, const int32_t*, int64_t);          \
   template void context_attention_backward_gathered<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
                                                        const T*, const T*, const AttentionSizes&,                  \
-                                                       const ContextSplit&, int);                                  \
+                                                       const ContextSplit&, int, const int32_t*, int64_t);         \
   template void context_attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionSizes&,          \
                                              const ContextSplit&, const ProcessGroup&, ContextTraffic*);           \
   template void context_attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,        \

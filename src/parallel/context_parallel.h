@@ -98,16 +98,20 @@ void gather_chunk_slots(T* x, int64_t batch, int64_t count, const ContextSplit& 
 // gathered: q [batch, local, q_heads, head_dim], k_whole [batch, seq, kv_heads, head_dim], v_whole
 // [batch, seq, kv_heads, v_dim], out [batch, local, q_heads, v_dim], lse [batch, q_heads, local];
 // local.q_len = split.local_len(rank), local.kv_len = split.seq(); local.doc_start [batch, local]
-// holds global positions. Each local chunk runs ops/attention.h against the keys up to its end.
+// holds global positions. Each local chunk runs ops/attention.h against the keys up to its end, or
+// with a selection [batch, local, topk] (global key positions, −1 padded) ops/sparse_attention.h
+// over the selected keys, which must be visible to their queries.
 template <class T>
 void context_attention_forward_gathered(T* out, T* lse, const T* q, const T* k_whole, const T* v_whole,
-                                        const AttentionSizes& local, const ContextSplit& split, int rank);
+                                        const AttentionSizes& local, const ContextSplit& split, int rank,
+                                        const int32_t* selection = nullptr, int64_t topk = 0);
 // Its backward: dq of the local tokens is written (=), dk_whole and dv_whole [batch, seq, ...] get
 // this rank's terms of every position's key and value gradients (=; zero past its last chunk).
 template <class T>
 void context_attention_backward_gathered(T* dq, T* dk_whole, T* dv_whole, const T* dout, const T* q,
                                          const T* k_whole, const T* v_whole, const T* out, const T* lse,
-                                         const AttentionSizes& local, const ContextSplit& split, int rank);
+                                         const AttentionSizes& local, const ContextSplit& split, int rank,
+                                         const int32_t* selection = nullptr, int64_t topk = 0);
 
 // The same with the local keys and values, gathered here: tensors are the local ones of
 // ops/attention.h with q_len = kv_len = split.local_len(group.rank()), k [batch, local, kv_heads,
@@ -159,15 +163,17 @@ class ContextParallel final : public ContextExchange {
   void reduce_sequences(float* local, float* whole, int64_t batch, int64_t row) override;
   void reduce_sequences(double* local, double* whole, int64_t batch, int64_t row) override;
   void gathered_attention_forward(float* out, float* lse, const float* q, const float* k_whole, const float* v_whole,
-                                  const AttentionSizes& local) override;
+                                  const int32_t* selection, int64_t topk, const AttentionSizes& local) override;
   void gathered_attention_forward(double* out, double* lse, const double* q, const double* k_whole,
-                                  const double* v_whole, const AttentionSizes& local) override;
+                                  const double* v_whole, const int32_t* selection, int64_t topk,
+                                  const AttentionSizes& local) override;
   void gathered_attention_backward(float* dq, float* dk_whole, float* dv_whole, const float* dout, const float* q,
                                    const float* k_whole, const float* v_whole, const float* out, const float* lse,
-                                   const AttentionSizes& local) override;
+                                   const int32_t* selection, int64_t topk, const AttentionSizes& local) override;
   void gathered_attention_backward(double* dq, double* dk_whole, double* dv_whole, const double* dout,
                                    const double* q, const double* k_whole, const double* v_whole, const double* out,
-                                   const double* lse, const AttentionSizes& local) override;
+                                   const double* lse, const int32_t* selection, int64_t topk,
+                                   const AttentionSizes& local) override;
 
   void conv1d_silu_forward(float* y, const float* x, const float* w, const int32_t* doc_start,
                            const Conv1dSizes& local) override;
