@@ -64,8 +64,12 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
   if (part_result.aux.size() != whole_result.aux.size())
     fail("distributed gradient check: ", part_result.aux.size(), " auxiliary loss terms, one process has ",
          whole_result.aux.size());
-  for (size_t i = 0; i < whole_result.aux.size(); ++i)
+  for (size_t i = 0; i < whole_result.aux.size(); ++i) {
+    if (part_result.aux[i].name != whole_result.aux[i].name)
+      fail("distributed gradient check: auxiliary loss term ", i, " is ", part_result.aux[i].name,
+           ", one process's is ", whole_result.aux[i].name);
     compare("loss." + whole_result.aux[i].name, part_result.aux[i].value, whole_result.aux[i].value);
+  }
   if (part_result.indexer.size() != whole_result.indexer.size())
     fail("distributed gradient check: ", part_result.indexer.size(), " indexer layers reported, one process has ",
          whole_result.indexer.size());

@@ -108,7 +108,8 @@ TEST(DistributedGradcheck, ContextParallelMixersAreOneProcesses) {
        {4, "--batch 1 --cp 4 --seq-len 9"},
        // Document masks: documents of a few tokens crossing the chunks, starting at some of them.
        {2, "--batch 2 --cp 2 --seq-len 15 --document-eos 5"},
-       {4, "--batch 1 --cp 4 --seq-len 19 --document-eos 5"}});
+       {4, "--batch 1 --cp 4 --seq-len 19 --document-eos 5"},
+       {4, "--batch 1 --cp 4 --seq-len 9 --document-eos 5"}});  // chunks of 1 and 2 tokens
 }
 
 // MoE layers under context parallelism, alone and beside expert parallelism: the routing statistics
@@ -155,14 +156,17 @@ TEST(DistributedGradcheck, ContextParallelSparseAttentionIsOneProcesses) {
   }
 }
 
-// Context parallelism refuses, naming the flag and the layer, what it does not cover yet, and a cp
-// that does not divide the ranks.
+// Context parallelism refuses, naming the flag and the layer, what it does not cover yet (also
+// document masks on sparse attention layers), and a cp that does not divide the ranks.
 TEST(DistributedGradcheck, ContextParallelismNamesTheLayersItDoesNotCoverYet) {
   const std::string gradcheck = "OMP_NUM_THREADS=1 " + mpirun_launcher(2) + " " + TRILLION_BINARY +
                                 " gradcheck --batch 1 --config " + TRILLION_SOURCE_DIR + "/configs/models/";
   CommandResult r = run_shell(gradcheck + "tiny_qwen3_sparse.json --cp 2 2>&1");
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("--cp 2: layer 0 is sparse_attention without MLA"), std::string::npos) << r.output;
+  r = run_shell(gradcheck + "tiny_deepseek_v32.json --cp 2 --document-eos 5 2>&1");
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("document masks with context parallelism"), std::string::npos) << r.output;
   r = run_shell(gradcheck + "tiny.json --cp 3 2>&1");
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.output.find("--cp 3 must be ≥ 1 and divide the 2 ranks"), std::string::npos) << r.output;
