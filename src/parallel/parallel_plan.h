@@ -34,14 +34,17 @@ class ParallelPlan {
   ParallelPlan(Model<T>& model, const ParallelMesh& mesh, const ShardLayout& layout, int exchange_chunks = 1,
                int64_t seq_len = 0) {
     const ProcessGroup& world = mesh.world();
-    TRILLION_CHECK(mesh.cp() == 1 || seq_len > 0, "context parallelism needs the sequence length to split");
+    if (mesh.cp() > 1) {
+      TRILLION_CHECK(seq_len > 0, "context parallelism needs the sequence length to split");
+      context_.emplace(mesh.cp_group(), seq_len);
+      model.set_context_exchange(&*context_);
+    }
     if (world.size() > 1) {
       // Every rank holds its rows' tokens, or under context parallelism its part of them.
       const int row_shares = world.size() / mesh.cp();
       const double token_share =
-          mesh.cp() > 1 ? double(ContextSplit(seq_len, mesh.cp()).local_len(mesh.cp_group().rank())) /
-                              double(seq_len * row_shares)
-                        : 1.0 / row_shares;
+          context_ ? double(context_->split().local_len(mesh.cp_group().rank())) / double(seq_len * row_shares)
+                   : 1.0 / row_shares;
       model.set_statistics_reduction(StatisticsReduction(
           row_shares, token_share, [&world](double* values, int64_t count) { world.all_reduce_sum(values, count); }));
       fsdp_.emplace(model, world, mesh.edp_group(), layout);
@@ -50,10 +53,6 @@ class ParallelPlan {
     if (mesh.ep() > 1) {
       experts_.emplace(mesh.ep_group(), exchange_chunks);
       model.set_expert_exchange(&*experts_);
-    }
-    if (mesh.cp() > 1) {
-      context_.emplace(mesh.cp_group(), seq_len);
-      model.set_context_exchange(&*context_);
     }
     step_params_ = fsdp_ ? fsdp_->shard_params() : model.params();
     step_grads_ = fsdp_ ? fsdp_->shard_grads() : model.grads();
