@@ -6,7 +6,7 @@
 // roofline (train/step_traffic.h), before any machine is rented. The memory is the plan training
 // checks at start-up and `train --dry-run` prints under mpirun: the same function
 // (train/run_setup.h, memory_plan_of) with train's own flags (--seq-len, --grad-accum, --precision,
-// --indexer-mode, --recompute, --swap, --ep, --ep-chunks, --expert-imbalance, the LoRA flags, …),
+// --indexer-mode, --recompute, --swap, --ep, --cp, --ep-chunks, --expert-imbalance, the LoRA flags, …),
 // given the mesh's size instead of mpirun's; the bytes sent are those training's counters count.
 // --search plans every ep dividing the devices and the experts with every policy --memory-budget
 // tries, and lists them by step time (those a missing rate leaves untimed last), then by the step's
@@ -72,6 +72,13 @@ void print_traffic(const PlanOptions& o, const std::vector<DeviceTraffic>& traff
                 human_bytes(mean).c_str(), human_bytes(exchanged(busiest)).c_str(), busiest.rank, imbalance,
                 o.imbalance_from.empty() ? "" : str_cat(", as measured in ", o.imbalance_from).c_str());
   }
+  if (t.cp > 1) {
+    const DeviceTraffic& context =
+        largest_by(traffic, [](const DeviceTraffic& d) { return d.context_gathered + d.context_reduced; });
+    std::printf("; from its context-parallel group it receives %s gathered and %s of gradient sums (rank %d, the most)",
+                human_bytes(double(context.context_gathered)).c_str(),
+                human_bytes(double(context.context_reduced)).c_str(), context.rank);
+  }
   const DeviceTraffic& most = largest_by(traffic, [](const DeviceTraffic& d) { return d.flops; });
   std::printf("\nmodel FLOPs per step: %.4g on the busiest device (rank %d), %.4g of them its experts', %.4g "
               "recompute's\n", most.flops, most.rank, most.expert_flops, most.rerun_flops);
@@ -81,12 +88,12 @@ void print_traffic(const PlanOptions& o, const std::vector<DeviceTraffic>& traff
                 "--node-size %d devices; --host-bandwidth with --swap)\n", o.node_size);
     return;
   }
-  std::printf("step time (roofline): %.4g s = max(compute %.4g s, FSDP %.4g s, swap %.4g s) + exchange %.4g s of %.4g "
-              "s not hidden, on rank %d; %.0f tokens/s over the mesh\n",
-              slowest.step_s, slowest.compute_s, slowest.fsdp_s, slowest.swap_s, slowest.exposed_exchange_s,
-              slowest.exchange_s,
-              slowest.rank,
-              double(o.micro_batch * t.settings.seq_len * t.settings.grad_accum * o.devices) / slowest.step_s);
+  std::printf(
+      "step time (roofline): %.4g s = max(compute %.4g s, FSDP %.4g s, swap %.4g s) + exchange %.4g s of %.4g "
+      "s not hidden + context %.4g s, on rank %d; %.0f tokens/s over the mesh\n",
+      slowest.step_s, slowest.compute_s, slowest.fsdp_s, slowest.swap_s, slowest.exposed_exchange_s, slowest.exchange_s,
+      slowest.context_s, slowest.rank,
+      double(t.settings.batch * t.settings.seq_len * t.settings.grad_accum) / slowest.step_s);
 }
 
 // Whether `plan` fits a device of `capacity` bytes, and where it does not.
@@ -151,7 +158,9 @@ void run_search(PlanOptions& o, const ModelConfig& config) {
   const ParamTable table = param_table_of(config);
   const double margin = t.expert_imbalance;
   for (int ep = 1; ep <= o.devices; ++ep) {
-    if (o.devices % ep != 0 || (ep > 1 && (config.num_experts == 0 || config.num_experts % ep != 0))) continue;
+    if (o.devices % ep != 0 || (o.devices / ep) % t.cp != 0 ||
+        (ep > 1 && (config.num_experts == 0 || config.num_experts % ep != 0)))
+      continue;
     t.ep = ep;
     t.expert_imbalance = std::min(margin, double(ep));  // no slice receives more than every row
     const Routing routing = routing_for(o, t, config, ep);
@@ -192,9 +201,9 @@ void run_plan(PlanOptions& o) {
   ModelConfig config = ModelConfig::load(t.config_path);
   config.lora = new_run_lora(t, config);
   check_expert_layout(t.settings.expert_layout, config);
-  t.settings.batch = o.micro_batch * o.devices;  // the global batch, as train's --batch
+  ParallelMesh::validate(o.devices, t.ep, config, t.cp);
+  t.settings.batch = o.micro_batch * (o.devices / t.cp);  // the global batch, as train's --batch
   if (o.search) return run_search(o, config);
-  ParallelMesh::validate(o.devices, t.ep, config);
   const Routing routing = routing_for(o, t, config, t.ep);
   const ParamTable table = param_table_of(config);
   const ParamCounts counts = count_parameters(config, table);
@@ -211,14 +220,22 @@ void run_plan(PlanOptions& o) {
   if (capacity > 0) require_weights_fit(plans, o.device_memory, capacity);
   const int64_t host = o.host_memory.empty() ? 0 : parse_bytes(o.host_memory, "--host-memory");
   if (o.json) {
-    nlohmann::json out = {{"config", t.config_path},           {"devices", o.devices},
-                          {"ep", t.ep},                        {"micro_batch", o.micro_batch},
-                          {"seq_len", t.settings.seq_len},     {"grad_accum", t.settings.grad_accum},
-                          {"precision", t.settings.precision}, {"expert_imbalance", t.expert_imbalance},
-                          {"threads", num_threads()},          {"busiest", busiest.to_json()},
-                          {"total_parameters", counts.total},  {"active_parameters", counts.active},
+    nlohmann::json out = {{"config", t.config_path},
+                          {"devices", o.devices},
+                          {"ep", t.ep},
+                          {"cp", t.cp},
+                          {"micro_batch", o.micro_batch},
+                          {"seq_len", t.settings.seq_len},
+                          {"grad_accum", t.settings.grad_accum},
+                          {"precision", t.settings.precision},
+                          {"expert_imbalance", t.expert_imbalance},
+                          {"threads", num_threads()},
+                          {"busiest", busiest.to_json()},
+                          {"total_parameters", counts.total},
+                          {"active_parameters", counts.active},
                           {"swap_bytes_per_node", swap_per_node},
-                          {"device_plans", nlohmann::json::array()}, {"device_traffic", nlohmann::json::array()}};
+                          {"device_plans", nlohmann::json::array()},
+                          {"device_traffic", nlohmann::json::array()}};
     for (const MemoryPlan& plan : plans) out["device_plans"].push_back(plan.to_json()["fast"]);  // as --dry-run's rank_plans
     for (const DeviceTraffic& d : traffic) out["device_traffic"].push_back(d.to_json());
     if (capacity > 0) out["fits"] = busiest.largest() <= capacity;
@@ -226,12 +243,15 @@ void run_plan(PlanOptions& o) {
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
-  std::printf("%s (%.4g B parameters, %.4g B active per token) on %d device%s (FSDP over all, experts over groups of "
-              "%d), micro-batch %lld x %lld tokens per device, %lld micro-batch%s a step, %s, %d threads per device\n",
-              t.config_path.c_str(), double(counts.total) / 1e9, double(counts.active) / 1e9, o.devices,
-              o.devices > 1 ? "s" : "", t.ep, static_cast<long long>(o.micro_batch),
-              static_cast<long long>(t.settings.seq_len), static_cast<long long>(t.settings.grad_accum),
-              t.settings.grad_accum > 1 ? "es" : "", t.settings.precision.c_str(), num_threads());
+  std::printf(
+      "%s (%.4g B parameters, %.4g B active per token) on %d device%s (FSDP over all, experts over groups of "
+      "%d%s), micro-batch %lld x %lld tokens per device%s, %lld micro-batch%s a step, %s, %d threads per "
+      "device\n",
+      t.config_path.c_str(), double(counts.total) / 1e9, double(counts.active) / 1e9, o.devices,
+      o.devices > 1 ? "s" : "", t.ep, t.cp > 1 ? str_cat(", sequences over groups of ", t.cp).c_str() : "",
+      static_cast<long long>(o.micro_batch), static_cast<long long>(t.settings.seq_len),
+      t.cp > 1 ? str_cat(" (its cp group's, split)").c_str() : "", static_cast<long long>(t.settings.grad_accum),
+      t.settings.grad_accum > 1 ? "es" : "", t.settings.precision.c_str(), num_threads());
   std::printf("%s\n", busiest.describe().c_str());
   std::printf("the device that holds the most: rank %d, %s (the step's peak, start-up or a checkpoint's save)\n",
               busiest.rank, human_bytes(double(busiest.largest())).c_str());
@@ -253,8 +273,11 @@ void register_plan(CLI::App& app) {
   cmd->add_option("--config", o->train.config_path, "Model config.json")->required();
   cmd->add_option("--devices", o->devices, "Devices (ranks): FSDP shards over all of them")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--micro-batch", o->micro_batch, "Sequences per device per micro-batch")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--micro-batch", o->micro_batch,
+                  "Sequences per device per micro-batch (with --cp: per context-parallel group, each sequence split "
+                  "over its devices)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   cmd->add_option("--threads", o->threads, "OpenMP threads per device (per-thread workspaces; default: this machine's)")
       ->check(CLI::PositiveNumber);
   cmd->add_option("--device-memory", o->device_memory, "A device's memory (\"64G\"): say whether the plan fits");

@@ -46,6 +46,9 @@ void add_step_plan_options(CLI::App* cmd, TrainOptions& o) {
                 "Store swapped float32 tensors as bfloat16: half the disk traffic, lossy (off by default)");
   cmd->add_option("--ep", o.ep,
                   "Expert-parallel degree: the routed experts split over groups of EP ranks (divides the ranks)");
+  cmd->add_option("--cp", o.cp,
+                  "Context-parallel degree: each sequence split over groups of CP ranks, which share their rows of "
+                  "the batch (divides the ranks / --ep)");
   cmd->add_option("--ep-chunks", o.ep_chunks,
                   "Under mpirun with --ep: token chunks per MoE layer whose exchange overlaps the others' experts");
   cmd->add_option("--expert-imbalance", o.expert_imbalance,

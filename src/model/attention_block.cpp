@@ -269,10 +269,15 @@ Workspace workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape
   const int64_t q_and_gate = dims.gated ? Arena::rounded(n * dims.q_proj_out() * e) : 0;
   const int64_t rope = rope_workspace_bytes(n, dims.rope.rotary_dim, e);
   const AttentionSizes sizes{shape.batch, shape.seq, shape.seq, dims.q_heads, dims.kv_heads, d, 0.0};
+  // Under context parallelism (no indexer) the exchange attends over the gathered keys.
+  const Workspace exchange = shape.context != nullptr ? shape.context->attention(sizes, shape.threads, e) : Workspace{};
+  const auto main_attention = [&](bool backward) {
+    if (shape.context != nullptr) return backward ? exchange.backward : exchange.forward;
+    return main_attention_workspace_bytes(dims.indexer, sizes, shape, backward);
+  };
   const int64_t forward =
       q_and_gate + std::max({rope, forward_workspace_bytes(dims.indexer, shape, dims.q_heads, dims.kv_heads, d),
-                             forward_scratch_bytes(dims.indexer, shape) +
-                                 main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/false)});
+                             forward_scratch_bytes(dims.indexer, shape) + main_attention(/*backward=*/false)});
   const int64_t attention = q + (dims.gated ? 2 * q : 0) + q + 2 * kv;  // d_o_in … dv
   const int64_t norms = dims.has_qk_norm ? q + kv : 0;                  // dq_raw, dk_raw
   const int64_t norm_partials =
@@ -280,12 +285,11 @@ Workspace workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape
                                   rmsnorm_backward_workspace_bytes(n * dims.kv_heads, d, true))
                        : 0;
   const int64_t inputs = attention + norms + Arena::rounded(n * dims.hidden * e) + q_and_gate;  // … dh, d_q_and_gate
-  const int64_t backward = std::max(
-      {attention + std::max(main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/true), rope),
-       attention + norms + norm_partials,
-       inputs + std::max(backward_workspace_bytes(dims.indexer, shape),
-                         backward_scratch_bytes(dims.indexer, shape) +
-                             rmsnorm_backward_workspace_bytes(n, dims.hidden, true))});
+  const int64_t backward =
+      std::max({attention + std::max(main_attention(/*backward=*/true), rope), attention + norms + norm_partials,
+                inputs + std::max(backward_workspace_bytes(dims.indexer, shape),
+                                  backward_scratch_bytes(dims.indexer, shape) +
+                                      rmsnorm_backward_workspace_bytes(n, dims.hidden, true))});
   return {forward, backward};
 }
 

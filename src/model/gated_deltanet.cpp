@@ -306,6 +306,7 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // dbeta [n, nv]; the conv after da, db [n, nv], dq_hat, dk_hat, dq_raw, dk_raw [n, nk·dk],
 // d_conv_in [n, Ck]; the decoder layer's input norm after d_qkvz, d_ba, dh.
 Workspace workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
+  require_plain_sequences(shape, "Gated DeltaNet");
   const int64_t n = shape.tokens(), e = shape.element_bytes;
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
   const int64_t nk = d.key_heads, dk = d.key_dim, nv = d.value_heads, dv = d.value_dim, Ck = d.conv_channels();

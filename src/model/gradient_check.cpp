@@ -140,7 +140,7 @@ template void draw_lora_b<double>(Model<double>&, uint64_t);
 void compute_analytic_gradient(Model<double>& model, const GradientCheckBatch& batch, const GradientCheckOptions& options) {
   model.init_weights(options.seed);
   draw_lora_b(model, options.seed + 1);
-  model.set_lora_dropout(LoraDropoutPass{options.seed, 0, 0});  // one mask for every pass of the check
+  model.set_lora_dropout(LoraDropoutPass{.seed = options.seed});  // one mask for every pass of the check
   if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
   if (options.document_eos >= 0) model.set_document_mask(options.document_eos);
   model.zero_grads();

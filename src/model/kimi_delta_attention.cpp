@@ -244,6 +244,7 @@ void mixer_decode(T* x, const T* x_hat, int64_t n, int64_t past, int64_t max_len
 // da, d_raw [n, h·D], d_conv_out, d_conv_in [n, 3·h·D]; the decoder layer's input norm after d_proj
 // [n, h·D].
 Workspace workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
+  require_plain_sequences(shape, "KDA");
   const int64_t n = shape.tokens(), e = shape.element_bytes, W = d.width(), D = d.head_dim;
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
   const int64_t forward =

@@ -24,7 +24,7 @@ void apply_dropout(T* out, const T* values, const LoraPair<T>& pair, int64_t row
   const CounterRng rng(pass.seed + 0x632be59bd9b4e019ull * static_cast<uint64_t>(pass.step + 1), pair.stream);
   const T keep_scale = T(1.0 / (1.0 - pair.dropout));
   parallel_for(rows, in, [&](int64_t r) {
-    const uint64_t first = static_cast<uint64_t>(pass.first_token + r) * static_cast<uint64_t>(in);
+    const uint64_t first = static_cast<uint64_t>(pass.token(r)) * static_cast<uint64_t>(in);
     for (int64_t c = 0; c < in; ++c)
       out[r * in + c] = rng.uniform(first + c) >= pair.dropout ? values[r * in + c] * keep_scale : T(0);
   });

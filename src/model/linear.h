@@ -34,13 +34,23 @@ struct LoraPair {
 // PEFT's lora_dropout, applied to a pair's input x (the pair then reads x ⊙ m / (1 − p)) while a
 // pass is set: the trainer sets one around each micro-batch's forward and backward (never for
 // evaluation or generation), the gradient check around its passes. The mask of element (token i, input c)
-// is a pure function of (seed, step, the pair's stream, (first_token + i) · in + c), drawn from the
+// is a pure function of (seed, step, the pair's stream, token(i) · in + c), drawn from the
 // counter-based RNG, so forward, recompute and backward see the same mask, for any thread count,
 // and a token gets its mask whichever rank trains it.
 struct LoraDropoutPass {
   uint64_t seed = 0;
   int64_t step = 0;
   int64_t first_token = 0;  // of these rows in the step's whole batch (data parallel: this rank's first)
+  // Context parallelism: each row holds the tokens of its sequence (`seq` long) at these global
+  // positions (empty: all of them, in order).
+  std::vector<int32_t> positions = {};
+  int64_t seq = 0;
+  // Token i of the pass's rows, as an index into the step's whole batch.
+  int64_t token(int64_t i) const {
+    if (positions.empty()) return first_token + i;
+    const int64_t held = static_cast<int64_t>(positions.size());
+    return first_token + i / held * seq + positions[i % held];
+  }
 };
 // Sets the pass for its lifetime (null: none), restoring the one before.
 class LoraDropoutScope {

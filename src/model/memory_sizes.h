@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/error.h"
 #include "core/memory.h"
 #include "memory/activation_tags.h"
 #include "model/saved_tensors.h"
@@ -27,14 +28,26 @@ struct Workspace {
   int64_t forward = 0, backward = 0;
 };
 
+// Context parallelism's part of the plan (parallel/context_parallel.h implements it for a rank of
+// a split): what the exchange's calls hold at their peak beyond their arguments and results.
+class ContextPlan {
+ public:
+  virtual ~ContextPlan() = default;
+  // context_attention_forward and _backward for the local sizes of ops/attention.h (q_len = kv_len =
+  // this rank's tokens per sequence): the gathered keys and values, their gradients' terms, and the
+  // per-chunk kernels' temporaries.
+  virtual Workspace attention(const AttentionSizes& local, int threads, int64_t element_bytes) const = 0;
+};
+
 struct StepShape {
-  int64_t batch = 0, seq = 0;
+  int64_t batch = 0, seq = 0;  // with context: seq is this rank's tokens of each sequence
   int64_t element_bytes = 4;  // sizeof(T): 4 for float, 8 for double
   int threads = 1;            // OpenMP threads: kernels keep per-thread workspaces
   IndexerTraining indexer;    // sparse layers' mode and loss (coef > 0: the indexer loss is on)
   bool experts_exchanged = false;  // ep > 1: MoE layers' routed rows run on their experts' owners
   double expert_imbalance = 1.0;   // … which receive at most this times a rank's own routed rows
   bool bf16_operands = false;      // the store keeps declared operands as bf16 (saved_as_bf16)
+  const ContextPlan* context = nullptr;  // context parallelism (null: whole sequences)
   int64_t tokens() const { return batch * seq; }
   // The saved tensors' extent of a training step of this shape (MoE's routed rows at their bound).
   SavedExtent extent() const {
@@ -43,8 +56,16 @@ struct StepShape {
             .indexer_loss = indexer.coef > 0.0,
             .indexer_sparse = indexer.mode == IndexerMode::sparse,
             .experts_exchanged = experts_exchanged,
+            .sequence_split = context != nullptr,
             .received_imbalance = expert_imbalance};
   }
 };
+
+// Fails for a layer kind whose exchange under context parallelism the plan does not count yet.
+inline void require_plain_sequences(const StepShape& shape, const char* kind) {
+  if (shape.context != nullptr)
+    fail("--cp: the memory plan does not count ", kind, " layers' exchange under context parallelism yet; ",
+         "expected full attention layers (with dense or MoE FFNs), or --cp 1");
+}
 
 }  // namespace trillion

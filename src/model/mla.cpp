@@ -361,6 +361,7 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with q_a_layernorm's
 // partials or the indexer's backward, then with its scratch and the decoder layer's input norm's partials.
 Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
+  require_plain_sequences(shape, "MLA");
   const int64_t n = shape.tokens(), e = shape.element_bytes, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
   const int64_t kv = Arena::rounded(n * dims.kv_b_out() * e), qk = Arena::rounded(n * dims.q_width() * e);
   const int64_t o = Arena::rounded(n * dims.o_width() * e), latent = Arena::rounded(n * rkv * e);

@@ -222,9 +222,9 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   if (!m.decisions.replaying()) m.decisions.start_recording();
   ensure_size(m.hidden, n * D);
   ensure_size(m.positions, n);
-  // Training passes take this rank's part of each sequence; evaluation and gradient checking's
-  // passes run whole windows.
-  ContextExchange* context = mode == PassMode::train ? m.context : nullptr;
+  // Under context parallelism training and evaluation passes take this rank's part of each sequence
+  // (every rank of its group runs them).
+  ContextExchange* context = m.context;
   const int32_t* global = context != nullptr ? context->positions(seq) : nullptr;  // [seq]
   if (m.document_eos >= 0 && context != nullptr && m.sparse_layers() > 0)
     fail("document masks with context parallelism: the lightning indexer's document masks over a chunk of a ",

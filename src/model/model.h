@@ -130,9 +130,9 @@ class Model {
   // Expert parallelism (null: every expert runs here; must outlive its use): every forward uses
   // it, so every rank of its group must run the same forwards, recomputation included.
   void set_expert_exchange(ExpertExchange* exchange);
-  // Context parallelism (null: whole sequences here; must outlive its use): forward_backward's rows
-  // hold this rank's tokens of each sequence, and its passes take their positions and attention from
-  // it, so every rank of its group runs the same passes; forward_loss runs whole windows without it.
+  // Context parallelism (null: whole sequences here; must outlive its use): forward_backward's and
+  // forward_loss's rows hold this rank's tokens of each sequence, and their passes take their
+  // positions and attention from it, so every rank of its group runs the same passes.
   // Not with recomputed mixers, document masks on sparse attention layers, or the layer kinds it
   // does not cover yet (parallel/mesh.h checks the config, and those layers refuse it).
   void set_context_exchange(ContextExchange* context);

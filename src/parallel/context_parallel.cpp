@@ -40,6 +40,17 @@ std::vector<int32_t> ContextSplit::positions(int rank) const {
   return out;
 }
 
+void ContextSplit::take_local(int32_t* local, const int32_t* whole, int64_t batch, int rank) const {
+  const std::array<Span, 2> s = spans(rank);
+  for (int64_t b = 0; b < batch; ++b) {
+    int32_t* row = local + b * local_len(rank);
+    for (const Span& span : s) {  // in place, every row moves toward the front
+      std::memmove(row, whole + b * seq_ + span.begin, static_cast<size_t>(span.size()) * sizeof(int32_t));
+      row += span.size();
+    }
+  }
+}
+
 ContextPassTraffic context_gathered_rows_traffic(const ContextSplit& split, int rank, int64_t batch, int64_t row,
                                                  int64_t element_bytes) {
   const int64_t own = batch * split.local_len(rank) * row * element_bytes;
@@ -257,6 +268,25 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
                                       gathered, split, group.rank());
   context_reduce_sequences(dk, dkeys.data(), local.batch, k_row, split, group, traffic);
   context_reduce_sequences(dv, dvalues.data(), local.batch, v_row, split, group, traffic);
+}
+
+// context_attention_forward: the gathered keys and values, then in context_attention_forward_gathered
+// the chunk's lse and the kernel's temporaries for its larger chunk. context_attention_backward: the
+// keys and values gathered again and their gradients' terms, then the earlier chunk's terms, the
+// chunk's lse and the kernel's temporaries; the reduce-scatters take no more.
+Workspace ContextSplitPlan::attention(const AttentionSizes& local, int threads, int64_t element_bytes) const {
+  const std::array<ContextSplit::Span, 2> spans = split_.spans(rank_);
+  const int64_t e = element_bytes, rows = local.batch * split_.seq();
+  const int64_t row = key_row(local) + value_row(local);  // a token's key and value
+  const int64_t chunk_lse = local.q_heads * std::max(spans[0].size(), spans[1].size()) * e;
+  int64_t kernel_forward = 0, kernel_backward = 0;
+  for (const ContextSplit::Span& span : spans) {
+    const AttentionSizes sizes = chunk_sizes(local, span, 0, 0);
+    kernel_forward = std::max(kernel_forward, attention_forward_workspace_bytes(sizes, threads, e));
+    kernel_backward = std::max(kernel_backward, attention_backward_workspace_bytes(sizes, threads, e));
+  }
+  return {.forward = rows * row * e + chunk_lse + kernel_forward,
+          .backward = 2 * rows * row * e + spans[0].end * row * e + chunk_lse + kernel_backward};
 }
 
 ContextParallel::ContextParallel(const ProcessGroup& group, int64_t seq, const char* flag)

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/memory_sizes.h"
 #include "model/step.h"
 #include "ops/attention.h"
 #include "parallel/process_group.h"
@@ -47,6 +48,9 @@ class ContextSplit {
   int64_t local_len(int rank) const;
   // The global position of each of rank r's tokens, [local_len(r)].
   std::vector<int32_t> positions(int rank) const;
+  // local [batch, local_len(rank)] ← rank r's tokens of each row of whole [batch, seq]; local may be
+  // whole (in place).
+  void take_local(int32_t* local, const int32_t* whole, int64_t batch, int rank) const;
 
  private:
   int64_t seq_ = 0;
@@ -127,6 +131,20 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
                                 const T* lse, const AttentionSizes& local, const ContextSplit& split,
                                 const ProcessGroup& group, ContextTraffic* traffic);
 
+// The memory plan's view of rank `rank` of a split (model/memory_sizes.h): what its exchange's calls
+// hold at their peak, each formula beside the call it counts (context_parallel.cpp).
+class ContextSplitPlan final : public ContextPlan {
+ public:
+  ContextSplitPlan(const ContextSplit& split, int rank) : split_(split), rank_(rank) {}
+  const ContextSplit& split() const { return split_; }
+  int rank() const { return rank_; }
+  Workspace attention(const AttentionSizes& local, int threads, int64_t element_bytes) const override;
+
+ private:
+  ContextSplit split_;
+  int rank_ = 0;
+};
+
 // A run's context parallelism, as the model sees it (model/step.h's ContextExchange): this rank's
 // part of sequences of `seq` tokens split over `group` (which must outlive it), and the bytes it has
 // received so far.
@@ -135,6 +153,7 @@ class ContextParallel final : public ContextExchange {
   ContextParallel(const ProcessGroup& group, int64_t seq, const char* flag = "--seq-len");
   const ContextSplit& split() const { return split_; }
   const ContextTraffic& traffic() const { return traffic_; }
+  int rank() const { return group_.rank(); }  // in its group
   const int32_t* positions(int64_t seq) const override;
   void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
                          const AttentionSizes& local) override {

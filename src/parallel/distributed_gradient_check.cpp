@@ -17,37 +17,38 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
                                                      const ProcessGroup& world, int ep, int cp) {
   const ParallelMesh mesh(world, ep, config, cp);
   const int64_t rows = mesh.rows_per_rank(options.batch, "gradient check: --batch");
-  if (cp > 1 && config.lora != nullptr) fail("--cp ", cp, " with LoRA adapters: not yet");
   const GradientCheckBatch batch = gradient_check_batch(config, options);
   const int64_t at = mesh.data_share() * rows * options.seq;  // this rank's first row's first token
-  const auto prepared = [&](Model<double>& model, int64_t first_token) {
+  const auto prepared = [&](Model<double>& model, const LoraDropoutPass& dropout) {
     model.init_weights(options.seed);
     draw_lora_b(model, options.seed + 1);  // as the one-process check: A's gradient is 0 at B = 0
-    model.set_lora_dropout(LoraDropoutPass{options.seed, 0, first_token});
+    model.set_lora_dropout(dropout);
     if (model.sparse_layers() > 0) model.set_indexer_training(options.indexer_mode, options.indexer_loss_coef);
     if (options.document_eos >= 0) model.set_document_mask(options.document_eos);
     model.zero_grads();
   };
 
   Model<double> whole(config);  // this process, the whole batch
-  prepared(whole, 0);
+  prepared(whole, LoraDropoutPass{.seed = options.seed});
   const StepResult whole_result =
       whole.forward_backward(batch.tokens.data(), batch.targets.data(), options.batch, options.seq, batch.scales);
 
   Model<double> parts(config);  // this rank's rows (and with cp its tokens of them), as the trainer runs them
-  prepared(parts, at);
+  LoraDropoutPass dropout{.seed = options.seed, .first_token = at};
+  if (cp > 1) {
+    dropout.positions = ContextSplit(options.seq, cp).positions(mesh.cp_group().rank());
+    dropout.seq = options.seq;
+  }
+  prepared(parts, dropout);
   const ShardLayout layout(parts.table(), world.rank(), world.size(), ep);
   ParallelPlan<double> plan(parts, mesh, layout, 1, options.seq);
-  std::vector<int32_t> positions(options.seq);  // [local] this rank's tokens of each sequence
-  for (int64_t t = 0; t < options.seq; ++t) positions[t] = int32_t(t);
-  if (plan.context() != nullptr) positions = plan.context()->split().positions(mesh.cp_group().rank());
-  const int64_t local = static_cast<int64_t>(positions.size());
-  std::vector<int32_t> tokens(rows * local), targets(rows * local);  // [rows, local]
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < local; ++j) {
-      tokens[r * local + j] = batch.tokens[at + r * options.seq + positions[j]];
-      targets[r * local + j] = batch.targets[at + r * options.seq + positions[j]];
-    }
+  const int64_t local = cp > 1 ? static_cast<int64_t>(dropout.positions.size()) : options.seq;
+  std::vector<int32_t> tokens(batch.tokens.begin() + at, batch.tokens.begin() + at + rows * local);  // [rows, local]
+  std::vector<int32_t> targets(batch.targets.begin() + at, batch.targets.begin() + at + rows * local);
+  if (const ContextParallel* context = plan.context()) {
+    context->split().take_local(tokens.data(), batch.tokens.data() + at, rows, mesh.cp_group().rank());
+    context->split().take_local(targets.data(), batch.targets.data() + at, rows, mesh.cp_group().rank());
+  }
   const StepResult part_result = parts.forward_backward(tokens.data(), targets.data(), rows, local, batch.scales);
   Buffer<double> gathered(parts.table().trainable_size());
   layout.gather_everything(world, plan.step_grads(), gathered.data());
@@ -61,6 +62,11 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
     checks.push_back(check);
   };
   compare("loss.lm_loss_sum", world.all_reduce_sum(part_result.lm.loss_sum), whole_result.lm.loss_sum);
+  // An evaluation pass (forward_loss) too, after the step: the same rows, the same weights.
+  const double part_eval = parts.forward_loss(tokens.data(), targets.data(), rows, local).lm.loss_sum;
+  const double whole_eval =
+      whole.forward_loss(batch.tokens.data(), batch.targets.data(), options.batch, options.seq).lm.loss_sum;
+  compare("eval.lm_loss_sum", world.all_reduce_sum(part_eval), whole_eval);
   if (part_result.aux.size() != whole_result.aux.size())
     fail("distributed gradient check: ", part_result.aux.size(), " auxiliary loss terms, one process has ",
          whole_result.aux.size());

@@ -5,7 +5,8 @@
 // rows, each rank its part of every sequence; statistics over the ranks); the gathered sharded
 // gradient is compared with the one-process gradient tensor by tensor, and the step's loss terms
 // (the LM loss summed over the ranks; the auxiliary terms and each indexer layer's selected mass as
-// the statistics reduction gives them) as checks named "loss.…" and "indexer.…". Every rank calls it.
+// the statistics reduction gives them) as checks named "loss.…" and "indexer.…", and the LM loss of
+// an evaluation pass (forward_loss) after it, "eval.lm_loss_sum". Every rank calls it.
 #pragma once
 
 #include <vector>

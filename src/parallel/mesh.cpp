@@ -39,6 +39,6 @@ ParallelMesh::ParallelMesh(const ProcessGroup& world, int ep, const ModelConfig&
       cp_(cp),
       ep_group_(world.split(world.rank() / ep, world.rank() % ep)),
       edp_group_(world.split(world.rank() % ep, world.rank() / ep)),
-      cp_group_(world.split(data_share(), world.rank() / ep % cp)) {}
+      cp_group_(world.split(data_share(), cp_rank(world.rank(), ep, cp))) {}
 
 }  // namespace trillion

@@ -32,6 +32,8 @@ class ParallelMesh {
   // The batch's shares (one per context-parallel group) and this rank's.
   int data_shares() const { return world_.size() / cp_; }
   int data_share() const { return world_.rank() / ep_ / cp_ * ep_ + world_.rank() % ep_; }
+  // A rank's place in its context-parallel group (which of the split's parts it holds).
+  static int cp_rank(int rank, int ep, int cp) { return rank / ep % cp; }
 
   // Fails naming --ep unless `ep` divides `ranks` and the model's routed experts, and naming --cp
   // unless `cp` divides the edp ranks and the model's layers are ones context parallelism covers

@@ -10,7 +10,7 @@ namespace trillion {
 
 template <class T>
 EvalResult evaluate_loss(Model<T>& model, const TokenStreams& streams, int64_t seq_len, int64_t batch,
-                         int64_t max_batches) {
+                         int64_t max_batches, ContextParallel* context) {
   TRILLION_CHECK(seq_len > 0 && batch > 0, "seq_len ", seq_len, " batch ", batch);
   EvalResult result;
   result.total_windows = eval_window_count(streams, seq_len);
@@ -24,15 +24,28 @@ EvalResult evaluate_loss(Model<T>& model, const TokenStreams& streams, int64_t s
     for (int64_t r = 0; r < rows; ++r) {
       eval_window(streams, seq_len, first + r, inputs.data() + r * seq_len, targets.data() + r * seq_len);
     }
-    const CrossEntropyResult part = model.forward_loss(inputs.data(), targets.data(), rows, seq_len).lm;
+    if (context != nullptr) {  // this rank's tokens of each window, in place
+      context->split().take_local(inputs.data(), inputs.data(), rows, context->rank());
+      context->split().take_local(targets.data(), targets.data(), rows, context->rank());
+    }
+    const int64_t held = context != nullptr ? context->split().local_len(context->rank()) : seq_len;
+    const CrossEntropyResult part = model.forward_loss(inputs.data(), targets.data(), rows, held).lm;
     result.loss_sum += part.loss_sum;
     result.target_count += part.count;
     result.windows += rows;
   }
+  if (context != nullptr) {
+    double sums[2] = {result.loss_sum, double(result.target_count)};
+    context->sum_over_group(sums, 2);
+    result.loss_sum = sums[0];
+    result.target_count = static_cast<int64_t>(sums[1]);
+  }
   return result;
 }
 
-template EvalResult evaluate_loss<float>(Model<float>&, const TokenStreams&, int64_t, int64_t, int64_t);
-template EvalResult evaluate_loss<double>(Model<double>&, const TokenStreams&, int64_t, int64_t, int64_t);
+template EvalResult evaluate_loss<float>(Model<float>&, const TokenStreams&, int64_t, int64_t, int64_t,
+                                         ContextParallel*);
+template EvalResult evaluate_loss<double>(Model<double>&, const TokenStreams&, int64_t, int64_t, int64_t,
+                                          ContextParallel*);
 
 }  // namespace trillion

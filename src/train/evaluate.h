@@ -1,6 +1,8 @@
 // Validation loss of a model over the evaluation windows of a token stream (data/sampler.h:
 // every non-overlapping window in order, so each token after the first is a target exactly once),
-// batched, optionally truncated to the first max_batches batches.
+// batched, optionally truncated to the first max_batches batches. Under context parallelism (the
+// model's exchange, `context`) each rank of a group evaluates its tokens of the same windows and the
+// loss sums over the group.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +10,7 @@
 
 #include "data/shards.h"
 #include "model/model.h"
+#include "parallel/context_parallel.h"
 
 namespace trillion {
 
@@ -23,6 +26,6 @@ struct EvalResult {
 // max_batches ≤ 0 evaluates every window.
 template <class T>
 EvalResult evaluate_loss(Model<T>& model, const TokenStreams& streams, int64_t seq_len, int64_t batch,
-                         int64_t max_batches);
+                         int64_t max_batches, ContextParallel* context = nullptr);
 
 }  // namespace trillion

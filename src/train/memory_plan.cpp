@@ -17,6 +17,8 @@
 #include "ops/cross_entropy.h"
 #include "ops/embedding.h"
 #include "ops/norm.h"
+#include "parallel/context_parallel.h"
+#include "parallel/mesh.h"
 #include "parallel/shard_layout.h"
 
 namespace trillion {
@@ -187,10 +189,15 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
   const std::set<ActivationTag> recompute(recompute_list.begin(), recompute_list.end());
   const std::set<ActivationTag> swap(swap_list.begin(), swap_list.end());
   const ParamCounts counts = count_parameters(config, table);
-  const int64_t e = shape.element_bytes, n = shape.batch * shape.seq, D = config.hidden_size, V = config.vocab_size;
+  std::optional<ContextSplitPlan> context;
+  if (shape.cp > 1)
+    context.emplace(ContextSplit(shape.seq, shape.cp), ParallelMesh::cp_rank(shape.rank, shape.ep, shape.cp));
+  const int64_t held = context ? context->split().local_len(context->rank()) : shape.seq;  // tokens per row
+  const int64_t e = shape.element_bytes, n = shape.batch * held, D = config.hidden_size, V = config.vocab_size;
   StepShape step;
   step.batch = shape.batch;
-  step.seq = shape.seq;
+  step.seq = held;
+  step.context = context ? &*context : nullptr;
   step.element_bytes = e;
   step.threads = shape.threads;
   step.indexer = shape.indexer;

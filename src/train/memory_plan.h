@@ -28,7 +28,9 @@
 // routed rows live in the expert exchange (parallel/expert_parallel.h): the rows this rank's experts
 // receive (expert_imbalance times its own) with their weights and, unless the policy leaves them to
 // the owners' backward, their activations, from the layer's forward to its FFN backward; the
-// exchange's buffers of the moment count as the layer's workspace.
+// exchange's buffers of the moment count as the layer's workspace. With cp > 1 every per-token
+// tensor holds the rank's tokens of each sequence, and a sequence mixer's workspace what its
+// exchange gathers (model/memory_sizes.h's ContextPlan).
 //
 // `--memory-budget` tries the policies from the cheapest on (measured on the MoE demo, docs/benchmarks.md:
 // keep-all, swap selective, swap full, recompute selective, recompute full, recompute full with the
@@ -72,8 +74,10 @@ struct StepMemoryShape {
                                            // on every rank, saved operands in bf16
   int64_t sampler_windows = 0;             // the data sampler's permutation (int64 each; 0: no data yet)
   // The parallel layout: this rank of `ranks` (FSDP over all of them), routed experts over groups
-  // of `ep`; `batch` is the rank's rows of a micro-batch, `grad_accum` micro-batches a step.
-  int ranks = 1, rank = 0, ep = 1;
+  // of `ep`, each sequence split over groups of `cp` (parallel/mesh.h); `batch` is the rank's rows of
+  // a micro-batch (with cp, its group's, of which it holds its tokens: the split's local length of
+  // `seq`), `grad_accum` micro-batches a step.
+  int ranks = 1, rank = 0, ep = 1, cp = 1;
   int64_t grad_accum = 1;
   // ep > 1: the rows this rank's experts receive per MoE layer, as a multiple of its own routed rows.
   double expert_imbalance = 1.0;

@@ -15,6 +15,7 @@
 #include "data/tokenizer.h"
 #include "io/atomic_file.h"
 #include "model/model.h"
+#include "parallel/context_parallel.h"
 #include "parallel/mesh.h"
 #include "parallel/process_group.h"
 #include "train/sharded_checkpoint.h"
@@ -45,9 +46,10 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
   shape.ranks = ranks;
   shape.rank = rank;
   shape.ep = o.ep;
+  shape.cp = o.cp;
   shape.expert_imbalance = o.expert_imbalance;
   shape.grad_accum = s.grad_accum;
-  shape.batch = s.batch / shape.ranks;  // this rank's rows
+  shape.batch = s.batch / (shape.ranks / shape.cp);  // this rank's rows (of which it holds its tokens with cp)
   shape.seq = s.seq_len;
   shape.element_bytes = s.dtype == "float64" ? 8 : 4;
   shape.indexer.mode = indexer_mode_from_name(s.indexer_mode);
@@ -63,13 +65,16 @@ StepMemoryShape step_memory_shape(const TrainOptions& o, const TrainSettings& s,
   return shape;
 }
 
-void validate_settings(const TrainSettings& s) {
+void validate_settings(const TrainSettings& s, int cp) {
   if (s.steps < 1) fail("--steps must be ≥ 1, got ", s.steps);
   if (s.dtype != "float32" && s.dtype != "float64") fail("--dtype must be float32 or float64, got ", s.dtype);
   if (s.dtype == "float64" && s.precision != "fp32")
     fail("--precision ", s.precision, " needs --dtype float32: float64 runs keep every operand in double");
-  ParallelMesh::rows_per_rank(s.batch, ProcessGroup::world().size(), "--batch");
+  const int ranks = ProcessGroup::world().size();
+  if (cp < 1 || ranks % cp != 0) fail("--cp ", cp, " must be ≥ 1 and divide the ", ranks, " ranks");
+  ParallelMesh::rows_per_rank(s.batch, ranks / cp, "--batch");
   if (s.seq_len < 1) fail("--seq-len must be ≥ 1, got ", s.seq_len);
+  if (cp > 1) ContextSplit(s.seq_len, cp);  // every rank holds two chunks of each sequence
   if (s.grad_accum < 1) fail("--grad-accum must be ≥ 1, got ", s.grad_accum);
   if (!(s.lr > 0)) fail("--lr must be > 0, got ", s.lr);
   if (!(s.min_lr_ratio >= 0 && s.min_lr_ratio <= 1)) fail("--min-lr-ratio must be in [0, 1], got ", s.min_lr_ratio);
@@ -165,7 +170,7 @@ RunSetup prepare_run(TrainOptions& o) {
            " or choose another --out");
     }
   }
-  validate_settings(run.state.settings);
+  validate_settings(run.state.settings, o.cp);
   if (o.mfu_gemm_size < 1) fail("--mfu-gemm-size must be ≥ 1, got ", o.mfu_gemm_size);
   const TrainSettings& s = run.state.settings;
 
@@ -249,7 +254,7 @@ void print_memory_plan(const TrainOptions& o, const ModelConfig& config, const T
                        int64_t train_tokens) {
   const ProcessGroup& world = ProcessGroup::world();
   if (!world.is_root()) return;
-  ParallelMesh::validate(world.size(), o.ep, config);
+  ParallelMesh::validate(world.size(), o.ep, config, o.cp);
   const MemoryPlan plan = memory_plan_of(o, config, s, train_tokens, world.size(), 0);
   nlohmann::json json = plan.to_json();
   nlohmann::json candidates = nlohmann::json::array();

@@ -25,8 +25,8 @@ struct RunSetup {
   TrainerState state;       // settings and, when resumed, the saved progress
 };
 
-// Fails with the flag named when a setting is out of range (or does not fit the ranks).
-void validate_settings(const TrainSettings& s);
+// Fails with the flag named when a setting is out of range (or does not fit the ranks and --cp).
+void validate_settings(const TrainSettings& s, int cp);
 // The matmul precision of `eval` and `generate`: `given` (their --precision), else the run's
 // (`saved`: its trainer_state.json's settings, null without one: fp32). bf16 with a float64
 // checkpoint fails naming both.

@@ -82,6 +82,16 @@ nlohmann::json expert_parallel_record(const ProcessGroup& world, int ep, const E
           {"rank_tokens_per_expert", loads}};
 }
 
+// Metrics field "context_parallel": every rank's bytes received in this step from the other ranks of
+// its group: the rows it gathered (keys, values, latents, halos, state summaries) and the partial
+// sums of its own rows (parallel/context_parallel.h); a collective.
+nlohmann::json context_parallel_record(const ProcessGroup& world, int cp, const ContextTraffic& now,
+                                       const ContextTraffic& before) {
+  const std::vector<int64_t> all = world.all_gather_values<int64_t>(
+      {now.gathered_bytes - before.gathered_bytes, now.reduced_bytes - before.reduced_bytes});  // [ranks, 2]
+  return {{"cp", cp}, {"rank_gathered_bytes", column_of(all, 2, 0)}, {"rank_reduced_bytes", column_of(all, 2, 1)}};
+}
+
 template nlohmann::json fsdp_record<float>(const ProcessGroup&, const Fsdp<float>&, const FsdpCounters&, int64_t,
                                            int64_t);
 template nlohmann::json fsdp_record<double>(const ProcessGroup&, const Fsdp<double>&, const FsdpCounters&, int64_t,

@@ -10,7 +10,9 @@
 #include "core/error.h"
 #include "model/decoder_layer.h"
 #include "model/model.h"
+#include "parallel/context_parallel.h"
 #include "parallel/expert_parallel.h"
+#include "parallel/mesh.h"
 #include "parallel/shard_layout.h"
 
 namespace trillion {
@@ -40,6 +42,27 @@ double slice_weight(const std::vector<double>& layer, int ep, int p) {
   double sum = 0.0;
   for (size_t e = p * local; e < (p + 1) * local; ++e) sum += layer[e];
   return sum / double(local);
+}
+
+// What `rank` receives from its context-parallel group in one micro-batch's forward and backward.
+ContextTraffic context_micro_batch_traffic(const ModelConfig& config, const StepMemoryShape& shape, int rank) {
+  const ContextSplit split(shape.seq, shape.cp);
+  const int cp_rank = ParallelMesh::cp_rank(rank, shape.ep, shape.cp);
+  const int64_t local = split.local_len(cp_rank);
+  ContextTraffic total;
+  for (int l = 0; l < config.num_hidden_layers; ++l) {
+    const DecoderLayerDims dims = DecoderLayerDims::from_config(config, l);
+    const AttentionBlockDims* attention = std::get_if<AttentionBlockDims>(&dims.mixer);
+    if (attention == nullptr)
+      fail("--cp: the step's traffic of layer ", l, "'s mixer under context parallelism is not planned yet; expected ",
+           "full attention layers, or --cp 1");
+    const AttentionSizes sizes{shape.batch,         local, local, attention->q_heads, attention->kv_heads,
+                               attention->head_dim, 0.0};
+    const ContextPassTraffic pass = context_attention_traffic(split, cp_rank, sizes, shape.element_bytes);
+    total.gathered_bytes += pass.forward.gathered_bytes + pass.backward.gathered_bytes;
+    total.reduced_bytes += pass.forward.reduced_bytes + pass.backward.reduced_bytes;
+  }
+  return total;
 }
 
 }  // namespace
@@ -117,14 +140,21 @@ nlohmann::json DeviceTraffic::to_json() const {
                         {"fsdp_reduce_scattered_bytes", fsdp_reduce_scattered},
                         {"expert_dispatched_bytes", expert_dispatched},
                         {"expert_combined_bytes", expert_combined},
+                        {"context_gathered_bytes", context_gathered},
+                        {"context_reduced_bytes", context_reduced},
                         {"flops", flops},
                         {"expert_flops", expert_flops},
                         {"rerun_flops", rerun_flops},
                         {"expert_rows", expert_rows},
                         {"swap_bytes", swap_bytes}};
   if (step_s > 0.0)
-    out["seconds"] = {{"compute", compute_s}, {"fsdp", fsdp_s}, {"swap", swap_s}, {"exchange", exchange_s},
-                      {"exposed_exchange", exposed_exchange_s}, {"step", step_s}};
+    out["seconds"] = {{"compute", compute_s},
+                      {"fsdp", fsdp_s},
+                      {"swap", swap_s},
+                      {"exchange", exchange_s},
+                      {"exposed_exchange", exposed_exchange_s},
+                      {"context", context_s},
+                      {"step", step_s}};
   return out;
 }
 
@@ -133,7 +163,7 @@ std::vector<DeviceTraffic> plan_step_traffic(const ModelConfig& config, const St
   const ParamTable table = param_table_of(config);
   const int ranks = shape.ranks, ep = shape.ep;
   const int64_t e = shape.element_bytes, G = shape.grad_accum, k = config.num_experts_per_tok;
-  const double tokens = double(shape.batch * shape.seq * G);  // the device's, per step
+  const double tokens = double(shape.batch * shape.seq * G) / shape.cp;  // the device's, per step (a cp group's mean)
   const TrainingFlops flops = training_flops_of(config, table, shape.seq);
 
   // Each rank's routed rows per layer and expert: the run's own for its mesh and step shape, else
@@ -180,6 +210,11 @@ std::vector<DeviceTraffic> plan_step_traffic(const ModelConfig& config, const St
     d.expert_rows = expert_rows[rank % modelled];
     d.expert_flops = d.expert_rows * per_row;
     d.flops = tokens * (flops.per_token - flops.routed_experts) + d.expert_flops;
+    if (shape.cp > 1) {
+      const ContextTraffic context = context_micro_batch_traffic(config, shape, rank);
+      d.context_gathered = G * context.gathered_bytes;
+      d.context_reduced = G * context.reduced_bytes;
+    }
   }
   return devices;
 }
@@ -190,6 +225,7 @@ std::vector<DeviceTraffic> time_step(std::vector<DeviceTraffic> devices, const S
   // The links the collectives cross: FSDP's groups span the mesh; an ep group is ep consecutive ranks.
   const double fsdp_bandwidth = ranks <= rates.node_size ? rates.intra_bandwidth : rates.inter_bandwidth;
   const double off_node = ep > rates.node_size ? double(ep - rates.node_size) / double(ep - 1) : 0.0;
+  const double context_bandwidth = ep * shape.cp <= rates.node_size ? rates.intra_bandwidth : rates.inter_bandwidth;
   for (DeviceTraffic& d : devices) {
     d.rerun_flops = d.tokens * memory.rerun_flops_per_token + d.expert_rows * memory.rebuild_flops_per_routed_row;
     d.flops += d.rerun_flops;
@@ -197,7 +233,7 @@ std::vector<DeviceTraffic> time_step(std::vector<DeviceTraffic> devices, const S
     const double sent = d.expert_dispatched + d.expert_combined;
     const bool timed = rates.flops > 0.0 && (ranks == 1 || fsdp_bandwidth > 0.0) &&
                        (ep == 1 || (rates.intra_bandwidth > 0.0 && (off_node == 0.0 || rates.inter_bandwidth > 0.0))) &&
-                       (d.swap_bytes == 0 || rates.host_bandwidth > 0.0);
+                       (d.swap_bytes == 0 || rates.host_bandwidth > 0.0) && (shape.cp == 1 || context_bandwidth > 0.0);
     if (!timed) continue;
     d.compute_s = d.flops / rates.flops;
     d.fsdp_s = ranks > 1 ? double(d.fsdp_gathered + d.fsdp_reduce_scattered) / fsdp_bandwidth : 0.0;
@@ -209,7 +245,8 @@ std::vector<DeviceTraffic> time_step(std::vector<DeviceTraffic> devices, const S
     const int chunks = std::max(1, rates.exchange_chunks);
     d.exposed_exchange_s = chunks == 1 ? d.exchange_s
                                        : std::max(d.exchange_s / chunks, d.exchange_s - d.expert_flops / rates.flops);
-    d.step_s = std::max({d.compute_s, d.fsdp_s, d.swap_s}) + d.exposed_exchange_s;
+    d.context_s = shape.cp > 1 ? double(d.context_gathered + d.context_reduced) / context_bandwidth : 0.0;
+    d.step_s = std::max({d.compute_s, d.fsdp_s, d.swap_s}) + d.exposed_exchange_s + d.context_s;
   }
   return devices;
 }

@@ -11,12 +11,16 @@
 //     spread over the experts by weights of mean 1 (`Routing`): uniform, the busiest ep slice
 //     receiving `expert_imbalance` times the mean (the memory plan's margin), or a run's measured
 //     loads (--imbalance-from); the bytes are then the expected ones (dropless routing), or, for
-//     the run's own mesh, its ranks' loads as they were: its bytes exactly.
+//     the run's own mesh, its ranks' loads as they were: its bytes exactly;
+//   - context parallelism (metrics' "context_parallel"): what each rank receives from its cp group,
+//     per micro-batch each attention layer's context_attention_traffic (parallel/context_parallel.h:
+//     the keys and values gathered in the forward and again in the backward, and the other ranks'
+//     terms of its keys' and values' gradients), exactly what its counters count.
 // FLOPs: the model FLOPs of the device's tokens (model.h's training_flops_of), its experts' share
 // scaled by the rows they receive, and recompute's: the forward of the sublayers it re-runs per
 // token, and the gate/up products the experts' backward forms again per row its experts run (the
-// memory plan's rerun_flops_per_token and rebuild_flops_per_routed_row). Swap: each swapped tensor written to the host in the forward and
-// read back in the backward (the memory plan's swap-file bytes, twice per micro-batch).
+// memory plan's rerun_flops_per_token and rebuild_flops_per_routed_row). Swap: each swapped tensor written to the host
+// in the forward and read back in the backward (the memory plan's swap-file bytes, twice per micro-batch).
 //
 // The roofline, per device: compute at --device-flops; FSDP's gathers and reduce-scatters at the
 // link their group crosses (intra-node when the mesh fits one node, else inter-node) and swap at
@@ -24,8 +28,9 @@
 // is ep consecutive ranks, taken as aligned to nodes: with ep above the node size the rows for the
 // ep − node size ranks off the node at the inter-node rate, the rest intra-node), not overlapped
 // with one chunk, and with C > 1 chunks all but max(1/C of it, what the device's expert compute
-// cannot hide) hidden:
-//   step = max(compute, FSDP, swap) + exposed exchange. The step time is the slowest device's.
+// cannot hide) hidden; context parallelism's gathers and reduce-scatters, which the layers wait for,
+// at the link its group crosses (its ranks are ep apart):
+//   step = max(compute, FSDP, swap) + exposed exchange + context. The step time is the slowest device's.
 #pragma once
 
 #include <cstdint>
@@ -79,13 +84,15 @@ struct DeviceTraffic {
   // piece, in or out: a ring's volume), and expected bytes its exchange sends.
   int64_t fsdp_gathered = 0, fsdp_reduce_scattered = 0;
   double expert_dispatched = 0.0, expert_combined = 0.0;
+  int64_t context_gathered = 0, context_reduced = 0;      // received from its context-parallel group
   double flops = 0.0, expert_flops = 0.0;                 // per step (expert_flops: of them, its experts')
   double rerun_flops = 0.0;                               // of them, recompute's
   double expert_rows = 0.0;                               // rows its experts run, summed over the MoE layers
   int64_t swap_bytes = 0;                                 // to the host and back, per step
   double tokens = 0.0;                                    // the device's, per step
   // The roofline's seconds (0 without the rates they need).
-  double compute_s = 0.0, fsdp_s = 0.0, swap_s = 0.0, exchange_s = 0.0, exposed_exchange_s = 0.0, step_s = 0.0;
+  double compute_s = 0.0, fsdp_s = 0.0, swap_s = 0.0, exchange_s = 0.0, exposed_exchange_s = 0.0, context_s = 0.0,
+         step_s = 0.0;
   nlohmann::json to_json() const;
 };
 

@@ -60,12 +60,14 @@ struct StepOutcome {
   StoreCounters store_before;
   FsdpCounters fsdp_before;
   ExpertParallelCounters experts_before;
+  ContextTraffic context_before;
 };
 
 // FSDP over the world (parallel/fsdp.h): every rank draws the whole global batch (the same
-// windows: the sampler's position is global) and trains its rows of each micro-batch; units are
-// gathered around their use and their gradients reduce-scattered into the rank's shard, whose
-// AdamW updates the rank's shard of the parameters. Rank 0 writes metrics, progress and
+// windows: the sampler's position is global) and trains its rows of each micro-batch (with --cp,
+// its context-parallel group's rows, of which it holds its tokens: parallel/context_parallel.h);
+// units are gathered around their use and their gradients reduce-scattered into the rank's shard,
+// whose AdamW updates the rank's shard of the parameters. Rank 0 writes metrics, progress and
 // checkpoints. One rank: no Fsdp, its shard is the whole of the flat buffers.
 template <class T>
 class Trainer {
@@ -90,8 +92,8 @@ class Trainer {
   RunSetup& run_;
   const TrainSettings& s_;
   const ProcessGroup& world_;
-  const int64_t ranks_, local_batch_;
-  const ParallelMesh mesh_;  // expert parallelism's groups (parallel/mesh.h)
+  const int64_t ranks_, local_batch_;  // the world's ranks, the rows of a micro-batch this rank trains
+  const ParallelMesh mesh_;            // expert and context parallelism's groups (parallel/mesh.h)
   const MemoryPlan plan_;    // checked against the machine before anything large is allocated
   Model<T> model_;
   Optimizer<T> optimizer_;
@@ -107,6 +109,8 @@ class Trainer {
   // Hooks after each optimizer step, with the step's routing statistics.
   std::vector<std::function<void(const StepStats&)>> after_step_;
   std::vector<int32_t> inputs_, targets_;  // [grad_accum·batch, seq_len] each
+  // With --cp: this rank's tokens of a micro-batch's rows, [local_batch, its tokens per row] each.
+  std::vector<int32_t> local_inputs_, local_targets_;
   Clock::time_point run_start_;
   double elapsed_before_ = 0.0;
 };
@@ -118,8 +122,8 @@ Trainer<T>::Trainer(const TrainOptions& o, RunSetup& run)
       s_(run.state.settings),
       world_(ProcessGroup::world()),
       ranks_(world_.size()),
-      local_batch_(s_.batch / ranks_),
-      mesh_(world_, o.ep, run.config),
+      local_batch_(ParallelMesh::rows_per_rank(s_.batch, world_.size() / o.cp, "--batch")),
+      mesh_(world_, o.ep, run.config, o.cp),
       plan_([&] {
         MemoryPlan plan = memory_plan_of(o, run.config, s_, run.data.train_tokens(), world_.size(), world_.rank());
         require_fits_machine(plan, run.config);
@@ -169,6 +173,10 @@ Trainer<T>::Trainer(const TrainOptions& o, RunSetup& run)
   }
   inputs_.resize(rows_ * s_.seq_len);
   targets_.resize(rows_ * s_.seq_len);
+  if (const ContextParallel* context = parallel_->context()) {
+    local_inputs_.resize(local_batch_ * context->split().local_len(context->rank()));
+    local_targets_.resize(local_inputs_.size());
+  }
 }
 
 // Seeded initialization, the weights of --init / --resume, a LoRA run's adapter, and a resumed
@@ -189,10 +197,10 @@ void Trainer<T>::load_weights() {
   }
 }
 
-// The statistics reduction over the ranks, FSDP's hooks, the expert exchange.
+// The statistics reduction over the ranks, FSDP's hooks, the expert exchange, the sequence split.
 template <class T>
 void Trainer<T>::set_up_parallelism() {
-  parallel_.emplace(model_, mesh_, optimizer_.layout(), o_.ep_chunks);
+  parallel_.emplace(model_, mesh_, optimizer_.layout(), o_.ep_chunks, s_.seq_len);
 }
 
 // The indexer's stage, the loss's gradients, document masks, and the activation store's policy.
@@ -230,9 +238,11 @@ void Trainer<T>::run() {
   for (int64_t step = start_step_ + 1; step <= end_step_; ++step) {
     const StepOutcome outcome = this->step(step, guard, nan_injection);
     nlohmann::json line = record(step, outcome);
-    std::optional<EvalResult> eval;  // every rank evaluates the same windows (FSDP gathers the units)
+    // Every rank evaluates the same windows (FSDP gathers the units), under --cp its tokens of them.
+    std::optional<EvalResult> eval;
     if (o_.eval_every > 0 && (step % o_.eval_every == 0 || step == s_.steps)) {
-      eval = evaluate_loss(model_, run_.data.val_streams(), s_.seq_len, s_.batch, o_.eval_batches);
+      eval =
+          evaluate_loss(model_, run_.data.val_streams(), s_.seq_len, s_.batch, o_.eval_batches, parallel_->context());
     }
     if (world_.is_root()) {
       report(step, outcome.lm_loss + outcome.stats.aux_objective(), outcome.grad_norm,
@@ -276,6 +286,8 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
     fsdp->reset_peak();
   }
   if (experts) outcome.experts_before = experts->counters();
+  ContextParallel* context = parallel_->context();  // null without --cp
+  if (context) outcome.context_before = context->traffic();
   hyper_.lr = schedule_.at(step);
   if (!outcome.skipped) {
     model_.inject_nan_after_layer(step == nan_injection.step ? nan_injection.layer : -1);
@@ -285,11 +297,24 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
       ~ClearDropoutPass() { model.set_lora_dropout(std::nullopt); }
     } clear_dropout{model_};
     for (int64_t micro = 0; micro < s_.grad_accum; ++micro) {
-      const int64_t at = (micro * s_.batch + world_.rank() * local_batch_) * s_.seq_len;  // this rank's rows
+      const int64_t at = (micro * s_.batch + mesh_.data_share() * local_batch_) * s_.seq_len;  // this rank's rows
       if (fsdp) fsdp->set_last_micro_batch(micro + 1 == s_.grad_accum);
-      model_.set_lora_dropout(LoraDropoutPass{s_.seed, step, at});
-      const StepResult result =
-          model_.forward_backward(inputs_.data() + at, targets_.data() + at, local_batch_, s_.seq_len, scales);
+      LoraDropoutPass dropout{.seed = s_.seed, .step = step, .first_token = at};
+      const int32_t* inputs = inputs_.data() + at;  // [local_batch, held]
+      const int32_t* targets = targets_.data() + at;
+      int64_t held = s_.seq_len;  // tokens per row
+      if (context) {              // this rank's tokens of its rows
+        const ContextSplit& split = context->split();
+        split.take_local(local_inputs_.data(), inputs, local_batch_, context->rank());
+        split.take_local(local_targets_.data(), targets, local_batch_, context->rank());
+        inputs = local_inputs_.data();
+        targets = local_targets_.data();
+        held = split.local_len(context->rank());
+        dropout.positions = split.positions(context->rank());
+        dropout.seq = s_.seq_len;
+      }
+      model_.set_lora_dropout(dropout);
+      const StepResult result = model_.forward_backward(inputs, targets, local_batch_, held, scales);
       loss_sum += result.lm.loss_sum;
       if (first_output.empty()) first_output = result.first_nonfinite_output;
       outcome.stats.add(result);
@@ -353,6 +378,8 @@ nlohmann::json Trainer<T>::record(int64_t step, const StepOutcome& outcome) {
   if (const ExpertParallel* experts = parallel_->experts())
     line["expert_parallel"] =
         expert_parallel_record(world_, o_.ep, experts->counters(), outcome.experts_before, outcome.stats);
+  if (const ContextParallel* context = parallel_->context())
+    line["context_parallel"] = context_parallel_record(world_, o_.cp, context->traffic(), outcome.context_before);
   return line;
 }
 
@@ -470,7 +497,7 @@ void Trainer<T>::save(int64_t step) {
 void run_training(TrainOptions options) {
   if (options.dry_run) {
     if (options.config_path.empty()) fail("--dry-run needs --config MODEL.json");
-    validate_settings(options.settings);
+    validate_settings(options.settings, options.cp);
     ModelConfig config = ModelConfig::load(options.config_path);
     config.lora = new_run_lora(options, config);
     check_expert_layout(options.settings.expert_layout, config);

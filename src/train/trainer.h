@@ -63,6 +63,7 @@ struct TrainOptions {
   double collective_timeout_s = 600.0;  // under mpirun: how long a collective may wait (ProcessGroup)
   int ep = 1;  // expert-parallel degree: the routed experts split over groups of ep ranks
   int ep_chunks = 1;  // token chunks of the expert exchange (> 1: communication overlaps compute)
+  int cp = 1;  // context-parallel degree: each sequence split over groups of cp ranks (parallel/context_parallel.h)
   // With --ep, the memory plan's routing imbalance: the rows a rank's experts receive per MoE layer
   // as a multiple of the rank's own routed rows (1: every rank's experts get the mean).
   double expert_imbalance = 1.25;

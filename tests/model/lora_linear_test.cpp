@@ -214,7 +214,7 @@ TEST(LoraLinear, DropoutScopesSetTheirPassForTheirLifetimeOnly) {
   };
   const std::vector<double> undropped = forward();
   EXPECT_LE(relative_error(undropped, layer.merged_forward()), 1e-14) << "no pass: no mask";
-  const LoraDropoutPass pass{3, 1, 0};
+  const LoraDropoutPass pass{.seed = 3, .step = 1};
   {
     const LoraDropoutScope outer(&pass);
     const std::vector<double> dropped = forward();

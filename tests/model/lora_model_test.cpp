@@ -339,11 +339,11 @@ TEST(LoraModel, DropoutMasksTheAdaptersInputsOnlyInItsPasses) {
   };
   const double eval = loss(dropping);
   EXPECT_EQ(eval, loss(plain));
-  dropping.set_lora_dropout(LoraDropoutPass{1, 5, 0});
+  dropping.set_lora_dropout(LoraDropoutPass{.seed = 1, .step = 5});
   const double step5 = loss(dropping);
   EXPECT_NE(step5, eval);
   EXPECT_EQ(loss(dropping), step5);
-  dropping.set_lora_dropout(LoraDropoutPass{1, 6, 0});
+  dropping.set_lora_dropout(LoraDropoutPass{.seed = 1, .step = 6});
   EXPECT_NE(loss(dropping), step5);
   dropping.set_lora_dropout(std::nullopt);
   EXPECT_EQ(loss(dropping), eval);

@@ -82,14 +82,15 @@ std::vector<double> expert_imbalance(const std::vector<nlohmann::json>& metrics,
 }
 
 // The plan's bytes sent are the run's (train/step_traffic.h), exactly: rank 0's FSDP gathers and
-// reduce-scatters of the last step (metrics "fsdp"; none on one rank) and, with ep, every rank's
-// expert exchange, the plan taking the run's loads per rank from its metrics (--imbalance-from).
-void expect_planned_traffic(const std::string& plan_flags, int ranks, const std::vector<nlohmann::json>& metrics,
-                            const fs::path& out) {
+// reduce-scatters of the last step (metrics "fsdp"; none on one rank), with ep every rank's expert
+// exchange, the plan taking the run's loads per rank from its metrics (--imbalance-from), and with
+// cp what every rank received from its context-parallel group.
+void expect_planned_traffic(const std::string& plan_flags, int ranks, int cp,
+                            const std::vector<nlohmann::json>& metrics, const fs::path& out) {
   const nlohmann::json& last = metrics.back();
   const std::string routing = last.contains("moe_layers") ? " --imbalance-from " + (out / "metrics.jsonl").string() : "";
   const CommandResult planned = run_cli("plan " + plan_flags + " --devices " + std::to_string(ranks) +
-                                            " --micro-batch " + std::to_string(4 / ranks) + routing + " --json",
+                                            " --micro-batch " + std::to_string(4 / (ranks / cp)) + routing + " --json",
                                         "OMP_NUM_THREADS=1", true);
   ASSERT_EQ(planned.status, 0) << planned.output;
   const nlohmann::json traffic = nlohmann::json::parse(planned.output).at("device_traffic");
@@ -99,6 +100,13 @@ void expect_planned_traffic(const std::string& plan_flags, int ranks, const std:
   } else {
     EXPECT_EQ(traffic[0].at("fsdp_gathered_bytes"), last.at("fsdp").at("gathered_bytes"));
     EXPECT_EQ(traffic[0].at("fsdp_reduce_scattered_bytes"), last.at("fsdp").at("reduce_scattered_bytes"));
+  }
+  EXPECT_EQ(last.contains("context_parallel"), cp > 1);
+  for (int r = 0; cp > 1 && r < ranks; ++r) {
+    EXPECT_EQ(traffic[r].at("context_gathered_bytes"), last.at("context_parallel").at("rank_gathered_bytes")[r])
+        << "rank " << r;
+    EXPECT_EQ(traffic[r].at("context_reduced_bytes"), last.at("context_parallel").at("rank_reduced_bytes")[r])
+        << "rank " << r;
   }
   if (!last.contains("expert_parallel")) return;
   const nlohmann::json& exchange = last.at("expert_parallel");
@@ -117,17 +125,20 @@ struct Case {
   std::string config;  // configs/models/NAME.json with the test vocab
   std::string extra;   // train flags
   std::vector<int> ranks = {1, 2, 4};
-  int ep = 1;
+  int ep = 1, cp = 1;
 };
 
-void PrintTo(const Case& c, std::ostream* out) { *out << c.config << " " << c.extra << " ep " << c.ep; }
+void PrintTo(const Case& c, std::ostream* out) {
+  *out << c.config << " " << c.extra << " ep " << c.ep << " cp " << c.cp;
+}
 
 class ParallelMemoryPlan : public testing::TestWithParam<Case> {};
 
 TEST_P(ParallelMemoryPlan, EveryRankStaysWithinItsPlan) {
   const Case& c = GetParam();
   const fs::path config = config_with(c.config, nullptr);
-  const std::string ep = c.ep > 1 ? " --ep " + std::to_string(c.ep) : "";
+  const std::string ep =
+      (c.ep > 1 ? " --ep " + std::to_string(c.ep) : "") + (c.cp > 1 ? " --cp " + std::to_string(c.cp) : "");
   const std::string shape = "--config " + config.string() + " --data " + test_data().data_dir.string() +
                             " --batch 4 --seq-len 32 " + c.extra + ep;
   for (const int ranks : c.ranks) {
@@ -139,7 +150,7 @@ TEST_P(ParallelMemoryPlan, EveryRankStaysWithinItsPlan) {
     ASSERT_EQ(r.status, 0) << r.output;
     const std::vector<nlohmann::json> metrics = read_metrics(out);
     ASSERT_EQ(metrics.size(), 2u);
-    expect_planned_traffic("--config " + config.string() + " --seq-len 32 " + c.extra + ep, ranks, metrics, out);
+    expect_planned_traffic("--config " + config.string() + " --seq-len 32 " + c.extra + ep, ranks, c.cp, metrics, out);
     const RankPeaks peaks = rank_peaks(metrics, ranks);
     if (c.ep == 1) {
       for (int rank = 0; rank < ranks; ++rank)
@@ -171,11 +182,15 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"demo_moe", "--swap full", {2}, 2}, Case{"demo_moe", "--swap selective", {2}, 2},
                     Case{"demo_moe", "--recompute selective", {4}, 4},
                     Case{"demo_moe", "--recompute expert_gate_up,expert_act", {1}},
-                    Case{"demo_moe", "--recompute ep_gate_up,ep_act", {2}, 2},
-                    Case{"demo_moe", kLoraFlags, {2, 4}, 2}, Case{"demo_moe", kLoraFlags + " --precision bf16", {2}, 2},
+                    Case{"demo_moe", "--recompute ep_gate_up,ep_act", {2}, 2}, Case{"demo_moe", kLoraFlags, {2, 4}, 2},
+                    Case{"demo_moe", kLoraFlags + " --precision bf16", {2}, 2},
                     Case{"demo_moe", "--dtype float64", {1, 2}}, Case{"demo_moe", "--dtype float64", {2}, 2},
-                    Case{"demo_moe_deep", ""}, Case{"demo_hybrid", ""},
-                    Case{"demo_mla", ""}, Case{"demo_kda", ""}),
+                    Case{"demo_moe_deep", ""}, Case{"demo_hybrid", ""}, Case{"demo_mla", ""}, Case{"demo_kda", ""},
+                    // Context parallelism: each rank its tokens of its group's rows, the gathered keys
+                    // and values in the attention's workspace.
+                    Case{"demo", "", {2, 4}, 1, 2}, Case{"demo", "", {4}, 1, 4},
+                    Case{"demo", "--recompute selective", {2}, 1, 2}, Case{"demo_moe", "", {4}, 2, 2},
+                    Case{"demo_moe", "--precision bf16", {4}, 1, 4}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.config + "_" + std::to_string(info.index); });
 
 TEST(ParallelMemoryPlan, DryRunPrintsEveryRanksPlan) {
