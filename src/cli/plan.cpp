@@ -169,6 +169,7 @@ void run_search(PlanOptions& o, const ModelConfig& config) {
     for (const MemoryPolicy& policy : budget_candidates()) {
       const MemoryPlan plan = plan_memory(config, table, shape, policy);
       if (capacity > 0 && plan.largest() > capacity) continue;
+      if (shape.cp > 1 && plan.reruns_mixers) continue;  // not under cp yet
       const double step_s = slowest_step(time_step(traffic, shape, plan, rates_of(o)));
       candidates.push_back({ep, policy, plan.largest(), plan.peak_fast, step_s});
     }

@@ -263,14 +263,23 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // d_out and d_gate, dq, dk, dv with the attention's temporaries or RoPE's tables; (q/k norms) dq_raw
 // and dk_raw with their norms' partials; dh and (gated) d_q_and_gate with the indexer's backward,
 // then with its scratch and the input norm's partials.
+namespace {
+
+AttentionSizes step_sizes(const AttentionBlockDims& dims, const StepShape& shape) {
+  return {shape.batch, shape.seq, shape.seq, dims.q_heads, dims.kv_heads, dims.head_dim, 0.0};
+}
+
+}  // namespace
+
 Workspace workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, d = dims.head_dim;
   const int64_t q = Arena::rounded(n * dims.q_width() * e), kv = Arena::rounded(n * dims.kv_width() * e);
   const int64_t q_and_gate = dims.gated ? Arena::rounded(n * dims.q_proj_out() * e) : 0;
   const int64_t rope = rope_workspace_bytes(n, dims.rope.rotary_dim, e);
-  const AttentionSizes sizes{shape.batch, shape.seq, shape.seq, dims.q_heads, dims.kv_heads, d, 0.0};
+  const AttentionSizes sizes = step_sizes(dims, shape);
   // Under context parallelism (no indexer) the exchange attends over the gathered keys.
-  const Workspace exchange = shape.context != nullptr ? shape.context->attention(sizes, shape.threads, e) : Workspace{};
+  const Workspace exchange =
+      shape.context != nullptr ? shape.context->attention(sizes, shape.threads, e).workspace : Workspace{};
   const auto main_attention = [&](bool backward) {
     if (shape.context != nullptr) return backward ? exchange.backward : exchange.forward;
     return main_attention_workspace_bytes(dims.indexer, sizes, shape, backward);
@@ -291,6 +300,10 @@ Workspace workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape
                                   backward_scratch_bytes(dims.indexer, shape) +
                                       rmsnorm_backward_workspace_bytes(n, dims.hidden, true))});
   return {forward, backward};
+}
+
+ContextTraffic context_traffic(const AttentionBlockDims& dims, const StepShape& shape) {
+  return shape.context->attention(step_sizes(dims, shape), shape.threads, shape.element_bytes).received;
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                 \

@@ -82,6 +82,10 @@ LayerWorkspace DecoderLayerDims::workspace_bytes(const StepShape& shape) const {
   return {m.forward, f.forward, dh + f.backward + ffn_norm, m.backward};
 }
 
+ContextTraffic DecoderLayerDims::context_traffic(const StepShape& shape) const {
+  return std::visit([&](const auto& d) { return trillion::context_traffic(d, shape); }, mixer);
+}
+
 int64_t DecoderLayerDims::decode_cache_elements(int64_t max_len) const {
   return std::visit([&](const auto& d) { return cache_elements(d, max_len); }, mixer);
 }

@@ -83,6 +83,9 @@ struct DecoderLayerDims {
   InputUse mixer_input_use() const;
   InputUse ffn_input_use() const;
   LayerWorkspace workspace_bytes(const StepShape& shape) const;
+  // Under context parallelism (shape.context): what the mixer's exchange receives in a training
+  // step (the FFNs exchange nothing the counters count).
+  ContextTraffic context_traffic(const StepShape& shape) const;
   int64_t decode_cache_elements(int64_t max_len) const;
 };
 

@@ -304,23 +304,48 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // delta rule's scratch. Backward, at each kernel with temporaries: the delta rule after d_normed,
 // d_core, dz, dv_heads [n, nv·dv], q_rep, k_rep, dq_rep, dk_rep [n, nv·dk], d_conv_out [n, Ck], dg,
 // dbeta [n, nv]; the conv after da, db [n, nv], dq_hat, dk_hat, dq_raw, dk_raw [n, nk·dk],
-// d_conv_in [n, Ck]; the decoder layer's input norm after d_qkvz, d_ba, dh.
+// d_conv_in [n, Ck]; the decoder layer's input norm after d_qkvz, d_ba, dh. Under context
+// parallelism the convolution and the delta rule hold the exchange's scratch instead (the kernels'
+// temporaries inside), the forward's either beside all of its own.
+namespace {
+
+// The convolution's and the delta rule's sizes in a training step (no packed segments under cp).
+Conv1dSizes step_conv_sizes(const GatedDeltaNetDims& d, const StepShape& shape) {
+  return {shape.batch, shape.seq, d.conv_channels(), d.conv_width, 0};
+}
+DeltaRuleSizes step_delta_sizes(const GatedDeltaNetDims& d, const StepShape& shape) {
+  return {shape.batch, shape.seq, d.value_heads, d.key_dim, d.value_dim, 0, DeltaDecay::per_head};
+}
+
+}  // namespace
+
 Workspace workspace_bytes(const GatedDeltaNetDims& d, const StepShape& shape) {
-  require_plain_sequences(shape, "Gated DeltaNet");
   const int64_t n = shape.tokens(), e = shape.element_bytes;
+  const ContextPlan* context = shape.context;
+  const Workspace conv = context ? context->conv1d_silu(step_conv_sizes(d, shape), e).workspace : Workspace{};
+  const Workspace delta =
+      context ? context->delta_rule(step_delta_sizes(d, shape), shape.threads, e).workspace : Workspace{};
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
   const int64_t nk = d.key_heads, dk = d.key_dim, nv = d.value_heads, dv = d.value_dim, Ck = d.conv_channels();
   const int64_t forward = rounded(n * nv) + 2 * rounded(n * nv * dk) + rounded(n * d.qkvz_rows()) +
                           rounded(n * 2 * nv) + rounded(n * Ck) + 2 * rounded(n * nk * dk) +
-                          delta_rule_chunk_forward_workspace_bytes(dk, dv, e, shape.threads);
+                          (context ? std::max(conv.forward, delta.forward)
+                                   : delta_rule_chunk_forward_workspace_bytes(dk, dv, e, shape.threads));
   const int64_t at_delta = 4 * rounded(n * nv * dv) + 4 * rounded(n * nv * dk) + rounded(n * Ck) + 2 * rounded(n * nv);
   const int64_t at_conv = at_delta + 2 * rounded(n * nv) + 4 * rounded(n * nk * dk) + rounded(n * Ck);
   const int64_t at_norm = at_conv + rounded(n * d.qkvz_rows()) + rounded(n * 2 * nv) + rounded(n * d.hidden);
   const int64_t backward =
-      std::max({at_delta + delta_rule_chunk_backward_workspace_bytes(dk, dv, shape.seq, e, shape.threads),
-                at_conv + conv1d_silu_backward_workspace_bytes(n, Ck, d.conv_width, e),
+      std::max({at_delta + (context ? delta.backward
+                                    : delta_rule_chunk_backward_workspace_bytes(dk, dv, shape.seq, e, shape.threads)),
+                at_conv + (context ? conv.backward : conv1d_silu_backward_workspace_bytes(n, Ck, d.conv_width, e)),
                 at_norm + rmsnorm_backward_workspace_bytes(n, d.hidden, /*has_dw=*/true)});
   return {forward, backward};
+}
+
+ContextTraffic context_traffic(const GatedDeltaNetDims& d, const StepShape& shape) {
+  ContextTraffic received = shape.context->conv1d_silu(step_conv_sizes(d, shape), shape.element_bytes).received;
+  received += shape.context->delta_rule(step_delta_sizes(d, shape), shape.threads, shape.element_bytes).received;
+  return received;
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                  \

@@ -242,21 +242,45 @@ void mixer_decode(T* x, const T* x_hat, int64_t n, int64_t past, int64_t max_len
 // scratch. Backward, at each kernel with temporaries: the delta rule after d_normed, d_core, dz,
 // q_scaled, dq, dk, dv, dg [n, h·D], dx_hat [n, hidden], d_low [n, D], dbeta [n, h]; the conv after
 // da, d_raw [n, h·D], d_conv_out, d_conv_in [n, 3·h·D]; the decoder layer's input norm after d_proj
-// [n, h·D].
+// [n, h·D]. Under context parallelism the convolution and the delta rule hold the exchange's scratch
+// instead (the kernels' temporaries inside), the forward's either beside all of its own.
+namespace {
+
+// The convolution's and the delta rule's sizes in a training step (no packed segments under cp).
+Conv1dSizes step_conv_sizes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
+  return {shape.batch, shape.seq, 3 * d.width(), d.conv_width, 0};
+}
+DeltaRuleSizes step_delta_sizes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
+  return {shape.batch, shape.seq, d.heads, d.head_dim, d.head_dim, 0, DeltaDecay::per_key_channel};
+}
+
+}  // namespace
+
 Workspace workspace_bytes(const KimiDeltaAttentionDims& d, const StepShape& shape) {
-  require_plain_sequences(shape, "KDA");
   const int64_t n = shape.tokens(), e = shape.element_bytes, W = d.width(), D = d.head_dim;
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
-  const int64_t forward =
-      4 * rounded(n * W) + rounded(n * 3 * W) + delta_rule_chunk_forward_workspace_bytes(D, D, e, shape.threads);
+  const ContextPlan* context = shape.context;
+  const Workspace conv = context ? context->conv1d_silu(step_conv_sizes(d, shape), e).workspace : Workspace{};
+  const Workspace delta =
+      context ? context->delta_rule(step_delta_sizes(d, shape), shape.threads, e).workspace : Workspace{};
+  const int64_t forward = 4 * rounded(n * W) + rounded(n * 3 * W) +
+                          (context ? std::max(conv.forward, delta.forward)
+                                   : delta_rule_chunk_forward_workspace_bytes(D, D, e, shape.threads));
   const int64_t at_delta = 8 * rounded(n * W) + rounded(n * d.hidden) + rounded(n * D) + rounded(n * d.heads);
   const int64_t at_conv = at_delta + 2 * rounded(n * W) + 2 * rounded(n * 3 * W);
   const int64_t at_norm = at_conv + rounded(n * W);
   const int64_t backward =
-      std::max({at_delta + delta_rule_chunk_backward_workspace_bytes(D, D, shape.seq, e, shape.threads),
-                at_conv + conv1d_silu_backward_workspace_bytes(n, 3 * W, d.conv_width, e),
+      std::max({at_delta + (context ? delta.backward
+                                    : delta_rule_chunk_backward_workspace_bytes(D, D, shape.seq, e, shape.threads)),
+                at_conv + (context ? conv.backward : conv1d_silu_backward_workspace_bytes(n, 3 * W, d.conv_width, e)),
                 at_norm + rmsnorm_backward_workspace_bytes(n, d.hidden, /*has_dw=*/true)});
   return {forward, backward};
+}
+
+ContextTraffic context_traffic(const KimiDeltaAttentionDims& d, const StepShape& shape) {
+  ContextTraffic received = shape.context->conv1d_silu(step_conv_sizes(d, shape), shape.element_bytes).received;
+  received += shape.context->delta_rule(step_delta_sizes(d, shape), shape.threads, shape.element_bytes).received;
+  return received;
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                   \

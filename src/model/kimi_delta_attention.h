@@ -120,6 +120,8 @@ void mixer_decode(T* x, const T* x_hat, int64_t n, int64_t past, int64_t max_len
 // scratch its forward or backward holds at once (model/memory_sizes.h).
 std::vector<SavedTensor> saved_tensors(const KimiDeltaAttentionDims& dims, const SavedExtent& extent);
 Workspace workspace_bytes(const KimiDeltaAttentionDims& dims, const StepShape& shape);
+// Under context parallelism (shape.context): what its exchange receives in a training step.
+ContextTraffic context_traffic(const KimiDeltaAttentionDims& dims, const StepShape& shape);
 // Its backward reads h only as its projections' operand.
 constexpr InputUse input_use(const KimiDeltaAttentionDims&) { return InputUse::operand; }
 

@@ -44,6 +44,14 @@ const T* adapter_input(const T* x, const LoraPair<T>& pair, int64_t rows, int64_
 LoraDropoutScope::LoraDropoutScope(const LoraDropoutPass* pass) : previous_(g_dropout_pass) { g_dropout_pass = pass; }
 LoraDropoutScope::~LoraDropoutScope() { g_dropout_pass = previous_; }
 
+WholeSequencesDropoutScope::WholeSequencesDropoutScope() : previous_(g_dropout_pass) {
+  if (g_dropout_pass == nullptr || g_dropout_pass->positions.empty()) return;
+  whole_ = *g_dropout_pass;
+  whole_->positions.clear();
+  g_dropout_pass = &*whole_;
+}
+WholeSequencesDropoutScope::~WholeSequencesDropoutScope() { g_dropout_pass = previous_; }
+
 template <class T>
 void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t in, int64_t out, bool accumulate,
             Operands operands) {

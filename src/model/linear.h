@@ -10,7 +10,7 @@
 #pragma once
 
 #include <cstdint>
-
+#include <optional>
 #include <vector>
 
 #include "core/memory.h"
@@ -61,6 +61,21 @@ class LoraDropoutScope {
   LoraDropoutScope& operator=(const LoraDropoutScope&) = delete;
 
  private:
+  const LoraDropoutPass* previous_;
+};
+
+// Under context parallelism, a layer's rows of whole sequences (MLA's expansion of the gathered
+// latents, this rank's rows of the batch): while it lives, row i draws the masks of token
+// first_token + i, as on one rank (without a pass, or one without positions: nothing changes).
+class WholeSequencesDropoutScope {
+ public:
+  WholeSequencesDropoutScope();
+  ~WholeSequencesDropoutScope();
+  WholeSequencesDropoutScope(const WholeSequencesDropoutScope&) = delete;
+  WholeSequencesDropoutScope& operator=(const WholeSequencesDropoutScope&) = delete;
+
+ private:
+  std::optional<LoraDropoutPass> whole_;
   const LoraDropoutPass* previous_;
 };
 

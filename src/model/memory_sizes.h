@@ -28,15 +28,40 @@ struct Workspace {
   int64_t forward = 0, backward = 0;
 };
 
+// Bytes a rank received from the other ranks of its context-parallel group: the others' rows it
+// gathered, and the other ranks' partial sums of its own rows.
+struct ContextTraffic {
+  int64_t gathered_bytes = 0;
+  int64_t reduced_bytes = 0;
+  int64_t total() const { return gathered_bytes + reduced_bytes; }
+  ContextTraffic& operator+=(const ContextTraffic& o) {
+    gathered_bytes += o.gathered_bytes;
+    reduced_bytes += o.reduced_bytes;
+    return *this;
+  }
+};
+
+// What one of the exchange's calls costs a rank in a training step (its forward and its backward):
+// what it holds at its peak beyond its arguments and results, and what it receives.
+struct ContextCost {
+  Workspace workspace;
+  ContextTraffic received;
+};
+
 // Context parallelism's part of the plan (parallel/context_parallel.h implements it for a rank of
-// a split): what the exchange's calls hold at their peak beyond their arguments and results.
+// a split), per call of the exchange with the local sizes the layer hands it (this rank's tokens
+// per sequence; no packed segments).
 class ContextPlan {
  public:
   virtual ~ContextPlan() = default;
-  // context_attention_forward and _backward for the local sizes of ops/attention.h (q_len = kv_len =
-  // this rank's tokens per sequence): the gathered keys and values, their gradients' terms, and the
-  // per-chunk kernels' temporaries.
-  virtual Workspace attention(const AttentionSizes& local, int threads, int64_t element_bytes) const = 0;
+  // Attention over the gathered keys and values (context_attention_forward / _backward): them, their
+  // gradients' terms, and the per-chunk kernels' temporaries.
+  virtual ContextCost attention(const AttentionSizes& local, int threads, int64_t element_bytes) const = 0;
+  // The short convolution with its halos (parallel/context_conv1d.h).
+  virtual ContextCost conv1d_silu(const Conv1dSizes& local, int64_t element_bytes) const = 0;
+  // The gated delta rule by state passing (parallel/context_delta_rule.h), without document masks:
+  // each document starting inside a chunk adds a segment's states.
+  virtual ContextCost delta_rule(const DeltaRuleSizes& local, int threads, int64_t element_bytes) const = 0;
 };
 
 struct StepShape {
@@ -65,7 +90,7 @@ struct StepShape {
 inline void require_plain_sequences(const StepShape& shape, const char* kind) {
   if (shape.context != nullptr)
     fail("--cp: the memory plan does not count ", kind, " layers' exchange under context parallelism yet; ",
-         "expected full attention layers (with dense or MoE FFNs), or --cp 1");
+         "expected full attention, Gated DeltaNet and KDA layers (with dense or MoE FFNs), or --cp 1");
 }
 
 }  // namespace trillion

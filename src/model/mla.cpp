@@ -131,6 +131,7 @@ WholeKeys<T> gather_whole_keys(const T* latent, const T* kv_a, int64_t batch, in
   context.gather_sequences(whole.rows, own, batch, cw);
   for (int64_t t = 0; t < m; ++t) std::memcpy(whole.latent + t * rkv, whole.rows + t * cw, rkv * sizeof(T));
   T* kv = scratch.alloc<T>(m * dims.kv_b_out());  // [m, H, nope + v]
+  const WholeSequencesDropoutScope whole_rows;    // LoRA's masks of the whole sequences' tokens
   linear(kv, whole.latent, w.kv_b_proj, m, rkv, dims.kv_b_out(), /*accumulate=*/false);
   expand_keys(whole.k, whole.v, kv, whole.rows, m, dims);
   return whole;
@@ -270,7 +271,10 @@ T* mixer_backward(const T* dy, const T* h, const MlaWeights<T>& w, const MlaWeig
     }
   }
   T* d_latent = scratch.alloc<T>(m * rkv);  // [m, r_kv]
-  linear_grad(d_latent, grads.kv_b_proj, d_kv, key_latent, w.kv_b_proj, m, rkv, dims.kv_b_out(), false);
+  {
+    const WholeSequencesDropoutScope whole_rows;  // under cp, m rows of whole sequences
+    linear_grad(d_latent, grads.kv_b_proj, d_kv, key_latent, w.kv_b_proj, m, rkv, dims.kv_b_out(), false);
+  }
   // Under context parallelism each rank's terms are summed onto the tokens' owners: d_kv_a[n, r_kv + rope].
   T* d_kv_a = d_rows;
   if (pass.context != nullptr) {
@@ -360,6 +364,11 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // dk, d_v with the attention's temporaries; d_kv, d_kv_a, d_latent with RoPE's tables; c_raw,
 // d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with q_a_layernorm's
 // partials or the indexer's backward, then with its scratch and the decoder layer's input norm's partials.
+ContextTraffic context_traffic(const MlaDims&, const StepShape& shape) {
+  require_plain_sequences(shape, "MLA");
+  return {};
+}
+
 Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   require_plain_sequences(shape, "MLA");
   const int64_t n = shape.tokens(), e = shape.element_bytes, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;

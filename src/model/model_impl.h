@@ -53,7 +53,7 @@ struct Model<T>::Impl {
   UnitHooks hooks;
   StatisticsReduction reduction;  // training forwards: statistics over the data-parallel batch's shares
   ExpertExchange* exchange = nullptr;  // training: where the routed experts run (null: here)
-  ContextExchange* context = nullptr;  // training passes: this rank's part of every sequence (null: all of it)
+  ContextExchange* context = nullptr;  // training and evaluation passes: this rank's part of every sequence (null: all)
   std::optional<LoraDropoutPass> lora_dropout;  // set: the passes draw LoRA's dropout masks
   IndexerTraining indexer;  // sparse layers' mode and loss; grad_scale set per forward
   LossGradients loss_gradients = LossGradients::in_forward;

@@ -97,6 +97,24 @@ ContextPassTraffic context_conv1d_traffic(const ContextSplit& split, const Conv1
   return {{slots * element_bytes, 0}, {2 * slots * element_bytes, 0}};
 }
 
+// Forward: the tails beside the extended rows (extended_rows), then the rows beside the outputs.
+// Backward: the same gather, then the rows, their output gradients and their gradients with the
+// kernel's temporaries, then with the halos' gradients (the tails' size).
+ContextCost context_conv1d_cost(const ContextSplit& split, int rank, const Conv1dSizes& local, int64_t element_bytes) {
+  const int64_t h = local.width - 1, C = local.channels, e = element_bytes;
+  int64_t rows = 0;  // extended rows (documents cut segments, not rows)
+  for (const ContextSplit::Span& span : split.spans(rank)) rows += std::min(h, span.begin) + span.size();
+  rows *= local.batch;
+  const int64_t tails = local.batch * 2 * int64_t(split.ranks()) * h * C * e, extended = rows * C * e;
+  const ContextPassTraffic traffic = context_conv1d_traffic(split, local, e);
+  return {
+      .workspace = {.forward = std::max(tails + extended, 2 * extended),
+                    .backward = std::max(
+                        tails + extended,
+                        3 * extended + std::max(conv1d_silu_backward_workspace_bytes(rows, C, local.width, e), tails))},
+      .received = traffic.both()};
+}
+
 template <class T>
 void context_conv1d_silu_forward(T* y, const T* x, const T* w, const int32_t* doc_start, const Conv1dSizes& local,
                                  const ContextSplit& split, const ProcessGroup& group, ContextTraffic* traffic) {

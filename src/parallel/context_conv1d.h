@@ -22,6 +22,11 @@ namespace trillion {
 
 // The bytes a rank receives, forward (the other ranks' chunk tails) and backward (the tails again and
 // the other ranks' chunks' halo gradients), for local sizes (batch, channels, width).
+// What the forward and the backward cost `rank` in a step (the memory plan's ContextPlan): the
+// gathered tails, the extended rows and their outputs or gradients, the kernel's temporaries and the
+// halos' gradients at their peak, and the traffic above.
+ContextCost context_conv1d_cost(const ContextSplit& split, int rank, const Conv1dSizes& local, int64_t element_bytes);
+
 ContextPassTraffic context_conv1d_traffic(const ContextSplit& split, const Conv1dSizes& local,
                                                int64_t element_bytes);
 

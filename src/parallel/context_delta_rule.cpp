@@ -142,6 +142,41 @@ ContextPassTraffic context_delta_rule_traffic(const ContextSplit& split, const D
   return {{summaries, 0}, {others * local.key_dim * local.value_dim + (summaries_formed_again ? summaries : 0), 0}};
 }
 
+// In the order context_delta_rule_forward and _backward allocate (S segments, one per span without
+// documents; every tensor of T):
+//   forward   the summaries (ContextParallel's), zeros, s0; in summarized_runs s_zero with the first
+//             run's temporaries, then o_id and s_id with the second's; then o_id and s_in;
+//   backward  zeros, s0, the summaries formed again, o_zero, and summarized_runs as above; then
+//             o_id, s_in, d_o_id, ds_in, ds_zero, ds_id and the chain's two states with the first
+//             kernel backward's temporaries, then also dq_id … dbeta_id with the second's.
+ContextCost context_delta_rule_cost(const ContextSplit& split, int rank, const DeltaRuleSizes& local, int threads,
+                                    int64_t element_bytes) {
+  const int64_t e = element_bytes, B = local.batch, H = local.heads, K = local.key_dim, V = local.value_dim;
+  const int64_t tokens = B * split.local_len(rank), S = 2 * B, chunks = 2 * int64_t(split.ranks());
+  const std::array<ContextSplit::Span, 2> spans = split.spans(rank);
+  const int64_t longest = std::max(spans[0].size(), spans[1].size());
+  const auto forward_kernel = [&](int64_t values) {
+    return delta_rule_chunk_forward_workspace_bytes(K, values, e, threads);
+  };
+  const auto backward_kernel = [&](int64_t values) {
+    return delta_rule_chunk_backward_workspace_bytes(K, values, longest, e, threads);
+  };
+  const int64_t summaries = context_delta_rule_summary_count(split, local) * e;
+  const int64_t zeros = tokens * H * K * e, s0 = S * H * K * K * e, s_zero = S * H * K * V * e;
+  const int64_t o_id = tokens * H * K * e, s_id = S * H * K * K * e, s_in = B * chunks * H * K * V * e;
+  const int64_t runs = s_zero + std::max(forward_kernel(V), o_id + s_id + forward_kernel(K));  // summarized_runs
+  const int64_t forward = summaries + zeros + s0 + std::max(runs, o_id + s_in);
+  const int64_t o_zero = tokens * H * V * e, d_o_id = tokens * H * K * e, ds_in = s_in;
+  const int64_t ds_zero = S * H * K * V * e, ds_id = S * H * K * K * e, chain = 2 * H * K * V * e;
+  const int64_t g_count = tokens * H * (local.decay == DeltaDecay::per_key_channel ? K : 1);
+  const int64_t second = (3 * tokens * H * K + g_count + tokens * H) * e;  // dq_id, dk_id, dv_id, dg_id, dbeta_id
+  const int64_t chained = zeros + s0 + summaries + o_id + s_in + d_o_id + ds_in + ds_zero + ds_id + chain;
+  const int64_t backward = std::max(
+      {zeros + s0 + summaries + o_zero + runs, chained + backward_kernel(V), chained + second + backward_kernel(K)});
+  const ContextPassTraffic traffic = context_delta_rule_traffic(split, local, e, /*summaries_formed_again=*/true);
+  return {.workspace = {.forward = forward, .backward = backward}, .received = traffic.both()};
+}
+
 template <class T>
 void context_delta_rule_forward(T* o, T* summaries, const T* q, const T* k, const T* v, const T* g, const T* beta,
                                 const int32_t* doc_start, const DeltaRuleSizes& local, const ContextSplit& split,

@@ -33,6 +33,13 @@ namespace trillion {
 // Elements of the chunks' summaries: [B, 2 · cp, H, K · K + K · V] (each chunk's P, then S⁰).
 int64_t context_delta_rule_summary_count(const ContextSplit& split, const DeltaRuleSizes& local);
 
+// What the forward and the backward (the summaries formed again, as the model's layers run it) cost
+// `rank` in a step (the memory plan's ContextPlan), without document masks (each document starting
+// inside a chunk adds a segment's states to several buffers): the buffers at their peak with the
+// kernel's temporaries, and the traffic below.
+ContextCost context_delta_rule_cost(const ContextSplit& split, int rank, const DeltaRuleSizes& local, int threads,
+                                    int64_t element_bytes);
+
 // The bytes a rank receives: forward the other ranks' summaries of their chunks, backward their
 // chunks' dS_in [K, V] per head, and the summaries again when the backward forms them again.
 ContextPassTraffic context_delta_rule_traffic(const ContextSplit& split, const DeltaRuleSizes& local,

@@ -274,7 +274,7 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
 // the chunk's lse and the kernel's temporaries for its larger chunk. context_attention_backward: the
 // keys and values gathered again and their gradients' terms, then the earlier chunk's terms, the
 // chunk's lse and the kernel's temporaries; the reduce-scatters take no more.
-Workspace ContextSplitPlan::attention(const AttentionSizes& local, int threads, int64_t element_bytes) const {
+ContextCost ContextSplitPlan::attention(const AttentionSizes& local, int threads, int64_t element_bytes) const {
   const std::array<ContextSplit::Span, 2> spans = split_.spans(rank_);
   const int64_t e = element_bytes, rows = local.batch * split_.seq();
   const int64_t row = key_row(local) + value_row(local);  // a token's key and value
@@ -285,8 +285,18 @@ Workspace ContextSplitPlan::attention(const AttentionSizes& local, int threads, 
     kernel_forward = std::max(kernel_forward, attention_forward_workspace_bytes(sizes, threads, e));
     kernel_backward = std::max(kernel_backward, attention_backward_workspace_bytes(sizes, threads, e));
   }
-  return {.forward = rows * row * e + chunk_lse + kernel_forward,
-          .backward = 2 * rows * row * e + spans[0].end * row * e + chunk_lse + kernel_backward};
+  const ContextPassTraffic traffic = context_attention_traffic(split_, rank_, local, e);
+  return {.workspace = {.forward = rows * row * e + chunk_lse + kernel_forward,
+                        .backward = 2 * rows * row * e + spans[0].end * row * e + chunk_lse + kernel_backward},
+          .received = traffic.both()};
+}
+
+ContextCost ContextSplitPlan::conv1d_silu(const Conv1dSizes& local, int64_t element_bytes) const {
+  return context_conv1d_cost(split_, rank_, local, element_bytes);
+}
+
+ContextCost ContextSplitPlan::delta_rule(const DeltaRuleSizes& local, int threads, int64_t element_bytes) const {
+  return context_delta_rule_cost(split_, rank_, local, threads, element_bytes);
 }
 
 ContextParallel::ContextParallel(const ProcessGroup& group, int64_t seq, const char* flag)

@@ -57,17 +57,13 @@ class ContextSplit {
   int ranks_ = 1;
 };
 
-// Bytes a rank received from the other ranks of its group: the others' rows it gathered, and the
-// other ranks' partial sums of its own rows.
-struct ContextTraffic {
-  int64_t gathered_bytes = 0;
-  int64_t reduced_bytes = 0;
-  int64_t total() const { return gathered_bytes + reduced_bytes; }
-};
-
 // What one forward and its backward receive.
 struct ContextPassTraffic {
   ContextTraffic forward, backward;
+  ContextTraffic both() const {
+    ContextTraffic sum = forward;
+    return sum += backward;
+  }
 };
 // A gathered tensor's traffic on `rank`: rows of `row` elements per token (element_bytes each) that
 // the forward all-gathers (context_gather_sequences), the backward gathers again, and whose
@@ -132,13 +128,16 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
                                 const ProcessGroup& group, ContextTraffic* traffic);
 
 // The memory plan's view of rank `rank` of a split (model/memory_sizes.h): what its exchange's calls
-// hold at their peak, each formula beside the call it counts (context_parallel.cpp).
+// hold at their peak and receive, each formula beside the call it counts (context_parallel.cpp,
+// context_conv1d.cpp, context_delta_rule.cpp).
 class ContextSplitPlan final : public ContextPlan {
  public:
   ContextSplitPlan(const ContextSplit& split, int rank) : split_(split), rank_(rank) {}
   const ContextSplit& split() const { return split_; }
   int rank() const { return rank_; }
-  Workspace attention(const AttentionSizes& local, int threads, int64_t element_bytes) const override;
+  ContextCost attention(const AttentionSizes& local, int threads, int64_t element_bytes) const override;
+  ContextCost conv1d_silu(const Conv1dSizes& local, int64_t element_bytes) const override;
+  ContextCost delta_rule(const DeltaRuleSizes& local, int threads, int64_t element_bytes) const override;
 
  private:
   ContextSplit split_;

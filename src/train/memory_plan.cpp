@@ -169,6 +169,20 @@ class UnitsInUse {
 
 }  // namespace
 
+LayerStep::LayerStep(const StepMemoryShape& shape) {
+  if (shape.cp > 1)
+    context_.emplace(ContextSplit(shape.seq, shape.cp), ParallelMesh::cp_rank(shape.rank, shape.ep, shape.cp));
+  step_.batch = shape.batch;
+  step_.seq = context_ ? context_->split().local_len(context_->rank()) : shape.seq;  // tokens per row
+  step_.context = context_ ? &*context_ : nullptr;
+  step_.element_bytes = shape.element_bytes;
+  step_.threads = shape.threads;
+  step_.indexer = shape.indexer;
+  step_.experts_exchanged = shape.ep > 1;
+  step_.expert_imbalance = shape.expert_imbalance;
+  step_.bf16_operands = shape.bf16_products;
+}
+
 std::string MemoryPolicy::name() const {
   if (recompute == "none" && swap == "none") return "keep-all";
   std::string text;
@@ -189,21 +203,9 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
   const std::set<ActivationTag> recompute(recompute_list.begin(), recompute_list.end());
   const std::set<ActivationTag> swap(swap_list.begin(), swap_list.end());
   const ParamCounts counts = count_parameters(config, table);
-  std::optional<ContextSplitPlan> context;
-  if (shape.cp > 1)
-    context.emplace(ContextSplit(shape.seq, shape.cp), ParallelMesh::cp_rank(shape.rank, shape.ep, shape.cp));
-  const int64_t held = context ? context->split().local_len(context->rank()) : shape.seq;  // tokens per row
-  const int64_t e = shape.element_bytes, n = shape.batch * held, D = config.hidden_size, V = config.vocab_size;
-  StepShape step;
-  step.batch = shape.batch;
-  step.seq = held;
-  step.context = context ? &*context : nullptr;
-  step.element_bytes = e;
-  step.threads = shape.threads;
-  step.indexer = shape.indexer;
-  step.experts_exchanged = shape.ep > 1;
-  step.expert_imbalance = shape.expert_imbalance;
-  step.bf16_operands = shape.bf16_products;
+  const LayerStep layer_step(shape);
+  StepShape step = layer_step.shape();
+  const int64_t e = shape.element_bytes, n = step.tokens(), D = config.hidden_size, V = config.vocab_size;
   const bool has_sparse = std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention) > 0;
   if (!has_sparse) step.indexer.coef = 0.0;
 
@@ -257,6 +259,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
     of_kind->exchanged += layers.back().exchanged;
     plan.peak_slow += layers.back().file;
     any_rerun = any_rerun || layers.back().rerun_mixer || layers.back().rerun_ffn;
+    plan.reruns_mixers = plan.reruns_mixers || layers.back().rerun_mixer;
     // A re-run sublayer's forward: a third of its training FLOPs (forward 1, backward 2); a re-run
     // MoE sublayer does not exchange, so with ep its routed experts do not run again. The experts'
     // backward forms a dropped gate/up output again: 2 · 2I · D per row its experts run.
@@ -429,11 +432,19 @@ MemoryPlan choose_policy(const ModelConfig& config, const ParamTable& table, con
   MemoryPlan smallest;
   for (const MemoryPolicy& policy : budget_candidates()) {
     const MemoryPlan plan = plan_memory(config, table, shape, policy);
+    if (shape.cp > 1 && plan.reruns_mixers) continue;
     if (plan.peak_fast <= budget) return plan;
     if (smallest.peak_at.empty() || plan.peak_fast < smallest.peak_fast) smallest = plan;
   }
   fail("--memory-budget ", budget, " bytes: no policy fits; the smallest peak is ", smallest.peak_fast, " bytes (",
        smallest.policy.name(), ", at ", smallest.peak_at, "); expected a budget of at least that");
+}
+
+void require_no_mixer_reruns(const MemoryPlan& plan, int cp) {
+  if (cp > 1 && plan.reruns_mixers)
+    fail("--cp ", cp, ": the memory policy ", plan.policy.name(), " re-runs mixer sublayers, which context ",
+         "parallelism does not do yet; expected a policy that re-runs FFNs only (--recompute selective or FFN tags), ",
+         "--swap, or --cp 1");
 }
 
 int64_t parse_bytes(const std::string& text, const char* option) {

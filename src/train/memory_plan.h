@@ -39,15 +39,16 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "memory/activation_store.h"
 #include "model/adapter_layout.h"
 #include "model/config.h"
 #include "model/step.h"
+#include "parallel/context_parallel.h"
 
 namespace trillion {
 
@@ -89,6 +90,20 @@ struct StepMemoryShape {
   bool bf16_gathers() const { return ranks > 1 && bf16_products && element_bytes == 4; }
 };
 
+// The layers' view of the step of `shape` on its rank (model/memory_sizes.h's StepShape): with cp > 1
+// the rank's tokens of each sequence (its split's local length) and the split's plan.
+class LayerStep {
+ public:
+  explicit LayerStep(const StepMemoryShape& shape);
+  LayerStep(const LayerStep&) = delete;
+  LayerStep& operator=(const LayerStep&) = delete;
+  const StepShape& shape() const { return step_; }
+
+ private:
+  std::optional<ContextSplitPlan> context_;
+  StepShape step_;
+};
+
 struct MemoryPlan {
   MemoryPolicy policy;
   int ranks = 1, rank = 0;
@@ -125,6 +140,9 @@ struct MemoryPlan {
   // again when the policy drops it.
   double rerun_flops_per_token = 0.0;
   double rebuild_flops_per_routed_row = 0.0;
+  // Whether the policy re-runs a mixer sublayer, which context parallelism does not do yet (the ranks
+  // of a group would have to agree on what re-runs): such plans are refused with cp > 1.
+  bool reruns_mixers = false;
   // What the rank must hold at once at some point: the step's peak, start-up or a checkpoint's save.
   int64_t largest() const { return std::max({peak_fast, start_up, checkpoint_save}); }
   nlohmann::json to_json() const;
@@ -139,10 +157,12 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
 
 // The policies `--memory-budget` tries, cheapest first.
 std::vector<MemoryPolicy> budget_candidates();
-// The first candidate whose peak fits `budget` bytes; fails naming the budget, the smallest peak of
-// any candidate (and its policy) otherwise.
+// The first candidate whose peak fits `budget` bytes (with cp > 1, of those that re-run no mixer);
+// fails naming the budget, the smallest peak of any candidate (and its policy) otherwise.
 MemoryPlan choose_policy(const ModelConfig& config, const ParamTable& table, const StepMemoryShape& shape,
                          int64_t budget);
+// Fails, naming the policy and --cp, when `plan` re-runs a mixer under context parallelism.
+void require_no_mixer_reruns(const MemoryPlan& plan, int cp);
 
 // "2G", "512M", "1.5GiB", "300000" (suffixes K, M, G, T, powers of 1024, optional "iB" / "B");
 // `option` names the flag in errors.

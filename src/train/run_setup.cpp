@@ -240,6 +240,7 @@ MemoryPlan memory_plan_of(const TrainOptions& o, const ModelConfig& config, cons
   const bool chosen_by_user = o.recompute != "none" || o.swap != "none";
   if (o.memory_budget.empty() || chosen_by_user) {
     MemoryPlan plan = plan_memory(config, *table, shape, MemoryPolicy{o.recompute, o.swap});
+    require_no_mixer_reruns(plan, shape.cp);
     if (!o.memory_budget.empty() && plan.peak_fast > parse_bytes(o.memory_budget, "--memory-budget"))
       fail("--memory-budget ", o.memory_budget, ": the planned peak of ", plan.policy.name(), " is ", plan.peak_fast,
            " bytes; expected a larger budget, or leave --recompute / --swap to the budget");

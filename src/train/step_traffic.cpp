@@ -12,7 +12,6 @@
 #include "model/model.h"
 #include "parallel/context_parallel.h"
 #include "parallel/expert_parallel.h"
-#include "parallel/mesh.h"
 #include "parallel/shard_layout.h"
 
 namespace trillion {
@@ -44,24 +43,14 @@ double slice_weight(const std::vector<double>& layer, int ep, int p) {
   return sum / double(local);
 }
 
-// What `rank` receives from its context-parallel group in one micro-batch's forward and backward.
-ContextTraffic context_micro_batch_traffic(const ModelConfig& config, const StepMemoryShape& shape, int rank) {
-  const ContextSplit split(shape.seq, shape.cp);
-  const int cp_rank = ParallelMesh::cp_rank(rank, shape.ep, shape.cp);
-  const int64_t local = split.local_len(cp_rank);
+// What `rank` receives from its context-parallel group in one micro-batch's forward and backward:
+// each layer's mixer's exchange.
+ContextTraffic context_micro_batch_traffic(const ModelConfig& config, StepMemoryShape shape, int rank) {
+  shape.rank = rank;
+  const LayerStep step(shape);
   ContextTraffic total;
-  for (int l = 0; l < config.num_hidden_layers; ++l) {
-    const DecoderLayerDims dims = DecoderLayerDims::from_config(config, l);
-    const AttentionBlockDims* attention = std::get_if<AttentionBlockDims>(&dims.mixer);
-    if (attention == nullptr)
-      fail("--cp: the step's traffic of layer ", l, "'s mixer under context parallelism is not planned yet; expected ",
-           "full attention layers, or --cp 1");
-    const AttentionSizes sizes{shape.batch,         local, local, attention->q_heads, attention->kv_heads,
-                               attention->head_dim, 0.0};
-    const ContextPassTraffic pass = context_attention_traffic(split, cp_rank, sizes, shape.element_bytes);
-    total.gathered_bytes += pass.forward.gathered_bytes + pass.backward.gathered_bytes;
-    total.reduced_bytes += pass.forward.reduced_bytes + pass.backward.reduced_bytes;
-  }
+  for (int l = 0; l < config.num_hidden_layers; ++l)
+    total += DecoderLayerDims::from_config(config, l).context_traffic(step.shape());
   return total;
 }
 

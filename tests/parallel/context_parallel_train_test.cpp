@@ -1,9 +1,9 @@
 // `trillion train --cp C` under mpirun (each sequence split over a context-parallel group of C ranks,
 // parallel/context_parallel.h): cp 2 and 4, alone, beside two data shares and beside ep 2, with a
 // sequence length no multiple of 2 · cp, give one rank's losses, validation losses and final
-// weights in double to relative 1e-10 (attention with dense and MoE FFNs, packed documents, LoRA
-// with dropout on the attention projections, whose masks follow each token to the rank that holds
-// it); each step's
+// weights in double to relative 1e-10 (attention with dense and MoE FFNs, Gated DeltaNet and KDA,
+// packed documents, LoRA with dropout on the attention projections, whose masks follow each token
+// to the rank that holds it); each step's
 // metrics report what every rank received from its group; and a model whose layers the plan does
 // not count under cp yet is refused before training, naming the kind.
 #include <gtest/gtest.h>
@@ -105,6 +105,18 @@ TEST(ContextParallelTraining, AttentionModelsTrainAsOneRank) {
   expect_same_run(train(moe, 4, "--cp 2 --ep 2", "moe_4_cp2_ep2"), moe_single, "MoE, cp 2 beside ep 2");
 }
 
+// Gated DeltaNet beside gated full attention, and KDA: the convolution's halos and the delta rule's
+// state passed across the ranks (at cp 4 chunks of 1 and 2 tokens, so a halo reaches over several).
+TEST(ContextParallelTraining, LinearAttentionModelsTrainAsOneRank) {
+  for (const std::string name : {"tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda"}) {
+    const fs::path config = config_with(name, nlohmann::json::object());
+    const TrainedRun single = train(config, 1, "", name + "_1");
+    expect_same_run(train(config, 2, "--cp 2", name + "_2_cp2"), single, name + ", cp 2");
+    expect_same_run(train(config, 4, "--cp 4 --document-mask", name + "_4_cp4_documents"),
+                    train(config, 1, "--document-mask", name + "_1_documents"), name + ", cp 4, documents");
+  }
+}
+
 // LoRA's dropout masks are drawn per token of the step's whole batch (model/linear.h): a rank
 // holding a sequence's chunks draws those tokens' masks.
 TEST(ContextParallelTraining, LoraDropoutFollowsTheTokensOverTheSplit) {
@@ -115,8 +127,9 @@ TEST(ContextParallelTraining, LoraDropoutFollowsTheTokensOverTheSplit) {
   expect_same_run(train(test_data().config_path, 4, flags + " --cp 4", "lora_4_cp4"), single, "LoRA, cp 4");
 }
 
-// The plan refuses what it does not count under cp yet, before any step, naming the kind; a --cp
-// that does not divide the ranks, and a sequence too short to split, name their flags.
+// The plan refuses what it does not count under cp yet, before any step, naming the kind, and a
+// policy that re-runs mixers; a --cp that does not divide the ranks, and a sequence too short to
+// split, name their flags.
 TEST(ContextParallelTraining, WhatThePlanDoesNotCountYetIsRefused) {
   const auto refused = [](const fs::path& config, int ranks, const std::string& flags) {
     const fs::path out = test_data().root / "cp_train_refused";
@@ -129,9 +142,11 @@ TEST(ContextParallelTraining, WhatThePlanDoesNotCountYetIsRefused) {
     EXPECT_FALSE(fs::exists(out / "metrics.jsonl")) << "nothing trained";
     return r.output;
   };
-  const fs::path hybrid = config_with("tiny_qwen3_next_hybrid", nlohmann::json::object());
-  std::string output = refused(hybrid, 2, "--seq-len 16 --cp 2");
-  EXPECT_NE(output.find("--cp: the memory plan does not count Gated DeltaNet layers' exchange"), std::string::npos)
+  const fs::path mla = config_with("tiny_kimi_linear", nlohmann::json::object());
+  std::string output = refused(mla, 2, "--seq-len 16 --cp 2");
+  EXPECT_NE(output.find("--cp: the memory plan does not count MLA layers' exchange"), std::string::npos) << output;
+  output = refused(test_data().config_path, 2, "--seq-len 16 --cp 2 --recompute full --policy-min-bytes 1");
+  EXPECT_NE(output.find("--cp 2: the memory policy recompute full re-runs mixer sublayers"), std::string::npos)
       << output;
   output = refused(test_data().config_path, 2, "--seq-len 16 --cp 3");
   EXPECT_NE(output.find("--cp 3 must be ≥ 1 and divide the 2 ranks"), std::string::npos) << output;

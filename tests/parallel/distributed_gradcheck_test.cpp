@@ -156,6 +156,19 @@ TEST(DistributedGradcheck, ContextParallelSparseAttentionIsOneProcesses) {
   }
 }
 
+// LoRA with dropout on every linear layer under context parallelism: each token's masks are drawn
+// whichever rank holds it, in this rank's tokens and in MLA's expansion of the gathered latents alike.
+TEST(DistributedGradcheck, ContextParallelLoraDropoutIsOneProcesss) {
+  const test::ScratchDir dir;
+  const fs::path adapter = fs::path(dir.path()) / "adapter_config.json";
+  write_text(adapter, R"({"target_modules": "all-linear", "r": 2, "lora_dropout": 0.25})");
+  const std::string lora = " --lora-config " + adapter.string();
+  expect_context_parallel_is_one_process(
+      {std::string(TRILLION_SOURCE_DIR) + "/configs/models/tiny.json",
+       config_variant(dir, "tiny_deepseek_v3.json", {{"first_k_dense_replace", 2}})},
+      {{2, "--batch 1 --cp 2 --seq-len 11" + lora}, {4, "--batch 2 --cp 2 --seq-len 9" + lora}});
+}
+
 // Context parallelism refuses, naming the flag and the layer, what it does not cover yet (also
 // document masks on sparse attention layers), and a cp that does not divide the ranks.
 TEST(DistributedGradcheck, ContextParallelismNamesTheLayersItDoesNotCoverYet) {

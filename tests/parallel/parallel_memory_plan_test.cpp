@@ -190,7 +190,10 @@ INSTANTIATE_TEST_SUITE_P(
                     // and values in the attention's workspace.
                     Case{"demo", "", {2, 4}, 1, 2}, Case{"demo", "", {4}, 1, 4},
                     Case{"demo", "--recompute selective", {2}, 1, 2}, Case{"demo_moe", "", {4}, 2, 2},
-                    Case{"demo_moe", "--precision bf16", {4}, 1, 4}),
+                    Case{"demo_moe", "--precision bf16", {4}, 1, 4},
+                    // … the convolution's halos and the delta rule's two runs and summaries.
+                    Case{"demo_hybrid", "", {2, 4}, 1, 2}, Case{"demo_hybrid", "", {4}, 2, 2},
+                    Case{"tiny_kimi_linear_kda", "", {4}, 1, 4}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.config + "_" + std::to_string(info.index); });
 
 TEST(ParallelMemoryPlan, DryRunPrintsEveryRanksPlan) {
