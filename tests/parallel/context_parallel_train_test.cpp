@@ -13,7 +13,6 @@
 #include <string>
 #include <vector>
 
-#include "io/safetensors.h"
 #include "train/cli_fixture.h"
 
 namespace trillion::train_test {
@@ -55,20 +54,7 @@ void expect_same_run(const TrainedRun& split, const TrainedRun& single, const st
           << where << ", step " << i + 1 << " " << field;
     }
   const std::string file = "checkpoint-00000" + std::to_string(kSteps) + "/model.safetensors";
-  const SafetensorsReader a((split.out / file).string()), b((single.out / file).string());
-  for (const auto& [name, info] : b.tensors()) {
-    int64_t elements = 1;
-    for (const int64_t d : info.shape) elements *= d;
-    std::vector<double> x(elements), y(elements);
-    a.read(name, info.shape, x.data());
-    b.read(name, info.shape, y.data());
-    double largest = 1e-30, difference = 0.0;
-    for (int64_t i = 0; i < elements; ++i) {
-      largest = std::max(largest, std::abs(y[i]));
-      difference = std::max(difference, std::abs(x[i] - y[i]));
-    }
-    EXPECT_LE(difference, 1e-10 * largest) << where << ": " << name;
-  }
+  expect_same_tensors(split.out / file, single.out / file, 1e-10);
 }
 
 struct Layout {

@@ -71,22 +71,6 @@ void expect_same_run(const RunResult& single, const RunResult& parallel, int ran
   }
 }
 
-// Two weight files, tensor by tensor, within `tolerance` relative to the reference's largest.
-void expect_same_tensors(const fs::path& file, const fs::path& reference, double tolerance) {
-  const SafetensorsReader a(file.string()), b(reference.string());
-  for (const auto& [name, info] : b.tensors()) {
-    int64_t elements = 1;
-    for (const int64_t d : info.shape) elements *= d;
-    std::vector<double> x(elements), y(elements);
-    a.read(name, info.shape, x.data());
-    b.read(name, info.shape, y.data());
-    double largest = 0.0, difference = 0.0;
-    for (size_t i = 0; i < y.size(); ++i) largest = std::max(largest, std::abs(y[i]));
-    for (size_t i = 0; i < y.size(); ++i) difference = std::max(difference, std::abs(x[i] - y[i]));
-    EXPECT_LE(difference, tolerance * std::max(largest, 1e-30)) << name;
-  }
-}
-
 // The final weights of the runs.
 void expect_same_weights(const RunResult& single, const RunResult& parallel, int steps, double tolerance) {
   const std::string file = "checkpoint-" + std::string(6 - std::to_string(steps).size(), '0') + std::to_string(steps) +

@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -21,6 +23,7 @@
 
 #include "core/rng.h"
 #include "data/shards.h"
+#include "io/safetensors.h"
 #include "test_support/command.h"
 #include "test_support/scratch_dir.h"
 
@@ -186,6 +189,22 @@ inline fs::path config_with(const std::string& name, const nlohmann::json& chang
   const fs::path out = test_data().root / (name + "_" + variant + ".json");
   write_text(out, config.dump(2));
   return out;
+}
+
+// Two weight files, tensor by tensor, within `tolerance` relative to the reference's largest.
+inline void expect_same_tensors(const fs::path& file, const fs::path& reference, double tolerance) {
+  const SafetensorsReader a(file.string()), b(reference.string());
+  for (const auto& [name, info] : b.tensors()) {
+    int64_t elements = 1;
+    for (const int64_t d : info.shape) elements *= d;
+    std::vector<double> x(elements), y(elements);
+    a.read(name, info.shape, x.data());
+    b.read(name, info.shape, y.data());
+    double largest = 0.0, difference = 0.0;
+    for (size_t i = 0; i < y.size(); ++i) largest = std::max(largest, std::abs(y[i]));
+    for (size_t i = 0; i < y.size(); ++i) difference = std::max(difference, std::abs(x[i] - y[i]));
+    EXPECT_LE(difference, tolerance * std::max(largest, 1e-30)) << name;
+  }
 }
 
 // A small sgemm for the MFU ceiling, so that each tiny run does not spend seconds timing 2048³.
