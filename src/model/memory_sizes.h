@@ -54,9 +54,16 @@ struct ContextCost {
 class ContextPlan {
  public:
   virtual ~ContextPlan() = default;
+  virtual int64_t sequence_length() const = 0;  // the whole sequences'
   // Attention over the gathered keys and values (context_attention_forward / _backward): them, their
   // gradients' terms, and the per-chunk kernels' temporaries.
   virtual ContextCost attention(const AttentionSizes& local, int threads, int64_t element_bytes) const = 0;
+  // Attention chunk by chunk over keys and values the layer gathered itself (local.kv_len: the whole
+  // sequences'; ContextExchange::gathered_attention_forward / _backward), dense.
+  virtual Workspace gathered_attention(const AttentionSizes& local, int threads, int64_t element_bytes) const = 0;
+  // What a layer's own gather of `row` values per token (gather_sequences in the forward, again in
+  // the backward, and reduce_sequences of their gradients) receives.
+  virtual ContextTraffic gathered_rows(int64_t batch, int64_t row, int64_t element_bytes) const = 0;
   // The short convolution with its halos (parallel/context_conv1d.h).
   virtual ContextCost conv1d_silu(const Conv1dSizes& local, int64_t element_bytes) const = 0;
   // The gated delta rule by state passing (parallel/context_delta_rule.h), without document masks:
@@ -90,7 +97,7 @@ struct StepShape {
 inline void require_plain_sequences(const StepShape& shape, const char* kind) {
   if (shape.context != nullptr)
     fail("--cp: the memory plan does not count ", kind, " layers' exchange under context parallelism yet; ",
-         "expected full attention, Gated DeltaNet and KDA layers (with dense or MoE FFNs), or --cp 1");
+         "expected full attention, MLA, Gated DeltaNet and KDA layers (with dense or MoE FFNs), or --cp 1");
 }
 
 }  // namespace trillion

@@ -364,36 +364,55 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // dk, d_v with the attention's temporaries; d_kv, d_kv_a, d_latent with RoPE's tables; c_raw,
 // d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with q_a_layernorm's
 // partials or the indexer's backward, then with its scratch and the decoder layer's input norm's partials.
-ContextTraffic context_traffic(const MlaDims&, const StepShape& shape) {
-  require_plain_sequences(shape, "MLA");
-  return {};
-}
-
+// Under context parallelism (dense layers so far) each pass first builds the whole sequences' keys
+// (gather_whole_keys: this rank's [c | k_rot], the gathered rows, the latent, k, v and kv_b_proj's
+// output, m = batch · the whole length), attends through the exchange, and the backward's key
+// gradients span the whole sequences too (dk, d_v, d_kv, d_rows, d_latent), beside d_kv_a of its own.
 Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
-  require_plain_sequences(shape, "MLA");
+  const ContextPlan* context = shape.context;
+  if (context != nullptr && dims.indexer.enabled()) require_plain_sequences(shape, "sparse MLA (with its indexer)");
   const int64_t n = shape.tokens(), e = shape.element_bytes, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
-  const int64_t kv = Arena::rounded(n * dims.kv_b_out() * e), qk = Arena::rounded(n * dims.q_width() * e);
-  const int64_t o = Arena::rounded(n * dims.o_width() * e), latent = Arena::rounded(n * rkv * e);
+  const int64_t m = context != nullptr ? shape.batch * context->sequence_length() : n;  // the keys' rows
+  const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
+  const int64_t kv = rounded(m * dims.kv_b_out()), qk = rounded(n * dims.q_width());
+  const int64_t o = rounded(n * dims.o_width()), latent = rounded(n * rkv), cw = dims.kv_a_out();
   const int64_t rope = dims.rotary ? rope_workspace_bytes(n, dims.rope.rotary_dim, e) : 0;
-  const AttentionSizes sizes{shape.batch, shape.seq, shape.seq, dims.heads, dims.heads, dims.qk(), 0.0, dims.v};
-  const int64_t forward = std::max(
-      rope, kv + std::max(forward_workspace_bytes(dims.indexer, shape, dims.heads, dims.heads, dims.qk()),
-                          forward_scratch_bytes(dims.indexer, shape) +
-                              main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/false)));
-  const int64_t attention = 2 * o + 2 * qk;                                        // d_out, dq, dk, d_v
-  const int64_t keys = attention + kv + Arena::rounded(n * dims.kv_a_out() * e);    // … d_kv, d_kv_a
-  const int64_t latents = keys + 3 * latent;                                       // … d_latent, c_raw, d_c_raw
-  const int64_t inputs = latents + Arena::rounded(n * dims.hidden * e) + (rq > 0 ? 2 * Arena::rounded(n * rq * e) : 0);
+  const AttentionSizes sizes{shape.batch, shape.seq, m / shape.batch, dims.heads, dims.heads, dims.qk(), 0.0, dims.v};
+  const int64_t whole = context != nullptr ? rounded(n * cw) + rounded(m * cw) + rounded(m * rkv) +
+                                                 rounded(m * dims.q_width()) + rounded(m * dims.o_width())
+                                           : 0;  // gather_whole_keys's, but kv_b_proj's output
+  const Workspace exchange = context != nullptr ? context->gathered_attention(sizes, shape.threads, e) : Workspace{};
+  const auto main_attention = [&](bool backward) {
+    if (context != nullptr) return backward ? exchange.backward : exchange.forward;
+    return main_attention_workspace_bytes(dims.indexer, sizes, shape, backward);
+  };
+  const int64_t forward =
+      std::max(rope, whole + kv +
+                         std::max(forward_workspace_bytes(dims.indexer, shape, dims.heads, dims.heads, dims.qk()),
+                                  forward_scratch_bytes(dims.indexer, shape) + main_attention(false)));
+  // d_out, (the whole keys) dq, dk, d_v.
+  const int64_t attention =
+      o + whole + (context != nullptr ? kv : 0) + qk + rounded(m * dims.q_width()) + rounded(m * dims.o_width());
+  const int64_t keys = attention + kv + rounded(m * cw);  // … d_kv, d_rows (d_kv_a on one rank)
+  const int64_t key_latent = rounded(m * rkv) + (context != nullptr ? rounded(n * cw) : 0);  // d_latent, d_kv_a
+  const int64_t latents = keys + key_latent + 2 * latent;                                    // … c_raw, d_c_raw
+  const int64_t inputs = latents + rounded(n * dims.hidden) + (rq > 0 ? 2 * rounded(n * rq) : 0);
   const int64_t q_lora = rq > 0 ? std::max(rmsnorm_backward_workspace_bytes(n, rq, true),
                                            backward_workspace_bytes(dims.indexer, shape))
                                 : 0;
   const int64_t input_norm = (rq > 0 ? backward_scratch_bytes(dims.indexer, shape) : 0) +
                              rmsnorm_backward_workspace_bytes(n, dims.hidden, true);
   const int64_t backward =
-      std::max({attention + main_attention_workspace_bytes(dims.indexer, sizes, shape, /*backward=*/true),
-                keys + latent + rope, latents + rmsnorm_backward_workspace_bytes(n, rkv, true),
-                inputs + std::max(q_lora, input_norm)});
+      std::max({attention + main_attention(true), keys + key_latent + rope,
+                latents + rmsnorm_backward_workspace_bytes(n, rkv, true), inputs + std::max(q_lora, input_norm)});
   return {forward, backward};
+}
+
+// Under context parallelism: each token's [c | k_rot] gathered in the forward, again in the
+// backward, and their gradients summed onto their owners.
+ContextTraffic context_traffic(const MlaDims& dims, const StepShape& shape) {
+  if (dims.indexer.enabled()) require_plain_sequences(shape, "sparse MLA (with its indexer)");
+  return shape.context->gathered_rows(shape.batch, dims.kv_a_out(), shape.element_bytes);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                    \

@@ -270,14 +270,11 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
   context_reduce_sequences(dv, dvalues.data(), local.batch, v_row, split, group, traffic);
 }
 
-// context_attention_forward: the gathered keys and values, then in context_attention_forward_gathered
-// the chunk's lse and the kernel's temporaries for its larger chunk. context_attention_backward: the
-// keys and values gathered again and their gradients' terms, then the earlier chunk's terms, the
-// chunk's lse and the kernel's temporaries; the reduce-scatters take no more.
-ContextCost ContextSplitPlan::attention(const AttentionSizes& local, int threads, int64_t element_bytes) const {
+// context_attention_forward_gathered: the chunk's lse and the kernel's temporaries for the larger
+// chunk; context_attention_backward_gathered: the earlier chunk's key and value terms too.
+Workspace ContextSplitPlan::gathered_attention(const AttentionSizes& local, int threads, int64_t element_bytes) const {
   const std::array<ContextSplit::Span, 2> spans = split_.spans(rank_);
-  const int64_t e = element_bytes, rows = local.batch * split_.seq();
-  const int64_t row = key_row(local) + value_row(local);  // a token's key and value
+  const int64_t e = element_bytes, row = key_row(local) + value_row(local);  // a token's key and value
   const int64_t chunk_lse = local.q_heads * std::max(spans[0].size(), spans[1].size()) * e;
   int64_t kernel_forward = 0, kernel_backward = 0;
   for (const ContextSplit::Span& span : spans) {
@@ -285,10 +282,23 @@ ContextCost ContextSplitPlan::attention(const AttentionSizes& local, int threads
     kernel_forward = std::max(kernel_forward, attention_forward_workspace_bytes(sizes, threads, e));
     kernel_backward = std::max(kernel_backward, attention_backward_workspace_bytes(sizes, threads, e));
   }
-  const ContextPassTraffic traffic = context_attention_traffic(split_, rank_, local, e);
-  return {.workspace = {.forward = rows * row * e + chunk_lse + kernel_forward,
-                        .backward = 2 * rows * row * e + spans[0].end * row * e + chunk_lse + kernel_backward},
-          .received = traffic.both()};
+  return {.forward = chunk_lse + kernel_forward, .backward = spans[0].end * row * e + chunk_lse + kernel_backward};
+}
+
+// context_attention_forward: the gathered keys and values beside the gathered attention's;
+// context_attention_backward: the keys and values gathered again and their gradients' terms beside
+// it; the reduce-scatters take no more.
+ContextCost ContextSplitPlan::attention(const AttentionSizes& local, int threads, int64_t element_bytes) const {
+  const int64_t e = element_bytes, whole = local.batch * split_.seq() * (key_row(local) + value_row(local)) * e;
+  AttentionSizes gathered = local;
+  gathered.kv_len = split_.seq();
+  const Workspace chunks = gathered_attention(gathered, threads, e);
+  return {.workspace = {.forward = whole + chunks.forward, .backward = 2 * whole + chunks.backward},
+          .received = context_attention_traffic(split_, rank_, local, e).both()};
+}
+
+ContextTraffic ContextSplitPlan::gathered_rows(int64_t batch, int64_t row, int64_t element_bytes) const {
+  return context_gathered_rows_traffic(split_, rank_, batch, row, element_bytes).both();
 }
 
 ContextCost ContextSplitPlan::conv1d_silu(const Conv1dSizes& local, int64_t element_bytes) const {

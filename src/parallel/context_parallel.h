@@ -135,7 +135,10 @@ class ContextSplitPlan final : public ContextPlan {
   ContextSplitPlan(const ContextSplit& split, int rank) : split_(split), rank_(rank) {}
   const ContextSplit& split() const { return split_; }
   int rank() const { return rank_; }
+  int64_t sequence_length() const override { return split_.seq(); }
   ContextCost attention(const AttentionSizes& local, int threads, int64_t element_bytes) const override;
+  Workspace gathered_attention(const AttentionSizes& local, int threads, int64_t element_bytes) const override;
+  ContextTraffic gathered_rows(int64_t batch, int64_t row, int64_t element_bytes) const override;
   ContextCost conv1d_silu(const Conv1dSizes& local, int64_t element_bytes) const override;
   ContextCost delta_rule(const DeltaRuleSizes& local, int threads, int64_t element_bytes) const override;
 

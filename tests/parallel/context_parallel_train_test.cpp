@@ -1,7 +1,7 @@
 // `trillion train --cp C` under mpirun (each sequence split over a context-parallel group of C ranks,
 // parallel/context_parallel.h): cp 2 and 4, alone, beside two data shares and beside ep 2, with a
 // sequence length no multiple of 2 · cp, give one rank's losses, validation losses and final
-// weights in double to relative 1e-10 (attention with dense and MoE FFNs, Gated DeltaNet and KDA,
+// weights in double to relative 1e-10 (attention with dense and MoE FFNs, Gated DeltaNet, KDA, MLA,
 // packed documents, LoRA with dropout on the attention projections, whose masks follow each token
 // to the rank that holds it); each step's
 // metrics report what every rank received from its group; and a model whose layers the plan does
@@ -91,10 +91,11 @@ TEST(ContextParallelTraining, AttentionModelsTrainAsOneRank) {
   expect_same_run(train(moe, 4, "--cp 2 --ep 2", "moe_4_cp2_ep2"), moe_single, "MoE, cp 2 beside ep 2");
 }
 
-// Gated DeltaNet beside gated full attention, and KDA: the convolution's halos and the delta rule's
-// state passed across the ranks (at cp 4 chunks of 1 and 2 tokens, so a halo reaches over several).
+// Gated DeltaNet beside gated full attention, KDA, and KDA beside MLA: the convolution's halos and the
+// delta rule's state passed across the ranks (at cp 4 chunks of 1 and 2 tokens, so a halo reaches over
+// several), MLA's latents gathered.
 TEST(ContextParallelTraining, LinearAttentionModelsTrainAsOneRank) {
-  for (const std::string name : {"tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda"}) {
+  for (const std::string name : {"tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda", "tiny_kimi_linear"}) {
     const fs::path config = config_with(name, nlohmann::json::object());
     const TrainedRun single = train(config, 1, "", name + "_1");
     expect_same_run(train(config, 2, "--cp 2", name + "_2_cp2"), single, name + ", cp 2");
@@ -128,9 +129,11 @@ TEST(ContextParallelTraining, WhatThePlanDoesNotCountYetIsRefused) {
     EXPECT_FALSE(fs::exists(out / "metrics.jsonl")) << "nothing trained";
     return r.output;
   };
-  const fs::path mla = config_with("tiny_kimi_linear", nlohmann::json::object());
-  std::string output = refused(mla, 2, "--seq-len 16 --cp 2");
-  EXPECT_NE(output.find("--cp: the memory plan does not count MLA layers' exchange"), std::string::npos) << output;
+  const fs::path sparse = config_with("tiny_deepseek_v32", nlohmann::json::object());
+  std::string output = refused(sparse, 2, "--seq-len 16 --cp 2");
+  EXPECT_NE(output.find("--cp: the memory plan does not count sparse MLA (with its indexer) layers' exchange"),
+            std::string::npos)
+      << output;
   output = refused(test_data().config_path, 2, "--seq-len 16 --cp 2 --recompute full --policy-min-bytes 1");
   EXPECT_NE(output.find("--cp 2: the memory policy recompute full re-runs mixer sublayers"), std::string::npos)
       << output;

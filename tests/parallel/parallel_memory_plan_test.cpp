@@ -126,6 +126,7 @@ struct Case {
   std::string extra;   // train flags
   std::vector<int> ranks = {1, 2, 4};
   int ep = 1, cp = 1;
+  int64_t seq = 32;  // --seq-len
 };
 
 void PrintTo(const Case& c, std::ostream* out) {
@@ -140,7 +141,7 @@ TEST_P(ParallelMemoryPlan, EveryRankStaysWithinItsPlan) {
   const std::string ep =
       (c.ep > 1 ? " --ep " + std::to_string(c.ep) : "") + (c.cp > 1 ? " --cp " + std::to_string(c.cp) : "");
   const std::string shape = "--config " + config.string() + " --data " + test_data().data_dir.string() +
-                            " --batch 4 --seq-len 32 " + c.extra + ep;
+                            " --batch 4 --seq-len " + std::to_string(c.seq) + " " + c.extra + ep;
   for (const int ranks : c.ranks) {
     const fs::path out = test_data().root / ("plan_" + c.config + "_" + std::to_string(ranks) + "_" +
                                              std::to_string(std::hash<std::string>{}(shape)));
@@ -150,7 +151,8 @@ TEST_P(ParallelMemoryPlan, EveryRankStaysWithinItsPlan) {
     ASSERT_EQ(r.status, 0) << r.output;
     const std::vector<nlohmann::json> metrics = read_metrics(out);
     ASSERT_EQ(metrics.size(), 2u);
-    expect_planned_traffic("--config " + config.string() + " --seq-len 32 " + c.extra + ep, ranks, c.cp, metrics, out);
+    expect_planned_traffic("--config " + config.string() + " --seq-len " + std::to_string(c.seq) + " " + c.extra + ep,
+                           ranks, c.cp, metrics, out);
     const RankPeaks peaks = rank_peaks(metrics, ranks);
     if (c.ep == 1) {
       for (int rank = 0; rank < ranks; ++rank)
@@ -193,7 +195,10 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"demo_moe", "--precision bf16", {4}, 1, 4},
                     // … the convolution's halos and the delta rule's two runs and summaries.
                     Case{"demo_hybrid", "", {2, 4}, 1, 2}, Case{"demo_hybrid", "", {4}, 2, 2},
-                    Case{"tiny_kimi_linear_kda", "", {4}, 1, 4}),
+                    Case{"tiny_kimi_linear_kda", "", {4}, 1, 4},
+                    // … MLA's whole sequences' keys built from the gathered latents.
+                    Case{"demo_kda", "", {2}, 1, 2}, Case{"demo_kda", "", {4}, 2, 2}, Case{"demo_kda", "", {4}, 1, 4},
+                    Case{"demo_kda", "", {4}, 1, 4, 1024}),  // the peak in MLA's backward
     [](const testing::TestParamInfo<Case>& info) { return info.param.config + "_" + std::to_string(info.index); });
 
 TEST(ParallelMemoryPlan, DryRunPrintsEveryRanksPlan) {
