@@ -91,11 +91,12 @@ TEST(ContextParallelTraining, AttentionModelsTrainAsOneRank) {
   expect_same_run(train(moe, 4, "--cp 2 --ep 2", "moe_4_cp2_ep2"), moe_single, "MoE, cp 2 beside ep 2");
 }
 
-// Gated DeltaNet beside gated full attention, KDA, and KDA beside MLA: the convolution's halos and the
-// delta rule's state passed across the ranks (at cp 4 chunks of 1 and 2 tokens, so a halo reaches over
-// several), MLA's latents gathered.
-TEST(ContextParallelTraining, LinearAttentionModelsTrainAsOneRank) {
-  for (const std::string name : {"tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda", "tiny_kimi_linear"}) {
+// Gated DeltaNet beside gated full attention, KDA, KDA beside MLA, and DeepSeek-V3's MLA (RoPE, q
+// LoRA): the convolution's halos and the delta rule's state passed across the ranks (at cp 4 chunks of
+// 1 and 2 tokens, so a halo reaches over several), MLA's latents gathered.
+TEST(ContextParallelTraining, LinearAttentionAndMlaModelsTrainAsOneRank) {
+  for (const std::string name :
+       {"tiny_qwen3_next_hybrid", "tiny_kimi_linear_kda", "tiny_kimi_linear", "tiny_deepseek_v3"}) {
     const fs::path config = config_with(name, nlohmann::json::object());
     const TrainedRun single = train(config, 1, "", name + "_1");
     expect_same_run(train(config, 2, "--cp 2", name + "_2_cp2"), single, name + ", cp 2");

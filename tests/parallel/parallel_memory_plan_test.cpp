@@ -130,7 +130,7 @@ struct Case {
 };
 
 void PrintTo(const Case& c, std::ostream* out) {
-  *out << c.config << " " << c.extra << " ep " << c.ep << " cp " << c.cp;
+  *out << c.config << " " << c.extra << " ep " << c.ep << " cp " << c.cp << " seq " << c.seq;
 }
 
 class ParallelMemoryPlan : public testing::TestWithParam<Case> {};
@@ -198,7 +198,8 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tiny_kimi_linear_kda", "", {4}, 1, 4},
                     // … MLA's whole sequences' keys built from the gathered latents.
                     Case{"demo_kda", "", {2}, 1, 2}, Case{"demo_kda", "", {4}, 2, 2}, Case{"demo_kda", "", {4}, 1, 4},
-                    Case{"demo_kda", "", {4}, 1, 4, 1024}),  // the peak in MLA's backward
+                    Case{"demo_kda", "", {4}, 1, 4, 1024},         // the peak in MLA's backward
+                    Case{"tiny_deepseek_v3", "", {2}, 1, 2, 64}),  // MLA with RoPE and q LoRA
     [](const testing::TestParamInfo<Case>& info) { return info.param.config + "_" + std::to_string(info.index); });
 
 TEST(ParallelMemoryPlan, DryRunPrintsEveryRanksPlan) {
