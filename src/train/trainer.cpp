@@ -310,7 +310,8 @@ StepOutcome Trainer<T>::step(int64_t step, NumericGuard& guard, const NanInjecti
         inputs = local_inputs_.data();
         targets = local_targets_.data();
         held = split.local_len(context->rank());
-        dropout.positions = split.positions(context->rank());
+        const int32_t* positions = context->positions(held);  // [held], the exchange's own
+        dropout.positions.assign(positions, positions + held);
         dropout.seq = s_.seq_len;
       }
       model_.set_lora_dropout(dropout);
