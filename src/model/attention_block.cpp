@@ -74,6 +74,24 @@ void project_qkv(const Projections<T>& p, const T* h, const int32_t* positions, 
   rope_forward(p.k, positions, n, dims.kv_heads, d, 0, dims.rope);
 }
 
+// Context parallelism: the keys and values of the whole sequences (m = batch · their length rows of
+// `row` = Hkv · d), gathered from the group's k and v [batch, its tokens, row] into the scratch.
+template <class T>
+struct WholeKeys {
+  T* k;  // [m, Hkv, d]
+  T* v;  // [m, Hkv, d]
+};
+
+template <class T>
+WholeKeys<T> gather_whole_keys(const T* k, const T* v, int64_t batch, int64_t row, ContextExchange& context,
+                               Arena& scratch) {
+  const int64_t m = batch * context.sequence_length();
+  const WholeKeys<T> whole{scratch.alloc<T>(m * row), scratch.alloc<T>(m * row)};
+  context.gather_sequences(whole.k, k, batch, row);
+  context.gather_sequences(whole.v, v, batch, row);
+  return whole;
+}
+
 }  // namespace
 
 // Saved in mixer_forward's order: the projections, the attention's output and log-sum-exp, then the
@@ -117,22 +135,30 @@ void mixer_forward(T* x, const T* h, const AttentionBlockWeights<T>& w, const At
   p.v = saves.out<T>(Tag::v);                                // [n, Hkv, d]
   project_qkv(p, h, pass.positions, n, w, dims, scratch);
 
-  AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
+  // Under context parallelism the keys and values of the whole sequences, gathered from the group.
+  const T* k = p.k;  // [batch, kv_len, Hkv, d]
+  const T* v = p.v;  // [batch, kv_len, Hkv, d]
+  int64_t kv_len = seq;
+  if (pass.context != nullptr) {
+    const WholeKeys<T> whole = gather_whole_keys(p.k, p.v, batch, dims.kv_width(), *pass.context, scratch);
+    k = whole.k, v = whole.v, kv_len = pass.context->sequence_length();
+  }
+  AttentionSizes sizes{
+      batch, seq, kv_len, dims.q_heads, dims.kv_heads, dims.head_dim, 1.0 / std::sqrt(double(dims.head_dim))};
   sizes.doc_start = pass.doc_start;
   T* out = saves.out<T>(Tag::attn_out);  // [n, Hq·d]
   T* lse = saves.out<T>(Tag::attn_lse);  // [batch, Hq, seq]
   IndexerOutputs<T> selected;
-  TRILLION_CHECK(pass.context == nullptr || !dims.indexer.enabled(),
-                 "context parallelism with the lightning indexer: not yet");
   if (dims.indexer.enabled()) selected = indexer_forward(h, h, w.indexer, dims.indexer, pass, layer, scratch);
-  if (attends_sparsely(dims.indexer, pass))
-    sparse_attention_forward(out, lse, p.q, p.k, p.v, selected.selection, sparse_sizes(sizes, dims.indexer.topk));
-  else if (pass.context != nullptr)
-    pass.context->attention_forward(out, lse, p.q, p.k, p.v, sizes);  // over the whole sequences' keys
+  const int32_t* selection = attends_sparsely(dims.indexer, pass) ? selected.selection : nullptr;  // [n, topk]
+  if (pass.context != nullptr)  // chunk by chunk over the whole keys (the selection: global positions)
+    pass.context->gathered_attention_forward(out, lse, p.q, k, v, selection, dims.indexer.topk, sizes);
+  else if (selection != nullptr)
+    sparse_attention_forward(out, lse, p.q, k, v, selection, sparse_sizes(sizes, dims.indexer.topk));
   else
-    attention_forward(out, lse, p.q, p.k, p.v, sizes);
+    attention_forward(out, lse, p.q, k, v, sizes);
   if (dims.indexer.enabled())
-    indexer_train(selected, p.q, p.k, lse, dims.q_heads, dims.kv_heads, dims.head_dim, sizes.scale, dims.indexer, pass,
+    indexer_train(selected, p.q, k, lse, dims.q_heads, dims.kv_heads, dims.head_dim, sizes.scale, dims.indexer, pass,
                   layer, scratch);
   const T* o_in = out;  // [n, Hq·d]
   if (dims.gated) {
@@ -175,16 +201,25 @@ T* mixer_backward(const T* dy, const T* h, const AttentionBlockWeights<T>& w, co
     linear_grad(d_o_in, grads.o_proj, dy, out, w.o_proj, n, qw, D, /*accumulate_dx=*/false);
   }
 
-  AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, d, 1.0 / std::sqrt(double(d))};
-  sizes.doc_start = pass.doc_start;
   T* dq = scratch.alloc<T>(n * qw);   // [n, Hq, d]
   T* dk = scratch.alloc<T>(n * kvw);  // [n, Hkv, d] summed over the query heads sharing each KV head
   T* dv = scratch.alloc<T>(n * kvw);  // [n, Hkv, d]
-  if (attends_sparsely(dims.indexer, pass)) {
-    const int32_t* selection = saved.in<int32_t>(Tag::attn_indices);  // [n, topk]
+  AttentionSizes sizes{batch, seq, seq, dims.q_heads, dims.kv_heads, d, 1.0 / std::sqrt(double(d))};
+  sizes.doc_start = pass.doc_start;
+  const int32_t* selection =
+      attends_sparsely(dims.indexer, pass) ? saved.in<int32_t>(Tag::attn_indices) : nullptr;  // [n, topk]
+  if (pass.context != nullptr) {  // the whole keys gathered again; every rank's terms summed onto their owners
+    const WholeKeys<T> whole = gather_whole_keys(k, v, batch, kvw, *pass.context, scratch);
+    const int64_t m = batch * pass.context->sequence_length();
+    T* dk_whole = scratch.alloc<T>(m * kvw);  // [m, Hkv, d] this rank's terms
+    T* dv_whole = scratch.alloc<T>(m * kvw);  // [m, Hkv, d]
+    sizes.kv_len = pass.context->sequence_length();
+    pass.context->gathered_attention_backward(dq, dk_whole, dv_whole, d_out, q, whole.k, whole.v, out, lse, selection,
+                                              dims.indexer.topk, sizes);
+    pass.context->reduce_sequences(dk, dk_whole, batch, kvw);
+    pass.context->reduce_sequences(dv, dv_whole, batch, kvw);
+  } else if (selection != nullptr) {
     sparse_attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
-  } else if (pass.context != nullptr) {
-    pass.context->attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);  // dk, dv: every rank's terms
   } else {
     attention_backward(dq, dk, dv, d_out, q, k, v, out, lse, sizes);
   }
@@ -262,33 +297,27 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // the indexer's forward, or its scratch with the attention's temporaries. Backward: d_o_in, (gated)
 // d_out and d_gate, dq, dk, dv with the attention's temporaries or RoPE's tables; (q/k norms) dq_raw
 // and dk_raw with their norms' partials; dh and (gated) d_q_and_gate with the indexer's backward,
-// then with its scratch and the input norm's partials.
-namespace {
-
-AttentionSizes step_sizes(const AttentionBlockDims& dims, const StepShape& shape) {
-  return {shape.batch, shape.seq, shape.seq, dims.q_heads, dims.kv_heads, dims.head_dim, 0.0};
-}
-
-}  // namespace
-
+// then with its scratch and the input norm's partials. Under context parallelism each pass gathers
+// the whole sequences' keys and values before the indexer and the attention (chunk by chunk through
+// the exchange), and the backward holds their gradients' terms beside them from then on.
 Workspace workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape) {
   const int64_t n = shape.tokens(), e = shape.element_bytes, d = dims.head_dim;
   const int64_t q = Arena::rounded(n * dims.q_width() * e), kv = Arena::rounded(n * dims.kv_width() * e);
   const int64_t q_and_gate = dims.gated ? Arena::rounded(n * dims.q_proj_out() * e) : 0;
   const int64_t rope = rope_workspace_bytes(n, dims.rope.rotary_dim, e);
-  const AttentionSizes sizes = step_sizes(dims, shape);
-  // Under context parallelism (no indexer) the exchange attends over the gathered keys.
-  const Workspace exchange =
-      shape.context != nullptr ? shape.context->attention(sizes, shape.threads, e).workspace : Workspace{};
+  const int64_t kv_len = shape.context != nullptr ? shape.context->sequence_length() : shape.seq;
+  const int64_t whole =
+      shape.context != nullptr ? 2 * Arena::rounded(shape.batch * kv_len * dims.kv_width() * e) : 0;  // k, v
+  const AttentionSizes sizes{shape.batch, shape.seq, kv_len, dims.q_heads, dims.kv_heads, d, 0.0};
   const auto main_attention = [&](bool backward) {
-    if (shape.context != nullptr) return backward ? exchange.backward : exchange.forward;
     return main_attention_workspace_bytes(dims.indexer, sizes, shape, backward);
   };
   const int64_t forward =
-      q_and_gate + std::max({rope, forward_workspace_bytes(dims.indexer, shape, dims.q_heads, dims.kv_heads, d),
-                             forward_scratch_bytes(dims.indexer, shape) + main_attention(/*backward=*/false)});
-  const int64_t attention = q + (dims.gated ? 2 * q : 0) + q + 2 * kv;  // d_o_in … dv
-  const int64_t norms = dims.has_qk_norm ? q + kv : 0;                  // dq_raw, dk_raw
+      q_and_gate +
+      std::max(rope, whole + std::max(forward_workspace_bytes(dims.indexer, shape, dims.q_heads, dims.kv_heads, d),
+                                      forward_scratch_bytes(dims.indexer, shape) + main_attention(/*backward=*/false)));
+  const int64_t attention = q + (dims.gated ? 2 * q : 0) + q + 2 * kv + 2 * whole;  // d_o_in … dv, (cp) … dv_whole
+  const int64_t norms = dims.has_qk_norm ? q + kv : 0;                              // dq_raw, dk_raw
   const int64_t norm_partials =
       dims.has_qk_norm ? std::max(rmsnorm_backward_workspace_bytes(n * dims.q_heads, d, true),
                                   rmsnorm_backward_workspace_bytes(n * dims.kv_heads, d, true))
@@ -302,8 +331,11 @@ Workspace workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape
   return {forward, backward};
 }
 
+// Under context parallelism: each token's key and value gathered in the forward, again in the
+// backward, and their gradients summed onto their owners; the indexer's keys (sparse layers).
 ContextTraffic context_traffic(const AttentionBlockDims& dims, const StepShape& shape) {
-  return shape.context->attention(step_sizes(dims, shape), shape.threads, shape.element_bytes).received;
+  ContextTraffic traffic = shape.context->gathered_rows(shape.batch, 2 * dims.kv_width(), shape.element_bytes).both();
+  return traffic += context_traffic(dims.indexer, shape);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                 \

@@ -225,28 +225,54 @@ std::vector<SavedTensor> saved_tensors(const IndexerDims& dims, const SavedExten
   return list;
 }
 
-// q_I, k_I, w_I, and (loss off) wk's output with its statistics; the selection and the loss's
-// gradients are saved.
+// The largest temporaries of the top-k's or the loss's calls in a step (bytes of their sizes): one
+// over the batch, or under context parallelism one per chunk of each row, its queries against the
+// keys up to its end.
+template <class Bytes>
+int64_t largest_call(const IndexerDims& dims, const StepShape& shape, Bytes&& bytes) {
+  if (shape.context == nullptr) return bytes(sizes_of(dims, shape.batch, shape.seq, shape.seq));
+  int64_t most = 0;
+  for (const ContextChunk& c : shape.context->chunks())
+    most = std::max(most, bytes(sizes_of(dims, 1, c.size(), c.end)));
+  return most;
+}
+
+// q_I, k_I, w_I, (loss off) wk's output with its statistics, and under context parallelism the
+// whole sequences' keys; the selection and the loss's gradients are saved.
 int64_t forward_scratch_bytes(const IndexerDims& dims, const StepShape& shape) {
   if (!dims.enabled()) return 0;
   const int64_t n = shape.tokens(), e = shape.element_bytes, hd = dims.heads * dims.head_dim;
   const int64_t k_raw = loss_on(shape) ? 0 : Arena::rounded(n * dims.head_dim * e) + 2 * Arena::rounded(n * e);
-  return k_raw + Arena::rounded(n * hd * e) + Arena::rounded(n * dims.head_dim * e) + Arena::rounded(n * dims.heads * e);
+  const int64_t keys = shape.context != nullptr
+                           ? Arena::rounded(shape.batch * shape.context->sequence_length() * dims.head_dim * e)
+                           : 0;  // [batch, kv_len, d_I]
+  return k_raw + Arena::rounded(n * hd * e) + Arena::rounded(n * dims.head_dim * e) +
+         Arena::rounded(n * dims.heads * e) + keys;
 }
 
 // The forward's scratch with the largest of its kernels' temporaries: RoPE's tables, the top-k's, and
-// (loss on) the loss's.
+// (loss on) the loss's, under context parallelism beside its scratch (this rank's terms of the whole
+// keys' gradients, one chunk's, and the chunk's log-sum-exp).
 int64_t forward_workspace_bytes(const IndexerDims& dims, const StepShape& shape, int64_t heads, int64_t kv_heads,
                                 int64_t qk_dim) {
   if (!dims.enabled()) return 0;
   const int64_t e = shape.element_bytes;
-  const IndexerSizes sizes = sizes_of(dims, shape.batch, shape.seq, shape.seq);
   int64_t kernels = std::max(rope_workspace_bytes(shape.tokens(), dims.rope.rotary_dim, e),
-                             indexer_topk_workspace_bytes(sizes, shape.threads, e));
+                             largest_call(dims, shape, [&](const IndexerSizes& sizes) {
+                               return indexer_topk_workspace_bytes(sizes, shape.threads, e);
+                             }));
   if (loss_on(shape)) {
     const IndexerTarget target{nullptr, nullptr, nullptr, heads, kv_heads, qk_dim, 0.0};  // sizes only
-    kernels = std::max(kernels, indexer_loss_workspace_bytes(target, loss_mode(shape.indexer.mode), sizes,
-                                                             shape.threads, e));
+    const IndexerLossMode mode = loss_mode(shape.indexer.mode);
+    int64_t loss_scratch = 0;
+    if (shape.context != nullptr) {
+      const int64_t kv_len = shape.context->sequence_length(), di = dims.head_dim;
+      loss_scratch = Arena::rounded(shape.batch * kv_len * di * e) + Arena::rounded(kv_len * di * e) +
+                     Arena::rounded(heads * shape.seq * e);
+    }
+    kernels = std::max(kernels, loss_scratch + largest_call(dims, shape, [&](const IndexerSizes& sizes) {
+                                  return indexer_loss_workspace_bytes(target, mode, sizes, shape.threads, e);
+                                }));
   }
   return forward_scratch_bytes(dims, shape) + kernels;
 }
@@ -270,15 +296,30 @@ int64_t backward_workspace_bytes(const IndexerDims& dims, const StepShape& shape
 int64_t main_attention_workspace_bytes(const IndexerDims& dims, const AttentionSizes& sizes, const StepShape& shape,
                                        bool backward) {
   const int64_t e = shape.element_bytes;
-  if (attends_sparsely(dims, shape)) {
-    const SparseAttentionSizes sparse = sparse_sizes(sizes, dims.topk);
-    // The kernels read bf16 rows under the bf16 precision, which the plan's bf16_operands stands for.
-    const bool bf16_rows = shape.bf16_operands && e == 4;
-    return backward ? sparse_attention_backward_workspace_bytes(sparse, shape.threads, e, bf16_rows)
-                    : sparse_attention_forward_workspace_bytes(sparse, shape.threads, e, bf16_rows);
+  const bool sparse = attends_sparsely(dims, shape);
+  // The kernels read bf16 rows under the bf16 precision, which the plan's bf16_operands stands for.
+  const bool bf16_rows = shape.bf16_operands && e == 4;
+  if (shape.context != nullptr) {
+    const Workspace chunks =
+        shape.context->gathered_attention(sizes, sparse ? dims.topk : 0, bf16_rows, shape.threads, e);
+    return backward ? chunks.backward : chunks.forward;
+  }
+  if (sparse) {
+    const SparseAttentionSizes selected = sparse_sizes(sizes, dims.topk);
+    return backward ? sparse_attention_backward_workspace_bytes(selected, shape.threads, e, bf16_rows)
+                    : sparse_attention_forward_workspace_bytes(selected, shape.threads, e, bf16_rows);
   }
   return backward ? attention_backward_workspace_bytes(sizes, shape.threads, e)
                   : attention_forward_workspace_bytes(sizes, shape.threads, e);
+}
+
+// Under context parallelism the keys are gathered in the forward, and with the loss on their
+// gradients' terms are summed onto their owners there too; the backward exchanges nothing.
+ContextTraffic context_traffic(const IndexerDims& dims, const StepShape& shape) {
+  if (!dims.enabled()) return {};
+  const ContextPassTraffic keys = shape.context->gathered_rows(shape.batch, dims.head_dim, shape.element_bytes);
+  return {.gathered_bytes = keys.forward.gathered_bytes,
+          .reduced_bytes = loss_on(shape) ? keys.backward.reduced_bytes : 0};
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                     \

@@ -155,8 +155,12 @@ int64_t forward_workspace_bytes(const IndexerDims& dims, const StepShape& shape,
                                 int64_t qk_dim);
 int64_t backward_workspace_bytes(const IndexerDims& dims, const StepShape& shape);
 // The temporaries of the layer's main attention (sizes) in a training step's forward or backward:
-// over the selection when the layer attends sparsely, else dense (ops/sparse_attention.h, ops/attention.h).
+// over the selection when the layer attends sparsely, else dense (ops/sparse_attention.h,
+// ops/attention.h); under context parallelism chunk by chunk over keys the layer gathered (sizes'
+// kv_len: the whole sequences').
 int64_t main_attention_workspace_bytes(const IndexerDims& dims, const AttentionSizes& sizes, const StepShape& shape,
                                        bool backward);
+// What its exchange receives in a step under context parallelism (shape.context).
+ContextTraffic context_traffic(const IndexerDims& dims, const StepShape& shape);
 
 }  // namespace trillion

@@ -12,6 +12,7 @@
 // them to the real store and scratch arena for every layer kind.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -41,6 +42,15 @@ struct ContextTraffic {
   }
 };
 
+// What one forward and its backward receive.
+struct ContextPassTraffic {
+  ContextTraffic forward, backward;
+  ContextTraffic both() const {
+    ContextTraffic sum = forward;
+    return sum += backward;
+  }
+};
+
 // What one of the exchange's calls costs a rank in a training step (its forward and its backward):
 // what it holds at its peak beyond its arguments and results, and what it receives.
 struct ContextCost {
@@ -55,15 +65,16 @@ class ContextPlan {
  public:
   virtual ~ContextPlan() = default;
   virtual int64_t sequence_length() const = 0;  // the whole sequences'
-  // Attention over the gathered keys and values (context_attention_forward / _backward): them, their
-  // gradients' terms, and the per-chunk kernels' temporaries.
-  virtual ContextCost attention(const AttentionSizes& local, int threads, int64_t element_bytes) const = 0;
-  // Attention chunk by chunk over keys and values the layer gathered itself (local.kv_len: the whole
-  // sequences'; ContextExchange::gathered_attention_forward / _backward), dense.
-  virtual Workspace gathered_attention(const AttentionSizes& local, int threads, int64_t element_bytes) const = 0;
-  // What a layer's own gather of `row` values per token (gather_sequences in the forward, again in
-  // the backward, and reduce_sequences of their gradients) receives.
-  virtual ContextTraffic gathered_rows(int64_t batch, int64_t row, int64_t element_bytes) const = 0;
+  // This rank's two chunks of each sequence (as ContextExchange::chunks gives them).
+  virtual std::array<ContextChunk, 2> chunks() const = 0;
+  // Attention chunk by chunk over keys and values the layer gathered (local.kv_len: the whole
+  // sequences'; ContextExchange::gathered_attention_forward / _backward): dense (topk 0), or over
+  // topk selected keys per query (ops/sparse_attention.h, its rows read as bf16 when bf16_rows).
+  virtual Workspace gathered_attention(const AttentionSizes& local, int64_t topk, bool bf16_rows, int threads,
+                                       int64_t element_bytes) const = 0;
+  // What a layer's own gather of `row` values per token receives: gather_sequences in the forward;
+  // in the backward, the gather again and reduce_sequences of their gradients.
+  virtual ContextPassTraffic gathered_rows(int64_t batch, int64_t row, int64_t element_bytes) const = 0;
   // The short convolution with its halos (parallel/context_conv1d.h).
   virtual ContextCost conv1d_silu(const Conv1dSizes& local, int64_t element_bytes) const = 0;
   // The gated delta rule by state passing (parallel/context_delta_rule.h), without document masks:
@@ -92,12 +103,5 @@ struct StepShape {
             .received_imbalance = expert_imbalance};
   }
 };
-
-// Fails for a layer kind whose exchange under context parallelism the plan does not count yet.
-inline void require_plain_sequences(const StepShape& shape, const char* kind) {
-  if (shape.context != nullptr)
-    fail("--cp: the memory plan does not count ", kind, " layers' exchange under context parallelism yet; ",
-         "expected full attention, MLA, Gated DeltaNet and KDA layers (with dense or MoE FFNs), or --cp 1");
-}
 
 }  // namespace trillion

@@ -364,13 +364,13 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // dk, d_v with the attention's temporaries; d_kv, d_kv_a, d_latent with RoPE's tables; c_raw,
 // d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with q_a_layernorm's
 // partials or the indexer's backward, then with its scratch and the decoder layer's input norm's partials.
-// Under context parallelism (dense layers so far) each pass first builds the whole sequences' keys
-// (gather_whole_keys: this rank's [c | k_rot], the gathered rows, the latent, k, v and kv_b_proj's
-// output, m = batch · the whole length), attends through the exchange, and the backward's key
-// gradients span the whole sequences too (dk, d_v, d_kv, d_rows, d_latent), beside d_kv_a of its own.
+// Under context parallelism each pass first builds the whole sequences' keys (gather_whole_keys:
+// this rank's [c | k_rot], the gathered rows, the latent, k, v and kv_b_proj's output, m = batch ·
+// the whole length), attends through the exchange chunk by chunk (over the selection on sparse
+// layers, whose indexer gathers its keys too), and the backward's key gradients span the whole
+// sequences (dk, d_v, d_kv, d_rows, d_latent), beside d_kv_a of its own.
 Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   const ContextPlan* context = shape.context;
-  if (context != nullptr && dims.indexer.enabled()) require_plain_sequences(shape, "sparse MLA (with its indexer)");
   const int64_t n = shape.tokens(), e = shape.element_bytes, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
   const int64_t m = context != nullptr ? shape.batch * context->sequence_length() : n;  // the keys' rows
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
@@ -381,9 +381,7 @@ Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   const int64_t whole = context != nullptr ? rounded(n * cw) + rounded(m * cw) + rounded(m * rkv) +
                                                  rounded(m * dims.q_width()) + rounded(m * dims.o_width())
                                            : 0;  // gather_whole_keys's, but kv_b_proj's output
-  const Workspace exchange = context != nullptr ? context->gathered_attention(sizes, shape.threads, e) : Workspace{};
   const auto main_attention = [&](bool backward) {
-    if (context != nullptr) return backward ? exchange.backward : exchange.forward;
     return main_attention_workspace_bytes(dims.indexer, sizes, shape, backward);
   };
   const int64_t forward =
@@ -409,10 +407,10 @@ Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
 }
 
 // Under context parallelism: each token's [c | k_rot] gathered in the forward, again in the
-// backward, and their gradients summed onto their owners.
+// backward, and their gradients summed onto their owners; the indexer's keys (sparse layers).
 ContextTraffic context_traffic(const MlaDims& dims, const StepShape& shape) {
-  if (dims.indexer.enabled()) require_plain_sequences(shape, "sparse MLA (with its indexer)");
-  return shape.context->gathered_rows(shape.batch, dims.kv_a_out(), shape.element_bytes);
+  ContextTraffic traffic = shape.context->gathered_rows(shape.batch, dims.kv_a_out(), shape.element_bytes).both();
+  return traffic += context_traffic(dims.indexer, shape);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                    \

@@ -221,17 +221,6 @@ class ContextExchange {
   virtual std::array<ContextChunk, 2> chunks() const = 0;
   // The global position of each of this rank's `seq` tokens of a sequence, [seq].
   virtual const int32_t* positions(int64_t seq) const = 0;
-  // ops/attention.h's forward and backward for this rank's tokens (local sizes: q_len = kv_len =
-  // its tokens per sequence; doc_start, when set, in global positions) over every visible key.
-  virtual void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                                 const AttentionSizes& local) = 0;
-  virtual void attention_forward(double* out, double* lse, const double* q, const double* k, const double* v,
-                                 const AttentionSizes& local) = 0;
-  virtual void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                                  const float* v, const float* out, const float* lse, const AttentionSizes& local) = 0;
-  virtual void attention_backward(double* dq, double* dk, double* dv, const double* dout, const double* q,
-                                  const double* k, const double* v, const double* out, const double* lse,
-                                  const AttentionSizes& local) = 0;
   // The tokens of each whole sequence.
   virtual int64_t sequence_length() const = 0;
   // values [count] ← their sum over the group (per-sequence statistics of the MoE layers).
@@ -239,17 +228,18 @@ class ContextExchange {
   // Document masks: doc_start [batch, its tokens] ← the global position where each of this rank's
   // tokens' document starts (at the sequence's start and after each `eos`, whichever rank holds it).
   virtual void document_starts(int32_t* doc_start, const int32_t* tokens, int64_t batch, int32_t eos) = 0;
-  // Rows gathered rather than keys (MLA's latent and rope key): whole [batch, sequence_length(), row]
-  // ← every rank's local [batch, its tokens, row]; and local ← the group's sum of their whole rows at
-  // this rank's tokens (whole is overwritten).
+  // Rows of the whole sequences (attention's keys and values, MLA's latent and rope key, the
+  // indexer's keys): whole [batch, sequence_length(), row] ← every rank's local [batch, its tokens,
+  // row]; and local ← the group's sum of their whole rows at this rank's tokens (whole is overwritten).
   virtual void gather_sequences(float* whole, const float* local, int64_t batch, int64_t row) = 0;
   virtual void gather_sequences(double* whole, const double* local, int64_t batch, int64_t row) = 0;
   virtual void reduce_sequences(float* local, float* whole, int64_t batch, int64_t row) = 0;
   virtual void reduce_sequences(double* local, double* whole, int64_t batch, int64_t row) = 0;
   // Attention of this rank's tokens over keys and values of the whole sequences built from such rows
-  // (local.kv_len = sequence_length()): dense, or (selection [its tokens, topk] of global key
-  // positions, −1 padded; null: dense) sparse over the selected keys; the backward writes this
-  // rank's terms of their gradients.
+  // (local sizes: q_len its tokens per sequence, kv_len = sequence_length(), doc_start when set in
+  // global positions): dense, or (selection [its tokens, topk] of global key positions, −1 padded;
+  // null: dense) sparse over the selected keys; the backward writes this rank's terms of their
+  // gradients.
   virtual void gathered_attention_forward(float* out, float* lse, const float* q, const float* k_whole,
                                           const float* v_whole, const int32_t* selection, int64_t topk,
                                           const AttentionSizes& local) = 0;

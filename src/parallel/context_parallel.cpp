@@ -32,6 +32,11 @@ int64_t ContextSplit::local_len(int rank) const {
   return s[0].size() + s[1].size();
 }
 
+std::array<ContextChunk, 2> ContextSplit::local_chunks(int rank) const {
+  const std::array<Span, 2> s = spans(rank);
+  return {ContextChunk{0, s[0].begin, s[0].end}, ContextChunk{s[0].size(), s[1].begin, s[1].end}};
+}
+
 std::vector<int32_t> ContextSplit::positions(int rank) const {
   std::vector<int32_t> out;
   out.reserve(static_cast<size_t>(local_len(rank)));
@@ -272,33 +277,27 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
 
 // context_attention_forward_gathered: the chunk's lse and the kernel's temporaries for the larger
 // chunk; context_attention_backward_gathered: the earlier chunk's key and value terms too.
-Workspace ContextSplitPlan::gathered_attention(const AttentionSizes& local, int threads, int64_t element_bytes) const {
+Workspace ContextSplitPlan::gathered_attention(const AttentionSizes& local, int64_t topk, bool bf16_rows, int threads,
+                                               int64_t element_bytes) const {
   const std::array<ContextSplit::Span, 2> spans = split_.spans(rank_);
   const int64_t e = element_bytes, row = key_row(local) + value_row(local);  // a token's key and value
   const int64_t chunk_lse = local.q_heads * std::max(spans[0].size(), spans[1].size()) * e;
   int64_t kernel_forward = 0, kernel_backward = 0;
   for (const ContextSplit::Span& span : spans) {
     const AttentionSizes sizes = chunk_sizes(local, span, 0, 0);
-    kernel_forward = std::max(kernel_forward, attention_forward_workspace_bytes(sizes, threads, e));
-    kernel_backward = std::max(kernel_backward, attention_backward_workspace_bytes(sizes, threads, e));
+    const SparseAttentionSizes sparse = sparse_chunk_sizes(sizes, topk);
+    kernel_forward =
+        std::max(kernel_forward, topk > 0 ? sparse_attention_forward_workspace_bytes(sparse, threads, e, bf16_rows)
+                                          : attention_forward_workspace_bytes(sizes, threads, e));
+    kernel_backward =
+        std::max(kernel_backward, topk > 0 ? sparse_attention_backward_workspace_bytes(sparse, threads, e, bf16_rows)
+                                           : attention_backward_workspace_bytes(sizes, threads, e));
   }
   return {.forward = chunk_lse + kernel_forward, .backward = spans[0].end * row * e + chunk_lse + kernel_backward};
 }
 
-// context_attention_forward: the gathered keys and values beside the gathered attention's;
-// context_attention_backward: the keys and values gathered again and their gradients' terms beside
-// it; the reduce-scatters take no more.
-ContextCost ContextSplitPlan::attention(const AttentionSizes& local, int threads, int64_t element_bytes) const {
-  const int64_t e = element_bytes, whole = local.batch * split_.seq() * (key_row(local) + value_row(local)) * e;
-  AttentionSizes gathered = local;
-  gathered.kv_len = split_.seq();
-  const Workspace chunks = gathered_attention(gathered, threads, e);
-  return {.workspace = {.forward = whole + chunks.forward, .backward = 2 * whole + chunks.backward},
-          .received = context_attention_traffic(split_, rank_, local, e).both()};
-}
-
-ContextTraffic ContextSplitPlan::gathered_rows(int64_t batch, int64_t row, int64_t element_bytes) const {
-  return context_gathered_rows_traffic(split_, rank_, batch, row, element_bytes).both();
+ContextPassTraffic ContextSplitPlan::gathered_rows(int64_t batch, int64_t row, int64_t element_bytes) const {
+  return context_gathered_rows_traffic(split_, rank_, batch, row, element_bytes);
 }
 
 ContextCost ContextSplitPlan::conv1d_silu(const Conv1dSizes& local, int64_t element_bytes) const {
@@ -350,11 +349,6 @@ void ContextParallel::document_starts(int32_t* doc_start, const int32_t* tokens,
       }
     }
   }
-}
-
-std::array<ContextChunk, 2> ContextParallel::chunks() const {
-  const std::array<ContextSplit::Span, 2> spans = split_.spans(group_.rank());
-  return {ContextChunk{0, spans[0].begin, spans[0].end}, ContextChunk{spans[0].size(), spans[1].begin, spans[1].end}};
 }
 
 const int32_t* ContextParallel::positions(int64_t seq) const {

@@ -12,9 +12,10 @@
 // (bottom-right causal, so chunk positions need no offset); document masks give each token's
 // document start as a global position. The backward gathers them again (nothing gathered is kept
 // between the passes, so the memory stays divided), forms each chunk's gradients, and sums the
-// group's key and value gradients onto their owners (a reduce-scatter). The gather, the per-chunk
-// attention over gathered keys and the reduce-scatter are also separate pieces, for a layer that
-// gathers less than its keys (MLA: its latents and rotated keys, expanded on every rank).
+// group's key and value gradients onto their owners (a reduce-scatter). The model's layers call
+// those three pieces themselves (ContextParallel), so that the whole keys stay in the layer's
+// scratch for the lightning indexer's loss, and MLA gathers its latents and rotated keys rather than
+// its keys; context_attention_forward / _backward compose them for full attention (the benchmark's).
 #pragma once
 
 #include <array>
@@ -46,6 +47,8 @@ class ContextSplit {
   // Rank r's chunks r and 2 · ranks − 1 − r, in the order it holds them.
   std::array<Span, 2> spans(int rank) const { return {chunk(rank), chunk(2 * ranks_ - 1 - rank)}; }
   int64_t local_len(int rank) const;
+  // Rank r's chunks with their first local positions (ContextExchange::chunks).
+  std::array<ContextChunk, 2> local_chunks(int rank) const;
   // The global position of each of rank r's tokens, [local_len(r)].
   std::vector<int32_t> positions(int rank) const;
   // local [batch, local_len(rank)] ← rank r's tokens of each row of whole [batch, seq]; local may be
@@ -57,14 +60,6 @@ class ContextSplit {
   int ranks_ = 1;
 };
 
-// What one forward and its backward receive.
-struct ContextPassTraffic {
-  ContextTraffic forward, backward;
-  ContextTraffic both() const {
-    ContextTraffic sum = forward;
-    return sum += backward;
-  }
-};
 // A gathered tensor's traffic on `rank`: rows of `row` elements per token (element_bytes each) that
 // the forward all-gathers (context_gather_sequences), the backward gathers again, and whose
 // gradients it sums onto their owners (context_reduce_sequences).
@@ -136,9 +131,10 @@ class ContextSplitPlan final : public ContextPlan {
   const ContextSplit& split() const { return split_; }
   int rank() const { return rank_; }
   int64_t sequence_length() const override { return split_.seq(); }
-  ContextCost attention(const AttentionSizes& local, int threads, int64_t element_bytes) const override;
-  Workspace gathered_attention(const AttentionSizes& local, int threads, int64_t element_bytes) const override;
-  ContextTraffic gathered_rows(int64_t batch, int64_t row, int64_t element_bytes) const override;
+  std::array<ContextChunk, 2> chunks() const override { return split_.local_chunks(rank_); }
+  Workspace gathered_attention(const AttentionSizes& local, int64_t topk, bool bf16_rows, int threads,
+                               int64_t element_bytes) const override;
+  ContextPassTraffic gathered_rows(int64_t batch, int64_t row, int64_t element_bytes) const override;
   ContextCost conv1d_silu(const Conv1dSizes& local, int64_t element_bytes) const override;
   ContextCost delta_rule(const DeltaRuleSizes& local, int threads, int64_t element_bytes) const override;
 
@@ -157,23 +153,7 @@ class ContextParallel final : public ContextExchange {
   const ContextTraffic& traffic() const { return traffic_; }
   int rank() const { return group_.rank(); }  // in its group
   const int32_t* positions(int64_t seq) const override;
-  void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                         const AttentionSizes& local) override {
-    context_attention_forward(out, lse, q, k, v, local, split_, group_, &traffic_);
-  }
-  void attention_forward(double* out, double* lse, const double* q, const double* k, const double* v,
-                         const AttentionSizes& local) override {
-    context_attention_forward(out, lse, q, k, v, local, split_, group_, &traffic_);
-  }
-  void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-                          const float* v, const float* out, const float* lse, const AttentionSizes& local) override {
-    context_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, local, split_, group_, &traffic_);
-  }
-  void attention_backward(double* dq, double* dk, double* dv, const double* dout, const double* q, const double* k,
-                          const double* v, const double* out, const double* lse, const AttentionSizes& local) override {
-    context_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, local, split_, group_, &traffic_);
-  }
-  std::array<ContextChunk, 2> chunks() const override;
+  std::array<ContextChunk, 2> chunks() const override { return split_.local_chunks(group_.rank()); }
   int64_t sequence_length() const override { return split_.seq(); }
   void sum_over_group(double* values, int64_t count) override { group_.all_reduce_sum(values, count); }
   void document_starts(int32_t* doc_start, const int32_t* tokens, int64_t batch, int32_t eos) override;

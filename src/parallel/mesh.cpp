@@ -2,7 +2,6 @@
 #include "parallel/mesh.h"
 
 #include "core/error.h"
-#include "model/family.h"
 
 namespace trillion {
 
@@ -12,16 +11,8 @@ void ParallelMesh::validate(int ranks, int ep, const ModelConfig& config, int cp
     fail("--ep ", ep, ": the model's ", config.num_experts, " routed experts must split evenly over ", ep, " ranks");
   }
   if (cp < 1 || (ranks / ep) % cp != 0)
-    fail("--cp ", cp, " must be ≥ 1 and divide the ", ranks / ep, " ranks of each expert-data-parallel group (",
-         ranks, " ranks / --ep ", ep, ")");
-  if (cp == 1) return;
-  // What the model's layers run across a split so far (docs/architecture.md, "Context parallelism").
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    if (config.layer_types[l] == LayerType::sparse_attention && !family_of(config.model_type).mla)
-      fail("--cp ", cp, ": layer ", l, " is sparse_attention without MLA",
-           "; context parallelism covers full attention (MHA, GQA, MLA), MLA's sparse attention with its indexer, "
-           "Gated DeltaNet and KDA layers and MoE FFNs so far");
-  }
+    fail("--cp ", cp, " must be ≥ 1 and divide the ", ranks / ep, " ranks of each expert-data-parallel group (", ranks,
+         " ranks / --ep ", ep, ")");
 }
 
 int64_t ParallelMesh::rows_per_rank(int64_t batch, int ranks, const std::string& flag) {

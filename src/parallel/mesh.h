@@ -36,9 +36,8 @@ class ParallelMesh {
   static int cp_rank(int rank, int ep, int cp) { return rank / ep % cp; }
 
   // Fails naming --ep unless `ep` divides `ranks` and the model's routed experts, and naming --cp
-  // unless `cp` divides the edp ranks and the model's layers are ones context parallelism covers
-  // (a mesh of that shape, checked without building one: the constructor's check, and `trillion
-  // plan`'s).
+  // unless `cp` divides the edp ranks (a mesh of that shape, checked without building one: the
+  // constructor's check, and `trillion plan`'s).
   static void validate(int ranks, int ep, const ModelConfig& config, int cp = 1);
 
   // The rows of a global batch each of `ranks` ranks trains (every rank its own share of every

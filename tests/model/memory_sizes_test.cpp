@@ -1,12 +1,13 @@
 // The memory plan's shape-only sizes against the real store and the fast tier, for every layer
-// kind that has landed: each layer's saved tensors (tag by tag, bytes exactly: the mixer's and the
-// FFN sublayer's), and its forward's and its backward's workspace estimates each an upper bound, not
-// a loose one, of what that pass holds beyond the saved tensors (MemoryStats' peak in the unit:
-// scratch arena and the kernels' own temporaries).
+// kind that has landed, whole sequences and under context parallelism: each layer's saved tensors (tag by tag, bytes
+// exactly: the mixer's and the FFN sublayer's), and its forward's and its backward's workspace estimates each an upper
+// bound, not a loose one, of what that pass holds beyond the saved tensors (MemoryStats' peak in the unit: scratch
+// arena and the kernels' own temporaries).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "model/decoder_layer.h"
 #include "model/model.h"
 #include "ops/finite_diff.h"
+#include "parallel/context_parallel.h"
 #include "test_configs.h"
 
 namespace trillion {
@@ -39,14 +41,24 @@ std::string describe(const SizeMap& map) {
 }
 
 // bf16_operands: under the bf16 precision, with the store keeping products' saved operands in bf16.
+// split: through context parallelism's exchange on a group of one rank (parallel/context_parallel.h),
+// which holds both chunks of each sequence: every mixer's gathers, per-chunk kernels and state passing
+// allocate as on each rank of a larger group, and the plan counts them with this rank's split.
 template <class T>
 void check_sizes(const std::string& config_name, IndexerMode mode, double indexer_coef, int64_t batch, int64_t seq,
-                 bool bf16_operands = false) {
+                 bool bf16_operands = false, bool split = false) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path(config_name));
   const MatmulPrecisionScope precision(bf16_operands ? MatmulPrecision::bf16 : MatmulPrecision::fp32);
   Model<T> model(config);
   model.init_weights(5);
   if (model.sparse_layers() > 0) model.set_indexer_training(mode, indexer_coef);
+  std::optional<ContextParallel> context;
+  std::optional<ContextSplitPlan> context_plan;
+  if (split) {
+    context.emplace(ProcessGroup::world(), seq);
+    context_plan.emplace(context->split(), context->rank());
+    model.set_context_exchange(&*context);
+  }
   StepShape shape;
   shape.batch = batch;
   shape.seq = seq;
@@ -55,6 +67,7 @@ void check_sizes(const std::string& config_name, IndexerMode mode, double indexe
   shape.indexer.mode = mode;
   shape.indexer.coef = model.sparse_layers() > 0 ? indexer_coef : 0.0;
   shape.bf16_operands = bf16_operands;
+  if (split) shape.context = &*context_plan;
   const int layers = static_cast<int>(config.num_hidden_layers);
   std::vector<SizeMap> saved(layers);
   std::vector<int64_t> forward_peak(layers), backward_peak(layers);
@@ -102,7 +115,8 @@ void check_sizes(const std::string& config_name, IndexerMode mode, double indexe
   for (int layer = 0; layer < layers; ++layer) {
     const DecoderLayerDims dims = DecoderLayerDims::from_config(config, layer);
     const std::string where = config_name + " layer " + std::to_string(layer) + " " + indexer_mode_name(mode) +
-                              " batch " + std::to_string(batch) + " seq " + std::to_string(seq);
+                              " batch " + std::to_string(batch) + " seq " + std::to_string(seq) +
+                              (split ? " split" : "");
     const std::vector<SavedSize> sizes = dims.saved_sizes(shape);
     const SizeMap expected = by_tag(sizes);
     // The bf16 operands' float copies, which the plan counts beside the workspace, while their
@@ -133,6 +147,9 @@ TEST_P(MemorySizes, MatchTheStoreAndTheScratchArena) {
       check_sizes<float>(GetParam(), IndexerMode::dense, 0.5, batch, seq);
       check_sizes<float>(GetParam(), IndexerMode::sparse, 0.5, batch, seq, /*bf16_operands=*/true);
       check_sizes<float>(GetParam(), IndexerMode::dense, 0.5, batch, seq, /*bf16_operands=*/true);
+      check_sizes<float>(GetParam(), IndexerMode::sparse, 0.5, batch, seq, false, /*split=*/true);
+      check_sizes<double>(GetParam(), IndexerMode::sparse, 0.0, batch, seq, false, /*split=*/true);
+      check_sizes<float>(GetParam(), IndexerMode::dense, 0.5, batch, seq, /*bf16_operands=*/true, /*split=*/true);
     }
   });
 }

@@ -2,10 +2,9 @@
 // parallel/context_parallel.h): cp 2 and 4, alone, beside two data shares and beside ep 2, with a
 // sequence length no multiple of 2 · cp, give one rank's losses, validation losses and final
 // weights in double to relative 1e-10 (attention with dense and MoE FFNs, Gated DeltaNet, KDA, MLA,
-// packed documents, LoRA with dropout on the attention projections, whose masks follow each token
-// to the rank that holds it); each step's
-// metrics report what every rank received from its group; and a model whose layers the plan does
-// not count under cp yet is refused before training, naming the kind.
+// sparse attention with its indexer, packed documents, LoRA with dropout on the attention
+// projections, whose masks follow each token to the rank that holds it); each step's metrics report
+// what every rank received from its group; and what cp does not run yet is refused before training.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -105,6 +104,24 @@ TEST(ContextParallelTraining, LinearAttentionAndMlaModelsTrainAsOneRank) {
   }
 }
 
+// Sparse attention with its lightning indexer: MLA's (DeepSeek-V3.2, and the Kimi-K3-like hybrid:
+// KDA : sparse MLA = 3 : 1 beside grouped sigmoid-routed experts) and GQA's (Qwen3's attention with
+// an indexer), in the indexer's dense stage and its sparse one, each with its loss: the indexer's
+// keys gathered, each rank selecting over every earlier position, the loss per chunk with its key
+// gradients summed onto their owners.
+TEST(ContextParallelTraining, SparseAttentionModelsTrainAsOneRank) {
+  for (const std::string name : {"tiny_deepseek_v32", "tiny_kimi_k3_like", "tiny_qwen3_sparse"}) {
+    const fs::path config = config_with(name, nlohmann::json::object());
+    for (const std::string mode : {"dense", "sparse"}) {
+      const std::string indexer = "--indexer-loss-coef 0.5 --indexer-mode " + mode;
+      const std::string label = name + "_" + mode;
+      const TrainedRun single = train(config, 1, indexer, label + "_1");
+      expect_same_run(train(config, 2, indexer + " --cp 2", label + "_2_cp2"), single, label + ", cp 2");
+      expect_same_run(train(config, 4, indexer + " --cp 4", label + "_4_cp4"), single, label + ", cp 4");
+    }
+  }
+}
+
 // LoRA's dropout masks are drawn per token of the step's whole batch (model/linear.h): a rank
 // holding a sequence's chunks draws those tokens' masks.
 TEST(ContextParallelTraining, LoraDropoutFollowsTheTokensOverTheSplit) {
@@ -115,10 +132,9 @@ TEST(ContextParallelTraining, LoraDropoutFollowsTheTokensOverTheSplit) {
   expect_same_run(train(test_data().config_path, 4, flags + " --cp 4", "lora_4_cp4"), single, "LoRA, cp 4");
 }
 
-// The plan refuses what it does not count under cp yet, before any step, naming the kind, and a
-// policy that re-runs mixers; a --cp that does not divide the ranks, and a sequence too short to
-// split, name their flags.
-TEST(ContextParallelTraining, WhatThePlanDoesNotCountYetIsRefused) {
+// A policy that re-runs mixers is refused before any step; a --cp that does not divide the ranks,
+// and a sequence too short to split, name their flags.
+TEST(ContextParallelTraining, WhatItDoesNotRunIsRefusedBeforeTraining) {
   const auto refused = [](const fs::path& config, int ranks, const std::string& flags) {
     const fs::path out = test_data().root / "cp_train_refused";
     fs::remove_all(out);
@@ -130,12 +146,7 @@ TEST(ContextParallelTraining, WhatThePlanDoesNotCountYetIsRefused) {
     EXPECT_FALSE(fs::exists(out / "metrics.jsonl")) << "nothing trained";
     return r.output;
   };
-  const fs::path sparse = config_with("tiny_deepseek_v32", nlohmann::json::object());
-  std::string output = refused(sparse, 2, "--seq-len 16 --cp 2");
-  EXPECT_NE(output.find("--cp: the memory plan does not count sparse MLA (with its indexer) layers' exchange"),
-            std::string::npos)
-      << output;
-  output = refused(test_data().config_path, 2, "--seq-len 16 --cp 2 --recompute full --policy-min-bytes 1");
+  std::string output = refused(test_data().config_path, 2, "--seq-len 16 --cp 2 --recompute full --policy-min-bytes 1");
   EXPECT_NE(output.find("--cp 2: the memory policy recompute full re-runs mixer sublayers"), std::string::npos)
       << output;
   output = refused(test_data().config_path, 2, "--seq-len 16 --cp 3");

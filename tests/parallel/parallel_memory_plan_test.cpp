@@ -198,8 +198,13 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"tiny_kimi_linear_kda", "", {4}, 1, 4},
                     // … MLA's whole sequences' keys built from the gathered latents.
                     Case{"demo_kda", "", {2}, 1, 2}, Case{"demo_kda", "", {4}, 2, 2}, Case{"demo_kda", "", {4}, 1, 4},
-                    Case{"demo_kda", "", {4}, 1, 4, 1024},         // the peak in MLA's backward
-                    Case{"tiny_deepseek_v3", "", {2}, 1, 2, 64}),  // MLA with RoPE and q LoRA
+                    Case{"demo_kda", "", {4}, 1, 4, 1024},        // the peak in MLA's backward
+                    Case{"tiny_deepseek_v3", "", {2}, 1, 2, 64},  // MLA with RoPE and q LoRA
+                    // … sparse MLA: the indexer's gathered keys, its top-k and loss per chunk, the
+                    // attention over the selection (128 of 256 keys); in the dense warm-up too.
+                    Case{"demo_mla", "", {2}, 1, 2, 256}, Case{"demo_mla", "--indexer-mode warmup", {4}, 1, 4, 256},
+                    Case{"tiny_kimi_k3_like", "", {4}, 2, 2, 64},   // KDA : sparse MLA = 3 : 1, MoE
+                    Case{"tiny_qwen3_sparse", "", {2}, 1, 2, 64}),  // … and GQA's, gathering its keys
     [](const testing::TestParamInfo<Case>& info) { return info.param.config + "_" + std::to_string(info.index); });
 
 TEST(ParallelMemoryPlan, DryRunPrintsEveryRanksPlan) {
@@ -328,7 +333,9 @@ TEST(ParallelMemoryPlan, PlanSearchListsMeshesAndPoliciesByStepTime) {
   for (size_t i = 0; i < candidates.size(); ++i) {
     eps.insert(candidates[i].at("ep").get<int>());
     EXPECT_GT(candidates[i].at("step_s").get<double>(), 0.0);
-    if (i > 0) EXPECT_GE(candidates[i].at("step_s").get<double>(), candidates[i - 1].at("step_s").get<double>());
+    if (i > 0) {
+      EXPECT_GE(candidates[i].at("step_s").get<double>(), candidates[i - 1].at("step_s").get<double>());
+    }
     smallest = std::min(smallest, candidates[i].at("largest").get<int64_t>());
   }
   EXPECT_EQ(eps, (std::set<int>{1, 2}));
