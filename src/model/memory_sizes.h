@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <vector>
 
-#include "core/error.h"
 #include "core/memory.h"
 #include "memory/activation_tags.h"
 #include "model/saved_tensors.h"

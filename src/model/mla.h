@@ -150,8 +150,8 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 // scratch its forward or backward holds at once (model/memory_sizes.h).
 std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& extent);
 Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape);
-// Under context parallelism (shape.context; dense layers so far): what its exchange receives in a
-// training step.
+// Under context parallelism (shape.context): what its exchange receives in a training step (sparse
+// layers: the indexer's too).
 ContextTraffic context_traffic(const MlaDims& dims, const StepShape& shape);
 // Its backward reads h only as its projections' and the indexer's operand.
 constexpr InputUse input_use(const MlaDims&) { return InputUse::operand; }

@@ -275,8 +275,9 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
   context_reduce_sequences(dv, dvalues.data(), local.batch, v_row, split, group, traffic);
 }
 
-// context_attention_forward_gathered: the chunk's lse and the kernel's temporaries for the larger
-// chunk; context_attention_backward_gathered: the earlier chunk's key and value terms too.
+// context_attention_forward_gathered: the chunk's lse and the kernel's (dense, or sparse over topk
+// selected keys) temporaries for the larger chunk; context_attention_backward_gathered: the earlier
+// chunk's key and value terms too.
 Workspace ContextSplitPlan::gathered_attention(const AttentionSizes& local, int64_t topk, bool bf16_rows, int threads,
                                                int64_t element_bytes) const {
   const std::array<ContextSplit::Span, 2> spans = split_.spans(rank_);

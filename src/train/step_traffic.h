@@ -13,9 +13,10 @@
 //     loads (--imbalance-from); the bytes are then the expected ones (dropless routing), or, for
 //     the run's own mesh, its ranks' loads as they were: its bytes exactly;
 //   - context parallelism (metrics' "context_parallel"): what each rank receives from its cp group,
-//     per micro-batch each attention layer's context_attention_traffic (parallel/context_parallel.h:
-//     the keys and values gathered in the forward and again in the backward, and the other ranks'
-//     terms of its keys' and values' gradients), exactly what its counters count.
+//     per micro-batch each sequence mixer's (DecoderLayerDims::context_traffic: attention's keys and
+//     values, MLA's latents, gathered in the forward and again in the backward, with the other
+//     ranks' terms of their gradients; the indexer's keys and their loss's gradients; the delta
+//     rule's summaries and the convolution's halos), exactly what its counters count.
 // FLOPs: the model FLOPs of the device's tokens (model.h's training_flops_of), its experts' share
 // scaled by the rows they receive, and recompute's: the forward of the sublayers it re-runs per
 // token, and the gate/up products the experts' backward forms again per row its experts run (the
