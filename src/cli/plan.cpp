@@ -10,8 +10,8 @@
 // given the mesh's size instead of mpirun's; the bytes sent are those training's counters count.
 // --search plans every ep dividing the devices and the experts with every policy --memory-budget
 // tries, and lists them by step time (those a missing rate leaves untimed last), then by the step's
-// peak. Nothing is allocated, so a 2.8 T config plans on a
-// laptop (docs/scale.md).
+// peak; --longest-sequence finds the longest sequence whose step fits --device-memory. Nothing is allocated, so a 2.8 T
+// config plans on a laptop (docs/scale.md).
 #include <omp.h>
 
 #include <algorithm>
@@ -46,6 +46,7 @@ struct PlanOptions {
   int node_size = 8;
   std::string imbalance_from;  // a run's metrics.jsonl: its last step's expert loads
   bool search = false;
+  bool longest_sequence = false;
   bool json = false;
 };
 
@@ -143,7 +144,7 @@ double slowest_step(const std::vector<DeviceTraffic>& traffic) {
 // --search: each ep that divides the devices and the routed experts, with each policy
 // --memory-budget tries; rank 0's memory plan stands for every device's (the ranks' shards differ by
 // at most one element per range), the step time is the slowest device's.
-void run_search(PlanOptions& o, const ModelConfig& config) {
+void run_search(PlanOptions& o, const ModelConfig& config, const ParamTable& table) {
   TrainOptions& t = o.train;
   if (t.recompute != "none" || t.swap != "none" || !t.memory_budget.empty())
     fail("--search tries every policy --memory-budget tries: leave --recompute, --swap and --memory-budget out");
@@ -155,7 +156,6 @@ void run_search(PlanOptions& o, const ModelConfig& config) {
     double step_s;
   };
   std::vector<Candidate> candidates;
-  const ParamTable table = param_table_of(config);
   const double margin = t.expert_imbalance;
   for (int ep = 1; ep <= o.devices; ++ep) {
     if (o.devices % ep != 0 || (o.devices / ep) % t.cp != 0 ||
@@ -196,6 +196,48 @@ void run_search(PlanOptions& o, const ModelConfig& config) {
                 c.step_s > 0.0 ? str_cat("step ", c.step_s, " s").c_str() : "untimed");
 }
 
+// --longest-sequence: the longest --seq-len whose step's peak fits --device-memory on every device
+// (start-up and a whole checkpoint's save do not depend on it; the plan below says whether they
+// fit). The search plans a few ranks, one per place in a cp group at first (their chunks differ by
+// a token); every device is planned at its answer, and a device that holds more joins them and the
+// search goes on below it (FSDP's shards of some units differ between ranks).
+int64_t longest_sequence(PlanOptions& o, const ModelConfig& config, const ParamTable& table) {
+  TrainOptions& t = o.train;
+  if (o.device_memory.empty()) fail("--longest-sequence: expected --device-memory, the peak it must fit");
+  if (o.search) fail("--longest-sequence plans one mesh and policy: leave --search out");
+  const int64_t capacity = parse_bytes(o.device_memory, "--device-memory");
+  const auto step_peak = [&](int64_t seq, int rank) {
+    t.settings.seq_len = seq;
+    return memory_plan_of(t, config, t.settings, /*train_tokens=*/0, o.devices, rank, &table).peak_fast;
+  };
+  std::vector<int> watched;  // the ranks the search plans
+  for (int place = 0; place < t.cp; ++place) watched.push_back(place * t.ep);
+  const auto watched_fit = [&](int64_t seq) {
+    return std::all_of(watched.begin(), watched.end(), [&](int rank) { return step_peak(seq, rank) <= capacity; });
+  };
+  const int64_t shortest = 2 * t.cp;                   // every rank of a cp group at least a token of each chunk
+  int64_t fails = config.max_position_embeddings + 1;  // the answer < fails
+  while (true) {
+    if (fails <= shortest || !watched_fit(shortest))
+      fail("--longest-sequence: --device-memory ", o.device_memory, " does not hold the step's peak even at ", shortest,
+           " tokens per sequence");
+    int64_t fits = shortest, tried = 2 * shortest;  // fits ≤ the answer
+    for (; tried < fails && watched_fit(tried); tried *= 2) fits = tried;
+    fails = std::min(fails, tried);
+    while (fails - fits > 1) {
+      const int64_t middle = fits + (fails - fits) / 2;
+      (watched_fit(middle) ? fits : fails) = middle;
+    }
+    int busiest = 0;
+    int64_t most = 0;
+    for (int rank = 0; rank < o.devices; ++rank)
+      if (const int64_t peak = step_peak(fits, rank); peak > most) busiest = rank, most = peak;
+    if (most <= capacity) return fits;
+    watched.push_back(busiest);
+    fails = fits;
+  }
+}
+
 void run_plan(PlanOptions& o) {
   TrainOptions& t = o.train;
   if (o.threads > 0) omp_set_num_threads(o.threads);  // per-thread workspaces scale with it
@@ -204,9 +246,10 @@ void run_plan(PlanOptions& o) {
   check_expert_layout(t.settings.expert_layout, config);
   ParallelMesh::validate(o.devices, t.ep, config, t.cp);
   t.settings.batch = o.micro_batch * (o.devices / t.cp);  // the global batch, as train's --batch
-  if (o.search) return run_search(o, config);
-  const Routing routing = routing_for(o, t, config, t.ep);
   const ParamTable table = param_table_of(config);
+  if (o.longest_sequence) t.settings.seq_len = longest_sequence(o, config, table);
+  if (o.search) return run_search(o, config, table);
+  const Routing routing = routing_for(o, t, config, t.ep);
   const ParamCounts counts = count_parameters(config, table);
   std::vector<MemoryPlan> plans;  // one per device
   for (int rank = 0; rank < o.devices; ++rank)
@@ -240,6 +283,7 @@ void run_plan(PlanOptions& o) {
     for (const MemoryPlan& plan : plans) out["device_plans"].push_back(plan.to_json()["fast"]);  // as --dry-run's rank_plans
     for (const DeviceTraffic& d : traffic) out["device_traffic"].push_back(d.to_json());
     if (capacity > 0) out["fits"] = busiest.largest() <= capacity;
+    if (o.longest_sequence) out["longest_sequence"] = t.settings.seq_len;
     if (host > 0) out["swap_fits_host"] = swap_per_node <= host;
     std::printf("%s\n", out.dump(2).c_str());
     return;
@@ -253,6 +297,13 @@ void run_plan(PlanOptions& o) {
       static_cast<long long>(o.micro_batch), static_cast<long long>(t.settings.seq_len),
       t.cp > 1 ? str_cat(" (its cp group's, split)").c_str() : "", static_cast<long long>(t.settings.grad_accum),
       t.settings.grad_accum > 1 ? "es" : "", t.settings.precision.c_str(), num_threads());
+  if (o.longest_sequence)
+    std::printf("the longest sequence whose step fits --device-memory %s: %lld tokens%s%s\n", o.device_memory.c_str(),
+                static_cast<long long>(t.settings.seq_len),
+                t.cp > 1 ? str_cat(", about ", t.settings.seq_len / t.cp, " per device").c_str() : "",
+                t.settings.seq_len == config.max_position_embeddings
+                    ? " (the config's max_position_embeddings: the memory would hold longer)"
+                    : "");
   std::printf("%s\n", busiest.describe().c_str());
   std::printf("the device that holds the most: rank %d, %s (the step's peak, start-up or a checkpoint's save)\n",
               busiest.rank, human_bytes(double(busiest.largest())).c_str());
@@ -297,6 +348,9 @@ void register_plan(CLI::App& app) {
   cmd->add_flag("--search", o->search,
                 "Every ep dividing the devices and experts with every memory policy (that fits --device-memory), "
                 "by step time");
+  cmd->add_flag("--longest-sequence", o->longest_sequence,
+                "The longest --seq-len whose step's peak fits --device-memory on every device (with --cp: the "
+                "whole sequence, split), then the plan at that length");
   cmd->add_flag("--json", o->json, "One JSON object, with every device's plan and traffic, instead of text");
   add_setting_options(cmd, o->train.settings,
                       {"seq-len", "grad-accum", "dtype", "precision", "indexer-mode", "indexer-loss-coef",

@@ -351,6 +351,40 @@ TEST(ParallelMemoryPlan, PlanSearchListsMeshesAndPoliciesByStepTime) {
   EXPECT_NE(refused.output.find("--search tries every policy"), std::string::npos) << refused.output;
 }
 
+// --longest-sequence: the longest --seq-len whose step's peak fits --device-memory on every device,
+// one token more not; each sequence split over the 4 devices (cp 4) fits a longer one than whole
+// sequences on each; without --device-memory it is refused.
+TEST(ParallelMemoryPlan, PlanFindsTheLongestSequenceThatFits) {
+  const std::string shape =
+      "plan --config " + config_with("demo_kda", nullptr).string() + " --devices 4 --micro-batch 1 --threads 1 --json";
+  const auto plan = [&](const std::string& flags) {
+    const CommandResult r = run_cli(shape + flags, "OMP_NUM_THREADS=1", true);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return r.status == 0 ? nlohmann::json::parse(r.output) : nlohmann::json::object();
+  };
+  const auto step_peak = [](const nlohmann::json& p) {
+    int64_t most = 0;
+    for (const nlohmann::json& device : p.at("device_plans")) most = std::max(most, device.at("peak").get<int64_t>());
+    return most;
+  };
+  const int64_t capacity = step_peak(plan(" --seq-len 128"));
+  int64_t longest[2] = {};
+  for (const int cp : {1, 4}) {
+    SCOPED_TRACE("cp " + std::to_string(cp));
+    const std::string mesh = " --cp " + std::to_string(cp);
+    const nlohmann::json found = plan(mesh + " --longest-sequence --device-memory " + std::to_string(capacity));
+    const int64_t seq = longest[cp == 4] = found.at("longest_sequence");
+    EXPECT_EQ(found.at("seq_len"), seq);
+    EXPECT_LE(step_peak(found), capacity);
+    EXPECT_GT(step_peak(plan(mesh + " --seq-len " + std::to_string(seq + 1))), capacity);
+  }
+  EXPECT_EQ(longest[0], 128);
+  EXPECT_GT(longest[1], 2 * longest[0]);
+  const CommandResult refused = run_cli(shape + " --longest-sequence");
+  EXPECT_EQ(refused.status, 1);
+  EXPECT_NE(refused.output.find("--longest-sequence: expected --device-memory"), std::string::npos) << refused.output;
+}
+
 // A whole checkpoint's save under FSDP gathers the whole parameters and both moments on every
 // rank (a LoRA base's frozen shard widened from bf16 first): the plan's checkpoint_save, which
 // the start-up check counts. `trillion train` prints rank
