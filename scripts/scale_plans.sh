@@ -2,7 +2,8 @@
 # The planner's numbers in docs/scale.md: `trillion plan` on configs/models/kimi_k3_like.json for the
 # seed's case (LoRA of rank 16 on the frozen bf16 base) and its variations, each plan's text under a
 # header line: the busiest device's memory by part, its bytes sent, FLOPs and the roofline's step
-# time. The devices' rates are stated below. About 8 s a plan on 2 cores.
+# time. The devices' rates are stated below. About 8 s a plan on 2 cores (a --longest-sequence
+# search up to ten minutes, on 1024 devices).
 # Usage: scripts/scale_plans.sh [build/trillion] > plans.txt
 set -euo pipefail
 trillion=${1:-build/trillion}
@@ -40,3 +41,16 @@ for devices in 128 256 512 1024; do plan "$devices" 64 1 4096 --recompute full; 
 for devices in 512 1024; do plan "$devices" 64 1 4096 --swap full; done
 # The all-to-all's long tail: the busiest ep slice's experts receiving more of the rows.
 for imbalance in 1.0 1.5 2 4; do plan 128 64 1 4096 --recompute full --expert-imbalance "$imbalance" "${lora[@]}"; done
+# Long sequences (docs/scale.md, "A million tokens"): the longest sequence whose step fits a device
+# of 128 GiB with the activations swapped out, whole on each device and split over cp devices.
+longest() {  # devices ep cp [flags: policy]
+  local devices=$1 ep=$2 cp=$3
+  shift 3
+  echo "## the longest sequence, LoRA, $devices devices, ep $ep, cp $cp, 128 GiB a device, $*"
+  "$trillion" plan --config "$config" --devices "$devices" --ep "$ep" --cp "$cp" --micro-batch 1 \
+    --longest-sequence --device-memory 128G --precision bf16 --sharded-checkpoints --threads 2 "${rates[@]}" \
+    "$@" "${lora[@]}" | tail -n +2
+}
+for cp in 1 2; do longest 128 64 "$cp" --swap full; done
+for cp in 1 4 16; do longest 128 8 "$cp" --swap full; done
+longest 1024 64 16 --swap full
