@@ -10,6 +10,8 @@
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/rng.h"
+#include "ops/indexer.h"
+#include "ops/sparse_attention.h"
 #include "parallel/context_conv1d.h"
 #include "parallel/context_delta_rule.h"
 #include "parallel/context_parallel.h"
@@ -217,6 +219,114 @@ RankMeasure run_attention(const ContextParallelBenchOptions& o, const ContextSpl
   return m;
 }
 
+// The lightning indexer's inputs of some tokens (ops/indexer.h): q_I [tokens, H_I, d_I], k_I
+// [tokens, d_I], w_I [tokens, H_I], and the selection [tokens, topk].
+template <class T>
+struct IndexerInputs {
+  Buffer<T> q, k, w;
+  Buffer<int32_t> selection;
+  IndexerInputs(int64_t tokens, const ContextParallelBenchOptions& o)
+      : q(tokens * o.index_heads * o.index_dim),
+        k(tokens * o.index_dim),
+        w(tokens * o.index_heads),
+        selection(tokens * o.topk) {}
+  int64_t bytes() const { return int64_t(sizeof(T)) * (q.size() + k.size() + w.size()) + 4 * selection.size(); }
+};
+
+IndexerSizes indexer_sizes(const ContextParallelBenchOptions& o, int64_t batch, int64_t q_len, int64_t kv_len) {
+  return {batch, q_len, kv_len, o.index_heads, o.index_dim, o.topk, 1.0 / std::sqrt(double(o.index_dim))};
+}
+
+// Sparse attention with its selection (DeepSeek-V3.2's): the lightning indexer's top-k over every
+// earlier position, then attention over the selected keys. Split: the indexer's keys gathered and
+// each local chunk's queries selecting against the keys up to its end; the keys and values gathered,
+// attention per chunk over the selection (context_attention_forward_gathered), and in the backward
+// gathered again, their gradients' terms summed onto their owners. One rank: the same over the whole
+// sequences. No document masks (the model refuses them on sparse layers under cp).
+template <class T>
+RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const ContextSplit& split,
+                                 const ProcessGroup& world) {
+  const int rank = world.rank();
+  const int64_t seq = o.seq_len, batch = o.batch, d = o.head_dim, dv = o.v_dim > 0 ? o.v_dim : d;
+  const AttentionSizes whole_sizes{batch, seq, seq, o.heads, o.kv_heads, d, 1.0 / std::sqrt(double(d)), dv};
+  const int64_t q_row = o.heads * d, k_row = o.kv_heads * d, v_row = o.kv_heads * dv, out_row = o.heads * dv;
+  AttentionTensors<T> whole(whole_sizes);
+  IndexerInputs<T> whole_index(batch * seq, o);
+  const CounterRng rng(o.seed, "bench context-parallel sparse");
+  uint64_t counter = 0;
+  for (Buffer<T>* x : {&whole.q, &whole.k, &whole.v, &whole.dout, &whole_index.q, &whole_index.k, &whole_index.w})
+    for (int64_t i = 0; i < x->size(); ++i) (*x)[i] = T(rng.normal(counter++));
+  RankMeasure m;
+  const SparseAttentionSizes whole_sparse{batch, seq, seq, o.heads, o.kv_heads, d, dv, o.topk, whole_sizes.scale};
+  const auto reference = [&] {
+    indexer_topk(whole_index.selection.data(), whole_index.q.data(), whole_index.k.data(), whole_index.w.data(),
+                 indexer_sizes(o, batch, seq, seq));
+    sparse_attention_forward(whole.out.data(), whole.lse.data(), whole.q.data(), whole.k.data(), whole.v.data(),
+                             whole_index.selection.data(), whole_sparse);
+    sparse_attention_backward(whole.dq.data(), whole.dk.data(), whole.dv.data(), whole.dout.data(), whole.q.data(),
+                              whole.k.data(), whole.v.data(), whole.out.data(), whole.lse.data(),
+                              whole_index.selection.data(), whole_sparse);
+  };
+  m.one_rank_peak = whole.bytes() + whole_index.bytes() + peak_extra_bytes(reference);
+
+  // This rank's tokens.
+  const std::vector<int32_t> positions = split.positions(rank);
+  const int64_t len = split.local_len(rank);
+  AttentionSizes local_sizes = whole_sizes;
+  local_sizes.q_len = local_sizes.kv_len = len;
+  AttentionTensors<T> local(local_sizes);
+  IndexerInputs<T> local_index(batch * len, o);
+  const std::pair<Buffer<T>*, Buffer<T>*> inputs[] = {{&local.q, &whole.q},
+                                                      {&local.k, &whole.k},
+                                                      {&local.v, &whole.v},
+                                                      {&local.dout, &whole.dout},
+                                                      {&local_index.q, &whole_index.q},
+                                                      {&local_index.k, &whole_index.k},
+                                                      {&local_index.w, &whole_index.w}};
+  for (const auto& [part, all] : inputs)
+    take_rows(part->data(), all->data(), batch, seq, all->size() / (batch * seq), positions);
+  AttentionSizes gathered_sizes = local_sizes;  // this rank's queries against the whole sequences' keys
+  gathered_sizes.kv_len = seq;
+  const int64_t rows = batch * seq, di = o.index_dim, hd = o.index_heads * di;
+  measure(
+      m, local.bytes() + local_index.bytes(), o.runs, world,
+      [&](ContextTraffic* forward, ContextTraffic* backward) {
+        Buffer<T> index_keys(rows * di);  // [batch, seq, d_I]
+        context_gather_sequences(index_keys.data(), local_index.k.data(), batch, di, split, world, forward);
+        for (int64_t b = 0; b < batch; ++b)
+          for (const ContextChunk& c : split.local_chunks(rank)) {
+            const int64_t first = b * len + c.offset;  // the chunk's first local token
+            indexer_topk(local_index.selection.data() + first * o.topk, local_index.q.data() + first * hd,
+                         index_keys.data() + b * seq * di, local_index.w.data() + first * o.index_heads,
+                         indexer_sizes(o, 1, c.size(), c.end));
+          }
+        Buffer<T> keys(rows * k_row), values(rows * v_row);  // [batch, seq, kv_heads, dim], each pass's own
+        context_gather_sequences(keys.data(), local.k.data(), batch, k_row, split, world, forward);
+        context_gather_sequences(values.data(), local.v.data(), batch, v_row, split, world, forward);
+        context_attention_forward_gathered(local.out.data(), local.lse.data(), local.q.data(), keys.data(),
+                                           values.data(), gathered_sizes, split, rank, local_index.selection.data(),
+                                           o.topk);
+        context_gather_sequences(keys.data(), local.k.data(), batch, k_row, split, world, backward);
+        context_gather_sequences(values.data(), local.v.data(), batch, v_row, split, world, backward);
+        Buffer<T> dkeys(rows * k_row), dvalues(rows * v_row);  // this rank's terms
+        context_attention_backward_gathered(local.dq.data(), dkeys.data(), dvalues.data(), local.dout.data(),
+                                            local.q.data(), keys.data(), values.data(), local.out.data(),
+                                            local.lse.data(), gathered_sizes, split, rank, local_index.selection.data(),
+                                            o.topk);
+        context_reduce_sequences(local.dk.data(), dkeys.data(), batch, k_row, split, world, backward);
+        context_reduce_sequences(local.dv.data(), dvalues.data(), batch, v_row, split, world, backward);
+      },
+      reference);
+  m.err = std::max({rel_err(local.out, whole.out, batch, seq, out_row, positions),
+                    rel_err(local.lse, whole.lse, batch * o.heads, seq, 1, positions),
+                    rel_err(local.dq, whole.dq, batch, seq, q_row, positions),
+                    rel_err(local.dk, whole.dk, batch, seq, k_row, positions),
+                    rel_err(local.dv, whole.dv, batch, seq, v_row, positions)});
+  m.plan = context_attention_traffic(split, rank, local_sizes, sizeof(T));
+  m.plan.forward += context_gathered_rows_traffic(split, rank, batch, di, sizeof(T)).forward;  // the indexer's keys
+  return m;
+}
+
 // The delta rule's tensors of some tokens: inputs, outputs and gradients, [tokens, row] each.
 template <class T>
 struct DeltaTensors {
@@ -374,19 +484,25 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
         "bench context-parallel: --batch, --heads, --kv-heads, --head-dim and --runs must be ≥ 1, --v-dim and "
         "--doc-len ≥ 0");
   if (o.conv_width < 1) fail("bench context-parallel: --conv-width must be ≥ 1, got ", o.conv_width);
-  if (o.mixer == "attention" && o.heads % o.kv_heads != 0)
+  if (o.mixer == "sparse" && (o.index_heads < 1 || o.index_dim < 1 || o.topk < 1 || o.doc_len > 0))
+    fail(
+        "bench context-parallel --mixer sparse: --index-heads, --index-dim and --topk must be ≥ 1, and no "
+        "--doc-len (document masks on sparse attention are not split yet)");
+  if ((o.mixer == "attention" || o.mixer == "sparse") && o.heads % o.kv_heads != 0)
     fail("bench context-parallel: --heads ", o.heads, " must be a multiple of --kv-heads ", o.kv_heads);
   const ContextSplit split(o.seq_len, world.size());
   RankMeasure m;
   if (o.mixer == "attention") {
     m = o.use_double ? run_attention<double>(o, split, world) : run_attention<float>(o, split, world);
+  } else if (o.mixer == "sparse") {
+    m = o.use_double ? run_sparse_attention<double>(o, split, world) : run_sparse_attention<float>(o, split, world);
   } else if (o.mixer == "conv") {
     m = o.use_double ? run_conv<double>(o, split, world) : run_conv<float>(o, split, world);
   } else if (o.mixer == "gated_deltanet" || o.mixer == "kda") {
     const DeltaDecay decay = o.mixer == "kda" ? DeltaDecay::per_key_channel : DeltaDecay::per_head;
     m = o.use_double ? run_delta_rule<double>(o, decay, split, world) : run_delta_rule<float>(o, decay, split, world);
   } else {
-    fail("bench context-parallel: --mixer ", o.mixer, " must be attention, gated_deltanet, kda or conv");
+    fail("bench context-parallel: --mixer ", o.mixer, " must be attention, sparse, gated_deltanet, kda or conv");
   }
   nlohmann::json summary = summarize_ranks(m, world);
   summary.update({{"bench", "context-parallel"},
@@ -400,6 +516,8 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
                   {"v_dim", o.v_dim > 0 ? o.v_dim : o.head_dim},
                   {"doc_len", o.doc_len},
                   {"conv_width", o.conv_width}});
+  if (o.mixer == "sparse")
+    summary.update({{"index_heads", o.index_heads}, {"index_dim", o.index_dim}, {"topk", o.topk}});
   return summary;
 }
 

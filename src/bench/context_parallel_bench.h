@@ -1,6 +1,8 @@
 // `trillion bench context-parallel` (under mpirun -np cp; one process is cp 1): a sequence mixer's
 // forward and backward over long sequences split over the ranks, against the plain kernels over the
-// whole sequences on one rank. Mixers: attention (parallel/context_parallel.h, GQA), the gated delta
+// whole sequences on one rank. Mixers: attention (parallel/context_parallel.h, GQA), sparse (GQA
+// over the lightning indexer's top-k: ops/indexer.h with --index-heads, --index-dim, --topk, and
+// ops/sparse_attention.h), the gated delta
 // rule with per-head (gated_deltanet) or per-key-channel (kda) decay (parallel/context_delta_rule.h;
 // --heads, --head-dim and --v-dim are its H, K and V) and the short convolution (conv:
 // parallel/context_conv1d.h; heads · head dim channels, --conv-width taps).
@@ -15,7 +17,8 @@
 // tensors, inputs, outputs and gradients, plus the kernels' temporaries at their peak) against one
 // rank's for the whole sequences (peak_ratio, the largest over the ranks); and the bytes each rank
 // received, forward and backward, as the collectives' counts give them, against the mixer's formula
-// (context_attention_traffic, context_delta_rule_traffic, context_conv1d_traffic; traffic_matches_plan:
+// (context_attention_traffic, with the indexer's keys for sparse; context_delta_rule_traffic,
+// context_conv1d_traffic; traffic_matches_plan:
 // equal on every rank).
 #pragma once
 
@@ -26,7 +29,7 @@
 namespace trillion {
 
 struct ContextParallelBenchOptions {
-  std::string mixer = "attention";  // attention, gated_deltanet, kda or conv (the short convolution)
+  std::string mixer = "attention";  // attention, sparse, gated_deltanet, kda or conv (the short convolution)
   int64_t seq_len = 16384;
   int64_t batch = 1;
   int64_t heads = 8;
@@ -35,6 +38,9 @@ struct ContextParallelBenchOptions {
   int64_t v_dim = 0;    // 0: head_dim
   int64_t doc_len = 0;  // tokens per packed document (document masks); 0: none
   int64_t conv_width = 4;  // conv: the kernel's taps
+  int64_t index_heads = 4;  // sparse: the indexer's H_I, d_I and top-k
+  int64_t index_dim = 32;
+  int64_t topk = 256;
   bool use_double = false;
   int runs = 3;
   uint64_t seed = 1;

@@ -1,6 +1,7 @@
 // Context parallelism (parallel/context_parallel.h, context_delta_rule.h, context_conv1d.h): the
-// causally balanced split, and attention (GQA), the gated delta rule (per-head and per-key-channel
-// decay) and the short convolution (its halo from the chunks before) split over
+// causally balanced split, and attention (GQA; also sparse over the lightning indexer's top-k), the
+// gated delta rule (per-head and per-key-channel decay) and the short convolution (its halo from the
+// chunks before) split over
 // 1 to 4 ranks under mpirun (`trillion bench context-parallel` at a tiny size, in double) equal to
 // one rank's over the whole sequence to 1e-10 in the outputs and every gradient, with sequence
 // lengths no multiple of 2 · cp, a value head dim of its own, and document masks crossing the ranks'
@@ -102,6 +103,8 @@ TEST_P(ContextMixer, EqualsOneRankOverTheWholeSequence) {
 const std::string kShape = "--seq-len 203 --batch 2 --heads 4 --kv-heads 2 --head-dim 16 --v-dim 8";
 const std::string kDelta = "--seq-len 203 --batch 2 --heads 2 --head-dim 16 --v-dim 8 --mixer ";
 const std::string kConv = "--batch 2 --heads 3 --head-dim 4 --mixer conv ";  // 12 channels, 4 taps
+// Sparse attention over the indexer's top-17 of up to 203 keys (fewer early: −1 padded).
+const std::string kSparse = kShape + " --mixer sparse --index-heads 2 --index-dim 8 --topk 17";
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ContextMixer,
     testing::Values(Case{1, kShape + " --doc-len 37"}, Case{2, kShape + " --doc-len 37"},
@@ -115,7 +118,12 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{3, "--seq-len 203 " + kConv + "--doc-len 37"}, Case{4, "--seq-len 203 " + kConv},
                     // Chunks of 2 or 3 tokens: a halo of 6 reaches over several chunks and ranks.
                     Case{4, "--seq-len 19 " + kConv + "--conv-width 7"},
-                    Case{4, "--seq-len 19 " + kConv + "--conv-width 7 --doc-len 5"}),
+                    Case{4, "--seq-len 19 " + kConv + "--conv-width 7 --doc-len 5"}, Case{1, kSparse}, Case{2, kSparse},
+                    Case{3, kSparse}, Case{4, kSparse},
+                    // Chunks of 2 or 3 tokens, each selecting over every earlier one.
+                    Case{4,
+                         "--seq-len 19 --batch 2 --heads 2 --kv-heads 1 --head-dim 8 --mixer sparse "
+                         "--index-heads 2 --index-dim 4 --topk 5"}),
     [](const testing::TestParamInfo<Case>& info) {
       const std::string& flags = info.param.flags;
       const size_t mixer = flags.find("--mixer ");
