@@ -233,8 +233,10 @@ struct IndexerInputs {
   int64_t bytes() const { return int64_t(sizeof(T)) * (q.size() + k.size() + w.size()) + 4 * selection.size(); }
 };
 
-IndexerSizes indexer_sizes(const ContextParallelBenchOptions& o, int64_t batch, int64_t q_len, int64_t kv_len) {
-  return {batch, q_len, kv_len, o.index_heads, o.index_dim, o.topk, 1.0 / std::sqrt(double(o.index_dim))};
+// doc_start: document masks [batch, q_len] (key positions), or null.
+IndexerSizes indexer_sizes(const ContextParallelBenchOptions& o, int64_t batch, int64_t q_len, int64_t kv_len,
+                           const int32_t* doc_start) {
+  return {batch, q_len, kv_len, o.index_heads, o.index_dim, o.topk, 1.0 / std::sqrt(double(o.index_dim)), doc_start};
 }
 
 // Sparse attention with its selection (DeepSeek-V3.2's): the lightning indexer's top-k over every
@@ -242,13 +244,15 @@ IndexerSizes indexer_sizes(const ContextParallelBenchOptions& o, int64_t batch, 
 // each local chunk's queries selecting against the keys up to its end; the keys and values gathered,
 // attention per chunk over the selection (context_attention_forward_gathered), and in the backward
 // gathered again, their gradients' terms summed onto their owners. One rank: the same over the whole
-// sequences. No document masks (the model refuses them on sparse layers under cp).
+// sequences. Document masks reach the indexer and the attention, per chunk on the split.
 template <class T>
 RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const ContextSplit& split,
                                  const ProcessGroup& world) {
   const int rank = world.rank();
   const int64_t seq = o.seq_len, batch = o.batch, d = o.head_dim, dv = o.v_dim > 0 ? o.v_dim : d;
-  const AttentionSizes whole_sizes{batch, seq, seq, o.heads, o.kv_heads, d, 1.0 / std::sqrt(double(d)), dv};
+  const std::vector<int32_t> doc_start = document_starts(batch, seq, o.doc_len);  // [batch, seq]
+  const int32_t* whole_docs = o.doc_len > 0 ? doc_start.data() : nullptr;
+  const AttentionSizes whole_sizes{batch, seq, seq, o.heads, o.kv_heads, d, 1.0 / std::sqrt(double(d)), dv, whole_docs};
   const int64_t q_row = o.heads * d, k_row = o.kv_heads * d, v_row = o.kv_heads * dv, out_row = o.heads * dv;
   AttentionTensors<T> whole(whole_sizes);
   IndexerInputs<T> whole_index(batch * seq, o);
@@ -257,10 +261,11 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
   for (Buffer<T>* x : {&whole.q, &whole.k, &whole.v, &whole.dout, &whole_index.q, &whole_index.k, &whole_index.w})
     for (int64_t i = 0; i < x->size(); ++i) (*x)[i] = T(rng.normal(counter++));
   RankMeasure m;
-  const SparseAttentionSizes whole_sparse{batch, seq, seq, o.heads, o.kv_heads, d, dv, o.topk, whole_sizes.scale};
+  const SparseAttentionSizes whole_sparse{batch, seq, seq,    o.heads,           o.kv_heads,
+                                          d,     dv,  o.topk, whole_sizes.scale, whole_docs};
   const auto reference = [&] {
     indexer_topk(whole_index.selection.data(), whole_index.q.data(), whole_index.k.data(), whole_index.w.data(),
-                 indexer_sizes(o, batch, seq, seq));
+                 indexer_sizes(o, batch, seq, seq, whole_docs));
     sparse_attention_forward(whole.out.data(), whole.lse.data(), whole.q.data(), whole.k.data(), whole.v.data(),
                              whole_index.selection.data(), whole_sparse);
     sparse_attention_backward(whole.dq.data(), whole.dk.data(), whole.dv.data(), whole.dout.data(), whole.q.data(),
@@ -272,8 +277,11 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
   // This rank's tokens.
   const std::vector<int32_t> positions = split.positions(rank);
   const int64_t len = split.local_len(rank);
+  std::vector<int32_t> local_doc_start(batch * len);  // [batch, len] global positions
+  take_rows(local_doc_start.data(), doc_start.data(), batch, seq, 1, positions);
   AttentionSizes local_sizes = whole_sizes;
   local_sizes.q_len = local_sizes.kv_len = len;
+  local_sizes.doc_start = o.doc_len > 0 ? local_doc_start.data() : nullptr;
   AttentionTensors<T> local(local_sizes);
   IndexerInputs<T> local_index(batch * len, o);
   const std::pair<Buffer<T>*, Buffer<T>*> inputs[] = {{&local.q, &whole.q},
@@ -296,9 +304,10 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
         for (int64_t b = 0; b < batch; ++b)
           for (const ContextChunk& c : split.local_chunks(rank)) {
             const int64_t first = b * len + c.offset;  // the chunk's first local token
-            indexer_topk(local_index.selection.data() + first * o.topk, local_index.q.data() + first * hd,
-                         index_keys.data() + b * seq * di, local_index.w.data() + first * o.index_heads,
-                         indexer_sizes(o, 1, c.size(), c.end));
+            indexer_topk(
+                local_index.selection.data() + first * o.topk, local_index.q.data() + first * hd,
+                index_keys.data() + b * seq * di, local_index.w.data() + first * o.index_heads,
+                indexer_sizes(o, 1, c.size(), c.end, o.doc_len > 0 ? local_doc_start.data() + first : nullptr));
           }
         Buffer<T> keys(rows * k_row), values(rows * v_row);  // [batch, seq, kv_heads, dim], each pass's own
         context_gather_sequences(keys.data(), local.k.data(), batch, k_row, split, world, forward);
@@ -484,10 +493,8 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
         "bench context-parallel: --batch, --heads, --kv-heads, --head-dim and --runs must be ≥ 1, --v-dim and "
         "--doc-len ≥ 0");
   if (o.conv_width < 1) fail("bench context-parallel: --conv-width must be ≥ 1, got ", o.conv_width);
-  if (o.mixer == "sparse" && (o.index_heads < 1 || o.index_dim < 1 || o.topk < 1 || o.doc_len > 0))
-    fail(
-        "bench context-parallel --mixer sparse: --index-heads, --index-dim and --topk must be ≥ 1, and no "
-        "--doc-len (document masks on sparse attention are not split yet)");
+  if (o.mixer == "sparse" && (o.index_heads < 1 || o.index_dim < 1 || o.topk < 1))
+    fail("bench context-parallel --mixer sparse: --index-heads, --index-dim and --topk must be ≥ 1");
   if ((o.mixer == "attention" || o.mixer == "sparse") && o.heads % o.kv_heads != 0)
     fail("bench context-parallel: --heads ", o.heads, " must be a multiple of --kv-heads ", o.kv_heads);
   const ContextSplit split(o.seq_len, world.size());

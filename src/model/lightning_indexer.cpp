@@ -32,7 +32,7 @@ IndexerDims IndexerDims::from_config(const ModelConfig& config, bool from_latent
 
 namespace {
 
-// doc_start: the pass's document masks ([batch, q_len], null: none).
+// doc_start: the pass's document masks ([batch, q_len] key positions, null: none).
 IndexerSizes sizes_of(const IndexerDims& dims, int64_t batch, int64_t q_len, int64_t kv_len,
                       const int32_t* doc_start = nullptr) {
   return {batch, q_len, kv_len, dims.heads, dims.head_dim, dims.topk, 1.0 / std::sqrt(double(dims.head_dim)),
@@ -72,6 +72,12 @@ void for_each_chunk(const LayerPass& pass, Fn&& fn) {
     for (const ContextChunk& chunk : pass.context->chunks()) fn(b, chunk);
 }
 
+// Under context parallelism, the document masks of a chunk starting at local token `first` (their
+// global positions index the whole sequences' keys), or null without masks.
+const int32_t* chunk_doc_start(const LayerPass& pass, int64_t first) {
+  return pass.doc_start != nullptr ? pass.doc_start + first : nullptr;
+}
+
 }  // namespace
 
 template <class T>
@@ -106,7 +112,7 @@ IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeight
     for_each_chunk(pass, [&](int64_t b, const ContextChunk& c) {
       const int64_t first = b * seq + c.offset;  // the chunk's first local token
       indexer_topk(indices + first * dims.topk, out.q + first * hd, out.k + b * out.kv_len * dims.head_dim,
-                   out.w + first * dims.heads, sizes_of(dims, 1, c.size(), c.end));
+                   out.w + first * dims.heads, sizes_of(dims, 1, c.size(), c.end, chunk_doc_start(pass, first)));
     });
   };
   if (pass.keeps_decisions()) {
@@ -149,10 +155,10 @@ void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T
         std::copy_n(lse + (b * heads + hh) * seq + c.offset, c.size(), lse_chunk + hh * c.size());
       const IndexerTarget target{q + first * heads * qk_dim, k + b * kv_len * kv_heads * qk_dim, lse_chunk, heads,
                                  kv_heads, qk_dim, scale};
-      const IndexerLossResult part =
-          indexer_loss(dq + first * hd, dk_chunk, dw + first * dims.heads, out.q + first * hd, out.k + b * kv_len * di,
-                       out.w + first * dims.heads, out.selection + first * dims.topk, target, mode,
-                       pass.indexer->grad_scale * share, sizes_of(dims, 1, c.size(), c.end));
+      const IndexerLossResult part = indexer_loss(
+          dq + first * hd, dk_chunk, dw + first * dims.heads, out.q + first * hd, out.k + b * kv_len * di,
+          out.w + first * dims.heads, out.selection + first * dims.topk, target, mode, pass.indexer->grad_scale * share,
+          sizes_of(dims, 1, c.size(), c.end, chunk_doc_start(pass, first)));
       for (int64_t i = 0; i < c.end * di; ++i) dk_whole[b * kv_len * di + i] += dk_chunk[i];
       r.loss += part.loss * share;
       r.selected_mass += part.selected_mass * share;

@@ -226,10 +226,6 @@ StepResult Model<T>::Impl::forward(const int32_t* tokens, const int32_t* targets
   // (every rank of its group runs them).
   ContextExchange* context = m.context;
   const int32_t* global = context != nullptr ? context->positions(seq) : nullptr;  // [seq]
-  if (m.document_eos >= 0 && context != nullptr && m.sparse_layers() > 0)
-    fail("document masks with context parallelism: the lightning indexer's document masks over a chunk of a ",
-         "sequence are not built yet; expected no document masks or no context parallelism for this model with ",
-         m.sparse_layers(), " sparse attention layers");
   if (m.document_eos >= 0 && context != nullptr) {
     // Documents span the ranks' chunks: their starts as global positions, no packed segments (the
     // linear-attention layers hand the starts to the exchange).

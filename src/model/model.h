@@ -133,8 +133,7 @@ class Model {
   // Context parallelism (null: whole sequences here; must outlive its use): forward_backward's and
   // forward_loss's rows hold this rank's tokens of each sequence, and their passes take their
   // positions and attention from it, so every rank of its group runs the same passes.
-  // Not with recomputed mixers, document masks on sparse attention layers, or the layer kinds it
-  // does not cover yet (parallel/mesh.h checks the config, and those layers refuse it).
+  // Not with recomputed mixers (the run's memory policy refuses them before the first step).
   void set_context_exchange(ContextExchange* context);
   // LoRA's dropout (model/linear.h) in the passes that follow: forward_backward and forward_loss
   // draw its masks while set (the trainer sets it per micro-batch; evaluation leaves it unset).

@@ -70,11 +70,11 @@ struct Geometry {
                    " head_dim=", s.head_dim, " topk=", s.topk);
     TRILLION_CHECK(s.q_len <= s.kv_len, "indexer q_len ", s.q_len, " > kv_len ", s.kv_len);
     TRILLION_CHECK(s.kv_len <= std::numeric_limits<int32_t>::max(), "indexer kv_len ", s.kv_len, " exceeds int32");
-    TRILLION_CHECK(s.doc_start == nullptr || s.q_len == s.kv_len, "document masks need q_len == kv_len");
-    for (int64_t i = 0; s.doc_start != nullptr && i < s.batch * s.q_len; ++i)
-      TRILLION_CHECK(s.doc_start[i] >= 0 && s.doc_start[i] <= i % s.q_len, "indexer doc_start[", i / s.q_len, ", ",
-                     i % s.q_len, "] = ", s.doc_start[i], " is not a key position in [0, ", i % s.q_len, "]");
     offset = s.kv_len - s.q_len;
+    for (int64_t i = 0; s.doc_start != nullptr && i < s.batch * s.q_len; ++i)
+      TRILLION_CHECK(s.doc_start[i] >= 0 && s.doc_start[i] <= offset + i % s.q_len, "indexer doc_start[", i / s.q_len,
+                     ", ", i % s.q_len, "] = ", s.doc_start[i], " is not a key position in [0, ", offset + i % s.q_len,
+                     "]");
     q_blocks = (s.q_len + kQueryBlock - 1) / kQueryBlock;
     k_blocks = (s.kv_len + kKeyBlock - 1) / kKeyBlock;
     rows_max = kQueryBlock * s.heads;

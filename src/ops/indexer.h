@@ -6,8 +6,8 @@
 //
 // (the caller folds index_n_heads^−½ into w and passes scale = index_head_dim^−½; RoPE and the key's
 // LayerNorm are the caller's). Visibility is bottom-right causal as in ops/attention.h: key s is
-// visible to query t iff s ≤ t + kv_len − q_len; with document masks (packed training rows,
-// q_len == kv_len, doc_start [batch, q_len]) only doc_start[t] ≤ s ≤ t are.
+// visible to query t iff s ≤ t + kv_len − q_len; with document masks (doc_start [batch, q_len], key
+// positions) only doc_start[t] ≤ s ≤ t + kv_len − q_len are.
 //
 // Layouts: q, dq [batch, q_len, heads, head_dim]; k, dk [batch, kv_len, head_dim] (one key head);
 //   w, dw [batch, q_len, heads]; indices [batch, q_len, topk] int32.
@@ -27,7 +27,8 @@ struct IndexerSizes {
   int64_t head_dim = 0;  // d_I
   int64_t topk = 0;      // columns of indices
   double scale = 0.0;    // inside the ReLU, usually head_dim^−½
-  const int32_t* doc_start = nullptr;  // [batch, q_len] first visible key per query (0 ≤ it ≤ t); null: 0
+  const int32_t* doc_start =
+      nullptr;  // [batch, q_len] first visible key per query (0 ≤ it ≤ t + kv_len − q_len); null: 0
 };
 
 // Top-k selection, streamed: indices[b, t, :] ← the min(topk, visible_t) visible keys with the largest

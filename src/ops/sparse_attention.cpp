@@ -78,7 +78,6 @@ struct Geometry {
     TRILLION_CHECK(s.q_len * s.q_heads <= std::numeric_limits<int32_t>::max(), "q_len · q_heads ",
                    s.q_len * s.q_heads, " exceeds int32 query row numbers");
     TRILLION_CHECK(s.q_heads % s.kv_heads == 0, "q_heads ", s.q_heads, " not a multiple of kv_heads ", s.kv_heads);
-    TRILLION_CHECK(s.doc_start == nullptr || s.q_len == s.kv_len, "document masks need q_len == kv_len");
     group = s.q_heads / s.kv_heads;
     offset = s.kv_len - s.q_len;
   }

@@ -35,7 +35,7 @@ struct SparseAttentionSizes {
   int64_t v_dim = 0;
   int64_t topk = 0;  // columns of indices
   double scale = 0.0;
-  const int32_t* doc_start = nullptr;  // [batch, q_len] document masks (q_len == kv_len): first visible key
+  const int32_t* doc_start = nullptr;  // [batch, q_len] document masks: each query's first visible key
 };
 
 // How the backward splits its work (tests shrink it to cover several chunks at small sizes).

@@ -18,7 +18,7 @@
 namespace trillion {
 
 // Fails (trillion::Error) when the batch does not split over the ranks, the experts over ep, or
-// the sequence over cp (and with document masks on sparse attention layers under cp > 1).
+// the sequence over cp.
 std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, const GradientCheckOptions& options,
                                                      const ProcessGroup& world, int ep, int cp = 1);
 

@@ -118,12 +118,13 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{3, "--seq-len 203 " + kConv + "--doc-len 37"}, Case{4, "--seq-len 203 " + kConv},
                     // Chunks of 2 or 3 tokens: a halo of 6 reaches over several chunks and ranks.
                     Case{4, "--seq-len 19 " + kConv + "--conv-width 7"},
-                    Case{4, "--seq-len 19 " + kConv + "--conv-width 7 --doc-len 5"}, Case{1, kSparse}, Case{2, kSparse},
-                    Case{3, kSparse}, Case{4, kSparse},
+                    Case{4, "--seq-len 19 " + kConv + "--conv-width 7 --doc-len 5"}, Case{1, kSparse + " --doc-len 37"},
+                    Case{2, kSparse + " --doc-len 51"}, Case{3, kSparse + " --doc-len 37"}, Case{4, kSparse},
+                    Case{4, kSparse + " --doc-len 37"},
                     // Chunks of 2 or 3 tokens, each selecting over every earlier one.
                     Case{4,
                          "--seq-len 19 --batch 2 --heads 2 --kv-heads 1 --head-dim 8 --mixer sparse "
-                         "--index-heads 2 --index-dim 4 --topk 5"}),
+                         "--index-heads 2 --index-dim 4 --topk 5 --doc-len 5"}),
     [](const testing::TestParamInfo<Case>& info) {
       const std::string& flags = info.param.flags;
       const size_t mixer = flags.find("--mixer ");

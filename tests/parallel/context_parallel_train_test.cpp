@@ -108,7 +108,7 @@ TEST(ContextParallelTraining, LinearAttentionAndMlaModelsTrainAsOneRank) {
 // KDA : sparse MLA = 3 : 1 beside grouped sigmoid-routed experts) and GQA's (Qwen3's attention with
 // an indexer), in the indexer's dense stage and its sparse one, each with its loss: the indexer's
 // keys gathered, each rank selecting over every earlier position, the loss per chunk with its key
-// gradients summed onto their owners.
+// gradients summed onto their owners; at cp 4 also with packed documents crossing the chunks.
 TEST(ContextParallelTraining, SparseAttentionModelsTrainAsOneRank) {
   for (const std::string name : {"tiny_deepseek_v32", "tiny_kimi_k3_like", "tiny_qwen3_sparse"}) {
     const fs::path config = config_with(name, nlohmann::json::object());
@@ -118,6 +118,9 @@ TEST(ContextParallelTraining, SparseAttentionModelsTrainAsOneRank) {
       const TrainedRun single = train(config, 1, indexer, label + "_1");
       expect_same_run(train(config, 2, indexer + " --cp 2", label + "_2_cp2"), single, label + ", cp 2");
       expect_same_run(train(config, 4, indexer + " --cp 4", label + "_4_cp4"), single, label + ", cp 4");
+      const std::string documents = indexer + " --document-mask";
+      expect_same_run(train(config, 4, documents + " --cp 4", label + "_4_cp4_documents"),
+                      train(config, 1, documents, label + "_1_documents"), label + ", cp 4, documents");
     }
   }
 }
