@@ -4,7 +4,8 @@
 // short rows with −1; the KL loss in both modes equals the reference
 // loss, selected mass and gradients, the gradients match central finite differences, results do not
 // depend on the thread count, and KL is 0 exactly when the two distributions agree; all of it again
-// with document masks, where every query sees only its own document.
+// with document masks, where every query sees only its own document (also a context-parallel chunk's
+// last queries of a row against every key before them).
 #include "ops/indexer.h"
 
 #include <gtest/gtest.h>
@@ -353,52 +354,71 @@ std::vector<int32_t> document_starts(const std::vector<std::vector<int32_t>>& st
   return doc_start;
 }
 
+// The document starts of each row's last q_len queries of kv_len (a context-parallel chunk's, whose
+// queries see the keys up to its end, bottom-right): [batch, q_len] key positions.
+std::vector<int32_t> last_queries(const std::vector<int32_t>& doc_start, int64_t kv_len, int64_t q_len) {
+  std::vector<int32_t> last;
+  for (size_t row = 0; row < doc_start.size() / kv_len; ++row)
+    last.insert(last.end(), doc_start.begin() + row * kv_len + (kv_len - q_len),
+                doc_start.begin() + (row + 1) * kv_len);
+  return last;
+}
+
+// Whole rows, and their last 187 queries against every key (a chunk's shape under context parallelism).
 TEST(IndexerDocumentMask, TopkStaysInTheDocumentAndMatchesFullSort) {
-  const std::vector<int32_t> doc_start = document_starts(kDocumentStarts, 330);
-  IndexerSizes s = make_sizes(2, 330, 330, 40);
-  s.doc_start = doc_start.data();
-  for (bool ties : {false, true}) {
-    IndexerInputs<float> f(s, 11);
-    IndexerInputs<double> d(s, 11);
-    if (ties) f.make_ties(), d.make_ties();
-    const std::vector<int32_t> got = f.topk();
-    EXPECT_EQ(got, f.ref_topk()) << "float, ties " << ties;
-    EXPECT_EQ(d.topk(), d.ref_topk()) << "double, ties " << ties;
-    for (int64_t bt = 0; bt < s.batch * s.q_len; ++bt) {  // min(topk, document keys so far), then −1
-      const int64_t t = bt % s.q_len, valid = std::min<int64_t>(s.topk, t - doc_start[bt] + 1);
-      for (int64_t c = 0; c < s.topk; ++c) {
-        const int32_t j = got[bt * s.topk + c];
-        if (c < valid) ASSERT_TRUE(j >= doc_start[bt] && j <= t) << "query " << bt << " slot " << c << " key " << j;
-        else ASSERT_EQ(j, -1) << "query " << bt << " slot " << c;
+  for (const int64_t q_len : {330, 187}) {
+    SCOPED_TRACE(testing::Message() << "q_len " << q_len);
+    const std::vector<int32_t> doc_start = last_queries(document_starts(kDocumentStarts, 330), 330, q_len);
+    IndexerSizes s = make_sizes(2, q_len, 330, 40);
+    s.doc_start = doc_start.data();
+    const int64_t offset = s.kv_len - s.q_len;
+    for (bool ties : {false, true}) {
+      IndexerInputs<float> f(s, 11);
+      IndexerInputs<double> d(s, 11);
+      if (ties) f.make_ties(), d.make_ties();
+      const std::vector<int32_t> got = f.topk();
+      EXPECT_EQ(got, f.ref_topk()) << "float, ties " << ties;
+      EXPECT_EQ(d.topk(), d.ref_topk()) << "double, ties " << ties;
+      for (int64_t bt = 0; bt < s.batch * s.q_len; ++bt) {  // min(topk, document keys so far), then −1
+        const int64_t t = bt % s.q_len + offset, valid = std::min<int64_t>(s.topk, t - doc_start[bt] + 1);
+        for (int64_t c = 0; c < s.topk; ++c) {
+          const int32_t j = got[bt * s.topk + c];
+          if (c < valid)
+            ASSERT_TRUE(j >= doc_start[bt] && j <= t) << "query " << bt << " slot " << c << " key " << j;
+          else
+            ASSERT_EQ(j, -1) << "query " << bt << " slot " << c;
+        }
       }
     }
   }
 }
 
 TEST(IndexerDocumentMask, LossMatchesReferenceAndDoesNotDependOnThreadCount) {
-  const std::vector<int32_t> doc_start = document_starts(kDocumentStarts, 330);
-  IndexerSizes s = make_sizes(2, 330, 330, 40);
-  s.doc_start = doc_start.data();
-  for (IndexerLossMode mode : {IndexerLossMode::kDense, IndexerLossMode::kSparse}) {
-    SCOPED_TRACE(mode_name(mode));
-    LossProblem<double> got(s, mode, 12), want(s, mode, 12);
-    got.run(0.7);
-    want.run_reference(0.7);
-    EXPECT_GT(got.result.loss, 0.0);
-    EXPECT_NEAR(got.result.loss, want.result.loss, 1e-10 * want.result.loss);
-    EXPECT_NEAR(got.result.selected_mass, want.result.selected_mass, 1e-10);
-    EXPECT_LE(relative_error(got.dq, want.dq), 1e-10) << "dq";
-    EXPECT_LE(relative_error(got.dk, want.dk), 1e-10) << "dk";
-    EXPECT_LE(relative_error(got.dw, want.dw), 1e-10) << "dw";
-    LossProblem<float> one(s, mode, 12);
-    test::with_threads(1, [&] { one.run(0.5); });
-    for (int threads : {2, 3}) {
-      LossProblem<float> many(s, mode, 12);
-      test::with_threads(threads, [&] { many.run(0.5); });
-      EXPECT_EQ(one.result.loss, many.result.loss) << threads << " threads";
-      EXPECT_EQ(one.dq, many.dq) << threads << " threads";
-      EXPECT_EQ(one.dk, many.dk) << threads << " threads";
-      EXPECT_EQ(one.dw, many.dw) << threads << " threads";
+  for (const int64_t q_len : {330, 187}) {
+    const std::vector<int32_t> doc_start = last_queries(document_starts(kDocumentStarts, 330), 330, q_len);
+    IndexerSizes s = make_sizes(2, q_len, 330, 40);
+    s.doc_start = doc_start.data();
+    for (IndexerLossMode mode : {IndexerLossMode::kDense, IndexerLossMode::kSparse}) {
+      SCOPED_TRACE(testing::Message() << mode_name(mode) << ", q_len " << q_len);
+      LossProblem<double> got(s, mode, 12), want(s, mode, 12);
+      got.run(0.7);
+      want.run_reference(0.7);
+      EXPECT_GT(got.result.loss, 0.0);
+      EXPECT_NEAR(got.result.loss, want.result.loss, 1e-10 * want.result.loss);
+      EXPECT_NEAR(got.result.selected_mass, want.result.selected_mass, 1e-10);
+      EXPECT_LE(relative_error(got.dq, want.dq), 1e-10) << "dq";
+      EXPECT_LE(relative_error(got.dk, want.dk), 1e-10) << "dk";
+      EXPECT_LE(relative_error(got.dw, want.dw), 1e-10) << "dw";
+      LossProblem<float> one(s, mode, 12);
+      test::with_threads(1, [&] { one.run(0.5); });
+      for (int threads : {2, 3}) {
+        LossProblem<float> many(s, mode, 12);
+        test::with_threads(threads, [&] { many.run(0.5); });
+        EXPECT_EQ(one.result.loss, many.result.loss) << threads << " threads";
+        EXPECT_EQ(one.dq, many.dq) << threads << " threads";
+        EXPECT_EQ(one.dk, many.dk) << threads << " threads";
+        EXPECT_EQ(one.dw, many.dw) << threads << " threads";
+      }
     }
   }
 }

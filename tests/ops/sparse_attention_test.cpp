@@ -381,7 +381,8 @@ TEST(SparseAttention, SpecializedHeadDimsMatchReference) {
 namespace trillion {
 namespace {
 
-// Document masks: a selected key before the query's document start is refused, naming the range.
+// Document masks: a selected key before the query's document start is refused, naming the range;
+// also in a chunk whose queries see the keys up to its end.
 TEST(SparseAttentionDeathTest, KeysOutsideTheQuerysDocumentFailChecks) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   SparseAttentionSizes s = make_sizes(1, 6, 6, 4, 2, 4, 4, 2);
@@ -400,6 +401,19 @@ TEST(SparseAttentionDeathTest, KeysOutsideTheQuerysDocumentFailChecks) {
   EXPECT_DEATH(
       sparse_attention_forward(p.out.data(), p.lse.data(), p.q.data(), p.k.data(), p.v.data(), p.indices.data(), s),
       R"(indices\[0, 4, 0\] = 2 is not a key visible to query 4 \(3 <= j < 5\))");
+  // A context-parallel chunk: the last 3 queries (positions 3 to 5) against all 6 keys, the same documents.
+  SparseAttentionSizes chunk = make_sizes(1, 3, 6, 4, 2, 4, 4, 2);
+  const std::vector<int32_t> chunk_doc_start = {3, 3, 5};
+  chunk.doc_start = chunk_doc_start.data();
+  const std::vector<int32_t> chunk_valid = {3, -1, 3, 4, 5, -1};  // [1, 3, 2]
+  Problem<float> c(chunk, chunk_valid, 10);
+  sparse_attention_forward(c.out.data(), c.lse.data(), c.q.data(), c.k.data(), c.v.data(), chunk_valid.data(), chunk);
+  for (float x : c.lse) EXPECT_TRUE(std::isfinite(x));
+  c.indices = chunk_valid;
+  c.indices[1 * chunk.topk] = 2;
+  EXPECT_DEATH(
+      sparse_attention_forward(c.out.data(), c.lse.data(), c.q.data(), c.k.data(), c.v.data(), c.indices.data(), chunk),
+      R"(indices\[0, 1, 0\] = 2 is not a key visible to query 1 \(3 <= j < 5\))");
 }
 
 }  // namespace
