@@ -62,6 +62,20 @@ double rel_err(const Buffer<T>& local, const Buffer<T>& whole, int64_t batch, in
   return scale > 0.0 ? diff / scale : diff;
 }
 
+// The largest rel err of an attention's outputs and gradients on this rank's rows (`positions`)
+// against one rank's over the whole sequences (sizes: theirs); lse [batch, heads, seq] is compared
+// as rows of one value: [batch · heads, seq, 1].
+template <class T>
+double attention_error(const AttentionTensors<T>& local, const AttentionTensors<T>& whole, const AttentionSizes& s,
+                       const std::vector<int32_t>& positions) {
+  const int64_t batch = s.batch, seq = s.q_len, dv = s.value_dim();
+  return std::max({rel_err(local.out, whole.out, batch, seq, s.q_heads * dv, positions),
+                   rel_err(local.lse, whole.lse, batch * s.q_heads, seq, 1, positions),
+                   rel_err(local.dq, whole.dq, batch, seq, s.q_heads * s.head_dim, positions),
+                   rel_err(local.dk, whole.dk, batch, seq, s.kv_heads * s.head_dim, positions),
+                   rel_err(local.dv, whole.dv, batch, seq, s.kv_heads * dv, positions)});
+}
+
 // What one rank measured of a mixer's split forward and backward, and what the formula plans.
 struct RankMeasure {
   double err = 0.0;           // max rel err against one rank over the whole sequences
@@ -209,12 +223,7 @@ RankMeasure run_attention(const ContextParallelBenchOptions& o, const ContextSpl
                                    split, world, backward);
       },
       reference);
-  // lse [batch, heads, len] is compared as rows of one value: [batch · heads, len, 1].
-  m.err = std::max({rel_err(local.out, whole.out, batch, seq, out_row, positions),
-                    rel_err(local.lse, whole.lse, batch * o.heads, seq, 1, positions),
-                    rel_err(local.dq, whole.dq, batch, seq, q_row, positions),
-                    rel_err(local.dk, whole.dk, batch, seq, k_row, positions),
-                    rel_err(local.dv, whole.dv, batch, seq, v_row, positions)});
+  m.err = attention_error(local, whole, whole_sizes, positions);
   m.plan = context_attention_traffic(split, rank, local_sizes, sizeof(T));
   return m;
 }
@@ -253,7 +262,7 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
   const std::vector<int32_t> doc_start = document_starts(batch, seq, o.doc_len);  // [batch, seq]
   const int32_t* whole_docs = o.doc_len > 0 ? doc_start.data() : nullptr;
   const AttentionSizes whole_sizes{batch, seq, seq, o.heads, o.kv_heads, d, 1.0 / std::sqrt(double(d)), dv, whole_docs};
-  const int64_t q_row = o.heads * d, k_row = o.kv_heads * d, v_row = o.kv_heads * dv, out_row = o.heads * dv;
+  const int64_t k_row = o.kv_heads * d, v_row = o.kv_heads * dv;
   AttentionTensors<T> whole(whole_sizes);
   IndexerInputs<T> whole_index(batch * seq, o);
   const CounterRng rng(o.seed, "bench context-parallel sparse");
@@ -326,11 +335,7 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
         context_reduce_sequences(local.dv.data(), dvalues.data(), batch, v_row, split, world, backward);
       },
       reference);
-  m.err = std::max({rel_err(local.out, whole.out, batch, seq, out_row, positions),
-                    rel_err(local.lse, whole.lse, batch * o.heads, seq, 1, positions),
-                    rel_err(local.dq, whole.dq, batch, seq, q_row, positions),
-                    rel_err(local.dk, whole.dk, batch, seq, k_row, positions),
-                    rel_err(local.dv, whole.dv, batch, seq, v_row, positions)});
+  m.err = attention_error(local, whole, whole_sizes, positions);
   m.plan = context_attention_traffic(split, rank, local_sizes, sizeof(T));
   m.plan.forward += context_gathered_rows_traffic(split, rank, batch, di, sizeof(T)).forward;  // the indexer's keys
   return m;
