@@ -251,7 +251,7 @@ IndexerSizes indexer_sizes(const ContextParallelBenchOptions& o, int64_t batch, 
 // Sparse attention with its selection (DeepSeek-V3.2's): the lightning indexer's top-k over every
 // earlier position, then attention over the selected keys. Split: the indexer's keys gathered and
 // each local chunk's queries selecting against the keys up to its end; the keys and values gathered,
-// attention per chunk over the selection (context_attention_forward_gathered), and in the backward
+// attention per chunk over the selection (context_attention_forward / _backward), and in the backward
 // gathered again, their gradients' terms summed onto their owners. One rank: the same over the whole
 // sequences. Document masks reach the indexer and the attention, per chunk on the split.
 template <class T>
@@ -262,7 +262,6 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
   const std::vector<int32_t> doc_start = document_starts(batch, seq, o.doc_len);  // [batch, seq]
   const int32_t* whole_docs = o.doc_len > 0 ? doc_start.data() : nullptr;
   const AttentionSizes whole_sizes{batch, seq, seq, o.heads, o.kv_heads, d, 1.0 / std::sqrt(double(d)), dv, whole_docs};
-  const int64_t k_row = o.kv_heads * d, v_row = o.kv_heads * dv;
   AttentionTensors<T> whole(whole_sizes);
   IndexerInputs<T> whole_index(batch * seq, o);
   const CounterRng rng(o.seed, "bench context-parallel sparse");
@@ -302,13 +301,11 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
                                                       {&local_index.w, &whole_index.w}};
   for (const auto& [part, all] : inputs)
     take_rows(part->data(), all->data(), batch, seq, all->size() / (batch * seq), positions);
-  AttentionSizes gathered_sizes = local_sizes;  // this rank's queries against the whole sequences' keys
-  gathered_sizes.kv_len = seq;
-  const int64_t rows = batch * seq, di = o.index_dim, hd = o.index_heads * di;
+  const int64_t di = o.index_dim, hd = o.index_heads * di;
   measure(
       m, local.bytes() + local_index.bytes(), o.runs, world,
       [&](ContextTraffic* forward, ContextTraffic* backward) {
-        Buffer<T> index_keys(rows * di);  // [batch, seq, d_I]
+        Buffer<T> index_keys(batch * seq * di);  // [batch, seq, d_I]
         context_gather_sequences(index_keys.data(), local_index.k.data(), batch, di, split, world, forward);
         for (int64_t b = 0; b < batch; ++b)
           for (const ContextChunk& c : split.local_chunks(rank)) {
@@ -318,21 +315,11 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
                 index_keys.data() + b * seq * di, local_index.w.data() + first * o.index_heads,
                 indexer_sizes(o, 1, c.size(), c.end, o.doc_len > 0 ? local_doc_start.data() + first : nullptr));
           }
-        Buffer<T> keys(rows * k_row), values(rows * v_row);  // [batch, seq, kv_heads, dim], each pass's own
-        context_gather_sequences(keys.data(), local.k.data(), batch, k_row, split, world, forward);
-        context_gather_sequences(values.data(), local.v.data(), batch, v_row, split, world, forward);
-        context_attention_forward_gathered(local.out.data(), local.lse.data(), local.q.data(), keys.data(),
-                                           values.data(), gathered_sizes, split, rank, local_index.selection.data(),
-                                           o.topk);
-        context_gather_sequences(keys.data(), local.k.data(), batch, k_row, split, world, backward);
-        context_gather_sequences(values.data(), local.v.data(), batch, v_row, split, world, backward);
-        Buffer<T> dkeys(rows * k_row), dvalues(rows * v_row);  // this rank's terms
-        context_attention_backward_gathered(local.dq.data(), dkeys.data(), dvalues.data(), local.dout.data(),
-                                            local.q.data(), keys.data(), values.data(), local.out.data(),
-                                            local.lse.data(), gathered_sizes, split, rank, local_index.selection.data(),
-                                            o.topk);
-        context_reduce_sequences(local.dk.data(), dkeys.data(), batch, k_row, split, world, backward);
-        context_reduce_sequences(local.dv.data(), dvalues.data(), batch, v_row, split, world, backward);
+        context_attention_forward(local.out.data(), local.lse.data(), local.q.data(), local.k.data(), local.v.data(),
+                                  local_sizes, split, world, forward, local_index.selection.data(), o.topk);
+        context_attention_backward(local.dq.data(), local.dk.data(), local.dv.data(), local.dout.data(), local.q.data(),
+                                   local.k.data(), local.v.data(), local.out.data(), local.lse.data(), local_sizes,
+                                   split, world, backward, local_index.selection.data(), o.topk);
       },
       reference);
   m.err = attention_error(local, whole, whole_sizes, positions);

@@ -246,7 +246,8 @@ void context_attention_backward_gathered(T* dq, T* dk_whole, T* dv_whole, const 
 
 template <class T>
 void context_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& local,
-                               const ContextSplit& split, const ProcessGroup& group, ContextTraffic* traffic) {
+                               const ContextSplit& split, const ProcessGroup& group, ContextTraffic* traffic,
+                               const int32_t* selection, int64_t topk) {
   check_sizes(split, group.rank(), local, split.local_len(group.rank()));
   Buffer<T> keys(local.batch * split.seq() * key_row(local));      // [batch, seq, kv_heads, head_dim]
   Buffer<T> values(local.batch * split.seq() * value_row(local));  // [batch, seq, kv_heads, v_dim]
@@ -254,13 +255,15 @@ void context_attention_forward(T* out, T* lse, const T* q, const T* k, const T* 
   context_gather_sequences(values.data(), v, local.batch, value_row(local), split, group, traffic);
   AttentionSizes gathered = local;
   gathered.kv_len = split.seq();
-  context_attention_forward_gathered(out, lse, q, keys.data(), values.data(), gathered, split, group.rank());
+  context_attention_forward_gathered(out, lse, q, keys.data(), values.data(), gathered, split, group.rank(), selection,
+                                     topk);
 }
 
 template <class T>
 void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                                 const T* lse, const AttentionSizes& local, const ContextSplit& split,
-                                const ProcessGroup& group, ContextTraffic* traffic) {
+                                const ProcessGroup& group, ContextTraffic* traffic, const int32_t* selection,
+                                int64_t topk) {
   check_sizes(split, group.rank(), local, split.local_len(group.rank()));
   const int64_t k_row = key_row(local), v_row = value_row(local), rows = local.batch * split.seq();
   Buffer<T> keys(rows * k_row), values(rows * v_row);    // [batch, seq, k_row / v_row], gathered again
@@ -270,7 +273,7 @@ void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, 
   AttentionSizes gathered = local;
   gathered.kv_len = split.seq();
   context_attention_backward_gathered(dq, dkeys.data(), dvalues.data(), dout, q, keys.data(), values.data(), out, lse,
-                                      gathered, split, group.rank());
+                                      gathered, split, group.rank(), selection, topk);
   context_reduce_sequences(dk, dkeys.data(), local.batch, k_row, split, group, traffic);
   context_reduce_sequences(dv, dvalues.data(), local.batch, v_row, split, group, traffic);
 }
@@ -408,23 +411,24 @@ TRILLION_CONTEXT_LINEAR_ATTENTION(float)
 TRILLION_CONTEXT_LINEAR_ATTENTION(double)
 #undef TRILLION_CONTEXT_LINEAR_ATTENTION
 
-#define TRILLION_INSTANTIATE(T)                                                                                    \
-  template void gather_chunk_slots<T>(T*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,              \
-                                      ContextTraffic*);                                                            \
-  template void context_gather_sequences<T>(T*, const T*, int64_t, int64_t, const ContextSplit&,                   \
-                                            const ProcessGroup&, ContextTraffic*);                                 \
-  template void context_reduce_sequences<T>(T*, T*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,    \
-                                            ContextTraffic*);                                                      \
-  template void context_attention_forward_gathered<T>(T*, T*, const T*, const T*, const T*, const AttentionSizes&, \
-                                                      const ContextSplit&, int, const int32_t*, int64_t);          \
-  template void context_attention_backward_gathered<T>(T*, T*, T*, const T*, const T*, const T*, const T*,         \
-                                                       const T*, const T*, const AttentionSizes&,                  \
-                                                       const ContextSplit&, int, const int32_t*, int64_t);         \
-  template void context_attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionSizes&,          \
-                                             const ContextSplit&, const ProcessGroup&, ContextTraffic*);           \
-  template void context_attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,        \
-                                              const T*, const AttentionSizes&, const ContextSplit&,                \
-                                              const ProcessGroup&, ContextTraffic*);
+#define TRILLION_INSTANTIATE(T)                                                                                       \
+  template void gather_chunk_slots<T>(T*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,                 \
+                                      ContextTraffic*);                                                               \
+  template void context_gather_sequences<T>(T*, const T*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&, \
+                                            ContextTraffic*);                                                         \
+  template void context_reduce_sequences<T>(T*, T*, int64_t, int64_t, const ContextSplit&, const ProcessGroup&,       \
+                                            ContextTraffic*);                                                         \
+  template void context_attention_forward_gathered<T>(T*, T*, const T*, const T*, const T*, const AttentionSizes&,    \
+                                                      const ContextSplit&, int, const int32_t*, int64_t);             \
+  template void context_attention_backward_gathered<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*,  \
+                                                       const T*, const AttentionSizes&, const ContextSplit&, int,     \
+                                                       const int32_t*, int64_t);                                      \
+  template void context_attention_forward<T>(T*, T*, const T*, const T*, const T*, const AttentionSizes&,             \
+                                             const ContextSplit&, const ProcessGroup&, ContextTraffic*,               \
+                                             const int32_t*, int64_t);                                                \
+  template void context_attention_backward<T>(T*, T*, T*, const T*, const T*, const T*, const T*, const T*, const T*, \
+                                              const AttentionSizes&, const ContextSplit&, const ProcessGroup&,        \
+                                              ContextTraffic*, const int32_t*, int64_t);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)
 #undef TRILLION_INSTANTIATE

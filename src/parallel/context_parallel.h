@@ -111,16 +111,19 @@ void context_attention_backward_gathered(T* dq, T* dk_whole, T* dv_whole, const 
 // The same with the local keys and values, gathered here: tensors are the local ones of
 // ops/attention.h with q_len = kv_len = split.local_len(group.rank()), k [batch, local, kv_heads,
 // head_dim], v [batch, local, kv_heads, v_dim]. The group is the context-parallel group
-// (split.ranks() ranks); traffic, when not null, is added to.
+// (split.ranks() ranks); traffic, when not null, is added to; selection and topk as
+// context_attention_forward_gathered's.
 template <class T>
 void context_attention_forward(T* out, T* lse, const T* q, const T* k, const T* v, const AttentionSizes& local,
-                               const ContextSplit& split, const ProcessGroup& group, ContextTraffic* traffic);
+                               const ContextSplit& split, const ProcessGroup& group, ContextTraffic* traffic,
+                               const int32_t* selection = nullptr, int64_t topk = 0);
 
 // Its backward: dq, dk, dv of the local tokens are written (=); dk and dv sum every rank's terms.
 template <class T>
 void context_attention_backward(T* dq, T* dk, T* dv, const T* dout, const T* q, const T* k, const T* v, const T* out,
                                 const T* lse, const AttentionSizes& local, const ContextSplit& split,
-                                const ProcessGroup& group, ContextTraffic* traffic);
+                                const ProcessGroup& group, ContextTraffic* traffic, const int32_t* selection = nullptr,
+                                int64_t topk = 0);
 
 // The memory plan's view of rank `rank` of a split (model/memory_sizes.h): what its exchange's calls
 // hold at their peak and receive, each formula beside the call it counts (context_parallel.cpp,
