@@ -50,6 +50,7 @@ namespace trillion {
   X(mla_kv_a, mixer, gemm, real)            /* [N, r_kv + rope] kv_a_proj_with_mqa(h): [c_raw | k_rot], k_rot after RoPE */ \
   X(mla_kv_rstd, mixer, statistic, real)    /* [N] */ \
   X(mla_latent, mixer, cheap, real)         /* [N, r_kv]     c = kv_a_layernorm(c_raw) */ \
+  X(mla_out_latent, mixer, attention, real) /* [N, H, L]     absorbed form (context parallelism): the output over the latents, L = r_kv (+ kv_b_proj's adapter rank) */ \
   /* Sparse attention (lightning indexer: H_I heads of d_I): */ \
   X(attn_indices, mixer, decision, int32)   /* [N, topk] int32 the selected keys of each query (−1 padded) */ \
   X(idx_k_raw, mixer, gemm, real)           /* [N, d_I]      indexer.wk(h), before its LayerNorm */ \

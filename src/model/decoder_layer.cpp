@@ -24,7 +24,7 @@ DecoderLayerDims DecoderLayerDims::from_config(const ModelConfig& config, int la
   } else if (type == LayerType::linear_attention) {
     dims.mixer = GatedDeltaNetDims::from_config(config);  // the family's (model.cpp's check_kinds_declared)
   } else if (family.mla) {
-    dims.mixer = MlaDims::from_config(config, type == LayerType::sparse_attention);
+    dims.mixer = MlaDims::from_config(config, layer, type == LayerType::sparse_attention);
   } else {
     dims.mixer = AttentionBlockDims::from_config(config, type == LayerType::sparse_attention);
   }

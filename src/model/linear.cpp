@@ -44,14 +44,6 @@ const T* adapter_input(const T* x, const LoraPair<T>& pair, int64_t rows, int64_
 LoraDropoutScope::LoraDropoutScope(const LoraDropoutPass* pass) : previous_(g_dropout_pass) { g_dropout_pass = pass; }
 LoraDropoutScope::~LoraDropoutScope() { g_dropout_pass = previous_; }
 
-WholeSequencesDropoutScope::WholeSequencesDropoutScope() : previous_(g_dropout_pass) {
-  if (g_dropout_pass == nullptr || g_dropout_pass->positions.empty()) return;
-  whole_ = *g_dropout_pass;
-  whole_->positions.clear();
-  g_dropout_pass = &*whole_;
-}
-WholeSequencesDropoutScope::~WholeSequencesDropoutScope() { g_dropout_pass = previous_; }
-
 template <class T>
 void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t in, int64_t out, bool accumulate,
             Operands operands) {
@@ -115,6 +107,29 @@ void linear_grad(T* dx, const LinearWeights<T>& grads, const T* dy, const T* x, 
 }
 
 template <class T>
+void lora_down(T* u, const T* x, const LoraPair<T>& pair, int64_t rows, int64_t in) {
+  Buffer<T> masked;  // [rows, in] under dropout
+  const T* input = adapter_input(x, pair, rows, in, masked);
+  gemm<T>(false, true, rows, pair.rank, in, T(1), input, in, pair.a, in, T(0), u, pair.rank);
+}
+
+template <class T>
+void lora_down_grad(T* dx, T* grad_a, const T* du, const T* x, const LoraPair<T>& pair, int64_t rows, int64_t in) {
+  const int64_t rank = pair.rank;
+  if (grad_a != nullptr) {
+    Buffer<T> masked;  // [rows, in] under dropout
+    const T* input = adapter_input(x, pair, rows, in, masked);
+    gemm<T>(true, false, rank, in, rows, T(1), du, rank, input, in, T(1), grad_a, in);  // dA[rank, in] += duᵀ · x'
+  }
+  Buffer<T> through(rows * in);  // [rows, in] du · A
+  gemm<T>(false, false, rows, in, rank, T(1), du, rank, pair.a, in, T(0), through.data(), in);
+  if (dropping(pair.dropout)) apply_dropout(through.data(), through.data(), pair, rows, in);
+  parallel_for(rows, in, [&](int64_t r) {
+    for (int64_t c = 0; c < in; ++c) dx[r * in + c] += through[r * in + c];
+  });
+}
+
+template <class T>
 const T* merged_weight(const LinearWeights<T>& w, int64_t in, int64_t out, Arena& scratch) {
   if (w.lora.a == nullptr) return w.weight;
   T* merged = scratch.alloc<T>(out * in);  // [out, in]
@@ -124,10 +139,12 @@ const T* merged_weight(const LinearWeights<T>& w, int64_t in, int64_t out, Arena
   return merged;
 }
 
-#define TRILLION_INSTANTIATE(T)                                                                              \
-  template void linear<T>(T*, const T*, const LinearWeights<T>&, int64_t, int64_t, int64_t, bool, Operands); \
-  template void linear_grad<T>(T*, const LinearWeights<T>&, const T*, const T*, const LinearWeights<T>&,    \
-                               int64_t, int64_t, int64_t, bool, Operands);                                  \
+#define TRILLION_INSTANTIATE(T)                                                                                   \
+  template void linear<T>(T*, const T*, const LinearWeights<T>&, int64_t, int64_t, int64_t, bool, Operands);      \
+  template void linear_grad<T>(T*, const LinearWeights<T>&, const T*, const T*, const LinearWeights<T>&, int64_t, \
+                               int64_t, int64_t, bool, Operands);                                                 \
+  template void lora_down<T>(T*, const T*, const LoraPair<T>&, int64_t, int64_t);                                 \
+  template void lora_down_grad<T>(T*, T*, const T*, const T*, const LoraPair<T>&, int64_t, int64_t);              \
   template const T* merged_weight<T>(const LinearWeights<T>&, int64_t, int64_t, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)

@@ -10,7 +10,6 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
 #include <vector>
 
 #include "core/memory.h"
@@ -64,21 +63,6 @@ class LoraDropoutScope {
   const LoraDropoutPass* previous_;
 };
 
-// Under context parallelism, a layer's rows of whole sequences (MLA's expansion of the gathered
-// latents, this rank's rows of the batch): while it lives, row i draws the masks of token
-// first_token + i, as on one rank (without a pass, or one without positions: nothing changes).
-class WholeSequencesDropoutScope {
- public:
-  WholeSequencesDropoutScope();
-  ~WholeSequencesDropoutScope();
-  WholeSequencesDropoutScope(const WholeSequencesDropoutScope&) = delete;
-  WholeSequencesDropoutScope& operator=(const WholeSequencesDropoutScope&) = delete;
-
- private:
-  std::optional<LoraDropoutPass> whole_;
-  const LoraDropoutPass* previous_;
-};
-
 // Pointers into a flat buffer (parameters or their gradients), Hugging Face shapes.
 template <class T>
 struct LinearWeights {
@@ -108,6 +92,14 @@ void linear(T* y, const T* x, const LinearWeights<T>& w, int64_t rows, int64_t i
 template <class T>
 void linear_grad(T* dx, const LinearWeights<T>& grads, const T* dy, const T* x, const LinearWeights<T>& w,
                  int64_t rows, int64_t in, int64_t out, bool accumulate_dx, Operands operands = Operands::as_set);
+
+// A pair's down projection alone, u[rows, rank] = x' · Aᵀ with x' = x, or under dropout in a pass
+// x ⊙ m / (1 − p) (MLA's absorbed form attends over [x | scaling · u], model/mla_absorbed.h), and
+// its backward: dx[rows, in] += du · A (⊙ m / (1 − p) under dropout); grad_a (null: frozen) += duᵀ · x'.
+template <class T>
+void lora_down(T* u, const T* x, const LoraPair<T>& pair, int64_t rows, int64_t in);
+template <class T>
+void lora_down_grad(T* dx, T* grad_a, const T* du, const T* x, const LoraPair<T>& pair, int64_t rows, int64_t in);
 
 // The layer's weight as an [out, in] matrix, for kernels that read it other than through linear()
 // (MLA's absorbed decode): `weight` itself, or with an adapter W + scaling · B · A, formed in

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/decoder_layer.h"
 #include "model/family.h"
+#include "model/mla_absorbed.h"
 #include "ops/attention.h"
 #include "ops/gemm.h"
 #include "ops/norm.h"
@@ -14,7 +16,7 @@
 
 namespace trillion {
 
-MlaDims MlaDims::from_config(const ModelConfig& config, bool sparse) {
+MlaDims MlaDims::from_config(const ModelConfig& config, int layer, bool sparse) {
   const Family family = family_of(config.model_type);
   MlaDims dims;
   dims.hidden = config.hidden_size;
@@ -31,6 +33,8 @@ MlaDims MlaDims::from_config(const ModelConfig& config, bool sparse) {
   dims.latent_norm = {1e-6, false};
   dims.init = InitStds::from(config.initializer_range, config.num_hidden_layers);
   if (sparse) dims.indexer = IndexerDims::from_config(config, /*from_latent=*/true);
+  const std::string kv_b = decoder_layer_prefix(layer) + "self_attn.kv_b_proj";
+  if (config.lora != nullptr && config.lora->targets_module(kv_b)) dims.kv_b_adapter_rank = config.lora->rank_of(kv_b);
   return dims;
 }
 
@@ -104,43 +108,110 @@ void expand_keys(T* k, T* v, const T* kv, const T* kv_a, int64_t n, const MlaDim
     }
 }
 
-// Context parallelism: the keys and values of the whole sequences, built from the group's latents
-// and rotated keys (r_kv + rope elements per token gathered, never the expanded keys); m = batch ·
-// the whole sequence's length.
+// Context parallelism: the whole sequences' rows [e | k_rot] (model/mla_absorbed.h), gathered from
+// every rank's (L + rope elements per token, never expanded keys), and their latents e, contiguous
+// (the values); m = batch · the whole sequence's length.
 template <class T>
-struct WholeKeys {
-  T* rows;         // [m, r_kv + rope]  [c | k_rot] of every position
-  T* latent;       // [m, r_kv]         c, contiguous (kv_b_proj's operand)
-  T* k;            // [m, H, qk]
-  T* v;            // [m, H, v]
+struct WholeRows {
+  T* rows;    // [m, L + rope]
+  T* latent;  // [m, L]
 };
 
 // latent [n, r_kv] and kv_a [n, r_kv + rope] (its k_rot rotated) are this rank's tokens'.
 template <class T>
-WholeKeys<T> gather_whole_keys(const T* latent, const T* kv_a, int64_t batch, int64_t seq, const MlaWeights<T>& w,
+WholeRows<T> gather_whole_rows(const T* latent, const T* kv_a, int64_t batch, int64_t seq, const MlaWeights<T>& w,
                                const MlaDims& dims, ContextExchange& context, Arena& scratch) {
-  const int64_t n = batch * seq, rkv = dims.kv_lora_rank, cw = dims.kv_a_out();
+  const int64_t n = batch * seq, width = dims.absorbed_latent(), row = dims.absorbed_row();
   const int64_t m = batch * context.sequence_length();
-  T* own = scratch.alloc<T>(n * cw);  // [n, r_kv + rope] this rank's [c | k_rot]
-  for (int64_t t = 0; t < n; ++t) {
-    std::memcpy(own + t * cw, latent + t * rkv, rkv * sizeof(T));
-    std::memcpy(own + t * cw + rkv, kv_a + t * cw + rkv, dims.rope_dim * sizeof(T));
-  }
-  WholeKeys<T> whole{scratch.alloc<T>(m * cw), scratch.alloc<T>(m * rkv), scratch.alloc<T>(m * dims.q_width()),
-                     scratch.alloc<T>(m * dims.o_width())};
-  context.gather_sequences(whole.rows, own, batch, cw);
-  for (int64_t t = 0; t < m; ++t) std::memcpy(whole.latent + t * rkv, whole.rows + t * cw, rkv * sizeof(T));
-  T* kv = scratch.alloc<T>(m * dims.kv_b_out());  // [m, H, nope + v]
-  const WholeSequencesDropoutScope whole_rows;    // LoRA's masks of the whole sequences' tokens
-  linear(kv, whole.latent, w.kv_b_proj, m, rkv, dims.kv_b_out(), /*accumulate=*/false);
-  expand_keys(whole.k, whole.v, kv, whole.rows, m, dims);
+  T* own = scratch.alloc<T>(n * row);  // [n, L + rope] this rank's [e | k_rot]
+  latent_rows(own, latent, kv_a, w.kv_b_proj, n, dims);
+  const WholeRows<T> whole{scratch.alloc<T>(m * row), scratch.alloc<T>(m * width)};
+  context.gather_sequences(whole.rows, own, batch, row);
+  for (int64_t t = 0; t < m; ++t) std::memcpy(whole.latent + t * width, whole.rows + t * row, width * sizeof(T));
   return whole;
+}
+
+// What the attention's backward gives the latents: dq [n, H, qk] and dc [n, r_kv] (=), and the rope
+// columns of d_kv_a [n, r_kv + rope] (=, d k_rot); kv_b_proj's gradients accumulate.
+template <class T>
+struct LatentGrads {
+  T* dq;
+  T* d_latent;
+  T* d_kv_a;
+};
+
+// One rank's tokens: back through the expanded keys k = [k_nope | k_rot], v (saved).
+template <class T>
+void expanded_backward(const LatentGrads<T>& g, const T* d_out, const T* q, const T* latent, const T* lse,
+                       const int32_t* selection, const MlaWeights<T>& w, const MlaWeights<T>& grads,
+                       const MlaDims& dims, const LayerPass& pass, const SavedReader& saved, Arena& scratch) {
+  using Tag = ActivationTag;
+  const int64_t n = pass.batch * pass.seq, H = dims.heads, nope = dims.nope, dv = dims.v, qk = dims.qk();
+  const T* k = saved.in<T>(Tag::k);           // [n, H, qk]
+  const T* v = saved.in<T>(Tag::v);           // [n, H, v]
+  const T* out = saved.in<T>(Tag::attn_out);  // [n, H·v]
+  const AttentionSizes sizes{pass.batch, pass.seq, pass.seq, H, H, qk, dims.scale, dv, pass.doc_start};
+  T* dk = scratch.alloc<T>(n * dims.q_width());   // [n, H, qk]
+  T* d_v = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]
+  if (selection != nullptr)
+    sparse_attention_backward(g.dq, dk, d_v, d_out, q, k, v, out, lse, selection,
+                              sparse_sizes(sizes, dims.indexer.topk));
+  else
+    attention_backward(g.dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
+  // d_kv[n, H, nope + v] = [dk_nope | dv]; d k_rot = Σ_heads dk_rot; dc = d_kv · kv_b_proj.
+  T* d_kv = scratch.alloc<T>(n * dims.kv_b_out());  // [n, H, nope + v]
+  for (int64_t t = 0; t < n; ++t) {
+    T* d_rot = g.d_kv_a + t * dims.kv_a_out() + dims.kv_lora_rank;  // [rope]
+    std::fill(d_rot, d_rot + dims.rope_dim, T(0));
+    for (int64_t hd = 0; hd < H; ++hd) {
+      const T* dk_row = dk + (t * H + hd) * qk;
+      std::memcpy(d_kv + (t * H + hd) * (nope + dv), dk_row, nope * sizeof(T));
+      std::memcpy(d_kv + (t * H + hd) * (nope + dv) + nope, d_v + (t * H + hd) * dv, dv * sizeof(T));
+      for (int64_t i = 0; i < dims.rope_dim; ++i) d_rot[i] += dk_row[nope + i];
+    }
+  }
+  linear_grad(g.d_latent, grads.kv_b_proj, d_kv, latent, w.kv_b_proj, n, dims.kv_lora_rank, dims.kv_b_out(), false);
+}
+
+// Context parallelism: back through the absorbed form over the whole sequences' rows, each rank's
+// terms of their gradients summed onto the tokens' owners. out_latent [n, H, L] is the forward's
+// saved output, w_e the absorbed weight.
+template <class T>
+void absorbed_backward(const LatentGrads<T>& g, const T* d_out, const T* q, const T* latent, const T* kv_a,
+                       const T* out_latent, const T* lse, const int32_t* selection, const T* w_e,
+                       const MlaWeights<T>& w, const MlaWeights<T>& grads, const MlaDims& dims, const LayerPass& pass,
+                       Arena& scratch) {
+  const int64_t batch = pass.batch, n = batch * pass.seq, H = dims.heads;
+  const int64_t width = dims.absorbed_latent(), row = dims.absorbed_row();
+  ContextExchange& context = *pass.context;
+  const int64_t m = batch * context.sequence_length();
+  T* d_out_latent = scratch.alloc<T>(n * H * width);    // [n, H, L]
+  T* dw_e = scratch.alloc<T>(dims.kv_b_out() * width);  // [H·(nope + v), L]
+  std::fill(dw_e, dw_e + dims.kv_b_out() * width, T(0));
+  expand_outputs_backward(d_out_latent, dw_e, d_out, out_latent, w_e, width, n, dims);
+  const WholeRows<T> whole = gather_whole_rows(latent, kv_a, batch, pass.seq, w, dims, context, scratch);
+  T* q_abs = scratch.alloc<T>(n * H * row);   // [n, H, L + rope]
+  T* dq_abs = scratch.alloc<T>(n * H * row);  // [n, H, L + rope]
+  T* d_rows = scratch.alloc<T>(m * row);      // [m, L + rope] this rank's terms
+  T* d_values = scratch.alloc<T>(m * width);  // [m, L]
+  absorb_queries(q_abs, q, w_e, width, n, dims);
+  const AttentionSizes sizes{batch, pass.seq, context.sequence_length(), H, 1, row, dims.scale, width, pass.doc_start};
+  context.gathered_attention_backward(dq_abs, d_rows, d_values, d_out_latent, q_abs, whole.rows, whole.latent,
+                                      out_latent, lse, selection, dims.indexer.topk, sizes);
+  absorb_queries_backward(g.dq, dw_e, dq_abs, q, w_e, width, n, dims);
+  absorbed_weight_grad(grads.kv_b_proj, dw_e, dims);
+  for (int64_t t = 0; t < m; ++t)  // the values are the rows' latent part
+    for (int64_t i = 0; i < width; ++i) d_rows[t * row + i] += d_values[t * width + i];
+  T* d_own = scratch.alloc<T>(n * row);  // [n, L + rope] the group's sum at this rank's tokens
+  context.reduce_sequences(d_own, d_rows, batch, row);
+  latent_rows_backward(g.d_latent, g.d_kv_a, grads.kv_b_proj, d_own, latent, w.kv_b_proj, n, dims);
 }
 
 }  // namespace
 
 // Saved in mixer_forward's order: the query latent (q LoRA), the query, kv_a and the latent, the
-// expanded keys and values, the attention's output and log-sum-exp, then the indexer's (sparse layers).
+// expanded keys and values and the attention's output (under context parallelism the absorbed
+// form's output over the latents instead), its log-sum-exp, then the indexer's (sparse layers).
 std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& extent) {
   using Tag = ActivationTag;
   const int64_t n = extent.tokens(), H = dims.heads, rq = dims.q_lora_rank;
@@ -155,13 +226,15 @@ std::vector<SavedTensor> saved_tensors(const MlaDims& dims, const SavedExtent& e
                            {Tag::mla_kv_a, {n, dims.kv_a_out()}},      // [n, r_kv + rope]
                            {Tag::mla_kv_rstd, {n}},                    // [n]
                            {Tag::mla_latent, {n, dims.kv_lora_rank}, true, /*operand=*/true}});  // [n, r_kv] kv_b_proj's input
-  // Under context parallelism the keys and values span the whole sequences: the backward builds
-  // them again from the gathered latents instead.
-  if (!extent.sequence_split)
+  // Under context parallelism the keys span the whole sequences: the backward gathers their rows
+  // again, and the absorbed form's output keeps its latent width (W_UV's gradient reads it).
+  if (extent.sequence_split)
+    list.push_back({Tag::mla_out_latent, {n, H, dims.absorbed_latent()}});  // [n, H, L]
+  else
     list.insert(list.end(), {{Tag::k, {n, H, dims.qk()}, true, /*operand=*/true},  // [n, H, qk]
-                             {Tag::v, {n, H, dims.v}, true, /*operand=*/true}});   // [n, H, v]
-  list.insert(list.end(), {{Tag::attn_out, {n, dims.o_width()}},              // [n, H·v]
-                           {Tag::attn_lse, {extent.batch, H, extent.seq}}});  // [batch, H, seq]
+                             {Tag::v, {n, H, dims.v}, true, /*operand=*/true},     // [n, H, v]
+                             {Tag::attn_out, {n, dims.o_width()}}});               // [n, H·v]
+  list.push_back({Tag::attn_lse, {extent.batch, H, extent.seq}});                  // [batch, H, seq]
   const std::vector<SavedTensor> indexer = saved_tensors(dims.indexer, extent);
   list.insert(list.end(), indexer.begin(), indexer.end());
   return list;
@@ -178,37 +251,55 @@ void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims
   project_latents(p, h, n, w, dims);
   rotate_positions(p.q, p.kv_a, pass.positions, n, dims, /*backward=*/false);
 
-  // The keys and values: of this rank's tokens, or under context parallelism of the whole sequences,
-  // built from the group's latents.
-  const T* k = nullptr;  // [batch, kv_len, H, qk]
-  const T* v = nullptr;  // [batch, kv_len, H, v]
-  int64_t kv_len = seq;
+  // The attention's operands: one rank's expanded keys and values, or under context parallelism the
+  // absorbed form over the whole sequences' rows (model/mla_absorbed.h).
+  const T* q = p.q;       // [n, H, qk], or the absorbed queries [n, H, L + rope]
+  const T* k = nullptr;   // [batch, kv_len, H, qk], or the rows [batch, kv_len, L + rope]
+  const T* v = nullptr;   // [batch, kv_len, H, v], or the latents [batch, kv_len, L]
+  T* attended = nullptr;  // [n, H, v], or over the latents [n, H, L]
+  AttentionSizes sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v, pass.doc_start};
+  const T* w_e = nullptr;  // [H·(nope + v), L] the absorbed weight
+  T* expanded = nullptr;   // [n, H·v] under cp: o_proj's input, from the output over the latents
   if (pass.context != nullptr) {
-    const WholeKeys<T> whole = gather_whole_keys(p.latent, p.kv_a, batch, seq, w, dims, *pass.context, scratch);
-    k = whole.k, v = whole.v, kv_len = pass.context->sequence_length();
+    const WholeRows<T> whole = gather_whole_rows(p.latent, p.kv_a, batch, seq, w, dims, *pass.context, scratch);
+    w_e = absorbed_weight(w.kv_b_proj, dims, scratch);
+    T* q_abs = scratch.alloc<T>(n * H * dims.absorbed_row());  // [n, H, L + rope]
+    absorb_queries(q_abs, p.q, w_e, dims.absorbed_latent(), n, dims);
+    q = q_abs, k = whole.rows, v = whole.latent, attended = saves.out<T>(Tag::mla_out_latent);
+    expanded = scratch.alloc<T>(n * dims.o_width());
+    sizes = {batch,
+             seq,
+             pass.context->sequence_length(),
+             H,
+             1,
+             dims.absorbed_row(),
+             dims.scale,
+             dims.absorbed_latent(),
+             pass.doc_start};
   } else {
     T* kv = scratch.alloc<T>(n * dims.kv_b_out());  // [n, H, nope + v]
     linear(kv, p.latent, w.kv_b_proj, n, rkv, dims.kv_b_out(), /*accumulate=*/false);
     T* keys = saves.out<T>(Tag::k);    // [n, H, qk]
     T* values = saves.out<T>(Tag::v);  // [n, H, v]
     expand_keys(keys, values, kv, p.kv_a, n, dims);
-    k = keys, v = values;
+    k = keys, v = values, attended = saves.out<T>(Tag::attn_out);
   }
 
-  const AttentionSizes sizes{batch, seq, kv_len, H, H, dims.qk(), dims.scale, dims.v, pass.doc_start};
-  T* out = saves.out<T>(Tag::attn_out);  // [n, H·v]
   T* lse = saves.out<T>(Tag::attn_lse);  // [batch, H, seq]
   IndexerOutputs<T> selected;
   if (dims.indexer.enabled()) selected = indexer_forward(p.q_latent, h, w.indexer, dims.indexer, pass, layer, scratch);
   const int32_t* selection = attends_sparsely(dims.indexer, pass) ? selected.selection : nullptr;  // [n, topk]
-  if (pass.context != nullptr)  // chunk by chunk over the whole keys (the selection: global positions)
-    pass.context->gathered_attention_forward(out, lse, p.q, k, v, selection, dims.indexer.topk, sizes);
+  if (pass.context != nullptr)  // chunk by chunk over the whole rows (the selection: global positions)
+    pass.context->gathered_attention_forward(attended, lse, q, k, v, selection, dims.indexer.topk, sizes);
   else if (selection != nullptr)
-    sparse_attention_forward(out, lse, p.q, k, v, selection, sparse_sizes(sizes, dims.indexer.topk));
+    sparse_attention_forward(attended, lse, q, k, v, selection, sparse_sizes(sizes, dims.indexer.topk));
   else
-    attention_forward(out, lse, p.q, k, v, sizes);
+    attention_forward(attended, lse, q, k, v, sizes);
   if (dims.indexer.enabled())
-    indexer_train(selected, p.q, k, lse, H, H, dims.qk(), dims.scale, dims.indexer, pass, layer, scratch);
+    indexer_train(selected, q, k, lse, H, sizes.kv_heads, sizes.head_dim, dims.scale, dims.indexer, pass, layer,
+                  scratch);
+  if (expanded != nullptr) expand_outputs(expanded, attended, w_e, dims.absorbed_latent(), n, dims);
+  const T* out = expanded != nullptr ? expanded : attended;             // [n, H·v]
   linear(x, out, w.o_proj, n, dims.o_width(), D, /*accumulate=*/true);  // residual: x[n, D] += o_proj(out)
 }
 
@@ -216,73 +307,37 @@ template <class T>
 T* mixer_backward(const T* dy, const T* h, const MlaWeights<T>& w, const MlaWeights<T>& grads, const MlaDims& dims,
                   const LayerPass& pass, const ActivationStore& store, int layer, Arena& scratch) {
   using Tag = ActivationTag;
-  const int64_t batch = pass.batch, seq = pass.seq, n = batch * seq, D = dims.hidden, H = dims.heads;
-  const int64_t rq = dims.q_lora_rank, rkv = dims.kv_lora_rank, nope = dims.nope, dv = dims.v, qk = dims.qk();
+  const int64_t n = pass.batch * pass.seq, D = dims.hidden, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
   const SavedReader saved(saved_tensors(dims, SavedExtent::of(pass)), store, layer);
   const T* q = saved.in<T>(Tag::q);                  // [n, H, qk]
   const T* kv_a = saved.in<T>(Tag::mla_kv_a);        // [n, r_kv + rope]
   const T* kv_rstd = saved.in<T>(Tag::mla_kv_rstd);  // [n]
   const T* latent = saved.in<T>(Tag::mla_latent);    // [n, r_kv]
-  const T* out = saved.in<T>(Tag::attn_out);         // [n, H·v]
   const T* lse = saved.in<T>(Tag::attn_lse);         // [batch, H, seq]
-
+  const bool absorbed = pass.context != nullptr;
+  // The attention's output: o_proj's input, or under context parallelism over the latents [n, H, L],
+  // mapped to it again.
+  const T* attended = saved.in<T>(absorbed ? Tag::mla_out_latent : Tag::attn_out);
+  const T* w_e = absorbed ? absorbed_weight(w.kv_b_proj, dims, scratch) : nullptr;  // [H·(nope + v), L]
+  const T* out = attended;                                                          // [n, H·v]
+  if (absorbed) {
+    T* expanded = scratch.alloc<T>(n * dims.o_width());
+    expand_outputs(expanded, attended, w_e, dims.absorbed_latent(), n, dims);
+    out = expanded;
+  }
   T* d_out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]; dy is the gradient wrt the sublayer output
   linear_grad(d_out, grads.o_proj, dy, out, w.o_proj, n, dims.o_width(), D, /*accumulate_dx=*/false);
-  // The keys as the forward attended to them, with their latents: of this rank's tokens, or under
-  // context parallelism of the whole sequences, from the group's latents again (m = batch · kv_len).
-  const T* k = nullptr;            // [m, H, qk]
-  const T* v = nullptr;            // [m, H, v]
-  const T* key_latent = latent;    // [m, r_kv]
-  int64_t kv_len = seq;
-  if (pass.context != nullptr) {
-    const WholeKeys<T> whole = gather_whole_keys(latent, kv_a, batch, seq, w, dims, *pass.context, scratch);
-    k = whole.k, v = whole.v, key_latent = whole.latent, kv_len = pass.context->sequence_length();
-  } else {
-    k = saved.in<T>(Tag::k), v = saved.in<T>(Tag::v);
-  }
-  const int64_t m = batch * kv_len;
-  const AttentionSizes sizes{batch, seq, kv_len, H, H, qk, dims.scale, dv, pass.doc_start};
-  T* dq = scratch.alloc<T>(n * dims.q_width());   // [n, H, qk]
-  T* dk = scratch.alloc<T>(m * dims.q_width());   // [m, H, qk]
-  T* d_v = scratch.alloc<T>(m * dims.o_width());  // [m, H, v]
   const int32_t* selection =
       attends_sparsely(dims.indexer, pass) ? saved.in<int32_t>(Tag::attn_indices) : nullptr;  // [n, topk]
-  if (pass.context != nullptr) {  // dk, d_v: this rank's terms of every position's
-    pass.context->gathered_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, selection, dims.indexer.topk,
-                                              sizes);
-  } else if (selection != nullptr) {
-    sparse_attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, selection, sparse_sizes(sizes, dims.indexer.topk));
-  } else {
-    attention_backward(dq, dk, d_v, d_out, q, k, v, out, lse, sizes);
-  }
-
-  // Back through the key expansion: d_kv[m, H, nope + v] = [dk_nope | dv]; d_rows[m, r_kv + rope] =
-  // [dc | d k_rot], d k_rot = Σ_heads dk_rot and dc = d_kv · kv_b_proj.
-  T* d_kv = scratch.alloc<T>(m * dims.kv_b_out());   // [m, H, nope + v]
-  T* d_rows = scratch.alloc<T>(m * dims.kv_a_out());  // [m, r_kv + rope]
-  for (int64_t t = 0; t < m; ++t) {
-    T* d_rot = d_rows + t * dims.kv_a_out() + rkv;  // [rope]
-    std::fill(d_rot, d_rot + dims.rope_dim, T(0));
-    for (int64_t hd = 0; hd < H; ++hd) {
-      const T* dk_row = dk + (t * H + hd) * qk;
-      std::memcpy(d_kv + (t * H + hd) * (nope + dv), dk_row, nope * sizeof(T));
-      std::memcpy(d_kv + (t * H + hd) * (nope + dv) + nope, d_v + (t * H + hd) * dv, dv * sizeof(T));
-      for (int64_t i = 0; i < dims.rope_dim; ++i) d_rot[i] += dk_row[nope + i];
-    }
-  }
-  T* d_latent = scratch.alloc<T>(m * rkv);  // [m, r_kv]
-  {
-    const WholeSequencesDropoutScope whole_rows;  // under cp, m rows of whole sequences
-    linear_grad(d_latent, grads.kv_b_proj, d_kv, key_latent, w.kv_b_proj, m, rkv, dims.kv_b_out(), false);
-  }
-  // Under context parallelism each rank's terms are summed onto the tokens' owners: d_kv_a[n, r_kv + rope].
-  T* d_kv_a = d_rows;
-  if (pass.context != nullptr) {
-    for (int64_t t = 0; t < m; ++t) std::memcpy(d_rows + t * dims.kv_a_out(), d_latent + t * rkv, rkv * sizeof(T));
-    d_kv_a = scratch.alloc<T>(n * dims.kv_a_out());
-    pass.context->reduce_sequences(d_kv_a, d_rows, batch, dims.kv_a_out());
-    for (int64_t t = 0; t < n; ++t) std::memcpy(d_latent + t * rkv, d_kv_a + t * dims.kv_a_out(), rkv * sizeof(T));
-  }
+  const LatentGrads<T> g{scratch.alloc<T>(n * dims.q_width()), scratch.alloc<T>(n * rkv),
+                         scratch.alloc<T>(n * dims.kv_a_out())};  // dq, dc, d_kv_a
+  if (absorbed)
+    absorbed_backward(g, d_out, q, latent, kv_a, attended, lse, selection, w_e, w, grads, dims, pass, scratch);
+  else
+    expanded_backward(g, d_out, q, latent, lse, selection, w, grads, dims, pass, saved, scratch);
+  T* dq = g.dq;              // [n, H, qk]
+  T* d_latent = g.d_latent;  // [n, r_kv]
+  T* d_kv_a = g.d_kv_a;      // [n, r_kv + rope]
   rotate_positions(dq, d_kv_a, pass.positions, n, dims, /*backward=*/true);
 
   // kv_a_layernorm's backward of dc = d_latent[n, r_kv] into d_kv_a's first r_kv columns.
@@ -315,7 +370,7 @@ template <class T>
 void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T* cache, const MlaWeights<T>& w,
                   const MlaDims& dims, Arena& scratch) {
   const int64_t D = dims.hidden, H = dims.heads, rkv = dims.kv_lora_rank;
-  const int64_t nope = dims.nope, r = dims.rope_dim, dv = dims.v, qk = dims.qk(), cw = dims.kv_a_out();
+  const int64_t r = dims.rope_dim, cw = dims.kv_a_out();
   TRILLION_CHECK(past + n <= max_len, "MLA decode past ", past, " + n ", n, " > max_len ", max_len);
   int32_t* positions = scratch.alloc<int32_t>(n);  // [n]
   for (int64_t i = 0; i < n; ++i) positions[i] = static_cast<int32_t>(past + i);
@@ -331,15 +386,10 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
   T* values = scratch.alloc<T>(len * rkv);  // [len, r_kv]: the latents, contiguous
   for (int64_t j = 0; j < len; ++j) std::memcpy(values + j * rkv, cache + j * cw, rkv * sizeof(T));
 
-  // Absorbed query q_abs[n, H, r_kv + rope] = [W_UK[h]ᵀ q_nope | q_rot] per head.
+  // The absorbed form (model/mla_absorbed.h) with the adapter merged: q_abs[n, H, r_kv + rope].
   const T* kv_b = merged_weight(w.kv_b_proj, rkv, dims.kv_b_out(), scratch);  // [H·(nope + v), r_kv]
   T* q_abs = scratch.alloc<T>(n * H * cw);
-  for (int64_t hd = 0; hd < H; ++hd) {
-    const T* w_uk = kv_b + hd * (nope + dv) * rkv;  // [nope, r_kv]
-    gemm<T>(false, false, n, rkv, nope, T(1), p.q + hd * qk, H * qk, w_uk, rkv, T(0), q_abs + hd * cw, H * cw);
-    for (int64_t t = 0; t < n; ++t)
-      std::memcpy(q_abs + (t * H + hd) * cw + rkv, p.q + (t * H + hd) * qk + nope, r * sizeof(T));
-  }
+  absorb_queries(q_abs, p.q, kv_b, rkv, n, dims);
   const AttentionSizes sizes{1, n, len, H, 1, cw, dims.scale, rkv};
   T* out_latent = scratch.alloc<T>(n * H * rkv);  // [n, H, r_kv]
   T* lse = scratch.alloc<T>(H * n);               // [1, H, n]
@@ -351,65 +401,76 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
     attention_forward(out_latent, lse, q_abs, cache, values, sizes);
   }
   T* out = scratch.alloc<T>(n * dims.o_width());  // [n, H, v] = per head out_latent · W_UVᵀ
-  for (int64_t hd = 0; hd < H; ++hd) {
-    const T* w_uv = kv_b + (hd * (nope + dv) + nope) * rkv;  // [v, r_kv]
-    gemm<T>(false, true, n, dv, rkv, T(1), out_latent + hd * rkv, H * rkv, w_uv, rkv, T(0), out + hd * dv, H * dv);
-  }
+  expand_outputs(out, out_latent, kv_b, rkv, n, dims);
   linear(x, out, w.o_proj, n, dims.o_width(), D, /*accumulate=*/true);  // residual: x[n, D] += o_proj(out)
 }
 
 // Nothing is freed within either pass; each holds at one of its kernel calls the scratch allocated
-// so far and that kernel's temporaries. Forward: (DeepSeek) RoPE's tables; kv_b_proj's output with
-// the indexer's forward, or with its scratch and the attention's temporaries. Backward: d_out, dq,
-// dk, d_v with the attention's temporaries; d_kv, d_kv_a, d_latent with RoPE's tables; c_raw,
-// d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with q_a_layernorm's
-// partials or the indexer's backward, then with its scratch and the decoder layer's input norm's partials.
-// Under context parallelism each pass first builds the whole sequences' keys (gather_whole_keys:
-// this rank's [c | k_rot], the gathered rows, the latent, k, v and kv_b_proj's output, m = batch ·
-// the whole length), attends through the exchange chunk by chunk (over the selection on sparse
-// layers, whose indexer gathers its keys too), and the backward's key gradients span the whole
-// sequences (dk, d_v, d_kv, d_rows, d_latent), beside d_kv_a of its own.
+// so far and that kernel's temporaries. Forward: (DeepSeek) RoPE's tables; then one rank's kv_b_proj
+// output, or under context parallelism the whole sequences' rows (gather_whole_rows: this rank's
+// [e | k_rot], the gathered rows and their latents, m = batch · the whole length), the absorbed
+// weight (an adapter on kv_b_proj), the absorbed queries and the expanded output, each with the
+// indexer's forward, or with its scratch and the attention's temporaries (through the exchange chunk
+// by chunk, over the selection on sparse layers). Backward: (cp) the absorbed weight and the
+// expanded output; d_out, dq, dc and d_kv_a; then one rank's dk, d_v with the attention's
+// temporaries and d_kv, or (cp) d_out_latent, dW_e, the whole rows again, q_abs, dq_abs and the whole
+// rows' gradients with the attention's temporaries, then this rank's sum of them; RoPE's tables;
+// c_raw, d_c_raw with kv_a_layernorm's partials; dh and (q LoRA) d_q_latent, d_q_a with
+// q_a_layernorm's partials or the indexer's backward, then with its scratch and the decoder layer's
+// input norm's partials. (An adapter's own temporaries, as linear()'s, are not counted.)
 Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   const ContextPlan* context = shape.context;
   const int64_t n = shape.tokens(), e = shape.element_bytes, rq = dims.q_lora_rank, rkv = dims.kv_lora_rank;
-  const int64_t m = context != nullptr ? shape.batch * context->sequence_length() : n;  // the keys' rows
+  const int64_t H = dims.heads;
   const auto rounded = [&](int64_t count) { return Arena::rounded(count * e); };
-  const int64_t kv = rounded(m * dims.kv_b_out()), qk = rounded(n * dims.q_width());
-  const int64_t o = rounded(n * dims.o_width()), latent = rounded(n * rkv), cw = dims.kv_a_out();
+  const int64_t o = rounded(n * dims.o_width()), qk = rounded(n * dims.q_width()), latent = rounded(n * rkv);
   const int64_t rope = dims.rotary ? rope_workspace_bytes(n, dims.rope.rotary_dim, e) : 0;
-  const AttentionSizes sizes{shape.batch, shape.seq, m / shape.batch, dims.heads, dims.heads, dims.qk(), 0.0, dims.v};
-  const int64_t whole = context != nullptr ? rounded(n * cw) + rounded(m * cw) + rounded(m * rkv) +
-                                                 rounded(m * dims.q_width()) + rounded(m * dims.o_width())
-                                           : 0;  // gather_whole_keys's, but kv_b_proj's output
-  const auto main_attention = [&](bool backward) {
-    return main_attention_workspace_bytes(dims.indexer, sizes, shape, backward);
-  };
-  const int64_t forward =
-      std::max(rope, whole + kv +
-                         std::max(forward_workspace_bytes(dims.indexer, shape, dims.heads, dims.heads, dims.qk()),
-                                  forward_scratch_bytes(dims.indexer, shape) + main_attention(false)));
-  // d_out, (the whole keys) dq, dk, d_v.
-  const int64_t attention =
-      o + whole + (context != nullptr ? kv : 0) + qk + rounded(m * dims.q_width()) + rounded(m * dims.o_width());
-  const int64_t keys = attention + kv + rounded(m * cw);  // … d_kv, d_rows (d_kv_a on one rank)
-  const int64_t key_latent = rounded(m * rkv) + (context != nullptr ? rounded(n * cw) : 0);  // d_latent, d_kv_a
-  const int64_t latents = keys + key_latent + 2 * latent;                                    // … c_raw, d_c_raw
+  // The backward's gradients of the latents: dq, dc, d_kv_a.
+  const int64_t latent_grads = qk + latent + rounded(n * dims.kv_a_out());
+  int64_t forward = 0, attention = 0, after = 0;  // after: the backward's scratch past the attention
+  if (context == nullptr) {
+    const AttentionSizes sizes{shape.batch, shape.seq, shape.seq, H, H, dims.qk(), 0.0, dims.v};
+    const int64_t kv = rounded(n * dims.kv_b_out());
+    forward = kv + std::max(forward_workspace_bytes(dims.indexer, shape, H, H, dims.qk()),
+                            forward_scratch_bytes(dims.indexer, shape) +
+                                main_attention_workspace_bytes(dims.indexer, sizes, shape, false));
+    const int64_t keys = o + latent_grads + qk + o;  // d_out, the latents', dk, d_v
+    attention = keys + main_attention_workspace_bytes(dims.indexer, sizes, shape, true);
+    after = keys + kv;  // d_kv
+  } else {
+    const int64_t m = shape.batch * context->sequence_length(), width = dims.absorbed_latent();
+    const int64_t row = dims.absorbed_row();
+    const AttentionSizes sizes{shape.batch, shape.seq, m / shape.batch, H, 1, row, 0.0, width};
+    const int64_t whole = rounded(n * row) + rounded(m * row) + rounded(m * width);
+    const int64_t w_e = dims.kv_b_adapter_rank > 0 ? rounded(dims.kv_b_out() * width) : 0;
+    const int64_t q_abs = rounded(n * H * row);
+    forward = whole + w_e + q_abs + o +
+              std::max(forward_workspace_bytes(dims.indexer, shape, H, 1, row),
+                       forward_scratch_bytes(dims.indexer, shape) +
+                           main_attention_workspace_bytes(dims.indexer, sizes, shape, false));
+    // w_e, out, d_out, the latents', d_out_latent, dW_e, the whole rows, q_abs, dq_abs, d_rows, d_values
+    const int64_t keys = w_e + 2 * o + latent_grads + rounded(n * H * width) + rounded(dims.kv_b_out() * width) +
+                         whole + 2 * q_abs + rounded(m * row) + rounded(m * width);
+    attention = keys + main_attention_workspace_bytes(dims.indexer, sizes, shape, true);
+    after = keys + rounded(n * row);  // d_own
+  }
+  forward = std::max(rope, forward);
+  const int64_t latents = after + 2 * latent;  // … c_raw, d_c_raw
   const int64_t inputs = latents + rounded(n * dims.hidden) + (rq > 0 ? 2 * rounded(n * rq) : 0);
   const int64_t q_lora = rq > 0 ? std::max(rmsnorm_backward_workspace_bytes(n, rq, true),
                                            backward_workspace_bytes(dims.indexer, shape))
                                 : 0;
   const int64_t input_norm = (rq > 0 ? backward_scratch_bytes(dims.indexer, shape) : 0) +
                              rmsnorm_backward_workspace_bytes(n, dims.hidden, true);
-  const int64_t backward =
-      std::max({attention + main_attention(true), keys + key_latent + rope,
-                latents + rmsnorm_backward_workspace_bytes(n, rkv, true), inputs + std::max(q_lora, input_norm)});
+  const int64_t backward = std::max({attention, after + rope, latents + rmsnorm_backward_workspace_bytes(n, rkv, true),
+                                     inputs + std::max(q_lora, input_norm)});
   return {forward, backward};
 }
 
-// Under context parallelism: each token's [c | k_rot] gathered in the forward, again in the
+// Under context parallelism: each token's row [e | k_rot] gathered in the forward, again in the
 // backward, and their gradients summed onto their owners; the indexer's keys (sparse layers).
 ContextTraffic context_traffic(const MlaDims& dims, const StepShape& shape) {
-  ContextTraffic traffic = shape.context->gathered_rows(shape.batch, dims.kv_a_out(), shape.element_bytes).both();
+  ContextTraffic traffic = shape.context->gathered_rows(shape.batch, dims.absorbed_row(), shape.element_bytes).both();
   return traffic += context_traffic(dims.indexer, shape);
 }
 

@@ -17,16 +17,19 @@
 // (model/lightning_indexer.h): attention then runs over its top-k keys per query (ops/sparse_attention.h),
 // or, in the indexer's warm-up, stays dense while the indexer learns.
 // Decoding caches per token the latent and the rotated key, [c | k_rot] (r_kv + rope elements; sparse
-// layers also the indexer key), never expanded keys, and attends in the latent space (the weight-absorbed form): per head the query's
-// nope part becomes W_UKᵀ q_nope (W_UK: that head's k_nope rows of kv_b_proj), attention runs with one
-// key head [c | k_rot] and values c, and W_UV (its v rows) maps the result back; scores and outputs
-// are those of the expanded form.
-// Context parallelism (model/step.h's ContextExchange) gathers per token the latent and the rotated
-// key, [c | k_rot], of the whole sequences, and every rank expands them with kv_b_proj itself: its
-// queries attend to the whole sequences' keys, and the backward gathers and expands them again and
-// sums every rank's [dc | d k_rot] onto the tokens' owners (kv_b_proj's gradient: each rank's terms).
-// Sparse layers select over the whole sequences' indexer keys (model/lightning_indexer.h), and their
-// sparse attention reads the selected rows of the whole expanded keys.
+// layers also the indexer key), never expanded keys, and attends in the latent space, the
+// weight-absorbed form (model/mla_absorbed.h): per head the query's nope part becomes W_UKᵀ q_nope
+// (W_UK: that head's k_nope rows of kv_b_proj), attention runs with one key head [c | k_rot] and
+// values c, and W_UV (its v rows) maps the result back; scores and outputs are those of the
+// expanded form.
+// Context parallelism (model/step.h's ContextExchange) trains in the absorbed form too: each rank
+// gathers per token the row [e | k_rot] of the whole sequences (e = c, with an adapter on kv_b_proj
+// [c | scaling · u]: model/mla_absorbed.h), never expanded keys, so what a rank holds of the other
+// ranks' tokens is r_kv + rope values per token whatever the heads. Its queries attend to the whole
+// sequences' rows, its output over the latents [n, H, L] is saved (W_UV's gradient reads it), and
+// the backward gathers the rows again and sums every rank's terms of their gradients onto the
+// tokens' owners. Sparse layers select over the whole sequences' indexer keys
+// (model/lightning_indexer.h), and their sparse attention reads the selected rows.
 // Training forward saves through the ActivationStore (saved_tensors: q, k, v, attn_out, attn_lse,
 // mla_*). Gradient rule: the backward returns the gradient wrt its input h; parameter gradients
 // accumulate (+=).
@@ -69,12 +72,16 @@ struct MlaDims {
   NormSpec latent_norm;     // q_a_layernorm, kv_a_layernorm (eps 1e-6)
   InitStds init;
   IndexerDims indexer;      // enabled on sparse layers
-  static MlaDims from_config(const ModelConfig& config, bool sparse);
+  int64_t kv_b_adapter_rank = 0;  // r_a of a LoRA adapter on kv_b_proj (config.lora), 0: none
+  static MlaDims from_config(const ModelConfig& config, int layer, bool sparse);
   int64_t qk() const { return nope + rope_dim; }                    // query/key head dim
   int64_t q_width() const { return heads * qk(); }                  // H·qk
   int64_t kv_a_out() const { return kv_lora_rank + rope_dim; }      // rows of kv_a_proj_with_mqa
   int64_t kv_b_out() const { return heads * (nope + v); }           // rows of kv_b_proj
   int64_t o_width() const { return heads * v; }                     // H·v
+  // The absorbed form's latent width L and key row [e | k_rot] (model/mla_absorbed.h, in training).
+  int64_t absorbed_latent() const { return kv_lora_rank + kv_b_adapter_rank; }
+  int64_t absorbed_row() const { return absorbed_latent() + rope_dim; }
 };
 
 // Pointers into a flat buffer (the parameters, or their gradients), Hugging Face shapes.

@@ -165,7 +165,8 @@ TEST(DistributedGradcheck, ContextParallelSparseAttentionIsOneProcesses) {
 }
 
 // LoRA with dropout on every linear layer under context parallelism: each token's masks are drawn
-// whichever rank holds it, in this rank's tokens and in MLA's expansion of the gathered latents alike.
+// whichever rank holds it, in MLA's absorbed rows too (kv_b_proj's adapter part, formed by each
+// token's owner).
 TEST(DistributedGradcheck, ContextParallelLoraDropoutIsOneProcesss) {
   const test::ScratchDir dir;
   const fs::path adapter = fs::path(dir.path()) / "adapter_config.json";
