@@ -2,8 +2,9 @@
 // or accumulated into y (residual-accumulating projections add straight into the residual stream).
 // This is where a LoRA adapter attaches (PEFT's LoRA, model/lora_config.h): a linear layer that
 // carries one adds scaling · (x · Aᵀ) · Bᵀ here, so no module changes (the grouped expert GEMM in
-// ops/moe_experts.h is the other such place; the fused LM-head cross-entropy computes its logits
-// tile by tile inside ops/cross_entropy.h, where a head adapter would attach).
+// ops/moe_experts.h is the other such place; MLA's absorbed form reads kv_b_proj's pair through
+// lora_down and merged_weight below, model/mla_absorbed.h; the fused LM-head cross-entropy computes
+// its logits tile by tile inside ops/cross_entropy.h, where a head adapter would attach).
 // Gradient rule: dx written (=) or accumulated (+=) as the caller says; dW, db, dA and dB
 // accumulate (+=); a null gradient pointer (a frozen tensor) skips it, a null dx skips the input
 // gradient.

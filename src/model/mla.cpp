@@ -1,4 +1,5 @@
-// Multi-head latent attention: forward (training and weight-absorbed decoding) and backward. See mla.h.
+// Multi-head latent attention: forward (training, expanded on one rank and weight-absorbed under context
+// parallelism, and weight-absorbed decoding) and backward. See mla.h.
 #include "model/mla.h"
 
 #include <algorithm>
@@ -186,8 +187,13 @@ void absorbed_backward(const LatentGrads<T>& g, const T* d_out, const T* q, cons
   ContextExchange& context = *pass.context;
   const int64_t m = batch * context.sequence_length();
   T* d_out_latent = scratch.alloc<T>(n * H * width);    // [n, H, L]
-  T* dw_e = scratch.alloc<T>(dims.kv_b_out() * width);  // [H·(nope + v), L]
-  std::fill(dw_e, dw_e + dims.kv_b_out() * width, T(0));
+  // dW_e [H·(nope + v), L], unless kv_b_proj is frozen with no adapter (allocated either way: the plan's)
+  T* dw_e = scratch.alloc<T>(dims.kv_b_out() * width);
+  const bool trains = grads.kv_b_proj.weight != nullptr || grads.kv_b_proj.lora.b != nullptr;
+  if (trains)
+    std::fill(dw_e, dw_e + dims.kv_b_out() * width, T(0));
+  else
+    dw_e = nullptr;
   expand_outputs_backward(d_out_latent, dw_e, d_out, out_latent, w_e, width, n, dims);
   const WholeRows<T> whole = gather_whole_rows(latent, kv_a, batch, pass.seq, w, dims, context, scratch);
   T* q_abs = scratch.alloc<T>(n * H * row);   // [n, H, L + rope]
@@ -199,7 +205,7 @@ void absorbed_backward(const LatentGrads<T>& g, const T* d_out, const T* q, cons
   context.gathered_attention_backward(dq_abs, d_rows, d_values, d_out_latent, q_abs, whole.rows, whole.latent,
                                       out_latent, lse, selection, dims.indexer.topk, sizes);
   absorb_queries_backward(g.dq, dw_e, dq_abs, q, w_e, width, n, dims);
-  absorbed_weight_grad(grads.kv_b_proj, dw_e, dims);
+  if (trains) absorbed_weight_grad(grads.kv_b_proj, dw_e, dims);
   for (int64_t t = 0; t < m; ++t)  // the values are the rows' latent part
     for (int64_t i = 0; i < width; ++i) d_rows[t * row + i] += d_values[t * width + i];
   T* d_own = scratch.alloc<T>(n * row);  // [n, L + rope] the group's sum at this rank's tokens
@@ -261,8 +267,8 @@ void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims
   const T* w_e = nullptr;  // [H·(nope + v), L] the absorbed weight
   T* expanded = nullptr;   // [n, H·v] under cp: o_proj's input, from the output over the latents
   if (pass.context != nullptr) {
-    const WholeRows<T> whole = gather_whole_rows(p.latent, p.kv_a, batch, seq, w, dims, *pass.context, scratch);
     w_e = absorbed_weight(w.kv_b_proj, dims, scratch);
+    const WholeRows<T> whole = gather_whole_rows(p.latent, p.kv_a, batch, seq, w, dims, *pass.context, scratch);
     T* q_abs = scratch.alloc<T>(n * H * dims.absorbed_row());  // [n, H, L + rope]
     absorb_queries(q_abs, p.q, w_e, dims.absorbed_latent(), n, dims);
     q = q_abs, k = whole.rows, v = whole.latent, attended = saves.out<T>(Tag::mla_out_latent);

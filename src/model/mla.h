@@ -31,8 +31,8 @@
 // tokens' owners. Sparse layers select over the whole sequences' indexer keys
 // (model/lightning_indexer.h), and their sparse attention reads the selected rows.
 // Training forward saves through the ActivationStore (saved_tensors: q, k, v, attn_out, attn_lse,
-// mla_*). Gradient rule: the backward returns the gradient wrt its input h; parameter gradients
-// accumulate (+=).
+// mla_*; under cp mla_out_latent in place of k, v and attn_out). Gradient rule: the backward
+// returns the gradient wrt its input h; parameter gradients accumulate (+=).
 #pragma once
 
 #include <vector>

@@ -27,10 +27,11 @@ void absorb_queries_backward(T* dq, T* dw_e, const T* dq_abs, const T* q, const 
   const int64_t H = dims.heads, nope = dims.nope, rope = dims.rope_dim, qk = dims.qk(), row = latent + rope;
   for (int64_t hd = 0; hd < H; ++hd) {
     const T* w_uk = w_e + hd * (nope + dims.v) * latent;  // [nope, L]
-    T* dw_uk = dw_e + hd * (nope + dims.v) * latent;      // [nope, L]
     // dq_nope [n, nope] = dq_abs's latent part [n, L] · W_UKᵀ;  dW_UK [nope, L] += q_nopeᵀ · dq_abs's latent part
     gemm<T>(false, true, n, nope, latent, T(1), dq_abs + hd * row, H * row, w_uk, latent, T(0), dq + hd * qk, H * qk);
-    gemm<T>(true, false, nope, latent, n, T(1), q + hd * qk, H * qk, dq_abs + hd * row, H * row, T(1), dw_uk, latent);
+    if (dw_e != nullptr)
+      gemm<T>(true, false, nope, latent, n, T(1), q + hd * qk, H * qk, dq_abs + hd * row, H * row, T(1),
+              dw_e + hd * (nope + dims.v) * latent, latent);
     for (int64_t t = 0; t < n; ++t)
       std::memcpy(dq + (t * H + hd) * qk + nope, dq_abs + (t * H + hd) * row + latent, rope * sizeof(T));
   }
@@ -53,20 +54,21 @@ void expand_outputs_backward(T* d_out_latent, T* dw_e, const T* d_out, const T* 
   const int64_t H = dims.heads, nope = dims.nope, dv = dims.v;
   for (int64_t hd = 0; hd < H; ++hd) {
     const T* w_uv = w_e + (hd * (nope + dv) + nope) * latent;  // [v, L]
-    T* dw_uv = dw_e + (hd * (nope + dv) + nope) * latent;      // [v, L]
     // d_out_latent [n, L] = d_out [n, v] · W_UV;  dW_UV [v, L] += d_outᵀ · out_latent
     gemm<T>(false, false, n, latent, dv, T(1), d_out + hd * dv, H * dv, w_uv, latent, T(0), d_out_latent + hd * latent,
             H * latent);
-    gemm<T>(true, false, dv, latent, n, T(1), d_out + hd * dv, H * dv, out_latent + hd * latent, H * latent, T(1),
-            dw_uv, latent);
+    if (dw_e != nullptr)
+      gemm<T>(true, false, dv, latent, n, T(1), d_out + hd * dv, H * dv, out_latent + hd * latent, H * latent, T(1),
+              dw_e + (hd * (nope + dv) + nope) * latent, latent);
   }
 }
 
 template <class T>
 const T* absorbed_weight(const LinearWeights<T>& kv_b, const MlaDims& dims, Arena& scratch) {
   const int64_t rkv = dims.kv_lora_rank, rank = dims.kv_b_adapter_rank, latent = dims.absorbed_latent();
-  TRILLION_CHECK((kv_b.lora.a == nullptr ? 0 : kv_b.lora.rank) == rank, "MLA: kv_b_proj's adapter has rank ",
-                 kv_b.lora.rank, ", its layer was planned with ", rank);
+  const int64_t bound = kv_b.lora.a == nullptr ? 0 : kv_b.lora.rank;
+  TRILLION_CHECK(bound == rank, "MLA: kv_b_proj's adapter has rank ", bound, " (0: none), its layer was planned with ",
+                 rank);
   if (rank == 0) return kv_b.weight;
   T* w_e = scratch.alloc<T>(dims.kv_b_out() * latent);  // [H·(nope + v), L] = [kv_b_proj | B]
   for (int64_t o = 0; o < dims.kv_b_out(); ++o) {

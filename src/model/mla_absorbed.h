@@ -12,7 +12,8 @@
 // - training with an adapter (rank r_a) uses e = [c | scaling · u] with u = dropout(c) · Aᵀ, its
 //   down projection (model/linear.h lora_down), and W_e = [kv_b_proj | B] (L = r_kv + r_a):
 //   W_e · e = kv_b_proj(c) with its adapter, dropout included, which no merged weight could give.
-// Gradient rule: the products' input gradients are written (=), dW_e accumulates (+=).
+// Gradient rule: the products' input gradients are written (=), dW_e accumulates (+=; null: a
+// frozen kv_b_proj, skipped).
 #pragma once
 
 #include <cstdint>

@@ -228,7 +228,7 @@ class ContextExchange {
   // Document masks: doc_start [batch, its tokens] ← the global position where each of this rank's
   // tokens' document starts (at the sequence's start and after each `eos`, whichever rank holds it).
   virtual void document_starts(int32_t* doc_start, const int32_t* tokens, int64_t batch, int32_t eos) = 0;
-  // Rows of the whole sequences (attention's keys and values, MLA's latent and rope key, the
+  // Rows of the whole sequences (attention's keys and values, MLA's absorbed rows [e | k_rot], the
   // indexer's keys): whole [batch, sequence_length(), row] ← every rank's local [batch, its tokens,
   // row]; and local ← the group's sum of their whole rows at this rank's tokens (whole is overwritten).
   virtual void gather_sequences(float* whole, const float* local, int64_t batch, int64_t row) = 0;

@@ -14,8 +14,9 @@
 // between the passes, so the memory stays divided), forms each chunk's gradients, and sums the
 // group's key and value gradients onto their owners (a reduce-scatter). The model's layers call
 // those three pieces themselves (ContextParallel), so that the whole keys stay in the layer's
-// scratch for the lightning indexer's loss, and MLA gathers its latents and rotated keys rather than
-// its keys; context_attention_forward / _backward compose them for full attention (the benchmark's).
+// scratch for the lightning indexer's loss, and MLA gathers its absorbed rows [e | k_rot] rather
+// than its keys (model/mla_absorbed.h); context_attention_forward / _backward compose them for
+// full attention (the benchmark's).
 #pragma once
 
 #include <array>

@@ -196,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(
                     // … the convolution's halos and the delta rule's two runs and summaries.
                     Case{"demo_hybrid", "", {2, 4}, 1, 2}, Case{"demo_hybrid", "", {4}, 2, 2},
                     Case{"tiny_kimi_linear_kda", "", {4}, 1, 4},
-                    // … MLA's whole sequences' keys built from the gathered latents.
+                    // … MLA's absorbed form over the whole sequences' gathered rows.
                     Case{"demo_kda", "", {2}, 1, 2}, Case{"demo_kda", "", {4}, 2, 2}, Case{"demo_kda", "", {4}, 1, 4},
                     Case{"demo_kda", "", {4}, 1, 4, 1024},        // the peak in MLA's backward
                     Case{"tiny_deepseek_v3", "", {2}, 1, 2, 64},  // MLA with RoPE and q LoRA
