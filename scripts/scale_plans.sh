@@ -54,3 +54,4 @@ longest() {  # devices ep cp [flags: policy]
 for cp in 1 2; do longest 128 64 "$cp" --swap full; done
 for cp in 1 4 16; do longest 128 8 "$cp" --swap full; done
 longest 1024 64 16 --swap full
+longest 512 8 64 --swap full  # a million tokens: the config's max_position_embeddings
