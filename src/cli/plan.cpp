@@ -81,8 +81,10 @@ void print_traffic(const PlanOptions& o, const std::vector<DeviceTraffic>& traff
                 human_bytes(double(context.context_reduced)).c_str(), context.rank);
   }
   const DeviceTraffic& most = largest_by(traffic, [](const DeviceTraffic& d) { return d.flops; });
-  std::printf("\nmodel FLOPs per step: %.4g on the busiest device (rank %d), %.4g of them its experts', %.4g "
-              "recompute's\n", most.flops, most.rank, most.expert_flops, most.rerun_flops);
+  std::printf(
+      "\nFLOPs per step: %.4g on the busiest device (rank %d), %.4g of them its experts', %.4g recompute's, "
+      "%.4g context parallelism's\n",
+      most.flops, most.rank, most.expert_flops, most.rerun_flops, most.context_flops);
   const DeviceTraffic& slowest = largest_by(traffic, [](const DeviceTraffic& d) { return d.step_s; });
   if (slowest.step_s <= 0.0) {
     std::printf("step time: give --device-flops and the rates it needs (--intra-bandwidth; --inter-bandwidth beyond "

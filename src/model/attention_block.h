@@ -136,6 +136,9 @@ std::vector<SavedTensor> saved_tensors(const AttentionBlockDims& dims, const Sav
 Workspace workspace_bytes(const AttentionBlockDims& dims, const StepShape& shape);
 // Under context parallelism (shape.context): what its exchange receives in a training step.
 ContextTraffic context_traffic(const AttentionBlockDims& dims, const StepShape& shape);
+// Under context parallelism it attends to the gathered keys and values (and the indexer scores the
+// gathered keys) as one rank does: no FLOPs beyond flops_per_token.
+constexpr double context_flops_per_token(const AttentionBlockDims&, int64_t /*seq*/) { return 0.0; }
 // Its backward reads h only as its q/k/v (gate) projections' and the indexer's operand.
 constexpr InputUse input_use(const AttentionBlockDims&) { return InputUse::operand; }
 

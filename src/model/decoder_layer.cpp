@@ -53,6 +53,10 @@ double DecoderLayerDims::ffn_flops_per_token(int64_t seq) const {
   return std::visit([&](const auto& d) { return trillion::flops_per_token(d, seq); }, ffn);
 }
 
+double DecoderLayerDims::context_flops_per_token(int64_t seq) const {
+  return std::visit([&](const auto& d) { return trillion::context_flops_per_token(d, seq); }, mixer);
+}
+
 InputUse DecoderLayerDims::mixer_input_use() const {
   return std::visit([](const auto& d) { return input_use(d); }, mixer);
 }

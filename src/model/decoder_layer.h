@@ -75,6 +75,9 @@ struct DecoderLayerDims {
   double flops_per_token(int64_t seq) const;        // training, forward + backward
   double mixer_flops_per_token(int64_t seq) const;  // … of the mixer alone
   double ffn_flops_per_token(int64_t seq) const;    // … of the FFN alone
+  // What the mixer computes beyond its flops per token under context parallelism (each kind's
+  // context_flops_per_token; the FFNs run as they do on one rank).
+  double context_flops_per_token(int64_t seq) const;
   // The memory plan's sizes of the layer (model/memory_sizes.h): the tensors both sublayers save
   // (each one's input and norm, then its kind's), and the most scratch each sublayer's forward and
   // backward holds at once.

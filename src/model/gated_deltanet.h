@@ -19,17 +19,17 @@
 // Gradient rule: the backward returns the gradient wrt its input h; parameter gradients (+=).
 #pragma once
 
-#include <vector>
-
-#include "model/memory_sizes.h"
 #include <cstdint>
+#include <vector>
 
 #include "core/memory.h"
 #include "memory/activation_store.h"
 #include "model/config.h"
 #include "model/linear.h"
+#include "model/memory_sizes.h"
 #include "model/param_rows.h"
 #include "model/step.h"
+#include "ops/delta_rule.h"
 
 namespace trillion {
 
@@ -79,13 +79,12 @@ void visit_params(GatedDeltaNetWeights<T>& w, const GatedDeltaNetDims& d, Visit&
   visit(w.out_proj, linear_row("linear_attn.out_proj.weight", {D, nv * d.value_dim}, d.init.std_out));
 }
 
-// Training FLOPs per token: 6 · projection parameters + the delta rule's chunked products
-// (3 · nv · (2 · 64 · (3 dk + 2 dv) + 6 dk dv), the linear-attention issue's formula).
+// Training FLOPs per token: 6 · projection parameters + the delta rule's chunked products per value
+// head (3 · ops/delta_rule.h's delta_rule_chunk_flops_per_token).
 inline double flops_per_token(const GatedDeltaNetDims& d, int64_t /*seq*/) {
   const double D = double(d.hidden), projections = D * double(d.qkvz_rows() + 2 * d.value_heads) +
                                                    double(d.value_heads * d.value_dim) * D;
-  const double dk = double(d.key_dim), dv = double(d.value_dim);
-  return 6.0 * projections + 3.0 * double(d.value_heads) * (2.0 * 64.0 * (3.0 * dk + 2.0 * dv) + 6.0 * dk * dv);
+  return 6.0 * projections + 3.0 * double(d.value_heads) * delta_rule_chunk_flops_per_token(d.key_dim, d.value_dim);
 }
 
 inline int64_t cache_elements(const GatedDeltaNetDims& d, int64_t /*max_len*/) {
@@ -110,6 +109,10 @@ std::vector<SavedTensor> saved_tensors(const GatedDeltaNetDims& dims, const Save
 Workspace workspace_bytes(const GatedDeltaNetDims& dims, const StepShape& shape);
 // Under context parallelism (shape.context): what its exchange receives in a training step.
 ContextTraffic context_traffic(const GatedDeltaNetDims& dims, const StepShape& shape);
+// Training FLOPs per token it adds to flops_per_token under context parallelism: the state
+// passing's second run of the kernel, both runs formed again in the backward, and the correction
+// (parallel/context_delta_rule.h's context_delta_rule_flops_per_token per head).
+double context_flops_per_token(const GatedDeltaNetDims& dims, int64_t seq);
 // Its backward reads h only as its in_proj_qkvz's and in_proj_ba's operand.
 constexpr InputUse input_use(const GatedDeltaNetDims&) { return InputUse::operand; }
 

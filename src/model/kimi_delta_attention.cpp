@@ -10,6 +10,7 @@
 #include "ops/delta_rule.h"
 #include "ops/linear_attention_gates.h"
 #include "ops/norm.h"
+#include "parallel/context_delta_rule.h"
 
 namespace trillion {
 
@@ -281,6 +282,10 @@ ContextTraffic context_traffic(const KimiDeltaAttentionDims& d, const StepShape&
   ContextTraffic received = shape.context->conv1d_silu(step_conv_sizes(d, shape), shape.element_bytes).received;
   received += shape.context->delta_rule(step_delta_sizes(d, shape), shape.threads, shape.element_bytes).received;
   return received;
+}
+
+double context_flops_per_token(const KimiDeltaAttentionDims& d, int64_t /*seq*/) {
+  return double(d.heads) * context_delta_rule_flops_per_token(d.head_dim, d.head_dim);
 }
 
 #define TRILLION_INSTANTIATE(T)                                                                                   \

@@ -18,17 +18,17 @@
 // Gradient rule: the backward returns the gradient wrt its input x̂; parameter gradients (+=).
 #pragma once
 
-#include <vector>
-
-#include "model/memory_sizes.h"
 #include <cstdint>
+#include <vector>
 
 #include "core/memory.h"
 #include "memory/activation_store.h"
 #include "model/config.h"
 #include "model/linear.h"
+#include "model/memory_sizes.h"
 #include "model/param_rows.h"
 #include "model/step.h"
+#include "ops/delta_rule.h"
 
 namespace trillion {
 
@@ -98,7 +98,7 @@ void visit_params(KimiDeltaAttentionWeights<T>& w, const KimiDeltaAttentionDims&
 inline double flops_per_token(const KimiDeltaAttentionDims& d, int64_t /*seq*/) {
   const double H = double(d.hidden), D = double(d.head_dim), W = double(d.width());
   const double projections = 4.0 * H * W + 2.0 * (H * D + D * W) + H * double(d.heads);
-  return 6.0 * projections + 3.0 * double(d.heads) * (2.0 * 64.0 * (5.0 * D) + 6.0 * D * D);
+  return 6.0 * projections + 3.0 * double(d.heads) * delta_rule_chunk_flops_per_token(d.head_dim, d.head_dim);
 }
 
 inline int64_t cache_elements(const KimiDeltaAttentionDims& d, int64_t /*max_len*/) {
@@ -122,6 +122,10 @@ std::vector<SavedTensor> saved_tensors(const KimiDeltaAttentionDims& dims, const
 Workspace workspace_bytes(const KimiDeltaAttentionDims& dims, const StepShape& shape);
 // Under context parallelism (shape.context): what its exchange receives in a training step.
 ContextTraffic context_traffic(const KimiDeltaAttentionDims& dims, const StepShape& shape);
+// Training FLOPs per token it adds to flops_per_token under context parallelism: the state
+// passing's second run of the kernel, both runs formed again in the backward, and the correction
+// (parallel/context_delta_rule.h's context_delta_rule_flops_per_token per head).
+double context_flops_per_token(const KimiDeltaAttentionDims& dims, int64_t seq);
 // Its backward reads h only as its projections' operand.
 constexpr InputUse input_use(const KimiDeltaAttentionDims&) { return InputUse::operand; }
 

@@ -83,6 +83,13 @@ void delta_rule_recurrent_backward(T* dq, T* dk, T* dv, T* dg, T* dbeta, T* ds0,
 // (⌈L/64⌉ + 2) · K · V values for the longest segment L, plus O(64 · (K + V + 64)) per thread.
 inline constexpr int64_t kDeltaRuleChunk = 64;
 
+// Forward FLOPs per token and head of the chunked form (the linear-attention issue's count):
+// 2 · kDeltaRuleChunk · (3 K + 2 V) + 6 K V; training, forward and backward, takes 3 times it.
+inline double delta_rule_chunk_flops_per_token(int64_t key_dim, int64_t value_dim) {
+  const double k = double(key_dim), v = double(value_dim);
+  return 2.0 * double(kDeltaRuleChunk) * (3.0 * k + 2.0 * v) + 6.0 * k * v;
+}
+
 // Chunked form of delta_rule_recurrent_forward (same arguments).
 template <class T>
 void delta_rule_chunk_forward(T* o, T* s_final, const T* q, const T* k, const T* v, const T* g, const T* beta,

@@ -135,6 +135,13 @@ int64_t context_delta_rule_summary_count(const ContextSplit& split, const DeltaR
   return local.batch * 2 * split.ranks() * local.heads * local.key_dim * (local.key_dim + local.value_dim);
 }
 
+double context_delta_rule_flops_per_token(int64_t key_dim, int64_t value_dim) {
+  const double values_run = delta_rule_chunk_flops_per_token(key_dim, value_dim);
+  const double transition_run = delta_rule_chunk_flops_per_token(key_dim, key_dim);
+  const double correction = 3.0 * 2.0 * double(key_dim * value_dim);
+  return 4.0 * (values_run + transition_run) + correction - 3.0 * values_run;
+}
+
 ContextPassTraffic context_delta_rule_traffic(const ContextSplit& split, const DeltaRuleSizes& local,
                                                    int64_t element_bytes, bool summaries_formed_again) {
   const int64_t others = int64_t(split.ranks() - 1) * local.batch * 2 * local.heads * element_bytes;

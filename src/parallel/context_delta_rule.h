@@ -40,6 +40,14 @@ int64_t context_delta_rule_summary_count(const ContextSplit& split, const DeltaR
 ContextCost context_delta_rule_cost(const ContextSplit& split, int rank, const DeltaRuleSizes& local, int threads,
                                     int64_t element_bytes);
 
+// Training FLOPs per token and head beyond the kernel's own 3 · delta_rule_chunk_flops_per_token
+// (ops/delta_rule.h) when the model's layers run it split: the forward runs the kernel twice (the
+// values V from zero, and K values from the state I), the backward forms both runs again and runs
+// both backwards, and the correction o += S_inᵀ o' costs K · V multiply-adds a token in the forward
+// and twice that in the backward. The chain over the 2 · cp chunks' summaries is left out (K · K · V
+// a chunk).
+double context_delta_rule_flops_per_token(int64_t key_dim, int64_t value_dim);
+
 // The bytes a rank receives: forward the other ranks' summaries of their chunks, backward their
 // chunks' dS_in [K, V] per head, and the summaries again when the backward forms them again.
 ContextPassTraffic context_delta_rule_traffic(const ContextSplit& split, const DeltaRuleSizes& local,

@@ -134,6 +134,7 @@ nlohmann::json DeviceTraffic::to_json() const {
                         {"flops", flops},
                         {"expert_flops", expert_flops},
                         {"rerun_flops", rerun_flops},
+                        {"context_flops", context_flops},
                         {"expert_rows", expert_rows},
                         {"swap_bytes", swap_bytes}};
   if (step_s > 0.0)
@@ -181,6 +182,9 @@ std::vector<DeviceTraffic> plan_step_traffic(const ModelConfig& config, const St
       for (size_t x = 0; x < layer[r].size(); ++x) expert_rows[(r / ep) * ep + int(x / local)] += layer[r][x];
     }
   }
+  double context_flops_per_token = 0.0;
+  for (int l = 0; l < config.num_hidden_layers; ++l)
+    context_flops_per_token += DecoderLayerDims::from_config(config, l).context_flops_per_token(shape.seq);
   // A routed row's FLOPs (model.h's routed share of a token, over its k rows in each MoE layer).
   const double per_row = loads.empty() ? 0.0 : flops.routed_experts / double(k * loads.size());
 
@@ -203,6 +207,8 @@ std::vector<DeviceTraffic> plan_step_traffic(const ModelConfig& config, const St
       const ContextTraffic context = context_micro_batch_traffic(config, shape, rank);
       d.context_gathered = G * context.gathered_bytes;
       d.context_reduced = G * context.reduced_bytes;
+      d.context_flops = tokens * context_flops_per_token;
+      d.flops += d.context_flops;
     }
   }
   return devices;

@@ -18,7 +18,9 @@
 //     ranks' terms of their gradients; the indexer's keys and their loss's gradients; the delta
 //     rule's summaries and the convolution's halos), exactly what its counters count.
 // FLOPs: the model FLOPs of the device's tokens (model.h's training_flops_of), its experts' share
-// scaled by the rows they receive, and recompute's: the forward of the sublayers it re-runs per
+// scaled by the rows they receive; under context parallelism what the split mixers compute beyond
+// one rank's (DecoderLayerDims::context_flops_per_token: MLA's absorbed attention, the delta rule's
+// second run and its forming again); and recompute's: the forward of the sublayers it re-runs per
 // token, and the gate/up products the experts' backward forms again per row its experts run (the
 // memory plan's rerun_flops_per_token and rebuild_flops_per_routed_row). Swap: each swapped tensor written to the host
 // in the forward and read back in the backward (the memory plan's swap-file bytes, twice per micro-batch).
@@ -88,6 +90,7 @@ struct DeviceTraffic {
   int64_t context_gathered = 0, context_reduced = 0;      // received from its context-parallel group
   double flops = 0.0, expert_flops = 0.0;                 // per step (expert_flops: of them, its experts')
   double rerun_flops = 0.0;                               // of them, recompute's
+  double context_flops = 0.0;                             // of them, context parallelism's own
   double expert_rows = 0.0;                               // rows its experts run, summed over the MoE layers
   int64_t swap_bytes = 0;                                 // to the host and back, per step
   double tokens = 0.0;                                    // the device's, per step

@@ -2,8 +2,9 @@
 // (hidden 16, 6 experts, top-2, two MoE layers): the exchange's expected bytes under uniform and
 // imbalanced routing, the experts' FLOPs following the rows they receive, the model FLOPs the
 // trainer's MFU uses, the roofline's terms on one node and across nodes with and without chunks,
-// swap's transfers, loads read from a run's metrics (and the errors naming file, line and field), and rates as users
-// write them. The bytes against a real run's counters: tests/parallel/parallel_memory_plan_test.cpp.
+// swap's transfers, context parallelism's own FLOPs (on tiny_kimi_k3_like), loads read from a
+// run's metrics (and the errors naming file, line and field), and rates as users write them. The
+// bytes against a real run's counters: tests/parallel/parallel_memory_plan_test.cpp.
 #include "train/step_traffic.h"
 
 #include <gtest/gtest.h>
@@ -102,6 +103,40 @@ TEST(StepTraffic, RecomputeAddsTheReRunForwards) {
                                           recomputed.expert_rows * 4 * D * I;
     EXPECT_NEAR(recomputed.rerun_flops, expected, 1e-9 * kept.flops);
     EXPECT_DOUBLE_EQ(recomputed.flops, kept.flops + recomputed.rerun_flops);
+  }
+}
+
+// Under context parallelism each device computes its tokens' share of one rank's FLOPs and what the
+// split mixers add (tiny_kimi_k3_like: 3 KDA layers of 2 heads of 4, a sparse MLA layer of 2 heads,
+// nope 4, rope 2, v 5, r_kv 6, top-5), counted by hand: the delta rule's kernel, 2 · 64 · (3 K + 2 V)
+// + 6 K V forward FLOPs a token and head, runs 4 times (the forward and its forming again in the
+// backward, each the forward and backward's 3 of one rank's) on both its values and the transition's
+// K values from I, plus the correction's 3 products of K · V; MLA's absorbed form attends per key
+// over 2 · 6 + 2 values in place of 4 + 2 + 5. Attention (GQA) adds nothing.
+TEST(StepTraffic, ContextParallelismAddsWhatTheSplitMixersCompute) {
+  const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_kimi_k3_like.json"));
+  StepMemoryShape split = shape_of(1);
+  split.cp = 2;
+  const std::vector<DeviceTraffic> one = plan_step_traffic(config, shape_of(1), imbalanced_routing(config, 1, 1.0));
+  const std::vector<DeviceTraffic> devices = plan_step_traffic(config, split, imbalanced_routing(config, 1, 1.0));
+  const double kernel = 2 * 64 * (3 * 4 + 2 * 4) + 6 * 4 * 4;  // K = V = 4
+  const double kda = 2 * (4 * (kernel + kernel) + 3 * 2 * 4 * 4 - 3 * kernel);
+  const double mla = 3 * 2 * 5 * 2 * ((2 * 6 + 2) - (4 + 2 + 5));  // top-5 of the 8 keys a token sees on average
+  const double tokens = 2 * 16 / 2;
+  for (const DeviceTraffic& d : devices) {
+    SCOPED_TRACE(d.rank);
+    EXPECT_DOUBLE_EQ(d.tokens, tokens);
+    EXPECT_DOUBLE_EQ(d.context_flops, tokens * (3 * kda + mla));
+    EXPECT_NEAR(d.flops - d.context_flops, one[d.rank].flops / 2, 1e-12 * d.flops) << "its tokens' share";
+    EXPECT_DOUBLE_EQ(d.to_json().at("context_flops").get<double>(), d.context_flops);
+  }
+  EXPECT_EQ(one[0].context_flops, 0.0);
+
+  StepMemoryShape attention = shape_of(2);
+  attention.cp = 2;
+  for (const DeviceTraffic& d : plan_step_traffic(moe_config(), attention, imbalanced_routing(moe_config(), 2, 1.0))) {
+    EXPECT_GT(d.context_gathered, 0) << "rank " << d.rank;
+    EXPECT_EQ(d.context_flops, 0.0) << "rank " << d.rank;
   }
 }
 
