@@ -203,6 +203,9 @@ INSTANTIATE_TEST_SUITE_P(
                     // … sparse MLA: the indexer's gathered keys, its top-k and loss per chunk, the
                     // attention over the selection (128 of 256 keys); in the dense warm-up too.
                     Case{"demo_mla", "", {2}, 1, 2, 256}, Case{"demo_mla", "--indexer-mode warmup", {4}, 1, 4, 256},
+                    // … with an adapter on kv_b_proj: the rows widened by its rank, its pair beside
+                    // the key rows of W_e.
+                    Case{"demo_mla", "--lora-rank 4 --lora-targets q_b_proj,kv_b_proj,o_proj", {4}, 1, 4, 256},
                     Case{"tiny_kimi_k3_like", "", {4}, 2, 2, 64},   // KDA : sparse MLA = 3 : 1, MoE
                     Case{"tiny_qwen3_sparse", "", {2}, 1, 2, 64}),  // … and GQA's, gathering its keys
     [](const testing::TestParamInfo<Case>& info) { return info.param.config + "_" + std::to_string(info.index); });
