@@ -76,7 +76,8 @@ struct ParamSpec {
   std::vector<HfKey> hf_keys = {};  // empty: stored under `name` with `shape`
   int64_t offset = 0;          // element offset in the flat buffer; set by ParamTable::finalize
   bool frozen = false;         // its group is frozen (ParamTable::freeze); set by ParamTable::finalize
-  std::optional<AdapterTarget> adapter;  // set: a LoRA pair's tensor, stored in the adapter's files, not the model's
+  // set: a LoRA pair's tensor, stored in the adapter's files, not the model's
+  std::optional<AdapterTarget> adapter = std::nullopt;
   int64_t numel() const;
   bool trainable() const { return group != ParamGroup::buffer && !frozen; }
   // The keys a checkpoint of the original (save_pretrained default) layout stores.

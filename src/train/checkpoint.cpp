@@ -210,7 +210,7 @@ void prune_checkpoints(const std::string& out_dir, int64_t newest_step, int64_t 
   FileOutput& output = file_output();
   for (int64_t i = 0; i < removed; ++i) {
     const fs::path dir = fs::path(out_dir) / checkpoint_name(older[i]);
-    const fs::path aside = fs::path(out_dir) / ("." + checkpoint_name(older[i]) + ".removing");
+    const fs::path aside = fs::path(out_dir) / str_cat(".", checkpoint_name(older[i]), ".removing");
     fs::remove_all(aside);
     if (const int error = output.rename_file(dir.string(), aside.string()))
       fail(dir.string(), ": cannot move it aside to remove it (--keep-last ", keep_last, "): ", std::strerror(error));

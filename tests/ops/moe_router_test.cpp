@@ -308,8 +308,8 @@ TEST(MoeRouter, SequenceAuxLossOverSplitSequencesAddsUpToTheWholeOnes) {
 
   struct Part {
     std::vector<int64_t> positions;
-    std::vector<double> scores, dscores, f;  // [batch, len, E] ×2, f [batch, E] of its own assignments
-    std::vector<int32_t> index;              // [batch, len, k]
+    std::vector<double> scores = {}, dscores = {}, f = {};  // [batch, len, E] ×2, f [batch, E] of its own assignments
+    std::vector<int32_t> index = {};                        // [batch, len, k]
   };
   Part parts[2] = {{{0, 1, 2, 8, 9, 10}}, {{3, 4, 5, 6, 7}}};
   for (Part& p : parts)

@@ -73,7 +73,8 @@ TEST(KillResume, TwentyRandomKillsResumeIntoTheUninterruptedRun) {
       kill(pid, SIGKILL);
       ASSERT_EQ(waitpid(pid, &status, 0), pid);
       ++kills;
-      killed_at += " " + (fs::exists(work / "latest") ? read_text(work / "latest").substr(11, 6) : std::string("-"));
+      killed_at += ' ';
+      killed_at += fs::exists(work / "latest") ? read_text(work / "latest").substr(11, 6) : std::string("-");
       continue;
     }
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_text(log);
