@@ -166,7 +166,8 @@ TEST(DistributedGradcheck, ContextParallelSparseAttentionIsOneProcesses) {
 
 // LoRA with dropout on every linear layer under context parallelism: each token's masks are drawn
 // whichever rank holds it, in MLA's absorbed rows too (kv_b_proj's adapter part, formed by each
-// token's owner), dense and sparse (the Kimi-K3-like hybrid: the rows its top-k selects).
+// token's owner), dense and sparse (the Kimi-K3-like hybrid: the rows its top-k selects, with
+// documents crossing the chunks).
 TEST(DistributedGradcheck, ContextParallelLoraDropoutIsOneProcesss) {
   const test::ScratchDir dir;
   const fs::path adapter = fs::path(dir.path()) / "adapter_config.json";
@@ -178,7 +179,7 @@ TEST(DistributedGradcheck, ContextParallelLoraDropoutIsOneProcesss) {
       {{2, "--batch 1 --cp 2 --seq-len 11" + lora}, {4, "--batch 2 --cp 2 --seq-len 9" + lora}});
   const std::string indexer = " --indexer-loss-coef 0.5 --indexer-mode sparse";
   expect_context_parallel_is_one_process({std::string(TRILLION_SOURCE_DIR) + "/configs/models/tiny_kimi_k3_like.json"},
-                                         {{4, "--batch 1 --cp 4 --seq-len 17" + lora + indexer}});
+                                         {{4, "--batch 1 --cp 4 --seq-len 19 --document-eos 5" + lora + indexer}});
 }
 
 // Context parallelism refuses a cp that does not divide the ranks, naming the flag.
