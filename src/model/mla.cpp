@@ -36,6 +36,7 @@ MlaDims MlaDims::from_config(const ModelConfig& config, int layer, bool sparse) 
   if (sparse) dims.indexer = IndexerDims::from_config(config, /*from_latent=*/true);
   const std::string kv_b = decoder_layer_prefix(layer) + "self_attn.kv_b_proj";
   if (config.lora != nullptr && config.lora->targets_module(kv_b)) dims.kv_b_adapter_rank = config.lora->rank_of(kv_b);
+  dims.base_frozen = config.lora != nullptr;
   return dims;
 }
 

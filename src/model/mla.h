@@ -73,6 +73,7 @@ struct MlaDims {
   InitStds init;
   IndexerDims indexer;      // enabled on sparse layers
   int64_t kv_b_adapter_rank = 0;  // r_a of a LoRA adapter on kv_b_proj (config.lora), 0: none
+  bool base_frozen = false;       // config.lora: kv_b_proj frozen with the rest of the base
   static MlaDims from_config(const ModelConfig& config, int layer, bool sparse);
   int64_t qk() const { return nope + rope_dim; }                    // query/key head dim
   int64_t q_width() const { return heads * qk(); }                  // H·qk
@@ -144,12 +145,24 @@ inline double flops_per_token(const MlaDims& dims, int64_t seq) {
          flops_per_token(dims.indexer, seq);
 }
 // What it adds under context parallelism, where it attends in its absorbed form (model/mla_absorbed.h):
-// per key, the scores over the row [e | k_rot] and the output over e, heads · (2 · absorbed_latent +
-// rope) multiply-adds in place of heads · (qk + v). The queries' absorption and the output's expansion
-// cost per token what kv_b_proj's (and its adapter's) expansion of the keys and values costs.
+//   - per key, the scores over the row [e | k_rot] and the output over e: heads · (2 · absorbed_latent
+//     + rope) multiply-adds in place of heads · (qk + v);
+//   - per token, the queries' absorption and the output's expansion through W_e [kv_b_out, L]: formed
+//     in the forward and again in the backward, with both gradients (dW_e over all of L, frozen columns
+//     too, unless kv_b_proj is frozen with no adapter): 8 (6) · kv_b_out · L FLOPs, in place of what
+//     flops_per_token counts for kv_b_proj's expansion, 6 (frozen: 4) · kv_b_out · r_kv, and its
+//     adapter's B, 6 · kv_b_out · r_a.
+// The indexer loss's target scores (over the selected rows at width L + rope under cp) are counted in
+// neither.
 inline double context_flops_per_token(const MlaDims& dims, int64_t seq) {
   const double absorbed = double(2 * dims.absorbed_latent() + dims.rope_dim), expanded = double(dims.qk() + dims.v);
-  return 3.0 * 2.0 * attended_keys(dims, seq) * double(dims.heads) * (absorbed - expanded);
+  const double per_key = 3.0 * 2.0 * attended_keys(dims, seq) * double(dims.heads) * (absorbed - expanded);
+  const double rows = double(dims.kv_b_out());
+  const bool forms_dw_e = !dims.base_frozen || dims.kv_b_adapter_rank > 0;
+  const double absorption = (forms_dw_e ? 8.0 : 6.0) * rows * double(dims.absorbed_latent());
+  const double expansion =
+      (dims.base_frozen ? 4.0 : 6.0) * rows * double(dims.kv_lora_rank) + 6.0 * rows * double(dims.kv_b_adapter_rank);
+  return per_key + absorption - expansion;
 }
 
 // The mixer interface (model/attention_block.h documents it).

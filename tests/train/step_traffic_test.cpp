@@ -10,9 +10,11 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "core/error.h"
+#include "model/lora_config.h"
 #include "model/model.h"
 #include "model/test_configs.h"
 
@@ -112,7 +114,10 @@ TEST(StepTraffic, RecomputeAddsTheReRunForwards) {
 // + 6 K V forward FLOPs a token and head, runs 4 times (the forward and its forming again in the
 // backward, each the forward and backward's 3 of one rank's) on both its values and the transition's
 // K values from I, plus the correction's 3 products of K · V; MLA's absorbed form attends per key
-// over 2 · 6 + 2 values in place of 4 + 2 + 5. Attention (GQA) adds nothing.
+// over 2 · 6 + 2 values in place of 4 + 2 + 5, and its queries' absorption and output's expansion
+// through W_e [2 · (4 + 5), 6] run twice with both gradients (4 products) where kv_b_proj's expansion
+// ran once with its two (3). Gated DeltaNet with K ≠ V (tiny_qwen3_next_hybrid: 2 layers of 4 value
+// heads, K 4, V 3). Attention (GQA) adds nothing.
 TEST(StepTraffic, ContextParallelismAddsWhatTheSplitMixersCompute) {
   const ModelConfig config = ModelConfig::load(testing::model_config_path("tiny_kimi_k3_like.json"));
   StepMemoryShape split = shape_of(1);
@@ -121,7 +126,8 @@ TEST(StepTraffic, ContextParallelismAddsWhatTheSplitMixersCompute) {
   const std::vector<DeviceTraffic> devices = plan_step_traffic(config, split, imbalanced_routing(config, 1, 1.0));
   const double kernel = 2 * 64 * (3 * 4 + 2 * 4) + 6 * 4 * 4;  // K = V = 4
   const double kda = 2 * (4 * (kernel + kernel) + 3 * 2 * 4 * 4 - 3 * kernel);
-  const double mla = 3 * 2 * 5 * 2 * ((2 * 6 + 2) - (4 + 2 + 5));  // top-5 of the 8 keys a token sees on average
+  const double mla = 3 * 2 * 5 * 2 * ((2 * 6 + 2) - (4 + 2 + 5)) +  // top-5 of the 8 keys a token sees on average
+                     2 * (4 - 3) * (2 * (4 + 5)) * 6;
   const double tokens = 2 * 16 / 2;
   for (const DeviceTraffic& d : devices) {
     SCOPED_TRACE(d.rank);
@@ -131,6 +137,20 @@ TEST(StepTraffic, ContextParallelismAddsWhatTheSplitMixersCompute) {
     EXPECT_DOUBLE_EQ(d.to_json().at("context_flops").get<double>(), d.context_flops);
   }
   EXPECT_EQ(one[0].context_flops, 0.0);
+
+  // A rank-3 adapter on kv_b_proj freezes the base: the rows widen to L = 6 + 3 and dW_e spans them all,
+  // where one rank forms kv_b_proj's products without its gradient and the adapter's B with its two.
+  ModelConfig adapted = config;
+  adapted.lora = std::make_shared<const LoraConfig>(LoraConfig::from_flags(3, 6, "kv_b_proj"));
+  const double mla_adapted = 3 * 2 * 5 * 2 * ((2 * 9 + 2) - (4 + 2 + 5)) + 8 * 18 * 9 - (4 * 18 * 6 + 6 * 18 * 3);
+  for (const DeviceTraffic& d : plan_step_traffic(adapted, split, imbalanced_routing(adapted, 1, 1.0)))
+    EXPECT_DOUBLE_EQ(d.context_flops, tokens * (3 * kda + mla_adapted)) << "rank " << d.rank;
+
+  const ModelConfig hybrid = ModelConfig::load(testing::model_config_path("tiny_qwen3_next_hybrid.json"));
+  const double values_run = 2 * 64 * (3 * 4 + 2 * 3) + 6 * 4 * 3, transition_run = kernel;
+  const double gdn = 4 * (4 * (values_run + transition_run) + 3 * 2 * 4 * 3 - 3 * values_run);
+  for (const DeviceTraffic& d : plan_step_traffic(hybrid, split, imbalanced_routing(hybrid, 1, 1.0)))
+    EXPECT_DOUBLE_EQ(d.context_flops, tokens * 2 * gdn) << "rank " << d.rank;
 
   StepMemoryShape attention = shape_of(2);
   attention.cp = 2;
