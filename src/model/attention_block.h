@@ -99,8 +99,8 @@ inline int64_t cache_elements(const AttentionBlockDims& dims, int64_t max_len) {
 inline double flops_per_token(const AttentionBlockDims& dims, int64_t seq) {
   const double D = double(dims.hidden);
   const double projections = D * double(dims.q_proj_out() + 2 * dims.kv_width()) + double(dims.q_width()) * D;
-  const double keys = dims.indexer.enabled() ? std::min(double(seq) / 2.0, double(dims.indexer.topk)) : double(seq) / 2.0;
-  return 6.0 * projections + 3.0 * 4.0 * keys * double(dims.q_heads) * double(dims.head_dim) +
+  return 6.0 * projections +
+         3.0 * 4.0 * attended_keys(dims.indexer, seq) * double(dims.q_heads) * double(dims.head_dim) +
          flops_per_token(dims.indexer, seq);
 }
 

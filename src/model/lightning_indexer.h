@@ -19,16 +19,16 @@
 // statistics, and the gradients wrt q_I, k_I, w_I when the loss is on.
 #pragma once
 
-#include <vector>
-
-#include "model/memory_sizes.h"
+#include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/memory.h"
 #include "memory/activation_store.h"
 #include "model/config.h"
 #include "model/linear.h"
+#include "model/memory_sizes.h"
 #include "model/param_rows.h"
 #include "model/step.h"
 #include "ops/attention.h"
@@ -90,6 +90,12 @@ void visit_params(IndexerWeights<T>& w, const IndexerDims& dims, Visit&& visit) 
   visit(w.k_norm_weight, norm_row(p + "k_norm.weight", dims.head_dim, NormSpec{1e-6, false}));
   visit(w.k_norm_bias, bias_row(p + "k_norm.bias", dims.head_dim));
   visit(w.weights_proj, linear_row(p + "weights_proj.weight", {dims.heads, dims.hidden}, dims.init.std_in));
+}
+
+// The keys a query attends to on average over a causal sequence of seq tokens: seq / 2, at most the
+// top-k where the indexer selects (sparse layers).
+inline double attended_keys(const IndexerDims& dims, int64_t seq) {
+  return dims.enabled() ? std::min(double(seq) / 2.0, double(dims.topk)) : double(seq) / 2.0;
 }
 
 // Training FLOPs per token of the indexer: its projections (forward, and backward when trained) and

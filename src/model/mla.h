@@ -132,16 +132,14 @@ inline int64_t cache_elements(const MlaDims& dims, int64_t max_len) {
 // Training FLOPs per token (forward + backward): 6 · projection parameters, plus causal QKᵀ (qk dims)
 // and PV (v dims) over seq / 2 keys on average (at most top-k on sparse layers), backward twice the
 // forward, plus the indexer's.
-inline double attended_keys(const MlaDims& dims, int64_t seq) {
-  return dims.indexer.enabled() ? std::min(double(seq) / 2.0, double(dims.indexer.topk)) : double(seq) / 2.0;
-}
 inline double flops_per_token(const MlaDims& dims, int64_t seq) {
   const double D = double(dims.hidden);
   const double q = dims.q_lora_rank == 0 ? D * double(dims.q_width())
                                          : double(dims.q_lora_rank) * (D + double(dims.q_width()));
   const double projections = q + D * double(dims.kv_a_out()) + double(dims.kv_lora_rank * dims.kv_b_out()) +
                              double(dims.o_width()) * D;
-  return 6.0 * projections + 3.0 * 2.0 * attended_keys(dims, seq) * double(dims.heads) * double(dims.qk() + dims.v) +
+  return 6.0 * projections +
+         3.0 * 2.0 * attended_keys(dims.indexer, seq) * double(dims.heads) * double(dims.qk() + dims.v) +
          flops_per_token(dims.indexer, seq);
 }
 // What it adds under context parallelism, where it attends in its absorbed form (model/mla_absorbed.h):
@@ -156,7 +154,7 @@ inline double flops_per_token(const MlaDims& dims, int64_t seq) {
 // neither.
 inline double context_flops_per_token(const MlaDims& dims, int64_t seq) {
   const double absorbed = double(2 * dims.absorbed_latent() + dims.rope_dim), expanded = double(dims.qk() + dims.v);
-  const double per_key = 3.0 * 2.0 * attended_keys(dims, seq) * double(dims.heads) * (absorbed - expanded);
+  const double per_key = 3.0 * 2.0 * attended_keys(dims.indexer, seq) * double(dims.heads) * (absorbed - expanded);
   const double rows = double(dims.kv_b_out());
   const bool forms_dw_e = !dims.base_frozen || dims.kv_b_adapter_rank > 0;
   const double absorption = (forms_dw_e ? 8.0 : 6.0) * rows * double(dims.absorbed_latent());
