@@ -2,11 +2,10 @@
 #include "bench/context_parallel_bench.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <vector>
 
-#include "bench/timing.h"
+#include "bench/context_bench_measure.h"
 #include "core/error.h"
 #include "core/memory.h"
 #include "core/rng.h"
@@ -40,28 +39,6 @@ struct AttentionTensors {
   }
 };
 
-// dst[batch, positions, row] ← src[batch, seq, row] at the positions.
-template <class T>
-void take_rows(T* dst, const T* src, int64_t batch, int64_t seq, int64_t row, const std::vector<int32_t>& positions) {
-  const int64_t len = static_cast<int64_t>(positions.size());
-  for (int64_t b = 0; b < batch; ++b)
-    for (int64_t j = 0; j < len; ++j) std::copy_n(src + (b * seq + positions[j]) * row, row, dst + (b * len + j) * row);
-}
-
-// max|a − b| / max|b| over the local rows, b taken from the whole sequences at the positions.
-template <class T>
-double rel_err(const Buffer<T>& local, const Buffer<T>& whole, int64_t batch, int64_t seq, int64_t row,
-               const std::vector<int32_t>& positions) {
-  Buffer<T> expected(local.size());
-  take_rows(expected.data(), whole.data(), batch, seq, row, positions);
-  double diff = 0.0, scale = 0.0;
-  for (int64_t i = 0; i < local.size(); ++i) {
-    diff = std::max(diff, std::abs(double(local[i]) - double(expected[i])));
-    scale = std::max(scale, std::abs(double(expected[i])));
-  }
-  return scale > 0.0 ? diff / scale : diff;
-}
-
 // The largest rel err of an attention's outputs and gradients on this rank's rows (`positions`)
 // against one rank's over the whole sequences (sizes: theirs); lse [batch, heads, seq] is compared
 // as rows of one value: [batch · heads, seq, 1].
@@ -74,96 +51,6 @@ double attention_error(const AttentionTensors<T>& local, const AttentionTensors<
                    rel_err(local.dq, whole.dq, batch, seq, s.q_heads * s.head_dim, positions),
                    rel_err(local.dk, whole.dk, batch, seq, s.kv_heads * s.head_dim, positions),
                    rel_err(local.dv, whole.dv, batch, seq, s.kv_heads * dv, positions)});
-}
-
-// What one rank measured of a mixer's split forward and backward, and what the formula plans.
-struct RankMeasure {
-  double err = 0.0;           // max rel err against one rank over the whole sequences
-  int64_t peak = 0;           // local tensors plus the temporaries' peak
-  int64_t one_rank_peak = 0;  // the same for one rank over the whole sequences
-  ContextTraffic forward, backward;
-  ContextPassTraffic plan;
-  std::vector<double> seconds;           // each run's forward + backward
-  std::vector<double> one_rank_seconds;  // on one rank: the plain kernels' over the whole sequences
-};
-
-// The summary over the ranks: the slowest rank's time per run, the largest error, peak and traffic.
-nlohmann::json summarize_ranks(const RankMeasure& m, const ProcessGroup& world) {
-  const bool matches = m.plan.forward.gathered_bytes == m.forward.gathered_bytes &&
-                       m.plan.forward.reduced_bytes == m.forward.reduced_bytes &&
-                       m.plan.backward.gathered_bytes == m.backward.gathered_bytes &&
-                       m.plan.backward.reduced_bytes == m.backward.reduced_bytes;
-  std::vector<double> mine = {m.err, double(m.peak), double(m.forward.total()), double(m.backward.total()),
-                              matches ? 1.0 : 0.0};
-  mine.insert(mine.end(), m.seconds.begin(), m.seconds.end());
-  const std::vector<double> all = world.all_gather_values<double>(mine);  // [ranks, mine.size()]
-  const size_t n = mine.size();
-  double err = 0.0, peak = 0.0, forward = 0.0, backward = 0.0;
-  bool all_match = true;
-  std::vector<double> slowest(m.seconds.size(), 0.0);
-  for (int r = 0; r < world.size(); ++r) {
-    const double* at = all.data() + r * n;
-    err = std::max(err, at[0]);
-    peak = std::max(peak, at[1]);
-    forward = std::max(forward, at[2]);
-    backward = std::max(backward, at[3]);
-    all_match = all_match && at[4] == 1.0;
-    for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], at[5 + i]);
-  }
-  const TimingResult timing = summarize(slowest);
-  nlohmann::json plain;  // on one rank: the plain kernels, and what the split path costs more
-  if (!m.one_rank_seconds.empty()) {
-    const double one_rank_s = summarize(m.one_rank_seconds).median_s;
-    plain = {{"one_rank_s", one_rank_s}, {"split_overhead", timing.median_s / one_rank_s}};
-  }
-  return {{"cp", world.size()},
-          {"plain", plain},
-          {"median_s", timing.median_s},
-          {"min_s", timing.min_s},
-          {"runs", timing.runs},
-          {"max_rel_err", err},
-          {"peak_bytes", int64_t(peak)},
-          {"one_rank_peak_bytes", m.one_rank_peak},
-          {"peak_ratio", peak / double(m.one_rank_peak)},
-          {"forward_received_bytes", int64_t(forward)},
-          {"backward_received_bytes", int64_t(backward)},
-          {"traffic_matches_plan", all_match}};
-}
-
-// Runs step `runs` times after one counted run (its traffic and peak), every run timed from a barrier.
-// On one rank the whole sequences' plain kernels (`reference`) are timed too, alternating with it.
-template <class Step, class Reference>
-void measure(RankMeasure& m, int64_t local_bytes, int runs, const ProcessGroup& world, const Step& step,
-             const Reference& reference) {
-  m.peak = local_bytes + peak_extra_bytes([&] { step(&m.forward, &m.backward); });
-  const auto seconds_of = [](const auto& fn) {
-    const auto start = std::chrono::steady_clock::now();
-    fn();
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  };
-  for (int r = 0; r < runs; ++r) {
-    world.barrier();
-    m.seconds.push_back(seconds_of([&] { step(nullptr, nullptr); }));
-    if (world.size() == 1) m.one_rank_seconds.push_back(seconds_of(reference));
-  }
-}
-
-// Documents start where (position + 7 · row) is a multiple of doc_len, so they cross chunks:
-// [batch, seq] each token's document start.
-std::vector<int32_t> document_starts(int64_t batch, int64_t seq, int64_t doc_len) {
-  std::vector<int32_t> doc_start(batch * seq, 0);
-  for (int64_t b = 0; b < batch && doc_len > 0; ++b)
-    for (int64_t t = 0; t < seq; ++t) doc_start[b * seq + t] = int32_t(std::max<int64_t>(0, t - (t + 7 * b) % doc_len));
-  return doc_start;
-}
-
-// The documents as packed segments over the batch · seq tokens, [segments + 1] (empty: no masks).
-std::vector<int32_t> document_segments(const std::vector<int32_t>& doc_start, int64_t seq) {
-  std::vector<int32_t> cu_seqlens;
-  for (int64_t t = 0; t < int64_t(doc_start.size()); ++t)
-    if (doc_start[t] == t % seq) cu_seqlens.push_back(int32_t(t));
-  cu_seqlens.push_back(int32_t(doc_start.size()));
-  return cu_seqlens;
 }
 
 template <class T>
@@ -497,11 +384,13 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
     m = o.use_double ? run_sparse_attention<double>(o, split, world) : run_sparse_attention<float>(o, split, world);
   } else if (o.mixer == "conv") {
     m = o.use_double ? run_conv<double>(o, split, world) : run_conv<float>(o, split, world);
+  } else if (o.mixer == "mla") {
+    m = run_mla_context(o, split, world);
   } else if (o.mixer == "gated_deltanet" || o.mixer == "kda") {
     const DeltaDecay decay = o.mixer == "kda" ? DeltaDecay::per_key_channel : DeltaDecay::per_head;
     m = o.use_double ? run_delta_rule<double>(o, decay, split, world) : run_delta_rule<float>(o, decay, split, world);
   } else {
-    fail("bench context-parallel: --mixer ", o.mixer, " must be attention, sparse, gated_deltanet, kda or conv");
+    fail("bench context-parallel: --mixer ", o.mixer, " must be attention, sparse, mla, gated_deltanet, kda or conv");
   }
   nlohmann::json summary = summarize_ranks(m, world);
   summary.update({{"bench", "context-parallel"},
@@ -517,6 +406,8 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
                   {"conv_width", o.conv_width}});
   if (o.mixer == "sparse")
     summary.update({{"index_heads", o.index_heads}, {"index_dim", o.index_dim}, {"topk", o.topk}});
+  if (o.mixer == "mla")
+    summary.update({{"rope_dim", o.rope_dim}, {"latent_dim", o.latent_dim}, {"adapter_rank", o.adapter_rank}});
   return summary;
 }
 

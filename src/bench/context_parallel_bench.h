@@ -2,9 +2,12 @@
 // forward and backward over long sequences split over the ranks, against the plain kernels over the
 // whole sequences on one rank. Mixers: attention (parallel/context_parallel.h, GQA), sparse (GQA
 // over the lightning indexer's top-k: ops/indexer.h with --index-heads, --index-dim, --topk, and
-// ops/sparse_attention.h), the gated delta
-// rule with per-head (gated_deltanet) or per-key-channel (kda) decay (parallel/context_delta_rule.h;
-// --heads, --head-dim and --v-dim are its H, K and V) and the short convolution (conv:
+// ops/sparse_attention.h), mla (MLA's attention between its projections in the absorbed form over
+// the gathered latent rows, against one rank's expanded form: bench/context_parallel_mla.cpp;
+// --heads, --head-dim, --rope-dim, --v-dim and --latent-dim are its H, qk_nope, qk_rope and v head
+// dims and kv_lora_rank, --adapter-rank a LoRA adapter on kv_b_proj), the gated delta rule with
+// per-head (gated_deltanet) or per-key-channel (kda) decay (parallel/context_delta_rule.h; --heads,
+// --head-dim and --v-dim are its H, K and V) and the short convolution (conv:
 // parallel/context_conv1d.h; heads · head dim channels, --conv-width taps).
 //
 // Every rank draws the same whole inputs (document masks of --doc-len tokens, their starts shifted
@@ -17,8 +20,8 @@
 // tensors, inputs, outputs and gradients, plus the kernels' temporaries at their peak) against one
 // rank's for the whole sequences (peak_ratio, the largest over the ranks); and the bytes each rank
 // received, forward and backward, as the collectives' counts give them, against the mixer's formula
-// (context_attention_traffic, with the indexer's keys for sparse; context_delta_rule_traffic,
-// context_conv1d_traffic; traffic_matches_plan:
+// (context_attention_traffic, with the indexer's keys for sparse; context_gathered_rows_traffic of
+// the absorbed rows for mla; context_delta_rule_traffic, context_conv1d_traffic; traffic_matches_plan:
 // equal on every rank).
 #pragma once
 
@@ -29,7 +32,7 @@
 namespace trillion {
 
 struct ContextParallelBenchOptions {
-  std::string mixer = "attention";  // attention, sparse, gated_deltanet, kda or conv (the short convolution)
+  std::string mixer = "attention";  // attention, sparse, mla, gated_deltanet, kda or conv (the short convolution)
   int64_t seq_len = 16384;
   int64_t batch = 1;
   int64_t heads = 8;
@@ -41,6 +44,9 @@ struct ContextParallelBenchOptions {
   int64_t index_heads = 4;  // sparse: the indexer's H_I, d_I and top-k
   int64_t index_dim = 32;
   int64_t topk = 256;
+  int64_t rope_dim = 32;     // mla: qk_rope_head_dim (--head-dim is qk_nope_head_dim, --v-dim v_head_dim)
+  int64_t latent_dim = 128;  // mla: kv_lora_rank
+  int64_t adapter_rank = 0;  // mla: a LoRA adapter's rank on kv_b_proj (0: none)
   bool use_double = false;
   int runs = 3;
   uint64_t seed = 1;

@@ -97,62 +97,26 @@ void rotate_positions(T* q, T* kv_a, const int32_t* positions, int64_t n, const 
   rotate(kv_a, positions, n, 1, dims.kv_a_out(), dims.kv_lora_rank, dims.rope);
 }
 
-// k[n, H, qk] = [k_nope | k_rot] and v[n, H, v] from kv[n, H, nope + v] = kv_b_proj(c) and kv_a's k_rot.
+}  // namespace
+
 template <class T>
 void expand_keys(T* k, T* v, const T* kv, const T* kv_a, int64_t n, const MlaDims& dims) {
   const int64_t H = dims.heads, nope = dims.nope, r = dims.rope_dim, dv = dims.v, qk = dims.qk();
   for (int64_t t = 0; t < n; ++t)
     for (int64_t hd = 0; hd < H; ++hd) {
-      const T* row = kv + (t * H + hd) * (nope + dv);
+      const T* row = kv + (t * H + hd) * (nope + dv);  // [nope + v]
       std::memcpy(k + (t * H + hd) * qk, row, nope * sizeof(T));
       std::memcpy(k + (t * H + hd) * qk + nope, kv_a + t * dims.kv_a_out() + dims.kv_lora_rank, r * sizeof(T));
       std::memcpy(v + (t * H + hd) * dv, row + nope, dv * sizeof(T));
     }
 }
 
-// Context parallelism: the whole sequences' rows [e | k_rot] (model/mla_absorbed.h), gathered from
-// every rank's (L + rope elements per token, never expanded keys), and their latents e, contiguous
-// (the values); m = batch · the whole sequence's length.
 template <class T>
-struct WholeRows {
-  T* rows;    // [m, L + rope]
-  T* latent;  // [m, L]
-};
-
-// latent [n, r_kv] and kv_a [n, r_kv + rope] (its k_rot rotated) are this rank's tokens'.
-template <class T>
-WholeRows<T> gather_whole_rows(const T* latent, const T* kv_a, int64_t batch, int64_t seq, const MlaWeights<T>& w,
-                               const MlaDims& dims, ContextExchange& context, Arena& scratch) {
-  const int64_t n = batch * seq, width = dims.absorbed_latent(), row = dims.absorbed_row();
-  const int64_t m = batch * context.sequence_length();
-  T* own = scratch.alloc<T>(n * row);  // [n, L + rope] this rank's [e | k_rot]
-  latent_rows(own, latent, kv_a, w.kv_b_proj, n, dims);
-  const WholeRows<T> whole{scratch.alloc<T>(m * row), scratch.alloc<T>(m * width)};
-  context.gather_sequences(whole.rows, own, batch, row);
-  for (int64_t t = 0; t < m; ++t) std::memcpy(whole.latent + t * width, whole.rows + t * row, width * sizeof(T));
-  return whole;
-}
-
-// What the attention's backward gives the latents: dq [n, H, qk] and dc [n, r_kv] (=), and the rope
-// columns of d_kv_a [n, r_kv + rope] (=, d k_rot); kv_b_proj's gradients accumulate.
-template <class T>
-struct LatentGrads {
-  T* dq;
-  T* d_latent;
-  T* d_kv_a;
-};
-
-// One rank's tokens: back through the expanded keys k = [k_nope | k_rot], v (saved).
-template <class T>
-void expanded_backward(const LatentGrads<T>& g, const T* d_out, const T* q, const T* latent, const T* lse,
-                       const int32_t* selection, const MlaWeights<T>& w, const MlaWeights<T>& grads,
-                       const MlaDims& dims, const LayerPass& pass, const SavedReader& saved, Arena& scratch) {
-  using Tag = ActivationTag;
-  const int64_t n = pass.batch * pass.seq, H = dims.heads, nope = dims.nope, dv = dims.v, qk = dims.qk();
-  const T* k = saved.in<T>(Tag::k);           // [n, H, qk]
-  const T* v = saved.in<T>(Tag::v);           // [n, H, v]
-  const T* out = saved.in<T>(Tag::attn_out);  // [n, H·v]
-  const AttentionSizes sizes{pass.batch, pass.seq, pass.seq, H, H, qk, dims.scale, dv, pass.doc_start};
+void expanded_attention_backward(const LatentGrads<T>& g, const T* d_out, const T* q, const T* latent, const T* k,
+                                 const T* v, const T* out, const T* lse, const int32_t* selection,
+                                 const LinearWeights<T>& kv_b, const LinearWeights<T>& kv_b_grads, const MlaDims& dims,
+                                 const AttentionSizes& sizes, Arena& scratch) {
+  const int64_t n = sizes.batch * sizes.q_len, H = dims.heads, nope = dims.nope, dv = dims.v, qk = dims.qk();
   T* dk = scratch.alloc<T>(n * dims.q_width());   // [n, H, qk]
   T* d_v = scratch.alloc<T>(n * dims.o_width());  // [n, H, v]
   if (selection != nullptr)
@@ -166,55 +130,14 @@ void expanded_backward(const LatentGrads<T>& g, const T* d_out, const T* q, cons
     T* d_rot = g.d_kv_a + t * dims.kv_a_out() + dims.kv_lora_rank;  // [rope]
     std::fill(d_rot, d_rot + dims.rope_dim, T(0));
     for (int64_t hd = 0; hd < H; ++hd) {
-      const T* dk_row = dk + (t * H + hd) * qk;
+      const T* dk_row = dk + (t * H + hd) * qk;  // [qk]
       std::memcpy(d_kv + (t * H + hd) * (nope + dv), dk_row, nope * sizeof(T));
       std::memcpy(d_kv + (t * H + hd) * (nope + dv) + nope, d_v + (t * H + hd) * dv, dv * sizeof(T));
       for (int64_t i = 0; i < dims.rope_dim; ++i) d_rot[i] += dk_row[nope + i];
     }
   }
-  linear_grad(g.d_latent, grads.kv_b_proj, d_kv, latent, w.kv_b_proj, n, dims.kv_lora_rank, dims.kv_b_out(), false);
+  linear_grad(g.d_latent, kv_b_grads, d_kv, latent, kv_b, n, dims.kv_lora_rank, dims.kv_b_out(), false);
 }
-
-// Context parallelism: back through the absorbed form over the whole sequences' rows, each rank's
-// terms of their gradients summed onto the tokens' owners. out_latent [n, H, L] is the forward's
-// saved output, w_e the absorbed weight.
-template <class T>
-void absorbed_backward(const LatentGrads<T>& g, const T* d_out, const T* q, const T* latent, const T* kv_a,
-                       const T* out_latent, const T* lse, const int32_t* selection, const T* w_e,
-                       const MlaWeights<T>& w, const MlaWeights<T>& grads, const MlaDims& dims, const LayerPass& pass,
-                       Arena& scratch) {
-  const int64_t batch = pass.batch, n = batch * pass.seq, H = dims.heads;
-  const int64_t width = dims.absorbed_latent(), row = dims.absorbed_row();
-  ContextExchange& context = *pass.context;
-  const int64_t m = batch * context.sequence_length();
-  T* d_out_latent = scratch.alloc<T>(n * H * width);    // [n, H, L]
-  // dW_e [H·(nope + v), L], unless kv_b_proj is frozen with no adapter (allocated either way: the plan's)
-  T* dw_e = scratch.alloc<T>(dims.kv_b_out() * width);
-  const bool trains = grads.kv_b_proj.weight != nullptr || grads.kv_b_proj.lora.b != nullptr;
-  if (trains)
-    std::fill(dw_e, dw_e + dims.kv_b_out() * width, T(0));
-  else
-    dw_e = nullptr;
-  expand_outputs_backward(d_out_latent, dw_e, d_out, out_latent, w_e, width, n, dims);
-  const WholeRows<T> whole = gather_whole_rows(latent, kv_a, batch, pass.seq, w, dims, context, scratch);
-  T* q_abs = scratch.alloc<T>(n * H * row);   // [n, H, L + rope]
-  T* dq_abs = scratch.alloc<T>(n * H * row);  // [n, H, L + rope]
-  T* d_rows = scratch.alloc<T>(m * row);      // [m, L + rope] this rank's terms
-  T* d_values = scratch.alloc<T>(m * width);  // [m, L]
-  absorb_queries(q_abs, q, w_e, width, n, dims);
-  const AttentionSizes sizes{batch, pass.seq, context.sequence_length(), H, 1, row, dims.scale, width, pass.doc_start};
-  context.gathered_attention_backward(dq_abs, d_rows, d_values, d_out_latent, q_abs, whole.rows, whole.latent,
-                                      out_latent, lse, selection, dims.indexer.topk, sizes);
-  absorb_queries_backward(g.dq, dw_e, dq_abs, q, w_e, width, n, dims);
-  if (trains) absorbed_weight_grad(grads.kv_b_proj, dw_e, dims);
-  for (int64_t t = 0; t < m; ++t)  // the values are the rows' latent part
-    for (int64_t i = 0; i < width; ++i) d_rows[t * row + i] += d_values[t * width + i];
-  T* d_own = scratch.alloc<T>(n * row);  // [n, L + rope] the group's sum at this rank's tokens
-  context.reduce_sequences(d_own, d_rows, batch, row);
-  latent_rows_backward(g.d_latent, g.d_kv_a, grads.kv_b_proj, d_own, latent, w.kv_b_proj, n, dims);
-}
-
-}  // namespace
 
 // Saved in mixer_forward's order: the query latent (q LoRA), the query, kv_a and the latent, the
 // expanded keys and values and the attention's output (under context parallelism the absorbed
@@ -268,21 +191,12 @@ void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims
   const T* w_e = nullptr;  // [H·(nope + v), L] the absorbed weight
   T* expanded = nullptr;   // [n, H·v] under cp: o_proj's input, from the output over the latents
   if (pass.context != nullptr) {
-    w_e = absorbed_weight(w.kv_b_proj, dims, scratch);
-    const WholeRows<T> whole = gather_whole_rows(p.latent, p.kv_a, batch, seq, w, dims, *pass.context, scratch);
-    T* q_abs = scratch.alloc<T>(n * H * dims.absorbed_row());  // [n, H, L + rope]
-    absorb_queries(q_abs, p.q, w_e, dims.absorbed_latent(), n, dims);
-    q = q_abs, k = whole.rows, v = whole.latent, attended = saves.out<T>(Tag::mla_out_latent);
+    sizes = absorbed_sizes(dims, batch, seq, pass.doc_start, *pass.context);
+    const AbsorbedOperands<T> operands =
+        absorbed_operands(p.q, p.latent, p.kv_a, w.kv_b_proj, dims, sizes, *pass.context, scratch);
+    w_e = operands.w_e, q = operands.q_abs, k = operands.whole.rows, v = operands.whole.latent;
+    attended = saves.out<T>(Tag::mla_out_latent);
     expanded = scratch.alloc<T>(n * dims.o_width());
-    sizes = {batch,
-             seq,
-             pass.context->sequence_length(),
-             H,
-             1,
-             dims.absorbed_row(),
-             dims.scale,
-             dims.absorbed_latent(),
-             pass.doc_start};
   } else {
     T* kv = scratch.alloc<T>(n * dims.kv_b_out());  // [n, H, nope + v]
     linear(kv, p.latent, w.kv_b_proj, n, rkv, dims.kv_b_out(), /*accumulate=*/false);
@@ -338,10 +252,17 @@ T* mixer_backward(const T* dy, const T* h, const MlaWeights<T>& w, const MlaWeig
       attends_sparsely(dims.indexer, pass) ? saved.in<int32_t>(Tag::attn_indices) : nullptr;  // [n, topk]
   const LatentGrads<T> g{scratch.alloc<T>(n * dims.q_width()), scratch.alloc<T>(n * rkv),
                          scratch.alloc<T>(n * dims.kv_a_out())};  // dq, dc, d_kv_a
-  if (absorbed)
-    absorbed_backward(g, d_out, q, latent, kv_a, attended, lse, selection, w_e, w, grads, dims, pass, scratch);
-  else
-    expanded_backward(g, d_out, q, latent, lse, selection, w, grads, dims, pass, saved, scratch);
+  if (absorbed) {
+    const AttentionSizes sizes = absorbed_sizes(dims, pass.batch, pass.seq, pass.doc_start, *pass.context);
+    absorbed_attention_backward(g, d_out, q, latent, kv_a, attended, lse, selection, w_e, w.kv_b_proj, grads.kv_b_proj,
+                                dims, sizes, *pass.context, scratch);
+  } else {
+    const AttentionSizes sizes{pass.batch, pass.seq,   pass.seq, dims.heads,    dims.heads,
+                               dims.qk(),  dims.scale, dims.v,   pass.doc_start};
+    expanded_attention_backward(g, d_out, q, latent, saved.in<T>(Tag::k), saved.in<T>(Tag::v),
+                                saved.in<T>(Tag::attn_out), lse, selection, w.kv_b_proj, grads.kv_b_proj, dims, sizes,
+                                scratch);
+  }
   T* dq = g.dq;              // [n, H, qk]
   T* d_latent = g.d_latent;  // [n, r_kv]
   T* d_kv_a = g.d_kv_a;      // [n, r_kv + rope]
@@ -481,11 +402,15 @@ ContextTraffic context_traffic(const MlaDims& dims, const StepShape& shape) {
   return traffic += context_traffic(dims.indexer, shape);
 }
 
-#define TRILLION_INSTANTIATE(T)                                                                                    \
+#define TRILLION_INSTANTIATE(T)                                                                                      \
+  template void expand_keys<T>(T*, T*, const T*, const T*, int64_t, const MlaDims&);                                 \
+  template void expanded_attention_backward<T>(                                                                      \
+      const LatentGrads<T>&, const T*, const T*, const T*, const T*, const T*, const T*, const T*, const int32_t*,   \
+      const LinearWeights<T>&, const LinearWeights<T>&, const MlaDims&, const AttentionSizes&, Arena&);              \
   template void mixer_forward<T>(T*, const T*, const MlaWeights<T>&, const MlaDims&, const LayerPass&, int, Arena&); \
-  template T* mixer_backward<T>(const T*, const T*, const MlaWeights<T>&, const MlaWeights<T>&, const MlaDims&,     \
-                                const LayerPass&, const ActivationStore&, int, Arena&);                            \
-  template void mixer_decode<T>(T*, const T*, int64_t, int64_t, int64_t, T*, const MlaWeights<T>&, const MlaDims&, \
+  template T* mixer_backward<T>(const T*, const T*, const MlaWeights<T>&, const MlaWeights<T>&, const MlaDims&,      \
+                                const LayerPass&, const ActivationStore&, int, Arena&);                              \
+  template void mixer_decode<T>(T*, const T*, int64_t, int64_t, int64_t, T*, const MlaWeights<T>&, const MlaDims&,   \
                                 Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)

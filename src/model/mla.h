@@ -35,19 +35,19 @@
 // returns the gradient wrt its input h; parameter gradients accumulate (+=).
 #pragma once
 
-#include <vector>
-
-#include "model/memory_sizes.h"
 #include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "core/memory.h"
 #include "memory/activation_store.h"
 #include "model/config.h"
 #include "model/lightning_indexer.h"
 #include "model/linear.h"
+#include "model/memory_sizes.h"
 #include "model/param_rows.h"
 #include "model/step.h"
+#include "ops/attention.h"
 #include "ops/rope.h"
 
 namespace trillion {
@@ -162,6 +162,28 @@ inline double context_flops_per_token(const MlaDims& dims, int64_t seq) {
       (dims.base_frozen ? 4.0 : 6.0) * rows * double(dims.kv_lora_rank) + 6.0 * rows * double(dims.kv_b_adapter_rank);
   return per_key + absorption - expansion;
 }
+
+// The attention's backward as far as the latents, what the rest of mixer_backward reads: dq
+// [n, H, qk] and dc [n, r_kv] (=), and the rope columns of d_kv_a [n, r_kv + rope] (=, d k_rot).
+template <class T>
+struct LatentGrads {
+  T* dq;
+  T* d_latent;
+  T* d_kv_a;
+};
+
+// One rank's expanded form: keys k = [k_nope | k_rot] [n, H, qk] and values v [n, H, v] from
+// kv [n, H, nope + v] = kv_b_proj(c) and kv_a's (rotated) k_rot; and back from d_out [n, H, v] through
+// the attention (sizes: its own, H key heads; selection [n, topk] on sparse layers, or null) and
+// kv_b_proj to g (=), kv_b_proj's gradients (null: frozen) accumulating. Under context parallelism
+// the absorbed form (model/mla_absorbed.h) takes its place.
+template <class T>
+void expand_keys(T* k, T* v, const T* kv, const T* kv_a, int64_t n, const MlaDims& dims);
+template <class T>
+void expanded_attention_backward(const LatentGrads<T>& g, const T* d_out, const T* q, const T* latent, const T* k,
+                                 const T* v, const T* out, const T* lse, const int32_t* selection,
+                                 const LinearWeights<T>& kv_b, const LinearWeights<T>& kv_b_grads, const MlaDims& dims,
+                                 const AttentionSizes& sizes, Arena& scratch);
 
 // The mixer interface (model/attention_block.h documents it).
 template <class T>

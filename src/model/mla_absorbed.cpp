@@ -2,6 +2,7 @@
 // training's latent rows and weight with an adapter on kv_b_proj. See mla_absorbed.h.
 #include "model/mla_absorbed.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -124,6 +125,72 @@ void latent_rows_backward(T* d_latent, T* d_kv_a, const LinearWeights<T>& grads,
   lora_down_grad(d_latent, grads.lora.a, du.data(), latent, kv_b.lora, n, rkv);
 }
 
+AttentionSizes absorbed_sizes(const MlaDims& dims, int64_t batch, int64_t seq, const int32_t* doc_start,
+                              const ContextExchange& context) {
+  return {
+      batch,    seq, context.sequence_length(), dims.heads, 1, dims.absorbed_row(), dims.scale, dims.absorbed_latent(),
+      doc_start};
+}
+
+template <class T>
+WholeRows<T> gather_whole_rows(const T* latent, const T* kv_a, const LinearWeights<T>& kv_b, int64_t batch, int64_t seq,
+                               const MlaDims& dims, ContextExchange& context, Arena& scratch) {
+  const int64_t n = batch * seq, width = dims.absorbed_latent(), row = dims.absorbed_row();
+  const int64_t m = batch * context.sequence_length();
+  T* own = scratch.alloc<T>(n * row);  // [n, L + rope] this rank's [e | k_rot]
+  latent_rows(own, latent, kv_a, kv_b, n, dims);
+  const WholeRows<T> whole{scratch.alloc<T>(m * row), scratch.alloc<T>(m * width)};
+  context.gather_sequences(whole.rows, own, batch, row);
+  for (int64_t t = 0; t < m; ++t) std::memcpy(whole.latent + t * width, whole.rows + t * row, width * sizeof(T));
+  return whole;
+}
+
+template <class T>
+AbsorbedOperands<T> absorbed_operands(const T* q, const T* latent, const T* kv_a, const LinearWeights<T>& kv_b,
+                                      const MlaDims& dims, const AttentionSizes& sizes, ContextExchange& context,
+                                      Arena& scratch) {
+  const int64_t n = sizes.batch * sizes.q_len;
+  const T* w_e = absorbed_weight(kv_b, dims, scratch);
+  const WholeRows<T> whole = gather_whole_rows(latent, kv_a, kv_b, sizes.batch, sizes.q_len, dims, context, scratch);
+  T* q_abs = scratch.alloc<T>(n * dims.heads * dims.absorbed_row());  // [n, H, L + rope]
+  absorb_queries(q_abs, q, w_e, dims.absorbed_latent(), n, dims);
+  return {w_e, whole, q_abs};
+}
+
+template <class T>
+void absorbed_attention_backward(const LatentGrads<T>& g, const T* d_out, const T* q, const T* latent, const T* kv_a,
+                                 const T* out_latent, const T* lse, const int32_t* selection, const T* w_e,
+                                 const LinearWeights<T>& kv_b, const LinearWeights<T>& kv_b_grads, const MlaDims& dims,
+                                 const AttentionSizes& sizes, ContextExchange& context, Arena& scratch) {
+  const int64_t batch = sizes.batch, n = batch * sizes.q_len, H = dims.heads;
+  const int64_t width = dims.absorbed_latent(), row = dims.absorbed_row();
+  const int64_t m = batch * context.sequence_length();
+  T* d_out_latent = scratch.alloc<T>(n * H * width);  // [n, H, L]
+  // dW_e [H·(nope + v), L], unless kv_b_proj is frozen with no adapter (allocated either way: the plan's)
+  T* dw_e = scratch.alloc<T>(dims.kv_b_out() * width);
+  const bool trains = kv_b_grads.weight != nullptr || kv_b_grads.lora.b != nullptr;
+  if (trains)
+    std::fill(dw_e, dw_e + dims.kv_b_out() * width, T(0));
+  else
+    dw_e = nullptr;
+  expand_outputs_backward(d_out_latent, dw_e, d_out, out_latent, w_e, width, n, dims);
+  const WholeRows<T> whole = gather_whole_rows(latent, kv_a, kv_b, batch, sizes.q_len, dims, context, scratch);
+  T* q_abs = scratch.alloc<T>(n * H * row);   // [n, H, L + rope]
+  T* dq_abs = scratch.alloc<T>(n * H * row);  // [n, H, L + rope]
+  T* d_rows = scratch.alloc<T>(m * row);      // [m, L + rope] this rank's terms
+  T* d_values = scratch.alloc<T>(m * width);  // [m, L]
+  absorb_queries(q_abs, q, w_e, width, n, dims);
+  context.gathered_attention_backward(dq_abs, d_rows, d_values, d_out_latent, q_abs, whole.rows, whole.latent,
+                                      out_latent, lse, selection, dims.indexer.topk, sizes);
+  absorb_queries_backward(g.dq, dw_e, dq_abs, q, w_e, width, n, dims);
+  if (trains) absorbed_weight_grad(kv_b_grads, dw_e, dims);
+  for (int64_t t = 0; t < m; ++t)  // the values are the rows' latent part
+    for (int64_t i = 0; i < width; ++i) d_rows[t * row + i] += d_values[t * width + i];
+  T* d_own = scratch.alloc<T>(n * row);  // [n, L + rope] the group's sum at this rank's tokens
+  context.reduce_sequences(d_own, d_rows, batch, row);
+  latent_rows_backward(g.d_latent, g.d_kv_a, kv_b_grads, d_own, latent, kv_b, n, dims);
+}
+
 #define TRILLION_INSTANTIATE(T)                                                                                       \
   template void absorb_queries<T>(T*, const T*, const T*, int64_t, int64_t, const MlaDims&);                          \
   template void absorb_queries_backward<T>(T*, T*, const T*, const T*, const T*, int64_t, int64_t, const MlaDims&);   \
@@ -133,7 +200,15 @@ void latent_rows_backward(T* d_latent, T* d_kv_a, const LinearWeights<T>& grads,
   template void absorbed_weight_grad<T>(const LinearWeights<T>&, const T*, const MlaDims&);                           \
   template void latent_rows<T>(T*, const T*, const T*, const LinearWeights<T>&, int64_t, const MlaDims&);             \
   template void latent_rows_backward<T>(T*, T*, const LinearWeights<T>&, const T*, const T*, const LinearWeights<T>&, \
-                                        int64_t, const MlaDims&);
+                                        int64_t, const MlaDims&);                                                     \
+  template WholeRows<T> gather_whole_rows<T>(const T*, const T*, const LinearWeights<T>&, int64_t, int64_t,           \
+                                             const MlaDims&, ContextExchange&, Arena&);                               \
+  template AbsorbedOperands<T> absorbed_operands<T>(const T*, const T*, const T*, const LinearWeights<T>&,            \
+                                                    const MlaDims&, const AttentionSizes&, ContextExchange&, Arena&); \
+  template void absorbed_attention_backward<T>(const LatentGrads<T>&, const T*, const T*, const T*, const T*,         \
+                                               const T*, const T*, const int32_t*, const T*, const LinearWeights<T>&, \
+                                               const LinearWeights<T>&, const MlaDims&, const AttentionSizes&,        \
+                                               ContextExchange&, Arena&);
 TRILLION_INSTANTIATE(float)
 TRILLION_INSTANTIATE(double)
 #undef TRILLION_INSTANTIATE

@@ -21,6 +21,8 @@
 #include "core/memory.h"
 #include "model/linear.h"
 #include "model/mla.h"
+#include "model/step.h"
+#include "ops/attention.h"
 
 namespace trillion {
 
@@ -57,5 +59,48 @@ void latent_rows(T* rows, const T* latent, const T* kv_a, const LinearWeights<T>
 template <class T>
 void latent_rows_backward(T* d_latent, T* d_kv_a, const LinearWeights<T>& grads, const T* d_rows, const T* latent,
                           const LinearWeights<T>& kv_b, int64_t n, const MlaDims& dims);
+
+// Context parallelism (model/step.h's ContextExchange): attention of this rank's `seq` tokens of
+// `batch` sequences in the absorbed form over the whole sequences' rows: one key head of L + rope
+// dims, values over L (doc_start [batch, seq] in global positions, or null).
+AttentionSizes absorbed_sizes(const MlaDims& dims, int64_t batch, int64_t seq, const int32_t* doc_start,
+                              const ContextExchange& context);
+
+// The whole sequences' rows [e | k_rot], gathered from every rank's (never expanded keys), and their
+// latents e, contiguous (the values); m = batch · the whole length.
+template <class T>
+struct WholeRows {
+  T* rows;    // [m, L + rope]
+  T* latent;  // [m, L]
+};
+// From this rank's latent c [n, r_kv] and kv_a [n, r_kv + rope] (its k_rot rotated), in scratch.
+template <class T>
+WholeRows<T> gather_whole_rows(const T* latent, const T* kv_a, const LinearWeights<T>& kv_b, int64_t batch, int64_t seq,
+                               const MlaDims& dims, ContextExchange& context, Arena& scratch);
+
+// The forward's operands, in scratch in this order: W_e (absorbed_weight), the whole rows, and the
+// absorbed queries q_abs [n, H, L + rope] from q [n, H, nope + rope]; attention then runs through the
+// exchange (gathered_attention_forward: q_abs over rows and latents, sizes = absorbed_sizes) into the
+// output over the latents [n, H, L], which expand_outputs maps to [n, H, v].
+template <class T>
+struct AbsorbedOperands {
+  const T* w_e;  // [H·(nope + v), L]
+  WholeRows<T> whole;
+  T* q_abs;  // [n, H, L + rope]
+};
+template <class T>
+AbsorbedOperands<T> absorbed_operands(const T* q, const T* latent, const T* kv_a, const LinearWeights<T>& kv_b,
+                                      const MlaDims& dims, const AttentionSizes& sizes, ContextExchange& context,
+                                      Arena& scratch);
+
+// Its backward, from d_out [n, H, v] (o_proj's input gradient), the forward's q, latent, kv_a, output
+// over the latents out_latent [n, H, L], lse and selection (sparse layers), and W_e: the rows are
+// gathered again, each rank's terms of their gradients summed onto the tokens' owners; g is written
+// (model/mla.h LatentGrads), kv_b_proj's gradients (null: frozen) accumulate.
+template <class T>
+void absorbed_attention_backward(const LatentGrads<T>& g, const T* d_out, const T* q, const T* latent, const T* kv_a,
+                                 const T* out_latent, const T* lse, const int32_t* selection, const T* w_e,
+                                 const LinearWeights<T>& kv_b, const LinearWeights<T>& kv_b_grads, const MlaDims& dims,
+                                 const AttentionSizes& sizes, ContextExchange& context, Arena& scratch);
 
 }  // namespace trillion

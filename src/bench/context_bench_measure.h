@@ -1,0 +1,88 @@
+// What `trillion bench context-parallel` (bench/context_parallel_bench.h) measures of every mixer
+// kind: the inputs drawn once over the whole sequences and each rank's tokens taken from them, the
+// split forward + backward timed and its traffic and peak counted, the error against one rank's
+// plain kernels over the whole sequences, and the summary over the ranks.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "bench/context_parallel_bench.h"
+#include "bench/timing.h"
+#include "core/memory.h"
+#include "model/memory_sizes.h"
+#include "parallel/context_parallel.h"
+#include "parallel/process_group.h"
+
+namespace trillion {
+
+// dst[batch, positions, row] ← src[batch, seq, row] at the positions.
+template <class T>
+void take_rows(T* dst, const T* src, int64_t batch, int64_t seq, int64_t row, const std::vector<int32_t>& positions) {
+  const int64_t len = static_cast<int64_t>(positions.size());
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < len; ++j) std::copy_n(src + (b * seq + positions[j]) * row, row, dst + (b * len + j) * row);
+}
+
+// max|a − b| / max|b| over the local rows, b taken from the whole sequences at the positions.
+template <class T>
+double rel_err(const Buffer<T>& local, const Buffer<T>& whole, int64_t batch, int64_t seq, int64_t row,
+               const std::vector<int32_t>& positions) {
+  Buffer<T> expected(local.size());
+  take_rows(expected.data(), whole.data(), batch, seq, row, positions);
+  double diff = 0.0, scale = 0.0;
+  for (int64_t i = 0; i < local.size(); ++i) {
+    diff = std::max(diff, std::abs(double(local[i]) - double(expected[i])));
+    scale = std::max(scale, std::abs(double(expected[i])));
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+
+// What one rank measured of a mixer's split forward and backward, and what the formula plans.
+struct RankMeasure {
+  double err = 0.0;           // max rel err against one rank over the whole sequences
+  int64_t peak = 0;           // local tensors plus the temporaries' peak
+  int64_t one_rank_peak = 0;  // the same for one rank over the whole sequences
+  ContextTraffic forward, backward;
+  ContextPassTraffic plan;
+  std::vector<double> seconds;           // each run's forward + backward
+  std::vector<double> one_rank_seconds;  // on one rank: the plain kernels' over the whole sequences
+};
+
+// The summary over the ranks: the slowest rank's time per run, the largest error, peak and traffic.
+nlohmann::json summarize_ranks(const RankMeasure& m, const ProcessGroup& world);
+
+// Runs step `runs` times after one counted run (its traffic and peak), every run timed from a barrier.
+// On one rank the whole sequences' plain kernels (`reference`) are timed too, alternating with it.
+template <class Step, class Reference>
+void measure(RankMeasure& m, int64_t local_bytes, int runs, const ProcessGroup& world, const Step& step,
+             const Reference& reference) {
+  m.peak = local_bytes + peak_extra_bytes([&] { step(&m.forward, &m.backward); });
+  const auto seconds_of = [](const auto& fn) {
+    const auto start = std::chrono::steady_clock::now();
+    fn();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  for (int r = 0; r < runs; ++r) {
+    world.barrier();
+    m.seconds.push_back(seconds_of([&] { step(nullptr, nullptr); }));
+    if (world.size() == 1) m.one_rank_seconds.push_back(seconds_of(reference));
+  }
+}
+
+// Documents start where (position + 7 · row) is a multiple of doc_len, so they cross chunks:
+// [batch, seq] each token's document start.
+std::vector<int32_t> document_starts(int64_t batch, int64_t seq, int64_t doc_len);
+
+// The documents as packed segments over the batch · seq tokens, [segments + 1] (empty: no masks).
+std::vector<int32_t> document_segments(const std::vector<int32_t>& doc_start, int64_t seq);
+
+// MLA (model/mla_absorbed.h): its absorbed form over the gathered rows against one rank's expanded
+// form (bench/context_parallel_mla.cpp).
+RankMeasure run_mla_context(const ContextParallelBenchOptions& o, const ContextSplit& split, const ProcessGroup& world);
+
+}  // namespace trillion
