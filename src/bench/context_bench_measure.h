@@ -1,7 +1,7 @@
 // What `trillion bench context-parallel` (bench/context_parallel_bench.h) measures of every mixer
-// kind: the inputs drawn once over the whole sequences and each rank's tokens taken from them, the
-// split forward + backward timed and its traffic and peak counted, the error against one rank's
-// plain kernels over the whole sequences, and the summary over the ranks.
+// kind (context_parallel_bench.cpp, and context_parallel_mla.cpp for MLA): the inputs drawn once over the whole
+// sequences and each rank's tokens taken from them, the split forward + backward timed and its traffic and peak
+// counted, the error against one rank's plain kernels over the whole sequences, and the summary over the ranks.
 #pragma once
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include "bench/timing.h"
 #include "core/memory.h"
 #include "model/memory_sizes.h"
+#include "ops/indexer.h"
 #include "parallel/context_parallel.h"
 #include "parallel/process_group.h"
 
@@ -40,6 +41,17 @@ double rel_err(const Buffer<T>& local, const Buffer<T>& whole, int64_t batch, in
     scale = std::max(scale, std::abs(double(expected[i])));
   }
   return scale > 0.0 ? diff / scale : diff;
+}
+
+// max|a − b| / max|b| of a gradient whose every rank holds its own terms (mine: this rank's, summed
+// over the ranks first) against one rank's over the whole sequences, compared as one row.
+template <class T>
+double summed_error(const Buffer<T>& mine, const Buffer<T>& whole, const ProcessGroup& world) {
+  std::vector<double> sum(mine.data(), mine.data() + mine.size());  // [mine.size()] over the ranks
+  world.all_reduce_sum(sum.data(), int64_t(sum.size()));
+  Buffer<T> summed(mine.size());  // as mine
+  for (int64_t i = 0; i < summed.size(); ++i) summed[i] = T(sum[i]);
+  return rel_err(summed, whole, 1, 1, summed.size(), {0});
 }
 
 // What one rank measured of a mixer's split forward and backward, and what the formula plans.
@@ -80,6 +92,44 @@ std::vector<int32_t> document_starts(int64_t batch, int64_t seq, int64_t doc_len
 
 // The documents as packed segments over the batch · seq tokens, [segments + 1] (empty: no masks).
 std::vector<int32_t> document_segments(const std::vector<int32_t>& doc_start, int64_t seq);
+
+// The lightning indexer's inputs of some tokens (ops/indexer.h): q_I [tokens, H_I, d_I], k_I
+// [tokens, d_I], w_I [tokens, H_I], and the selection [tokens, topk].
+template <class T>
+struct IndexerInputs {
+  Buffer<T> q, k, w;
+  Buffer<int32_t> selection;
+  IndexerInputs(int64_t tokens, const ContextParallelBenchOptions& o)
+      : q(tokens * o.index_heads * o.index_dim),
+        k(tokens * o.index_dim),
+        w(tokens * o.index_heads),
+        selection(tokens * o.topk) {}
+  int64_t bytes() const { return int64_t(sizeof(T)) * (q.size() + k.size() + w.size()) + 4 * selection.size(); }
+};
+
+// doc_start: document masks [batch, q_len] (key positions), or null.
+inline IndexerSizes indexer_sizes(const ContextParallelBenchOptions& o, int64_t batch, int64_t q_len, int64_t kv_len,
+                                  const int32_t* doc_start) {
+  return {batch, q_len, kv_len, o.index_heads, o.index_dim, o.topk, 1.0 / std::sqrt(double(o.index_dim)), doc_start};
+}
+
+// The split selection, as the model's sparse layers make it: this rank's queries (local: its
+// tokens of each sequence) select their top-k over every earlier position of their sequences,
+// chunk by chunk against the whole sequences' keys up to the chunk's end (index_keys [batch, seq,
+// d_I], gathered from the group), so the selection holds global positions; doc_start [batch, its
+// tokens] (global positions) or null.
+template <class T>
+void select_split(IndexerInputs<T>& local, const T* index_keys, const ContextParallelBenchOptions& o,
+                  const ContextSplit& split, int rank, const int32_t* doc_start) {
+  const int64_t len = split.local_len(rank), hd = o.index_heads * o.index_dim;
+  for (int64_t b = 0; b < o.batch; ++b)
+    for (const ContextChunk& c : split.local_chunks(rank)) {
+      const int64_t first = b * len + c.offset;  // the chunk's first local token
+      indexer_topk(local.selection.data() + first * o.topk, local.q.data() + first * hd,
+                   index_keys + b * split.seq() * o.index_dim, local.w.data() + first * o.index_heads,
+                   indexer_sizes(o, 1, c.size(), c.end, doc_start != nullptr ? doc_start + first : nullptr));
+    }
+}
 
 // MLA (model/mla_absorbed.h): its absorbed form over the gathered rows against one rank's expanded
 // form (bench/context_parallel_mla.cpp).

@@ -115,26 +115,6 @@ RankMeasure run_attention(const ContextParallelBenchOptions& o, const ContextSpl
   return m;
 }
 
-// The lightning indexer's inputs of some tokens (ops/indexer.h): q_I [tokens, H_I, d_I], k_I
-// [tokens, d_I], w_I [tokens, H_I], and the selection [tokens, topk].
-template <class T>
-struct IndexerInputs {
-  Buffer<T> q, k, w;
-  Buffer<int32_t> selection;
-  IndexerInputs(int64_t tokens, const ContextParallelBenchOptions& o)
-      : q(tokens * o.index_heads * o.index_dim),
-        k(tokens * o.index_dim),
-        w(tokens * o.index_heads),
-        selection(tokens * o.topk) {}
-  int64_t bytes() const { return int64_t(sizeof(T)) * (q.size() + k.size() + w.size()) + 4 * selection.size(); }
-};
-
-// doc_start: document masks [batch, q_len] (key positions), or null.
-IndexerSizes indexer_sizes(const ContextParallelBenchOptions& o, int64_t batch, int64_t q_len, int64_t kv_len,
-                           const int32_t* doc_start) {
-  return {batch, q_len, kv_len, o.index_heads, o.index_dim, o.topk, 1.0 / std::sqrt(double(o.index_dim)), doc_start};
-}
-
 // Sparse attention with its selection (DeepSeek-V3.2's): the lightning indexer's top-k over every
 // earlier position, then attention over the selected keys. Split: the indexer's keys gathered and
 // each local chunk's queries selecting against the keys up to its end; the keys and values gathered,
@@ -188,20 +168,12 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
                                                       {&local_index.w, &whole_index.w}};
   for (const auto& [part, all] : inputs)
     take_rows(part->data(), all->data(), batch, seq, all->size() / (batch * seq), positions);
-  const int64_t di = o.index_dim, hd = o.index_heads * di;
   measure(
       m, local.bytes() + local_index.bytes(), o.runs, world,
       [&](ContextTraffic* forward, ContextTraffic* backward) {
-        Buffer<T> index_keys(batch * seq * di);  // [batch, seq, d_I]
-        context_gather_sequences(index_keys.data(), local_index.k.data(), batch, di, split, world, forward);
-        for (int64_t b = 0; b < batch; ++b)
-          for (const ContextChunk& c : split.local_chunks(rank)) {
-            const int64_t first = b * len + c.offset;  // the chunk's first local token
-            indexer_topk(
-                local_index.selection.data() + first * o.topk, local_index.q.data() + first * hd,
-                index_keys.data() + b * seq * di, local_index.w.data() + first * o.index_heads,
-                indexer_sizes(o, 1, c.size(), c.end, o.doc_len > 0 ? local_doc_start.data() + first : nullptr));
-          }
+        Buffer<T> index_keys(batch * seq * o.index_dim);  // [batch, seq, d_I]
+        context_gather_sequences(index_keys.data(), local_index.k.data(), batch, o.index_dim, split, world, forward);
+        select_split(local_index, index_keys.data(), o, split, rank, local_sizes.doc_start);
         context_attention_forward(local.out.data(), local.lse.data(), local.q.data(), local.k.data(), local.v.data(),
                                   local_sizes, split, world, forward, local_index.selection.data(), o.topk);
         context_attention_backward(local.dq.data(), local.dk.data(), local.dv.data(), local.dout.data(), local.q.data(),
@@ -211,7 +183,8 @@ RankMeasure run_sparse_attention(const ContextParallelBenchOptions& o, const Con
       reference);
   m.err = attention_error(local, whole, whole_sizes, positions);
   m.plan = context_attention_traffic(split, rank, local_sizes, sizeof(T));
-  m.plan.forward += context_gathered_rows_traffic(split, rank, batch, di, sizeof(T)).forward;  // the indexer's keys
+  m.plan.forward +=
+      context_gathered_rows_traffic(split, rank, batch, o.index_dim, sizeof(T)).forward;  // the indexer's keys
   return m;
 }
 
@@ -343,27 +316,83 @@ RankMeasure run_conv(const ContextParallelBenchOptions& o, const ContextSplit& s
   take_rows(lx.data(), x.data(), batch, seq, C, positions);
   take_rows(ldy.data(), dy.data(), batch, seq, C, positions);
   const Conv1dSizes local_sizes{batch, len, C, W, 0};
-  measure(m, int64_t(sizeof(T)) * (4 * lx.size() + 2 * w.size()), o.runs, world,
-          [&](ContextTraffic* forward, ContextTraffic* backward) {
-            context_conv1d_silu_forward(ly.data(), lx.data(), w.data(), local_docs, local_sizes, split, world,
-                                        forward);
-            ldw.zero();
-            context_conv1d_silu_backward(ldx.data(), ldw.data(), ldy.data(), lx.data(), w.data(), local_docs,
-                                         local_sizes, split, world, backward);
-          },
-          reference);
-  std::vector<double> dw_sum(ldw.data(), ldw.data() + ldw.size());  // [C, W] over the ranks
-  world.all_reduce_sum(dw_sum.data(), int64_t(dw_sum.size()));
-  Buffer<T> dw_all(dw.size());
-  for (int64_t i = 0; i < dw.size(); ++i) dw_all[i] = T(dw_sum[i]);
-  const std::vector<int32_t> all_of_w = {0};  // dw compared as one row of C · W values
+  measure(
+      m, int64_t(sizeof(T)) * (4 * lx.size() + 2 * w.size()), o.runs, world,
+      [&](ContextTraffic* forward, ContextTraffic* backward) {
+        context_conv1d_silu_forward(ly.data(), lx.data(), w.data(), local_docs, local_sizes, split, world, forward);
+        ldw.zero();
+        context_conv1d_silu_backward(ldx.data(), ldw.data(), ldy.data(), lx.data(), w.data(), local_docs, local_sizes,
+                                     split, world, backward);
+      },
+      reference);
   m.err = std::max({rel_err(ly, y, batch, seq, C, positions), rel_err(ldx, dx, batch, seq, C, positions),
-                    rel_err(dw_all, dw, 1, 1, C * W, all_of_w)});
+                    summed_error(ldw, dw, world)});
   m.plan = context_conv1d_traffic(split, local_sizes, sizeof(T));
   return m;
 }
 
 }  // namespace
+
+// The summary over the ranks: the slowest rank's time per run, the largest error, peak and traffic.
+nlohmann::json summarize_ranks(const RankMeasure& m, const ProcessGroup& world) {
+  const bool matches = m.plan.forward.gathered_bytes == m.forward.gathered_bytes &&
+                       m.plan.forward.reduced_bytes == m.forward.reduced_bytes &&
+                       m.plan.backward.gathered_bytes == m.backward.gathered_bytes &&
+                       m.plan.backward.reduced_bytes == m.backward.reduced_bytes;
+  std::vector<double> mine = {m.err, double(m.peak), double(m.forward.total()), double(m.backward.total()),
+                              matches ? 1.0 : 0.0};
+  mine.insert(mine.end(), m.seconds.begin(), m.seconds.end());
+  const std::vector<double> all = world.all_gather_values<double>(mine);  // [ranks, mine.size()]
+  const size_t n = mine.size();
+  double err = 0.0, peak = 0.0, forward = 0.0, backward = 0.0;
+  bool all_match = true;
+  std::vector<double> slowest(m.seconds.size(), 0.0);
+  for (int r = 0; r < world.size(); ++r) {
+    const double* at = all.data() + r * n;
+    err = std::max(err, at[0]);
+    peak = std::max(peak, at[1]);
+    forward = std::max(forward, at[2]);
+    backward = std::max(backward, at[3]);
+    all_match = all_match && at[4] == 1.0;
+    for (size_t i = 0; i < slowest.size(); ++i) slowest[i] = std::max(slowest[i], at[5 + i]);
+  }
+  const TimingResult timing = summarize(slowest);
+  nlohmann::json plain;  // on one rank: the plain kernels, and what the split path costs more
+  if (!m.one_rank_seconds.empty()) {
+    const double one_rank_s = summarize(m.one_rank_seconds).median_s;
+    plain = {{"one_rank_s", one_rank_s}, {"split_overhead", timing.median_s / one_rank_s}};
+  }
+  return {{"cp", world.size()},
+          {"plain", plain},
+          {"median_s", timing.median_s},
+          {"min_s", timing.min_s},
+          {"runs", timing.runs},
+          {"max_rel_err", err},
+          {"peak_bytes", int64_t(peak)},
+          {"one_rank_peak_bytes", m.one_rank_peak},
+          {"peak_ratio", peak / double(m.one_rank_peak)},
+          {"forward_received_bytes", int64_t(forward)},
+          {"backward_received_bytes", int64_t(backward)},
+          {"traffic_matches_plan", all_match}};
+}
+
+// Documents start where (position + 7 · row) is a multiple of doc_len, so they cross chunks:
+// [batch, seq] each token's document start.
+std::vector<int32_t> document_starts(int64_t batch, int64_t seq, int64_t doc_len) {
+  std::vector<int32_t> doc_start(batch * seq, 0);
+  for (int64_t b = 0; b < batch && doc_len > 0; ++b)
+    for (int64_t t = 0; t < seq; ++t) doc_start[b * seq + t] = int32_t(std::max<int64_t>(0, t - (t + 7 * b) % doc_len));
+  return doc_start;
+}
+
+// The documents as packed segments over the batch · seq tokens, [segments + 1] (empty: no masks).
+std::vector<int32_t> document_segments(const std::vector<int32_t>& doc_start, int64_t seq) {
+  std::vector<int32_t> cu_seqlens;
+  for (int64_t t = 0; t < int64_t(doc_start.size()); ++t)
+    if (doc_start[t] == t % seq) cu_seqlens.push_back(int32_t(t));
+  cu_seqlens.push_back(int32_t(doc_start.size()));
+  return cu_seqlens;
+}
 
 nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) {
   const ProcessGroup& world = ProcessGroup::world();
@@ -372,8 +401,8 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
         "bench context-parallel: --batch, --heads, --kv-heads, --head-dim and --runs must be ≥ 1, --v-dim and "
         "--doc-len ≥ 0");
   if (o.conv_width < 1) fail("bench context-parallel: --conv-width must be ≥ 1, got ", o.conv_width);
-  if (o.mixer == "sparse" && (o.index_heads < 1 || o.index_dim < 1 || o.topk < 1))
-    fail("bench context-parallel --mixer sparse: --index-heads, --index-dim and --topk must be ≥ 1");
+  if ((o.mixer == "sparse" || o.mixer == "sparse_mla") && (o.index_heads < 1 || o.index_dim < 1 || o.topk < 1))
+    fail("bench context-parallel --mixer ", o.mixer, ": --index-heads, --index-dim and --topk must be ≥ 1");
   if ((o.mixer == "attention" || o.mixer == "sparse") && o.heads % o.kv_heads != 0)
     fail("bench context-parallel: --heads ", o.heads, " must be a multiple of --kv-heads ", o.kv_heads);
   const ContextSplit split(o.seq_len, world.size());
@@ -384,13 +413,14 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
     m = o.use_double ? run_sparse_attention<double>(o, split, world) : run_sparse_attention<float>(o, split, world);
   } else if (o.mixer == "conv") {
     m = o.use_double ? run_conv<double>(o, split, world) : run_conv<float>(o, split, world);
-  } else if (o.mixer == "mla") {
+  } else if (o.mixer == "mla" || o.mixer == "sparse_mla") {
     m = run_mla_context(o, split, world);
   } else if (o.mixer == "gated_deltanet" || o.mixer == "kda") {
     const DeltaDecay decay = o.mixer == "kda" ? DeltaDecay::per_key_channel : DeltaDecay::per_head;
     m = o.use_double ? run_delta_rule<double>(o, decay, split, world) : run_delta_rule<float>(o, decay, split, world);
   } else {
-    fail("bench context-parallel: --mixer ", o.mixer, " must be attention, sparse, mla, gated_deltanet, kda or conv");
+    fail("bench context-parallel: --mixer ", o.mixer,
+         " must be attention, sparse, mla, sparse_mla, gated_deltanet, kda or conv");
   }
   nlohmann::json summary = summarize_ranks(m, world);
   summary.update({{"bench", "context-parallel"},
@@ -404,9 +434,9 @@ nlohmann::json run_context_parallel_bench(const ContextParallelBenchOptions& o) 
                   {"v_dim", o.v_dim > 0 ? o.v_dim : o.head_dim},
                   {"doc_len", o.doc_len},
                   {"conv_width", o.conv_width}});
-  if (o.mixer == "sparse")
+  if (o.mixer == "sparse" || o.mixer == "sparse_mla")
     summary.update({{"index_heads", o.index_heads}, {"index_dim", o.index_dim}, {"topk", o.topk}});
-  if (o.mixer == "mla")
+  if (o.mixer == "mla" || o.mixer == "sparse_mla")
     summary.update({{"rope_dim", o.rope_dim}, {"latent_dim", o.latent_dim}, {"adapter_rank", o.adapter_rank}});
   return summary;
 }

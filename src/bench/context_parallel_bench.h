@@ -5,7 +5,8 @@
 // ops/sparse_attention.h), mla (MLA's attention between its projections in the absorbed form over
 // the gathered latent rows, against one rank's expanded form: bench/context_parallel_mla.cpp;
 // --heads, --head-dim, --rope-dim, --v-dim and --latent-dim are its H, qk_nope, qk_rope and v head
-// dims and kv_lora_rank, --adapter-rank a LoRA adapter on kv_b_proj), the gated delta rule with
+// dims and kv_lora_rank, --adapter-rank a LoRA adapter on kv_b_proj), sparse_mla (MLA over the
+// indexer's top-k, DeepSeek-V3.2's and the Kimi-K3-like hybrid's sparse layers), the gated delta rule with
 // per-head (gated_deltanet) or per-key-channel (kda) decay (parallel/context_delta_rule.h; --heads,
 // --head-dim and --v-dim are its H, K and V) and the short convolution (conv:
 // parallel/context_conv1d.h; heads · head dim channels, --conv-width taps).
@@ -21,8 +22,8 @@
 // rank's for the whole sequences (peak_ratio, the largest over the ranks); and the bytes each rank
 // received, forward and backward, as the collectives' counts give them, against the mixer's formula
 // (context_attention_traffic, with the indexer's keys for sparse; context_gathered_rows_traffic of
-// the absorbed rows for mla; context_delta_rule_traffic, context_conv1d_traffic; traffic_matches_plan:
-// equal on every rank).
+// the absorbed rows for mla, and the indexer's keys for sparse_mla; context_delta_rule_traffic, context_conv1d_traffic;
+// traffic_matches_plan: equal on every rank).
 #pragma once
 
 #include <cstdint>
@@ -32,7 +33,7 @@
 namespace trillion {
 
 struct ContextParallelBenchOptions {
-  std::string mixer = "attention";  // attention, sparse, mla, gated_deltanet, kda or conv (the short convolution)
+  std::string mixer = "attention";  // attention, sparse, mla, sparse_mla, gated_deltanet, kda or conv
   int64_t seq_len = 16384;
   int64_t batch = 1;
   int64_t heads = 8;

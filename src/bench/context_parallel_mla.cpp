@@ -1,5 +1,6 @@
-// `trillion bench context-parallel --mixer mla`: MLA's attention between its projections, split over
-// the ranks in the absorbed form, against one rank's expanded form (see context_parallel_bench.h).
+// `trillion bench context-parallel --mixer mla | sparse_mla`: MLA's attention between its
+// projections, split over the ranks in the absorbed form, against one rank's expanded form (see
+// context_parallel_bench.h).
 //
 // From the query q [n, H, nope + rope] (its rope part rotated), the latent c [n, r_kv] and kv_a
 // [n, r_kv + rope] (its rotated k_rot; the first r_kv columns are the norm's input, which attention
@@ -11,12 +12,16 @@
 //     over the latents (which the model saves), expand_outputs; and absorbed_attention_backward, which
 //     gathers the rows again and sums their gradients onto their owners: the functions the model
 //     trains with under cp, each pass in its own scratch as there;
-//   - one rank over the whole sequences: kv_b_proj's expansion, expand_keys (the keys and values the
-//     model saves), attention_forward and expanded_attention_backward (model/mla.h), as the model
-//     trains without cp.
-// kv_b_proj's gradients are each rank's terms, summed over the ranks before they are compared. The
-// traffic is the rows' formula (context_gathered_rows_traffic at the absorbed row's width), the one
-// the model's plan counts (model/mla.h context_traffic).
+//   - one rank over the whole sequences: kv_b_proj's expansion (the forward's scratch), expand_keys
+//     (the keys and values the model saves), attention_forward and expanded_attention_backward
+//     (model/mla.h), as the model trains without cp.
+// sparse_mla attends over the lightning indexer's top-k (drawn inputs; ops/indexer.h): split, its
+// keys gathered and each chunk's queries selecting over the whole sequences' keys up to the chunk's
+// end (select_split); one rank, indexer_topk over the whole sequences. Both sides hold the inputs,
+// the output o_proj reads [n, H, v], lse and the gradients for the whole pass. kv_b_proj's
+// gradients are each rank's terms, summed over the ranks before they are compared. The traffic is
+// the rows' formula at the absorbed row's width, as the model's plan counts it (model/mla.h
+// context_traffic), and the indexer's keys forward.
 #include <cmath>
 #include <vector>
 
@@ -25,6 +30,7 @@
 #include "core/rng.h"
 #include "model/mla.h"
 #include "model/mla_absorbed.h"
+#include "ops/sparse_attention.h"
 
 namespace trillion {
 namespace {
@@ -72,23 +78,6 @@ struct KvB {
   int64_t bytes() const { return int64_t(sizeof(T)) * (weight.size() + a.size() + b.size()); }
 };
 
-// max|a − b| / max|b| of kv_b_proj's gradients summed over the ranks against one rank's.
-template <class T>
-double summed_grads_error(const KvB<T>& mine, const KvB<T>& whole, const ProcessGroup& world) {
-  double err = 0.0;
-  const std::vector<int32_t> all = {0};  // each compared as one row
-  for (const auto& [part, total] :
-       {std::pair{&mine.weight, &whole.weight}, std::pair{&mine.a, &whole.a}, std::pair{&mine.b, &whole.b}}) {
-    if (part->size() == 0) continue;
-    std::vector<double> sum(part->data(), part->data() + part->size());
-    world.all_reduce_sum(sum.data(), int64_t(sum.size()));
-    Buffer<T> summed(part->size());
-    for (int64_t i = 0; i < summed.size(); ++i) summed[i] = T(sum[i]);
-    err = std::max(err, rel_err(summed, *total, 1, 1, summed.size(), all));
-  }
-  return err;
-}
-
 // What the exchange received from `before` to `after` (its running counts).
 ContextTraffic received_between(const ContextTraffic& before, const ContextTraffic& after) {
   return {after.gathered_bytes - before.gathered_bytes, after.reduced_bytes - before.reduced_bytes};
@@ -106,6 +95,8 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
   dims.kv_lora_rank = o.latent_dim;
   dims.kv_b_adapter_rank = o.adapter_rank;
   dims.scale = 1.0 / std::sqrt(double(dims.qk()));
+  const bool sparse = o.mixer == "sparse_mla";
+  if (sparse) dims.indexer.topk = o.topk;  // the attention's keys per query (the indexer's inputs are drawn here)
   const int64_t H = dims.heads, width = dims.absorbed_latent();
 
   MlaTensors<T> whole(m, dims);
@@ -117,26 +108,39 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
   const double fan_in = 1.0 / std::sqrt(double(dims.kv_lora_rank));  // keys and values of about unit size
   for (Buffer<T>* x : {&kv_b.weight, &kv_b.a, &kv_b.b})
     for (int64_t i = 0; i < x->size(); ++i) (*x)[i] = T(fan_in * rng.normal(counter++));
+  IndexerInputs<T> whole_index(sparse ? m : 0, o);
+  for (Buffer<T>* x : {&whole_index.q, &whole_index.k, &whole_index.w})
+    for (int64_t i = 0; i < x->size(); ++i) (*x)[i] = T(rng.normal(counter++));
   const LinearWeights<T> weights = kv_b.view(dims), whole_grad_view = whole_grads.view(dims);
   const std::vector<int32_t> doc_start = document_starts(batch, seq, o.doc_len);  // [batch, seq]
-  const AttentionSizes whole_sizes{
-      batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v, o.doc_len > 0 ? doc_start.data() : nullptr};
+  const int32_t* whole_docs = o.doc_len > 0 ? doc_start.data() : nullptr;
+  const AttentionSizes whole_sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v, whole_docs};
+  const int32_t* whole_selection = sparse ? whole_index.selection.data() : nullptr;  // [m, topk]
   RankMeasure measured;
   const auto reference = [&] {
-    Buffer<T> kv(m * dims.kv_b_out());  // [m, H, nope + v]
-    Buffer<T> k(m * dims.q_width());    // [m, H, qk]
-    Buffer<T> v(m * dims.o_width());    // [m, H, v]
-    linear(kv.data(), whole.latent.data(), weights, m, dims.kv_lora_rank, dims.kv_b_out(), /*accumulate=*/false);
-    expand_keys(k.data(), v.data(), kv.data(), whole.kv_a.data(), m, dims);
-    attention_forward(whole.out.data(), whole.lse.data(), whole.q.data(), k.data(), v.data(), whole_sizes);
+    Buffer<T> k(m * dims.q_width());  // [m, H, qk] what the model saves
+    Buffer<T> v(m * dims.o_width());  // [m, H, v] what the model saves
+    {
+      Buffer<T> kv(m * dims.kv_b_out());  // [m, H, nope + v] the forward's scratch
+      linear(kv.data(), whole.latent.data(), weights, m, dims.kv_lora_rank, dims.kv_b_out(), /*accumulate=*/false);
+      expand_keys(k.data(), v.data(), kv.data(), whole.kv_a.data(), m, dims);
+    }
+    if (sparse) {
+      indexer_topk(whole_index.selection.data(), whole_index.q.data(), whole_index.k.data(), whole_index.w.data(),
+                   indexer_sizes(o, batch, seq, seq, whole_docs));
+      sparse_attention_forward(whole.out.data(), whole.lse.data(), whole.q.data(), k.data(), v.data(), whole_selection,
+                               sparse_sizes(whole_sizes, o.topk));
+    } else {
+      attention_forward(whole.out.data(), whole.lse.data(), whole.q.data(), k.data(), v.data(), whole_sizes);
+    }
     Arena scratch;
     whole.d_kv_a.zero();
     whole_grads.zero();
     expanded_attention_backward(whole.grads(), whole.d_out.data(), whole.q.data(), whole.latent.data(), k.data(),
-                                v.data(), whole.out.data(), whole.lse.data(), static_cast<const int32_t*>(nullptr),
-                                weights, whole_grad_view, dims, whole_sizes, scratch);
+                                v.data(), whole.out.data(), whole.lse.data(), whole_selection, weights, whole_grad_view,
+                                dims, whole_sizes, scratch);
   };
-  measured.one_rank_peak = whole.bytes() + 2 * kv_b.bytes() + peak_extra_bytes(reference);
+  measured.one_rank_peak = whole.bytes() + whole_index.bytes() + 2 * kv_b.bytes() + peak_extra_bytes(reference);
 
   // This rank's tokens.
   ContextParallel context(world, seq);
@@ -148,32 +152,42 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
   for (const auto& [part, all] : {std::pair{&local.q, &whole.q}, std::pair{&local.kv_a, &whole.kv_a},
                                   std::pair{&local.latent, &whole.latent}, std::pair{&local.d_out, &whole.d_out}})
     take_rows(part->data(), all->data(), batch, seq, all->size() / m, positions);
+  IndexerInputs<T> local_index(sparse ? n : 0, o);
+  for (const auto& [part, all] : {std::pair{&local_index.q, &whole_index.q}, std::pair{&local_index.k, &whole_index.k},
+                                  std::pair{&local_index.w, &whole_index.w}})
+    if (sparse) take_rows(part->data(), all->data(), batch, seq, all->size() / m, positions);
+  const int32_t* selection = sparse ? local_index.selection.data() : nullptr;  // [n, topk] global positions
   KvB<T> grads(dims);
   const LinearWeights<T> grad_view = grads.view(dims);
   const AttentionSizes sizes =
       absorbed_sizes(dims, batch, len, o.doc_len > 0 ? local_doc_start.data() : nullptr, context);
   measure(
-      measured, local.bytes() + 2 * kv_b.bytes(), o.runs, world,
+      measured, local.bytes() + local_index.bytes() + 2 * kv_b.bytes(), o.runs, world,
       [&](ContextTraffic* forward, ContextTraffic* backward) {
         const ContextTraffic start = context.traffic();
+        if (sparse) {
+          Buffer<T> index_keys(batch * seq * o.index_dim);  // [batch, seq, d_I]
+          context.gather_sequences(index_keys.data(), local_index.k.data(), batch, o.index_dim);
+          select_split(local_index, index_keys.data(), o, split, rank, sizes.doc_start);
+        }
         Buffer<T> out_latent(n * H * width);  // [n, H, L] what the model saves
         {
           Arena scratch;
           const AbsorbedOperands<T> operands = absorbed_operands(local.q.data(), local.latent.data(), local.kv_a.data(),
                                                                  weights, dims, sizes, context, scratch);
           context.gathered_attention_forward(out_latent.data(), local.lse.data(), operands.q_abs, operands.whole.rows,
-                                             operands.whole.latent, static_cast<const int32_t*>(nullptr), 0, sizes);
+                                             operands.whole.latent, selection, dims.indexer.topk, sizes);
           expand_outputs(local.out.data(), out_latent.data(), operands.w_e, width, n, dims);
         }
         const ContextTraffic middle = context.traffic();
         Arena scratch;
-        const T* w_e = absorbed_weight(weights, dims, scratch);  // formed again, as the model's backward does
+        // [H·(nope + v), L] formed again, as the model's backward does
+        const T* w_e = absorbed_weight(weights, dims, scratch);
         local.d_kv_a.zero();
         grads.zero();
         absorbed_attention_backward(local.grads(), local.d_out.data(), local.q.data(), local.latent.data(),
-                                    local.kv_a.data(), out_latent.data(), local.lse.data(),
-                                    static_cast<const int32_t*>(nullptr), w_e, weights, grad_view, dims, sizes, context,
-                                    scratch);
+                                    local.kv_a.data(), out_latent.data(), local.lse.data(), selection, w_e, weights,
+                                    grad_view, dims, sizes, context, scratch);
         if (forward != nullptr) *forward = received_between(start, middle);
         if (backward != nullptr) *backward = received_between(middle, context.traffic());
       },
@@ -185,8 +199,14 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
   for (const auto& [part, all] : outputs)
     measured.err = std::max(measured.err, rel_err(*part, *all, batch, seq, all->size() / m, positions));
   measured.err = std::max({measured.err, rel_err(local.lse, whole.lse, batch * H, seq, 1, positions),
-                           summed_grads_error(grads, whole_grads, world)});
-  measured.plan = context_gathered_rows_traffic(split, rank, batch, dims.absorbed_row(), sizeof(T));
+                           summed_error(grads.weight, whole_grads.weight, world)});
+  if (dims.kv_b_adapter_rank > 0)
+    measured.err = std::max(
+        {measured.err, summed_error(grads.a, whole_grads.a, world), summed_error(grads.b, whole_grads.b, world)});
+  // The rows' traffic as the model's plan counts it (model/mla.h context_traffic).
+  measured.plan = ContextSplitPlan(split, rank).gathered_rows(batch, dims.absorbed_row(), sizeof(T));
+  if (sparse)  // the indexer's keys
+    measured.plan.forward += context_gathered_rows_traffic(split, rank, batch, o.index_dim, sizeof(T)).forward;
   return measured;
 }
 

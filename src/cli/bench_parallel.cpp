@@ -1,7 +1,8 @@
 // `trillion bench`'s subcommands for several ranks, run under mpirun (one process is a group of one):
 //   mpirun -np N trillion bench moe-parallel --config MODEL.json [--json] [--batch B] [--seq-len T]
 //                      [--steps N] [--rounds R] [--warmup N] [--ep E] [--chunks K] [--seed S]
-//   mpirun -np CP trillion bench context-parallel [--json] [--mixer attention|sparse|mla|gated_deltanet|kda|conv]
+//   mpirun -np CP trillion bench context-parallel [--json] [--mixer M]
+//                      (M: attention|sparse|mla|sparse_mla|gated_deltanet|kda|conv)
 //                      [--seq-len T] [--batch B] [--heads H] [--kv-heads K] [--head-dim d] [--v-dim v]
 //                      [--doc-len N] [--index-heads H_I --index-dim d_I --topk K] [--conv-width W]
 //                      [--rope-dim R --latent-dim L --adapter-rank A]
@@ -61,13 +62,15 @@ void add_context_parallel_bench(CLI::App* bench) {
   auto co = std::make_shared<ContextParallelBenchOptions>();
   auto dtype = std::make_shared<std::string>("float");
   cp->add_flag("--json", *cp_json, "One JSON line: the summary (rank 0)");
-  cp->add_option("--mixer", co->mixer,
-                 "attention, sparse (attention over the lightning indexer's top-k), mla (absorbed over the "
-                 "gathered latent rows: --head-dim is its qk_nope head dim), gated_deltanet (the delta "
-                 "rule, per-head decay), kda (per key channel): "
-                 "--heads, --head-dim and --v-dim are its heads, K and V; or conv (the short "
-                 "convolution: heads · head dim channels, --conv-width taps)")
-      ->check(CLI::IsMember({"attention", "sparse", "mla", "gated_deltanet", "kda", "conv"}))
+  cp->add_option(
+        "--mixer", co->mixer,
+        "attention, sparse (attention over the lightning indexer's top-k), mla (absorbed over the "
+        "gathered latent rows: --head-dim is its qk_nope head dim), sparse_mla (MLA over the indexer's top-k), "
+        "gated_deltanet (the delta "
+        "rule, per-head decay), kda (per key channel): "
+        "--heads, --head-dim and --v-dim are its heads, K and V; or conv (the short "
+        "convolution: heads · head dim channels, --conv-width taps)")
+      ->check(CLI::IsMember({"attention", "sparse", "mla", "sparse_mla", "gated_deltanet", "kda", "conv"}))
       ->capture_default_str();
   cp->add_option("--seq-len", co->seq_len, "Tokens per sequence (split over the ranks)")->capture_default_str();
   cp->add_option("--batch", co->batch, "Sequences")->capture_default_str();
@@ -79,9 +82,9 @@ void add_context_parallel_bench(CLI::App* bench) {
       ->capture_default_str();
   cp->add_option("--conv-width", co->conv_width, "conv: the kernel's taps (its channels: heads · head dim)")
       ->capture_default_str();
-  cp->add_option("--index-heads", co->index_heads, "sparse: the indexer's heads")->capture_default_str();
-  cp->add_option("--index-dim", co->index_dim, "sparse: the indexer's head dim")->capture_default_str();
-  cp->add_option("--topk", co->topk, "sparse: keys each query selects")->capture_default_str();
+  cp->add_option("--index-heads", co->index_heads, "sparse, sparse_mla: the indexer's heads")->capture_default_str();
+  cp->add_option("--index-dim", co->index_dim, "sparse, sparse_mla: the indexer's head dim")->capture_default_str();
+  cp->add_option("--topk", co->topk, "sparse, sparse_mla: keys each query selects")->capture_default_str();
   cp->add_option("--rope-dim", co->rope_dim, "mla: the rope head dim")->capture_default_str();
   cp->add_option("--latent-dim", co->latent_dim, "mla: kv_lora_rank")->capture_default_str();
   cp->add_option("--adapter-rank", co->adapter_rank, "mla: a LoRA adapter's rank on kv_b_proj (0: none)")

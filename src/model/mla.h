@@ -167,9 +167,9 @@ inline double context_flops_per_token(const MlaDims& dims, int64_t seq) {
 // [n, H, qk] and dc [n, r_kv] (=), and the rope columns of d_kv_a [n, r_kv + rope] (=, d k_rot).
 template <class T>
 struct LatentGrads {
-  T* dq;
-  T* d_latent;
-  T* d_kv_a;
+  T* dq;        // [n, H, qk]
+  T* d_latent;  // [n, r_kv]
+  T* d_kv_a;    // [n, r_kv + rope]
 };
 
 // One rank's expanded form: keys k = [k_nope | k_rot] [n, H, qk] and values v [n, H, v] from

@@ -132,6 +132,9 @@ AttentionSizes absorbed_sizes(const MlaDims& dims, int64_t batch, int64_t seq, c
       doc_start};
 }
 
+namespace {
+
+// The whole rows from this rank's latent c [n, r_kv] and kv_a [n, r_kv + rope], in scratch.
 template <class T>
 WholeRows<T> gather_whole_rows(const T* latent, const T* kv_a, const LinearWeights<T>& kv_b, int64_t batch, int64_t seq,
                                const MlaDims& dims, ContextExchange& context, Arena& scratch) {
@@ -144,6 +147,8 @@ WholeRows<T> gather_whole_rows(const T* latent, const T* kv_a, const LinearWeigh
   for (int64_t t = 0; t < m; ++t) std::memcpy(whole.latent + t * width, whole.rows + t * row, width * sizeof(T));
   return whole;
 }
+
+}  // namespace
 
 template <class T>
 AbsorbedOperands<T> absorbed_operands(const T* q, const T* latent, const T* kv_a, const LinearWeights<T>& kv_b,
@@ -201,8 +206,6 @@ void absorbed_attention_backward(const LatentGrads<T>& g, const T* d_out, const 
   template void latent_rows<T>(T*, const T*, const T*, const LinearWeights<T>&, int64_t, const MlaDims&);             \
   template void latent_rows_backward<T>(T*, T*, const LinearWeights<T>&, const T*, const T*, const LinearWeights<T>&, \
                                         int64_t, const MlaDims&);                                                     \
-  template WholeRows<T> gather_whole_rows<T>(const T*, const T*, const LinearWeights<T>&, int64_t, int64_t,           \
-                                             const MlaDims&, ContextExchange&, Arena&);                               \
   template AbsorbedOperands<T> absorbed_operands<T>(const T*, const T*, const T*, const LinearWeights<T>&,            \
                                                     const MlaDims&, const AttentionSizes&, ContextExchange&, Arena&); \
   template void absorbed_attention_backward<T>(const LatentGrads<T>&, const T*, const T*, const T*, const T*,         \

@@ -73,15 +73,13 @@ struct WholeRows {
   T* rows;    // [m, L + rope]
   T* latent;  // [m, L]
 };
-// From this rank's latent c [n, r_kv] and kv_a [n, r_kv + rope] (its k_rot rotated), in scratch.
-template <class T>
-WholeRows<T> gather_whole_rows(const T* latent, const T* kv_a, const LinearWeights<T>& kv_b, int64_t batch, int64_t seq,
-                               const MlaDims& dims, ContextExchange& context, Arena& scratch);
 
-// The forward's operands, in scratch in this order: W_e (absorbed_weight), the whole rows, and the
-// absorbed queries q_abs [n, H, L + rope] from q [n, H, nope + rope]; attention then runs through the
-// exchange (gathered_attention_forward: q_abs over rows and latents, sizes = absorbed_sizes) into the
-// output over the latents [n, H, L], which expand_outputs maps to [n, H, v].
+// The forward's operands, in scratch in this order: W_e (absorbed_weight), the whole rows (this
+// rank's [n, L + rope] from its latent c [n, r_kv] and kv_a [n, r_kv + rope], its k_rot rotated;
+// then the gathered ones), and the absorbed queries q_abs [n, H, L + rope] from q [n, H, nope +
+// rope]. Attention then runs through the exchange (gathered_attention_forward: q_abs over rows and
+// latents, sizes = absorbed_sizes) into the output over the latents [n, H, L], which expand_outputs
+// maps to [n, H, v].
 template <class T>
 struct AbsorbedOperands {
   const T* w_e;  // [H·(nope + v), L]

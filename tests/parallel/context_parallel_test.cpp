@@ -1,11 +1,12 @@
 // Context parallelism (parallel/context_parallel.h, context_delta_rule.h, context_conv1d.h): the
 // causally balanced split, and attention (GQA; also sparse over the lightning indexer's top-k; MLA
-// absorbed over the gathered latent rows, against one rank's expanded form), the gated delta rule
-// (per-head and per-key-channel decay) and the short convolution (its halo from the chunks before)
-// split over 1 to 4 ranks under mpirun (`trillion bench context-parallel` at a tiny size, in double) equal to
-// one rank's over the whole sequence to 1e-10 in the outputs and every gradient, with sequence
-// lengths no multiple of 2 · cp, a value head dim of its own, and document masks crossing the ranks'
-// chunks or starting at them; the bytes each rank receives are the formula's exactly.
+// absorbed over the gathered latent rows, dense and sparse, against one rank's expanded form), the
+// gated delta rule (per-head and per-key-channel decay) and the short convolution (its halo from
+// the chunks before) split over 1 to 4 ranks under mpirun (`trillion bench context-parallel` at a
+// tiny size, in double) equal to one rank's over the whole sequence to 1e-10 in the outputs and
+// every gradient, with sequence lengths no multiple of 2 · cp, a value head dim of its own, and
+// document masks crossing the ranks' chunks or starting at them; the bytes each rank receives are
+// the formula's exactly.
 #include "parallel/context_parallel.h"
 
 #include <gtest/gtest.h>
@@ -108,6 +109,9 @@ const std::string kConv = "--batch 2 --heads 3 --head-dim 4 --mixer conv ";  // 
 // on kv_b_proj, whose rows widen by its rank.
 const std::string kMla =
     "--seq-len 203 --batch 2 --heads 3 --head-dim 16 --rope-dim 8 --v-dim 12 --latent-dim 24 --mixer mla";
+// The same over the indexer's top-17 (DeepSeek-V3.2's sparse MLA).
+const std::string kSparseMla =
+    kMla.substr(0, kMla.find("--mixer")) + "--mixer sparse_mla --index-heads 2 --index-dim 8 --topk 17";
 // Sparse attention over the indexer's top-17 of up to 203 keys (fewer early: −1 padded).
 const std::string kSparse = kShape + " --mixer sparse --index-heads 2 --index-dim 8 --topk 17";
 INSTANTIATE_TEST_SUITE_P(
@@ -127,7 +131,9 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{2, kSparse + " --doc-len 51"}, Case{3, kSparse + " --doc-len 37"}, Case{4, kSparse},
                     Case{4, kSparse + " --doc-len 37"}, Case{1, kMla + " --doc-len 37 --adapter-rank 3"},
                     Case{2, kMla + " --doc-len 51"}, Case{3, kMla + " --doc-len 37 --adapter-rank 3"}, Case{4, kMla},
-                    Case{4, kMla + " --doc-len 37 --adapter-rank 3"},
+                    Case{4, kMla + " --doc-len 37 --adapter-rank 3"}, Case{1, kSparseMla + " --doc-len 37"},
+                    Case{2, kSparseMla + " --doc-len 51 --adapter-rank 3"},
+                    Case{4, kSparseMla + " --doc-len 37 --adapter-rank 3"},
                     // Chunks of 2 or 3 tokens, each selecting over every earlier one.
                     Case{4,
                          "--seq-len 19 --batch 2 --heads 2 --kv-heads 1 --head-dim 8 --mixer sparse "
