@@ -42,12 +42,14 @@ struct ContextParallelBenchOptions {
   int64_t v_dim = 0;    // 0: head_dim
   int64_t doc_len = 0;  // tokens per packed document (document masks); 0: none
   int64_t conv_width = 4;  // conv: the kernel's taps
-  int64_t index_heads = 4;  // sparse: the indexer's H_I, d_I and top-k
+  int64_t index_heads = 4;  // sparse, sparse_mla: the indexer's H_I, d_I and top-k
   int64_t index_dim = 32;
   int64_t topk = 256;
-  int64_t rope_dim = 32;     // mla: qk_rope_head_dim (--head-dim is qk_nope_head_dim, --v-dim v_head_dim)
-  int64_t latent_dim = 128;  // mla: kv_lora_rank
-  int64_t adapter_rank = 0;  // mla: a LoRA adapter's rank on kv_b_proj (0: none)
+  // mla, sparse_mla: qk_rope_head_dim (--head-dim is qk_nope_head_dim, --v-dim v_head_dim),
+  // kv_lora_rank, and a LoRA adapter's rank on kv_b_proj (0: none)
+  int64_t rope_dim = 32;
+  int64_t latent_dim = 128;
+  int64_t adapter_rank = 0;
   bool use_double = false;
   int runs = 3;
   uint64_t seed = 1;

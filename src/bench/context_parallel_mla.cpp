@@ -96,7 +96,9 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
   dims.kv_b_adapter_rank = o.adapter_rank;
   dims.scale = 1.0 / std::sqrt(double(dims.qk()));
   const bool sparse = o.mixer == "sparse_mla";
-  if (sparse) dims.indexer.topk = o.topk;  // the attention's keys per query (the indexer's inputs are drawn here)
+  // The attention's keys per query; the indexer's heads stay 0 (its inputs are drawn here, not
+  // projected), and nothing on this path asks whether it is enabled.
+  if (sparse) dims.indexer.topk = o.topk;
   const int64_t H = dims.heads, width = dims.absorbed_latent();
 
   MlaTensors<T> whole(m, dims);
@@ -113,7 +115,7 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
     for (int64_t i = 0; i < x->size(); ++i) (*x)[i] = T(rng.normal(counter++));
   const LinearWeights<T> weights = kv_b.view(dims), whole_grad_view = whole_grads.view(dims);
   const std::vector<int32_t> doc_start = document_starts(batch, seq, o.doc_len);  // [batch, seq]
-  const int32_t* whole_docs = o.doc_len > 0 ? doc_start.data() : nullptr;
+  const int32_t* whole_docs = o.doc_len > 0 ? doc_start.data() : nullptr;         // [batch, seq] or null
   const AttentionSizes whole_sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v, whole_docs};
   const int32_t* whole_selection = sparse ? whole_index.selection.data() : nullptr;  // [m, topk]
   RankMeasure measured;
@@ -129,7 +131,7 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
       indexer_topk(whole_index.selection.data(), whole_index.q.data(), whole_index.k.data(), whole_index.w.data(),
                    indexer_sizes(o, batch, seq, seq, whole_docs));
       sparse_attention_forward(whole.out.data(), whole.lse.data(), whole.q.data(), k.data(), v.data(), whole_selection,
-                               sparse_sizes(whole_sizes, o.topk));
+                               sparse_sizes(whole_sizes, dims.indexer.topk));
     } else {
       attention_forward(whole.out.data(), whole.lse.data(), whole.q.data(), k.data(), v.data(), whole_sizes);
     }
@@ -215,7 +217,7 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
 RankMeasure run_mla_context(const ContextParallelBenchOptions& o, const ContextSplit& split,
                             const ProcessGroup& world) {
   if (o.rope_dim < 0 || o.latent_dim < 1 || o.adapter_rank < 0)
-    fail("bench context-parallel --mixer mla: --latent-dim must be ≥ 1, --rope-dim and --adapter-rank ≥ 0");
+    fail("bench context-parallel --mixer ", o.mixer, ": --latent-dim must be ≥ 1, --rope-dim and --adapter-rank ≥ 0");
   return o.use_double ? run_mla<double>(o, split, world) : run_mla<float>(o, split, world);
 }
 

@@ -62,14 +62,12 @@ void add_context_parallel_bench(CLI::App* bench) {
   auto co = std::make_shared<ContextParallelBenchOptions>();
   auto dtype = std::make_shared<std::string>("float");
   cp->add_flag("--json", *cp_json, "One JSON line: the summary (rank 0)");
-  cp->add_option(
-        "--mixer", co->mixer,
-        "attention, sparse (attention over the lightning indexer's top-k), mla (absorbed over the "
-        "gathered latent rows: --head-dim is its qk_nope head dim), sparse_mla (MLA over the indexer's top-k), "
-        "gated_deltanet (the delta "
-        "rule, per-head decay), kda (per key channel): "
-        "--heads, --head-dim and --v-dim are its heads, K and V; or conv (the short "
-        "convolution: heads · head dim channels, --conv-width taps)")
+  cp->add_option("--mixer", co->mixer,
+                 "attention, sparse (attention over the lightning indexer's top-k), mla (absorbed over the gathered "
+                 "latent rows: --head-dim is its qk_nope head dim), sparse_mla (MLA over the indexer's top-k), "
+                 "gated_deltanet (the delta rule, per-head decay), kda (per key channel): --heads, --head-dim and "
+                 "--v-dim are its heads, K and V; or conv (the short convolution: heads · head dim channels, "
+                 "--conv-width taps)")
       ->check(CLI::IsMember({"attention", "sparse", "mla", "sparse_mla", "gated_deltanet", "kda", "conv"}))
       ->capture_default_str();
   cp->add_option("--seq-len", co->seq_len, "Tokens per sequence (split over the ranks)")->capture_default_str();
@@ -85,9 +83,9 @@ void add_context_parallel_bench(CLI::App* bench) {
   cp->add_option("--index-heads", co->index_heads, "sparse, sparse_mla: the indexer's heads")->capture_default_str();
   cp->add_option("--index-dim", co->index_dim, "sparse, sparse_mla: the indexer's head dim")->capture_default_str();
   cp->add_option("--topk", co->topk, "sparse, sparse_mla: keys each query selects")->capture_default_str();
-  cp->add_option("--rope-dim", co->rope_dim, "mla: the rope head dim")->capture_default_str();
-  cp->add_option("--latent-dim", co->latent_dim, "mla: kv_lora_rank")->capture_default_str();
-  cp->add_option("--adapter-rank", co->adapter_rank, "mla: a LoRA adapter's rank on kv_b_proj (0: none)")
+  cp->add_option("--rope-dim", co->rope_dim, "mla, sparse_mla: the rope head dim")->capture_default_str();
+  cp->add_option("--latent-dim", co->latent_dim, "mla, sparse_mla: kv_lora_rank")->capture_default_str();
+  cp->add_option("--adapter-rank", co->adapter_rank, "mla, sparse_mla: a LoRA adapter's rank on kv_b_proj (0: none)")
       ->capture_default_str();
   cp->add_option("--dtype", *dtype, "Element type")->check(CLI::IsMember({"float", "double"}))->capture_default_str();
   cp->add_option("--runs", co->runs, "Timed forward + backward runs")->capture_default_str();

@@ -335,7 +335,7 @@ void mixer_decode(T* x, const T* h, int64_t n, int64_t past, int64_t max_len, T*
 
 // Nothing is freed within either pass; each holds at one of its kernel calls the scratch allocated
 // so far and that kernel's temporaries. Forward: (DeepSeek) RoPE's tables; then one rank's kv_b_proj
-// output, or under context parallelism the whole sequences' rows (gather_whole_rows: this rank's
+// output, or under context parallelism the whole sequences' rows (absorbed_operands: this rank's
 // [e | k_rot], the gathered rows and their latents, m = batch · the whole length), the absorbed
 // weight (an adapter on kv_b_proj), the absorbed queries and the expanded output, each with the
 // indexer's forward, or with its scratch and the attention's temporaries (through the exchange chunk
