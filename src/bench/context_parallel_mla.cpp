@@ -116,7 +116,7 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
   const LinearWeights<T> weights = kv_b.view(dims), whole_grad_view = whole_grads.view(dims);
   const std::vector<int32_t> doc_start = document_starts(batch, seq, o.doc_len);  // [batch, seq]
   const int32_t* whole_docs = o.doc_len > 0 ? doc_start.data() : nullptr;         // [batch, seq] or null
-  const AttentionSizes whole_sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v, whole_docs};
+  const AttentionSizes whole_sizes = expanded_sizes(dims, batch, seq, whole_docs);
   const int32_t* whole_selection = sparse ? whole_index.selection.data() : nullptr;  // [m, topk]
   RankMeasure measured;
   const auto reference = [&] {
@@ -161,8 +161,7 @@ RankMeasure run_mla(const ContextParallelBenchOptions& o, const ContextSplit& sp
   const int32_t* selection = sparse ? local_index.selection.data() : nullptr;  // [n, topk] global positions
   KvB<T> grads(dims);
   const LinearWeights<T> grad_view = grads.view(dims);
-  const AttentionSizes sizes =
-      absorbed_sizes(dims, batch, len, o.doc_len > 0 ? local_doc_start.data() : nullptr, context);
+  const AttentionSizes sizes = absorbed_sizes(dims, batch, len, seq, o.doc_len > 0 ? local_doc_start.data() : nullptr);
   measure(
       measured, local.bytes() + local_index.bytes() + 2 * kv_b.bytes(), o.runs, world,
       [&](ContextTraffic* forward, ContextTraffic* backward) {

@@ -187,11 +187,11 @@ void mixer_forward(T* x, const T* h, const MlaWeights<T>& w, const MlaDims& dims
   const T* k = nullptr;   // [batch, kv_len, H, qk], or the rows [batch, kv_len, L + rope]
   const T* v = nullptr;   // [batch, kv_len, H, v], or the latents [batch, kv_len, L]
   T* attended = nullptr;  // [n, H, v], or over the latents [n, H, L]
-  AttentionSizes sizes{batch, seq, seq, H, H, dims.qk(), dims.scale, dims.v, pass.doc_start};
+  AttentionSizes sizes = expanded_sizes(dims, batch, seq, pass.doc_start);
   const T* w_e = nullptr;  // [H·(nope + v), L] the absorbed weight
   T* expanded = nullptr;   // [n, H·v] under cp: o_proj's input, from the output over the latents
   if (pass.context != nullptr) {
-    sizes = absorbed_sizes(dims, batch, seq, pass.doc_start, *pass.context);
+    sizes = absorbed_sizes(dims, batch, seq, pass.context->sequence_length(), pass.doc_start);
     const AbsorbedOperands<T> operands =
         absorbed_operands(p.q, p.latent, p.kv_a, w.kv_b_proj, dims, sizes, *pass.context, scratch);
     w_e = operands.w_e, q = operands.q_abs, k = operands.whole.rows, v = operands.whole.latent;
@@ -253,12 +253,12 @@ T* mixer_backward(const T* dy, const T* h, const MlaWeights<T>& w, const MlaWeig
   const LatentGrads<T> g{scratch.alloc<T>(n * dims.q_width()), scratch.alloc<T>(n * rkv),
                          scratch.alloc<T>(n * dims.kv_a_out())};  // dq, dc, d_kv_a
   if (absorbed) {
-    const AttentionSizes sizes = absorbed_sizes(dims, pass.batch, pass.seq, pass.doc_start, *pass.context);
+    const AttentionSizes sizes =
+        absorbed_sizes(dims, pass.batch, pass.seq, pass.context->sequence_length(), pass.doc_start);
     absorbed_attention_backward(g, d_out, q, latent, kv_a, attended, lse, selection, w_e, w.kv_b_proj, grads.kv_b_proj,
                                 dims, sizes, *pass.context, scratch);
   } else {
-    const AttentionSizes sizes{pass.batch, pass.seq,   pass.seq, dims.heads,    dims.heads,
-                               dims.qk(),  dims.scale, dims.v,   pass.doc_start};
+    const AttentionSizes sizes = expanded_sizes(dims, pass.batch, pass.seq, pass.doc_start);
     expanded_attention_backward(g, d_out, q, latent, saved.in<T>(Tag::k), saved.in<T>(Tag::v),
                                 saved.in<T>(Tag::attn_out), lse, selection, w.kv_b_proj, grads.kv_b_proj, dims, sizes,
                                 scratch);
@@ -357,7 +357,7 @@ Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   const int64_t latent_grads = qk + latent + rounded(n * dims.kv_a_out());
   int64_t forward = 0, attention = 0, after = 0;  // after: the backward's scratch past the attention
   if (context == nullptr) {
-    const AttentionSizes sizes{shape.batch, shape.seq, shape.seq, H, H, dims.qk(), 0.0, dims.v};
+    const AttentionSizes sizes = expanded_sizes(dims, shape.batch, shape.seq, nullptr);
     const int64_t kv = rounded(n * dims.kv_b_out());
     forward = kv + std::max(forward_workspace_bytes(dims.indexer, shape, H, H, dims.qk()),
                             forward_scratch_bytes(dims.indexer, shape) +
@@ -368,7 +368,7 @@ Workspace workspace_bytes(const MlaDims& dims, const StepShape& shape) {
   } else {
     const int64_t m = shape.batch * context->sequence_length(), width = dims.absorbed_latent();
     const int64_t row = dims.absorbed_row();
-    const AttentionSizes sizes{shape.batch, shape.seq, m / shape.batch, H, 1, row, 0.0, width};
+    const AttentionSizes sizes = absorbed_sizes(dims, shape.batch, shape.seq, context->sequence_length(), nullptr);
     const int64_t whole = rounded(n * row) + rounded(m * row) + rounded(m * width);
     const int64_t w_e = dims.kv_b_adapter_rank > 0 ? rounded(dims.kv_b_out() * width) : 0;
     const int64_t q_abs = rounded(n * H * row);

@@ -172,6 +172,12 @@ struct LatentGrads {
   T* d_kv_a;    // [n, r_kv + rope]
 };
 
+// Attention of `seq` tokens of `batch` sequences in one rank's expanded form: H key heads of qk
+// dims, values of v (doc_start [batch, seq], or null).
+inline AttentionSizes expanded_sizes(const MlaDims& dims, int64_t batch, int64_t seq, const int32_t* doc_start) {
+  return {batch, seq, seq, dims.heads, dims.heads, dims.qk(), dims.scale, dims.v, doc_start};
+}
+
 // One rank's expanded form: keys k = [k_nope | k_rot] [n, H, qk] and values v [n, H, v] from
 // kv [n, H, nope + v] = kv_b_proj(c) and kv_a's (rotated) k_rot; and back from d_out [n, H, v] through
 // the attention (sizes: its own, H key heads; selection [n, topk] on sparse layers, or null) and

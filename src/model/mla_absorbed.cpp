@@ -125,13 +125,6 @@ void latent_rows_backward(T* d_latent, T* d_kv_a, const LinearWeights<T>& grads,
   lora_down_grad(d_latent, grads.lora.a, du.data(), latent, kv_b.lora, n, rkv);
 }
 
-AttentionSizes absorbed_sizes(const MlaDims& dims, int64_t batch, int64_t seq, const int32_t* doc_start,
-                              const ContextExchange& context) {
-  return {
-      batch,    seq, context.sequence_length(), dims.heads, 1, dims.absorbed_row(), dims.scale, dims.absorbed_latent(),
-      doc_start};
-}
-
 namespace {
 
 // The whole rows from this rank's latent c [n, r_kv] and kv_a [n, r_kv + rope], in scratch.

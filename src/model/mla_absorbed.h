@@ -61,10 +61,12 @@ void latent_rows_backward(T* d_latent, T* d_kv_a, const LinearWeights<T>& grads,
                           const LinearWeights<T>& kv_b, int64_t n, const MlaDims& dims);
 
 // Context parallelism (model/step.h's ContextExchange): attention of this rank's `seq` tokens of
-// `batch` sequences in the absorbed form over the whole sequences' rows: one key head of L + rope
-// dims, values over L (doc_start [batch, seq] in global positions, or null).
-AttentionSizes absorbed_sizes(const MlaDims& dims, int64_t batch, int64_t seq, const int32_t* doc_start,
-                              const ContextExchange& context);
+// `batch` sequences in the absorbed form over the whole sequences' rows (whole_len tokens each): one
+// key head of L + rope dims, values over L (doc_start [batch, seq] in global positions, or null).
+inline AttentionSizes absorbed_sizes(const MlaDims& dims, int64_t batch, int64_t seq, int64_t whole_len,
+                                     const int32_t* doc_start) {
+  return {batch, seq, whole_len, dims.heads, 1, dims.absorbed_row(), dims.scale, dims.absorbed_latent(), doc_start};
+}
 
 // The whole sequences' rows [e | k_rot], gathered from every rank's (never expanded keys), and their
 // latents e, contiguous (the values); m = batch · the whole length.
