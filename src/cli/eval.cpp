@@ -1,24 +1,25 @@
 // `trillion eval`: validation loss of a checkpoint on the val split of a tokenized data directory:
-// nats/token, perplexity, bits per byte, and the unigram baseline of the same split (fit on the
-// train tokens), printed for people and as a final JSON line. Sparse attention layers attend as the
-// checkpoint was trained (its trainer_state's indexer mode: sparse over the top-k, or dense in the
-// warm-up and dense stages) unless --indexer-mode says otherwise.
+// nats/token, perplexity, bits per byte, and the unigram and bigram baselines of the same split
+// (fit on the train tokens; data/baselines.h), printed for people and as a final JSON line. Sparse attention layers
+// attend as the checkpoint was trained (its trainer_state's indexer mode: sparse over the top-k, or dense in the
+// warm-up and dense stages) unless --indexer-mode says otherwise. --indexer-recall attends densely
+// and reports, per sparse layer, the mass of that dense attention on the indexer's top-k.
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "cli/commands.h"
 #include "core/error.h"
+#include "data/baselines.h"
 #include "data/shards.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "train/checkpoint.h"
-#include "train/run_setup.h"
 #include "train/evaluate.h"
+#include "train/run_setup.h"
 
 namespace trillion {
 namespace {
@@ -33,6 +34,7 @@ struct EvalOptions {
   std::string indexer_mode;  // "dense" | "warmup" | "sparse"; empty: the checkpoint's (sparse without state)
   std::string precision;     // "fp32" | "bf16"; empty: the checkpoint's (fp32 without state)
   std::string adapter;       // a PEFT LoRA adapter on the weights; empty: the checkpoint's own, if any
+  bool indexer_recall = false;  // dense attention, and its mass on each indexer's selection
 };
 
 template <class T>
@@ -41,7 +43,13 @@ EvalResult evaluate_checkpoint(const ModelConfig& config, const std::string& wei
   Model<T> model(config);
   model.load_weights(weights_dir);
   if (!adapter.empty()) model.load_adapter(adapter);
-  model.set_indexer_training(indexer_mode_from_name(o.indexer_mode), 0.0);  // warmup and dense attend densely
+  if (o.indexer_recall) {
+    if (model.sparse_layers() == 0)
+      fail("--indexer-recall: ", weights_dir, "/config.json has no sparse_attention layer");
+    model.set_indexer_training(IndexerMode::dense, 1.0);  // the loss's pass measures the selected mass
+  } else {
+    model.set_indexer_training(indexer_mode_from_name(o.indexer_mode), 0.0);  // warmup and dense attend densely
+  }
   return evaluate_loss(model, data.val.streams(), o.seq_len, o.batch, o.max_batches);
 }
 
@@ -81,26 +89,35 @@ void run_eval(EvalOptions o) {
                             static_cast<double>(r.total_targets);
   const double bits_per_byte = text_bytes > 0 ? r.loss_sum / std::log(2.0) / text_bytes : 0.0;
   const double unigram = unigram_baseline_nats(data.train.streams(), data.val.streams(), config.vocab_size);
+  const double bigram = bigram_baseline_nats(data.train.streams(), data.val.streams(), config.vocab_size);
 
   std::printf("checkpoint     %s\n", weights_dir.c_str());
   std::printf("val windows    %lld of %lld (seq_len %lld), %lld target tokens\n", static_cast<long long>(r.windows),
               static_cast<long long>(r.total_windows), static_cast<long long>(o.seq_len),
               static_cast<long long>(r.target_count));
-  std::printf("val loss       %.4f nats/token (unigram baseline %.4f)\n", loss, unigram);
+  std::printf("val loss       %.4f nats/token (baselines: unigram %.4f, bigram %.4f)\n", loss, unigram, bigram);
   std::printf("perplexity     %.3f\n", std::exp(loss));
   std::printf("bits per byte  %.4f\n", bits_per_byte);
-  const nlohmann::json summary = {{"checkpoint", weights_dir},
-                                  {"val_loss", loss},
-                                  {"perplexity", std::exp(loss)},
-                                  {"bits_per_byte", bits_per_byte},
-                                  {"unigram_baseline_nats", unigram},
-                                  {"tokens", r.target_count},
-                                  {"windows", r.windows},
-                                  {"total_windows", r.total_windows},
-                                  {"seq_len", o.seq_len},
-                                  {"dtype", dtype},
-                                  {"precision", matmul_precision_name(precision)},
-                                  {"indexer_mode", o.indexer_mode}};
+  nlohmann::json recall = nlohmann::json::array();
+  for (const IndexerLayerStats& layer : r.indexer) {
+    std::printf("layer %d: dense attention's mass on the indexer's top-%lld %.4f (indexer KL %.4f)\n", layer.layer,
+                static_cast<long long>(config.index_topk), layer.selected_mass, layer.loss);
+    recall.push_back({{"layer", layer.layer}, {"selected_mass", layer.selected_mass}, {"indexer_loss", layer.loss}});
+  }
+  nlohmann::json summary = {{"checkpoint", weights_dir},
+                            {"val_loss", loss},
+                            {"perplexity", std::exp(loss)},
+                            {"bits_per_byte", bits_per_byte},
+                            {"unigram_baseline_nats", unigram},
+                            {"bigram_baseline_nats", bigram},
+                            {"tokens", r.target_count},
+                            {"windows", r.windows},
+                            {"total_windows", r.total_windows},
+                            {"seq_len", o.seq_len},
+                            {"dtype", dtype},
+                            {"precision", matmul_precision_name(precision)},
+                            {"indexer_mode", o.indexer_recall ? "dense" : o.indexer_mode}};
+  if (o.indexer_recall) summary["indexer_recall"] = recall;
   std::printf("%s\n", summary.dump().c_str());
 }
 
@@ -117,6 +134,8 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--indexer-mode", options->indexer_mode,
                   "Sparse attention layers: sparse (top-k) or dense / warmup (dense attention); default: as trained")
       ->check(CLI::IsMember({"dense", "warmup", "sparse"}));
+  cmd->add_flag("--indexer-recall", options->indexer_recall,
+                "Attend densely and report each sparse layer's dense attention mass on its indexer's top-k");
   cmd->add_option("--precision", options->precision,
                   "Operands of the products: fp32 or bf16 (float accumulation); default: as trained")
       ->check(CLI::IsMember({"fp32", "bf16"}));

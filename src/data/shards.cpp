@@ -1,15 +1,14 @@
 // Token shards and splits: writing (one shard or shards with an index), validated reading through
-// mmap, the `--data DIR` directory check, and the unigram baseline. The layouts are in shards.h.
+// mmap, the `--data DIR` directory check. The layouts are in shards.h.
 #include "data/shards.h"
 
 #include <algorithm>
 #include <bit>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <limits>
 #include <filesystem>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -306,32 +305,6 @@ DataDir open_data_dir(const std::string& directory, int64_t expected_vocab) {
     fail(data.tokenizer_path, ": vocab_size ", tokenizer.vocab_size(), " exceeds the model config's vocab_size (expected at most ",
          expected_vocab, ")");
   return data;
-}
-
-double unigram_baseline_nats(const TokenStreams& fit, const TokenStreams& eval, int64_t vocab_size) {
-  TRILLION_CHECK(vocab_size > 0, "vocab_size ", vocab_size);
-  std::vector<int64_t> counts(static_cast<size_t>(vocab_size), 0);
-  int64_t fit_count = 0, eval_count = 0;
-  for (const std::span<const int32_t> stream : fit) {
-    for (const int32_t stored : stream) {
-      const int32_t id = token_id(stored);
-      TRILLION_CHECK(id < vocab_size, "fit token id ", id);
-      ++counts[static_cast<size_t>(id)];
-    }
-    fit_count += static_cast<int64_t>(stream.size());
-  }
-  const double log_total = std::log(static_cast<double>(fit_count) + static_cast<double>(vocab_size));
-  double nats = 0.0;
-  for (const std::span<const int32_t> stream : eval) {
-    for (const int32_t stored : stream) {
-      const int32_t id = token_id(stored);
-      TRILLION_CHECK(id < vocab_size, "eval token id ", id);
-      nats += log_total - std::log(static_cast<double>(counts[static_cast<size_t>(id)] + 1));
-    }
-    eval_count += static_cast<int64_t>(stream.size());
-  }
-  TRILLION_CHECK(eval_count > 0, "no eval tokens");
-  return nats / static_cast<double>(eval_count);
 }
 
 }  // namespace trillion

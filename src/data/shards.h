@@ -114,8 +114,4 @@ struct DataDir {
 };
 DataDir open_data_dir(const std::string& directory, int64_t expected_vocab);
 
-// Cross-entropy (nats/token) of the `eval` tokens under the add-one-smoothed unigram distribution
-// of the `fit` tokens: the baseline a language model must beat.
-double unigram_baseline_nats(const TokenStreams& fit, const TokenStreams& eval, int64_t vocab_size);
-
 }  // namespace trillion

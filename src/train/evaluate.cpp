@@ -29,10 +29,20 @@ EvalResult evaluate_loss(Model<T>& model, const TokenStreams& streams, int64_t s
       context->split().take_local(targets.data(), targets.data(), rows, context->rank());
     }
     const int64_t held = context != nullptr ? context->split().local_len(context->rank()) : seq_len;
-    const CrossEntropyResult part = model.forward_loss(inputs.data(), targets.data(), rows, held).lm;
-    result.loss_sum += part.loss_sum;
-    result.target_count += part.count;
+    const StepResult part = model.forward_loss(inputs.data(), targets.data(), rows, held);
+    result.loss_sum += part.lm.loss_sum;
+    result.target_count += part.lm.count;
     result.windows += rows;
+    if (result.indexer.empty()) result.indexer.resize(part.indexer.size());
+    for (size_t l = 0; l < part.indexer.size(); ++l) {  // weighted by the batch's windows
+      result.indexer[l].layer = part.indexer[l].layer;
+      result.indexer[l].loss += part.indexer[l].loss * double(rows);
+      result.indexer[l].selected_mass += part.indexer[l].selected_mass * double(rows);
+    }
+  }
+  for (IndexerLayerStats& layer : result.indexer) {
+    layer.loss /= double(result.windows);
+    layer.selected_mass /= double(result.windows);
   }
   if (context != nullptr) {
     double sums[2] = {result.loss_sum, double(result.target_count)};

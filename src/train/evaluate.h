@@ -2,7 +2,10 @@
 // every non-overlapping window in order, so each token after the first is a target exactly once),
 // batched, optionally truncated to the first max_batches batches. Under context parallelism (the
 // model's exchange, `context`) each rank of a group evaluates its tokens of the same windows and the
-// loss sums over the group.
+// loss sums over the group. With the indexers' loss on (Model::set_indexer_training), each sparse
+// layer's indexer statistics are averaged over the evaluated tokens: in the dense mode, the main
+// attention's mass on the indexer's selection (its recall of dense attention); under context
+// parallelism, over this rank's tokens.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +23,7 @@ struct EvalResult {
   int64_t total_targets = 0;    // targets of the whole split (eval_target_count)
   int64_t windows = 0;          // windows evaluated
   int64_t total_windows = 0;    // windows of the whole stream
+  std::vector<IndexerLayerStats> indexer;  // one per sparse layer when its loss is on: means over the tokens
   double loss() const { return target_count > 0 ? loss_sum / static_cast<double>(target_count) : 0.0; }
 };
 

@@ -1,13 +1,11 @@
 // Token shards: round trip, every corruption rejected with a message naming the file and field,
-// the data directory's consistency checks, and the unigram baseline.
+// and the data directory's consistency checks.
 #include "data/shards.h"
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstring>
 #include <filesystem>
-
 #include <nlohmann/json.hpp>
 
 #include "data/data_test_util.h"
@@ -84,16 +82,6 @@ TEST(TokenShard, LossMasksRoundTripInVersionTwo) {
   put_u32(bytes, 8, 1);
   write_file_atomic(dir.path("m.bin"), bytes);
   expect_error([&] { read_token_shard(dir.path("m.bin")); }, {"token 1 has id 2147483655 >= vocab_size 100"});
-}
-
-TEST(UnigramBaseline, IsAddOneSmoothedCrossEntropy) {
-  const std::vector<int32_t> kFit = {0, 0, 1}, kEval = {0, 2, 1};
-  // fit counts {0: 2, 1: 1, 2: 0}, vocab 3: p = (count + 1) / (3 + 3) = {1/2, 1/3, 1/6}.
-  const double nats = unigram_baseline_nats({kFit}, {kEval}, 3);
-  EXPECT_NEAR(nats, (std::log(2.0) + std::log(6.0) + std::log(3.0)) / 3.0, 1e-12);
-  EXPECT_NEAR(unigram_baseline_nats({}, {kEval}, 10), std::log(10.0), 1e-12) << "no fit tokens: uniform";
-  const std::vector<int32_t> fit_head = {0}, fit_tail = {0, 1}, eval_head = {0, 2}, eval_tail = {1};
-  EXPECT_EQ(unigram_baseline_nats({fit_head, fit_tail}, {eval_head, eval_tail}, 3), nats) << "streams count as one";
 }
 
 // A split written document by document with room for 10 tokens per shard: shards of whole

@@ -89,6 +89,13 @@ inline std::vector<nlohmann::json> read_metrics(const fs::path& out_dir) {
   return records;
 }
 
+// The JSON object on the last line of a command's output (eval's summary).
+inline nlohmann::json last_json_line(const std::string& output) {
+  const size_t end = output.find_last_not_of('\n');
+  const size_t begin = output.rfind('\n', end);
+  return nlohmann::json::parse(output.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin + 1)));
+}
+
 // Paragraphs of random sentences over a small vocabulary of words.
 inline std::string make_corpus(const std::vector<std::string>& words, uint64_t seed, int paragraphs) {
   const CounterRng rng(seed, "train-test-corpus");

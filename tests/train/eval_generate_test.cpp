@@ -3,16 +3,11 @@
 
 #include <cmath>
 
+#include "data/baselines.h"
 #include "train/cli_fixture.h"
 
 namespace trillion::train_test {
 namespace {
-
-nlohmann::json last_json_line(const std::string& output) {
-  const size_t end = output.find_last_not_of('\n');
-  const size_t begin = output.rfind('\n', end);
-  return nlohmann::json::parse(output.substr(begin == std::string::npos ? 0 : begin + 1, end + 1 - (begin + 1)));
-}
 
 TEST(EvalCli, ReportsLossPerplexityBitsPerByteAndBaseline) {
   const TestData& d = test_data();
@@ -30,8 +25,13 @@ TEST(EvalCli, ReportsLossPerplexityBitsPerByteAndBaseline) {
   EXPECT_EQ(s["tokens"].get<int64_t>(), static_cast<int64_t>(val.tokens.size()) - 1);
   const double expected_bpb = loss * s["tokens"].get<double>() / std::log(2.0) / static_cast<double>(val.text_bytes);
   EXPECT_NEAR(s["bits_per_byte"].get<double>(), expected_bpb, 1e-9 * expected_bpb);
-  // 40 steps on this corpus beat the unigram model.
+  // 40 steps on this corpus beat the unigram model; the bigram baseline of the same split is the
+  // train split's bigram model scored on it (data/baselines.h).
   EXPECT_LT(loss, s["unigram_baseline_nats"].get<double>());
+  const DataDir data = open_data_dir(d.data_dir.string(), 0);
+  const double bigram = BigramBaseline(data.train.streams(), d.vocab_size).cross_entropy(data.val.streams());
+  EXPECT_EQ(s["bigram_baseline_nats"].get<double>(), bigram);
+  EXPECT_LT(bigram, s["unigram_baseline_nats"].get<double>());
 }
 
 TEST(EvalCli, EqualsTheTrainersValidationLossOnTheSameWindows) {

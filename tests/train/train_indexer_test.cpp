@@ -1,8 +1,8 @@
 // `trillion train` on a tiny DeepSeek-V3.2 model (two sparse MLA layers with lightning indexers):
 // the indexer warm-up changes the indexers' tensors and nothing else, its metrics carry the indexer
 // loss and the selected attention mass per sparse layer, the sparse stage then trains every tensor
-// from that checkpoint, eval attends as the checkpoint was trained, and the indexer flags are
-// refused on a model without sparse layers.
+// from that checkpoint, eval attends as the checkpoint was trained and measures the indexers'
+// recall of dense attention, and the indexer flags are refused on a model without sparse layers.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -80,12 +80,28 @@ TEST(TrainIndexer, WarmupTrainsOnlyTheIndexersThenSparseTrainsAll) {
     const CommandResult r = run_cli("eval --checkpoint " + warm.string() + " --data " + test_data().data_dir.string() +
                                         " --seq-len 16" + extra, "OMP_NUM_THREADS=1", /*stdout_only=*/true);
     EXPECT_EQ(r.status, 0) << r.output;
-    return nlohmann::json::parse(r.output.substr(r.output.rfind('{')));
+    return last_json_line(r.output);
   };
   const nlohmann::json as_trained = eval(""), sparse_eval = eval(" --indexer-mode sparse");
   EXPECT_EQ(as_trained.at("indexer_mode"), "warmup");
   EXPECT_EQ(sparse_eval.at("indexer_mode"), "sparse");
   EXPECT_NE(as_trained.at("val_loss"), sparse_eval.at("val_loss"));  // 5 of up to 16 keys
+  // --indexer-recall: dense attention, and its mass on each indexer's top-5, over the windows; with
+  // windows of 5 tokens the top-5 holds every visible key.
+  const nlohmann::json recall = eval(" --indexer-recall");
+  EXPECT_EQ(recall.at("indexer_mode"), "dense");
+  EXPECT_EQ(recall.at("val_loss"), as_trained.at("val_loss")) << "measuring changes no logit";
+  ASSERT_EQ(recall.at("indexer_recall").size(), 2u) << recall.dump();
+  for (const nlohmann::json& layer : recall.at("indexer_recall")) {
+    EXPECT_GT(layer.at("selected_mass").get<double>(), 0.0);
+    EXPECT_LT(layer.at("selected_mass").get<double>(), 1.0 - 1e-3);
+  }
+  const CommandResult short_windows = run_cli("eval --checkpoint " + warm.string() + " --data " +
+                                                  test_data().data_dir.string() + " --seq-len 5 --indexer-recall",
+                                              "OMP_NUM_THREADS=1", /*stdout_only=*/true);
+  ASSERT_EQ(short_windows.status, 0) << short_windows.output;
+  for (const nlohmann::json& layer : last_json_line(short_windows.output).at("indexer_recall"))
+    EXPECT_NEAR(layer.at("selected_mass").get<double>(), 1.0, 1e-6);
 
   const CommandResult s = run_cli("train --init " + (warm / "checkpoint-000003").string() + flags(sparse) +
                                   " --indexer-mode sparse");
@@ -100,6 +116,10 @@ TEST(TrainIndexer, FlagsNeedSparseLayers) {
                                   " --indexer-mode warmup");
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_NE(r.output.find("the model has no sparse attention layers"), std::string::npos) << r.output;
+  const CommandResult e = run_cli("eval --checkpoint " + trained_run().string() + " --data " +
+                                  test_data().data_dir.string() + " --indexer-recall");
+  EXPECT_EQ(e.status, 1) << e.output;
+  EXPECT_NE(e.output.find("config.json has no sparse_attention layer"), std::string::npos) << e.output;
 }
 
 }  // namespace
