@@ -1,7 +1,9 @@
 // `trillion info --config FILE [--json] [LoRA flags]`: what a config describes, without allocating
-// the model: its layer kinds (mixer and FFN per layer), its total and active parameter counts
+// the model: its layer kinds (mixer and FFN per layer; how many are sparse attention, and the MoE
+// layers' router: softmax or sigmoid with the correction bias), its total and active parameter counts
 // (model.h count_parameters), and with an adapter (train's --lora-* flags, --lora-config or
 // --adapter) the parameters it trains, so a large config can be checked on a small machine.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -12,6 +14,7 @@
 
 #include "cli/commands.h"
 #include "model/config.h"
+#include "model/family.h"
 #include "model/lora_config.h"
 #include "model/model.h"
 
@@ -25,11 +28,18 @@ void run_info(const std::string& config_path, bool json, const LoraOptions& lora
   const ParamCounts counts = count_parameters(config);
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) moe_layers += config.is_moe_layer(l);
+  const int64_t sparse_layers =
+      std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention);
+  const char* router = moe_layers == 0                                                 ? "none"
+                       : family_of(config.model_type).router == RouterScoring::sigmoid ? "sigmoid"
+                                                                                       : "softmax";
   if (json) {
     std::printf("%s\n", nlohmann::json({{"config", config_path},
                                         {"model_type", config.model_type},
                                         {"layers", config.num_hidden_layers},
                                         {"moe_layers", moe_layers},
+                                        {"sparse_layers", sparse_layers},
+                                        {"router", router},
                                         {"total_parameters", counts.total},
                                         {"active_parameters", counts.active},
                                         {"dense_parameters", counts.dense},
@@ -38,12 +48,13 @@ void run_info(const std::string& config_path, bool json, const LoraOptions& lora
                                         {"trainable_parameters", counts.trainable},
                                         {"parameters_with_adapters", counts.with_adapters},
                                         {"trainable_storage", counts.trainable_storage}})
-                                .dump()
-                                .c_str());
+                            .dump()
+                            .c_str());
     return;
   }
-  std::printf("%s: %s, %lld layers (%lld MoE)\n", config_path.c_str(), config.model_type.c_str(),
-              static_cast<long long>(config.num_hidden_layers), static_cast<long long>(moe_layers));
+  std::printf("%s: %s, %lld layers (%lld MoE, %s router; %lld sparse attention)\n", config_path.c_str(),
+              config.model_type.c_str(), static_cast<long long>(config.num_hidden_layers),
+              static_cast<long long>(moe_layers), router, static_cast<long long>(sparse_layers));
   for (int64_t l = 0; l < config.num_hidden_layers; ++l)
     std::printf("  layer %3lld: %s + %s\n", static_cast<long long>(l), layer_type_name(config.layer_types[l]),
                 config.is_moe_layer(l) ? "moe" : "dense mlp");

@@ -70,6 +70,38 @@ TEST(Info, RefusesToCountKindsNotBuilt) {
   EXPECT_NE(r.output.find("deepseek.json: layer_types[1] = linear_attention: not built yet for qwen3"), std::string::npos) << r.output;
 }
 
+// The README's demo model, configs/models/k3_mini.json, is the seed's architecture at demo scale:
+// Kimi Delta Attention 3 : 1 MLA with the lightning indexer, a first dense FFN then MoE layers of
+// at least 64 routed experts of which at most 1/16 are active, a shared expert, and sigmoid routing
+// over expert groups. info names its sparse layers and router; the dense and softmax demos differ.
+TEST(Info, NamesTheDemoModelsSparseLayersAndRouter) {
+  const auto info = [](const char* name) {
+    const CommandResult r =
+        run_cli("info --json --config " + (fs::path(TRILLION_SOURCE_DIR) / name).string(), "OMP_NUM_THREADS=1", true);
+    EXPECT_EQ(r.status, 0) << r.output;
+    return nlohmann::json::parse(r.output);
+  };
+  const nlohmann::json k3 = info("configs/models/k3_mini.json");
+  EXPECT_EQ(k3.at("sparse_layers"), 1);
+  EXPECT_EQ(k3.at("moe_layers"), 3);
+  EXPECT_EQ(k3.at("router"), "sigmoid");
+  const nlohmann::json c =
+      nlohmann::json::parse(read_text(fs::path(TRILLION_SOURCE_DIR) / "configs/models/k3_mini.json"));
+  EXPECT_EQ(c.at("layer_types"),
+            nlohmann::json({"linear_attention", "linear_attention", "linear_attention", "sparse_attention"}));
+  EXPECT_EQ(c.at("mlp_layer_types")[0], "dense");
+  EXPECT_GE(c.at("num_experts").get<int64_t>(), 64);
+  EXPECT_LE(16 * c.at("num_experts_per_token").get<int64_t>(), c.at("num_experts").get<int64_t>());
+  EXPECT_GE(c.at("num_shared_experts").get<int64_t>(), 1);
+  EXPECT_GT(c.at("num_expert_group").get<int64_t>(), 1);
+  EXPECT_LE(4 * c.at("index_topk").get<int64_t>(), 256) << "well below the demo's windows of 256";
+  EXPECT_EQ(c.at("vocab_size"), 8192);
+  const nlohmann::json moe = info("configs/models/demo_moe.json"), dense = info("configs/models/demo.json");
+  EXPECT_EQ(moe.at("router"), "softmax");
+  EXPECT_EQ(moe.at("sparse_layers"), 0);
+  EXPECT_EQ(dense.at("router"), "none");
+}
+
 // With train's LoRA flags, info counts the adapter's parameters without allocating anything: rank-r
 // pairs on attention (r (in + out) per projection) and one pair per routed expert on its stacked
 // gate_up [2I, D] and down [D, I]. At DeepSeek-V3's widths the same targets train under 2 % of the
