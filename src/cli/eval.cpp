@@ -3,13 +3,17 @@
 // (fit on the train tokens; data/baselines.h), printed for people and as a final JSON line. Sparse attention layers
 // attend as the checkpoint was trained (its trainer_state's indexer mode: sparse over the top-k, or dense in the
 // warm-up and dense stages) unless --indexer-mode says otherwise. --indexer-recall attends densely
-// and reports, per sparse layer, the mass of that dense attention on the indexer's top-k.
+// and reports, per sparse layer, the mass of that dense attention on the indexer's top-k: over every
+// query, and over the queries that see more than top-k keys (the first top-k queries of a window
+// select every key they see, so their mass is 1).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <optional>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -99,10 +103,19 @@ void run_eval(EvalOptions o) {
   std::printf("perplexity     %.3f\n", std::exp(loss));
   std::printf("bits per byte  %.4f\n", bits_per_byte);
   nlohmann::json recall = nlohmann::json::array();
+  // The share of a window's queries whose top-k holds every key they see (eval's windows are whole).
+  const double whole = double(std::min(config.index_topk, o.seq_len)) / double(o.seq_len);
   for (const IndexerLayerStats& layer : r.indexer) {
-    std::printf("layer %d: dense attention's mass on the indexer's top-%lld %.4f (indexer KL %.4f)\n", layer.layer,
-                static_cast<long long>(config.index_topk), layer.selected_mass, layer.loss);
-    recall.push_back({{"layer", layer.layer}, {"selected_mass", layer.selected_mass}, {"indexer_loss", layer.loss}});
+    nlohmann::json beyond = nullptr;  // mean over the queries that see more than top-k keys
+    if (whole < 1.0) beyond = (layer.selected_mass - whole) / (1.0 - whole);
+    std::printf(
+        "layer %d: dense attention's mass on the indexer's top-%lld %.4f over every query, %s over those "
+        "seeing more keys (indexer KL %.4f)\n",
+        layer.layer, static_cast<long long>(config.index_topk), layer.selected_mass, beyond.dump().c_str(), layer.loss);
+    recall.push_back({{"layer", layer.layer},
+                      {"selected_mass", layer.selected_mass},
+                      {"selected_mass_beyond_topk", beyond},
+                      {"indexer_loss", layer.loss}});
   }
   nlohmann::json summary = {{"checkpoint", weights_dir},
                             {"val_loss", loss},
@@ -131,11 +144,14 @@ void register_eval(CLI::App& app) {
   cmd->add_option("--seq-len", options->seq_len, "Tokens per window (default: the checkpoint's training seq_len)");
   cmd->add_option("--batch", options->batch, "Windows per forward pass");
   cmd->add_option("--max-batches", options->max_batches, "Evaluate only the first N batches (0: all)");
-  cmd->add_option("--indexer-mode", options->indexer_mode,
-                  "Sparse attention layers: sparse (top-k) or dense / warmup (dense attention); default: as trained")
-      ->check(CLI::IsMember({"dense", "warmup", "sparse"}));
+  CLI::Option* mode =
+      cmd->add_option(
+             "--indexer-mode", options->indexer_mode,
+             "Sparse attention layers: sparse (top-k) or dense / warmup (dense attention); default: as trained")
+          ->check(CLI::IsMember({"dense", "warmup", "sparse"}));
   cmd->add_flag("--indexer-recall", options->indexer_recall,
-                "Attend densely and report each sparse layer's dense attention mass on its indexer's top-k");
+                "Attend densely and report each sparse layer's dense attention mass on its indexer's top-k")
+      ->excludes(mode);
   cmd->add_option("--precision", options->precision,
                   "Operands of the products: fp32 or bf16 (float accumulation); default: as trained")
       ->check(CLI::IsMember({"fp32", "bf16"}));

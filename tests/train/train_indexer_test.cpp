@@ -93,15 +93,19 @@ TEST(TrainIndexer, WarmupTrainsOnlyTheIndexersThenSparseTrainsAll) {
   EXPECT_EQ(recall.at("val_loss"), as_trained.at("val_loss")) << "measuring changes no logit";
   ASSERT_EQ(recall.at("indexer_recall").size(), 2u) << recall.dump();
   for (const nlohmann::json& layer : recall.at("indexer_recall")) {
-    EXPECT_GT(layer.at("selected_mass").get<double>(), 0.0);
-    EXPECT_LT(layer.at("selected_mass").get<double>(), 1.0 - 1e-3);
+    const double mass = layer.at("selected_mass"), beyond = layer.at("selected_mass_beyond_topk");
+    EXPECT_GT(beyond, 0.0);
+    EXPECT_LT(beyond, mass) << "the first 5 queries of each window select every key they see";
+    EXPECT_LT(mass, 1.0 - 1e-3);
   }
   const CommandResult short_windows = run_cli("eval --checkpoint " + warm.string() + " --data " +
                                                   test_data().data_dir.string() + " --seq-len 5 --indexer-recall",
                                               "OMP_NUM_THREADS=1", /*stdout_only=*/true);
   ASSERT_EQ(short_windows.status, 0) << short_windows.output;
-  for (const nlohmann::json& layer : last_json_line(short_windows.output).at("indexer_recall"))
+  for (const nlohmann::json& layer : last_json_line(short_windows.output).at("indexer_recall")) {
     EXPECT_NEAR(layer.at("selected_mass").get<double>(), 1.0, 1e-6);
+    EXPECT_TRUE(layer.at("selected_mass_beyond_topk").is_null()) << "no query sees more than 5 keys";
+  }
 
   const CommandResult s = run_cli("train --init " + (warm / "checkpoint-000003").string() + flags(sparse) +
                                   " --indexer-mode sparse");
@@ -120,6 +124,9 @@ TEST(TrainIndexer, FlagsNeedSparseLayers) {
                                   test_data().data_dir.string() + " --indexer-recall");
   EXPECT_EQ(e.status, 1) << e.output;
   EXPECT_NE(e.output.find("config.json has no sparse_attention layer"), std::string::npos) << e.output;
+  const CommandResult both = run_cli("eval --checkpoint " + trained_run().string() + " --data " +
+                                     test_data().data_dir.string() + " --indexer-recall --indexer-mode sparse");
+  EXPECT_NE(both.status, 0) << "--indexer-recall attends densely: no --indexer-mode beside it";
 }
 
 }  // namespace
