@@ -18,6 +18,7 @@ packages=(
   libopenmpi-dev openmpi-bin        # distributed runs (mpirun: FSDP, expert parallelism)
   fortunes fortunes-min             # the default corpus: fortune cookie files
   dict-vera                         # the conversations corpus (scripts/chat_corpus.sh): acronyms
+  jq gnuplot-nox                    # scripts/validate.sh: its summary and curves
   clang libclang-rt-14-dev libomp-14-dev   # the parsers' libFuzzer targets (scripts/fuzz.sh)
 )
 
