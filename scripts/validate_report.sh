@@ -113,7 +113,7 @@ plot "$plots/pretrain.tsv" using 1:2 with lines lw 1 lc "#9ecae1" title "train",
      "" using 1:3 with linespoints pt 7 lw 2 lc "#08519c" title "validation", \
      $unigram_a with lines dt 3 lc "black" title "unigram baseline", \
      $bigram_a with lines dt 2 lc "red" title "bigram baseline"
-set title "expert load: busiest expert / mean (MoE layers, 50-step windows; gray: worst layer, each step)"
+set title "expert load, busiest / mean (50-step windows; gray: worst layer per step)"
 set yrange [1:*]
 plot "$plots/expert_load_steps.tsv" using 1:2 with lines lc "#d9d9d9" notitle, \
      for [l=1:words("$moe_layers")] "$plots/expert_load.tsv" using 1:l + 1 with linespoints lw 2 \
@@ -141,8 +141,13 @@ EOF
 # The docs section.
 section=$out/validation_section.md
 {
-  echo "Measured $(date -u +%Y-%m-%d) on $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'),"
-  echo "$(nproc) cores, OMP_NUM_THREADS=$threads; \`bash scripts/validate.sh\` took $seconds s."
+  cpu=$(lscpu | sed -n 's/^Model name: *//p')
+  family=$(lscpu | sed -n 's/^CPU family: *//p') model=$(lscpu | sed -n 's/^Model: *//p')
+  isa=AVX2
+  grep -qw avx512f /proc/cpuinfo && isa=AVX-512
+  grep -qw avx512_bf16 /proc/cpuinfo && isa="AVX-512 with AVX512-BF16"
+  echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores of $cpu (family $family model $model, $isa),"
+  echo "OMP_NUM_THREADS=$threads; \`bash scripts/validate.sh\` took $seconds s."
   echo
   echo "| check | | measured |"
   echo "|---|---|---|"
@@ -176,7 +181,7 @@ section=$out/validation_section.md
   cat "$out/lora_sample.txt"
   echo '```'
   echo
-  echo "The last checkpoints' SHA-256 (a second run on the same machine, build and thread count prints the same):"
+  echo "The last checkpoints' SHA-256 (OUT/hashes.txt):"
   echo
   echo '```'
   cat "$out/hashes.txt"
