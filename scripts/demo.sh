@@ -41,12 +41,18 @@ rm -rf "$out"
 reports=(--eval-every 200 --eval-batches 16 --log-every 50)  # not part of a run's saved settings
 recipe=(--config "$config" --data "$data" --out "$out" --steps "$steps" "${windows[@]}" --lr 3e-3 --warmup 60
   --seed 1 --moe-bias-rate "$bias_rate" "${reports[@]}")
-if [ "$sparse_layers" -gt 0 ]; then
-  build/trillion train "${recipe[@]}" --indexer-mode dense --stop-after "$dense_steps"
-  build/trillion train --resume "$out" --indexer-mode sparse "${reports[@]}"
-else
+if [ "$sparse_layers" -eq 0 ]; then
   dense_steps=0
   build/trillion train "${recipe[@]}"
+elif [ "$dense_steps" -ge "$steps" ]; then  # dense throughout
+  dense_steps=$steps
+  build/trillion train "${recipe[@]}" --indexer-mode dense
+elif [ "$dense_steps" -le 0 ]; then  # sparse from the start
+  dense_steps=0
+  build/trillion train "${recipe[@]}" --indexer-mode sparse
+else
+  build/trillion train "${recipe[@]}" --indexer-mode dense --stop-after "$dense_steps"
+  build/trillion train --resume "$out" --indexer-mode sparse "${reports[@]}"
 fi
 echo "{\"steps\": $steps, \"dense_steps\": $dense_steps}" > "$out/stages.json"  # for scripts/validate.sh
 t3=$(date +%s)

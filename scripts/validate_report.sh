@@ -195,8 +195,8 @@ if [ -n "$docs" ]; then
   done
   cp "$plots/k3_mini_pretrain.png" "$plots/k3_mini_finetune.png" "$docs/"
   awk -v section="$section" '
-    /<!-- validate.sh: begin -->/ { print; while ((getline line < section) > 0) print line; skipping = 1; next }
-    /<!-- validate.sh: end -->/ { skipping = 0 }
+    /^<!-- validate.sh: begin -->$/ { print; while ((getline line < section) > 0) print line; skipping = 1; next }
+    /^<!-- validate.sh: end -->$/ { skipping = 0 }
     !skipping' "$docs/validation.md" > "$docs/validation.md.new"
   mv "$docs/validation.md.new" "$docs/validation.md"
 fi
