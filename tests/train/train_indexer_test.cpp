@@ -102,7 +102,8 @@ TEST(TrainIndexer, WarmupTrainsOnlyTheIndexersThenSparseTrainsAll) {
                                                   test_data().data_dir.string() + " --seq-len 5 --indexer-recall",
                                               "OMP_NUM_THREADS=1", /*stdout_only=*/true);
   ASSERT_EQ(short_windows.status, 0) << short_windows.output;
-  for (const nlohmann::json& layer : last_json_line(short_windows.output).at("indexer_recall")) {
+  const nlohmann::json short_summary = last_json_line(short_windows.output);  // outlives the loop over its layers
+  for (const nlohmann::json& layer : short_summary.at("indexer_recall")) {
     EXPECT_NEAR(layer.at("selected_mass").get<double>(), 1.0, 1e-6);
     EXPECT_TRUE(layer.at("selected_mass_beyond_topk").is_null()) << "no query sees more than 5 keys";
   }
