@@ -55,12 +55,14 @@ BigramBaseline::BigramBaseline(const TokenStreams& fit, int64_t vocab_size)
       continuation_types_(static_cast<size_t>(vocab_size), 0) {
   TRILLION_CHECK(vocab_size > 0, "vocab_size ", vocab_size);
   for (const std::span<const int32_t> stream : fit) {
-    for (size_t t = 1; t < stream.size(); ++t) {
-      const int32_t previous = checked_id(stream[t - 1], vocab_size, "fit");
-      const int32_t next = checked_id(stream[t], vocab_size, "fit");
-      if (!is_target(stream[t])) continue;
-      ++pair_counts_[pair_key(previous, next)];
-      ++context_counts_[static_cast<size_t>(previous)];
+    int32_t previous = -1;  // none before the stream's first token
+    for (const int32_t stored : stream) {
+      const int32_t next = checked_id(stored, vocab_size, "fit");
+      if (previous >= 0 && is_target(stored)) {
+        ++pair_counts_[pair_key(previous, next)];
+        ++context_counts_[static_cast<size_t>(previous)];
+      }
+      previous = next;
     }
   }
   int64_t once = 0, twice = 0;  // n1, n2
