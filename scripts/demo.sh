@@ -9,13 +9,13 @@
 # the first DENSE_STEPS while the indexers learn from it (their KL loss; the rest of the model trains
 # too, from random weights), then the run resumes with attention over the indexers' top-k. Sigmoid
 # routers balance their experts without an auxiliary loss (--moe-bias-rate).
-# Environment: STEPS (default 1400), DENSE_STEPS (default 300), OUT (default runs/demo), DATA
+# Environment: STEPS (default 1200), DENSE_STEPS (default 300), OUT (default runs/demo), DATA
 # (default data/fortunes-8192), CONFIG (default configs/models/k3_mini.json; configs/models/demo.json
 # is the dense Qwen3 demo, configs/models/demo_moe.json the softmax-routed MoE demo, same recipe).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-steps=${STEPS:-1400}
+steps=${STEPS:-1200}
 dense_steps=${DENSE_STEPS:-300}
 out=${OUT:-runs/demo}
 data=${DATA:-data/fortunes-8192}

@@ -105,16 +105,21 @@ void run_eval(EvalOptions o) {
   nlohmann::json recall = nlohmann::json::array();
   // The share of a window's queries whose top-k holds every key they see (eval's windows are whole).
   const double whole = double(std::min(config.index_topk, o.seq_len)) / double(o.seq_len);
+  const auto beyond_topk = [&](double mass) {  // mean over the queries that see more than top-k keys
+    return whole < 1.0 ? nlohmann::json((mass - whole) / (1.0 - whole)) : nlohmann::json(nullptr);
+  };
   for (const IndexerLayerStats& layer : r.indexer) {
-    nlohmann::json beyond = nullptr;  // mean over the queries that see more than top-k keys
-    if (whole < 1.0) beyond = (layer.selected_mass - whole) / (1.0 - whole);
+    const nlohmann::json beyond = beyond_topk(layer.selected_mass), best_beyond = beyond_topk(layer.best_mass);
     std::printf(
         "layer %d: dense attention's mass on the indexer's top-%lld %.4f over every query, %s over those "
-        "seeing more keys (indexer KL %.4f)\n",
-        layer.layer, static_cast<long long>(config.index_topk), layer.selected_mass, beyond.dump().c_str(), layer.loss);
+        "seeing more keys; on its own top-%lld %.4f and %s (indexer KL %.4f)\n",
+        layer.layer, static_cast<long long>(config.index_topk), layer.selected_mass, beyond.dump().c_str(),
+        static_cast<long long>(config.index_topk), layer.best_mass, best_beyond.dump().c_str(), layer.loss);
     recall.push_back({{"layer", layer.layer},
                       {"selected_mass", layer.selected_mass},
                       {"selected_mass_beyond_topk", beyond},
+                      {"best_mass", layer.best_mass},
+                      {"best_mass_beyond_topk", best_beyond},
                       {"indexer_loss", layer.loss}});
   }
   nlohmann::json summary = {{"checkpoint", weights_dir},

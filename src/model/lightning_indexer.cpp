@@ -162,10 +162,11 @@ void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T
       for (int64_t i = 0; i < c.end * di; ++i) dk_whole[b * kv_len * di + i] += dk_chunk[i];
       r.loss += part.loss * share;
       r.selected_mass += part.selected_mass * share;
+      r.best_mass += part.best_mass * share;
     });
     pass.context->reduce_sequences(dk, dk_whole, batch, di);  // every rank's terms onto the keys' owners
   }
-  if (pass.result != nullptr) pass.result->indexer.push_back({layer, r.loss, r.selected_mass});
+  if (pass.result != nullptr) pass.result->indexer.push_back({layer, r.loss, r.selected_mass, r.best_mass});
 }
 
 template <class T>

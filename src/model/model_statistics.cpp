@@ -26,7 +26,7 @@ void Model<T>::Impl::reduce_statistics(StepResult& result) const {
     packed.insert(packed.end(), {double(s.dropped), s.sequence_aux * per_row, s.z_loss * per_token});
   }
   for (const IndexerLayerStats& s : result.indexer)
-    packed.insert(packed.end(), {s.loss * per_token, s.selected_mass * per_token});
+    packed.insert(packed.end(), {s.loss * per_token, s.selected_mass * per_token, s.best_mass * per_token});
   if (packed.empty()) return;
   reduction.sum(packed.data(), static_cast<int64_t>(packed.size()));
   const double* next = packed.data();
@@ -41,6 +41,7 @@ void Model<T>::Impl::reduce_statistics(StepResult& result) const {
   for (IndexerLayerStats& s : result.indexer) {
     s.loss = *next++;
     s.selected_mass = *next++;
+    s.best_mass = *next++;
   }
 }
 

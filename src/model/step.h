@@ -90,6 +90,7 @@ struct IndexerLayerStats {
   int layer = 0;
   double loss = 0.0;           // mean over tokens of KL(p ‖ softmax(I))
   double selected_mass = 0.0;  // mean over tokens of the main attention's mass on the selected keys
+  double best_mass = 0.0;      // mean over tokens of the most mass any top-k keys hold (1 in sparse mode)
 };
 
 struct StepResult {

@@ -38,6 +38,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -203,10 +204,27 @@ struct TargetGeometry {
 struct LossPartial {
   double kl = 0.0;
   double mass = 0.0;
+  double best_mass = 0.0;
 };
 
 // For one query row: given I (scores), softmax(I) (soft) and p over `n` keys, adds the KL terms
 // to kl and overwrites soft with dI = grad_scale · (softmax(I) − p).
+// The best mass of a query: heap[0, count) is a min-heap of the largest values seen so far, at most
+// capacity of them; values[n] offers more. Its sum is the most mass any capacity keys hold.
+template <class T>
+void keep_largest(T* heap, int64_t& count, int64_t capacity, const T* values, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (count < capacity) {
+      heap[count++] = values[i];
+      std::push_heap(heap, heap + count, std::greater<T>());
+    } else if (values[i] > heap[0]) {
+      std::pop_heap(heap, heap + count, std::greater<T>());
+      heap[count - 1] = values[i];
+      std::push_heap(heap, heap + count, std::greater<T>());
+    }
+  }
+}
+
 template <class T>
 double kl_and_dI(T* soft, const T* scores, const T* p, int64_t n, T lse_index, T grad_scale) {
   double kl = 0.0;
@@ -252,7 +270,7 @@ int64_t dk_turn_of(const Geometry& geo, const int64_t* first_blocks, int64_t qb,
 
 // Element counts of a loss's Buffers: per thread, its workspace (T), double accumulators and int32
 // keys; and its work items, each with item_words 8-byte words (the KL and selected-mass partial
-// sums, and in dense mode the item's first key block).
+// sums, and in dense mode the best mass's partial sum and the item's first key block).
 struct LossBuffers {
   int64_t per_thread = 0, doubles_per_thread = 0, ints_per_thread = 0, items = 0, item_words = 2;
 };
@@ -260,13 +278,15 @@ struct LossBuffers {
 // Dense mode. Workspace: head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock] (I), probs
 // [kQueryBlock, kKeyBlock] (p), main_logits [main_rows, kKeyBlock] (P_h, then softmax(I) and dI in its
 // first kQueryBlock rows), main_q_rows [kv_heads, main_rows, qk], dq_acc [rows_max, d], dk_part
-// [kKeyBlock, d], lse_index [kQueryBlock] (main_rows = kQueryBlock · group); dw_acc [rows_max]
-// (double); the selected keys sorted [kQueryBlock, topk] (int32); one item per query block.
+// [kKeyBlock, d], lse_index [kQueryBlock], best [kQueryBlock, topk] (min-heaps of each query's largest
+// p) (main_rows = kQueryBlock · group); dw_acc [rows_max] (double); the selected keys sorted
+// [kQueryBlock, topk] (int32); one item per query block.
 LossBuffers dense_buffers(const Geometry& geo, const IndexerTarget& t) {
   const int64_t main_rows = kQueryBlock * (t.heads / t.kv_heads), d = geo.s.head_dim;
   return {geo.rows_max * kKeyBlock + 2 * kQueryBlock * kKeyBlock + main_rows * kKeyBlock +
-              t.kv_heads * main_rows * t.qk_dim + geo.rows_max * d + kKeyBlock * d + kQueryBlock,
-          geo.rows_max, kQueryBlock * geo.s.topk, geo.s.batch * geo.q_blocks, 3};
+              t.kv_heads * main_rows * t.qk_dim + geo.rows_max * d + kKeyBlock * d + kQueryBlock +
+              kQueryBlock * geo.s.topk,
+          geo.rows_max, kQueryBlock * geo.s.topk, geo.s.batch * geo.q_blocks, 4};
 }
 
 // Query blocks per batch entry of the sparse loss (one item each).
@@ -300,7 +320,7 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
   Buffer<T> workspace(per_thread * num_threads());
   Buffer<double> dw_workspace(buffers.doubles_per_thread * num_threads());
   Buffer<int32_t> selected_workspace(buffers.ints_per_thread * num_threads());
-  Buffer<double> kl_partial(items), mass_partial(items);  // [items]
+  Buffer<double> kl_partial(items), mass_partial(items), best_partial(items);  // [items]
   // dk turn per (batch, key block): the number of query blocks that have added their part.
   std::unique_ptr<Turn[]> dk_turn(new Turn[s.batch * geo.k_blocks]);
   Buffer<int64_t> first_blocks(items);  // [batch, q_blocks]: each item's first key block
@@ -321,6 +341,7 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
     T* dq_acc = main_q_rows + tg.t.kv_heads * main_rows * qk; // [rows_max, d]
     T* dk_part = dq_acc + geo.rows_max * d;                   // [kKeyBlock, d]
     T* lse_index = dk_part + kKeyBlock * d;                   // [kQueryBlock]
+    T* best = lse_index + kQueryBlock;                        // [kQueryBlock, topk]: min-heaps
     double* dw_acc = dw_workspace.data() + geo.rows_max * thread;                 // [rows_max]
     int32_t* selected = selected_workspace.data() + kQueryBlock * s.topk * thread;  // [kQueryBlock, topk]
     // Items are claimed in increasing order, which the dk turn order relies on.
@@ -352,8 +373,9 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
         for (int64_t t = t0; t < t1; ++t)
           std::memcpy(main_q_rows + (kvh * main_rows + (t - t0) * group) * qk,
                       main_q + (b * s.q_len + t) * tg.q_stride + kvh * group * qk, group * qk * sizeof(T));
-      int64_t selected_count[kQueryBlock], cursor[kQueryBlock];
+      int64_t selected_count[kQueryBlock], cursor[kQueryBlock], best_count[kQueryBlock];
       for (int64_t r = 0; r < queries; ++r) {
+        best_count[r] = 0;
         const int32_t* index_row = geo.index_row(indices, b, t0 + r);
         int32_t* sel = selected + r * s.topk;
         selected_count[r] = 0;
@@ -395,6 +417,7 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
           const int64_t lo = span.lo, n = span.size();
           T* p = probs + r * kKeyBlock;
           for (int64_t c = lo; c < span.hi; ++c) p[c] *= inv_heads;
+          keep_largest(best + r * s.topk, best_count[r], s.topk, p + lo, n);
           const int32_t* sel = selected + r * s.topk;
           for (; cursor[r] < selected_count[r] && sel[cursor[r]] < j0 + cols; ++cursor[r])
             mass += static_cast<double>(p[sel[cursor[r]] - j0]);
@@ -421,12 +444,17 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
       }
       std::copy(dq_acc, dq_acc + queries * heads * d, dq + (b * s.q_len + t0) * heads * d);
       for (int64_t i = 0; i < queries * heads; ++i) dw[(b * s.q_len + t0) * heads + i] = static_cast<T>(dw_acc[i]);
+      double best_mass = 0.0;
+      for (int64_t r = 0; r < queries; ++r)
+        for (int64_t i = 0; i < best_count[r]; ++i) best_mass += static_cast<double>(best[r * s.topk + i]);
       kl_partial[item] = kl;
       mass_partial[item] = mass;
+      best_partial[item] = best_mass;
     }
   });
   LossPartial total;
-  for (int64_t i = 0; i < items; ++i) total.kl += kl_partial[i], total.mass += mass_partial[i];
+  for (int64_t i = 0; i < items; ++i)
+    total.kl += kl_partial[i], total.mass += mass_partial[i], total.best_mass += best_partial[i];
   return total;
 }
 
@@ -538,6 +566,7 @@ LossPartial sparse_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w,
                  "or is not a prefix of keys padded with -1");
   LossPartial total;
   for (int64_t i = 0; i < items; ++i) total.kl += kl_partial[i], total.mass += mass_partial[i];
+  total.best_mass = total.mass;  // p lives on the selection
   return total;
 }
 
@@ -561,7 +590,7 @@ IndexerLossResult indexer_loss(T* dq, T* dk, T* dw, const T* q, const T* k, cons
   const LossPartial total = mode == IndexerLossMode::kDense ? dense_loss(dq, dk, dw, q, k, w, indices, tg, coef, geo)
                                                             : sparse_loss(dq, dk, dw, q, k, w, indices, tg, coef, geo);
   const double queries = double(sizes.batch * sizes.q_len);
-  return {total.kl / queries, total.mass / queries};
+  return {total.kl / queries, total.mass / queries, total.best_mass / queries};
 }
 
 #define TRILLION_INSTANTIATE_INDEXER(T)                                                                    \

@@ -62,6 +62,8 @@ struct IndexerLossResult {
   double loss = 0.0;             // mean over the batch · q_len queries of KL(p[t] ‖ softmax(I[t]))
   double selected_mass = 0.0;    // mean over queries of Σ_{s ∈ S_t} p[t, s] (p over all visible keys in
                                  //   dense mode; 1 in sparse mode, where p lives on S_t)
+  double best_mass = 0.0;        // mean over queries of the most mass any topk visible keys hold (the sum
+                                 //   of p[t]'s topk largest): selected_mass's ceiling; 1 in sparse mode
 };
 
 // Forward and backward of the indexer loss in one pass (the loss scale is known up front):

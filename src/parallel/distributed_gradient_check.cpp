@@ -79,9 +79,12 @@ std::vector<TensorCheck> check_distributed_gradients(const ModelConfig& config, 
   if (part_result.indexer.size() != whole_result.indexer.size())
     fail("distributed gradient check: ", part_result.indexer.size(), " indexer layers reported, one process has ",
          whole_result.indexer.size());
-  for (size_t i = 0; i < whole_result.indexer.size(); ++i)
-    compare("indexer.selected_mass." + std::to_string(whole_result.indexer[i].layer),
-            part_result.indexer[i].selected_mass, whole_result.indexer[i].selected_mass);
+  for (size_t i = 0; i < whole_result.indexer.size(); ++i) {
+    const std::string layer = std::to_string(whole_result.indexer[i].layer);
+    compare("indexer.selected_mass." + layer, part_result.indexer[i].selected_mass,
+            whole_result.indexer[i].selected_mass);
+    compare("indexer.best_mass." + layer, part_result.indexer[i].best_mass, whole_result.indexer[i].best_mass);
+  }
   return checks;
 }
 

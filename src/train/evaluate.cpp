@@ -38,11 +38,13 @@ EvalResult evaluate_loss(Model<T>& model, const TokenStreams& streams, int64_t s
       result.indexer[l].layer = part.indexer[l].layer;
       result.indexer[l].loss += part.indexer[l].loss * double(rows);
       result.indexer[l].selected_mass += part.indexer[l].selected_mass * double(rows);
+      result.indexer[l].best_mass += part.indexer[l].best_mass * double(rows);
     }
   }
   for (IndexerLayerStats& layer : result.indexer) {
     layer.loss /= double(result.windows);
     layer.selected_mass /= double(result.windows);
+    layer.best_mass /= double(result.windows);
   }
   if (context != nullptr) {
     double sums[2] = {result.loss_sum, double(result.target_count)};

@@ -19,6 +19,7 @@ void StepStats::add(const StepResult& micro_batch) {
     for (size_t l = 0; l < indexer_.size(); ++l) {
       indexer_[l].loss += micro_batch.indexer[l].loss;
       indexer_[l].selected_mass += micro_batch.indexer[l].selected_mass;
+      indexer_[l].best_mass += micro_batch.indexer[l].best_mass;
     }
     for (size_t i = 0; i < aux_.size(); ++i) aux_[i].value += micro_batch.aux[i].value;
     for (size_t l = 0; l < layers_.size(); ++l) {
@@ -50,8 +51,10 @@ void StepStats::write_metrics(nlohmann::json& record) const {
     nlohmann::json layers = nlohmann::json::array();
     for (const IndexerLayerStats& s : indexer_) {
       mass += s.selected_mass / double(micro_batches_ * int64_t(indexer_.size()));
-      layers.push_back({{"layer", s.layer}, {"indexer_loss", s.loss / double(micro_batches_)},
-                        {"selected_mass", s.selected_mass / double(micro_batches_)}});
+      layers.push_back({{"layer", s.layer},
+                        {"indexer_loss", s.loss / double(micro_batches_)},
+                        {"selected_mass", s.selected_mass / double(micro_batches_)},
+                        {"best_mass", s.best_mass / double(micro_batches_)}});
     }
     record["indexer_selected_mass"] = mass;
     record["sparse_layers"] = layers;

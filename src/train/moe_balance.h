@@ -20,7 +20,7 @@ class StepStats {
   const std::vector<MoeLayerStats>& layers() const { return layers_; }
   // metrics.jsonl fields: each aux term's mean ("aux_loss", "indexer_loss", …); with sparse layers
   // "indexer_selected_mass" (mean over layers) and "sparse_layers": [{layer, indexer_loss,
-  // selected_mass}]; with MoE layers "expert_load_max_over_mean" (the worst layer),
+  // selected_mass, best_mass}]; with MoE layers "expert_load_max_over_mean" (the worst layer),
   // "dropped_tokens", and "moe_layers": [{layer, tokens_per_expert, max_over_mean, dropped}].
   void write_metrics(nlohmann::json& record) const;
   // Mean over the micro-batches of Σ coef · value.

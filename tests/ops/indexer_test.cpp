@@ -2,7 +2,7 @@
 // streamed top-k equals a full stable sort exactly where scores are exact (heavy ties from ReLU
 // zeros and small integers), ranks random scores as it does up to swaps within rounding, and pads
 // short rows with −1; the KL loss in both modes equals the reference
-// loss, selected mass and gradients, the gradients match central finite differences, results do not
+// loss, selected and best masses and gradients, the gradients match central finite differences, results do not
 // depend on the thread count, and KL is 0 exactly when the two distributions agree; all of it again
 // with document masks, where every query sees only its own document (also a context-parallel chunk's
 // last queries of a row against every key before them).
@@ -221,8 +221,13 @@ TEST(IndexerLoss, MatchesReference) {
       EXPECT_GT(got.result.loss, 0.0);
       EXPECT_NEAR(got.result.loss, want.result.loss, 1e-10 * std::max(1.0, want.result.loss));
       EXPECT_NEAR(got.result.selected_mass, want.result.selected_mass, 1e-10);
+      EXPECT_NEAR(got.result.best_mass, want.result.best_mass, 1e-10);
+      EXPECT_GE(got.result.best_mass, got.result.selected_mass - 1e-12);  // no selection holds more
       if (mode == IndexerLossMode::kSparse) {
         EXPECT_NEAR(got.result.selected_mass, 1.0, 1e-12);
+        EXPECT_NEAR(got.result.best_mass, 1.0, 1e-12);
+      } else {
+        EXPECT_LT(got.result.best_mass, 1.0 - 1e-3);  // topk 7 leaves keys out
       }
       EXPECT_LE(relative_error(got.dq, want.dq), 1e-10) << "dq";
       EXPECT_LE(relative_error(got.dk, want.dk), 1e-10) << "dk";
@@ -247,6 +252,7 @@ TEST(IndexerLoss, DenseSelectedMassIsOneWhenEveryKeyIsSelected) {
   LossProblem<double> p(s, IndexerLossMode::kDense, 5);
   p.run(1.0);
   EXPECT_NEAR(p.result.selected_mass, 1.0, 1e-12);
+  EXPECT_NEAR(p.result.best_mass, 1.0, 1e-12);
   LossProblem<double> partial(kCases[1], IndexerLossMode::kDense, 5);  // topk 7 of up to 23 keys
   partial.run(1.0);
   EXPECT_LT(partial.result.selected_mass, 1.0 - 1e-3);
@@ -289,6 +295,7 @@ TEST(IndexerLoss, ResultsDoNotDependOnThreadCount) {
       SCOPED_TRACE(testing::Message() << mode_name(mode) << " " << threads << " threads");
       EXPECT_EQ(one.result.loss, many.result.loss);
       EXPECT_EQ(one.result.selected_mass, many.result.selected_mass);
+      EXPECT_EQ(one.result.best_mass, many.result.best_mass);
       EXPECT_EQ(one.dq, many.dq);
       EXPECT_EQ(one.dk, many.dk);
       EXPECT_EQ(one.dw, many.dw);
@@ -406,6 +413,7 @@ TEST(IndexerDocumentMask, LossMatchesReferenceAndDoesNotDependOnThreadCount) {
       EXPECT_GT(got.result.loss, 0.0);
       EXPECT_NEAR(got.result.loss, want.result.loss, 1e-10 * want.result.loss);
       EXPECT_NEAR(got.result.selected_mass, want.result.selected_mass, 1e-10);
+      EXPECT_NEAR(got.result.best_mass, want.result.best_mass, 1e-10);
       EXPECT_LE(relative_error(got.dq, want.dq), 1e-10) << "dq";
       EXPECT_LE(relative_error(got.dk, want.dk), 1e-10) << "dk";
       EXPECT_LE(relative_error(got.dw, want.dw), 1e-10) << "dw";

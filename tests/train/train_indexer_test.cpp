@@ -97,6 +97,10 @@ TEST(TrainIndexer, WarmupTrainsOnlyTheIndexersThenSparseTrainsAll) {
     EXPECT_GT(beyond, 0.0);
     EXPECT_LT(beyond, mass) << "the first 5 queries of each window select every key they see";
     EXPECT_LT(mass, 1.0 - 1e-3);
+    const double best = layer.at("best_mass"), best_beyond = layer.at("best_mass_beyond_topk");
+    EXPECT_GE(best, mass - 1e-12) << "no top-5 holds more than the five largest";
+    EXPECT_GE(best_beyond, beyond - 1e-12);
+    EXPECT_LT(best, 1.0 - 1e-3);
   }
   const CommandResult short_windows = run_cli("eval --checkpoint " + warm.string() + " --data " +
                                                   test_data().data_dir.string() + " --seq-len 5 --indexer-recall",
@@ -105,6 +109,7 @@ TEST(TrainIndexer, WarmupTrainsOnlyTheIndexersThenSparseTrainsAll) {
   const nlohmann::json short_summary = last_json_line(short_windows.output);  // outlives the loop over its layers
   for (const nlohmann::json& layer : short_summary.at("indexer_recall")) {
     EXPECT_NEAR(layer.at("selected_mass").get<double>(), 1.0, 1e-6);
+    EXPECT_NEAR(layer.at("best_mass").get<double>(), 1.0, 1e-6);
     EXPECT_TRUE(layer.at("selected_mass_beyond_topk").is_null()) << "no query sees more than 5 keys";
   }
 

@@ -131,10 +131,11 @@ IndexerLossResult indexer_ref_loss(T* dq, T* dk, T* dw, const T* q, const T* k, 
   std::fill(dk, dk + s.batch * n_keys * d, T(0));
   std::fill(dw, dw + s.batch * s.q_len * s.heads, T(0));
   const T grad_scale = T(coef / double(s.batch * s.q_len));
-  double kl_total = 0.0, mass_total = 0.0;
+  double kl_total = 0.0, mass_total = 0.0, best_total = 0.0;
   std::vector<T> p;                   // [q_len, kv_len]
   std::vector<char> in_domain(n_keys), selected(n_keys);  // [kv_len] masks of one query
   std::vector<T> dI(n_keys);          // [kv_len] of one query
+  std::vector<T> domain_p;            // [≤ kv_len] p on one query's domain
   for (int64_t b = 0; b < s.batch; ++b) {
     mean_probabilities(p, target, s, b);
     for (int64_t t = 0; t < s.q_len; ++t) {
@@ -153,6 +154,11 @@ IndexerLossResult indexer_ref_loss(T* dq, T* dk, T* dw, const T* q, const T* k, 
       for (int64_t j = 0; j < n_keys; ++j)
         if (in_domain[j]) sum += std::exp(row[j] - top);
       const T lse_index = top + std::log(sum);
+      domain_p.clear();
+      for (int64_t j = 0; j < n_keys; ++j)
+        if (in_domain[j]) domain_p.push_back(p_row[j]);
+      std::sort(domain_p.begin(), domain_p.end(), std::greater<T>());
+      for (int64_t c = 0; c < std::min<int64_t>(s.topk, int64_t(domain_p.size())); ++c) best_total += domain_p[c];
       for (int64_t j = 0; j < n_keys; ++j) {
         dI[j] = 0;
         if (selected[j]) mass_total += p_row[j];
@@ -180,7 +186,7 @@ IndexerLossResult indexer_ref_loss(T* dq, T* dk, T* dw, const T* q, const T* k, 
     }
   }
   const double queries = double(s.batch * s.q_len);
-  return {kl_total / queries, mass_total / queries};
+  return {kl_total / queries, mass_total / queries, best_total / queries};
 }
 
 #define TRILLION_INSTANTIATE_INDEXER_REF(T)                                                                     \

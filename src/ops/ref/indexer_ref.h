@@ -28,7 +28,7 @@ void indexer_ref_selected_lse(T* lse, const int32_t* indices, const IndexerTarge
                               const IndexerSizes& sizes);
 
 // Same contract as indexer_loss: dq, dk, dw (=) receive coef · dL/d(q, k, w); returns the loss
-// before coef and the selected mass.
+// before coef, the selected mass and the best mass.
 template <class T>
 IndexerLossResult indexer_ref_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, const int32_t* indices,
                                    const IndexerTarget& target, IndexerLossMode mode, double coef,
