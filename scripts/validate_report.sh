@@ -102,6 +102,9 @@ jq -r '.results as $r | $r.pretrain as $p | $r.finetune as $f |
 ln_vocab=$(jq '.results.pretrain.ln_vocab' "$out/summary.json")
 read -r unigram_a bigram_a < <(jq -r '.results.pretrain | "\(.unigram) \(.bigram)"' "$out/summary.json")
 read -r base_b unigram_b bigram_b < <(jq -r '.results.finetune | "\(.base) \(.unigram) \(.bigram)"' "$out/summary.json")
+# The final model's recall on corpus A's validation windows (every query; mean over sparse layers).
+read -r recall_a best_a < <(jq -r '.results.pretrain.indexer_recall |
+  "\([.[].selected_mass] | add / length) \([.[].best_mass] | add / length)"' "$out/summary.json")
 gnuplot <<EOF
 set terminal pngcairo size 1200,800 font ",10"
 set output "$plots/k3_mini_pretrain.png"
@@ -122,11 +125,18 @@ plot "$plots/expert_load_steps.tsv" using 1:2 with lines lc "#d9d9d9" notitle, \
      for [l=1:words("$moe_layers")] "$plots/expert_load.tsv" using 1:l + 1 with linespoints lw 2 \
        title "layer ".word("$moe_layers", l), \
      1.5 with lines dt 2 lc "red" title "1.5"
-set title "indexer (dense stage): dense attention's mass on its top-k, and its KL"
-set yrange [0:*]
-plot "$plots/pretrain.tsv" using 1:4 with lines lw 2 title "selected mass", \
-     "" using 1:5 with lines lw 1 lc "gray" title "the most any top-k holds", "" using 1:6 with lines title "KL loss"
+set title "indexer: dense attention's mass on its top-k, KL (points: final model, validation)"
+set yrange [0:1]
+set key center right
+plot "$plots/pretrain.tsv" using 1:4 with lines lw 2 lc "#7b3294" title "selected mass", \
+     "" using 1:5 with lines lw 1 lc "gray" title "the most any top-k holds", \
+     "" using 1:6 with lines lc "#1b9e77" title "KL loss", \
+     "+" using ($pretrain_steps):($recall_a) every ::0::0 with points pt 7 ps 1.5 lc "#7b3294" notitle, \
+     "+" using ($pretrain_steps):($best_a) every ::0::0 with points pt 6 ps 1.5 lc "gray" notitle, \
+     0.9 with lines dt 2 lc "red" title "0.9"
+set key default
 set title "throughput (tokens/s, $threads threads)"
+set yrange [0:*]
 plot "$plots/pretrain.tsv" using 1:7 with lines notitle
 unset multiplot
 unset arrow

@@ -28,8 +28,7 @@ void run_info(const std::string& config_path, bool json, const LoraOptions& lora
   const ParamCounts counts = count_parameters(config);
   int64_t moe_layers = 0;
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) moe_layers += config.is_moe_layer(l);
-  const int64_t sparse_layers =
-      std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention);
+  const int64_t sparse_layers = config.sparse_layers();
   const char* router = moe_layers == 0                                                 ? "none"
                        : family_of(config.model_type).router == RouterScoring::sigmoid ? "sigmoid"
                                                                                        : "softmax";

@@ -109,6 +109,7 @@ struct ModelConfig {
   // DeepSeek's softmax-scale factor: mscale(factor, mscale_all_dim)² under YaRN with mscale_all_dim, else 1.
   double yarn_softmax_factor() const;
   bool is_moe_layer(int64_t layer) const { return mlp_layer_types[layer] == FfnType::sparse; }
+  int64_t sparse_layers() const;  // layers of type sparse_attention (those with a lightning indexer)
   // The aux-loss coefficient in effect (0 unless output_router_logits, as transformers).
   double aux_loss_coef() const { return output_router_logits ? router_aux_loss_coef : 0.0; }
 

@@ -1,6 +1,7 @@
 // ModelConfig's structured attention fields (config_fields.h): RoPE with YaRN scaling from
 // `rope_parameters` / `rope_scaling`, Kimi-Linear's linear-attention names and linear_attn_config;
-// and the RoPE a layer builds from them.
+// the RoPE a layer builds from them; and the count of sparse attention layers.
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -173,6 +174,10 @@ double ModelConfig::yarn_softmax_factor() const {
   if (rope_scaling.type == "default" || rope_scaling.mscale_all_dim == 0.0) return 1.0;
   const double m = yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
   return m * m;
+}
+
+int64_t ModelConfig::sparse_layers() const {
+  return std::count(layer_types.begin(), layer_types.end(), LayerType::sparse_attention);
 }
 
 }  // namespace trillion

@@ -348,7 +348,7 @@ void Model<T>::set_loss_gradients(LossGradients mode) {
 
 template <class T>
 int Model<T>::Impl::sparse_layers() const {
-  return static_cast<int>(std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention));
+  return static_cast<int>(config.sparse_layers());
 }
 
 template <class T>
