@@ -22,7 +22,8 @@ load_ratio='transpose | map(add) | max / (add / length)'
 # The indexer's selected mass, and the best mass any top-k holds (its ceiling), measure dense
 # attention in the dense stage only (both 1 by definition after).
 jq -r --argjson dense "$dense_steps" '[.step, .lm_loss, (.val_loss // "NaN"),
-        (if .step <= $dense then .indexer_selected_mass, ([.sparse_layers[].best_mass] | add / length)
+        (if .step <= $dense then (.indexer_selected_mass // "NaN"),
+           ([.sparse_layers[].best_mass] | if any(. == null) then "NaN" else add / length end)
          else "NaN", "NaN" end), (.indexer_loss // "NaN"), .tokens_per_s] | @tsv' \
   "$out/pretrain/metrics.jsonl" > "$plots/pretrain.tsv"
 # Expert load over time: per MoE layer in windows of 50 steps (102k tokens), and the worst layer's
@@ -102,9 +103,12 @@ jq -r '.results as $r | $r.pretrain as $p | $r.finetune as $f |
 ln_vocab=$(jq '.results.pretrain.ln_vocab' "$out/summary.json")
 read -r unigram_a bigram_a < <(jq -r '.results.pretrain | "\(.unigram) \(.bigram)"' "$out/summary.json")
 read -r base_b unigram_b bigram_b < <(jq -r '.results.finetune | "\(.base) \(.unigram) \(.bigram)"' "$out/summary.json")
-# The final model's recall on corpus A's validation windows (every query; mean over sparse layers).
-read -r recall_a best_a < <(jq -r '.results.pretrain.indexer_recall |
-  "\([.[].selected_mass] | add / length) \([.[].best_mass] | add / length)"' "$out/summary.json")
+# The final model's recall on corpus A's validation windows, mean over the sparse layers: over every
+# query, and over the queries that see more keys than top-k (the check's).
+read -r recall_a best_a recall_beyond_a best_beyond_a < <(jq -r '
+  def mean: if any(. == null) then "NaN" else add / length end;
+  .results.pretrain.indexer_recall | [(map(.selected_mass), map(.best_mass), map(.selected_mass_beyond_topk),
+                                       map(.best_mass_beyond_topk)) | mean] | @tsv' "$out/summary.json")
 gnuplot <<EOF
 set terminal pngcairo size 1200,800 font ",10"
 set output "$plots/k3_mini_pretrain.png"
@@ -125,16 +129,21 @@ plot "$plots/expert_load_steps.tsv" using 1:2 with lines lc "#d9d9d9" notitle, \
      for [l=1:words("$moe_layers")] "$plots/expert_load.tsv" using 1:l + 1 with linespoints lw 2 \
        title "layer ".word("$moe_layers", l), \
      1.5 with lines dt 2 lc "red" title "1.5"
-set title "indexer: dense attention's mass on its top-k, KL (points: final model, validation)"
-set yrange [0:1]
+set title "indexer: dense attention's mass on its top-k, and KL (points: the final model)"
+set yrange [0:1<*]
+set xrange [0:$pretrain_steps * 1.04]
 set key center right
 plot "$plots/pretrain.tsv" using 1:4 with lines lw 2 lc "#7b3294" title "selected mass", \
      "" using 1:5 with lines lw 1 lc "gray" title "the most any top-k holds", \
      "" using 1:6 with lines lc "#1b9e77" title "KL loss", \
-     "+" using ($pretrain_steps):($recall_a) every ::0::0 with points pt 7 ps 1.5 lc "#7b3294" notitle, \
-     "+" using ($pretrain_steps):($best_a) every ::0::0 with points pt 6 ps 1.5 lc "gray" notitle, \
-     0.9 with lines dt 2 lc "red" title "0.9"
+     "+" using ($pretrain_steps):($recall_a) every ::0::0 with points pt 7 ps 1.3 lc "#7b3294" notitle, \
+     "+" using ($pretrain_steps):($best_a) every ::0::0 with points pt 6 ps 1.3 lc "gray" notitle, \
+     "+" using ($pretrain_steps):($recall_beyond_a) every ::0::0 with points pt 9 ps 1.3 lc "#7b3294" \
+       title "triangles: queries seeing more than top-k keys", \
+     "+" using ($pretrain_steps):($best_beyond_a) every ::0::0 with points pt 8 ps 1.3 lc "gray" notitle, \
+     0.9 with lines dt 2 lc "red" title "0.9 (the check)"
 set key default
+set xrange [*:*]
 set title "throughput (tokens/s, $threads threads)"
 set yrange [0:*]
 plot "$plots/pretrain.tsv" using 1:7 with lines notitle

@@ -3,9 +3,10 @@
 // (fit on the train tokens; data/baselines.h), printed for people and as a final JSON line. Sparse attention layers
 // attend as the checkpoint was trained (its trainer_state's indexer mode: sparse over the top-k, or dense in the
 // warm-up and dense stages) unless --indexer-mode says otherwise. --indexer-recall attends densely
-// and reports, per sparse layer, the mass of that dense attention on the indexer's top-k: over every
-// query, and over the queries that see more than top-k keys (the first top-k queries of a window
-// select every key they see, so their mass is 1).
+// and reports, per sparse layer, the mass of that dense attention on the indexer's top-k, and the
+// most mass any top-k keys hold (the sum of each query's top-k probabilities: the ceiling of any
+// selection): over every query, and over the queries that see more than top-k keys (the first top-k
+// queries of a window select every key they see, so their mass is 1).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -155,7 +156,8 @@ void register_eval(CLI::App& app) {
              "Sparse attention layers: sparse (top-k) or dense / warmup (dense attention); default: as trained")
           ->check(CLI::IsMember({"dense", "warmup", "sparse"}));
   cmd->add_flag("--indexer-recall", options->indexer_recall,
-                "Attend densely and report each sparse layer's dense attention mass on its indexer's top-k")
+                "Attend densely and report each sparse layer's dense attention mass on its indexer's top-k "
+                "and the most any top-k keys hold")
       ->excludes(mode);
   cmd->add_option("--precision", options->precision,
                   "Operands of the products: fp32 or bf16 (float accumulation); default: as trained")

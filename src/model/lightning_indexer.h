@@ -128,9 +128,9 @@ IndexerOutputs<T> indexer_forward(const T* q_in, const T* h, const IndexerWeight
 // k [batch, out.kv_len, Hkv, qk], lse [batch, H, seq] (dense in warm-up, over the selection in sparse
 // mode), scale its softmax scale. Under context parallelism each local chunk is a loss of its own
 // over the keys up to its end, their means weighted by their tokens, and the key gradients of every
-// rank summed onto the keys' owners. With the loss on (pass.indexer with coef > 0) the loss and the selected attention
-// mass go to pass.result; in a pass that saves (train, recompute) the gradients wrt q_I, k_I, w_I are saved for
-// the backward.
+// rank summed onto the keys' owners. With the loss on (pass.indexer with coef > 0) the loss and the selected and best
+// attention masses go to pass.result; in a pass that saves (train, recompute) the gradients wrt q_I, k_I, w_I are saved
+// for the backward.
 template <class T>
 void indexer_train(const IndexerOutputs<T>& out, const T* q, const T* k, const T* lse, int64_t heads, int64_t kv_heads,
                    int64_t qk_dim, double scale, const IndexerDims& dims, const LayerPass& pass, int layer,

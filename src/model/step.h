@@ -135,7 +135,7 @@ struct UnitHooks {
 // number), and under context parallelism its part of each of them. The MoE layers' expert counts
 // and score sums (and dropped slots) are summed over the shares, so the router losses, their
 // gradients and the bias update see the whole batch's load. A share's means over its tokens (z-loss,
-// the indexers' loss and selected mass) are weighted by its tokens, and its sequence-wise balance
+// the indexers' loss, selected and best masses) are weighted by its tokens, and its sequence-wise balance
 // loss (its part of each of its rows' per-sequence loss, averaged over its rows) by its rows; the
 // sums are the batch's means, and each share's gradients are scaled by the same weights. The
 // parallel plan sets this; the model only asks it to combine. The default, one share, combines nothing.

@@ -19,8 +19,9 @@
 //
 // Loss, dense mode (two passes per query block): pass 1 streams the log-sum-exp of I over the
 // visible keys; pass 2 recomputes I and the main attention's P_h = exp(scale_t · q kᵀ − lse_h)
-// per key block (one gemm per kv-head group), accumulates KL and the selected mass (each query's
-// selection sorted ascending, walked by a cursor as key blocks advance), forms dI and the
+// per key block (one gemm per kv-head group), accumulates KL, the selected mass (each query's
+// selection sorted ascending, walked by a cursor as key blocks advance) and the best mass (each
+// query's top-k largest p, in a min-heap kept across key blocks), forms dI and the
 // gradients: dw and dq stay in the item, dk[keys of the block] gets the block's dSᵀ q. The dk
 // adds are ordered by query block: a per-(batch, key block) turn counter makes an item wait until
 // every earlier query block that sees the key block has added its part (items are claimed in
@@ -28,8 +29,9 @@
 // blocks that skip the key block are not waited for). Hence dk is bitwise independent of
 // the thread count, with O(threads · block) workspace and no recompute.
 // Sparse mode: per query, the selected keys are gathered (indexer and main-attention keys), both
-// distributions live on S_t; items of kSparseQueryBlock queries keep their dk rows [queries, topk,
-// d] and scatter them into dk in item order under one turn counter (same argument).
+// distributions live on S_t (so the best mass is the selected one); items of kSparseQueryBlock
+// queries keep their dk rows [queries, topk, d] and scatter them into dk in item order under one
+// turn counter (same argument).
 #include "ops/indexer.h"
 
 #include <omp.h>
@@ -38,7 +40,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <memory>
 #include <utility>
@@ -207,24 +208,30 @@ struct LossPartial {
   double best_mass = 0.0;
 };
 
-// For one query row: given I (scores), softmax(I) (soft) and p over `n` keys, adds the KL terms
-// to kl and overwrites soft with dI = grad_scale · (softmax(I) − p).
-// The best mass of a query: heap[0, count) is a min-heap of the largest values seen so far, at most
-// capacity of them; values[n] offers more. Its sum is the most mass any capacity keys hold.
+// The best mass of a query: heap[0, count) is a min-heap (its root the smallest) of the largest
+// values seen so far, at most capacity of them; values[n] offers more. Its sum is the most mass any
+// capacity keys hold. A NaN ranks above every number, as in the top-k, so it reaches the sum.
 template <class T>
 void keep_largest(T* heap, int64_t& count, int64_t capacity, const T* values, int64_t n) {
+  const auto larger = [](T a, T b) { return std::isnan(a) ? !std::isnan(b) : a > b; };
   for (int64_t i = 0; i < n; ++i) {
     if (count < capacity) {
       heap[count++] = values[i];
-      std::push_heap(heap, heap + count, std::greater<T>());
-    } else if (values[i] > heap[0]) {
-      std::pop_heap(heap, heap + count, std::greater<T>());
-      heap[count - 1] = values[i];
-      std::push_heap(heap, heap + count, std::greater<T>());
+      std::push_heap(heap, heap + count, larger);
+    } else if (larger(values[i], heap[0])) {  // replace the root, then sift it down
+      int64_t at = 0;
+      for (int64_t child = 1; child < count; at = child, child = 2 * child + 1) {
+        if (child + 1 < count && larger(heap[child], heap[child + 1])) ++child;
+        if (!larger(values[i], heap[child])) break;
+        heap[at] = heap[child];
+      }
+      heap[at] = values[i];
     }
   }
 }
 
+// For one query row: given I (scores), softmax(I) (soft) and p over `n` keys, adds the KL terms
+// to kl and overwrites soft with dI = grad_scale · (softmax(I) − p).
 template <class T>
 double kl_and_dI(T* soft, const T* scores, const T* p, int64_t n, T lse_index, T grad_scale) {
   double kl = 0.0;

@@ -4,8 +4,8 @@
 // model's exchange, `context`) each rank of a group evaluates its tokens of the same windows and the
 // loss sums over the group. With the indexers' loss on (Model::set_indexer_training), each sparse
 // layer's indexer statistics are averaged over the evaluated tokens: in the dense mode, the main
-// attention's mass on the indexer's selection (its recall of dense attention); under context
-// parallelism, over this rank's tokens.
+// attention's mass on the indexer's selection (its recall of dense attention) and the most any
+// selection of as many keys holds; under context parallelism, over this rank's tokens.
 #pragma once
 
 #include <cstdint>

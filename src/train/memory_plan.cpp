@@ -206,7 +206,7 @@ MemoryPlan plan_memory(const ModelConfig& config, const ParamTable& table, const
   const LayerStep layer_step(shape);
   StepShape step = layer_step.shape();
   const int64_t e = shape.element_bytes, n = step.tokens(), D = config.hidden_size, V = config.vocab_size;
-  const bool has_sparse = std::count(config.layer_types.begin(), config.layer_types.end(), LayerType::sparse_attention) > 0;
+  const bool has_sparse = config.sparse_layers() > 0;
   if (!has_sparse) step.indexer.coef = 0.0;
 
   MemoryPlan plan;

@@ -136,6 +136,7 @@ TEST(SparseAttentionModel, IndexerLossTrainsOnlyTheIndexer) {
       for (const IndexerLayerStats& s : r.indexer) {
         EXPECT_GT(s.loss, 0.0);
         EXPECT_DOUBLE_EQ(s.selected_mass, 1.0);  // sparse mode: p lives on the selection
+        EXPECT_DOUBLE_EQ(s.best_mass, 1.0);
       }
       ASSERT_EQ(r.aux.size(), 1u);
       EXPECT_EQ(r.aux[0].name, "indexer_loss");
@@ -157,7 +158,10 @@ TEST(SparseAttentionModel, IndexerLossTrainsOnlyTheIndexer) {
   }
   model.set_indexer_training(IndexerMode::warmup, 1.0);
   const StepResult warm = model.forward_backward(tokens.data(), targets.data(), batch, seq, scales);
-  for (const IndexerLayerStats& s : warm.indexer) EXPECT_LT(s.selected_mass, 1.0);  // 3 of up to 7 keys
+  for (const IndexerLayerStats& s : warm.indexer) {
+    EXPECT_LT(s.best_mass, 1.0);  // 3 of up to 7 keys
+    EXPECT_LE(s.selected_mass, s.best_mass + 1e-12);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Configs, MixerKindModel, ::testing::Values(kHybrid, kKimi, kDeepseek, kKimiMla, kSparse, kSparseGqa,

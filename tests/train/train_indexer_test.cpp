@@ -64,6 +64,11 @@ TEST(TrainIndexer, WarmupTrainsOnlyTheIndexersThenSparseTrainsAll) {
     const double mass = m.at("indexer_selected_mass");
     EXPECT_GT(mass, 0.0);
     EXPECT_LT(mass, 1.0);  // 5 of up to 16 keys, attention dense
+    for (const nlohmann::json& layer : m.at("sparse_layers")) {
+      const double best = layer.at("best_mass");
+      EXPECT_LT(best, 1.0);
+      EXPECT_GE(best, layer.at("selected_mass").get<double>() - 1e-12) << "no top-5 holds more than the five largest";
+    }
     EXPECT_NEAR(m.at("loss").get<double>(), m.at("lm_loss").get<double>() + m.at("indexer_loss").get<double>(), 1e-6);
   }
   int indexer_tensors = 0;

@@ -157,7 +157,8 @@ IndexerLossResult indexer_ref_loss(T* dq, T* dk, T* dw, const T* q, const T* k, 
       domain_p.clear();
       for (int64_t j = 0; j < n_keys; ++j)
         if (in_domain[j]) domain_p.push_back(p_row[j]);
-      std::sort(domain_p.begin(), domain_p.end(), std::greater<T>());
+      std::sort(domain_p.begin(), domain_p.end(),
+                [](T a, T b) { return std::isnan(a) ? !std::isnan(b) : a > b; });  // NaN first, as the top-k
       for (int64_t c = 0; c < std::min<int64_t>(s.topk, int64_t(domain_p.size())); ++c) best_total += domain_p[c];
       for (int64_t j = 0; j < n_keys; ++j) {
         dI[j] = 0;
