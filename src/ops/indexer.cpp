@@ -21,7 +21,7 @@
 // visible keys; pass 2 recomputes I and the main attention's P_h = exp(scale_t · q kᵀ − lse_h)
 // per key block (one gemm per kv-head group), accumulates KL, the selected mass (each query's
 // selection sorted ascending, walked by a cursor as key blocks advance) and the best mass (each
-// query's top-k largest p, in a min-heap kept across key blocks), forms dI and the
+// query's top-k largest p, streamed through the top-k's running list), forms dI and the
 // gradients: dw and dq stay in the item, dk[keys of the block] gets the block's dSᵀ q. The dk
 // adds are ordered by query block: a per-(batch, key block) turn counter makes an item wait until
 // every earlier query block that sees the key block has added its part (items are claimed in
@@ -208,28 +208,6 @@ struct LossPartial {
   double best_mass = 0.0;
 };
 
-// The best mass of a query: heap[0, count) is a min-heap (its root the smallest) of the largest
-// values seen so far, at most capacity of them; values[n] offers more. Its sum is the most mass any
-// capacity keys hold. A NaN ranks above every number, as in the top-k, so it reaches the sum.
-template <class T>
-void keep_largest(T* heap, int64_t& count, int64_t capacity, const T* values, int64_t n) {
-  const auto larger = [](T a, T b) { return std::isnan(a) ? !std::isnan(b) : a > b; };
-  for (int64_t i = 0; i < n; ++i) {
-    if (count < capacity) {
-      heap[count++] = values[i];
-      std::push_heap(heap, heap + count, larger);
-    } else if (larger(values[i], heap[0])) {  // replace the root, then sift it down
-      int64_t at = 0;
-      for (int64_t child = 1; child < count; at = child, child = 2 * child + 1) {
-        if (child + 1 < count && larger(heap[child], heap[child + 1])) ++child;
-        if (!larger(values[i], heap[child])) break;
-        heap[at] = heap[child];
-      }
-      heap[at] = values[i];
-    }
-  }
-}
-
 // For one query row: given I (scores), softmax(I) (soft) and p over `n` keys, adds the KL terms
 // to kl and overwrites soft with dI = grad_scale · (softmax(I) − p).
 template <class T>
@@ -276,24 +254,29 @@ int64_t dk_turn_of(const Geometry& geo, const int64_t* first_blocks, int64_t qb,
 }
 
 // Element counts of a loss's Buffers: per thread, its workspace (T), double accumulators and int32
-// keys; and its work items, each with item_words 8-byte words (the KL and selected-mass partial
-// sums, and in dense mode the best mass's partial sum and the item's first key block).
+// keys; its work items, each with item_words 8-byte words (the KL and selected-mass partial sums,
+// and in dense mode the best mass's partial sum and the item's first key block); and per thread,
+// packed candidates (2 T each).
 struct LossBuffers {
   int64_t per_thread = 0, doubles_per_thread = 0, ints_per_thread = 0, items = 0, item_words = 2;
+  int64_t candidates_per_thread = 0;
 };
 
 // Dense mode. Workspace: head_scores [rows_max, kKeyBlock], tile [kQueryBlock, kKeyBlock] (I), probs
 // [kQueryBlock, kKeyBlock] (p), main_logits [main_rows, kKeyBlock] (P_h, then softmax(I) and dI in its
 // first kQueryBlock rows), main_q_rows [kv_heads, main_rows, qk], dq_acc [rows_max, d], dk_part
-// [kKeyBlock, d], lse_index [kQueryBlock], best [kQueryBlock, topk] (min-heaps of each query's largest
-// p) (main_rows = kQueryBlock · group); dw_acc [rows_max] (double); the selected keys sorted
-// [kQueryBlock, topk] (int32); one item per query block.
+// [kKeyBlock, d], lse_index [kQueryBlock] (main_rows = kQueryBlock · group); dw_acc [rows_max]
+// (double); the selected keys sorted [kQueryBlock, topk] (int32); one item per query block; the best
+// mass's candidate lists, as the top-k's (packed).
 LossBuffers dense_buffers(const Geometry& geo, const IndexerTarget& t) {
   const int64_t main_rows = kQueryBlock * (t.heads / t.kv_heads), d = geo.s.head_dim;
   return {geo.rows_max * kKeyBlock + 2 * kQueryBlock * kKeyBlock + main_rows * kKeyBlock +
-              t.kv_heads * main_rows * t.qk_dim + geo.rows_max * d + kKeyBlock * d + kQueryBlock +
-              kQueryBlock * geo.s.topk,
-          geo.rows_max, kQueryBlock * geo.s.topk, geo.s.batch * geo.q_blocks, 4};
+              t.kv_heads * main_rows * t.qk_dim + geo.rows_max * d + kKeyBlock * d + kQueryBlock,
+          geo.rows_max,
+          kQueryBlock * geo.s.topk,
+          geo.s.batch * geo.q_blocks,
+          4,
+          topk_candidates_per_thread(geo.s)};
 }
 
 // Query blocks per batch entry of the sparse loss (one item each).
@@ -324,7 +307,9 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
   const int64_t main_rows = kQueryBlock * group;
   const LossBuffers buffers = dense_buffers(geo, tg.t);  // layouts below
   const int64_t per_thread = buffers.per_thread, items = buffers.items;
+  const int64_t capacity = 2 * s.topk + kKeyBlock;  // of a best-mass candidate list
   Buffer<T> workspace(per_thread * num_threads());
+  Buffer<typename PackedRank<T>::Packed> candidates(buffers.candidates_per_thread * num_threads());
   Buffer<double> dw_workspace(buffers.doubles_per_thread * num_threads());
   Buffer<int32_t> selected_workspace(buffers.ints_per_thread * num_threads());
   Buffer<double> kl_partial(items), mass_partial(items), best_partial(items);  // [items]
@@ -348,7 +333,6 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
     T* dq_acc = main_q_rows + tg.t.kv_heads * main_rows * qk; // [rows_max, d]
     T* dk_part = dq_acc + geo.rows_max * d;                   // [kKeyBlock, d]
     T* lse_index = dk_part + kKeyBlock * d;                   // [kQueryBlock]
-    T* best = lse_index + kQueryBlock;                        // [kQueryBlock, topk]: min-heaps
     double* dw_acc = dw_workspace.data() + geo.rows_max * thread;                 // [rows_max]
     int32_t* selected = selected_workspace.data() + kQueryBlock * s.topk * thread;  // [kQueryBlock, topk]
     // Items are claimed in increasing order, which the dk turn order relies on.
@@ -380,9 +364,12 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
         for (int64_t t = t0; t < t1; ++t)
           std::memcpy(main_q_rows + (kvh * main_rows + (t - t0) * group) * qk,
                       main_q + (b * s.q_len + t) * tg.q_stride + kvh * group * qk, group * qk * sizeof(T));
-      int64_t selected_count[kQueryBlock], cursor[kQueryBlock], best_count[kQueryBlock];
+      int64_t selected_count[kQueryBlock], cursor[kQueryBlock];
+      RunningTopk<T> best[kQueryBlock];  // each query's largest p
       for (int64_t r = 0; r < queries; ++r) {
-        best_count[r] = 0;
+        best[r].list = candidates.data() + (thread * (kQueryBlock + 1) + r) * capacity;
+        best[r].scratch = candidates.data() + (thread * (kQueryBlock + 1) + kQueryBlock) * capacity;
+        best[r].topk = s.topk;
         const int32_t* index_row = geo.index_row(indices, b, t0 + r);
         int32_t* sel = selected + r * s.topk;
         selected_count[r] = 0;
@@ -424,7 +411,7 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
           const int64_t lo = span.lo, n = span.size();
           T* p = probs + r * kKeyBlock;
           for (int64_t c = lo; c < span.hi; ++c) p[c] *= inv_heads;
-          keep_largest(best + r * s.topk, best_count[r], s.topk, p + lo, n);
+          best[r].offer(p + lo, n, j0 + lo);
           const int32_t* sel = selected + r * s.topk;
           for (; cursor[r] < selected_count[r] && sel[cursor[r]] < j0 + cols; ++cursor[r])
             mass += static_cast<double>(p[sel[cursor[r]] - j0]);
@@ -452,8 +439,7 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
       std::copy(dq_acc, dq_acc + queries * heads * d, dq + (b * s.q_len + t0) * heads * d);
       for (int64_t i = 0; i < queries * heads; ++i) dw[(b * s.q_len + t0) * heads + i] = static_cast<T>(dw_acc[i]);
       double best_mass = 0.0;
-      for (int64_t r = 0; r < queries; ++r)
-        for (int64_t i = 0; i < best_count[r]; ++i) best_mass += static_cast<double>(best[r * s.topk + i]);
+      for (int64_t r = 0; r < queries; ++r) best_mass += best[r].kept_sum();
       kl_partial[item] = kl;
       mass_partial[item] = mass;
       best_partial[item] = best_mass;
@@ -584,7 +570,8 @@ int64_t indexer_loss_workspace_bytes(const IndexerTarget& target, IndexerLossMod
   const Geometry geo(sizes);
   const LossBuffers b = mode == IndexerLossMode::kDense ? dense_buffers(geo, target) : sparse_buffers(geo, target);
   const int64_t per_thread = b.per_thread * element_bytes + b.doubles_per_thread * int64_t(sizeof(double)) +
-                             b.ints_per_thread * int64_t(sizeof(int32_t));
+                             b.ints_per_thread * int64_t(sizeof(int32_t)) +
+                             b.candidates_per_thread * 2 * element_bytes;  // packed: 2 T
   return per_thread * threads + b.item_words * b.items * 8;
 }
 

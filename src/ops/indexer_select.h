@@ -1,7 +1,8 @@
 // The lightning indexer's streamed top-k selection (ops/indexer.cpp, indexer_topk): candidates
 // (score, key) packed into integers ordered by rank, a branch-free quickselect that compacts a
 // candidate list to its best topk, the radix sort of the final list, and the per-query running
-// list that key blocks are offered to in increasing key order. Internal to indexer.cpp.
+// list that key blocks are offered to in increasing key order (also the dense loss's best mass: the
+// sum of each query's top-k probabilities). Internal to indexer.cpp.
 //
 // Rank: "score descending, then key ascending" (the tie rule of docs/architecture.md, "Determinism",
 // as ops/topk.h), NaN above
@@ -52,6 +53,15 @@ typename PackedRank<T>::Packed pack_rank(T score, int64_t key) {
 template <class Packed>
 int32_t unpack_key(Packed packed) {
   return static_cast<int32_t>(~static_cast<uint32_t>(packed));
+}
+
+// The score pack_rank packed (−0 as +0, a NaN as the quiet NaN).
+template <class T>
+T unpack_score(typename PackedRank<T>::Packed packed) {
+  using Bits = typename PackedRank<T>::Bits;
+  constexpr Bits sign = Bits(1) << (8 * sizeof(Bits) - 1);
+  const Bits ordered = static_cast<Bits>(packed >> 32);
+  return std::bit_cast<T>((ordered & sign) != 0 ? Bits(ordered & ~sign) : Bits(~ordered));
 }
 
 // Sorts list[count] descending by an LSD radix sort over the bytes of Packed (8-bit digits; a
@@ -158,6 +168,13 @@ struct RunningTopk {
     if (compacted && !nan && !(pack_rank(max_value(scores, visible), j0) > worst_kept)) return;
     if (count > 2 * topk) compact();
     count = append_candidates(list, count, scores, visible, j0, compacted, worst_kept);
+  }
+  // Σ of the best min(topk, count) scores (in the list's order, which depends on the scores only).
+  double kept_sum() {
+    if (count > topk) compact();
+    double sum = 0.0;
+    for (int64_t i = 0; i < count; ++i) sum += static_cast<double>(unpack_score<T>(list[i]));
+    return sum;
   }
   // out[topk] ← the best min(topk, count) keys in rank order, then −1.
   void write(int32_t* out) {
