@@ -139,6 +139,19 @@ int64_t topk_per_thread(const Geometry& geo) { return geo.rows_max * kKeyBlock +
 // [capacity], capacity = 2·topk + kKeyBlock.
 int64_t topk_candidates_per_thread(const IndexerSizes& s) { return (kQueryBlock + 1) * (2 * s.topk + kKeyBlock); }
 
+// Points running[0, queries) at this thread's candidate lists in `candidates` (laid out as
+// topk_candidates_per_thread, per thread).
+template <class T>
+void attach_candidate_lists(RunningTopk<T>* running, int64_t queries, typename PackedRank<T>::Packed* candidates,
+                            int thread, int64_t topk) {
+  const int64_t capacity = 2 * topk + kKeyBlock;
+  for (int64_t r = 0; r < queries; ++r) {
+    running[r].list = candidates + (thread * (kQueryBlock + 1) + r) * capacity;
+    running[r].scratch = candidates + (thread * (kQueryBlock + 1) + kQueryBlock) * capacity;
+    running[r].topk = topk;
+  }
+}
+
 // A packed candidate (the score's bits, then the key) takes two T's bytes.
 static_assert(sizeof(PackedRank<float>::Packed) == 2 * sizeof(float) &&
               sizeof(PackedRank<double>::Packed) == 2 * sizeof(double));
@@ -153,7 +166,6 @@ int64_t indexer_topk_workspace_bytes(const IndexerSizes& sizes, int threads, int
 template <class T>
 void indexer_topk(int32_t* indices, const T* q, const T* k, const T* w, const IndexerSizes& sizes) {
   const Geometry geo(sizes);
-  const int64_t capacity = 2 * sizes.topk + kKeyBlock;
   const int64_t per_thread = topk_per_thread(geo);  // layout below
   Buffer<T> workspace(per_thread * num_threads());
   Buffer<typename PackedRank<T>::Packed> candidates(topk_candidates_per_thread(sizes) * num_threads());
@@ -167,11 +179,7 @@ void indexer_topk(int32_t* indices, const T* q, const T* k, const T* w, const In
     T* tile = head_scores + geo.rows_max * kKeyBlock;         // [kQueryBlock, kKeyBlock]
     const int64_t t0 = qb * kQueryBlock, t1 = std::min(t0 + kQueryBlock, sizes.q_len);
     RunningTopk<T> running[kQueryBlock];
-    for (int64_t r = 0; r < t1 - t0; ++r) {
-      running[r].list = candidates.data() + (thread * (kQueryBlock + 1) + r) * capacity;
-      running[r].scratch = candidates.data() + (thread * (kQueryBlock + 1) + kQueryBlock) * capacity;
-      running[r].topk = sizes.topk;
-    }
+    attach_candidate_lists(running, t1 - t0, candidates.data(), thread, sizes.topk);
     const int64_t key_end = geo.visible_end(t1 - 1);
     for (int64_t j0 = geo.first_key_block(b, t0, t1) * kKeyBlock; j0 < key_end; j0 += kKeyBlock) {
       const int64_t cols = std::min(kKeyBlock, key_end - j0);
@@ -307,7 +315,6 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
   const int64_t main_rows = kQueryBlock * group;
   const LossBuffers buffers = dense_buffers(geo, tg.t);  // layouts below
   const int64_t per_thread = buffers.per_thread, items = buffers.items;
-  const int64_t capacity = 2 * s.topk + kKeyBlock;  // of a best-mass candidate list
   Buffer<T> workspace(per_thread * num_threads());
   Buffer<typename PackedRank<T>::Packed> candidates(buffers.candidates_per_thread * num_threads());
   Buffer<double> dw_workspace(buffers.doubles_per_thread * num_threads());
@@ -366,10 +373,8 @@ LossPartial dense_loss(T* dq, T* dk, T* dw, const T* q, const T* k, const T* w, 
                       main_q + (b * s.q_len + t) * tg.q_stride + kvh * group * qk, group * qk * sizeof(T));
       int64_t selected_count[kQueryBlock], cursor[kQueryBlock];
       RunningTopk<T> best[kQueryBlock];  // each query's largest p
+      attach_candidate_lists(best, queries, candidates.data(), thread, s.topk);
       for (int64_t r = 0; r < queries; ++r) {
-        best[r].list = candidates.data() + (thread * (kQueryBlock + 1) + r) * capacity;
-        best[r].scratch = candidates.data() + (thread * (kQueryBlock + 1) + kQueryBlock) * capacity;
-        best[r].topk = s.topk;
         const int32_t* index_row = geo.index_row(indices, b, t0 + r);
         int32_t* sel = selected + r * s.topk;
         selected_count[r] = 0;
